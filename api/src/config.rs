@@ -1,0 +1,180 @@
+//! Configuration, layered: defaults → TOML file → environment, validated once.
+//! Environment overrides use `FANOUT__` and `__` between keys, e.g.
+//! `FANOUT__ENGINE__MAX_PUSH_TOPICS=5000` or `FANOUT__SERVER__GRPC_LISTEN=0.0.0.0:50051`.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use fanout_engine::settings::EngineSettings;
+use serde::Deserialize;
+
+const ENV_PREFIX: &str = "FANOUT__";
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub server: ServerSettings,
+    pub store: StoreSettings,
+    pub log: LogSettings,
+    pub engine: EngineSettings,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerSettings {
+    /// gRPC: notification and publish services, health, reflection.
+    pub grpc_listen: SocketAddr,
+    /// HTTP: /metrics, /healthz, /readyz.
+    pub http_listen: SocketAddr,
+    /// How long shutdown waits for attempts in flight.
+    pub drain_timeout_seconds: u64,
+}
+
+impl Default for ServerSettings {
+    fn default() -> Self {
+        Self {
+            grpc_listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
+            http_listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
+            drain_timeout_seconds: 20,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreBackend {
+    /// Embedded redb in `path` (the default).
+    Redb,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreSettings {
+    pub backend: StoreBackend,
+    /// Directory of the embedded store.
+    pub path: PathBuf,
+}
+
+impl Default for StoreSettings {
+    fn default() -> Self {
+        Self { backend: StoreBackend::Redb, path: PathBuf::from("./fanout-data") }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogSettings {
+    /// A tracing filter, e.g. "info" or "fanout_engine=debug,info". RUST_LOG wins when set.
+    pub level: String,
+    pub format: LogFormat,
+}
+
+impl Default for LogSettings {
+    fn default() -> Self {
+        Self { level: "info".into(), format: LogFormat::Text }
+    }
+}
+
+impl Config {
+    /// Reads the file (if any), applies the environment, deserializes and validates.
+    pub fn load(file: Option<&Path>) -> anyhow::Result<Self> {
+        let mut root = match file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| anyhow::anyhow!("cannot read config file {}: {e}", path.display()))?;
+                text.parse::<toml::Table>()
+                    .map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))?
+            }
+            None => toml::Table::new(),
+        };
+        for (name, value) in std::env::vars() {
+            if let Some(path) = name.strip_prefix(ENV_PREFIX) {
+                apply_env(&mut root, path, &value)?;
+            }
+        }
+        let config: Config = toml::Value::Table(root)
+            .try_into()
+            .map_err(|e: toml::de::Error| anyhow::anyhow!("invalid configuration: {e}"))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        self.engine.validate().map_err(|e| anyhow::anyhow!("invalid configuration: engine.{e}"))?;
+        if self.server.drain_timeout_seconds == 0 {
+            anyhow::bail!("invalid configuration: server.drain_timeout_seconds must be greater than zero");
+        }
+        Ok(())
+    }
+}
+
+/// Sets `a__b__c` in the table; the value is read as a TOML value when it
+/// parses as one (numbers, booleans, arrays), else as a string.
+fn apply_env(root: &mut toml::Table, path: &str, raw: &str) -> anyhow::Result<()> {
+    let keys: Vec<String> = path.split("__").map(|k| k.to_ascii_lowercase()).collect();
+    if keys.iter().any(String::is_empty) {
+        anyhow::bail!("environment variable {ENV_PREFIX}{path} names an empty key");
+    }
+    let value = format!("v = {raw}")
+        .parse::<toml::Table>()
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(raw.to_owned()));
+    let (last, parents) = keys.split_last().expect("at least one key");
+    let mut table = root;
+    for key in parents {
+        let entry = table.entry(key.clone()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        table = entry
+            .as_table_mut()
+            .ok_or_else(|| anyhow::anyhow!("environment variable {ENV_PREFIX}{path}: `{key}` is not a table"))?;
+    }
+    table.insert(last.clone(), value);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_need_no_file() {
+        let c: Config = toml::Value::Table(toml::Table::new()).try_into().unwrap();
+        c.validate().unwrap();
+        assert!(c.engine.channels.http.is_some(), "HTTPS channel on by default");
+        assert!(!c.engine.channels.http.unwrap().allow_private_addresses);
+        assert_eq!(c.engine.max_push_topics, 100_000);
+    }
+
+    #[test]
+    fn env_overrides_nested_keys() {
+        let mut t = "[engine]\nmax_push_topics = 7".parse::<toml::Table>().unwrap();
+        apply_env(&mut t, "ENGINE__MAX_PUSH_TOPICS", "9").unwrap();
+        apply_env(&mut t, "ENGINE__CHANNELS__HTTP__ALLOW_PRIVATE_ADDRESSES", "true").unwrap();
+        apply_env(&mut t, "STORE__PATH", "/tmp/x y").unwrap();
+        let c: Config = toml::Value::Table(t).try_into().unwrap();
+        assert_eq!(c.engine.max_push_topics, 9);
+        assert!(c.engine.channels.http.unwrap().allow_private_addresses);
+        assert_eq!(c.store.path, PathBuf::from("/tmp/x y"));
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let t = "[engine]\nmax_push_topic = 7".parse::<toml::Table>().unwrap();
+        let err = toml::Value::Table(t).try_into::<Config>().unwrap_err().to_string();
+        assert!(err.contains("max_push_topic"), "{err}");
+    }
+
+    #[test]
+    fn example_file_parses() {
+        let text = include_str!("../../fanout.example.toml");
+        let c: Config = toml::Value::Table(text.parse().unwrap()).try_into().unwrap();
+        c.validate().unwrap();
+    }
+}

@@ -1,0 +1,8 @@
+//! The gRPC edge: proto ⇄ engine types, and engine errors → status, once.
+
+mod notification;
+mod publish;
+mod status;
+
+pub use notification::NotificationApi;
+pub use publish::PublishApi;

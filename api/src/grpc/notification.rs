@@ -1,0 +1,105 @@
+use std::sync::Arc;
+
+use fanout_engine::domain::Channel;
+use fanout_engine::metrics::Metrics;
+use fanout_engine::registry::{DeliveryInput, RecipientState, Registry, SubscriptionInput};
+use fanout_proto::v1 as pb;
+use pb::notification_service_server::NotificationService;
+use tonic::{Request, Response, Status};
+
+use super::status::admission_status;
+
+pub struct NotificationApi {
+    pub registry: Arc<Registry>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl NotificationApi {
+    fn count<T>(&self, method: &str, result: &Result<T, Status>) {
+        let code = match result {
+            Ok(_) => tonic::Code::Ok,
+            Err(s) => s.code(),
+        };
+        self.metrics.rpc_requests.with_label_values(&[method, code_label(code)]).inc();
+    }
+}
+
+fn code_label(code: tonic::Code) -> &'static str {
+    use tonic::Code::*;
+    match code {
+        Ok => "OK",
+        InvalidArgument => "INVALID_ARGUMENT",
+        NotFound => "NOT_FOUND",
+        PermissionDenied => "PERMISSION_DENIED",
+        FailedPrecondition => "FAILED_PRECONDITION",
+        ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Unavailable => "UNAVAILABLE",
+        _ => "OTHER",
+    }
+}
+
+fn state(s: RecipientState) -> pb::RecipientState {
+    let channel = match s.channel {
+        Channel::Apns => pb::Channel::Apns,
+        Channel::Fcm => pb::Channel::Fcm,
+        Channel::Http => pb::Channel::Http,
+    };
+    pb::RecipientState { topic_count: s.topic_count, channel: channel as i32, expires_at_ns: s.expires_at_ns }
+}
+
+#[tonic::async_trait]
+impl NotificationService for NotificationApi {
+    async fn register(&self, request: Request<pb::RegisterRequest>) -> Result<Response<pb::RecipientState>, Status> {
+        let r = request.into_inner();
+        let delivery = r.delivery.as_ref().map(|d| match d {
+            pb::register_request::Delivery::Apns(a) => DeliveryInput::Apns { token: &a.token },
+            pb::register_request::Delivery::Fcm(f) => DeliveryInput::Fcm { token: &f.token },
+            pb::register_request::Delivery::Http(h) => DeliveryInput::Http { url: &h.url, signing_key: &h.signing_key },
+        });
+        let result = self
+            .registry
+            .register(&r.recipient_id, &r.recipient_secret, delivery)
+            .await
+            .map(|s| Response::new(state(s)))
+            .map_err(admission_status);
+        self.count("Register", &result);
+        result
+    }
+
+    async fn unregister(&self, request: Request<pb::UnregisterRequest>) -> Result<Response<pb::UnregisterResponse>, Status> {
+        let r = request.into_inner();
+        let result = self
+            .registry
+            .unregister(&r.recipient_id, &r.recipient_secret)
+            .await
+            .map(|()| Response::new(pb::UnregisterResponse {}))
+            .map_err(admission_status);
+        self.count("Unregister", &result);
+        result
+    }
+
+    async fn update_subscriptions(
+        &self,
+        request: Request<pb::UpdateSubscriptionsRequest>,
+    ) -> Result<Response<pb::RecipientState>, Status> {
+        let r = request.into_inner();
+        let adds: Vec<SubscriptionInput<'_>> = r
+            .adds
+            .iter()
+            .map(|s| SubscriptionInput {
+                topic: &s.topic,
+                hmac_epoch_base: s.hmac_epoch_base,
+                hmac_keys: &s.hmac_keys,
+                include_commits: s.include_commits,
+            })
+            .collect();
+        let result = self
+            .registry
+            .update_subscriptions(&r.recipient_id, &r.recipient_secret, &adds, &r.removes)
+            .await
+            .map(|s| Response::new(state(s)))
+            .map_err(admission_status);
+        self.count("UpdateSubscriptions", &result);
+        result
+    }
+}

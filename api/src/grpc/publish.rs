@@ -1,0 +1,71 @@
+use std::sync::Arc;
+
+use fanout_engine::ingest::{EnvelopeInput, EnvelopeRejection, Ingest, MAX_BATCH};
+use fanout_proto::v1 as pb;
+use pb::publish_service_server::PublishService;
+use tokio_stream::StreamExt;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::status::store_status;
+
+pub struct PublishApi {
+    pub ingest: Arc<Ingest>,
+}
+
+impl PublishApi {
+    async fn publish_batch(&self, envelopes: Vec<pb::Envelope>) -> Result<Vec<pb::PublishResult>, Status> {
+        if envelopes.len() > MAX_BATCH {
+            return Err(Status::invalid_argument(format!("a publish request carries at most {MAX_BATCH} envelopes")));
+        }
+        let inputs = envelopes
+            .into_iter()
+            .map(|e| EnvelopeInput {
+                topic: e.topic,
+                kind: e.kind,
+                should_push: e.should_push,
+                sender_hmac: e.sender_hmac,
+                data: e.data,
+                sequence_id: e.sequence_id,
+            })
+            .collect();
+        let results = self.ingest.publish(inputs).await.map_err(store_status)?;
+        Ok(results
+            .into_iter()
+            .map(|(shard, r)| pb::PublishResult {
+                shard: shard.map_or(0, |s| u32::from(s.0)),
+                result: Some(match r {
+                    Ok(seq) => pb::publish_result::Result::SequenceId(seq),
+                    Err(e) => pb::publish_result::Result::Error(rejection(e)),
+                }),
+            })
+            .collect())
+    }
+}
+
+fn rejection(e: EnvelopeRejection) -> pb::PublishError {
+    let code = match e {
+        EnvelopeRejection::Invalid(_) => tonic::Code::InvalidArgument,
+        EnvelopeRejection::SequenceNotIncreasing { .. } => tonic::Code::FailedPrecondition,
+    };
+    pb::PublishError { code: code as i32, message: e.to_string() }
+}
+
+#[tonic::async_trait]
+impl PublishService for PublishApi {
+    async fn publish(&self, request: Request<pb::PublishRequest>) -> Result<Response<pb::PublishResponse>, Status> {
+        let results = self.publish_batch(request.into_inner().envelopes).await?;
+        Ok(Response::new(pb::PublishResponse { results }))
+    }
+
+    async fn publish_stream(
+        &self,
+        request: Request<Streaming<pb::PublishRequest>>,
+    ) -> Result<Response<pb::PublishResponse>, Status> {
+        let mut stream = request.into_inner();
+        let mut results = Vec::new();
+        while let Some(batch) = stream.next().await {
+            results.extend(self.publish_batch(batch?.envelopes).await?);
+        }
+        Ok(Response::new(pb::PublishResponse { results }))
+    }
+}

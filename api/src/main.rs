@@ -1,0 +1,150 @@
+//! `fanout`: the push delivery engine's binary.
+
+mod config;
+mod grpc;
+mod http;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use fanout_engine::store::RedbStore;
+use fanout_engine::{Engine, EngineOptions};
+use fanout_proto::v1::notification_service_server::NotificationServiceServer;
+use fanout_proto::v1::publish_service_server::PublishServiceServer;
+use tokio::sync::watch;
+use tokio_stream::wrappers::TcpListenerStream;
+
+use crate::config::{Config, LogFormat, StoreBackend};
+
+#[derive(Parser)]
+#[command(name = "fanout", version, about = "Push delivery engine: APNs, FCM and signed HTTPS webhooks")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the engine. With no config file: embedded store in ./fanout-data,
+    /// gRPC on 127.0.0.1:50051, HTTP on 127.0.0.1:9090, HTTPS channel only.
+    Serve {
+        /// TOML configuration file (see fanout.example.toml).
+        #[arg(long, env = "FANOUT_CONFIG")]
+        config: Option<PathBuf>,
+    },
+    /// Load and validate the configuration, then exit.
+    CheckConfig {
+        #[arg(long, env = "FANOUT_CONFIG")]
+        config: Option<PathBuf>,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::CheckConfig { config } => {
+            Config::load(config.as_deref())?;
+            println!("configuration is valid");
+            Ok(())
+        }
+        Command::Serve { config } => {
+            let config = Config::load(config.as_deref())?;
+            init_logging(&config);
+            tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(serve(config))
+        }
+    }
+}
+
+fn init_logging(config: &Config) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&config.log.level));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match config.log.format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+async fn serve(config: Config) -> anyhow::Result<()> {
+    let store = match config.store.backend {
+        StoreBackend::Redb => {
+            let store = RedbStore::open(&config.store.path, config.engine.shard_count)
+                .with_context(|| format!("cannot open the embedded store in {}", config.store.path.display()))?;
+            Arc::new(store)
+        }
+    };
+    let options = EngineOptions {
+        dangerous_panic_after_pages: std::env::var("FANOUT_DANGEROUS_PANIC_AFTER_PAGES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0),
+    };
+    let engine = Engine::start(config.engine.clone(), store.clone(), options).await?;
+
+    let grpc_listener = tokio::net::TcpListener::bind(config.server.grpc_listen)
+        .await
+        .with_context(|| format!("cannot listen for gRPC on {}", config.server.grpc_listen))?;
+    let http_listener = http::bind(config.server.http_listen).await?;
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter.set_serving::<NotificationServiceServer<grpc::NotificationApi>>().await;
+    health_reporter.set_serving::<PublishServiceServer<grpc::PublishApi>>().await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(fanout_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let notification = grpc::NotificationApi { registry: engine.registry.clone(), metrics: engine.metrics.clone() };
+    let publish = grpc::PublishApi { ingest: engine.ingest.clone() };
+
+    let mut grpc_shutdown = shutdown_rx.clone();
+    let grpc_server = tonic::transport::Server::builder()
+        .timeout(Duration::from_secs(30))
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(NotificationServiceServer::new(notification))
+        .add_service(PublishServiceServer::new(publish))
+        .serve_with_incoming_shutdown(TcpListenerStream::new(grpc_listener), async move {
+            let _ = grpc_shutdown.changed().await;
+        });
+    let http_server = http::serve(
+        http_listener,
+        http::HttpState { metrics: engine.metrics.clone(), store: store.clone() },
+        shutdown_rx,
+    );
+    tracing::info!(
+        grpc = %config.server.grpc_listen,
+        http = %config.server.http_listen,
+        store = "redb",
+        "fanout is serving"
+    );
+    let grpc_task = tokio::spawn(grpc_server);
+    let http_task = tokio::spawn(http_server);
+
+    shutdown_signal().await;
+    tracing::info!("shutting down: no new requests; draining attempts in flight");
+    let _ = shutdown_tx.send(true);
+    let _ = grpc_task.await;
+    let _ = http_task.await;
+    engine.shutdown(Duration::from_secs(config.server.drain_timeout_seconds)).await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

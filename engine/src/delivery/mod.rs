@@ -1,0 +1,81 @@
+//! Delivery workers: per-recipient delivery state, partitioned by recipient id.
+//! Each worker owns its attempts in flight, its retry timers (one timer wheel
+//! per worker, not a task per delivery) and the outcome handling of section 7.
+
+mod latch;
+mod worker;
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+
+pub use latch::FirstAttemptLatch;
+pub use worker::WorkerContext;
+
+use crate::domain::StoredEnvelope;
+use crate::store::Recipient;
+
+/// One (envelope, subscription) send and its state.
+pub struct Delivery {
+    pub envelope: Arc<StoredEnvelope>,
+    /// The recipient as loaded for the window: the attempt uses this target, and
+    /// PUSH-234 compares against it.
+    pub recipient: Arc<Recipient>,
+    /// Fired once, when the first attempt has an answer (or timed out).
+    pub first_attempt: Option<Arc<FirstAttemptLatch>>,
+    pub attempts: u32,
+    /// Every attempt so far answered 404 or 410 (HTTPS terminal rule).
+    pub all_gone: bool,
+}
+
+impl Delivery {
+    pub fn new(envelope: Arc<StoredEnvelope>, recipient: Arc<Recipient>, latch: Arc<FirstAttemptLatch>) -> Self {
+        Self {
+            envelope,
+            recipient,
+            first_attempt: Some(latch),
+            attempts: 0,
+            all_gone: true,
+        }
+    }
+}
+
+/// The senders of every worker's bounded queue.
+#[derive(Clone)]
+pub struct DeliveryWorkers {
+    queues: Arc<Vec<mpsc::Sender<Vec<Delivery>>>>,
+}
+
+impl DeliveryWorkers {
+    /// Starts `ctx.settings.workers` workers. Each ends when every clone of
+    /// the returned `DeliveryWorkers` is dropped and its work has finished.
+    pub fn start(ctx: Arc<WorkerContext>) -> (Self, Vec<tokio::task::JoinHandle<()>>) {
+        let (queues, handles) = (0..ctx.settings.workers)
+            .map(|_| {
+                let (tx, rx) = mpsc::channel(ctx.settings.queue_batches);
+                (tx, tokio::spawn(worker::run(ctx.clone(), rx)))
+            })
+            .unzip::<_, _, Vec<_>, Vec<_>>();
+        (Self { queues: Arc::new(queues) }, handles)
+    }
+
+    /// Hands a batch to the workers that own its recipients. Waits while a
+    /// worker's queue is full: this is the backpressure on the shard actors.
+    pub async fn submit(&self, batch: Vec<Delivery>) -> Result<(), WorkersStopped> {
+        let n = self.queues.len();
+        let mut parts: Vec<Vec<Delivery>> = (0..n).map(|_| Vec::new()).collect();
+        for d in batch {
+            parts[d.recipient.id.partition(n)].push(d);
+        }
+        for (queue, part) in self.queues.iter().zip(parts) {
+            if !part.is_empty() {
+                queue.send(part).await.map_err(|_| WorkersStopped)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("delivery workers have stopped")]
+pub struct WorkersStopped;

@@ -1,0 +1,181 @@
+use hmac::{Hmac, KeyInit, Mac};
+use sha2::Sha256;
+
+use crate::channel::Channels;
+use crate::domain::{StoredEnvelope, hmac_epoch};
+use crate::store::Subscriber;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    Deliver,
+    /// PUSH-257 excludes the pair: no delivery may be made.
+    Excluded,
+    /// PUSH-230: the recipient's own inbox sent it.
+    Suppressed,
+}
+
+/// PUSH-257 for one subscriber of the envelope's topic, then PUSH-230.
+pub fn decide(envelope: &StoredEnvelope, subscriber: &Subscriber, channels: &Channels) -> Decision {
+    let stored = &subscriber.subscription;
+    if stored.start_position >= envelope.sequence_id {
+        return Decision::Excluded;
+    }
+    if envelope.kind.is_commit_or_proposal() && !stored.subscription.include_commits {
+        return Decision::Excluded;
+    }
+    if !channels.is_configured(subscriber.recipient.target.channel()) {
+        return Decision::Excluded;
+    }
+    if is_senders_own(envelope, subscriber) { Decision::Suppressed } else { Decision::Deliver }
+}
+
+/// PUSH-230, failing open in every case but an exact match: a 32-byte
+/// sender_hmac, a key at index (epoch of the server timestamp − base), and
+/// HMAC-SHA256 of the stored data under it equal in constant time.
+fn is_senders_own(envelope: &StoredEnvelope, subscriber: &Subscriber) -> bool {
+    if envelope.sender_hmac.len() != 32 {
+        return false;
+    }
+    let Some(window) = &subscriber.subscription.subscription.keys else {
+        return false;
+    };
+    let Some(key) = window.key_for_epoch(hmac_epoch(envelope.server_ts_ns)) else {
+        return false;
+    };
+    let Ok(mut mac) = <Hmac<Sha256> as KeyInit>::new_from_slice(&key.0) else {
+        return false;
+    };
+    mac.update(&envelope.data);
+    // verify_slice compares in constant time.
+    mac.verify_slice(&envelope.sender_hmac).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::channel::{Outcome, Provider, Push};
+    use crate::domain::{
+        Channel, DeliveryTarget, EnvelopeKind, HMAC_EPOCH_SECONDS, KeyWindow, RecipientId,
+        SecretHash, ShardId, SigningKey, StoredSubscription, Subscription, Topic,
+    };
+    use crate::store::Recipient;
+
+    struct NullProvider;
+    #[async_trait]
+    impl Provider for NullProvider {
+        fn channel(&self) -> Channel {
+            Channel::Http
+        }
+        async fn send(&self, _: Push<'_>) -> Outcome {
+            Outcome::Delivered
+        }
+    }
+
+    const EPOCH: i64 = 700;
+    const NS: i64 = 1_000_000_000;
+
+    fn http_only() -> Channels {
+        Channels { http: Some(Arc::new(NullProvider)), ..Channels::default() }
+    }
+
+    fn envelope(seq: u64, kind: EnvelopeKind, ts_ns: i64, data: &[u8], hmac: Vec<u8>) -> StoredEnvelope {
+        StoredEnvelope {
+            shard: ShardId(0),
+            sequence_id: seq,
+            topic: Topic::parse(&[0, 1]).unwrap(),
+            kind,
+            server_ts_ns: ts_ns,
+            sender_hmac: hmac,
+            data: data.to_vec(),
+        }
+    }
+
+    fn subscriber(start: u64, include_commits: bool, keys: Option<KeyWindow>, target: DeliveryTarget) -> Subscriber {
+        Subscriber {
+            recipient: Recipient {
+                id: RecipientId([1; 32]),
+                secret_hash: SecretHash([2; 32]),
+                target,
+                renewed_at_ns: 0,
+                topic_count: 1,
+            },
+            subscription: StoredSubscription {
+                subscription: Subscription { topic: Topic::parse(&[0, 1]).unwrap(), keys, include_commits },
+                start_position: start,
+            },
+        }
+    }
+
+    fn http() -> DeliveryTarget {
+        DeliveryTarget::Http { url: "https://example.com/".into(), signing_key: SigningKey::parse(&[0; 16]).unwrap() }
+    }
+
+    fn hmac(key: &[u8], data: &[u8]) -> Vec<u8> {
+        let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(key).unwrap();
+        mac.update(data);
+        mac.finalize().into_bytes().to_vec()
+    }
+
+    fn window(base: i64) -> KeyWindow {
+        KeyWindow::parse(base, &[vec![1; 42], vec![2; 42], vec![3; 42]]).unwrap().unwrap()
+    }
+
+    #[test]
+    fn push_257_condition_matrix() {
+        use EnvelopeKind::*;
+        let ch = http_only();
+        let ts = EPOCH * HMAC_EPOCH_SECONDS * NS;
+        for kind in [Application, Commit, Proposal] {
+            for include_commits in [false, true] {
+                for (start, seq) in [(5u64, 5u64), (5, 6), (6, 5), (0, 1)] {
+                    let d = decide(&envelope(seq, kind, ts, b"", vec![]), &subscriber(start, include_commits, None, http()), &ch);
+                    let expected = start < seq && (include_commits || !kind.is_commit_or_proposal());
+                    assert_eq!(d == Decision::Deliver, expected, "{kind:?} commits={include_commits} start={start} seq={seq}");
+                    assert_ne!(d, Decision::Suppressed);
+                }
+            }
+        }
+        // A recipient on a channel the deployment has not configured is excluded.
+        let apns = DeliveryTarget::Apns { token: "t".into() };
+        assert_eq!(decide(&envelope(2, Application, ts, b"", vec![]), &subscriber(1, false, None, apns), &ch), Decision::Excluded);
+    }
+
+    #[test]
+    fn push_230_suppression_at_each_window_index() {
+        let base = EPOCH - 1;
+        for (index, key) in [[1u8; 42], [2; 42], [3; 42]].iter().enumerate() {
+            let ts = (base + index as i64) * HMAC_EPOCH_SECONDS * NS;
+            let env = envelope(9, EnvelopeKind::Application, ts, b"ciphertext", hmac(key, b"ciphertext"));
+            assert_eq!(decide(&env, &subscriber(0, false, Some(window(base)), http()), &http_only()), Decision::Suppressed);
+        }
+    }
+
+    #[test]
+    fn push_230_fails_open() {
+        let base = EPOCH - 1;
+        let ts = EPOCH * HMAC_EPOCH_SECONDS * NS;
+        let good = hmac(&[2; 42], b"ciphertext");
+        let ch = http_only();
+        let case = |ts: i64, data: &[u8], mac: Vec<u8>, keys: Option<KeyWindow>| {
+            decide(&envelope(9, EnvelopeKind::Application, ts, data, mac), &subscriber(0, false, keys, http()), &ch)
+        };
+        assert_eq!(case(ts, b"ciphertext", good.clone(), Some(window(base))), Decision::Suppressed);
+        assert_eq!(case(ts, b"ciphertext", good.clone(), None), Decision::Deliver, "no keys");
+        assert_eq!(case(ts, b"other", good.clone(), Some(window(base))), Decision::Deliver, "different data");
+        assert_eq!(case(ts, b"ciphertext", good[..31].to_vec(), Some(window(base))), Decision::Deliver, "31-byte hmac");
+        assert_eq!(case(ts, b"ciphertext", vec![], Some(window(base))), Decision::Deliver, "no hmac");
+        // Epoch boundaries: last ns of the epoch before the window, first ns after it.
+        let before = base * HMAC_EPOCH_SECONDS * NS - 1;
+        let after = (base + 3) * HMAC_EPOCH_SECONDS * NS;
+        assert_eq!(case(before, b"ciphertext", hmac(&[1; 42], b"ciphertext"), Some(window(base))), Decision::Deliver);
+        assert_eq!(case(after, b"ciphertext", hmac(&[3; 42], b"ciphertext"), Some(window(base))), Decision::Deliver);
+        // The first ns of an epoch uses that epoch's key, not the previous one's.
+        let first_of_epoch = EPOCH * HMAC_EPOCH_SECONDS * NS;
+        assert_eq!(case(first_of_epoch, b"ciphertext", hmac(&[1; 42], b"ciphertext"), Some(window(base))), Decision::Deliver);
+        assert_eq!(case(first_of_epoch - 1, b"ciphertext", hmac(&[1; 42], b"ciphertext"), Some(window(base))), Decision::Suppressed);
+    }
+}

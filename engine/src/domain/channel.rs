@@ -1,0 +1,128 @@
+use super::ParseError;
+
+/// Longest token or URL a registration may carry (spec 000 section 1, check 4).
+pub const MAX_TARGET_LEN: usize = 2048;
+pub const MIN_SIGNING_KEY_LEN: usize = 16;
+pub const MAX_SIGNING_KEY_LEN: usize = 64;
+
+/// How the backend reaches a recipient. Numbers match the wire enum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Channel {
+    Apns = 1,
+    Fcm = 2,
+    Http = 3,
+}
+
+impl Channel {
+    pub fn from_u8(v: u8) -> Option<Self> {
+        match v {
+            1 => Some(Self::Apns),
+            2 => Some(Self::Fcm),
+            3 => Some(Self::Http),
+            _ => None,
+        }
+    }
+
+    /// A bounded label value for metrics.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Apns => "apns",
+            Self::Fcm => "fcm",
+            Self::Http => "http",
+        }
+    }
+}
+
+/// A webhook signing key: 16 to 64 raw bytes (PUSH-256). Debug hides it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SigningKey(Vec<u8>);
+
+impl SigningKey {
+    pub fn parse(bytes: &[u8]) -> Result<Self, ParseError> {
+        if !(MIN_SIGNING_KEY_LEN..=MAX_SIGNING_KEY_LEN).contains(&bytes.len()) {
+            return Err(ParseError("signing_key must be 16 to 64 bytes"));
+        }
+        Ok(Self(bytes.to_vec()))
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for SigningKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SigningKey(..)")
+    }
+}
+
+/// Where a recipient's pushes go. The URL of an `Http` target has passed the
+/// syntactic webhook checks (`webhook::safety`) when built through `Registry`.
+#[derive(Clone, PartialEq, Eq)]
+pub enum DeliveryTarget {
+    Apns { token: String },
+    Fcm { token: String },
+    Http { url: String, signing_key: SigningKey },
+}
+
+impl DeliveryTarget {
+    pub fn channel(&self) -> Channel {
+        match self {
+            Self::Apns { .. } => Channel::Apns,
+            Self::Fcm { .. } => Channel::Fcm,
+            Self::Http { .. } => Channel::Http,
+        }
+    }
+
+    /// Admission check 4 for an APNs or FCM token.
+    pub fn check_token(token: &str) -> Result<(), ParseError> {
+        check_text(token, ["token is empty", "token is longer than 2048 characters", "token contains a NUL character"])
+    }
+
+    /// Admission check 4 for a webhook URL, before the safety checks.
+    pub fn check_url_text(url: &str) -> Result<(), ParseError> {
+        check_text(url, ["url is empty", "url is longer than 2048 characters", "url contains a NUL character"])
+    }
+}
+
+/// Not empty, at most 2048 characters, no NUL (spec 000 section 1, check 4).
+fn check_text(text: &str, [empty, long, nul]: [&'static str; 3]) -> Result<(), ParseError> {
+    if text.is_empty() {
+        return Err(ParseError(empty));
+    }
+    if text.chars().count() > MAX_TARGET_LEN {
+        return Err(ParseError(long));
+    }
+    if text.contains('\0') {
+        return Err(ParseError(nul));
+    }
+    Ok(())
+}
+
+impl std::fmt::Debug for DeliveryTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DeliveryTarget({:?}, ..)", self.channel())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signing_key_bounds() {
+        assert!(SigningKey::parse(&[0; 15]).is_err());
+        assert!(SigningKey::parse(&[0; 16]).is_ok());
+        assert!(SigningKey::parse(&[0; 64]).is_ok());
+        assert!(SigningKey::parse(&[0; 65]).is_err());
+    }
+
+    #[test]
+    fn target_text_rules() {
+        assert!(DeliveryTarget::check_token("").is_err());
+        assert!(DeliveryTarget::check_token("a\0b").is_err());
+        assert!(DeliveryTarget::check_token(&"é".repeat(2048)).is_ok());
+        assert!(DeliveryTarget::check_url_text(&"a".repeat(2049)).is_err());
+    }
+}

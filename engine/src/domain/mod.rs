@@ -1,0 +1,24 @@
+//! The domain: types that can only hold valid values. Parse at the edge, trust inside.
+
+mod channel;
+mod envelope;
+mod epoch;
+mod ids;
+mod subscription;
+mod topic;
+
+pub use channel::{Channel, DeliveryTarget, SigningKey};
+pub use envelope::{EnvelopeKind, NewEnvelope, StoredEnvelope};
+pub use epoch::{HMAC_EPOCH_SECONDS, hmac_epoch};
+pub use ids::{RecipientId, RecipientSecret, SecretHash};
+pub use subscription::{
+    HMAC_KEY_LEN, HmacKey, KeyWindow, MAX_HMAC_KEYS, StoredSubscription, Subscription,
+    SubscriptionUpdate,
+};
+pub use topic::{ShardId, Topic, TopicKind};
+
+/// Why a value from outside failed to parse. Messages never echo the value
+/// itself: ids, topics and secrets stay out of status messages (PUSH-254).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ParseError(pub &'static str);

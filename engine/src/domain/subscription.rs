@@ -1,0 +1,128 @@
+use std::collections::HashSet;
+
+use super::{ParseError, Topic};
+
+pub const HMAC_KEY_LEN: usize = 42;
+pub const MAX_HMAC_KEYS: usize = 3;
+
+/// One 42-byte HMAC key of a key window. Debug hides it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct HmacKey(pub [u8; HMAC_KEY_LEN]);
+
+impl std::fmt::Debug for HmacKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HmacKey(..)")
+    }
+}
+
+/// Up to three keys for consecutive HMAC epochs starting at `epoch_base`.
+/// Only exists with at least one key: no base is stored without keys (section 3).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyWindow {
+    epoch_base: i64,
+    keys: Vec<HmacKey>,
+}
+
+impl KeyWindow {
+    /// `None` for an empty key list, whatever the base says.
+    pub fn parse(epoch_base: i64, keys: &[Vec<u8>]) -> Result<Option<Self>, ParseError> {
+        if keys.len() > MAX_HMAC_KEYS {
+            return Err(ParseError("a subscription carries more than 3 hmac_keys"));
+        }
+        let keys = keys
+            .iter()
+            .map(|k| {
+                <[u8; HMAC_KEY_LEN]>::try_from(k.as_slice())
+                    .map(HmacKey)
+                    .map_err(|_| ParseError("every hmac key must be 42 bytes"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if keys.is_empty() {
+            return Ok(None);
+        }
+        if epoch_base < 0 {
+            return Err(ParseError("hmac_epoch_base must not be negative"));
+        }
+        Ok(Some(Self { epoch_base, keys }))
+    }
+
+    pub fn epoch_base(&self) -> i64 {
+        self.epoch_base
+    }
+
+    pub fn keys(&self) -> &[HmacKey] {
+        &self.keys
+    }
+
+    /// The key for an HMAC epoch, if the window covers it (PUSH-230).
+    pub fn key_for_epoch(&self, epoch: i64) -> Option<&HmacKey> {
+        let index = epoch.checked_sub(self.epoch_base)?;
+        usize::try_from(index).ok().and_then(|i| self.keys.get(i))
+    }
+}
+
+/// A subscription as a client sends it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subscription {
+    pub topic: Topic,
+    pub keys: Option<KeyWindow>,
+    pub include_commits: bool,
+}
+
+/// A subscription as stored: with the start position fixed when first stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredSubscription {
+    pub subscription: Subscription,
+    /// The shard's closed allocation boundary read in the storing transaction (PUSH-216).
+    pub start_position: u64,
+}
+
+/// A validated UpdateSubscriptions payload (PUSH-215): no topic twice across
+/// adds and removes, every topic subscribable.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SubscriptionUpdate {
+    pub adds: Vec<Subscription>,
+    pub removes: Vec<Topic>,
+}
+
+impl SubscriptionUpdate {
+    pub fn new(adds: Vec<Subscription>, removes: Vec<Topic>) -> Result<Self, ParseError> {
+        let mut seen = HashSet::with_capacity(adds.len() + removes.len());
+        for topic in adds.iter().map(|s| &s.topic).chain(removes.iter()) {
+            if !seen.insert(topic) {
+                return Err(ParseError("a topic appears more than once across adds and removes"));
+            }
+        }
+        Ok(Self { adds, removes })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_window_rules() {
+        let k = vec![7u8; 42];
+        assert_eq!(KeyWindow::parse(-5, &[]).unwrap(), None, "no base without keys");
+        assert!(KeyWindow::parse(-1, &[k.clone()]).is_err());
+        assert!(KeyWindow::parse(0, &[vec![0; 41]]).is_err());
+        assert!(KeyWindow::parse(0, &[k.clone(), k.clone(), k.clone(), k.clone()]).is_err());
+        let w = KeyWindow::parse(10, &[vec![1; 42], vec![2; 42], vec![3; 42]]).unwrap().unwrap();
+        assert_eq!(w.key_for_epoch(9), None);
+        assert_eq!(w.key_for_epoch(10).unwrap().0[0], 1);
+        assert_eq!(w.key_for_epoch(12).unwrap().0[0], 3);
+        assert_eq!(w.key_for_epoch(13), None);
+        assert_eq!(w.key_for_epoch(i64::MIN), None);
+    }
+
+    #[test]
+    fn duplicate_topics_are_refused() {
+        let t = Topic::parse(&[0, 1]).unwrap();
+        let sub = Subscription { topic: t.clone(), keys: None, include_commits: false };
+        assert!(SubscriptionUpdate::new(vec![sub.clone()], vec![t.clone()]).is_err());
+        assert!(SubscriptionUpdate::new(vec![sub.clone(), sub.clone()], vec![]).is_err());
+        assert!(SubscriptionUpdate::new(vec![], vec![t.clone(), t.clone()]).is_err());
+        assert!(SubscriptionUpdate::new(vec![sub], vec![Topic::parse(&[1, 1]).unwrap()]).is_ok());
+    }
+}

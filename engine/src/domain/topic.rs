@@ -1,0 +1,126 @@
+use base64::Engine as _;
+
+use super::ParseError;
+
+/// Longest topic identifier after the kind byte (TOPIC-001 as DESIGN.md fixes it).
+pub const MAX_TOPIC_ID_LEN: usize = 64;
+
+/// The kind byte of a topic (TOPIC-001).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum TopicKind {
+    GroupMessage = 0x00,
+    Welcome = 0x01,
+    IdentityUpdates = 0x02,
+    KeyPackages = 0x03,
+}
+
+impl TopicKind {
+    fn from_byte(b: u8) -> Option<Self> {
+        match b {
+            0x00 => Some(Self::GroupMessage),
+            0x01 => Some(Self::Welcome),
+            0x02 => Some(Self::IdentityUpdates),
+            0x03 => Some(Self::KeyPackages),
+            _ => None,
+        }
+    }
+}
+
+/// A valid topic: a known kind byte followed by a 1..=64 byte identifier.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Topic(Vec<u8>);
+
+impl Topic {
+    /// Any valid topic, of any kind (envelopes may carry all four).
+    pub fn parse(bytes: &[u8]) -> Result<Self, ParseError> {
+        let (&kind, id) = bytes.split_first().ok_or(ParseError("topic is empty"))?;
+        TopicKind::from_byte(kind).ok_or(ParseError("topic has an unknown kind byte"))?;
+        if id.is_empty() || id.len() > MAX_TOPIC_ID_LEN {
+            return Err(ParseError("topic identifier must be 1 to 64 bytes"));
+        }
+        Ok(Self(bytes.to_vec()))
+    }
+
+    /// A topic a subscription may carry: group-message or welcome only (PUSH-215).
+    pub fn parse_subscribable(bytes: &[u8]) -> Result<Self, ParseError> {
+        let topic = Self::parse(bytes)?;
+        match topic.kind() {
+            TopicKind::GroupMessage | TopicKind::Welcome => Ok(topic),
+            _ => Err(ParseError("only group-message and welcome topics can be subscribed")),
+        }
+    }
+
+    /// Rebuilds a topic read back from storage, where it was valid when written.
+    pub fn from_stored(bytes: Vec<u8>) -> Self {
+        debug_assert!(Self::parse(&bytes).is_ok());
+        Self(bytes)
+    }
+
+    pub fn kind(&self) -> TopicKind {
+        TopicKind::from_byte(self.0[0]).expect("validated at parse")
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// Standard base64, as every push body carries it (PUSH-259).
+    pub fn to_base64(&self) -> String {
+        base64::engine::general_purpose::STANDARD.encode(&self.0)
+    }
+
+    /// The topic's shard: a stable hash (FNV-1a 64) of the topic bytes. Stable
+    /// across versions and machines, because shard ids are stored.
+    pub fn shard(&self, shard_count: u16) -> ShardId {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in &self.0 {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        ShardId((h % u64::from(shard_count.max(1))) as u16)
+    }
+}
+
+impl std::fmt::Debug for Topic {
+    // Topics never reach logs (PUSH-254): Debug shows the kind only.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Topic({:?}, ..)", self.kind())
+    }
+}
+
+/// One topic shard: its own sequence ids, boundary and checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ShardId(pub u16);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topic_rules() {
+        assert!(Topic::parse(&[]).is_err());
+        assert!(Topic::parse(&[0x00]).is_err(), "identifier must not be empty");
+        assert!(Topic::parse(&[0x04, 1]).is_err(), "unknown kind");
+        assert!(Topic::parse(&[0x00; 66]).is_err(), "65-byte identifier");
+        assert!(Topic::parse(&[0x00; 65]).is_ok(), "64-byte identifier");
+        assert!(Topic::parse(&[0x02, 9]).is_ok());
+        assert!(Topic::parse_subscribable(&[0x02, 9]).is_err());
+        assert!(Topic::parse_subscribable(&[0x03, 9]).is_err());
+        assert_eq!(Topic::parse_subscribable(&[0x01, 9]).unwrap().kind(), TopicKind::Welcome);
+    }
+
+    const FNV_0123_MOD_256: u16 = 17;
+
+    #[test]
+    fn shard_is_stable_and_in_range() {
+        let t = Topic::parse(&[0, 1, 2, 3]).unwrap();
+        assert_eq!(t.shard(256), t.shard(256));
+        // Pinned: changing the hash would strand every stored envelope.
+        assert_eq!(t.shard(256), ShardId(FNV_0123_MOD_256));
+        for i in 0..=255u8 {
+            assert!(Topic::parse(&[0, i]).unwrap().shard(7).0 < 7);
+        }
+        assert_eq!(Topic::parse(&[1, 2, 3]).unwrap().to_base64(), "AQID");
+    }
+}

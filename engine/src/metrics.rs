@@ -1,0 +1,135 @@
+//! Prometheus metrics. Labels take only bounded, non-private values: channel,
+//! outcome, method, status code, stage. Never an id, token, URL or topic (PUSH-254).
+
+use prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry,
+};
+
+pub struct Metrics {
+    pub registry: Registry,
+    pub deliveries: IntCounterVec,
+    pub attempts: IntCounterVec,
+    pub retries: IntCounterVec,
+    pub suppressed: IntCounter,
+    pub webhook_refused_at_register: IntCounter,
+    pub webhook_refused_at_send: IntCounter,
+    pub envelopes_published: IntCounterVec,
+    pub rpc_requests: IntCounterVec,
+    pub publish_to_attempt: HistogramVec,
+    pub provider_latency: HistogramVec,
+    pub in_flight: IntGaugeVec,
+    pub retry_queue: IntGauge,
+    pub recipients_deleted: IntCounterVec,
+    pub windows: IntCounter,
+    pub window_replays: IntCounter,
+    pub window_duration: Histogram,
+    pub dispatch_lag: IntGauge,
+    pub shard_restarts: IntCounter,
+    pub store_errors: IntCounter,
+}
+
+const LATENCY_BUCKETS: &[f64] =
+    &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let counter_vec = |name: &str, help: &str, labels: &[&str]| {
+            let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+            registry.register(Box::new(c.clone())).expect("unique metric");
+            c
+        };
+        let counter = |name: &str, help: &str| {
+            let c = IntCounter::new(name, help).expect("valid metric");
+            registry.register(Box::new(c.clone())).expect("unique metric");
+            c
+        };
+        let histogram_vec = |name: &str, help: &str, labels: &[&str]| {
+            let opts = HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec());
+            let h = HistogramVec::new(opts, labels).expect("valid metric");
+            registry.register(Box::new(h.clone())).expect("unique metric");
+            h
+        };
+        let gauge = |name: &str, help: &str| {
+            let g = IntGauge::new(name, help).expect("valid metric");
+            registry.register(Box::new(g.clone())).expect("unique metric");
+            g
+        };
+        let in_flight = IntGaugeVec::new(
+            Opts::new("fanout_in_flight_attempts", "Attempts awaiting a provider answer"),
+            &["channel"],
+        )
+        .expect("valid metric");
+        registry.register(Box::new(in_flight.clone())).expect("unique metric");
+        let window_duration = Histogram::with_opts(
+            HistogramOpts::new("fanout_window_duration_seconds", "Time from reading a window to its checkpoint")
+                .buckets(LATENCY_BUCKETS.to_vec()),
+        )
+        .expect("valid metric");
+        registry.register(Box::new(window_duration.clone())).expect("unique metric");
+        Self {
+            deliveries: counter_vec(
+                "fanout_deliveries_total",
+                "Deliveries finished, by channel and final outcome",
+                &["channel", "outcome"],
+            ),
+            attempts: counter_vec("fanout_attempts_total", "Provider attempts, by channel and outcome", &["channel", "outcome"]),
+            retries: counter_vec("fanout_retries_total", "Attempts scheduled for retry, by channel", &["channel"]),
+            suppressed: counter("fanout_suppressed_total", "Deliveries suppressed as the sender's own (PUSH-230)"),
+            webhook_refused_at_register: counter(
+                "fanout_webhook_refused_register_total",
+                "Webhook registrations refused by destination safety (PUSH-256)",
+            ),
+            webhook_refused_at_send: counter(
+                "fanout_webhook_refused_send_total",
+                "Webhook attempts not sent because the destination failed the check (PUSH-256)",
+            ),
+            envelopes_published: counter_vec(
+                "fanout_envelopes_published_total",
+                "Envelopes received on the publish service, by result",
+                &["result"],
+            ),
+            rpc_requests: counter_vec("fanout_rpc_requests_total", "gRPC requests by method and status code", &["method", "code"]),
+            publish_to_attempt: histogram_vec(
+                "fanout_publish_to_attempt_seconds",
+                "Time from envelope storage to the answer of its first attempt",
+                &["channel"],
+            ),
+            provider_latency: histogram_vec(
+                "fanout_provider_latency_seconds",
+                "Duration of one provider attempt",
+                &["channel"],
+            ),
+            in_flight,
+            retry_queue: gauge("fanout_retry_queue_depth", "Deliveries waiting for a retry timer"),
+            recipients_deleted: counter_vec(
+                "fanout_recipients_deleted_total",
+                "Recipients deleted by the engine, by reason",
+                &["reason"],
+            ),
+            windows: counter("fanout_windows_total", "Dispatch windows completed"),
+            window_replays: counter("fanout_window_replays_total", "Windows abandoned and replayed from the checkpoint"),
+            window_duration,
+            dispatch_lag: gauge("fanout_dispatch_lag_envelopes", "Sum over shards of boundary minus checkpoint"),
+            shard_restarts: counter("fanout_shard_restarts_total", "Shard actors restarted by the supervisor"),
+            store_errors: counter("fanout_store_errors_total", "Storage operations that failed"),
+            registry,
+        }
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let encoder = prometheus::TextEncoder::new();
+        // Encoding into a String cannot fail for well-formed families.
+        let _ = encoder.encode_utf8(&self.registry.gather(), &mut out);
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

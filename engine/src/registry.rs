@@ -1,0 +1,209 @@
+//! The notification service's rules (spec 000 sections 1–3): ordered admission
+//! (PUSH-253), Register (PUSH-255), Unregister (PUSH-207) and UpdateSubscriptions
+//! (PUSH-215/216/217). Transport-free: `fanout-api` maps `AdmissionError` to
+//! gRPC statuses once.
+
+use std::sync::Arc;
+
+use crate::channel::Channels;
+use crate::clock::unix_now_ns;
+use crate::domain::{
+    Channel, DeliveryTarget, KeyWindow, ParseError, RecipientId, RecipientSecret, SigningKey,
+    Subscription, SubscriptionUpdate, Topic,
+};
+use crate::metrics::Metrics;
+use crate::store::{RecipientSummary, Store, StoreError};
+use crate::webhook::{HostResolver, WebhookPolicy, WebhookUrl};
+
+/// Register's delivery as received, before admission check 4.
+pub enum DeliveryInput<'a> {
+    Apns { token: &'a str },
+    Fcm { token: &'a str },
+    Http { url: &'a str, signing_key: &'a [u8] },
+}
+
+/// A Subscription as received, before PUSH-215.
+pub struct SubscriptionInput<'a> {
+    pub topic: &'a [u8],
+    pub hmac_epoch_base: i64,
+    pub hmac_keys: &'a [Vec<u8>],
+    pub include_commits: bool,
+}
+
+/// The backend's view returned by every successful mutating call (PUSH-255).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecipientState {
+    pub topic_count: u64,
+    pub channel: Channel,
+    pub expires_at_ns: i64,
+}
+
+/// The admission statuses, one variant per status the spec names. Messages
+/// name the rule that failed, never a value (PUSH-254).
+#[derive(Debug, thiserror::Error)]
+pub enum AdmissionError {
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("recipient not found")]
+    NotFound,
+    #[error("recipient secret does not match")]
+    PermissionDenied,
+    #[error("{0}")]
+    FailedPrecondition(&'static str),
+    #[error("the request would exceed max_push_topics")]
+    ResourceExhausted,
+    #[error("storage unavailable")]
+    Unavailable(#[source] StoreError),
+}
+
+impl From<ParseError> for AdmissionError {
+    fn from(e: ParseError) -> Self {
+        Self::InvalidArgument(e.0.to_owned())
+    }
+}
+
+impl From<StoreError> for AdmissionError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::NotFound => Self::NotFound,
+            StoreError::SecretMismatch => Self::PermissionDenied,
+            StoreError::TopicLimit => Self::ResourceExhausted,
+            e @ StoreError::Backend(_) => Self::Unavailable(e),
+        }
+    }
+}
+
+pub struct Registry {
+    pub store: Arc<dyn Store>,
+    pub channels: Channels,
+    pub webhook_policy: Arc<WebhookPolicy>,
+    pub resolver: Arc<dyn HostResolver>,
+    pub max_push_topics: u64,
+    pub recipient_ttl_seconds: u64,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Registry {
+    /// PUSH-253 rows 1, 3, 4 then PUSH-255.
+    pub async fn register(
+        &self,
+        recipient_id: &[u8],
+        recipient_secret: &[u8],
+        delivery: Option<DeliveryInput<'_>>,
+    ) -> Result<RecipientState, AdmissionError> {
+        let (id, secret) = parse_credentials(recipient_id, recipient_secret)?;
+        let hash = secret.hash();
+        if let Some(stored) = self.store.recipient(&id).await? {
+            // Row 3, constant-time (SecretHash's PartialEq).
+            if stored.secret_hash != hash {
+                return Err(AdmissionError::PermissionDenied);
+            }
+        }
+        let target = self.parse_delivery(delivery).await?;
+        let summary = self.store.register(&id, &hash, &target, unix_now_ns()).await?;
+        Ok(self.state(summary))
+    }
+
+    /// PUSH-253 rows 1–3 then PUSH-207.
+    pub async fn unregister(&self, recipient_id: &[u8], recipient_secret: &[u8]) -> Result<(), AdmissionError> {
+        let (id, secret) = parse_credentials(recipient_id, recipient_secret)?;
+        self.admit_existing(&id, &secret).await?;
+        self.store.unregister(&id, &secret.hash()).await?;
+        Ok(())
+    }
+
+    /// PUSH-253 rows 1–4 then PUSH-216/217.
+    pub async fn update_subscriptions(
+        &self,
+        recipient_id: &[u8],
+        recipient_secret: &[u8],
+        adds: &[SubscriptionInput<'_>],
+        removes: &[Vec<u8>],
+    ) -> Result<RecipientState, AdmissionError> {
+        let (id, secret) = parse_credentials(recipient_id, recipient_secret)?;
+        self.admit_existing(&id, &secret).await?;
+        let update = parse_update(adds, removes)?;
+        let summary = self
+            .store
+            .update_subscriptions(&id, &secret.hash(), &update, unix_now_ns(), self.max_push_topics)
+            .await?;
+        Ok(self.state(summary))
+    }
+
+    /// Rows 2 and 3 for calls that need a stored recipient.
+    async fn admit_existing(&self, id: &RecipientId, secret: &RecipientSecret) -> Result<(), AdmissionError> {
+        let stored = self.store.recipient(id).await?.ok_or(AdmissionError::NotFound)?;
+        if stored.secret_hash != secret.hash() {
+            return Err(AdmissionError::PermissionDenied);
+        }
+        Ok(())
+    }
+
+    /// Row 4 for Register: section 2 and the token/URL text rules.
+    async fn parse_delivery(&self, delivery: Option<DeliveryInput<'_>>) -> Result<DeliveryTarget, AdmissionError> {
+        let delivery = delivery.ok_or_else(|| AdmissionError::InvalidArgument("a delivery (apns, fcm or http) is required".into()))?;
+        let channel = match delivery {
+            DeliveryInput::Apns { .. } => Channel::Apns,
+            DeliveryInput::Fcm { .. } => Channel::Fcm,
+            DeliveryInput::Http { .. } => Channel::Http,
+        };
+        if !self.channels.is_configured(channel) {
+            // PUSH-210
+            return Err(AdmissionError::FailedPrecondition("this channel is not configured on this deployment"));
+        }
+        match delivery {
+            DeliveryInput::Apns { token } => {
+                DeliveryTarget::check_token(token)?;
+                Ok(DeliveryTarget::Apns { token: token.to_owned() })
+            }
+            DeliveryInput::Fcm { token } => {
+                DeliveryTarget::check_token(token)?;
+                Ok(DeliveryTarget::Fcm { token: token.to_owned() })
+            }
+            DeliveryInput::Http { url, signing_key } => {
+                DeliveryTarget::check_url_text(url)?;
+                let signing_key = SigningKey::parse(signing_key)?;
+                // PUSH-256 at registration.
+                let checked = match WebhookUrl::parse(url) {
+                    Ok(parsed) => self.webhook_policy.check(&parsed, self.resolver.as_ref()).await.map(|_| ()),
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = checked {
+                    self.metrics.webhook_refused_at_register.inc();
+                    return Err(AdmissionError::InvalidArgument(e.to_string()));
+                }
+                Ok(DeliveryTarget::Http { url: url.to_owned(), signing_key })
+            }
+        }
+    }
+
+    fn state(&self, summary: RecipientSummary) -> RecipientState {
+        let ttl_ns = (self.recipient_ttl_seconds as i64).saturating_mul(1_000_000_000);
+        RecipientState {
+            topic_count: summary.topic_count,
+            channel: summary.channel,
+            expires_at_ns: summary.renewed_at_ns.saturating_add(ttl_ns),
+        }
+    }
+}
+
+/// Row 1: both exactly 32 bytes.
+fn parse_credentials(id: &[u8], secret: &[u8]) -> Result<(RecipientId, RecipientSecret), AdmissionError> {
+    Ok((RecipientId::parse(id)?, RecipientSecret::parse(secret)?))
+}
+
+/// PUSH-215: every rule, before anything is applied.
+fn parse_update(adds: &[SubscriptionInput<'_>], removes: &[Vec<u8>]) -> Result<SubscriptionUpdate, AdmissionError> {
+    let adds = adds
+        .iter()
+        .map(|a| {
+            Ok(Subscription {
+                topic: Topic::parse_subscribable(a.topic)?,
+                keys: KeyWindow::parse(a.hmac_epoch_base, a.hmac_keys)?,
+                include_commits: a.include_commits,
+            })
+        })
+        .collect::<Result<Vec<_>, ParseError>>()?;
+    let removes = removes.iter().map(|t| Topic::parse_subscribable(t)).collect::<Result<Vec<_>, _>>()?;
+    Ok(SubscriptionUpdate::new(adds, removes)?)
+}

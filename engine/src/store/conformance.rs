@@ -1,0 +1,1110 @@
+//! The conformance suite every `Store` backend must pass (DESIGN.md, storage).
+//!
+//! Each case takes a fresh, empty store made with [`SHARD_COUNT`] shards and
+//! panics on the first violation. A backend's tests call [`run_all`] with a
+//! factory, or each case on its own for separate test names.
+
+use std::future::Future;
+
+use super::{Appended, Recipient, RecipientSummary, ShardPosition, Store, StoreError, Subscriber};
+use crate::domain::{
+    Channel, DeliveryTarget, EnvelopeKind, KeyWindow, NewEnvelope, RecipientId, RecipientSecret,
+    SecretHash, ShardId, SigningKey, StoredEnvelope, StoredSubscription, Subscription,
+    SubscriptionUpdate, Topic,
+};
+
+/// The shard count the factory given to the suite must use.
+pub const SHARD_COUNT: u16 = 16;
+
+/// Generous topic limit for cases that do not test PUSH-217.
+const NO_LIMIT: u64 = 100_000;
+
+/// Runs every case, each on a fresh store from `make`.
+pub async fn run_all<S, F, Fut>(make: F)
+where
+    S: Store,
+    F: Fn() -> Fut,
+    Fut: Future<Output = S>,
+{
+    register_creates_and_renews(&make().await).await;
+    secret_mismatch_changes_nothing(&make().await).await;
+    unknown_recipient_is_not_found(&make().await).await;
+    unregister_deletes_subscriptions(&make().await).await;
+    update_applies_adds_and_removes_together(&make().await).await;
+    replace_keeps_start_position(&make().await).await;
+    topic_limit_applies_nothing(&make().await).await;
+    key_window_round_trip(&make().await).await;
+    compare_and_delete(&make().await).await;
+    delete_expired_boundary(&make().await).await;
+    append_allocates_per_shard(&make().await).await;
+    publisher_sequence_ids(&make().await).await;
+    non_eligible_envelopes_only_move_the_boundary(&make().await).await;
+    suppression_data_only_with_32_byte_hmac(&make().await).await;
+    read_window_range_and_limit(&make().await).await;
+    advance_checkpoint_forward_and_prunes(&make().await).await;
+    subscribers_paging(&make().await).await;
+}
+
+// ---- helpers ----
+
+fn rid(n: u8) -> RecipientId {
+    RecipientId([n; 32])
+}
+
+fn secret(n: u8) -> SecretHash {
+    RecipientSecret::parse(&[n; 32]).unwrap().hash()
+}
+
+fn apns(token: &str) -> DeliveryTarget {
+    DeliveryTarget::Apns {
+        token: token.into(),
+    }
+}
+
+fn fcm(token: &str) -> DeliveryTarget {
+    DeliveryTarget::Fcm {
+        token: token.into(),
+    }
+}
+
+fn http(url: &str, key: u8) -> DeliveryTarget {
+    DeliveryTarget::Http {
+        url: url.into(),
+        signing_key: SigningKey::parse(&[key; 32]).unwrap(),
+    }
+}
+
+fn topic(bytes: &[u8]) -> Topic {
+    Topic::parse(bytes).unwrap()
+}
+
+/// A group-message topic.
+fn group(n: u8) -> Topic {
+    topic(&[0, n])
+}
+
+/// The `n`th topic (from 0) of kind byte `kind` that falls in `shard`.
+fn topic_in_shard(kind: u8, shard: u16, n: usize) -> Topic {
+    (0..=u16::MAX)
+        .map(|i| topic(&[kind, (i >> 8) as u8, i as u8]))
+        .filter(|t| t.shard(SHARD_COUNT) == ShardId(shard))
+        .nth(n)
+        .expect("enough topics in every shard")
+}
+
+fn sub(topic: &Topic) -> Subscription {
+    Subscription {
+        topic: topic.clone(),
+        keys: None,
+        include_commits: false,
+    }
+}
+
+fn window(base: i64, fill: u8) -> KeyWindow {
+    KeyWindow::parse(base, &[vec![fill; 42], vec![fill.wrapping_add(1); 42]])
+        .unwrap()
+        .unwrap()
+}
+
+fn update(adds: Vec<Subscription>, removes: Vec<Topic>) -> SubscriptionUpdate {
+    SubscriptionUpdate::new(adds, removes).unwrap()
+}
+
+fn envelope(
+    topic: &Topic,
+    kind: EnvelopeKind,
+    should_push: bool,
+    sender_hmac: Vec<u8>,
+    data: Vec<u8>,
+    sequence_id: Option<u64>,
+) -> NewEnvelope {
+    NewEnvelope::new(
+        topic.clone(),
+        SHARD_COUNT,
+        kind,
+        should_push,
+        sender_hmac,
+        data,
+        sequence_id,
+    )
+    .unwrap()
+}
+
+/// A push-eligible application message with a fanout-allocated id.
+fn app(topic: &Topic) -> NewEnvelope {
+    envelope(topic, EnvelopeKind::Application, true, vec![], vec![], None)
+}
+
+fn stored(ids: impl IntoIterator<Item = u64>) -> Vec<Appended> {
+    ids.into_iter()
+        .map(|sequence_id| Appended::Stored { sequence_id })
+        .collect()
+}
+
+fn seq_ids(window: &[StoredEnvelope]) -> Vec<u64> {
+    window.iter().map(|e| e.sequence_id).collect()
+}
+
+fn topics_of(subs: &[StoredSubscription]) -> Vec<Topic> {
+    subs.iter().map(|s| s.subscription.topic.clone()).collect()
+}
+
+async fn subscribe<S: Store>(
+    store: &S,
+    id: &RecipientId,
+    hash: &SecretHash,
+    adds: Vec<Subscription>,
+    now_ns: i64,
+) -> RecipientSummary {
+    store
+        .update_subscriptions(id, hash, &update(adds, vec![]), now_ns, NO_LIMIT)
+        .await
+        .unwrap()
+}
+
+/// Every subscriber id of a topic, in one large page.
+async fn subscriber_ids<S: Store>(store: &S, topic: &Topic) -> Vec<RecipientId> {
+    let page: Vec<Subscriber> = store.subscribers(topic, None, 10_000).await.unwrap();
+    page.iter().map(|s| s.recipient.id).collect()
+}
+
+async fn position<S: Store>(store: &S, shard: u16) -> ShardPosition {
+    store.shard_position(ShardId(shard)).await.unwrap()
+}
+
+async fn window_ids<S: Store>(
+    store: &S,
+    shard: u16,
+    after: u64,
+    up_to: u64,
+    limit: usize,
+) -> Vec<u64> {
+    seq_ids(
+        &store
+            .read_window(ShardId(shard), after, up_to, limit)
+            .await
+            .unwrap(),
+    )
+}
+
+// ---- recipients ----
+
+/// PUSH-255: Register creates with no subscriptions, renews keeping them, and
+/// reports the stored count, channel and renewal time.
+pub async fn register_creates_and_renews<S: Store>(store: &S) {
+    assert!(!store.backend_name().is_empty());
+    let (a, h) = (rid(1), secret(1));
+    assert_eq!(store.recipient(&a).await.unwrap(), None);
+
+    let s = store.register(&a, &h, &apns("t1"), 100).await.unwrap();
+    assert_eq!(
+        s,
+        RecipientSummary {
+            topic_count: 0,
+            channel: Channel::Apns,
+            renewed_at_ns: 100
+        }
+    );
+    let r = store.recipient(&a).await.unwrap().expect("created");
+    assert_eq!(
+        r,
+        Recipient {
+            id: a,
+            secret_hash: h,
+            target: apns("t1"),
+            renewed_at_ns: 100,
+            topic_count: 0
+        }
+    );
+    assert!(store.subscriptions(&a).await.unwrap().is_empty());
+
+    let s = subscribe(store, &a, &h, vec![sub(&group(1)), sub(&group(2))], 150).await;
+    assert_eq!(
+        s,
+        RecipientSummary {
+            topic_count: 2,
+            channel: Channel::Apns,
+            renewed_at_ns: 150
+        }
+    );
+
+    // A token refresh keeps the subscriptions.
+    let s = store.register(&a, &h, &fcm("t2"), 200).await.unwrap();
+    assert_eq!(
+        s,
+        RecipientSummary {
+            topic_count: 2,
+            channel: Channel::Fcm,
+            renewed_at_ns: 200
+        }
+    );
+    let r = store.recipient(&a).await.unwrap().unwrap();
+    assert_eq!(
+        r,
+        Recipient {
+            id: a,
+            secret_hash: h,
+            target: fcm("t2"),
+            renewed_at_ns: 200,
+            topic_count: 2
+        }
+    );
+    assert_eq!(
+        topics_of(&store.subscriptions(&a).await.unwrap()),
+        vec![group(1), group(2)]
+    );
+    assert_eq!(subscriber_ids(store, &group(1)).await, vec![a]);
+
+    let s = store
+        .register(&a, &h, &http("https://example.com/hook", 3), 300)
+        .await
+        .unwrap();
+    assert_eq!(
+        s,
+        RecipientSummary {
+            topic_count: 2,
+            channel: Channel::Http,
+            renewed_at_ns: 300
+        }
+    );
+    assert_eq!(
+        store.recipient(&a).await.unwrap().unwrap().target,
+        http("https://example.com/hook", 3)
+    );
+
+    // Another recipient is independent.
+    let s = store
+        .register(&rid(2), &secret(2), &apns("t3"), 400)
+        .await
+        .unwrap();
+    assert_eq!(s.topic_count, 0);
+    assert_eq!(
+        store.recipient(&a).await.unwrap().unwrap().renewed_at_ns,
+        300
+    );
+}
+
+/// PUSH-253 check 3: a wrong secret fails every mutating call and changes nothing.
+pub async fn secret_mismatch_changes_nothing<S: Store>(store: &S) {
+    let (a, h, wrong) = (rid(1), secret(1), secret(2));
+    store.register(&a, &h, &apns("t1"), 100).await.unwrap();
+    subscribe(store, &a, &h, vec![sub(&group(1))], 110).await;
+    let before = store.recipient(&a).await.unwrap().unwrap();
+
+    let r = store.register(&a, &wrong, &apns("evil"), 200).await;
+    assert!(
+        matches!(r, Err(StoreError::SecretMismatch)),
+        "register: {r:?}"
+    );
+    let r = store.unregister(&a, &wrong).await;
+    assert!(
+        matches!(r, Err(StoreError::SecretMismatch)),
+        "unregister: {r:?}"
+    );
+    let r = store
+        .update_subscriptions(
+            &a,
+            &wrong,
+            &update(vec![sub(&group(2))], vec![group(1)]),
+            300,
+            NO_LIMIT,
+        )
+        .await;
+    assert!(
+        matches!(r, Err(StoreError::SecretMismatch)),
+        "update: {r:?}"
+    );
+
+    assert_eq!(store.recipient(&a).await.unwrap(), Some(before));
+    assert_eq!(
+        topics_of(&store.subscriptions(&a).await.unwrap()),
+        vec![group(1)]
+    );
+    assert_eq!(subscriber_ids(store, &group(1)).await, vec![a]);
+    assert!(subscriber_ids(store, &group(2)).await.is_empty());
+}
+
+/// PUSH-253: unknown recipients are NotFound and nothing is created.
+pub async fn unknown_recipient_is_not_found<S: Store>(store: &S) {
+    store
+        .register(&rid(1), &secret(1), &apns("t1"), 100)
+        .await
+        .unwrap();
+    let unknown = rid(7);
+    let r = store.unregister(&unknown, &secret(7)).await;
+    assert!(matches!(r, Err(StoreError::NotFound)), "unregister: {r:?}");
+    let r = store
+        .update_subscriptions(
+            &unknown,
+            &secret(7),
+            &update(vec![sub(&group(1))], vec![]),
+            200,
+            NO_LIMIT,
+        )
+        .await;
+    assert!(matches!(r, Err(StoreError::NotFound)), "update: {r:?}");
+    assert_eq!(store.recipient(&unknown).await.unwrap(), None);
+    assert!(store.subscriptions(&unknown).await.unwrap().is_empty());
+    assert!(subscriber_ids(store, &group(1)).await.is_empty());
+}
+
+/// PUSH-207: Unregister deletes the recipient and every subscription.
+pub async fn unregister_deletes_subscriptions<S: Store>(store: &S) {
+    let (a, b) = (rid(1), rid(2));
+    for (id, n) in [(a, 1), (b, 2)] {
+        store
+            .register(&id, &secret(n), &apns("t"), 100)
+            .await
+            .unwrap();
+        subscribe(
+            store,
+            &id,
+            &secret(n),
+            vec![sub(&group(1)), sub(&group(2))],
+            110,
+        )
+        .await;
+    }
+    assert_eq!(subscriber_ids(store, &group(1)).await, vec![a, b]);
+
+    store.unregister(&a, &secret(1)).await.unwrap();
+    assert_eq!(store.recipient(&a).await.unwrap(), None);
+    assert!(store.subscriptions(&a).await.unwrap().is_empty());
+    assert_eq!(subscriber_ids(store, &group(1)).await, vec![b]);
+    assert_eq!(subscriber_ids(store, &group(2)).await, vec![b]);
+    assert!(matches!(
+        store.unregister(&a, &secret(1)).await,
+        Err(StoreError::NotFound)
+    ));
+
+    // Registering again starts with no subscriptions.
+    let s = store
+        .register(&a, &secret(1), &apns("t"), 200)
+        .await
+        .unwrap();
+    assert_eq!(s.topic_count, 0);
+    assert!(store.subscriptions(&a).await.unwrap().is_empty());
+}
+
+// ---- subscriptions ----
+
+/// PUSH-216: adds and removes apply together; removing an unknown topic is a
+/// no-op; subscriptions come back in topic order; PUSH-255 renewal and count.
+pub async fn update_applies_adds_and_removes_together<S: Store>(store: &S) {
+    let (a, h) = (rid(1), secret(1));
+    store.register(&a, &h, &apns("t"), 100).await.unwrap();
+    let welcome = topic(&[1, 0]);
+    let longer = topic(&[0, 2, 5]);
+    let adds = vec![
+        sub(&welcome),
+        sub(&group(3)),
+        sub(&group(1)),
+        sub(&longer),
+        sub(&group(2)),
+    ];
+    let s = subscribe(store, &a, &h, adds, 110).await;
+    assert_eq!(
+        s,
+        RecipientSummary {
+            topic_count: 5,
+            channel: Channel::Apns,
+            renewed_at_ns: 110
+        }
+    );
+    // In topic order (byte order).
+    assert_eq!(
+        topics_of(&store.subscriptions(&a).await.unwrap()),
+        vec![
+            group(1),
+            group(2),
+            longer.clone(),
+            group(3),
+            welcome.clone()
+        ]
+    );
+
+    let u = update(
+        vec![sub(&group(4))],
+        vec![group(1), group(9), welcome.clone()],
+    );
+    let s = store
+        .update_subscriptions(&a, &h, &u, 120, NO_LIMIT)
+        .await
+        .unwrap();
+    assert_eq!(
+        s,
+        RecipientSummary {
+            topic_count: 4,
+            channel: Channel::Apns,
+            renewed_at_ns: 120
+        }
+    );
+    assert_eq!(
+        topics_of(&store.subscriptions(&a).await.unwrap()),
+        vec![group(2), longer.clone(), group(3), group(4)]
+    );
+    let r = store.recipient(&a).await.unwrap().unwrap();
+    assert_eq!((r.topic_count, r.renewed_at_ns), (4, 120));
+    assert!(subscriber_ids(store, &group(1)).await.is_empty());
+    assert!(subscriber_ids(store, &welcome).await.is_empty());
+    assert_eq!(subscriber_ids(store, &group(4)).await, vec![a]);
+
+    // An empty update only renews.
+    let s = store
+        .update_subscriptions(&a, &h, &SubscriptionUpdate::default(), 130, NO_LIMIT)
+        .await
+        .unwrap();
+    assert_eq!(
+        s,
+        RecipientSummary {
+            topic_count: 4,
+            channel: Channel::Apns,
+            renewed_at_ns: 130
+        }
+    );
+}
+
+/// PUSH-216: a replaced topic keeps its start position and takes the new keys
+/// and include_commits; a new topic starts at its shard's current boundary.
+pub async fn replace_keeps_start_position<S: Store>(store: &S) {
+    let (a, h) = (rid(1), secret(1));
+    let t = topic_in_shard(0, 3, 0);
+    let t_same = topic_in_shard(0, 3, 1);
+    let t_other = topic_in_shard(0, 5, 0);
+    store.register(&a, &h, &apns("t"), 100).await.unwrap();
+
+    store.append(&[app(&t), app(&t), app(&t)], 1).await.unwrap();
+    assert_eq!(position(store, 3).await.boundary, 3);
+    subscribe(store, &a, &h, vec![sub(&t)], 110).await;
+    store.append(&[app(&t_same), app(&t)], 2).await.unwrap();
+    assert_eq!(position(store, 3).await.boundary, 5);
+
+    let replaced = Subscription {
+        topic: t.clone(),
+        keys: Some(window(10, 1)),
+        include_commits: true,
+    };
+    let s = subscribe(
+        store,
+        &a,
+        &h,
+        vec![replaced.clone(), sub(&t_same), sub(&t_other)],
+        120,
+    )
+    .await;
+    assert_eq!(s.topic_count, 3);
+    let subs = store.subscriptions(&a).await.unwrap();
+    let find = |topic: &Topic| {
+        subs.iter()
+            .find(|s| s.subscription.topic == *topic)
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(
+        find(&t),
+        StoredSubscription {
+            subscription: replaced.clone(),
+            start_position: 3
+        }
+    );
+    assert_eq!(
+        find(&t_same),
+        StoredSubscription {
+            subscription: sub(&t_same),
+            start_position: 5
+        }
+    );
+    assert_eq!(
+        find(&t_other),
+        StoredSubscription {
+            subscription: sub(&t_other),
+            start_position: 0
+        }
+    );
+
+    // Dispatch sees the replaced subscription.
+    let page = store.subscribers(&t, None, 10).await.unwrap();
+    assert_eq!(page.len(), 1);
+    assert_eq!(
+        page[0].subscription,
+        StoredSubscription {
+            subscription: replaced,
+            start_position: 3
+        }
+    );
+
+    // Removed and added again later: a new subscription, at the boundary of then.
+    store
+        .update_subscriptions(&a, &h, &update(vec![], vec![t.clone()]), 130, NO_LIMIT)
+        .await
+        .unwrap();
+    store.append(&[app(&t)], 3).await.unwrap();
+    subscribe(store, &a, &h, vec![sub(&t)], 140).await;
+    let subs = store.subscriptions(&a).await.unwrap();
+    let again = subs.iter().find(|s| s.subscription.topic == t).unwrap();
+    assert_eq!(again.start_position, 6);
+}
+
+/// PUSH-217: over the limit, neither adds nor removes nor the renewal apply.
+pub async fn topic_limit_applies_nothing<S: Store>(store: &S) {
+    let (a, h) = (rid(1), secret(1));
+    store.register(&a, &h, &apns("t"), 10).await.unwrap();
+    let u = update(vec![sub(&group(1)), sub(&group(2)), sub(&group(3))], vec![]);
+    let s = store.update_subscriptions(&a, &h, &u, 20, 3).await.unwrap();
+    assert_eq!(s.topic_count, 3, "exactly the limit is allowed");
+
+    let u = update(vec![sub(&group(4)), sub(&group(5))], vec![group(1)]);
+    let r = store.update_subscriptions(&a, &h, &u, 30, 3).await;
+    assert!(matches!(r, Err(StoreError::TopicLimit)), "{r:?}");
+    assert_eq!(
+        topics_of(&store.subscriptions(&a).await.unwrap()),
+        vec![group(1), group(2), group(3)]
+    );
+    let r = store.recipient(&a).await.unwrap().unwrap();
+    assert_eq!(
+        (r.topic_count, r.renewed_at_ns),
+        (3, 20),
+        "no renewal on TopicLimit"
+    );
+    assert_eq!(subscriber_ids(store, &group(1)).await, vec![a]);
+    assert!(subscriber_ids(store, &group(4)).await.is_empty());
+
+    // Replacing does not count twice; a remove makes room for an add.
+    let replaced = Subscription {
+        topic: group(2),
+        keys: None,
+        include_commits: true,
+    };
+    let s = store
+        .update_subscriptions(&a, &h, &update(vec![replaced], vec![]), 40, 3)
+        .await
+        .unwrap();
+    assert_eq!(s.topic_count, 3);
+    let s = store
+        .update_subscriptions(&a, &h, &update(vec![sub(&group(4))], vec![group(1)]), 50, 3)
+        .await
+        .unwrap();
+    assert_eq!((s.topic_count, s.renewed_at_ns), (3, 50));
+    assert_eq!(
+        topics_of(&store.subscriptions(&a).await.unwrap()),
+        vec![group(2), group(3), group(4)]
+    );
+
+    let r = store
+        .update_subscriptions(&a, &h, &update(vec![sub(&group(5))], vec![]), 60, 3)
+        .await;
+    assert!(matches!(r, Err(StoreError::TopicLimit)), "{r:?}");
+    assert_eq!(
+        store.recipient(&a).await.unwrap().unwrap().renewed_at_ns,
+        50
+    );
+}
+
+/// Section 3: a key window round-trips exactly; without keys none is stored.
+pub async fn key_window_round_trip<S: Store>(store: &S) {
+    let (a, h) = (rid(1), secret(1));
+    store.register(&a, &h, &apns("t"), 100).await.unwrap();
+    assert_eq!(KeyWindow::parse(7, &[]).unwrap(), None);
+    let three = KeyWindow::parse(7, &[vec![1; 42], vec![2; 42], vec![3; 42]])
+        .unwrap()
+        .unwrap();
+    let with_keys = Subscription {
+        topic: group(2),
+        keys: Some(three),
+        include_commits: true,
+    };
+    subscribe(store, &a, &h, vec![sub(&group(1)), with_keys.clone()], 110).await;
+    let subs = store.subscriptions(&a).await.unwrap();
+    assert_eq!(subs[0].subscription, sub(&group(1)));
+    assert_eq!(subs[1].subscription, with_keys);
+
+    // Replaced without keys: the window is gone.
+    subscribe(store, &a, &h, vec![sub(&group(2))], 120).await;
+    let subs = store.subscriptions(&a).await.unwrap();
+    assert_eq!(subs[1].subscription.keys, None);
+    assert!(!subs[1].subscription.include_commits);
+}
+
+/// PUSH-234: delete only when target and secret hash still match; renewal
+/// time and topic count do not matter.
+pub async fn compare_and_delete<S: Store>(store: &S) {
+    let (a, h) = (rid(1), secret(1));
+    store
+        .register(&a, &h, &http("https://a.example/hook", 1), 100)
+        .await
+        .unwrap();
+    subscribe(store, &a, &h, vec![sub(&group(1))], 110).await;
+    let expected = store.recipient(&a).await.unwrap().unwrap();
+
+    store
+        .register(&a, &h, &http("https://b.example/hook", 1), 120)
+        .await
+        .unwrap();
+    assert!(
+        !store
+            .delete_recipient_if_unchanged(&expected)
+            .await
+            .unwrap(),
+        "changed url"
+    );
+    store
+        .register(&a, &h, &http("https://a.example/hook", 2), 130)
+        .await
+        .unwrap();
+    assert!(
+        !store
+            .delete_recipient_if_unchanged(&expected)
+            .await
+            .unwrap(),
+        "changed signing key"
+    );
+    assert!(store.recipient(&a).await.unwrap().is_some());
+
+    store
+        .register(&a, &h, &http("https://a.example/hook", 1), 140)
+        .await
+        .unwrap();
+    let other_secret = Recipient {
+        secret_hash: secret(9),
+        ..expected.clone()
+    };
+    assert!(
+        !store
+            .delete_recipient_if_unchanged(&other_secret)
+            .await
+            .unwrap(),
+        "changed secret"
+    );
+    assert_eq!(subscriber_ids(store, &group(1)).await, vec![a]);
+
+    // Same token on another channel is a different target.
+    let b = rid(2);
+    store
+        .register(&b, &secret(2), &apns("tok"), 100)
+        .await
+        .unwrap();
+    let expected_b = store.recipient(&b).await.unwrap().unwrap();
+    store
+        .register(&b, &secret(2), &fcm("tok"), 110)
+        .await
+        .unwrap();
+    assert!(
+        !store
+            .delete_recipient_if_unchanged(&expected_b)
+            .await
+            .unwrap(),
+        "changed channel"
+    );
+    assert!(store.recipient(&b).await.unwrap().is_some());
+
+    // Unchanged apart from renewal time and count: deleted with its subscriptions.
+    let stale = Recipient {
+        renewed_at_ns: 0,
+        topic_count: 99,
+        ..expected.clone()
+    };
+    assert!(store.delete_recipient_if_unchanged(&stale).await.unwrap());
+    assert_eq!(store.recipient(&a).await.unwrap(), None);
+    assert!(store.subscriptions(&a).await.unwrap().is_empty());
+    assert!(subscriber_ids(store, &group(1)).await.is_empty());
+    assert!(
+        !store
+            .delete_recipient_if_unchanged(&expected)
+            .await
+            .unwrap(),
+        "already gone"
+    );
+}
+
+/// PUSH-226: recipients renewed strictly before the cutoff go, with their
+/// subscriptions; one renewed exactly at the cutoff stays.
+pub async fn delete_expired_boundary<S: Store>(store: &S) {
+    let (a, b, c) = (rid(1), rid(2), rid(3));
+    for (id, n, t) in [(a, 1, 100), (b, 2, 200), (c, 3, 300)] {
+        store
+            .register(&id, &secret(n), &apns("t"), t - 50)
+            .await
+            .unwrap();
+        subscribe(store, &id, &secret(n), vec![sub(&group(1))], t).await;
+    }
+    assert_eq!(store.delete_expired(200).await.unwrap(), 1);
+    assert_eq!(store.recipient(&a).await.unwrap(), None);
+    assert!(store.subscriptions(&a).await.unwrap().is_empty());
+    assert!(store.recipient(&b).await.unwrap().is_some());
+    assert_eq!(subscriber_ids(store, &group(1)).await, vec![b, c]);
+    assert_eq!(store.delete_expired(200).await.unwrap(), 0);
+    assert_eq!(store.delete_expired(301).await.unwrap(), 2);
+    assert!(subscriber_ids(store, &group(1)).await.is_empty());
+    assert_eq!(store.delete_expired(i64::MAX).await.unwrap(), 0);
+}
+
+// ---- envelopes and shards ----
+
+/// Each shard allocates its own ids, from 1; the boundary follows.
+pub async fn append_allocates_per_shard<S: Store>(store: &S) {
+    let x1 = topic_in_shard(0, 2, 0);
+    let x2 = topic_in_shard(0, 2, 1);
+    let y = topic_in_shard(0, 9, 0);
+    assert_eq!(position(store, 2).await, ShardPosition::default());
+    assert!(store.append(&[], 1).await.unwrap().is_empty());
+
+    let r = store
+        .append(&[app(&x1), app(&y), app(&x2), app(&x1)], 1000)
+        .await
+        .unwrap();
+    assert_eq!(r, [stored([1]), stored([1]), stored([2, 3])].concat());
+    assert_eq!(
+        position(store, 2).await,
+        ShardPosition {
+            boundary: 3,
+            checkpoint: 0
+        }
+    );
+    assert_eq!(
+        position(store, 9).await,
+        ShardPosition {
+            boundary: 1,
+            checkpoint: 0
+        }
+    );
+    assert_eq!(position(store, 4).await, ShardPosition::default());
+
+    assert_eq!(store.append(&[app(&y)], 1001).await.unwrap(), stored([2]));
+    let w = store.read_window(ShardId(2), 0, 3, 10).await.unwrap();
+    assert_eq!(seq_ids(&w), vec![1, 2, 3]);
+    assert_eq!(
+        w.iter().map(|e| e.topic.clone()).collect::<Vec<_>>(),
+        vec![x1.clone(), x2, x1]
+    );
+    assert!(
+        w.iter()
+            .all(|e| e.shard == ShardId(2) && e.server_ts_ns == 1000)
+    );
+}
+
+/// API-286..289 as DESIGN.md states them: a publisher id must exceed the
+/// shard's last id; a refused one does not stop the rest of the batch.
+pub async fn publisher_sequence_ids<S: Store>(store: &S) {
+    let x = topic_in_shard(0, 4, 0);
+    let e = |seq: Option<u64>, tag: u8| {
+        envelope(
+            &x,
+            EnvelopeKind::Application,
+            true,
+            vec![0; 32],
+            vec![tag],
+            seq,
+        )
+    };
+    assert_eq!(
+        store.append(&[e(Some(5), 5)], 1).await.unwrap(),
+        stored([5])
+    );
+    assert_eq!(position(store, 4).await.boundary, 5);
+    assert_eq!(
+        store
+            .append(&[e(Some(5), 50), e(Some(3), 30)], 2)
+            .await
+            .unwrap(),
+        vec![Appended::SequenceNotIncreasing { last: 5 }; 2]
+    );
+    let r = store
+        .append(
+            &[
+                e(Some(7), 7),
+                e(Some(6), 60),
+                e(None, 8),
+                e(Some(10), 10),
+                e(Some(10), 100),
+            ],
+            3,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        r,
+        vec![
+            Appended::Stored { sequence_id: 7 },
+            Appended::SequenceNotIncreasing { last: 7 },
+            Appended::Stored { sequence_id: 8 },
+            Appended::Stored { sequence_id: 10 },
+            Appended::SequenceNotIncreasing { last: 10 },
+        ]
+    );
+    assert_eq!(
+        position(store, 4).await,
+        ShardPosition {
+            boundary: 10,
+            checkpoint: 0
+        }
+    );
+    let w = store.read_window(ShardId(4), 0, 100, 100).await.unwrap();
+    assert_eq!(seq_ids(&w), vec![5, 7, 8, 10]);
+    assert_eq!(
+        w.iter().map(|e| e.data[0]).collect::<Vec<_>>(),
+        vec![5, 7, 8, 10],
+        "refused ones not stored"
+    );
+}
+
+/// PUSH-219: only push-eligible envelopes are stored, but every envelope takes
+/// an id and moves the boundary.
+pub async fn non_eligible_envelopes_only_move_the_boundary<S: Store>(store: &S) {
+    use EnvelopeKind::*;
+    let shard = 6;
+    let g = topic_in_shard(0, shard, 0);
+    let w = topic_in_shard(1, shard, 0);
+    let iu = topic_in_shard(2, shard, 0);
+    let kp = topic_in_shard(3, shard, 0);
+    let none = |t: &Topic, kind, push| envelope(t, kind, push, vec![], vec![], None);
+    let batch = [
+        none(&kp, KeyPackage, true),
+        none(&g, Application, false),
+        none(&g, Application, true),
+        none(&g, CommitLog, true),
+        none(&iu, IdentityUpdate, true),
+        none(&w, Welcome, false),
+        none(&g, Commit, false),
+        none(&g, Proposal, false),
+    ];
+    assert_eq!(store.append(&batch, 5).await.unwrap(), stored(1..=8));
+    assert_eq!(position(store, shard).await.boundary, 8);
+    let window = store.read_window(ShardId(shard), 0, 8, 100).await.unwrap();
+    assert_eq!(seq_ids(&window), vec![3, 6, 7, 8]);
+    assert_eq!(
+        window.iter().map(|e| e.kind).collect::<Vec<_>>(),
+        vec![Application, Welcome, Commit, Proposal]
+    );
+    assert_eq!(window[1].topic, w);
+}
+
+/// PUSH-230: sender_hmac and data are kept only with a 32-byte sender_hmac.
+pub async fn suppression_data_only_with_32_byte_hmac<S: Store>(store: &S) {
+    let g = topic_in_shard(0, 11, 0);
+    let batch = [
+        envelope(
+            &g,
+            EnvelopeKind::Application,
+            true,
+            vec![7; 32],
+            b"ciphertext".to_vec(),
+            None,
+        ),
+        envelope(
+            &g,
+            EnvelopeKind::Application,
+            true,
+            vec![7; 31],
+            b"x".to_vec(),
+            None,
+        ),
+        envelope(
+            &g,
+            EnvelopeKind::Application,
+            true,
+            vec![],
+            b"y".to_vec(),
+            None,
+        ),
+        envelope(
+            &g,
+            EnvelopeKind::Commit,
+            false,
+            vec![8; 32],
+            b"z".to_vec(),
+            None,
+        ),
+        envelope(
+            &g,
+            EnvelopeKind::Application,
+            true,
+            vec![9; 33],
+            b"w".to_vec(),
+            None,
+        ),
+    ];
+    store.append(&batch, 12_345).await.unwrap();
+    let w = store.read_window(ShardId(11), 0, 5, 10).await.unwrap();
+    assert_eq!(
+        w[0],
+        StoredEnvelope {
+            shard: ShardId(11),
+            sequence_id: 1,
+            topic: g.clone(),
+            kind: EnvelopeKind::Application,
+            server_ts_ns: 12_345,
+            sender_hmac: vec![7; 32],
+            data: b"ciphertext".to_vec(),
+        }
+    );
+    for i in [1, 2, 4] {
+        assert!(
+            w[i].sender_hmac.is_empty() && w[i].data.is_empty(),
+            "envelope {i} kept data"
+        );
+    }
+    assert_eq!(
+        (w[3].kind, w[3].sender_hmac.clone(), w[3].data.clone()),
+        (EnvelopeKind::Commit, vec![8; 32], b"z".to_vec())
+    );
+}
+
+/// read_window: `after < id <= up_to`, ascending, at most `limit`, one shard.
+pub async fn read_window_range_and_limit<S: Store>(store: &S) {
+    let x = topic_in_shard(0, 7, 0);
+    let y = topic_in_shard(0, 8, 0);
+    store.append(&vec![app(&x); 10], 1).await.unwrap();
+    store.append(&[app(&y), app(&y)], 1).await.unwrap();
+    assert_eq!(
+        window_ids(store, 7, 2, 8, 100).await,
+        (3..=8).collect::<Vec<_>>()
+    );
+    assert_eq!(window_ids(store, 7, 2, 8, 3).await, vec![3, 4, 5]);
+    assert_eq!(
+        window_ids(store, 7, 0, 100, 100).await,
+        (1..=10).collect::<Vec<_>>()
+    );
+    assert!(window_ids(store, 7, 5, 5, 10).await.is_empty());
+    assert!(window_ids(store, 7, 8, 2, 10).await.is_empty());
+    assert!(window_ids(store, 7, 0, 10, 0).await.is_empty());
+    assert_eq!(window_ids(store, 8, 0, 10, 10).await, vec![1, 2]);
+    assert!(window_ids(store, 9, 0, 10, 10).await.is_empty());
+}
+
+/// The checkpoint only moves forward, never past the boundary, and prunes
+/// envelopes at or below it; ids are never reused.
+pub async fn advance_checkpoint_forward_and_prunes<S: Store>(store: &S) {
+    let x = topic_in_shard(0, 1, 0);
+    store.append(&vec![app(&x); 5], 1).await.unwrap();
+
+    store.advance_checkpoint(ShardId(1), 3).await.unwrap();
+    assert_eq!(
+        position(store, 1).await,
+        ShardPosition {
+            boundary: 5,
+            checkpoint: 3
+        }
+    );
+    assert_eq!(window_ids(store, 1, 0, 5, 10).await, vec![4, 5]);
+
+    store.advance_checkpoint(ShardId(1), 2).await.unwrap();
+    assert_eq!(
+        position(store, 1).await,
+        ShardPosition {
+            boundary: 5,
+            checkpoint: 3
+        },
+        "never back"
+    );
+
+    store.advance_checkpoint(ShardId(1), 100).await.unwrap();
+    assert_eq!(
+        position(store, 1).await,
+        ShardPosition {
+            boundary: 5,
+            checkpoint: 5
+        },
+        "clamped to boundary"
+    );
+    assert!(window_ids(store, 1, 0, 5, 10).await.is_empty());
+
+    assert_eq!(store.append(&[app(&x)], 2).await.unwrap(), stored([6]));
+    assert_eq!(
+        position(store, 1).await,
+        ShardPosition {
+            boundary: 6,
+            checkpoint: 5
+        }
+    );
+    assert_eq!(window_ids(store, 1, 0, 6, 10).await, vec![6]);
+
+    store.advance_checkpoint(ShardId(2), 4).await.unwrap();
+    assert_eq!(
+        position(store, 2).await,
+        ShardPosition::default(),
+        "empty shard stays at zero"
+    );
+}
+
+/// subscribers(): ordered by recipient id, each exactly once across pages,
+/// joined with the recipient, only the asked topic.
+pub async fn subscribers_paging<S: Store>(store: &S) {
+    let t = topic(&[0, 1]);
+    // A longer topic whose bytes start with `t`'s must not leak into its pages.
+    let t_longer = topic(&[0, 1, 1]);
+    let mut ids = [0x80, 0x01, 0xff, 0x00, 0x7f, 0x40]
+        .into_iter()
+        .map(|b| RecipientId([b; 32]))
+        .collect::<Vec<_>>();
+    let mut last_differs = [0x40; 32];
+    last_differs[31] = 0x41;
+    ids.push(RecipientId(last_differs));
+    for (i, id) in ids.iter().enumerate() {
+        store
+            .register(id, &secret(1), &apns(&format!("tok-{i}")), 100)
+            .await
+            .unwrap();
+        subscribe(store, id, &secret(1), vec![sub(&t)], 110).await;
+    }
+    let only_longer = RecipientId([0x50; 32]);
+    store
+        .register(&only_longer, &secret(1), &apns("x"), 100)
+        .await
+        .unwrap();
+    subscribe(store, &only_longer, &secret(1), vec![sub(&t_longer)], 110).await;
+    subscribe(store, &ids[0], &secret(1), vec![sub(&t_longer)], 120).await;
+
+    let mut expected = ids.clone();
+    expected.sort();
+    let mut seen = Vec::new();
+    let mut after: Option<RecipientId> = None;
+    let mut pages = 0;
+    loop {
+        let page = store.subscribers(&t, after.as_ref(), 3).await.unwrap();
+        if page.is_empty() {
+            break;
+        }
+        pages += 1;
+        assert!(page.len() <= 3);
+        for s in &page {
+            assert_eq!(s.subscription.subscription.topic, t);
+            assert_eq!(s.subscription.start_position, 0);
+            assert_eq!(
+                Some(&s.recipient),
+                store.recipient(&s.recipient.id).await.unwrap().as_ref()
+            );
+            seen.push(s.recipient.id);
+        }
+        after = Some(page.last().unwrap().recipient.id);
+    }
+    assert_eq!(seen, expected, "every subscriber once, in id order");
+    assert_eq!(pages, 3);
+    assert!(store.subscribers(&t, None, 0).await.unwrap().is_empty());
+    assert!(
+        store
+            .subscribers(&t, Some(&RecipientId([0xff; 32])), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    // `after` need not be a subscriber itself.
+    let page = store
+        .subscribers(&t, Some(&RecipientId([0x41; 32])), 10)
+        .await
+        .unwrap();
+    let tail: Vec<_> = expected
+        .iter()
+        .copied()
+        .filter(|id| id.0 > [0x41; 32])
+        .collect();
+    assert_eq!(
+        page.iter().map(|s| s.recipient.id).collect::<Vec<_>>(),
+        tail
+    );
+
+    let mut longer = vec![only_longer, ids[0]];
+    longer.sort();
+    assert_eq!(subscriber_ids(store, &t_longer).await, longer);
+    assert!(subscriber_ids(store, &topic(&[0, 2])).await.is_empty());
+}

@@ -1,0 +1,152 @@
+//! Durable state. `Store` is the only way the engine touches it; every backend
+//! passes the same conformance suite (`store::conformance`).
+
+pub mod conformance;
+mod redb;
+
+use async_trait::async_trait;
+
+pub use self::redb::RedbStore;
+use crate::domain::{
+    Channel, DeliveryTarget, NewEnvelope, RecipientId, SecretHash, ShardId, StoredEnvelope,
+    StoredSubscription, SubscriptionUpdate, Topic,
+};
+
+/// A stored recipient: what delivery needs and the SHA-256 of its secret (PUSH-254).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recipient {
+    pub id: RecipientId,
+    pub secret_hash: SecretHash,
+    pub target: DeliveryTarget,
+    /// Time of the last successful Register or UpdateSubscriptions, Unix ns (PUSH-255).
+    pub renewed_at_ns: i64,
+    pub topic_count: u64,
+}
+
+/// What the backend reports after a mutating call (PUSH-255), before the TTL is added.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecipientSummary {
+    pub topic_count: u64,
+    pub channel: Channel,
+    pub renewed_at_ns: i64,
+}
+
+/// One subscriber of a topic, joined with its recipient, as dispatch reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subscriber {
+    pub recipient: Recipient,
+    pub subscription: StoredSubscription,
+}
+
+/// A shard's durable positions. `checkpoint <= boundary` always.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ShardPosition {
+    /// Closed allocation boundary: the largest id whose whole prefix is stored (API-203).
+    pub boundary: u64,
+    /// Every delivery at or below this id has had a first attempt.
+    pub checkpoint: u64,
+}
+
+/// The outcome of appending one envelope.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Appended {
+    /// Stored (when push-eligible) under this sequence id of its shard.
+    Stored { sequence_id: u64 },
+    /// A publisher-supplied id that is not above the shard's last id.
+    SequenceNotIncreasing { last: u64 },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("recipient not found")]
+    NotFound,
+    /// The stored secret hash differs from the presented one (PUSH-253 check 3).
+    #[error("recipient secret does not match")]
+    SecretMismatch,
+    /// Applying the update would exceed max_push_topics (PUSH-217).
+    #[error("subscription limit exceeded")]
+    TopicLimit,
+    /// The backend failed; the message never carries private values.
+    #[error("storage backend error: {0}")]
+    Backend(String),
+}
+
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// A short name for logs and metrics ("redb", "scylla").
+    fn backend_name(&self) -> &'static str;
+
+    async fn recipient(&self, id: &RecipientId) -> Result<Option<Recipient>, StoreError>;
+
+    /// PUSH-255 for Register, in one transaction: create the recipient with no
+    /// subscriptions, or (when `secret_hash` matches the stored one) replace its
+    /// target; set the renewal time to `now_ns`; never touch subscriptions.
+    /// `SecretMismatch` when an existing recipient's hash differs.
+    async fn register(
+        &self,
+        id: &RecipientId,
+        secret_hash: &SecretHash,
+        target: &DeliveryTarget,
+        now_ns: i64,
+    ) -> Result<RecipientSummary, StoreError>;
+
+    /// PUSH-207: delete the recipient and every subscription it holds.
+    /// `NotFound` / `SecretMismatch` change nothing.
+    async fn unregister(&self, id: &RecipientId, secret_hash: &SecretHash) -> Result<(), StoreError>;
+
+    /// PUSH-216/217 in one transaction: apply every remove and add, keep the start
+    /// position of a replaced topic, give a new topic the boundary of its shard
+    /// (`topic.shard(shard_count)` for the store's own shard count) read in this
+    /// transaction, set the renewal time.
+    /// `TopicLimit` when the result would hold more than `max_topics`; then nothing changes.
+    async fn update_subscriptions(
+        &self,
+        id: &RecipientId,
+        secret_hash: &SecretHash,
+        update: &SubscriptionUpdate,
+        now_ns: i64,
+        max_topics: u64,
+    ) -> Result<RecipientSummary, StoreError>;
+
+    /// Every stored subscription of a recipient, in topic order.
+    async fn subscriptions(&self, id: &RecipientId) -> Result<Vec<StoredSubscription>, StoreError>;
+
+    /// PUSH-234 compare-and-delete: delete the recipient and its subscriptions only
+    /// when the stored target (channel, token or URL and signing key) and secret
+    /// hash still equal `expected`'s. Returns whether it deleted.
+    async fn delete_recipient_if_unchanged(&self, expected: &Recipient) -> Result<bool, StoreError>;
+
+    /// PUSH-226: delete every recipient renewed before `renewed_before_ns`, with
+    /// its subscriptions. Returns how many were deleted.
+    async fn delete_expired(&self, renewed_before_ns: i64) -> Result<u64, StoreError>;
+
+    /// Appends envelopes in one transaction, in order. Each gets the next id of its
+    /// shard (or its publisher-supplied id when that is above the shard's last);
+    /// push-eligible ones are stored for dispatch; every shard's boundary moves to
+    /// its last id. One result per envelope, in order.
+    async fn append(&self, envelopes: &[NewEnvelope], now_ns: i64) -> Result<Vec<Appended>, StoreError>;
+
+    async fn shard_position(&self, shard: ShardId) -> Result<ShardPosition, StoreError>;
+
+    /// Stored envelopes of `shard` with `after < sequence_id <= up_to`, ascending,
+    /// at most `limit`.
+    async fn read_window(
+        &self,
+        shard: ShardId,
+        after: u64,
+        up_to: u64,
+        limit: usize,
+    ) -> Result<Vec<StoredEnvelope>, StoreError>;
+
+    /// Moves the checkpoint forward (never back) and drops envelopes at or below it.
+    async fn advance_checkpoint(&self, shard: ShardId, checkpoint: u64) -> Result<(), StoreError>;
+
+    /// One page of a topic's subscribers, ordered by recipient id, strictly after
+    /// `after` when given, at most `limit`.
+    async fn subscribers(
+        &self,
+        topic: &Topic,
+        after: Option<&RecipientId>,
+        limit: usize,
+    ) -> Result<Vec<Subscriber>, StoreError>;
+}

@@ -1,0 +1,1072 @@
+//! The embedded backend: one redb file in a local directory (DESIGN.md, storage).
+//!
+//! redb is synchronous, so every call runs on tokio's blocking pool. Each trait
+//! method is one redb transaction. Records use a small hand-written binary
+//! encoding, version byte first (see `codec`).
+//!
+//! Tables:
+//! - `meta`: `"shard_count"` → u16, fixed at first open.
+//! - `recipients`: id → secret hash, target, renewal time, topic count.
+//! - `recipient_subs`: id ‖ topic → subscription (a recipient's topics, in topic order).
+//! - `topic_subs`: topic_len ‖ topic ‖ id → subscription (a topic's subscribers, by id).
+//! - `shards`: shard → boundary, checkpoint, last id.
+//! - `envelopes`: (shard, sequence id) → push-eligible envelope.
+
+use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
+use std::ops::Bound;
+use std::path::Path;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
+
+use super::{Appended, Recipient, RecipientSummary, ShardPosition, Store, StoreError, Subscriber};
+use crate::domain::{
+    DeliveryTarget, NewEnvelope, RecipientId, SecretHash, ShardId, StoredEnvelope,
+    StoredSubscription, SubscriptionUpdate, Topic,
+};
+
+/// The database file inside the configured directory.
+const DB_FILE_NAME: &str = "fanout.redb";
+
+const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+const RECIPIENTS: TableDefinition<&[u8; 32], &[u8]> = TableDefinition::new("recipients");
+const RECIPIENT_SUBS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("recipient_subs");
+const TOPIC_SUBS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("topic_subs");
+const SHARDS: TableDefinition<u16, &[u8]> = TableDefinition::new("shards");
+const ENVELOPES: TableDefinition<(u16, u64), &[u8]> = TableDefinition::new("envelopes");
+
+const META_SHARD_COUNT: &str = "shard_count";
+
+type RecipientsTable<'t> = redb::Table<'t, &'static [u8; 32], &'static [u8]>;
+type BytesTable<'t> = redb::Table<'t, &'static [u8], &'static [u8]>;
+
+/// The embedded `Store` on redb.
+pub struct RedbStore {
+    db: Arc<Database>,
+    shard_count: u16,
+}
+
+impl RedbStore {
+    /// Opens (or creates) `<dir>/fanout.redb`. The shard count is recorded on
+    /// first open; opening later with another count fails, since every stored
+    /// shard id and start position depends on it.
+    pub fn open(dir: &Path, shard_count: u16) -> Result<Self, StoreError> {
+        if shard_count == 0 {
+            return Err(StoreError::Backend("shard count must be at least 1".into()));
+        }
+        std::fs::create_dir_all(dir).map_err(|e| {
+            StoreError::Backend(format!("cannot create the storage directory: {e}"))
+        })?;
+        let db = Database::create(dir.join(DB_FILE_NAME)).be()?;
+
+        let txn = db.begin_write().be()?;
+        let stored = {
+            // Create every table up front, so read transactions can always open them.
+            txn.open_table(RECIPIENTS).be()?;
+            txn.open_table(RECIPIENT_SUBS).be()?;
+            txn.open_table(TOPIC_SUBS).be()?;
+            txn.open_table(SHARDS).be()?;
+            txn.open_table(ENVELOPES).be()?;
+            let mut meta = txn.open_table(META).be()?;
+            let stored = meta.get(META_SHARD_COUNT).be()?.map(|g| g.value().to_vec());
+            match stored {
+                Some(bytes) => Some(
+                    <[u8; 2]>::try_from(bytes.as_slice())
+                        .map(u16::from_be_bytes)
+                        .map_err(|_| corrupt("meta"))?,
+                ),
+                None => {
+                    meta.insert(META_SHARD_COUNT, shard_count.to_be_bytes().as_slice())
+                        .be()?;
+                    None
+                }
+            }
+        };
+        match stored {
+            Some(existing) if existing != shard_count => {
+                txn.abort().be()?;
+                Err(StoreError::Backend(format!(
+                    "the database was created with {existing} shards but {shard_count} are configured; \
+                     the shard count cannot change"
+                )))
+            }
+            _ => {
+                txn.commit().be()?;
+                Ok(Self {
+                    db: Arc::new(db),
+                    shard_count,
+                })
+            }
+        }
+    }
+
+    pub fn shard_count(&self) -> u16 {
+        self.shard_count
+    }
+
+    /// Runs `f` in a read transaction on the blocking pool.
+    async fn read<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&redb::ReadTransaction) -> Result<T, StoreError> + Send + 'static,
+    {
+        let db = self.db.clone();
+        blocking(move || f(&db.begin_read().be()?)).await
+    }
+
+    /// Runs `f` in a write transaction on the blocking pool: commits when it
+    /// returns `Ok`, aborts (changing nothing) when it returns `Err`.
+    async fn write<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&WriteTransaction) -> Result<T, StoreError> + Send + 'static,
+    {
+        let db = self.db.clone();
+        blocking(move || {
+            let txn = db.begin_write().be()?;
+            match f(&txn) {
+                Ok(value) => {
+                    txn.commit().be()?;
+                    Ok(value)
+                }
+                Err(e) => {
+                    txn.abort().be()?;
+                    Err(e)
+                }
+            }
+        })
+        .await
+    }
+
+    fn check_shard(&self, shard: ShardId) -> Result<(), StoreError> {
+        if shard.0 < self.shard_count {
+            Ok(())
+        } else {
+            Err(StoreError::Backend("shard id is out of range".into()))
+        }
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, StoreError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| StoreError::Backend(format!("storage task failed: {e}")))?
+}
+
+/// redb errors carry no user data, so their text is safe in `Backend`.
+trait OrBackend<T> {
+    fn be(self) -> Result<T, StoreError>;
+}
+
+impl<T, E: std::fmt::Display> OrBackend<T> for Result<T, E> {
+    fn be(self) -> Result<T, StoreError> {
+        self.map_err(|e| StoreError::Backend(e.to_string()))
+    }
+}
+
+fn corrupt(what: &str) -> StoreError {
+    StoreError::Backend(format!("corrupt {what} record"))
+}
+
+fn summary(r: &Recipient) -> RecipientSummary {
+    RecipientSummary {
+        topic_count: r.topic_count,
+        channel: r.target.channel(),
+        renewed_at_ns: r.renewed_at_ns,
+    }
+}
+
+fn get_recipient(
+    table: &impl ReadableTable<&'static [u8; 32], &'static [u8]>,
+    id: &RecipientId,
+) -> Result<Option<Recipient>, StoreError> {
+    table
+        .get(&id.0)
+        .be()?
+        .map(|g| codec::decode_recipient(*id, g.value()))
+        .transpose()
+}
+
+fn put_recipient(table: &mut RecipientsTable<'_>, r: &Recipient) -> Result<(), StoreError> {
+    table
+        .insert(&r.id.0, codec::encode_recipient(r).as_slice())
+        .be()?;
+    Ok(())
+}
+
+/// PUSH-253 check 3 as the store sees it: the recipient must exist and its
+/// hash must match (constant-time, `SecretHash`'s ==).
+fn authorized(
+    table: &RecipientsTable<'_>,
+    id: &RecipientId,
+    hash: &SecretHash,
+) -> Result<Recipient, StoreError> {
+    let r = get_recipient(table, id)?.ok_or(StoreError::NotFound)?;
+    if r.secret_hash != *hash {
+        return Err(StoreError::SecretMismatch);
+    }
+    Ok(r)
+}
+
+fn get_shard(
+    table: &impl ReadableTable<u16, &'static [u8]>,
+    shard: ShardId,
+) -> Result<ShardRow, StoreError> {
+    table
+        .get(shard.0)
+        .be()?
+        .map(|g| codec::decode_shard(g.value()))
+        .transpose()
+        .map(Option::unwrap_or_default)
+}
+
+/// A shard's row. `last` is the largest id handed out; since an append stores
+/// its whole batch in one transaction, the boundary equals it after commit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct ShardRow {
+    boundary: u64,
+    checkpoint: u64,
+    last: u64,
+}
+
+// ---- keys ----
+
+fn recipient_sub_key(id: &RecipientId, topic: &[u8]) -> Vec<u8> {
+    [id.0.as_slice(), topic].concat()
+}
+
+/// Bounds covering every `recipient_subs` key of `id`: a topic is at most 65
+/// bytes and starts with a kind byte below 0xff.
+fn recipient_sub_bounds(id: &RecipientId) -> (Vec<u8>, Vec<u8>) {
+    (id.0.to_vec(), [id.0.as_slice(), &[0xff; 66]].concat())
+}
+
+fn topic_sub_prefix(topic: &[u8]) -> Vec<u8> {
+    let len = u8::try_from(topic.len()).expect("a topic is at most 65 bytes");
+    [&[len], topic].concat()
+}
+
+fn topic_sub_key(topic: &[u8], id: &RecipientId) -> Vec<u8> {
+    [topic_sub_prefix(topic).as_slice(), &id.0].concat()
+}
+
+/// Both subscription tables of a write transaction, kept in step.
+struct Subs<'t> {
+    by_recipient: BytesTable<'t>,
+    by_topic: BytesTable<'t>,
+}
+
+impl<'t> Subs<'t> {
+    fn open(txn: &'t WriteTransaction) -> Result<Self, StoreError> {
+        Ok(Self {
+            by_recipient: txn.open_table(RECIPIENT_SUBS).be()?,
+            by_topic: txn.open_table(TOPIC_SUBS).be()?,
+        })
+    }
+
+    fn get(
+        &self,
+        id: &RecipientId,
+        topic: &Topic,
+    ) -> Result<Option<StoredSubscription>, StoreError> {
+        let key = recipient_sub_key(id, topic.as_bytes());
+        self.by_recipient
+            .get(key.as_slice())
+            .be()?
+            .map(|g| codec::decode_subscription(topic.clone(), g.value()))
+            .transpose()
+    }
+
+    fn put(&mut self, id: &RecipientId, sub: &StoredSubscription) -> Result<(), StoreError> {
+        let topic = sub.subscription.topic.as_bytes();
+        let value = codec::encode_subscription(sub);
+        self.by_recipient
+            .insert(recipient_sub_key(id, topic).as_slice(), value.as_slice())
+            .be()?;
+        self.by_topic
+            .insert(topic_sub_key(topic, id).as_slice(), value.as_slice())
+            .be()?;
+        Ok(())
+    }
+
+    /// Returns whether the subscription was stored.
+    fn remove(&mut self, id: &RecipientId, topic: &[u8]) -> Result<bool, StoreError> {
+        let existed = self
+            .by_recipient
+            .remove(recipient_sub_key(id, topic).as_slice())
+            .be()?
+            .is_some();
+        self.by_topic
+            .remove(topic_sub_key(topic, id).as_slice())
+            .be()?;
+        Ok(existed)
+    }
+
+    fn remove_all(&mut self, id: &RecipientId) -> Result<(), StoreError> {
+        let (lo, hi) = recipient_sub_bounds(id);
+        let topics = self
+            .by_recipient
+            .range(lo.as_slice()..=hi.as_slice())
+            .be()?
+            .map(|row| row.map(|(k, _)| k.value()[32..].to_vec()))
+            .collect::<Result<Vec<_>, _>>()
+            .be()?;
+        for topic in topics {
+            self.remove(id, &topic)?;
+        }
+        Ok(())
+    }
+}
+
+/// Deletes a recipient and every subscription it holds (PUSH-207/226/234).
+fn delete_recipient(txn: &WriteTransaction, id: &RecipientId) -> Result<(), StoreError> {
+    txn.open_table(RECIPIENTS).be()?.remove(&id.0).be()?;
+    Subs::open(txn)?.remove_all(id)
+}
+
+#[async_trait]
+impl Store for RedbStore {
+    fn backend_name(&self) -> &'static str {
+        "redb"
+    }
+
+    async fn recipient(&self, id: &RecipientId) -> Result<Option<Recipient>, StoreError> {
+        let id = *id;
+        self.read(move |txn| get_recipient(&txn.open_table(RECIPIENTS).be()?, &id))
+            .await
+    }
+
+    async fn register(
+        &self,
+        id: &RecipientId,
+        secret_hash: &SecretHash,
+        target: &DeliveryTarget,
+        now_ns: i64,
+    ) -> Result<RecipientSummary, StoreError> {
+        let (id, secret_hash, target) = (*id, *secret_hash, target.clone());
+        self.write(move |txn| {
+            let mut recipients = txn.open_table(RECIPIENTS).be()?;
+            // PUSH-255: create with no subscriptions, or replace the target and keep them.
+            let topic_count = match get_recipient(&recipients, &id)? {
+                Some(existing) if existing.secret_hash != secret_hash => {
+                    return Err(StoreError::SecretMismatch);
+                }
+                Some(existing) => existing.topic_count,
+                None => 0,
+            };
+            let r = Recipient {
+                id,
+                secret_hash,
+                target,
+                renewed_at_ns: now_ns,
+                topic_count,
+            };
+            put_recipient(&mut recipients, &r)?;
+            Ok(summary(&r))
+        })
+        .await
+    }
+
+    async fn unregister(
+        &self,
+        id: &RecipientId,
+        secret_hash: &SecretHash,
+    ) -> Result<(), StoreError> {
+        let (id, secret_hash) = (*id, *secret_hash);
+        self.write(move |txn| {
+            authorized(&txn.open_table(RECIPIENTS).be()?, &id, &secret_hash)?;
+            // PUSH-207: the recipient and every subscription it holds.
+            delete_recipient(txn, &id)
+        })
+        .await
+    }
+
+    async fn update_subscriptions(
+        &self,
+        id: &RecipientId,
+        secret_hash: &SecretHash,
+        update: &SubscriptionUpdate,
+        now_ns: i64,
+        max_topics: u64,
+    ) -> Result<RecipientSummary, StoreError> {
+        let (id, secret_hash, update) = (*id, *secret_hash, update.clone());
+        let shard_count = self.shard_count;
+        self.write(move |txn| {
+            let mut recipients = txn.open_table(RECIPIENTS).be()?;
+            let mut r = authorized(&recipients, &id, &secret_hash)?;
+            let shards = txn.open_table(SHARDS).be()?;
+            let mut subs = Subs::open(txn)?;
+            let mut count = r.topic_count;
+
+            // PUSH-216: a removed topic that is not stored changes nothing.
+            for topic in &update.removes {
+                if subs.remove(&id, topic.as_bytes())? {
+                    count = count.saturating_sub(1);
+                }
+            }
+            for sub in &update.adds {
+                let start_position = match subs.get(&id, &sub.topic)? {
+                    // PUSH-216: a replaced topic keeps its start position.
+                    Some(stored) => stored.start_position,
+                    // PUSH-216: a new topic starts at its shard's boundary, read in this txn.
+                    None => {
+                        count += 1;
+                        get_shard(&shards, sub.topic.shard(shard_count))?.boundary
+                    }
+                };
+                subs.put(
+                    &id,
+                    &StoredSubscription {
+                        subscription: sub.clone(),
+                        start_position,
+                    },
+                )?;
+            }
+            // PUSH-217: over the limit, the abort discards every change above.
+            if count > max_topics {
+                return Err(StoreError::TopicLimit);
+            }
+            // PUSH-255: set the renewal time in the same transaction.
+            r.topic_count = count;
+            r.renewed_at_ns = now_ns;
+            put_recipient(&mut recipients, &r)?;
+            Ok(summary(&r))
+        })
+        .await
+    }
+
+    async fn subscriptions(&self, id: &RecipientId) -> Result<Vec<StoredSubscription>, StoreError> {
+        let id = *id;
+        self.read(move |txn| {
+            let table = txn.open_table(RECIPIENT_SUBS).be()?;
+            let (lo, hi) = recipient_sub_bounds(&id);
+            let mut out = Vec::new();
+            for row in table.range(lo.as_slice()..=hi.as_slice()).be()? {
+                let (k, v) = row.be()?;
+                let topic = Topic::from_stored(k.value()[32..].to_vec());
+                out.push(codec::decode_subscription(topic, v.value())?);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn delete_recipient_if_unchanged(
+        &self,
+        expected: &Recipient,
+    ) -> Result<bool, StoreError> {
+        let expected = expected.clone();
+        self.write(move |txn| {
+            let stored = get_recipient(&txn.open_table(RECIPIENTS).be()?, &expected.id)?;
+            // PUSH-234: channel, token or URL, signing key and secret hash must all still match.
+            let unchanged = stored.is_some_and(|s| {
+                s.target == expected.target && s.secret_hash == expected.secret_hash
+            });
+            if unchanged {
+                delete_recipient(txn, &expected.id)?;
+            }
+            Ok(unchanged)
+        })
+        .await
+    }
+
+    async fn delete_expired(&self, renewed_before_ns: i64) -> Result<u64, StoreError> {
+        self.write(move |txn| {
+            // PUSH-226: strictly older than the cutoff.
+            let expired = {
+                let recipients = txn.open_table(RECIPIENTS).be()?;
+                let mut expired = Vec::new();
+                for row in recipients.iter().be()? {
+                    let (k, v) = row.be()?;
+                    let id = RecipientId(*k.value());
+                    if codec::decode_recipient(id, v.value())?.renewed_at_ns < renewed_before_ns {
+                        expired.push(id);
+                    }
+                }
+                expired
+            };
+            for id in &expired {
+                delete_recipient(txn, id)?;
+            }
+            Ok(expired.len() as u64)
+        })
+        .await
+    }
+
+    async fn append(
+        &self,
+        envelopes: &[NewEnvelope],
+        now_ns: i64,
+    ) -> Result<Vec<Appended>, StoreError> {
+        for e in envelopes {
+            if e.shard != e.topic.shard(self.shard_count) {
+                return Err(StoreError::Backend(
+                    "envelope shard does not match the store's shard count".into(),
+                ));
+            }
+        }
+        let envelopes = envelopes.to_vec();
+        self.write(move |txn| {
+            let mut shards = txn.open_table(SHARDS).be()?;
+            let mut stored = txn.open_table(ENVELOPES).be()?;
+            let mut touched: BTreeMap<u16, ShardRow> = BTreeMap::new();
+            let mut results = Vec::with_capacity(envelopes.len());
+            for e in &envelopes {
+                let row = match touched.entry(e.shard.0) {
+                    Entry::Occupied(row) => row.into_mut(),
+                    Entry::Vacant(slot) => slot.insert(get_shard(&shards, e.shard)?),
+                };
+                let sequence_id = match e.sequence_id {
+                    // A publisher id must be above the shard's last id; the rest of the batch goes on.
+                    Some(id) if id <= row.last => {
+                        results.push(Appended::SequenceNotIncreasing { last: row.last });
+                        continue;
+                    }
+                    Some(id) => id,
+                    None => row.last.checked_add(1).ok_or_else(|| {
+                        StoreError::Backend("shard sequence ids are exhausted".into())
+                    })?,
+                };
+                row.last = sequence_id;
+                // PUSH-219: only push-eligible envelopes are stored for dispatch.
+                if e.is_push_eligible() {
+                    // PUSH-230: keep the HMAC input only where suppression can use it.
+                    let (sender_hmac, data) = e
+                        .suppression_data()
+                        .map_or((Vec::new(), Vec::new()), |(h, d)| (h.to_vec(), d.to_vec()));
+                    let envelope = StoredEnvelope {
+                        shard: e.shard,
+                        sequence_id,
+                        topic: e.topic.clone(),
+                        kind: e.kind,
+                        server_ts_ns: now_ns,
+                        sender_hmac,
+                        data,
+                    };
+                    stored
+                        .insert(
+                            (e.shard.0, sequence_id),
+                            codec::encode_envelope(&envelope).as_slice(),
+                        )
+                        .be()?;
+                }
+                results.push(Appended::Stored { sequence_id });
+            }
+            // The whole batch commits together, so each touched shard's boundary
+            // (API-203) is its last id; ids only grow, so it never decreases (API-291).
+            for (shard, mut row) in touched {
+                row.boundary = row.boundary.max(row.last);
+                shards
+                    .insert(shard, codec::encode_shard(&row).as_slice())
+                    .be()?;
+            }
+            Ok(results)
+        })
+        .await
+    }
+
+    async fn shard_position(&self, shard: ShardId) -> Result<ShardPosition, StoreError> {
+        self.read(move |txn| {
+            let row = get_shard(&txn.open_table(SHARDS).be()?, shard)?;
+            Ok(ShardPosition {
+                boundary: row.boundary,
+                checkpoint: row.checkpoint,
+            })
+        })
+        .await
+    }
+
+    async fn read_window(
+        &self,
+        shard: ShardId,
+        after: u64,
+        up_to: u64,
+        limit: usize,
+    ) -> Result<Vec<StoredEnvelope>, StoreError> {
+        if after >= up_to || limit == 0 {
+            return Ok(Vec::new());
+        }
+        self.read(move |txn| {
+            let table = txn.open_table(ENVELOPES).be()?;
+            let range = (
+                Bound::Excluded((shard.0, after)),
+                Bound::Included((shard.0, up_to)),
+            );
+            let mut out = Vec::new();
+            for row in table.range(range).be()?.take(limit) {
+                let (k, v) = row.be()?;
+                out.push(codec::decode_envelope(shard, k.value().1, v.value())?);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn advance_checkpoint(&self, shard: ShardId, checkpoint: u64) -> Result<(), StoreError> {
+        self.check_shard(shard)?;
+        self.write(move |txn| {
+            let mut shards = txn.open_table(SHARDS).be()?;
+            let mut row = get_shard(&shards, shard)?;
+            // Never back, never above the boundary.
+            let new = row.checkpoint.max(checkpoint.min(row.boundary));
+            if new != row.checkpoint {
+                row.checkpoint = new;
+                shards
+                    .insert(shard.0, codec::encode_shard(&row).as_slice())
+                    .be()?;
+            }
+            // Every delivery at or below the checkpoint had its first attempt: drop them.
+            let mut envelopes = txn.open_table(ENVELOPES).be()?;
+            envelopes
+                .retain_in((shard.0, 0)..=(shard.0, new), |_, _| false)
+                .be()?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn subscribers(
+        &self,
+        topic: &Topic,
+        after: Option<&RecipientId>,
+        limit: usize,
+    ) -> Result<Vec<Subscriber>, StoreError> {
+        if limit == 0 || after.is_some_and(|a| a.0 == [0xff; 32]) {
+            return Ok(Vec::new());
+        }
+        let (topic, after) = (topic.clone(), after.copied());
+        self.read(move |txn| {
+            let subs = txn.open_table(TOPIC_SUBS).be()?;
+            let recipients = txn.open_table(RECIPIENTS).be()?;
+            let prefix = topic_sub_prefix(topic.as_bytes());
+            let lo = match &after {
+                Some(a) => Bound::Excluded([prefix.as_slice(), &a.0].concat()),
+                None => Bound::Included(prefix.clone()),
+            };
+            let hi = [prefix.as_slice(), &[0xff; 32]].concat();
+            let range = (
+                lo.as_ref().map(Vec::as_slice),
+                Bound::Included(hi.as_slice()),
+            );
+            let mut out = Vec::new();
+            for row in subs.range::<&[u8]>(range).be()? {
+                if out.len() == limit {
+                    break;
+                }
+                let (k, v) = row.be()?;
+                let id = RecipientId::parse(&k.value()[prefix.len()..])
+                    .map_err(|_| corrupt("topic subscription"))?;
+                // A row without its recipient should not exist; skip it if it does.
+                let Some(recipient) = get_recipient(&recipients, &id)? else {
+                    continue;
+                };
+                let subscription = codec::decode_subscription(topic.clone(), v.value())?;
+                out.push(Subscriber {
+                    recipient,
+                    subscription,
+                });
+            }
+            Ok(out)
+        })
+        .await
+    }
+}
+
+/// The record encodings: a version byte, then fixed-width big-endian integers
+/// and u32-length-prefixed byte strings. Only the secret's SHA-256 is stored (PUSH-254).
+mod codec {
+    use super::{ShardRow, corrupt};
+    use crate::domain::{
+        Channel, DeliveryTarget, EnvelopeKind, KeyWindow, RecipientId, SecretHash, ShardId,
+        SigningKey, StoredEnvelope, StoredSubscription, Subscription, Topic,
+    };
+    use crate::store::{Recipient, StoreError};
+
+    const VERSION: u8 = 1;
+
+    struct Writer(Vec<u8>);
+
+    impl Writer {
+        fn new() -> Self {
+            Self(vec![VERSION])
+        }
+        fn u8(&mut self, v: u8) -> &mut Self {
+            self.0.push(v);
+            self
+        }
+        fn u64(&mut self, v: u64) -> &mut Self {
+            self.0.extend_from_slice(&v.to_be_bytes());
+            self
+        }
+        fn i64(&mut self, v: i64) -> &mut Self {
+            self.0.extend_from_slice(&v.to_be_bytes());
+            self
+        }
+        fn raw(&mut self, v: &[u8]) -> &mut Self {
+            self.0.extend_from_slice(v);
+            self
+        }
+        fn bytes(&mut self, v: &[u8]) -> &mut Self {
+            let len = u32::try_from(v.len()).expect("stored values are far below 4 GiB");
+            self.0.extend_from_slice(&len.to_be_bytes());
+            self.raw(v)
+        }
+        fn finish(&mut self) -> Vec<u8> {
+            std::mem::take(&mut self.0)
+        }
+    }
+
+    struct Reader<'a> {
+        buf: &'a [u8],
+        what: &'static str,
+    }
+
+    impl<'a> Reader<'a> {
+        fn new(buf: &'a [u8], what: &'static str) -> Result<Self, StoreError> {
+            let mut r = Self { buf, what };
+            if r.u8()? != VERSION {
+                return Err(StoreError::Backend(format!(
+                    "unknown {what} record version"
+                )));
+            }
+            Ok(r)
+        }
+        fn take(&mut self, n: usize) -> Result<&'a [u8], StoreError> {
+            if self.buf.len() < n {
+                return Err(corrupt(self.what));
+            }
+            let (head, rest) = self.buf.split_at(n);
+            self.buf = rest;
+            Ok(head)
+        }
+        fn array<const N: usize>(&mut self) -> Result<[u8; N], StoreError> {
+            Ok(self.take(N)?.try_into().expect("took N bytes"))
+        }
+        fn u8(&mut self) -> Result<u8, StoreError> {
+            Ok(self.take(1)?[0])
+        }
+        fn u64(&mut self) -> Result<u64, StoreError> {
+            self.array().map(u64::from_be_bytes)
+        }
+        fn i64(&mut self) -> Result<i64, StoreError> {
+            self.array().map(i64::from_be_bytes)
+        }
+        fn bytes(&mut self) -> Result<&'a [u8], StoreError> {
+            let len = u32::from_be_bytes(self.array()?);
+            self.take(len as usize)
+        }
+        fn string(&mut self) -> Result<String, StoreError> {
+            String::from_utf8(self.bytes()?.to_vec()).map_err(|_| corrupt(self.what))
+        }
+        fn end(&self) -> Result<(), StoreError> {
+            if self.buf.is_empty() {
+                Ok(())
+            } else {
+                Err(corrupt(self.what))
+            }
+        }
+    }
+
+    pub(super) fn encode_recipient(r: &Recipient) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.raw(&r.secret_hash.0)
+            .i64(r.renewed_at_ns)
+            .u64(r.topic_count)
+            .u8(r.target.channel() as u8);
+        match &r.target {
+            DeliveryTarget::Apns { token } | DeliveryTarget::Fcm { token } => {
+                w.bytes(token.as_bytes())
+            }
+            DeliveryTarget::Http { url, signing_key } => {
+                w.bytes(url.as_bytes()).bytes(signing_key.as_bytes())
+            }
+        };
+        w.finish()
+    }
+
+    pub(super) fn decode_recipient(id: RecipientId, buf: &[u8]) -> Result<Recipient, StoreError> {
+        const WHAT: &str = "recipient";
+        let mut r = Reader::new(buf, WHAT)?;
+        let secret_hash = SecretHash(r.array()?);
+        let renewed_at_ns = r.i64()?;
+        let topic_count = r.u64()?;
+        let target = match Channel::from_u8(r.u8()?).ok_or_else(|| corrupt(WHAT))? {
+            Channel::Apns => DeliveryTarget::Apns { token: r.string()? },
+            Channel::Fcm => DeliveryTarget::Fcm { token: r.string()? },
+            Channel::Http => DeliveryTarget::Http {
+                url: r.string()?,
+                signing_key: SigningKey::parse(r.bytes()?).map_err(|_| corrupt(WHAT))?,
+            },
+        };
+        r.end()?;
+        Ok(Recipient {
+            id,
+            secret_hash,
+            target,
+            renewed_at_ns,
+            topic_count,
+        })
+    }
+
+    /// The topic is part of both keys, so the value leaves it out.
+    pub(super) fn encode_subscription(s: &StoredSubscription) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.u64(s.start_position)
+            .u8(u8::from(s.subscription.include_commits));
+        // Section 3: no epoch base is stored without keys.
+        match &s.subscription.keys {
+            None => w.u8(0),
+            Some(window) => {
+                let keys = window.keys();
+                w.u8(u8::try_from(keys.len()).expect("at most 3 keys"))
+                    .i64(window.epoch_base());
+                for key in keys {
+                    w.raw(&key.0);
+                }
+                &mut w
+            }
+        };
+        w.finish()
+    }
+
+    pub(super) fn decode_subscription(
+        topic: Topic,
+        buf: &[u8],
+    ) -> Result<StoredSubscription, StoreError> {
+        const WHAT: &str = "subscription";
+        let mut r = Reader::new(buf, WHAT)?;
+        let start_position = r.u64()?;
+        let include_commits = match r.u8()? {
+            0 => false,
+            1 => true,
+            _ => return Err(corrupt(WHAT)),
+        };
+        let keys = match r.u8()? {
+            0 => None,
+            n => {
+                let base = r.i64()?;
+                let keys = (0..n)
+                    .map(|_| {
+                        r.array::<{ crate::domain::HMAC_KEY_LEN }>()
+                            .map(|k| k.to_vec())
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                KeyWindow::parse(base, &keys).map_err(|_| corrupt(WHAT))?
+            }
+        };
+        r.end()?;
+        Ok(StoredSubscription {
+            subscription: Subscription {
+                topic,
+                keys,
+                include_commits,
+            },
+            start_position,
+        })
+    }
+
+    /// Shard and sequence id are the key, so the value leaves them out.
+    pub(super) fn encode_envelope(e: &StoredEnvelope) -> Vec<u8> {
+        Writer::new()
+            .bytes(e.topic.as_bytes())
+            .u8(e.kind as u8)
+            .i64(e.server_ts_ns)
+            .bytes(&e.sender_hmac)
+            .bytes(&e.data)
+            .finish()
+    }
+
+    pub(super) fn decode_envelope(
+        shard: ShardId,
+        sequence_id: u64,
+        buf: &[u8],
+    ) -> Result<StoredEnvelope, StoreError> {
+        const WHAT: &str = "envelope";
+        let mut r = Reader::new(buf, WHAT)?;
+        let topic = Topic::parse(r.bytes()?).map_err(|_| corrupt(WHAT))?;
+        let kind = EnvelopeKind::from_u8(r.u8()?).ok_or_else(|| corrupt(WHAT))?;
+        let server_ts_ns = r.i64()?;
+        let sender_hmac = r.bytes()?.to_vec();
+        let data = r.bytes()?.to_vec();
+        r.end()?;
+        Ok(StoredEnvelope {
+            shard,
+            sequence_id,
+            topic,
+            kind,
+            server_ts_ns,
+            sender_hmac,
+            data,
+        })
+    }
+
+    pub(super) fn encode_shard(s: &ShardRow) -> Vec<u8> {
+        Writer::new()
+            .u64(s.boundary)
+            .u64(s.checkpoint)
+            .u64(s.last)
+            .finish()
+    }
+
+    pub(super) fn decode_shard(buf: &[u8]) -> Result<ShardRow, StoreError> {
+        let mut r = Reader::new(buf, "shard")?;
+        let row = ShardRow {
+            boundary: r.u64()?,
+            checkpoint: r.u64()?,
+            last: r.u64()?,
+        };
+        r.end()?;
+        Ok(row)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::domain::{RecipientSecret, Subscription};
+    use crate::store::conformance::{self, SHARD_COUNT};
+
+    fn temp_store() -> (tempfile::TempDir, RedbStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RedbStore::open(dir.path(), SHARD_COUNT).unwrap();
+        (dir, store)
+    }
+
+    macro_rules! conformance_cases {
+        ($($case:ident),* $(,)?) => {$(
+            #[tokio::test]
+            async fn $case() {
+                let (_dir, store) = temp_store();
+                conformance::$case(&store).await;
+            }
+        )*};
+    }
+
+    conformance_cases!(
+        register_creates_and_renews,
+        secret_mismatch_changes_nothing,
+        unknown_recipient_is_not_found,
+        unregister_deletes_subscriptions,
+        update_applies_adds_and_removes_together,
+        replace_keeps_start_position,
+        topic_limit_applies_nothing,
+        key_window_round_trip,
+        compare_and_delete,
+        delete_expired_boundary,
+        append_allocates_per_shard,
+        publisher_sequence_ids,
+        non_eligible_envelopes_only_move_the_boundary,
+        suppression_data_only_with_32_byte_hmac,
+        read_window_range_and_limit,
+        advance_checkpoint_forward_and_prunes,
+        subscribers_paging,
+    );
+
+    #[tokio::test]
+    async fn run_all_on_fresh_stores() {
+        let root = tempfile::tempdir().unwrap();
+        let n = AtomicUsize::new(0);
+        conformance::run_all(|| {
+            let dir = root
+                .path()
+                .join(n.fetch_add(1, Ordering::Relaxed).to_string());
+            async move { RedbStore::open(&dir, SHARD_COUNT).unwrap() }
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn data_survives_reopen_and_shard_count_is_fixed() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = RecipientId([9; 32]);
+        let hash = RecipientSecret::parse(&[1; 32]).unwrap().hash();
+        let topic = Topic::parse(&[0, 42]).unwrap();
+        let target = DeliveryTarget::Fcm {
+            token: "tok".into(),
+        };
+        let sub = Subscription {
+            topic: topic.clone(),
+            keys: None,
+            include_commits: true,
+        };
+        let envelope = NewEnvelope::new(
+            topic.clone(),
+            SHARD_COUNT,
+            crate::domain::EnvelopeKind::Commit,
+            false,
+            vec![],
+            vec![],
+            None,
+        )
+        .unwrap();
+        let shard = envelope.shard;
+        {
+            let store = RedbStore::open(dir.path(), SHARD_COUNT).unwrap();
+            store.register(&id, &hash, &target, 5).await.unwrap();
+            store
+                .append(&[envelope.clone(), envelope.clone()], 7)
+                .await
+                .unwrap();
+            let update = SubscriptionUpdate::new(vec![sub.clone()], vec![]).unwrap();
+            store
+                .update_subscriptions(&id, &hash, &update, 6, 10)
+                .await
+                .unwrap();
+            store.advance_checkpoint(shard, 1).await.unwrap();
+        }
+
+        let err = RedbStore::open(dir.path(), SHARD_COUNT + 1)
+            .err()
+            .expect("another shard count must fail");
+        assert!(
+            matches!(&err, StoreError::Backend(m) if m.contains("shard count")),
+            "{err}"
+        );
+
+        let store = RedbStore::open(dir.path(), SHARD_COUNT).unwrap();
+        let r = store
+            .recipient(&id)
+            .await
+            .unwrap()
+            .expect("recipient persisted");
+        assert_eq!((r.target, r.renewed_at_ns, r.topic_count), (target, 6, 1));
+        assert!(r.secret_hash == hash);
+        let subs = store.subscriptions(&id).await.unwrap();
+        assert_eq!(
+            subs,
+            vec![StoredSubscription {
+                subscription: sub,
+                start_position: 2
+            }]
+        );
+        assert_eq!(
+            store.shard_position(shard).await.unwrap(),
+            ShardPosition {
+                boundary: 2,
+                checkpoint: 1
+            }
+        );
+        let window = store.read_window(shard, 0, 2, 10).await.unwrap();
+        assert_eq!(
+            window.iter().map(|e| e.sequence_id).collect::<Vec<_>>(),
+            vec![2]
+        );
+        assert_eq!(window[0].server_ts_ns, 7);
+        assert_eq!(
+            store.append(&[envelope], 8).await.unwrap(),
+            vec![Appended::Stored { sequence_id: 3 }]
+        );
+    }
+
+    #[test]
+    fn zero_shards_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(RedbStore::open(dir.path(), 0).is_err());
+    }
+}

@@ -1,0 +1,646 @@
+//! Webhook destination safety (PUSH-256): the URL rules, the allowed_domains
+//! match, and the blocked address table of spec 000 section 2.
+//!
+//! Error messages name the rule that failed and never the URL, host or
+//! address (PUSH-254).
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use super::resolve::HostResolver;
+
+/// Why a webhook destination was refused. Messages name the rule only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SafetyError {
+    #[error("webhook url must use https")]
+    NotHttps,
+    #[error("webhook url must not carry a username or password")]
+    UserInfo,
+    #[error("webhook url is not a valid absolute url with a host")]
+    InvalidUrl,
+    #[error("webhook host matches no entry of allowed_domains")]
+    DomainNotAllowed,
+    #[error("webhook host resolves to no address")]
+    NoAddress,
+    #[error("webhook host resolves to a blocked address")]
+    BlockedAddress,
+}
+
+/// A webhook URL that passed the syntactic rules of PUSH-256: https, no
+/// userinfo, a valid host. Debug never prints the URL (PUSH-254).
+#[derive(Clone, PartialEq, Eq)]
+pub struct WebhookUrl {
+    original: String,
+    uri: http::Uri,
+    /// Lowercased, IPv6 without brackets.
+    host: String,
+    port: u16,
+    ip: Option<IpAddr>,
+}
+
+impl WebhookUrl {
+    pub fn parse(url: &str) -> Result<WebhookUrl, SafetyError> {
+        let uri: http::Uri = url.parse().map_err(|_| SafetyError::InvalidUrl)?;
+        match uri.scheme_str() {
+            Some(scheme) if scheme.eq_ignore_ascii_case("https") => {}
+            _ => return Err(SafetyError::NotHttps),
+        }
+        let authority = uri.authority().ok_or(SafetyError::InvalidUrl)?;
+        if authority.as_str().contains('@') {
+            return Err(SafetyError::UserInfo);
+        }
+        let raw_host = authority.host();
+        let (host, ip) = if let Some(inner) = raw_host.strip_prefix('[') {
+            let inner = inner.strip_suffix(']').ok_or(SafetyError::InvalidUrl)?;
+            let v6: Ipv6Addr = inner.parse().map_err(|_| SafetyError::InvalidUrl)?;
+            (v6.to_string(), Some(IpAddr::V6(v6)))
+        } else if let Ok(v4) = raw_host.parse::<Ipv4Addr>() {
+            (v4.to_string(), Some(IpAddr::V4(v4)))
+        } else {
+            let host = raw_host.to_ascii_lowercase();
+            if !is_host_name(&host) {
+                return Err(SafetyError::InvalidUrl);
+            }
+            (host, None)
+        };
+        // `Authority::port_u16` reads an out-of-range port as no port, so
+        // parse the text after the host here.
+        let port = match authority.as_str().strip_prefix(raw_host) {
+            Some("") => 443,
+            Some(rest) => match rest.strip_prefix(':') {
+                Some(digits) if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) => {
+                    match digits.parse::<u16>() {
+                        Ok(port) if port != 0 => port,
+                        _ => return Err(SafetyError::InvalidUrl),
+                    }
+                }
+                _ => return Err(SafetyError::InvalidUrl),
+            },
+            None => return Err(SafetyError::InvalidUrl),
+        };
+        Ok(WebhookUrl {
+            original: url.to_owned(),
+            uri,
+            host,
+            port,
+            ip,
+        })
+    }
+
+    /// The host, lowercased; an IPv6 literal without brackets.
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// The port, 443 when the URL names none.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The address when the host is an IP literal.
+    pub fn ip_literal(&self) -> Option<IpAddr> {
+        self.ip
+    }
+
+    /// The URL exactly as given.
+    pub fn as_str(&self) -> &str {
+        &self.original
+    }
+
+    pub fn uri(&self) -> &http::Uri {
+        &self.uri
+    }
+}
+
+impl fmt::Debug for WebhookUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("WebhookUrl(..)")
+    }
+}
+
+/// A DNS host name: dot-separated labels of ASCII letters, digits, '-' and
+/// '_', each 1 to 63 bytes, at most 253 bytes, one optional trailing dot,
+/// and a last label that is not all digits (that would be an IPv4 shorthand
+/// such as `2130706433`, which some parsers read as an address).
+fn is_host_name(host: &str) -> bool {
+    let name = host.strip_suffix('.').unwrap_or(host);
+    if name.is_empty() || name.len() > 253 {
+        return false;
+    }
+    let labels_ok = name.split('.').all(|label| {
+        (1..=63).contains(&label.len())
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    });
+    let last_numeric = name
+        .rsplit('.')
+        .next()
+        .is_some_and(|l| l.bytes().all(|b| b.is_ascii_digit()));
+    labels_ok && !last_numeric
+}
+
+/// An allowed_domains entry (spec 000 section 2): an exact host, or `*.suffix`
+/// matching a host that ends with `.suffix` after at least one label. The
+/// match is case-insensitive on the host name alone; one trailing dot on
+/// either side is ignored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DomainPattern {
+    Exact(String),
+    /// The text after `*.`, lowercased.
+    Wildcard(String),
+}
+
+impl DomainPattern {
+    pub fn parse(entry: &str) -> Result<Self, String> {
+        if entry.is_empty() {
+            return Err("allowed_domains entry is empty".to_owned());
+        }
+        let lower = entry.to_ascii_lowercase();
+        let (wildcard, name) = match lower.strip_prefix("*.") {
+            Some(rest) => (true, rest),
+            None => (false, lower.as_str()),
+        };
+        if !is_host_name(name) {
+            return Err("allowed_domains entry must be a host name or *. followed by a host name".to_owned());
+        }
+        let name = name.strip_suffix('.').unwrap_or(name).to_owned();
+        Ok(if wildcard {
+            Self::Wildcard(name)
+        } else {
+            Self::Exact(name)
+        })
+    }
+
+    pub fn matches(&self, host: &str) -> bool {
+        let host = host.to_ascii_lowercase();
+        let host = host.strip_suffix('.').unwrap_or(&host);
+        match self {
+            Self::Exact(name) => host == name,
+            Self::Wildcard(suffix) => {
+                let Some(prefix) = host.strip_suffix(suffix.as_str()).and_then(|p| p.strip_suffix('.')) else {
+                    return false;
+                };
+                !prefix.is_empty() && prefix.split('.').all(|label| !label.is_empty())
+            }
+        }
+    }
+}
+
+/// The operator's webhook settings that bind at registration and again at
+/// every attempt (PUSH-256).
+#[derive(Debug, Clone, Default)]
+pub struct WebhookPolicy {
+    pub allowed_domains: Vec<DomainPattern>,
+    /// Development and test only: skip the blocked address table.
+    pub allow_private_addresses: bool,
+}
+
+impl WebhookPolicy {
+    /// True when allowed_domains is empty or an entry matches. An IP literal
+    /// never matches a non-empty list.
+    pub fn host_allowed(&self, host: &str) -> bool {
+        if self.allowed_domains.is_empty() {
+            return true;
+        }
+        if parse_ip_host(host).is_some() {
+            return false;
+        }
+        self.allowed_domains.iter().any(|p| p.matches(host))
+    }
+
+    /// The full PUSH-256 destination check for a URL: allowed_domains, then
+    /// resolution (an IP literal is its own single address, no DNS), then the
+    /// blocked address table unless allow_private_addresses. Returns the
+    /// addresses checked, which are the only ones a connection may use.
+    pub async fn check(&self, url: &WebhookUrl, resolver: &dyn HostResolver) -> Result<Vec<IpAddr>, SafetyError> {
+        self.check_host(url.host(), resolver).await
+    }
+
+    /// `check` for a bare host (a name or an IP literal, IPv6 with or without
+    /// brackets). The connector (`CheckedResolver`) uses this at connect time.
+    pub async fn check_host(&self, host: &str, resolver: &dyn HostResolver) -> Result<Vec<IpAddr>, SafetyError> {
+        if !self.host_allowed(host) {
+            return Err(SafetyError::DomainNotAllowed);
+        }
+        let addrs = match parse_ip_host(host) {
+            Some(ip) => vec![ip],
+            // A failed lookup (NXDOMAIN, timeout) is "resolves to no address".
+            None => resolver.resolve(host).await.unwrap_or_default(),
+        };
+        self.check_addresses(&addrs)?;
+        Ok(addrs)
+    }
+
+    /// The address part of the check: at least one address, and, while
+    /// allow_private_addresses is false, none in the blocked table.
+    pub fn check_addresses(&self, addrs: &[IpAddr]) -> Result<(), SafetyError> {
+        if addrs.is_empty() {
+            return Err(SafetyError::NoAddress);
+        }
+        if !self.allow_private_addresses && addrs.iter().any(|ip| is_blocked(*ip)) {
+            return Err(SafetyError::BlockedAddress);
+        }
+        Ok(())
+    }
+}
+
+/// An IP literal host, IPv6 with or without brackets.
+fn parse_ip_host(host: &str) -> Option<IpAddr> {
+    let inner = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+    inner.parse().ok()
+}
+
+/// The blocked address table of spec 000 section 2 (PUSH-256).
+///
+/// One deliberate widening: the table lists only the single address 0.0.0.0,
+/// but the whole 0.0.0.0/8 ("this network") is blocked here, since a
+/// connect to 0.x.y.z can reach the local host on some systems.
+pub fn is_blocked(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => is_blocked_v4(v4),
+        IpAddr::V6(v6) => is_blocked_v6(v6),
+    }
+}
+
+fn is_blocked_v4(ip: Ipv4Addr) -> bool {
+    let [a, b, _, _] = ip.octets();
+    a == 10 // private 10.0.0.0/8
+        || (a == 172 && (b & 0xf0) == 16) // private 172.16.0.0/12
+        || (a == 192 && b == 168) // private 192.168.0.0/16
+        || (a == 100 && (b & 0xc0) == 64) // shared 100.64.0.0/10
+        || a == 127 // loopback 127.0.0.0/8
+        || (a == 169 && b == 254) // link-local 169.254.0.0/16
+        || a == 0 // unspecified 0.0.0.0 (widened to 0.0.0.0/8)
+        || ip == Ipv4Addr::BROADCAST // 255.255.255.255
+        || (a & 0xf0) == 224 // multicast 224.0.0.0/4
+}
+
+fn is_blocked_v6(ip: Ipv6Addr) -> bool {
+    if let Some(v4) = ip.to_ipv4_mapped() {
+        // ::ffff:0:0/96 mapping any blocked IPv4 address
+        return is_blocked_v4(v4);
+    }
+    let first = ip.segments()[0];
+    (first & 0xfe00) == 0xfc00 // private fc00::/7
+        || (first & 0xffc0) == 0xfec0 // site-local fec0::/10
+        || ip == Ipv6Addr::LOCALHOST // loopback ::1
+        || (first & 0xffc0) == 0xfe80 // link-local fe80::/10
+        || ip == Ipv6Addr::UNSPECIFIED // unspecified ::
+        || (first & 0xff00) == 0xff00 // multicast ff00::/8
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::webhook::resolve::ResolveError;
+    use std::collections::HashMap;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn blocked_table_rows() {
+        // First and last address of every row of the table.
+        let inside = [
+            "10.0.0.0",
+            "10.255.255.255", // private
+            "172.16.0.0",
+            "172.31.255.255",
+            "192.168.0.0",
+            "192.168.255.255",
+            "fc00::",
+            "fdff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+            "100.64.0.0",
+            "100.127.255.255", // shared
+            "fec0::",
+            "feff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", // site-local
+            "127.0.0.0",
+            "127.255.255.255", // loopback
+            "::1",
+            "169.254.0.0",
+            "169.254.255.255", // link-local
+            "fe80::",
+            "febf:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+            "0.0.0.0",
+            "0.255.255.255",   // unspecified (0.0.0.0/8, see is_blocked)
+            "255.255.255.255", // broadcast
+            "224.0.0.0",
+            "239.255.255.255", // multicast
+            "::",
+            "ff00::",
+            "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+        ];
+        for addr in inside {
+            assert!(is_blocked(ip(addr)), "{addr} should be blocked");
+        }
+        // The address just outside each edge, where that neighbour is not
+        // itself in another row (fec0::/10 sits between fe80::/10 and
+        // ff00::/8, so its neighbours are blocked by those rows).
+        let outside = [
+            "9.255.255.255",
+            "11.0.0.0",
+            "172.15.255.255",
+            "172.32.0.0",
+            "192.167.255.255",
+            "192.169.0.0",
+            "fbff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+            "fe00::",
+            "100.63.255.255",
+            "100.128.0.0",
+            "126.255.255.255",
+            "128.0.0.0",
+            "::2",
+            "169.253.255.255",
+            "169.255.0.0",
+            "fe7f:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+            "1.0.0.0",
+            "255.255.255.254",
+            "223.255.255.255",
+            "240.0.0.0",
+            "::1:0:0:0",        // just above ::ffff:0:0/96
+            "::fffe:ffff:ffff", // just below ::ffff:0:0/96
+        ];
+        for addr in outside {
+            assert!(!is_blocked(ip(addr)), "{addr} should not be blocked");
+        }
+        // Public addresses of both families.
+        for public in [
+            "93.184.216.34",
+            "8.8.8.8",
+            "2606:2800:220:1:248:1893:25c8:1946",
+            "2001:4860::8888",
+        ] {
+            assert!(!is_blocked(ip(public)), "{public}");
+        }
+    }
+
+    #[test]
+    fn blocked_ipv4_mapped() {
+        for mapped in [
+            "::ffff:10.0.0.1",
+            "::ffff:172.16.0.1",
+            "::ffff:192.168.1.1",
+            "::ffff:100.64.0.1",
+            "::ffff:127.0.0.1",
+            "::ffff:169.254.1.1",
+            "::ffff:0.0.0.0",
+            "::ffff:255.255.255.255",
+            "::ffff:224.0.0.1",
+            "::ffff:7f00:1",
+        ] {
+            assert!(is_blocked(ip(mapped)), "{mapped}");
+        }
+        for mapped in [
+            "::ffff:93.184.216.34",
+            "::ffff:11.0.0.0",
+            "::ffff:172.32.0.0",
+            "::ffff:100.128.0.0",
+        ] {
+            assert!(!is_blocked(ip(mapped)), "{mapped}");
+        }
+    }
+
+    #[test]
+    fn url_parsing() {
+        let url = WebhookUrl::parse("https://Hooks.Example.COM/path?q=1").unwrap();
+        assert_eq!(url.host(), "hooks.example.com");
+        assert_eq!(url.port(), 443);
+        assert_eq!(url.ip_literal(), None);
+        assert_eq!(url.as_str(), "https://Hooks.Example.COM/path?q=1");
+        assert_eq!(url.uri().path(), "/path");
+
+        let url = WebhookUrl::parse("HTTPS://example.com:8443/").unwrap();
+        assert_eq!(url.port(), 8443);
+
+        let url = WebhookUrl::parse("https://[2001:DB8::1]:9000/x").unwrap();
+        assert_eq!(url.host(), "2001:db8::1");
+        assert_eq!(url.port(), 9000);
+        assert_eq!(url.ip_literal(), Some(ip("2001:db8::1")));
+
+        let url = WebhookUrl::parse("https://127.0.0.1/").unwrap();
+        assert_eq!(url.ip_literal(), Some(ip("127.0.0.1")));
+
+        assert_eq!(WebhookUrl::parse("http://example.com/"), Err(SafetyError::NotHttps));
+        assert_eq!(WebhookUrl::parse("ftp://example.com/"), Err(SafetyError::NotHttps));
+        assert_eq!(WebhookUrl::parse("example.com"), Err(SafetyError::NotHttps));
+        assert_eq!(WebhookUrl::parse("/just/a/path"), Err(SafetyError::NotHttps));
+        assert_eq!(
+            WebhookUrl::parse("https://user:pw@example.com/"),
+            Err(SafetyError::UserInfo)
+        );
+        assert_eq!(
+            WebhookUrl::parse("https://user@example.com/"),
+            Err(SafetyError::UserInfo)
+        );
+        assert_eq!(WebhookUrl::parse("https://@example.com/"), Err(SafetyError::UserInfo));
+        for bad in [
+            "",
+            "https://",
+            "https:///path",
+            "https://:443/",
+            "https://exa mple.com/",
+            "https://example.com:0/",
+            "https://example.com:99999/",
+            "https://example.com:/",
+            "https://example.com:+443/",
+            "https://[::1/",
+            "https://[fe80::1%25eth0]/",
+            "https://2130706433/",
+            "https://a..b/",
+            "https://*.example.com/",
+        ] {
+            assert!(WebhookUrl::parse(bad).is_err(), "{bad:?} should be rejected");
+        }
+        let debug = format!("{:?}", WebhookUrl::parse("https://secret.example.com/token").unwrap());
+        assert!(!debug.contains("secret") && !debug.contains("token"));
+    }
+
+    #[test]
+    fn domain_patterns() {
+        let p = DomainPattern::parse("*.example.com").unwrap();
+        assert!(p.matches("a.example.com"));
+        assert!(p.matches("A.B.Example.COM"));
+        assert!(p.matches("a.example.com."));
+        assert!(!p.matches("example.com"));
+        assert!(!p.matches(".example.com"));
+        assert!(!p.matches("badexample.com"));
+        assert!(!p.matches("a..example.com"));
+        assert!(!p.matches("a.example.com.evil"));
+
+        let p = DomainPattern::parse("Hooks.Example.com").unwrap();
+        assert!(p.matches("hooks.example.com"));
+        assert!(p.matches("HOOKS.EXAMPLE.COM"));
+        assert!(!p.matches("a.hooks.example.com"));
+        assert!(!p.matches("hooks.example.co"));
+
+        for bad in [
+            "",
+            "*",
+            "*.",
+            ".example.com",
+            "a.*.com",
+            "*example.com",
+            "example.com:443",
+            "10.0.0.1",
+            "exa mple.com",
+            "**.x.com",
+        ] {
+            assert!(DomainPattern::parse(bad).is_err(), "{bad:?} should be rejected");
+        }
+    }
+
+    #[test]
+    fn host_allowed_rules() {
+        let open = WebhookPolicy::default();
+        assert!(open.host_allowed("anything.example"));
+        assert!(open.host_allowed("127.0.0.1"));
+
+        let policy = WebhookPolicy {
+            allowed_domains: vec![
+                DomainPattern::parse("*.example.com").unwrap(),
+                DomainPattern::parse("hooks.test").unwrap(),
+            ],
+            allow_private_addresses: false,
+        };
+        assert!(policy.host_allowed("x.example.com"));
+        assert!(policy.host_allowed("HOOKS.test"));
+        assert!(!policy.host_allowed("example.com"));
+        assert!(!policy.host_allowed("93.184.216.34"));
+        assert!(!policy.host_allowed("::1"));
+        assert!(!policy.host_allowed("[2001:db8::1]"));
+    }
+
+    /// An in-memory resolver: names absent from the map fail like NXDOMAIN.
+    struct FakeResolver(HashMap<String, Vec<IpAddr>>);
+
+    #[async_trait::async_trait]
+    impl HostResolver for FakeResolver {
+        async fn resolve(&self, host: &str) -> Result<Vec<IpAddr>, ResolveError> {
+            self.0.get(host).cloned().ok_or(ResolveError::NoRecords)
+        }
+    }
+
+    fn fake() -> FakeResolver {
+        let zone = [
+            (
+                "public.example.com",
+                vec!["93.184.216.34", "2606:2800:220:1:248:1893:25c8:1946"],
+            ),
+            ("private.example.com", vec!["10.0.0.1"]),
+            ("mapped.example.com", vec!["::ffff:127.0.0.1"]),
+            ("mixed.example.com", vec!["93.184.216.34", "192.168.1.1"]),
+            ("empty.example.com", vec![]),
+            ("other.test", vec!["93.184.216.34"]),
+        ];
+        FakeResolver(
+            zone.into_iter()
+                .map(|(n, a)| (n.to_owned(), a.into_iter().map(ip).collect()))
+                .collect(),
+        )
+    }
+
+    async fn check(policy: &WebhookPolicy, url: &str) -> Result<Vec<IpAddr>, SafetyError> {
+        policy.check(&WebhookUrl::parse(url).unwrap(), &fake()).await
+    }
+
+    #[tokio::test]
+    async fn policy_check() {
+        let policy = WebhookPolicy::default();
+        assert_eq!(check(&policy, "https://public.example.com/").await.unwrap().len(), 2);
+        assert_eq!(check(&policy, "https://Public.Example.com/").await.unwrap().len(), 2);
+        assert_eq!(
+            check(&policy, "https://private.example.com/").await,
+            Err(SafetyError::BlockedAddress)
+        );
+        assert_eq!(
+            check(&policy, "https://mapped.example.com/").await,
+            Err(SafetyError::BlockedAddress)
+        );
+        assert_eq!(
+            check(&policy, "https://mixed.example.com/").await,
+            Err(SafetyError::BlockedAddress)
+        );
+        assert_eq!(
+            check(&policy, "https://empty.example.com/").await,
+            Err(SafetyError::NoAddress)
+        );
+        assert_eq!(
+            check(&policy, "https://unknown.example.com/").await,
+            Err(SafetyError::NoAddress)
+        );
+        // IP literals are their own address; no DNS.
+        assert_eq!(
+            check(&policy, "https://93.184.216.34/").await,
+            Ok(vec![ip("93.184.216.34")])
+        );
+        assert_eq!(
+            check(&policy, "https://127.0.0.1:8443/").await,
+            Err(SafetyError::BlockedAddress)
+        );
+        assert_eq!(
+            check(&policy, "https://[::ffff:10.0.0.1]/").await,
+            Err(SafetyError::BlockedAddress)
+        );
+        assert_eq!(
+            check(&policy, "https://[fe80::1]/").await,
+            Err(SafetyError::BlockedAddress)
+        );
+    }
+
+    #[tokio::test]
+    async fn policy_check_private_allowed() {
+        let policy = WebhookPolicy {
+            allowed_domains: vec![],
+            allow_private_addresses: true,
+        };
+        assert_eq!(
+            check(&policy, "https://private.example.com/").await,
+            Ok(vec![ip("10.0.0.1")])
+        );
+        assert_eq!(check(&policy, "https://mixed.example.com/").await.unwrap().len(), 2);
+        assert_eq!(check(&policy, "https://127.0.0.1/").await, Ok(vec![ip("127.0.0.1")]));
+        // Still no address is still refused.
+        assert_eq!(
+            check(&policy, "https://empty.example.com/").await,
+            Err(SafetyError::NoAddress)
+        );
+    }
+
+    #[tokio::test]
+    async fn policy_check_allowed_domains() {
+        let policy = WebhookPolicy {
+            allowed_domains: vec![DomainPattern::parse("*.example.com").unwrap()],
+            allow_private_addresses: false,
+        };
+        assert!(check(&policy, "https://public.example.com/").await.is_ok());
+        assert_eq!(
+            check(&policy, "https://other.test/").await,
+            Err(SafetyError::DomainNotAllowed)
+        );
+        assert_eq!(
+            check(&policy, "https://93.184.216.34/").await,
+            Err(SafetyError::DomainNotAllowed)
+        );
+        // The domain rule comes first, then the address rule.
+        assert_eq!(
+            check(&policy, "https://private.example.com/").await,
+            Err(SafetyError::BlockedAddress)
+        );
+    }
+
+    #[test]
+    fn messages_name_the_rule_only() {
+        for e in [
+            SafetyError::NotHttps,
+            SafetyError::UserInfo,
+            SafetyError::InvalidUrl,
+            SafetyError::DomainNotAllowed,
+            SafetyError::NoAddress,
+            SafetyError::BlockedAddress,
+        ] {
+            assert!(e.to_string().starts_with("webhook "));
+        }
+    }
+}

@@ -1,0 +1,776 @@
+//! Mock webhook receiver: an HTTPS server (HTTP/1.1 and HTTP/2 by ALPN) that
+//! records every request, checks its signature when the path has a signing
+//! key, and answers from a per-path script.
+//!
+//! Signatures are checked independently of the engine: the Standard Webhooks v1
+//! scheme (`webhook-id`/`webhook-timestamp`/`webhook-signature`, spec 000 §7.1)
+//! and the hub relay scheme (`x-gim-signature: t=..,v1=<hex>`, spec 003 §2.2).
+
+use std::collections::{HashMap, VecDeque};
+use std::convert::Infallible;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use anyhow::Context as _;
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use bytes::Bytes;
+use hmac::{Hmac, KeyInit as _, Mac as _};
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt as _, Empty};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use sha2::Sha256;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::{JoinHandle, JoinSet};
+use tokio_rustls::TlsAcceptor;
+
+use crate::tls::{ALPN_H2, ALPN_HTTP1, TestPki};
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// How the mock listens and answers by default.
+#[derive(Clone, Debug)]
+pub struct MockWebhookConfig {
+    /// Listen address; port 0 picks a free port (see `MockWebhook::addr`).
+    pub bind: SocketAddr,
+    /// ALPN ids offered, e.g. `[b"http/1.1"]` to force HTTP/1.1.
+    pub alpn: Vec<Vec<u8>>,
+    /// Added before every response.
+    pub latency: Duration,
+    /// Status for requests no script covers.
+    pub default_status: u16,
+}
+
+impl Default for MockWebhookConfig {
+    fn default() -> Self {
+        MockWebhookConfig {
+            bind: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0),
+            alpn: vec![ALPN_H2.to_vec(), ALPN_HTTP1.to_vec()],
+            latency: Duration::ZERO,
+            default_status: 200,
+        }
+    }
+}
+
+impl MockWebhookConfig {
+    /// Default config that offers only HTTP/1.1.
+    pub fn http1_only() -> Self {
+        MockWebhookConfig {
+            alpn: vec![ALPN_HTTP1.to_vec()],
+            ..Default::default()
+        }
+    }
+}
+
+/// One scripted answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScriptedResponse {
+    pub status: u16,
+    pub retry_after: Option<String>,
+    pub location: Option<String>,
+    /// Wait before answering (on top of the config's latency). Longer than the
+    /// client's timeout simulates a receiver that never answers.
+    pub delay: Duration,
+}
+
+impl ScriptedResponse {
+    /// Answer `status` immediately, no extra headers.
+    pub fn status(status: u16) -> Self {
+        ScriptedResponse {
+            status,
+            retry_after: None,
+            location: None,
+            delay: Duration::ZERO,
+        }
+    }
+
+    /// Adds a `retry-after` header.
+    pub fn with_retry_after(mut self, value: impl Into<String>) -> Self {
+        self.retry_after = Some(value.into());
+        self
+    }
+
+    /// Adds a `location` header (for redirect answers).
+    pub fn with_location(mut self, value: impl Into<String>) -> Self {
+        self.location = Some(value.into());
+        self
+    }
+
+    /// Waits `delay` before answering.
+    pub fn with_delay(mut self, delay: Duration) -> Self {
+        self.delay = delay;
+        self
+    }
+}
+
+/// A request as the mock received it.
+#[derive(Clone, Debug)]
+pub struct ReceivedRequest {
+    pub received_at: SystemTime,
+    pub method: String,
+    /// URI path without the query.
+    pub path: String,
+    /// "HTTP/1.1" or "HTTP/2.0".
+    pub version: String,
+    /// Names are lowercase; non-UTF-8 values are converted lossily.
+    pub headers: Vec<(String, String)>,
+    pub body: Bytes,
+    /// `None` when the path has no signing key.
+    pub signature_valid: Option<bool>,
+    /// Status chosen for this request. With a delay longer than the client's
+    /// timeout it never reached the client.
+    pub status_sent: u16,
+}
+
+impl ReceivedRequest {
+    /// First value of header `name` (case-insensitive).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The body parsed as JSON, if it is JSON.
+    pub fn json(&self) -> Option<serde_json::Value> {
+        serde_json::from_slice(&self.body).ok()
+    }
+}
+
+/// Shared between the handle and the connection tasks.
+struct State {
+    latency: Duration,
+    default_status: u16,
+    requests: Mutex<Vec<ReceivedRequest>>,
+    /// Number of recorded requests, for `wait_for`.
+    count: watch::Sender<usize>,
+    signing_keys: Mutex<HashMap<String, Vec<u8>>>,
+    scripts: Mutex<HashMap<String, VecDeque<ScriptedResponse>>>,
+}
+
+/// A running mock. The server stops when this is dropped.
+pub struct MockWebhook {
+    addr: SocketAddr,
+    state: Arc<State>,
+    accept_task: JoinHandle<()>,
+}
+
+/// Binds, then serves in a background task until the `MockWebhook` is dropped.
+pub async fn start(pki: &TestPki, config: MockWebhookConfig) -> anyhow::Result<MockWebhook> {
+    let listener = TcpListener::bind(config.bind)
+        .await
+        .with_context(|| format!("binding mock webhook to {}", config.bind))?;
+    let addr = listener.local_addr()?;
+    let alpn: Vec<&[u8]> = config.alpn.iter().map(Vec::as_slice).collect();
+    let acceptor = TlsAcceptor::from(pki.server_config(&alpn));
+    let h2_offered = config.alpn.iter().any(|p| p == ALPN_H2);
+    let state = Arc::new(State {
+        latency: config.latency,
+        default_status: config.default_status,
+        requests: Mutex::new(Vec::new()),
+        count: watch::Sender::new(0),
+        signing_keys: Mutex::new(HashMap::new()),
+        scripts: Mutex::new(HashMap::new()),
+    });
+    let accept_task = tokio::spawn(accept_loop(listener, acceptor, h2_offered, state.clone()));
+    Ok(MockWebhook {
+        addr,
+        state,
+        accept_task,
+    })
+}
+
+impl MockWebhook {
+    /// The bound address (with the real port when `bind` used port 0).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `https://<addr><path>`; an unspecified bind address becomes loopback.
+    /// The server certificate covers 127.0.0.1 and ::1.
+    pub fn url(&self, path: &str) -> String {
+        let mut addr = self.addr;
+        if addr.ip().is_unspecified() {
+            addr.set_ip(match addr.ip() {
+                IpAddr::V4(_) => Ipv4Addr::LOCALHOST.into(),
+                IpAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+            });
+        }
+        format!("https://{addr}{path}")
+    }
+
+    /// Copies of every request recorded so far, in arrival order.
+    pub fn received(&self) -> Vec<ReceivedRequest> {
+        lock(&self.state.requests).clone()
+    }
+
+    /// Number of requests recorded so far (no copying).
+    pub fn received_count(&self) -> usize {
+        *self.state.count.borrow()
+    }
+
+    /// Waits until at least `n` requests were recorded or `timeout` passed,
+    /// then returns all recorded requests (possibly fewer than `n`).
+    pub async fn wait_for(&self, n: usize, timeout: Duration) -> Vec<ReceivedRequest> {
+        let mut rx = self.state.count.subscribe();
+        // The sender lives in `self.state`, so `wait_for` cannot fail with
+        // "closed" here; the timeout bounds the wait either way.
+        let _ = tokio::time::timeout(timeout, rx.wait_for(|count| *count >= n)).await;
+        self.received()
+    }
+
+    /// Verifies the signature of every later request to `path` under `key`.
+    pub fn set_signing_key(&self, path: &str, key: Vec<u8>) {
+        lock(&self.state.signing_keys).insert(path.to_string(), key);
+    }
+
+    /// The next requests to `path` get `responses` in order, then
+    /// `default_status`. Appends to any answers still queued for `path`.
+    pub fn script(&self, path: &str, responses: Vec<ScriptedResponse>) {
+        lock(&self.state.scripts)
+            .entry(path.to_string())
+            .or_default()
+            .extend(responses);
+    }
+
+    /// Forgets recorded requests (scripts and keys stay).
+    pub fn clear_received(&self) {
+        let mut requests = lock(&self.state.requests);
+        requests.clear();
+        self.state.count.send_replace(0);
+    }
+
+    /// Stops accepting and aborts open connections; waits for the listener to close.
+    pub async fn shutdown(mut self) {
+        self.accept_task.abort();
+        let _ = (&mut self.accept_task).await;
+    }
+}
+
+impl Drop for MockWebhook {
+    fn drop(&mut self) {
+        // Dropping the accept task drops its JoinSet, which aborts every connection.
+        self.accept_task.abort();
+    }
+}
+
+/// Poison-tolerant lock: a panicking test thread must not wedge the mock.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+    h2_offered: bool,
+    state: Arc<State>,
+) {
+    // Owns the connection tasks: aborted together with this loop.
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, _peer)) => {
+                    connections.spawn(serve_connection(tcp, acceptor.clone(), h2_offered, state.clone()));
+                }
+                Err(error) => {
+                    // E.g. out of file descriptors under load: back off briefly.
+                    tracing::warn!(%error, "mock webhook accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            // Reap finished connections so the set does not grow without bound.
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+}
+
+async fn serve_connection(
+    tcp: TcpStream,
+    acceptor: TlsAcceptor,
+    h2_offered: bool,
+    state: Arc<State>,
+) {
+    let _ = tcp.set_nodelay(true);
+    let tls = match acceptor.accept(tcp).await {
+        Ok(tls) => tls,
+        Err(error) => {
+            tracing::debug!(%error, "mock webhook TLS handshake failed");
+            return;
+        }
+    };
+    // Pick the protocol from ALPN; without ALPN, sniff the preface only if h2 is offered.
+    let negotiated = tls.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new());
+    builder.http2().timer(TokioTimer::new());
+    let builder = match negotiated.as_deref() {
+        Some(ALPN_H2) => builder.http2_only(),
+        Some(_) => builder.http1_only(),
+        None if !h2_offered => builder.http1_only(),
+        None => builder,
+    };
+    let service = service_fn(move |req| handle(req, state.clone()));
+    if let Err(error) = builder.serve_connection(TokioIo::new(tls), service).await {
+        tracing::debug!(%error, "mock webhook connection ended with error");
+    }
+}
+
+async fn handle(
+    req: Request<Incoming>,
+    state: Arc<State>,
+) -> Result<Response<Empty<Bytes>>, Infallible> {
+    let received_at = SystemTime::now();
+    let (parts, body) = req.into_parts();
+    let body = match body.collect().await {
+        Ok(collected) => collected.to_bytes(),
+        // The client went away mid-body: nothing to answer.
+        Err(_) => Bytes::new(),
+    };
+    let path = parts.uri.path().to_string();
+    let headers: Vec<(String, String)> = parts
+        .headers
+        .iter()
+        .map(|(name, value)| {
+            let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
+            (name.as_str().to_string(), value)
+        })
+        .collect();
+
+    let key = lock(&state.signing_keys).get(&path).cloned();
+    let signature_valid = key.map(|key| verify_request(&key, &parts.headers, &body));
+    let scripted = lock(&state.scripts)
+        .get_mut(&path)
+        .and_then(VecDeque::pop_front)
+        .unwrap_or_else(|| ScriptedResponse::status(state.default_status));
+
+    // Record before any delay so tests see requests whose answer is still pending.
+    {
+        let mut requests = lock(&state.requests);
+        requests.push(ReceivedRequest {
+            received_at,
+            method: parts.method.to_string(),
+            path,
+            version: format!("{:?}", parts.version),
+            headers,
+            body,
+            signature_valid,
+            status_sent: scripted.status,
+        });
+        state.count.send_replace(requests.len());
+    }
+
+    let delay = state.latency + scripted.delay;
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    Ok(build_response(&scripted))
+}
+
+fn build_response(scripted: &ScriptedResponse) -> Response<Empty<Bytes>> {
+    // An invalid scripted status (not 100..=999) is answered as 500.
+    let status = StatusCode::from_u16(scripted.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = Response::builder().status(status);
+    if let Some(value) = &scripted.retry_after {
+        response = response.header(http::header::RETRY_AFTER, value);
+    }
+    if let Some(value) = &scripted.location {
+        response = response.header(http::header::LOCATION, value);
+    }
+    response.body(Empty::new()).unwrap_or_else(|_| {
+        // Only an invalid header value gets here.
+        let mut fallback = Response::new(Empty::new());
+        *fallback.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+        fallback
+    })
+}
+
+/// Verifies whichever signature scheme the request carries; no signature is invalid.
+fn verify_request(key: &[u8], headers: &http::HeaderMap, body: &[u8]) -> bool {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    if let Some(signature) = header("webhook-signature") {
+        let (Some(id), Some(timestamp)) = (header("webhook-id"), header("webhook-timestamp"))
+        else {
+            return false;
+        };
+        verify_standard_webhooks(key, id, timestamp, body, signature)
+    } else if let Some(signature) = header("x-gim-signature") {
+        verify_gim_signature(key, signature, body)
+    } else {
+        false
+    }
+}
+
+/// HMAC-SHA256 over `{id}.{timestamp}.` followed by `body`.
+fn standard_webhooks_mac(key: &[u8], id: &str, timestamp: &str, body: &[u8]) -> HmacSha256 {
+    // HMAC accepts keys of any length, so this cannot fail.
+    let mut mac = HmacSha256::new_from_slice(key).expect("HMAC takes any key length");
+    mac.update(id.as_bytes());
+    mac.update(b".");
+    mac.update(timestamp.as_bytes());
+    mac.update(b".");
+    mac.update(body);
+    mac
+}
+
+/// The Standard Webhooks v1 signature header value: `v1,<base64 HMAC>`.
+pub fn standard_webhooks_signature(key: &[u8], id: &str, timestamp: &str, body: &[u8]) -> String {
+    let tag = standard_webhooks_mac(key, id, timestamp, body)
+        .finalize()
+        .into_bytes();
+    format!("v1,{}", BASE64.encode(tag))
+}
+
+/// True when any space-separated `v1,<base64>` entry of `signature_header`
+/// matches (constant-time compare). Other versions are ignored.
+pub fn verify_standard_webhooks(
+    key: &[u8],
+    id: &str,
+    timestamp: &str,
+    body: &[u8],
+    signature_header: &str,
+) -> bool {
+    let mac = standard_webhooks_mac(key, id, timestamp, body);
+    signature_header
+        .split_ascii_whitespace()
+        .filter_map(|entry| entry.strip_prefix("v1,"))
+        .filter_map(|b64| BASE64.decode(b64).ok())
+        .any(|tag| mac.clone().verify_slice(&tag).is_ok())
+}
+
+/// Spec 003 §2.2: `t=<unix seconds>,v1=<hex HMAC-SHA256 over "{t}." ‖ body>`.
+/// True when a `v1` entry matches. No replay window is enforced.
+pub fn verify_gim_signature(key: &[u8], signature_header: &str, body: &[u8]) -> bool {
+    let pairs: Vec<(&str, &str)> = signature_header
+        .split(',')
+        .filter_map(|pair| pair.trim().split_once('='))
+        .collect();
+    let Some(t) = pairs.iter().find(|(k, _)| *k == "t").map(|(_, v)| *v) else {
+        return false;
+    };
+    let mut mac = HmacSha256::new_from_slice(key).expect("HMAC takes any key length");
+    mac.update(t.as_bytes());
+    mac.update(b".");
+    mac.update(body);
+    pairs
+        .iter()
+        .filter(|(k, _)| *k == "v1")
+        .filter_map(|(_, v)| hex::decode(v).ok())
+        .any(|tag| mac.clone().verify_slice(&tag).is_ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::Full;
+    use hyper_rustls::HttpsConnectorBuilder;
+    use hyper_util::client::legacy::Client;
+    use hyper_util::client::legacy::connect::HttpConnector;
+
+    type TestClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+    const KEY: [u8; 32] = [7; 32];
+    const BODY: &str = r#"{"topic":"AQID","sequence_id":"9007199254740993","recipient_id":"0101"}"#;
+    const WAIT: Duration = Duration::from_secs(5);
+
+    #[derive(Clone, Copy)]
+    enum Proto {
+        Http1,
+        Http2,
+        Any,
+    }
+
+    /// A hyper-util client trusting the test CA, pinned to one protocol or ALPN-negotiated.
+    fn client(pki: &TestPki, proto: Proto) -> TestClient {
+        let mut tls = (*pki.client_config()).clone();
+        tls.alpn_protocols.clear(); // hyper-rustls sets ALPN from the enabled versions
+        let builder = HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_only();
+        let connector = match proto {
+            Proto::Http1 => builder.enable_http1().build(),
+            Proto::Http2 => builder.enable_http2().build(),
+            Proto::Any => builder.enable_all_versions().build(),
+        };
+        Client::builder(TokioExecutor::new())
+            .http2_only(matches!(proto, Proto::Http2))
+            .build(connector)
+    }
+
+    /// POSTs `body` with Standard Webhooks headers signed under `key`.
+    async fn post_signed(
+        client: &TestClient,
+        url: &str,
+        key: &[u8],
+        body: &str,
+    ) -> Response<Incoming> {
+        let timestamp = "1700000000";
+        let signature = standard_webhooks_signature(key, "msg-1", timestamp, body.as_bytes());
+        let request = Request::post(url)
+            .header("content-type", "application/json")
+            .header("webhook-id", "msg-1")
+            .header("webhook-timestamp", timestamp)
+            .header("webhook-signature", signature)
+            .body(Full::new(Bytes::from(body.to_string())))
+            .unwrap();
+        client.request(request).await.unwrap()
+    }
+
+    #[test]
+    fn standard_webhooks_test_vector() {
+        let expected = "v1,IszeBLRjxb7spJ5RLi+KW0w/aK3Buioq9E6jl3MKWZw=";
+        let body = BODY.as_bytes();
+        assert_eq!(
+            standard_webhooks_signature(&KEY, "fixed-id", "1700000000", body),
+            expected
+        );
+        assert!(verify_standard_webhooks(
+            &KEY,
+            "fixed-id",
+            "1700000000",
+            body,
+            expected
+        ));
+        // Several signatures, one valid, others of unknown version or wrong.
+        let several = format!("v1a,xyz v1,AAAA {expected}");
+        assert!(verify_standard_webhooks(
+            &KEY,
+            "fixed-id",
+            "1700000000",
+            body,
+            &several
+        ));
+        // Wrong key, id, timestamp, body, or garbage.
+        assert!(!verify_standard_webhooks(
+            &[8; 32],
+            "fixed-id",
+            "1700000000",
+            body,
+            expected
+        ));
+        assert!(!verify_standard_webhooks(
+            &KEY,
+            "other-id",
+            "1700000000",
+            body,
+            expected
+        ));
+        assert!(!verify_standard_webhooks(
+            &KEY,
+            "fixed-id",
+            "1700000001",
+            body,
+            expected
+        ));
+        assert!(!verify_standard_webhooks(
+            &KEY,
+            "fixed-id",
+            "1700000000",
+            b"{}",
+            expected
+        ));
+        assert!(!verify_standard_webhooks(
+            &KEY,
+            "fixed-id",
+            "1700000000",
+            body,
+            "v1,!!"
+        ));
+        assert!(!verify_standard_webhooks(
+            &KEY,
+            "fixed-id",
+            "1700000000",
+            body,
+            ""
+        ));
+    }
+
+    #[test]
+    fn gim_signature_test_vector() {
+        let key = b"example-secret-0123456789abcdef0123";
+        let body =
+            br#"{"v":1,"hub_id":"hubexample","delivery_id":"3f1c0d9a8b7e6f5a4b3c2d1e0f9a8b7c"}"#;
+        let header =
+            "t=1760600000,v1=41f7f7c39db767f966e6c1cd60c6a460266194f33b271d1244ac9bb7b38e544e";
+        assert!(verify_gim_signature(key, header, body));
+        assert!(!verify_gim_signature(key, header, b"{}"));
+        assert!(!verify_gim_signature(
+            key,
+            "t=1760600001,v1=41f7f7c39db767f966e6c1cd60c6a460266194f33b271d1244ac9bb7b38e544e",
+            body
+        ));
+        assert!(!verify_gim_signature(key, "v1=41f7", body));
+    }
+
+    #[tokio::test]
+    async fn records_requests_over_http2() {
+        let pki = TestPki::generate(&[]).unwrap();
+        let mock = start(&pki, MockWebhookConfig::default()).await.unwrap();
+        let client = client(&pki, Proto::Http2);
+
+        let response = post_signed(&client, &mock.url("/hook?x=1"), &KEY, BODY).await;
+        assert_eq!(response.status(), 200);
+
+        let received = mock.wait_for(1, WAIT).await;
+        assert_eq!(received.len(), 1);
+        let request = &received[0];
+        assert_eq!(request.method, "POST");
+        assert_eq!(request.path, "/hook");
+        assert_eq!(request.version, "HTTP/2.0");
+        assert_eq!(request.header("Content-Type"), Some("application/json"));
+        assert_eq!(request.header("webhook-id"), Some("msg-1"));
+        assert_eq!(request.body, BODY.as_bytes());
+        let json = request.json().unwrap();
+        assert_eq!(json["sequence_id"], "9007199254740993");
+        assert_eq!(request.signature_valid, None); // no key set for /hook
+        assert_eq!(request.status_sent, 200);
+        assert!(request.received_at <= SystemTime::now());
+        assert_eq!(mock.received_count(), 1);
+    }
+
+    #[tokio::test]
+    async fn records_requests_over_http1() {
+        let pki = TestPki::generate(&[]).unwrap();
+        let mock = start(&pki, MockWebhookConfig::default()).await.unwrap();
+        let client = client(&pki, Proto::Http1);
+
+        let response = post_signed(&client, &mock.url("/h1"), &KEY, BODY).await;
+        assert_eq!(response.status(), 200);
+        let received = mock.wait_for(1, WAIT).await;
+        assert_eq!(received[0].version, "HTTP/1.1");
+        assert_eq!(received[0].body, BODY.as_bytes());
+    }
+
+    #[tokio::test]
+    async fn http1_only_config_downgrades_alpn() {
+        let pki = TestPki::generate(&[]).unwrap();
+        let mock = start(&pki, MockWebhookConfig::http1_only()).await.unwrap();
+        // The client offers h2 and http/1.1; the server picks http/1.1.
+        let client = client(&pki, Proto::Any);
+        let response = post_signed(&client, &mock.url("/h1"), &KEY, BODY).await;
+        assert_eq!(response.status(), 200);
+        assert_eq!(response.version(), http::Version::HTTP_11);
+        assert_eq!(mock.wait_for(1, WAIT).await[0].version, "HTTP/1.1");
+
+        // And with both offered, ALPN picks h2.
+        let both = start(&pki, MockWebhookConfig::default()).await.unwrap();
+        let response = post_signed(&client, &both.url("/h2"), &KEY, BODY).await;
+        assert_eq!(response.version(), http::Version::HTTP_2);
+    }
+
+    #[tokio::test]
+    async fn script_answers_in_order_then_default() {
+        let pki = TestPki::generate(&[]).unwrap();
+        let config = MockWebhookConfig {
+            default_status: 204,
+            ..Default::default()
+        };
+        let mock = start(&pki, config).await.unwrap();
+        mock.script(
+            "/scripted",
+            vec![
+                ScriptedResponse::status(503).with_retry_after("7"),
+                ScriptedResponse::status(307).with_location("https://127.0.0.1:1/elsewhere"),
+                ScriptedResponse::status(200),
+            ],
+        );
+        let client = client(&pki, Proto::Http2);
+        let url = mock.url("/scripted");
+
+        let first = post_signed(&client, &url, &KEY, BODY).await;
+        assert_eq!(first.status(), 503);
+        assert_eq!(first.headers()["retry-after"], "7");
+
+        // Another path is not affected by the script.
+        let other = post_signed(&client, &mock.url("/other"), &KEY, BODY).await;
+        assert_eq!(other.status(), 204);
+
+        let second = post_signed(&client, &url, &KEY, BODY).await;
+        assert_eq!(second.status(), 307);
+        assert_eq!(
+            second.headers()["location"],
+            "https://127.0.0.1:1/elsewhere"
+        );
+        assert!(second.headers().get("retry-after").is_none());
+
+        assert_eq!(post_signed(&client, &url, &KEY, BODY).await.status(), 200);
+        assert_eq!(post_signed(&client, &url, &KEY, BODY).await.status(), 204);
+
+        let statuses: Vec<u16> = mock.received().iter().map(|r| r.status_sent).collect();
+        assert_eq!(statuses, vec![503, 204, 307, 200, 204]);
+    }
+
+    #[tokio::test]
+    async fn verifies_signatures_per_path() {
+        let pki = TestPki::generate(&[]).unwrap();
+        let mock = start(&pki, MockWebhookConfig::default()).await.unwrap();
+        mock.set_signing_key("/signed", KEY.to_vec());
+        let client = client(&pki, Proto::Http2);
+
+        post_signed(&client, &mock.url("/signed"), &KEY, BODY).await;
+        post_signed(&client, &mock.url("/signed"), &[9; 32], BODY).await;
+        // No signature headers at all.
+        let unsigned = Request::post(mock.url("/signed"))
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .unwrap();
+        client.request(unsigned).await.unwrap();
+        post_signed(&client, &mock.url("/unsigned-path"), &KEY, BODY).await;
+
+        let valid: Vec<Option<bool>> = mock
+            .wait_for(4, WAIT)
+            .await
+            .iter()
+            .map(|r| r.signature_valid)
+            .collect();
+        assert_eq!(valid, vec![Some(true), Some(false), Some(false), None]);
+    }
+
+    #[tokio::test]
+    async fn delayed_answer_is_recorded_before_it_is_sent() {
+        let pki = TestPki::generate(&[]).unwrap();
+        let mock = start(&pki, MockWebhookConfig::default()).await.unwrap();
+        mock.script(
+            "/slow",
+            vec![ScriptedResponse::status(200).with_delay(Duration::from_secs(30))],
+        );
+        let client = client(&pki, Proto::Http2);
+        let url = mock.url("/slow");
+        let request = post_signed(&client, &url, &KEY, BODY);
+        // The client gives up long before the mock answers.
+        let outcome = tokio::time::timeout(Duration::from_millis(300), request).await;
+        assert!(
+            outcome.is_err(),
+            "the mock answered despite the scripted delay"
+        );
+        assert_eq!(mock.wait_for(1, WAIT).await.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn wait_for_times_out_without_hanging() {
+        let pki = TestPki::generate(&[]).unwrap();
+        let mock = start(&pki, MockWebhookConfig::default()).await.unwrap();
+        let started = std::time::Instant::now();
+        let received = mock.wait_for(1, Duration::from_millis(200)).await;
+        assert!(received.is_empty());
+        let elapsed = started.elapsed();
+        assert!(elapsed >= Duration::from_millis(200) && elapsed < Duration::from_secs(5));
+        // n = 0 returns at once.
+        assert!(mock.wait_for(0, Duration::from_secs(60)).await.is_empty());
+    }
+
+    #[tokio::test]
+    async fn shutdown_closes_the_listener() {
+        let pki = TestPki::generate(&[]).unwrap();
+        let mock = start(&pki, MockWebhookConfig::default()).await.unwrap();
+        let addr = mock.addr();
+        mock.shutdown().await;
+        assert!(TcpStream::connect(addr).await.is_err());
+    }
+}
