@@ -1,1 +1,8 @@
+//! Helpers for fanout's end-to-end tests: the engine process, a DNS server and
+//! request builders. Every socket is on 127.0.0.1.
+
+pub mod client;
 pub mod dns;
+pub mod engine;
+
+pub use engine::{EngineConfig, Fanout};

@@ -2,7 +2,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 /// A rustls client config trusting the system roots plus `extra_ca_files`
-/// (PEM), offering HTTP/2 and HTTP/1.1 by ALPN.
+/// (PEM). ALPN (h2, http/1.1) is set by the HTTPS connector that uses it.
 pub fn client_tls_config(extra_ca_files: &[PathBuf]) -> Result<rustls::ClientConfig, String> {
     let mut roots = rustls::RootCertStore::empty();
     // System roots are best effort: a container without them still works with
@@ -24,11 +24,10 @@ pub fn client_tls_config(extra_ca_files: &[PathBuf]) -> Result<rustls::ClientCon
         }
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+    let config = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?
         .with_root_certificates(roots)
         .with_no_client_auth();
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(config)
 }

@@ -1,0 +1,55 @@
+use std::path::PathBuf;
+use std::time::Duration;
+
+use fanout_loadtest::{MockWebhook, MockWebhookConfig, TestPki, start_mock_webhook};
+use fanout_proto::v1 as pb;
+use fanout_tests::client::Recipient;
+use fanout_tests::{EngineConfig, Fanout};
+
+/// A mock webhook receiver with its own CA, and an engine that trusts it.
+pub struct WebhookSetup {
+    pub fanout: Fanout,
+    pub receiver: MockWebhook,
+    pub _pki: TestPki,
+    pub _ca_dir: tempfile::TempDir,
+}
+
+pub async fn webhook_setup(config: EngineConfig) -> WebhookSetup {
+    webhook_setup_with(config, MockWebhookConfig::default()).await
+}
+
+pub async fn webhook_setup_with(mut config: EngineConfig, receiver: MockWebhookConfig) -> WebhookSetup {
+    let pki = TestPki::generate(&["receiver.fanout.test"]).expect("pki");
+    let ca_dir = tempfile::tempdir().expect("tempdir");
+    let ca: PathBuf = ca_dir.path().join("ca.pem");
+    pki.write_ca(&ca).expect("write ca");
+    config.ca_file = Some(ca);
+    let receiver = start_mock_webhook(&pki, receiver).await.expect("mock webhook");
+    let fanout = Fanout::start(config).await.expect("start fanout");
+    WebhookSetup { fanout, receiver, _pki: pki, _ca_dir: ca_dir }
+}
+
+/// Registers `recipient` at `path` of the receiver and subscribes it to `topics`.
+pub async fn register_webhook(setup: &WebhookSetup, recipient: &Recipient, path: &str, key: &[u8], topics: Vec<pb::Subscription>) {
+    let mut client = setup.fanout.notifications().await.expect("client");
+    setup.receiver.set_signing_key(path, key.to_vec());
+    client.register(recipient.register_http(&setup.receiver.url(path), key)).await.expect("register");
+    if !topics.is_empty() {
+        client.update_subscriptions(recipient.update(topics, vec![])).await.expect("subscribe");
+    }
+}
+
+pub async fn publish(fanout: &Fanout, envelopes: Vec<pb::Envelope>) -> Vec<pb::PublishResult> {
+    let mut publisher = fanout.publisher().await.expect("publisher");
+    publisher.publish(pb::PublishRequest { envelopes }).await.expect("publish").into_inner().results
+}
+
+pub fn sequence_id(result: &pb::PublishResult) -> u64 {
+    match result.result {
+        Some(pb::publish_result::Result::SequenceId(s)) => s,
+        ref other => panic!("envelope not stored: {other:?}"),
+    }
+}
+
+/// Long enough for a delivery on loopback, short enough to fail fast.
+pub const DELIVERY_WAIT: Duration = Duration::from_secs(15);
