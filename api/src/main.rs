@@ -53,7 +53,11 @@ fn main() -> anyhow::Result<()> {
         Command::Serve { config } => {
             let config = Config::load(config.as_deref())?;
             init_logging(&config);
-            tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(serve(config))
+            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            let result = runtime.block_on(serve(config));
+            // Do not wait on stray blocking tasks once everything has drained.
+            runtime.shutdown_timeout(Duration::from_secs(1));
+            result
         }
     }
 }
@@ -125,11 +129,15 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let http_task = tokio::spawn(http_server);
 
     shutdown_signal().await;
+    let drain = Duration::from_secs(config.server.drain_timeout_seconds);
     tracing::info!("shutting down: no new requests; draining attempts in flight");
     let _ = shutdown_tx.send(true);
-    let _ = grpc_task.await;
-    let _ = http_task.await;
-    engine.shutdown(Duration::from_secs(config.server.drain_timeout_seconds)).await;
+    // Open client connections may hold a graceful gRPC shutdown: bound it.
+    if tokio::time::timeout(drain, grpc_task).await.is_err() {
+        tracing::warn!("gRPC connections did not close within the drain timeout");
+    }
+    let _ = tokio::time::timeout(drain, http_task).await;
+    engine.shutdown(drain).await;
     tracing::info!("stopped");
     Ok(())
 }

@@ -101,7 +101,7 @@ impl Fanout {
         let mut text = format!(
             "[server]\ngrpc_listen = \"{}\"\nhttp_listen = \"{}\"\ndrain_timeout_seconds = 5\n\n\
              [store]\npath = {}\n\n[log]\nlevel = \"info\"\n\n\
-             [engine]\nshard_count = {}\n{}\n\n[engine.dispatch]\npoll_interval_ms = 100\n\n",
+             [engine]\nshard_count = {}\n{}\n\n",
             self.grpc,
             self.http,
             quote(&self.dir.path().join("data").display().to_string()),
@@ -131,6 +131,8 @@ impl Fanout {
             .arg("serve")
             .arg("--config")
             .arg(&config_path)
+            // Idle shards look for work every 100 ms, so tests need not wait a second.
+            .env("FANOUT__ENGINE__DISPATCH__POLL_INTERVAL_MS", "100")
             .envs(self.config.env.iter().cloned())
             .stdout(Stdio::null())
             .stderr(log)
@@ -193,10 +195,19 @@ impl Fanout {
             }
             if Instant::now() > deadline {
                 let _ = child.kill();
-                bail!("fanout did not exit within 30 s of SIGTERM");
+                bail!("fanout did not exit within 30 s of SIGTERM; log:\n{}", self.log());
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// Takes effect at the next `restart`.
+    pub fn set_config(&mut self, config: EngineConfig) {
+        self.config = config;
     }
 
     /// Starts the process again on the same ports, config and data directory.

@@ -2,6 +2,11 @@
 //! `fanout-loadtest`, real sockets on 127.0.0.1 only. One test binary, one
 //! module per concern.
 
+mod admission;
 mod common;
 mod delivery;
+mod dispatch;
 mod replay;
+mod subscriptions;
+mod webhook_outcomes;
+mod webhook_safety;
