@@ -7,7 +7,7 @@ use fanout_proto::v1 as pb;
 use pb::notification_service_server::NotificationService;
 use tonic::{Request, Response, Status};
 
-use super::status::admission_status;
+use super::status::{admission_status, record_rpc};
 
 pub struct NotificationApi {
     pub registry: Arc<Registry>,
@@ -15,26 +15,8 @@ pub struct NotificationApi {
 }
 
 impl NotificationApi {
-    fn count<T>(&self, method: &str, result: &Result<T, Status>) {
-        let code = match result {
-            Ok(_) => tonic::Code::Ok,
-            Err(s) => s.code(),
-        };
-        self.metrics.rpc_requests.with_label_values(&[method, code_label(code)]).inc();
-    }
-}
-
-fn code_label(code: tonic::Code) -> &'static str {
-    use tonic::Code::*;
-    match code {
-        Ok => "OK",
-        InvalidArgument => "INVALID_ARGUMENT",
-        NotFound => "NOT_FOUND",
-        PermissionDenied => "PERMISSION_DENIED",
-        FailedPrecondition => "FAILED_PRECONDITION",
-        ResourceExhausted => "RESOURCE_EXHAUSTED",
-        Unavailable => "UNAVAILABLE",
-        _ => "OTHER",
+    fn count<T>(&self, method: &'static str, result: &Result<T, Status>) {
+        record_rpc(&self.metrics, method, result);
     }
 }
 

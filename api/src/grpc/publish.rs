@@ -6,7 +6,7 @@ use pb::publish_service_server::PublishService;
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::status::store_status;
+use super::status::{record_rpc, store_status};
 
 pub struct PublishApi {
     pub ingest: Arc<Ingest>,
@@ -53,8 +53,9 @@ fn rejection(e: EnvelopeRejection) -> pb::PublishError {
 #[tonic::async_trait]
 impl PublishService for PublishApi {
     async fn publish(&self, request: Request<pb::PublishRequest>) -> Result<Response<pb::PublishResponse>, Status> {
-        let results = self.publish_batch(request.into_inner().envelopes).await?;
-        Ok(Response::new(pb::PublishResponse { results }))
+        let result = self.publish_batch(request.into_inner().envelopes).await;
+        record_rpc(&self.ingest.metrics, "Publish", &result);
+        Ok(Response::new(pb::PublishResponse { results: result? }))
     }
 
     async fn publish_stream(
@@ -63,9 +64,14 @@ impl PublishService for PublishApi {
     ) -> Result<Response<pb::PublishResponse>, Status> {
         let mut stream = request.into_inner();
         let mut results = Vec::new();
-        while let Some(batch) = stream.next().await {
-            results.extend(self.publish_batch(batch?.envelopes).await?);
+        let outcome: Result<(), Status> = async {
+            while let Some(batch) = stream.next().await {
+                results.extend(self.publish_batch(batch?.envelopes).await?);
+            }
+            Ok(())
         }
-        Ok(Response::new(pb::PublishResponse { results }))
+        .await;
+        record_rpc(&self.ingest.metrics, "PublishStream", &outcome);
+        outcome.map(|()| Response::new(pb::PublishResponse { results }))
     }
 }

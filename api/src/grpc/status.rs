@@ -1,3 +1,4 @@
+use fanout_engine::metrics::Metrics;
 use fanout_engine::registry::AdmissionError;
 use fanout_engine::store::StoreError;
 use tonic::Status;
@@ -20,4 +21,34 @@ pub fn admission_status(e: AdmissionError) -> Status {
 pub fn store_status(e: StoreError) -> Status {
     tracing::error!(error = %e, "storage error");
     Status::unavailable("storage unavailable")
+}
+
+/// Counts one RPC by method and status code, and logs a refusal. The span set
+/// in main.rs adds the request id; a status message names a rule only.
+pub fn record_rpc<T>(metrics: &Metrics, method: &'static str, result: &Result<T, Status>) {
+    let code = match result {
+        Ok(_) => "OK",
+        Err(status) => code_label(status.code()),
+    };
+    metrics.rpc_requests.with_label_values(&[method, code]).inc();
+    match result {
+        Ok(_) => tracing::debug!(method, code, "rpc"),
+        Err(status) => tracing::info!(method, code, reason = status.message(), "rpc refused"),
+    }
+}
+
+fn code_label(code: tonic::Code) -> &'static str {
+    use tonic::Code::*;
+    match code {
+        Ok => "OK",
+        InvalidArgument => "INVALID_ARGUMENT",
+        NotFound => "NOT_FOUND",
+        PermissionDenied => "PERMISSION_DENIED",
+        FailedPrecondition => "FAILED_PRECONDITION",
+        ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Unavailable => "UNAVAILABLE",
+        Cancelled => "CANCELLED",
+        DeadlineExceeded => "DEADLINE_EXCEEDED",
+        _ => "OTHER",
+    }
 }

@@ -22,6 +22,8 @@ pub enum ShardMsg {
     Pump,
     /// Every delivery of one page of window `window` had its first attempt.
     PageDone { window: u64 },
+    /// Shutdown: start no new window, finish the current one, then stop.
+    Drain,
 }
 
 /// Owns one topic shard's dispatch. Holds no durable state in memory: a
@@ -35,6 +37,7 @@ pub struct ShardState {
     next_window_id: u64,
     /// This shard's last contribution to the summed lag gauge.
     lag: i64,
+    draining: bool,
     ticker: tokio::task::JoinHandle<()>,
 }
 
@@ -74,7 +77,7 @@ impl Actor for ShardActor {
                 }
             }
         });
-        Ok(ShardState { shard, ctx, window: None, next_window_id: 0, lag: 0, ticker })
+        Ok(ShardState { shard, ctx, window: None, next_window_id: 0, lag: 0, draining: false, ticker })
     }
 
     async fn post_stop(&self, _: ActorRef<ShardMsg>, state: &mut ShardState) -> Result<(), ActorProcessingErr> {
@@ -97,7 +100,15 @@ impl Actor for ShardActor {
             }
             ShardMsg::Pump => state.pump(&myself).await,
             ShardMsg::PageDone { window } => state.page_done(&myself, window).await,
+            ShardMsg::Drain => {
+                state.draining = true;
+                Ok(())
+            }
         };
+        if state.draining && state.window.is_none() {
+            // The last window's checkpoint is stored: nothing is left in memory.
+            myself.stop(Some("drained".into()));
+        }
         if let Err(e) = result {
             // Drop the window; the next tick replays it from the durable checkpoint.
             state.ctx.metrics.store_errors.inc();
@@ -113,7 +124,7 @@ type StepResult = Result<(), crate::store::StoreError>;
 impl ShardState {
     /// Reads a window from the checkpoint up to the boundary, unless one runs.
     async fn start_window(&mut self, myself: &ActorRef<ShardMsg>) -> StepResult {
-        if self.window.is_some() {
+        if self.window.is_some() || self.draining {
             return Ok(());
         }
         let store = self.ctx.store.clone();

@@ -10,6 +10,8 @@ use crate::retention::RetentionArgs;
 pub enum SupervisorMsg {
     /// These shards stored new envelopes.
     Wake(Vec<ShardId>),
+    /// Let every shard finish its current window and stop; then stop.
+    Drain,
     /// Stop restarting children, then stop them and this actor.
     Shutdown,
 }
@@ -73,6 +75,15 @@ impl Actor for DispatchSupervisor {
                     }
                 }
             }
+            SupervisorMsg::Drain => {
+                state.stopping = true;
+                for actor in state.refs.values() {
+                    let _ = actor.cast(ShardMsg::Drain);
+                }
+                if state.refs.is_empty() {
+                    myself.stop(None);
+                }
+            }
             SupervisorMsg::Shutdown => {
                 state.stopping = true;
                 myself.stop(None);
@@ -96,6 +107,13 @@ impl Actor for DispatchSupervisor {
             _ => return Ok(()),
         };
         if state.stopping {
+            // Draining: stop once the last shard has stored its checkpoint.
+            if let Some(shard) = state.shards.remove(&cell.get_id()) {
+                state.refs.remove(&shard);
+            }
+            if state.refs.is_empty() {
+                myself.stop(None);
+            }
             return Ok(());
         }
         if let Some(shard) = state.shards.remove(&cell.get_id()) {

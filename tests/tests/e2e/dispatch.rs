@@ -4,6 +4,8 @@
 //! (PUSH-226), and a clean SIGTERM.
 
 use std::collections::HashMap;
+
+use base64::Engine as _;
 use std::time::Duration;
 
 use fanout_proto::v1 as pb;
@@ -18,14 +20,26 @@ use crate::common::*;
 /// Lets stragglers arrive before asserting that something did not.
 const QUIET: Duration = Duration::from_millis(1500);
 
-/// (recipient hex, sequence id) → pushes received, for valid signatures only.
-fn pushes(setup: &WebhookSetup) -> HashMap<(String, u64), usize> {
+/// A delivery as the receiver sees it: (recipient hex, topic base64, sequence
+/// id). Sequence ids are per shard, so the topic is part of the key.
+type Push = (String, String, u64);
+
+fn push_of(recipient: &Recipient, topic: &[u8], seq: u64) -> Push {
+    (recipient.id_hex(), base64::engine::general_purpose::STANDARD.encode(topic), seq)
+}
+
+/// Pushes received per delivery, for valid signatures only.
+fn pushes(setup: &WebhookSetup) -> HashMap<Push, usize> {
     let mut seen = HashMap::new();
     for r in setup.receiver.received() {
         assert_eq!(r.signature_valid, Some(true), "every push is signed");
         let j = r.json().expect("json body");
-        let key = (j["recipient_id"].as_str().unwrap().to_owned(), j["sequence_id"].as_str().unwrap().parse().unwrap());
-        *seen.entry(key).or_insert(0) += 1;
+        let push = (
+            j["recipient_id"].as_str().unwrap().to_owned(),
+            j["topic"].as_str().unwrap().to_owned(),
+            j["sequence_id"].as_str().unwrap().parse().unwrap(),
+        );
+        *seen.entry(push).or_insert(0) += 1;
     }
     seen
 }
@@ -66,13 +80,13 @@ async fn eligibility_and_the_delivery_condition() {
     )
     .await;
     let seq: Vec<u64> = published.iter().map(sequence_id).collect();
-    let (a, b) = (with_commits.id_hex(), without_commits.id_hex());
-    let expected: HashMap<(String, u64), usize> = [
-        ((a.clone(), seq[0]), 1),
-        ((b.clone(), seq[0]), 1),
-        ((a.clone(), seq[2]), 1),
-        ((a.clone(), seq[3]), 1),
-        ((a.clone(), seq[5]), 1),
+    let (a, b) = (&with_commits, &without_commits);
+    let expected: HashMap<Push, usize> = [
+        (push_of(a, &group, seq[0]), 1),
+        (push_of(b, &group, seq[0]), 1),
+        (push_of(a, &group, seq[2]), 1),
+        (push_of(a, &group, seq[3]), 1),
+        (push_of(a, &welcome, seq[5]), 1),
     ]
     .into_iter()
     .collect();
@@ -116,10 +130,9 @@ async fn senders_own_messages_are_suppressed_and_everything_else_fails_open() {
     )
     .await;
     let seq: Vec<u64> = published.iter().map(sequence_id).collect();
-    let (s, o) = (sender.id_hex(), other.id_hex());
-    let mut expected: HashMap<(String, u64), usize> = seq.iter().map(|q| ((o.clone(), *q), 1)).collect();
+    let mut expected: HashMap<Push, usize> = seq.iter().map(|q| (push_of(&other, &topic, *q), 1)).collect();
     for q in &seq[1..] {
-        expected.insert((s.clone(), *q), 1);
+        expected.insert(push_of(&sender, &topic, *q), 1);
     }
     setup.receiver.wait_for(expected.len(), DELIVERY_WAIT).await;
     tokio::time::sleep(QUIET).await;
@@ -191,7 +204,7 @@ async fn a_panicking_shard_actor_is_restarted_and_loses_nothing() {
         let seen = pushes(&setup);
         let missing = recipients
             .iter()
-            .flat_map(|r| seqs.iter().map(move |s| (r.id_hex(), *s)))
+            .flat_map(|r| seqs.iter().map(|s| push_of(r, &topic, *s)))
             .filter(|k| !seen.contains_key(k))
             .count();
         if missing == 0 {

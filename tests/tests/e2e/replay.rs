@@ -1,5 +1,6 @@
-//! PUSH-257 after a crash: a `kill -9` mid-window loses nothing; every
-//! delivery above the checkpoint is attempted again after the restart.
+//! PUSH-257 after a crash or a shutdown: a `kill -9` or a SIGTERM mid-window
+//! loses nothing; every delivery above the checkpoint is attempted again after
+//! the restart.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -14,15 +15,36 @@ use crate::common::*;
 const RECIPIENTS: usize = 60;
 const ENVELOPES: usize = 5;
 
+#[derive(Clone, Copy, Debug)]
+enum Stop {
+    Kill9,
+    Sigterm,
+}
+
 #[tokio::test]
 async fn kill_9_mid_window_replays_every_unattempted_delivery() {
+    stop_mid_window_and_restart(Stop::Kill9).await;
+}
+
+#[tokio::test]
+async fn sigterm_mid_window_exits_cleanly_and_the_restart_delivers_the_rest() {
+    stop_mid_window_and_restart(Stop::Sigterm).await;
+}
+
+async fn stop_mid_window_and_restart(stop: Stop) {
     // A slow receiver and few attempts in flight make the window long enough
     // to kill the engine in the middle of it.
     let config = EngineConfig {
         engine_extra: "[engine.delivery]\nworkers = 2\nmax_in_flight_per_worker = 4".into(),
         ..EngineConfig::default()
     };
-    let receiver = MockWebhookConfig { latency: Duration::from_millis(100), ..MockWebhookConfig::default() };
+    // For SIGTERM the window must outlast the 5 s drain timeout of the harness:
+    // 300 deliveries × 300 ms / 8 in flight ≈ 11 s.
+    let latency = Duration::from_millis(match stop {
+        Stop::Kill9 => 100,
+        Stop::Sigterm => 300,
+    });
+    let receiver = MockWebhookConfig { latency, ..MockWebhookConfig::default() };
     let mut setup = webhook_setup_with(config, receiver).await;
     let topic = group_topic();
     let key = [7u8; 32];
@@ -36,7 +58,13 @@ async fn kill_9_mid_window_replays_every_unattempted_delivery() {
     // Kill once some, but far from all, deliveries have arrived.
     let total = RECIPIENTS * ENVELOPES;
     setup.receiver.wait_for(total / 10, DELIVERY_WAIT).await;
-    setup.fanout.kill9();
+    match stop {
+        Stop::Kill9 => setup.fanout.kill9(),
+        Stop::Sigterm => {
+            let status = setup.fanout.terminate().expect("terminate");
+            assert!(status.success(), "SIGTERM exit status {status}");
+        }
+    }
     let before_restart = setup.receiver.received_count();
     assert!(before_restart < total, "the kill came too late to test anything");
 
@@ -68,7 +96,7 @@ async fn kill_9_mid_window_replays_every_unattempted_delivery() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     eprintln!(
-        "kill -9 after {before_restart} of {total} deliveries; {} requests in all ({} repeats)",
+        "{stop:?} after {before_restart} of {total} deliveries; {} requests in all ({} repeats)",
         setup.receiver.received_count(),
         setup.receiver.received_count() - total
     );
