@@ -91,6 +91,17 @@ impl Fanout {
             config,
             child: None,
         };
+        // A free port can be taken between our check and the engine's bind:
+        // try again on new ports when that is why the start failed.
+        for _ in 0..3 {
+            match fanout.spawn().await {
+                Err(e) if e.to_string().contains("cannot listen") => {
+                    fanout.grpc.set_port(free_port());
+                    fanout.http.set_port(free_port());
+                }
+                other => return other.map(|()| fanout),
+            }
+        }
         fanout.spawn().await?;
         Ok(fanout)
     }
