@@ -31,7 +31,9 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
     let mut queue_open = true;
     loop {
         tokio::select! {
-            batch = queue.recv(), if queue_open && in_flight.len() < ctx.settings.max_in_flight_per_worker => {
+            batch = queue.recv(), if queue_open
+                && in_flight.len() < ctx.settings.max_in_flight_per_worker
+                && retries.len() < ctx.settings.max_retrying_per_worker => {
                 match batch {
                     Some(batch) => batch.into_iter().for_each(|d| attempt(&ctx, &mut in_flight, d)),
                     None => queue_open = false,
