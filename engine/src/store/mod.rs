@@ -3,10 +3,12 @@
 
 pub mod conformance;
 mod redb;
+mod scylla;
 
 use async_trait::async_trait;
 
 pub use self::redb::RedbStore;
+pub use self::scylla::{ScyllaSettings, ScyllaStore};
 use crate::domain::{
     Channel, DeliveryTarget, NewEnvelope, RecipientId, SecretHash, ShardId, StoredEnvelope,
     StoredSubscription, SubscriptionUpdate, Topic,
@@ -142,7 +144,10 @@ pub trait Store: Send + Sync + 'static {
     async fn advance_checkpoint(&self, shard: ShardId, checkpoint: u64) -> Result<(), StoreError>;
 
     /// One page of a topic's subscribers, ordered by recipient id, strictly after
-    /// `after` when given, at most `limit`.
+    /// `after` when given, at most `limit`. A page shorter than `limit` means the
+    /// topic has no subscriber after it: an implementation that skips a row (a
+    /// subscription whose recipient is gone) keeps reading to fill the page,
+    /// because dispatch stops paging at the first short page.
     async fn subscribers(
         &self,
         topic: &Topic,
