@@ -44,6 +44,8 @@ impl Delivery {
 #[derive(Clone)]
 pub struct DeliveryWorkers {
     queues: Arc<Vec<mpsc::Sender<Vec<Delivery>>>>,
+    /// fanout_delivery_queue_batches: incremented here, decremented by the worker.
+    queued: prometheus::IntGauge,
 }
 
 impl DeliveryWorkers {
@@ -56,7 +58,7 @@ impl DeliveryWorkers {
                 (tx, tokio::spawn(worker::run(ctx.clone(), rx)))
             })
             .unzip::<_, _, Vec<_>, Vec<_>>();
-        (Self { queues: Arc::new(queues) }, handles)
+        (Self { queues: Arc::new(queues), queued: ctx.metrics.delivery_queue.clone() }, handles)
     }
 
     /// Hands a batch to the workers that own its recipients. Waits while a
@@ -70,6 +72,7 @@ impl DeliveryWorkers {
         for (queue, part) in self.queues.iter().zip(parts) {
             if !part.is_empty() {
                 queue.send(part).await.map_err(|_| WorkersStopped)?;
+                self.queued.inc();
             }
         }
         Ok(())

@@ -35,7 +35,10 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
                 && in_flight.len() < ctx.settings.max_in_flight_per_worker
                 && retries.len() < ctx.settings.max_retrying_per_worker => {
                 match batch {
-                    Some(batch) => batch.into_iter().for_each(|d| attempt(&ctx, &mut in_flight, d)),
+                    Some(batch) => {
+                        ctx.metrics.delivery_queue.dec();
+                        batch.into_iter().for_each(|d| attempt(&ctx, &mut in_flight, d));
+                    }
                     None => queue_open = false,
                 }
             }
@@ -105,6 +108,7 @@ fn settle(ctx: &Arc<WorkerContext>, mut delivery: Delivery, outcome: Outcome, re
             delivery.all_gone &= gone;
             if delivery.attempts < ctx.max_attempts {
                 ctx.metrics.retries.with_label_values(&[channel]).inc();
+                ctx.metrics.retry_delay.with_label_values(&[channel]).observe(delay.as_secs_f64());
                 ctx.metrics.retry_queue.inc();
                 retries.insert(delivery, delay);
                 return;
@@ -127,10 +131,8 @@ fn settle(ctx: &Arc<WorkerContext>, mut delivery: Delivery, outcome: Outcome, re
             match ctx.store.delete_recipient_if_unchanged(&recipient).await {
                 Ok(true) => ctx.metrics.recipients_deleted.with_label_values(&["terminal"]).inc(),
                 Ok(false) => {}
-                Err(e) => {
-                    ctx.metrics.store_errors.inc();
-                    tracing::warn!(error = %e, "compare-and-delete after a terminal outcome failed");
-                }
+                // Counted and logged by the instrumented store.
+                Err(_) => {}
             }
         });
     }

@@ -111,7 +111,6 @@ impl Actor for ShardActor {
         }
         if let Err(e) = result {
             // Drop the window; the next tick replays it from the durable checkpoint.
-            state.ctx.metrics.store_errors.inc();
             tracing::warn!(shard = state.shard.0, error = %e, "dispatch step failed; window will be replayed");
             state.window = None;
         }

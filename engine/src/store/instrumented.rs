@@ -1,0 +1,139 @@
+//! A `Store` decorator that times every operation and counts backend errors by
+//! operation. Labels are operation names only (PUSH-254).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Instant;
+
+use async_trait::async_trait;
+
+use super::{Appended, Recipient, RecipientSummary, ShardPosition, Store, StoreError, Subscriber};
+use crate::domain::{
+    DeliveryTarget, NewEnvelope, RecipientId, SecretHash, ShardId, StoredEnvelope, StoredSubscription,
+    SubscriptionUpdate, Topic,
+};
+use crate::metrics::Metrics;
+
+/// Every operation name this decorator reports.
+pub const OPERATIONS: &[&str] = &[
+    "recipient",
+    "register",
+    "unregister",
+    "update_subscriptions",
+    "subscriptions",
+    "delete_recipient_if_unchanged",
+    "delete_expired",
+    "append",
+    "shard_position",
+    "read_window",
+    "advance_checkpoint",
+    "subscribers",
+];
+
+pub struct Instrumented {
+    inner: Arc<dyn Store>,
+    metrics: Arc<Metrics>,
+}
+
+impl Instrumented {
+    pub fn new(inner: Arc<dyn Store>, metrics: Arc<Metrics>) -> Self {
+        metrics.initialise_labels(OPERATIONS);
+        Self { inner, metrics }
+    }
+
+    async fn observe<T>(
+        &self,
+        operation: &'static str,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let started = Instant::now();
+        let result = call.await;
+        self.metrics.store_latency.with_label_values(&[operation]).observe(started.elapsed().as_secs_f64());
+        // NotFound, SecretMismatch and TopicLimit are answers, not failures.
+        if let Err(StoreError::Backend(e)) = &result {
+            self.metrics.store_errors.with_label_values(&[operation]).inc();
+            tracing::warn!(operation, error = %e, "storage operation failed");
+        }
+        result
+    }
+}
+
+#[async_trait]
+impl Store for Instrumented {
+    fn backend_name(&self) -> &'static str {
+        self.inner.backend_name()
+    }
+
+    async fn recipient(&self, id: &RecipientId) -> Result<Option<Recipient>, StoreError> {
+        self.observe("recipient", self.inner.recipient(id)).await
+    }
+
+    async fn register(
+        &self,
+        id: &RecipientId,
+        secret_hash: &SecretHash,
+        target: &DeliveryTarget,
+        now_ns: i64,
+    ) -> Result<RecipientSummary, StoreError> {
+        self.observe("register", self.inner.register(id, secret_hash, target, now_ns)).await
+    }
+
+    async fn unregister(&self, id: &RecipientId, secret_hash: &SecretHash) -> Result<(), StoreError> {
+        self.observe("unregister", self.inner.unregister(id, secret_hash)).await
+    }
+
+    async fn update_subscriptions(
+        &self,
+        id: &RecipientId,
+        secret_hash: &SecretHash,
+        update: &SubscriptionUpdate,
+        now_ns: i64,
+        max_topics: u64,
+    ) -> Result<RecipientSummary, StoreError> {
+        let call = self.inner.update_subscriptions(id, secret_hash, update, now_ns, max_topics);
+        self.observe("update_subscriptions", call).await
+    }
+
+    async fn subscriptions(&self, id: &RecipientId) -> Result<Vec<StoredSubscription>, StoreError> {
+        self.observe("subscriptions", self.inner.subscriptions(id)).await
+    }
+
+    async fn delete_recipient_if_unchanged(&self, expected: &Recipient) -> Result<bool, StoreError> {
+        self.observe("delete_recipient_if_unchanged", self.inner.delete_recipient_if_unchanged(expected)).await
+    }
+
+    async fn delete_expired(&self, renewed_before_ns: i64) -> Result<u64, StoreError> {
+        self.observe("delete_expired", self.inner.delete_expired(renewed_before_ns)).await
+    }
+
+    async fn append(&self, envelopes: &[NewEnvelope], now_ns: i64) -> Result<Vec<Appended>, StoreError> {
+        self.observe("append", self.inner.append(envelopes, now_ns)).await
+    }
+
+    async fn shard_position(&self, shard: ShardId) -> Result<ShardPosition, StoreError> {
+        self.observe("shard_position", self.inner.shard_position(shard)).await
+    }
+
+    async fn read_window(
+        &self,
+        shard: ShardId,
+        after: u64,
+        up_to: u64,
+        limit: usize,
+    ) -> Result<Vec<StoredEnvelope>, StoreError> {
+        self.observe("read_window", self.inner.read_window(shard, after, up_to, limit)).await
+    }
+
+    async fn advance_checkpoint(&self, shard: ShardId, checkpoint: u64) -> Result<(), StoreError> {
+        self.observe("advance_checkpoint", self.inner.advance_checkpoint(shard, checkpoint)).await
+    }
+
+    async fn subscribers(
+        &self,
+        topic: &Topic,
+        after: Option<&RecipientId>,
+        limit: usize,
+    ) -> Result<Vec<Subscriber>, StoreError> {
+        self.observe("subscribers", self.inner.subscribers(topic, after, limit)).await
+    }
+}
