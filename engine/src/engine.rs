@@ -7,7 +7,7 @@ use std::time::Duration;
 use ractor::{Actor, ActorRef};
 use tokio::task::JoinHandle;
 
-use crate::channel::{Channels, WebhookProvider, client_tls_config};
+use crate::channel::{ApnsProvider, Channels, FcmProvider, WebhookProvider, client_tls_config};
 use crate::delivery::{DeliveryWorkers, WorkerContext};
 use crate::dispatch::{DispatchContext, DispatchSupervisor, SupervisorArgs, SupervisorMsg};
 use crate::domain::ShardId;
@@ -16,7 +16,7 @@ use crate::metrics::Metrics;
 use crate::registry::Registry;
 use crate::retention::RetentionArgs;
 use crate::settings::EngineSettings;
-use crate::store::Store;
+use crate::store::{Instrumented, Store};
 use crate::webhook::{DomainPattern, HickoryResolver, HostResolver, WebhookPolicy};
 
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +47,7 @@ impl Engine {
     pub async fn start(settings: EngineSettings, store: Arc<dyn Store>, options: EngineOptions) -> Result<Self, EngineError> {
         settings.validate().map_err(EngineError::Config)?;
         let metrics = Arc::new(Metrics::new());
+        let store: Arc<dyn Store> = Arc::new(Instrumented::new(store, metrics.clone()));
         let http = settings.channels.http.clone().unwrap_or_default();
         let resolver: Arc<dyn HostResolver> =
             Arc::new(HickoryResolver::new(&http.dns_servers).map_err(|e| EngineError::Config(e.to_string()))?);
@@ -63,6 +64,12 @@ impl Engine {
         if settings.channels.http.is_some() {
             let tls = client_tls_config(&http.extra_ca_files).map_err(EngineError::Config)?;
             channels.http = Some(Arc::new(WebhookProvider::new(policy.clone(), resolver.clone(), tls, metrics.clone())));
+        }
+        if let Some(apns) = &settings.channels.apns {
+            channels.apns = Some(Arc::new(ApnsProvider::from_settings(apns, metrics.clone()).map_err(EngineError::Config)?));
+        }
+        if let Some(fcm) = &settings.channels.fcm {
+            channels.fcm = Some(Arc::new(FcmProvider::from_settings(fcm, metrics.clone()).map_err(EngineError::Config)?));
         }
         let (workers, worker_handles) = DeliveryWorkers::start(Arc::new(WorkerContext {
             settings: settings.delivery.clone(),
@@ -110,16 +117,24 @@ impl Engine {
         Ok(Self { registry, ingest, metrics, store, supervisor, supervisor_handle, worker_handles })
     }
 
-    /// Stops dispatch, then lets attempts in flight finish for up to `drain`.
-    /// Whatever did not finish is above the checkpoint and replayed at next start.
+    /// Graceful stop within `drain`: every shard finishes its current window
+    /// (first attempts answered, checkpoint stored) and stops; then the workers
+    /// finish what is in flight. Whatever does not finish in time stays above
+    /// the checkpoint and is replayed at the next start.
     pub async fn shutdown(self, drain: Duration) {
-        let _ = self.supervisor.cast(SupervisorMsg::Shutdown);
-        let _ = tokio::time::timeout(drain, self.supervisor_handle).await;
+        let deadline = tokio::time::Instant::now() + drain;
+        let _ = self.supervisor.cast(SupervisorMsg::Drain);
+        let mut supervisor = self.supervisor_handle;
+        if tokio::time::timeout_at(deadline, &mut supervisor).await.is_err() {
+            tracing::warn!("drain timeout reached with windows open; they will be replayed at next start");
+            let _ = self.supervisor.cast(SupervisorMsg::Shutdown);
+            let _ = tokio::time::timeout(Duration::from_secs(1), supervisor).await;
+        }
         // The workers end once every queue sender (held by the stopped shard
         // actors) is gone and their attempts have answered.
         drop(self.ingest);
-        let drained = tokio::time::timeout(drain, futures::future::join_all(self.worker_handles)).await;
-        if drained.is_err() {
+        let workers = futures::future::join_all(self.worker_handles);
+        if tokio::time::timeout_at(deadline, workers).await.is_err() {
             tracing::warn!("drain timeout reached; unfinished deliveries will be replayed at next start");
         }
     }

@@ -26,7 +26,12 @@ pub struct Metrics {
     pub window_duration: Histogram,
     pub dispatch_lag: IntGauge,
     pub shard_restarts: IntCounter,
-    pub store_errors: IntCounter,
+    pub store_errors: IntCounterVec,
+    pub store_latency: HistogramVec,
+    pub retry_delay: HistogramVec,
+    pub delivery_queue: IntGauge,
+    pub provider_token_refreshes: IntCounterVec,
+    pub provider_token_failures: IntCounterVec,
 }
 
 const LATENCY_BUCKETS: &[f64] =
@@ -113,8 +118,45 @@ impl Metrics {
             window_duration,
             dispatch_lag: gauge("fanout_dispatch_lag_envelopes", "Sum over shards of boundary minus checkpoint"),
             shard_restarts: counter("fanout_shard_restarts_total", "Shard actors restarted by the supervisor"),
-            store_errors: counter("fanout_store_errors_total", "Storage operations that failed"),
+            store_errors: counter_vec(
+                "fanout_store_errors_total",
+                "Storage operations that failed in the backend, by operation",
+                &["operation"],
+            ),
+            store_latency: histogram_vec(
+                "fanout_store_operation_seconds",
+                "Duration of storage operations, by operation",
+                &["operation"],
+            ),
+            retry_delay: histogram_vec(
+                "fanout_retry_delay_seconds",
+                "Delay before each scheduled retry, by channel",
+                &["channel"],
+            ),
+            delivery_queue: gauge(
+                "fanout_delivery_queue_batches",
+                "Batches waiting in the delivery workers' queues",
+            ),
+            provider_token_refreshes: counter_vec(
+                "fanout_provider_token_refreshes_total",
+                "Provider credentials (APNs provider token, FCM access token) obtained, by channel",
+                &["channel"],
+            ),
+            provider_token_failures: counter_vec(
+                "fanout_provider_token_failures_total",
+                "Provider credentials that could not be obtained, by channel",
+                &["channel"],
+            ),
             registry,
+        }
+    }
+
+    /// Creates the series of a label vector up front, so dashboards and alerts
+    /// see them at zero before the first event.
+    pub fn initialise_labels(&self, operations: &[&str]) {
+        for op in operations {
+            self.store_errors.with_label_values(&[op]);
+            self.store_latency.with_label_values(&[op]);
         }
     }
 

@@ -1,7 +1,10 @@
 //! Channels: one provider client per channel behind the `Provider` trait, each
 //! classifying the provider's answer into an `Outcome` (spec 000 section 7).
 
+mod apns;
 mod body;
+mod fcm;
+mod http2;
 mod outcome;
 mod tls;
 mod webhook;
@@ -10,7 +13,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
+pub use apns::{ApnsProvider, apns_body};
 pub use body::webhook_body;
+pub use fcm::{FcmProvider, fcm_body};
 pub use outcome::Outcome;
 pub use tls::client_tls_config;
 pub use webhook::WebhookProvider;

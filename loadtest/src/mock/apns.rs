@@ -1,0 +1,718 @@
+//! Mock APNs provider: HTTP/2 over TLS (ALPN `h2` only, as APNs), serving
+//! `POST /3/device/<token>`. It verifies the ES256 provider token against a
+//! configured public key, records every request, and answers from a script
+//! per device token (default: 200 with an `apns-id` header).
+//!
+//! Also holds what the APNs and FCM mocks share: [`ProviderRequest`], the
+//! request recorder and the TLS accept loop.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context as _;
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt as _, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use serde::Deserialize;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::{JoinHandle, JoinSet};
+use tokio_rustls::TlsAcceptor;
+
+use crate::tls::{ALPN_H2, TestPki};
+
+/// APNs refuses provider tokens older than this (ExpiredProviderToken).
+const PROVIDER_TOKEN_LIFETIME_SECS: u64 = 3600;
+
+/// How the mock listens, authenticates and answers by default.
+#[derive(Clone, Debug)]
+pub struct MockApnsConfig {
+    /// Listen address; port 0 picks a free port.
+    pub bind: SocketAddr,
+    /// Added before every answer.
+    pub latency: Duration,
+    /// Expected JWT `iss`.
+    pub team_id: String,
+    /// Expected JWT `kid`.
+    pub key_id: String,
+    /// The provider key's public half (SPKI PEM). With it, every request's
+    /// token is verified and an invalid one is answered 403
+    /// InvalidProviderToken; without it, `auth_valid` is `None`.
+    pub public_key_pem: Option<String>,
+}
+
+impl Default for MockApnsConfig {
+    fn default() -> Self {
+        MockApnsConfig {
+            bind: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0),
+            latency: Duration::ZERO,
+            team_id: "TEAM123456".into(),
+            key_id: "KEY1234567".into(),
+            public_key_pem: None,
+        }
+    }
+}
+
+/// One scripted APNs answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApnsReply {
+    pub status: u16,
+    /// Sent as `{"reason":"..."}`.
+    pub reason: Option<String>,
+    pub retry_after: Option<String>,
+    /// Wait before answering; longer than the client's timeout simulates a
+    /// provider that never answers.
+    pub delay: Duration,
+}
+
+impl ApnsReply {
+    /// 200, no body.
+    pub fn ok() -> Self {
+        Self::status(200)
+    }
+
+    /// `status` with no body.
+    pub fn status(status: u16) -> Self {
+        ApnsReply { status, reason: None, retry_after: None, delay: Duration::ZERO }
+    }
+
+    /// `status` with `{"reason":"<reason>"}`.
+    pub fn reason(status: u16, reason: &str) -> Self {
+        ApnsReply { reason: Some(reason.into()), ..Self::status(status) }
+    }
+
+    pub fn with_retry_after(mut self, value: impl Into<String>) -> Self {
+        self.retry_after = Some(value.into());
+        self
+    }
+
+    pub fn with_delay(mut self, delay: Duration) -> Self {
+        self.delay = delay;
+        self
+    }
+}
+
+/// A request as a provider mock received it.
+#[derive(Clone, Debug)]
+pub struct ProviderRequest {
+    pub received_at: SystemTime,
+    pub method: String,
+    /// URI path without the query, as sent (percent-encoded).
+    pub path: String,
+    /// "HTTP/2.0" or "HTTP/1.1".
+    pub version: String,
+    /// Names are lowercase; non-UTF-8 values are converted lossily.
+    pub headers: Vec<(String, String)>,
+    pub body: Bytes,
+    /// The device token (APNs: decoded from the path; FCM: `message.token`
+    /// of the body; empty for OAuth token requests).
+    pub token: String,
+    /// Whether the credential verified (APNs provider token, FCM access
+    /// token, OAuth assertion); `None` when the mock has no key to check with.
+    pub auth_valid: Option<bool>,
+    /// Status chosen for this request (possibly never delivered when delayed).
+    pub status_sent: u16,
+}
+
+impl ProviderRequest {
+    /// First value of header `name` (case-insensitive).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+
+    /// The body parsed as JSON, if it is JSON.
+    pub fn json(&self) -> Option<serde_json::Value> {
+        serde_json::from_slice(&self.body).ok()
+    }
+
+    /// The credential after `bearer `/`Bearer ` in `authorization`.
+    pub fn bearer(&self) -> Option<&str> {
+        bearer(self.header("authorization"))
+    }
+}
+
+fn bearer(authorization: Option<&str>) -> Option<&str> {
+    let value = authorization?;
+    let (scheme, credential) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then_some(credential.trim())
+}
+
+/// Records requests and lets tests wait for them.
+pub(super) struct Recorder {
+    requests: Mutex<Vec<ProviderRequest>>,
+    count: watch::Sender<usize>,
+}
+
+impl Recorder {
+    pub(super) fn new() -> Self {
+        Recorder { requests: Mutex::new(Vec::new()), count: watch::Sender::new(0) }
+    }
+
+    pub(super) fn record(&self, request: ProviderRequest) {
+        let mut requests = lock(&self.requests);
+        requests.push(request);
+        self.count.send_replace(requests.len());
+    }
+
+    pub(super) fn all(&self) -> Vec<ProviderRequest> {
+        lock(&self.requests).clone()
+    }
+
+    pub(super) fn count(&self) -> usize {
+        *self.count.borrow()
+    }
+
+    pub(super) fn clear(&self) {
+        lock(&self.requests).clear();
+        self.count.send_replace(0);
+    }
+
+    /// Waits until `done` holds for the recorded requests or `timeout` passed.
+    pub(super) async fn wait_until(
+        &self,
+        timeout: Duration,
+        done: impl Fn(&[ProviderRequest]) -> bool,
+    ) -> Vec<ProviderRequest> {
+        let mut rx = self.count.subscribe();
+        let wait = async {
+            loop {
+                if done(&lock(&self.requests)) {
+                    return;
+                }
+                // The sender lives in `self`, so this cannot fail while we wait.
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(timeout, wait).await;
+        self.all()
+    }
+
+    pub(super) async fn wait_for(&self, n: usize, timeout: Duration) -> Vec<ProviderRequest> {
+        self.wait_until(timeout, |r| r.len() >= n).await
+    }
+
+    pub(super) async fn wait_for_token(&self, token: &str, n: usize, timeout: Duration) -> Vec<ProviderRequest> {
+        self.wait_until(timeout, |r| r.iter().filter(|q| q.token == token).count() >= n)
+            .await
+            .into_iter()
+            .filter(|q| q.token == token)
+            .collect()
+    }
+}
+
+/// Poison-tolerant lock: a panicking test thread must not wedge the mock.
+pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// `https://<addr>`, with an unspecified address replaced by loopback.
+pub(super) fn base_url(addr: SocketAddr) -> String {
+    let mut addr = addr;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(match addr.ip() {
+            IpAddr::V4(_) => Ipv4Addr::LOCALHOST.into(),
+            IpAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    format!("https://{addr}")
+}
+
+/// Unix time in whole seconds.
+pub(super) fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// Lowercase header names and lossy values, for `ProviderRequest::headers`.
+pub(super) fn header_list(headers: &http::HeaderMap) -> Vec<(String, String)> {
+    headers
+        .iter()
+        .map(|(name, value)| (name.as_str().to_string(), String::from_utf8_lossy(value.as_bytes()).into_owned()))
+        .collect()
+}
+
+/// Decodes `%XX` escapes (and `+` as space when `plus_is_space`).
+pub(super) fn percent_decode(text: &str, plus_is_space: bool) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let escaped = (bytes[i] == b'%')
+            .then(|| bytes.get(i + 1..i + 3))
+            .flatten()
+            .and_then(|hex| u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok());
+        match (escaped, bytes[i]) {
+            (Some(byte), _) => {
+                out.push(byte);
+                i += 3;
+                continue;
+            }
+            (None, b'+') if plus_is_space => out.push(b' '),
+            (None, byte) => out.push(byte),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A JSON response.
+pub(super) fn json_response(status: u16, body: String, extra: &[(&str, String)]) -> Response<Full<Bytes>> {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut builder = Response::builder().status(status);
+    if !body.is_empty() {
+        builder = builder.header(http::header::CONTENT_TYPE, "application/json");
+    }
+    for (name, value) in extra {
+        builder = builder.header(*name, value.as_str());
+    }
+    builder.body(Full::new(Bytes::from(body))).unwrap_or_else(|_| {
+        // Only an invalid scripted header value gets here.
+        let mut fallback = Response::new(Full::new(Bytes::new()));
+        *fallback.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+        fallback
+    })
+}
+
+/// Accepts TLS connections and serves each with `handler` over HTTP/2 (and
+/// HTTP/1.1 when ALPN picked it and `http2_only` is false), until aborted.
+pub(super) async fn accept_loop<H, F>(listener: TcpListener, acceptor: TlsAcceptor, http2_only: bool, handler: H)
+where
+    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<Full<Bytes>>> + Send + 'static,
+{
+    // Owns the connection tasks: aborted together with this loop.
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, _peer)) => {
+                    connections.spawn(serve_connection(tcp, acceptor.clone(), http2_only, handler.clone()));
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "mock provider accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+}
+
+async fn serve_connection<H, F>(tcp: TcpStream, acceptor: TlsAcceptor, http2_only: bool, handler: H)
+where
+    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<Full<Bytes>>> + Send + 'static,
+{
+    let _ = tcp.set_nodelay(true);
+    let tls = match acceptor.accept(tcp).await {
+        Ok(tls) => tls,
+        Err(error) => {
+            tracing::debug!(%error, "mock provider TLS handshake failed");
+            return;
+        }
+    };
+    let negotiated_h2 = tls.get_ref().1.alpn_protocol() == Some(ALPN_H2);
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new());
+    builder.http2().timer(TokioTimer::new()).max_concurrent_streams(1000);
+    let builder = if negotiated_h2 || http2_only { builder.http2_only() } else { builder.http1_only() };
+    let service = service_fn(move |req| {
+        let handler = handler.clone();
+        async move { Ok::<_, Infallible>(handler(req).await) }
+    });
+    if let Err(error) = builder.serve_connection(TokioIo::new(tls), service).await {
+        tracing::debug!(%error, "mock provider connection ended with error");
+    }
+}
+
+/// An EC P-256 provider key, as Apple issues it (`.p8`: PEM PKCS#8).
+#[derive(Clone, Debug)]
+pub struct ApnsTestKey {
+    /// PEM PKCS#8 private key (the `.p8` file's content).
+    pub private_pem: String,
+    /// PEM SPKI public key (for [`MockApnsConfig::public_key_pem`]).
+    pub public_pem: String,
+}
+
+impl ApnsTestKey {
+    pub fn generate() -> anyhow::Result<Self> {
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).context("generating EC P-256 key")?;
+        Ok(ApnsTestKey { private_pem: key.serialize_pem(), public_pem: key.public_key_pem() })
+    }
+
+    /// Writes the private key as a `.p8` file.
+    pub fn write_p8(&self, path: &Path) -> anyhow::Result<()> {
+        std::fs::write(path, &self.private_pem).with_context(|| format!("writing APNs key to {}", path.display()))
+    }
+}
+
+#[derive(Deserialize)]
+struct ProviderClaims {
+    iss: String,
+    iat: u64,
+}
+
+/// Why a provider token was refused, as APNs would say it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TokenCheck {
+    Valid,
+    Missing,
+    Invalid,
+    Expired,
+}
+
+/// Verifies an APNs provider token: ES256 under `key`, `kid` = `key_id`,
+/// `iss` = `team_id`, `iat` not in the future and at most an hour old.
+pub fn verify_provider_token(jwt: &str, key: &DecodingKey, team_id: &str, key_id: &str) -> bool {
+    check_provider_token(Some(jwt), key, team_id, key_id) == TokenCheck::Valid
+}
+
+fn check_provider_token(jwt: Option<&str>, key: &DecodingKey, team_id: &str, key_id: &str) -> TokenCheck {
+    let Some(jwt) = jwt else {
+        return TokenCheck::Missing;
+    };
+    let mut validation = Validation::new(Algorithm::ES256);
+    validation.required_spec_claims.clear();
+    validation.validate_exp = false;
+    let Ok(data) = jsonwebtoken::decode::<ProviderClaims>(jwt, key, &validation) else {
+        return TokenCheck::Invalid;
+    };
+    if data.header.kid.as_deref() != Some(key_id) || data.claims.iss != team_id {
+        return TokenCheck::Invalid;
+    }
+    let now = unix_now();
+    if data.claims.iat > now + 60 {
+        return TokenCheck::Invalid;
+    }
+    if now.saturating_sub(data.claims.iat) > PROVIDER_TOKEN_LIFETIME_SECS {
+        return TokenCheck::Expired;
+    }
+    TokenCheck::Valid
+}
+
+struct State {
+    latency: Duration,
+    team_id: String,
+    key_id: String,
+    key: Option<DecodingKey>,
+    recorder: Recorder,
+    scripts: Mutex<HashMap<String, VecDeque<ApnsReply>>>,
+    seen_tokens: Mutex<HashSet<String>>,
+    expired_tokens: Mutex<HashSet<String>>,
+    next_id: AtomicU64,
+}
+
+/// A running mock APNs. The server stops when this is dropped.
+pub struct MockApns {
+    addr: SocketAddr,
+    state: Arc<State>,
+    accept_task: JoinHandle<()>,
+}
+
+/// Binds, then serves in a background task until the `MockApns` is dropped.
+pub async fn start(pki: &TestPki, config: MockApnsConfig) -> anyhow::Result<MockApns> {
+    let key = match &config.public_key_pem {
+        Some(pem) => {
+            Some(DecodingKey::from_ec_pem(pem.as_bytes()).context("the APNs public key is not an EC PEM key")?)
+        }
+        None => None,
+    };
+    let listener =
+        TcpListener::bind(config.bind).await.with_context(|| format!("binding mock APNs to {}", config.bind))?;
+    let addr = listener.local_addr()?;
+    let acceptor = TlsAcceptor::from(pki.server_config(&[ALPN_H2]));
+    let state = Arc::new(State {
+        latency: config.latency,
+        team_id: config.team_id,
+        key_id: config.key_id,
+        key,
+        recorder: Recorder::new(),
+        scripts: Mutex::new(HashMap::new()),
+        seen_tokens: Mutex::new(HashSet::new()),
+        expired_tokens: Mutex::new(HashSet::new()),
+        next_id: AtomicU64::new(1),
+    });
+    let handler_state = state.clone();
+    let handler = move |req| handle(req, handler_state.clone());
+    let accept_task = tokio::spawn(accept_loop(listener, acceptor, true, handler));
+    Ok(MockApns { addr, state, accept_task })
+}
+
+impl MockApns {
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `https://127.0.0.1:<port>`: the engine's `production_url`/`sandbox_url`.
+    pub fn base_url(&self) -> String {
+        base_url(self.addr)
+    }
+
+    /// Every request so far, in arrival order.
+    pub fn received(&self) -> Vec<ProviderRequest> {
+        self.state.recorder.all()
+    }
+
+    /// The requests for one device token, in arrival order.
+    pub fn received_for(&self, token: &str) -> Vec<ProviderRequest> {
+        self.received().into_iter().filter(|r| r.token == token).collect()
+    }
+
+    pub fn received_count(&self) -> usize {
+        self.state.recorder.count()
+    }
+
+    /// Waits until at least `n` requests arrived or `timeout` passed; returns all.
+    pub async fn wait_for(&self, n: usize, timeout: Duration) -> Vec<ProviderRequest> {
+        self.state.recorder.wait_for(n, timeout).await
+    }
+
+    /// Waits until at least `n` requests for `token` arrived or `timeout`
+    /// passed; returns those for `token`.
+    pub async fn wait_for_token(&self, token: &str, n: usize, timeout: Duration) -> Vec<ProviderRequest> {
+        self.state.recorder.wait_for_token(token, n, timeout).await
+    }
+
+    /// The next requests for device `token` get `replies` in order, then 200.
+    pub fn script(&self, token: &str, replies: Vec<ApnsReply>) {
+        lock(&self.state.scripts).entry(token.to_string()).or_default().extend(replies);
+    }
+
+    /// Every provider token seen so far is expired from now on: requests
+    /// carrying one are answered 403 ExpiredProviderToken (scripts untouched).
+    pub fn expire_provider_tokens(&self) {
+        let seen = lock(&self.state.seen_tokens).clone();
+        lock(&self.state.expired_tokens).extend(seen);
+    }
+
+    pub fn clear_received(&self) {
+        self.state.recorder.clear();
+    }
+
+    /// Stops accepting and aborts open connections (without waiting).
+    pub fn shutdown_now(&self) {
+        self.accept_task.abort();
+    }
+
+    /// Stops accepting and aborts open connections; waits for the listener to close.
+    pub async fn shutdown(mut self) {
+        self.accept_task.abort();
+        let _ = (&mut self.accept_task).await;
+    }
+}
+
+impl Drop for MockApns {
+    fn drop(&mut self) {
+        self.accept_task.abort();
+    }
+}
+
+async fn handle(req: Request<Incoming>, state: Arc<State>) -> Response<Full<Bytes>> {
+    let received_at = SystemTime::now();
+    let (parts, body) = req.into_parts();
+    let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+    let path = parts.uri.path().to_string();
+    let token = path.strip_prefix("/3/device/").map(|t| percent_decode(t, false));
+    let jwt = bearer(parts.headers.get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok())).map(str::to_owned);
+    let check = state.key.as_ref().map(|key| check_provider_token(jwt.as_deref(), key, &state.team_id, &state.key_id));
+    let revoked = jwt.as_ref().is_some_and(|j| lock(&state.expired_tokens).contains(j));
+    if let Some(jwt) = &jwt {
+        lock(&state.seen_tokens).insert(jwt.clone());
+    }
+
+    // As APNs: the path and method first, then the provider token, then the device.
+    let reply = if parts.method != http::Method::POST {
+        ApnsReply::reason(405, "MethodNotAllowed")
+    } else if token.as_deref().is_none_or(str::is_empty) {
+        ApnsReply::reason(404, "BadPath")
+    } else if check == Some(TokenCheck::Missing) {
+        ApnsReply::reason(403, "MissingProviderToken")
+    } else if check == Some(TokenCheck::Invalid) {
+        ApnsReply::reason(403, "InvalidProviderToken")
+    } else if revoked || check == Some(TokenCheck::Expired) {
+        ApnsReply::reason(403, "ExpiredProviderToken")
+    } else {
+        let token = token.as_deref().unwrap_or_default();
+        lock(&state.scripts).get_mut(token).and_then(VecDeque::pop_front).unwrap_or_else(ApnsReply::ok)
+    };
+
+    // Record before any delay so tests see requests whose answer is pending.
+    state.recorder.record(ProviderRequest {
+        received_at,
+        method: parts.method.to_string(),
+        path,
+        version: format!("{:?}", parts.version),
+        headers: header_list(&parts.headers),
+        body,
+        token: token.unwrap_or_default(),
+        auth_valid: check.map(|c| c == TokenCheck::Valid),
+        status_sent: reply.status,
+    });
+
+    let delay = state.latency + reply.delay;
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    let id = state.next_id.fetch_add(1, Ordering::Relaxed);
+    let mut headers = vec![("apns-id", format!("00000000-0000-4000-8000-{id:012x}"))];
+    if let Some(value) = &reply.retry_after {
+        headers.push(("retry-after", value.clone()));
+    }
+    let body = match (&reply.reason, reply.status) {
+        (Some(reason), 410) => serde_json::json!({"reason": reason, "timestamp": unix_now() * 1000}).to_string(),
+        (Some(reason), _) => serde_json::json!({"reason": reason}).to_string(),
+        (None, _) => String::new(),
+    };
+    json_response(reply.status, body, &headers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hyper_rustls::HttpsConnectorBuilder;
+    use hyper_util::client::legacy::Client;
+    use hyper_util::client::legacy::connect::HttpConnector;
+    use jsonwebtoken::{EncodingKey, Header};
+
+    type TestClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
+    const WAIT: Duration = Duration::from_secs(5);
+
+    fn client(pki: &TestPki) -> TestClient {
+        let mut tls = (*pki.client_config()).clone();
+        tls.alpn_protocols.clear();
+        let connector = HttpsConnectorBuilder::new().with_tls_config(tls).https_only().enable_http2().build();
+        Client::builder(TokioExecutor::new()).http2_only(true).build(connector)
+    }
+
+    fn jwt(key: &ApnsTestKey, kid: &str, iss: &str, iat: u64) -> String {
+        let mut header = Header::new(Algorithm::ES256);
+        header.kid = Some(kid.into());
+        let claims = serde_json::json!({"iss": iss, "iat": iat});
+        jsonwebtoken::encode(&header, &claims, &EncodingKey::from_ec_pem(key.private_pem.as_bytes()).unwrap()).unwrap()
+    }
+
+    async fn post(client: &TestClient, url: &str, jwt: Option<&str>) -> (u16, http::HeaderMap, String) {
+        let mut request = Request::post(url).header("apns-topic", "com.example");
+        if let Some(jwt) = jwt {
+            request = request.header("authorization", format!("bearer {jwt}"));
+        }
+        let response = client.request(request.body(Full::new(Bytes::from_static(b"{}"))).unwrap()).await.unwrap();
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        (status, headers, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    async fn setup() -> (TestPki, ApnsTestKey, MockApns) {
+        let pki = TestPki::generate(&[]).unwrap();
+        let key = ApnsTestKey::generate().unwrap();
+        let config = MockApnsConfig { public_key_pem: Some(key.public_pem.clone()), ..Default::default() };
+        let mock = start(&pki, config).await.unwrap();
+        (pki, key, mock)
+    }
+
+    #[test]
+    fn generated_keys_are_pkcs8_p256() {
+        let key = ApnsTestKey::generate().unwrap();
+        assert!(key.private_pem.starts_with("-----BEGIN PRIVATE KEY-----"));
+        assert!(key.public_pem.starts_with("-----BEGIN PUBLIC KEY-----"));
+        let token = jwt(&key, "KID", "TEAM", unix_now());
+        let decoding = DecodingKey::from_ec_pem(key.public_pem.as_bytes()).unwrap();
+        assert!(verify_provider_token(&token, &decoding, "TEAM", "KID"));
+        assert!(!verify_provider_token(&token, &decoding, "OTHER", "KID"));
+        assert!(!verify_provider_token(&token, &decoding, "TEAM", "OTHER"));
+        let other = ApnsTestKey::generate().unwrap();
+        assert!(!verify_provider_token(&jwt(&other, "KID", "TEAM", unix_now()), &decoding, "TEAM", "KID"));
+    }
+
+    #[test]
+    fn percent_decoding() {
+        assert_eq!(percent_decode("a%2Fb%3f+c", false), "a/b?+c");
+        assert_eq!(percent_decode("a+b%3A", true), "a b:");
+        assert_eq!(percent_decode("100%", false), "100%");
+        assert_eq!(percent_decode("%zz", false), "%zz");
+    }
+
+    #[tokio::test]
+    async fn records_verifies_and_answers_200_by_default() {
+        let (pki, key, mock) = setup().await;
+        let client = client(&pki);
+        let token = jwt(&key, "KEY1234567", "TEAM123456", unix_now());
+        let (status, headers, body) =
+            post(&client, &format!("{}/3/device/abc%2F1", mock.base_url()), Some(&token)).await;
+        assert_eq!(status, 200);
+        assert!(headers.contains_key("apns-id"));
+        assert!(body.is_empty());
+        let got = mock.wait_for(1, WAIT).await;
+        assert_eq!(got[0].token, "abc/1");
+        assert_eq!(got[0].path, "/3/device/abc%2F1");
+        assert_eq!(got[0].version, "HTTP/2.0");
+        assert_eq!(got[0].auth_valid, Some(true));
+        assert_eq!(got[0].bearer(), Some(token.as_str()));
+        assert_eq!(got[0].header("apns-topic"), Some("com.example"));
+    }
+
+    #[tokio::test]
+    async fn refuses_bad_missing_and_old_provider_tokens() {
+        let (pki, key, mock) = setup().await;
+        let client = client(&pki);
+        let url = format!("{}/3/device/abc", mock.base_url());
+        let (status, _, body) = post(&client, &url, None).await;
+        assert_eq!((status, body.as_str()), (403, r#"{"reason":"MissingProviderToken"}"#));
+        let wrong_team = jwt(&key, "KEY1234567", "OTHER", unix_now());
+        assert_eq!(post(&client, &url, Some(&wrong_team)).await.2, r#"{"reason":"InvalidProviderToken"}"#);
+        let old = jwt(&key, "KEY1234567", "TEAM123456", unix_now() - 7200);
+        assert_eq!(post(&client, &url, Some(&old)).await.2, r#"{"reason":"ExpiredProviderToken"}"#);
+        let valid: Vec<Option<bool>> = mock.received().iter().map(|r| r.auth_valid).collect();
+        assert_eq!(valid, vec![Some(false), Some(false), Some(false)]);
+    }
+
+    #[tokio::test]
+    async fn scripts_per_device_token_and_expiry_of_seen_tokens() {
+        let (pki, key, mock) = setup().await;
+        let client = client(&pki);
+        let token = jwt(&key, "KEY1234567", "TEAM123456", unix_now());
+        mock.script("dead", vec![ApnsReply::reason(410, "Unregistered"), ApnsReply::status(503).with_retry_after("3")]);
+        let dead = format!("{}/3/device/dead", mock.base_url());
+        let (status, _, body) = post(&client, &dead, Some(&token)).await;
+        assert_eq!(status, 410);
+        let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(json["reason"], "Unregistered");
+        assert!(json["timestamp"].is_u64());
+        let (status, headers, _) = post(&client, &dead, Some(&token)).await;
+        assert_eq!((status, headers["retry-after"].to_str().unwrap()), (503, "3"));
+        assert_eq!(post(&client, &dead, Some(&token)).await.0, 200);
+
+        mock.expire_provider_tokens();
+        let (status, _, body) = post(&client, &dead, Some(&token)).await;
+        assert_eq!((status, body.as_str()), (403, r#"{"reason":"ExpiredProviderToken"}"#));
+        // A new token (another signature) is accepted.
+        let fresh = jwt(&key, "KEY1234567", "TEAM123456", unix_now());
+        assert_eq!(post(&client, &dead, Some(&fresh)).await.0, 200);
+        assert_eq!(mock.received_for("dead").len(), 5);
+        assert_eq!(mock.wait_for_token("dead", 5, WAIT).await.len(), 5);
+    }
+
+    #[tokio::test]
+    async fn offers_only_http2() {
+        let (pki, _key, mock) = setup().await;
+        let mut tls = (*pki.client_config()).clone();
+        tls.alpn_protocols.clear();
+        let connector = HttpsConnectorBuilder::new().with_tls_config(tls).https_only().enable_http1().build();
+        let h1: TestClient = Client::builder(TokioExecutor::new()).build(connector);
+        let request = Request::post(format!("{}/3/device/abc", mock.base_url())).body(Full::new(Bytes::new())).unwrap();
+        assert!(h1.request(request).await.is_err(), "an HTTP/1.1-only client cannot talk to APNs");
+    }
+}

@@ -1,0 +1,474 @@
+//! Operability (issue 6): the dashboard and the Prometheus rules name only
+//! metrics the engine's own `/metrics` exports; labels stay bounded and free of
+//! ids, tokens, URLs and topics (PUSH-254); `/healthz`, `/readyz` and unknown
+//! paths answer as docs/OPERATIONS.md says.
+//!
+//! The prometheus crate leaves a labelled family out of the exposition until
+//! it has a child, so a scrape of an idle engine lists only the unlabelled
+//! metrics. This test first scrapes the idle engine (and checks those), then
+//! drives traffic over every channel (a webhook that answers, one that answers
+//! 410 until the recipient is deleted, APNs and FCM channels whose hosts do not
+//! listen, so their provider token is signed and their OAuth token fetch fails)
+//! and then requires every referenced family, and requires the counters the
+//! traffic must move to have moved.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use fanout_loadtest::ScriptedResponse;
+use fanout_proto::v1 as pb;
+use fanout_tests::EngineConfig;
+use fanout_tests::client::{Recipient, envelope, group_topic, subscription};
+use fanout_tests::engine::free_port;
+
+use crate::common::*;
+
+const DASHBOARD: &str = include_str!("../../../dashboards/fanout.json");
+const ALERTS: &str = include_str!("../../../dashboards/rules/fanout-alerts.yml");
+const RECORDING: &str = include_str!("../../../dashboards/rules/fanout-recording.yml");
+const OPERATIONS: &str = include_str!("../../../docs/OPERATIONS.md");
+const METRICS_DOC: &str = include_str!("../../../docs/METRICS.md");
+
+/// TEST-ONLY APNs provider key (EC P-256, PKCS#8), generated for this test.
+/// It protects nothing and is never sent anywhere but a closed local port.
+const TEST_ONLY_APNS_KEY: &str = "-----BEGIN PRIVATE KEY-----
+MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQg3RSlB9iXyDY6EjhR
+6d4pbV98WXBMVHtEoJpw08LaJvGhRANCAASbbtPVwja8QoxQNz7Cv9/HMfIhsoTz
+6pPtfGXBkCEGvsHBjAca144JEaby1w97TxxjGOBZPbitZM/jyZSWtGX/
+-----END PRIVATE KEY-----
+";
+
+/// The only label names the engine may use (docs/METRICS.md).
+const LABELS: &[&str] = &["channel", "outcome", "result", "method", "code", "reason", "le"];
+
+/// How long the traffic may take to touch every family: three webhook
+/// attempts 1 s apart, and provider attempts bounded to 10 s each.
+const TRAFFIC_WAIT: Duration = Duration::from_secs(45);
+
+/// The metric families in an exposition: name → type (from `# TYPE`), each
+/// also required to have a `# HELP` line.
+fn families(scrape: &str) -> BTreeMap<String, String> {
+    let mut types = BTreeMap::new();
+    let mut helps = BTreeSet::new();
+    for line in scrape.lines() {
+        let mut words = line.split_whitespace();
+        match (words.next(), words.next(), words.next(), words.next()) {
+            (Some("#"), Some("TYPE"), Some(name), Some(kind)) => {
+                types.insert(name.to_owned(), kind.to_owned());
+            }
+            (Some("#"), Some("HELP"), Some(name), _) => {
+                helps.insert(name.to_owned());
+            }
+            _ => {}
+        }
+    }
+    for name in types.keys() {
+        assert!(helps.contains(name), "{name} has a # TYPE but no # HELP line");
+    }
+    types
+}
+
+/// The sum of every sample of `series` (a family name, or a histogram's
+/// `_count`) whose labels include all of `labels`.
+fn sample_sum(scrape: &str, series: &str, labels: &[(&str, &str)]) -> f64 {
+    scrape
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (name_labels, value) = l.rsplit_once(' ')?;
+            let (name, rest) = match name_labels.split_once('{') {
+                Some((n, r)) => (n, r),
+                None => (name_labels, ""),
+            };
+            (name == series && labels.iter().all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")))).then_some(())?;
+            value.parse::<f64>().ok()
+        })
+        .sum()
+}
+
+/// Maximal runs of PromQL identifier characters that mention a fanout metric.
+/// A run with a `:` is a recording-rule name (`level:metric:operations`); any
+/// other run must be a metric name. Tokenising whole identifiers, rather than
+/// grepping `fanout_[a-z0-9_]+`, keeps `job:fanout_windows:rate5m` from being
+/// read as a metric called `fanout_windows`.
+fn referenced(text: &str) -> BTreeSet<String> {
+    text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+        .map(|t| t.trim_end_matches(':'))
+        .filter(|t| t.contains("fanout_"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Every string in a JSON document (expressions, variable queries, texts).
+fn json_strings(value: &serde_json::Value, out: &mut Vec<String>) {
+    match value {
+        serde_json::Value::String(s) => out.push(s.clone()),
+        serde_json::Value::Array(a) => a.iter().for_each(|v| json_strings(v, out)),
+        serde_json::Value::Object(o) => o.iter().for_each(|(k, v)| {
+            out.push(k.clone());
+            json_strings(v, out);
+        }),
+        _ => {}
+    }
+}
+
+/// `record:` names of the recording rules.
+fn recorded_names() -> BTreeSet<String> {
+    RECORDING
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- record:").or_else(|| l.trim().strip_prefix("record:")))
+        .map(|n| n.trim().to_owned())
+        .collect()
+}
+
+/// `alert:` names of the alerting rules.
+fn alert_names() -> Vec<String> {
+    ALERTS.lines().filter_map(|l| l.trim().strip_prefix("- alert:")).map(|n| n.trim().to_owned()).collect()
+}
+
+/// (source, metric family) for every metric the dashboard and the rules name,
+/// with `_bucket`/`_sum`/`_count` folded into their histogram. Panics on a
+/// recording-rule name that no rule records, or an unexpected identifier.
+fn referenced_families(exported: &BTreeMap<String, String>) -> BTreeSet<(String, String)> {
+    let dashboard: serde_json::Value = serde_json::from_str(DASHBOARD).expect("dashboards/fanout.json is JSON");
+    let mut strings = Vec::new();
+    json_strings(&dashboard, &mut strings);
+    let recorded = recorded_names();
+    let mut out = BTreeSet::new();
+    for (source, text) in [
+        ("dashboards/fanout.json", strings.join("\n")),
+        ("dashboards/rules/fanout-alerts.yml", ALERTS.to_owned()),
+        ("dashboards/rules/fanout-recording.yml", RECORDING.to_owned()),
+    ] {
+        for id in referenced(&text) {
+            if id.contains(':') {
+                assert!(recorded.contains(&id), "{source} uses {id}, which no recording rule records");
+                continue;
+            }
+            assert!(id.starts_with("fanout_"), "{source}: unexpected identifier {id}");
+            let family = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|suffix| {
+                    let base = id.strip_suffix(suffix)?;
+                    (exported.get(base).map(String::as_str) == Some("histogram")).then(|| base.to_owned())
+                })
+                .unwrap_or(id);
+            out.insert((source.to_owned(), family));
+        }
+    }
+    out
+}
+
+/// GET with the response headers (the shared helper returns status and body).
+async fn get(addr: SocketAddr, path: &str) -> (u16, BTreeMap<String, String>, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    stream
+        .write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .expect("write");
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut buf)).await.expect("answer").expect("read");
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").expect("a header block");
+    let mut lines = head.lines();
+    let status = lines.next().and_then(|l| l.split(' ').nth(1)).and_then(|s| s.parse().ok()).expect("status line");
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    (status, headers, body.to_owned())
+}
+
+/// The APNs and FCM channel tables: real credentials (test-only), hosts on
+/// local ports where nothing listens.
+fn provider_tables(dir: &std::path::Path) -> String {
+    let apns_key = dir.join("apns-test-only.p8");
+    std::fs::write(&apns_key, TEST_ONLY_APNS_KEY).expect("write apns key");
+    let fcm_key = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../loadtest/testdata/fcm-test-only-rsa-key.pem"),
+    )
+    .expect("test-only FCM key");
+    let account = serde_json::json!({
+        "type": "service_account",
+        "project_id": "fanout-operability-test",
+        "private_key_id": "test-only",
+        "private_key": fcm_key,
+        "client_email": "fanout-test@fanout-operability-test.iam.gserviceaccount.com",
+        "token_uri": format!("https://127.0.0.1:{}/token", free_port()),
+    });
+    let account_file = dir.join("fcm-test-only.json");
+    std::fs::write(&account_file, account.to_string()).expect("write service account");
+    format!(
+        "[engine.channels.apns]\nkey_file = {:?}\nkey_id = \"TESTKEY001\"\nteam_id = \"TESTTEAM01\"\n\
+         bundle_id = \"com.example.fanout\"\nenvironment = \"sandbox\"\nsandbox_url = \"https://127.0.0.1:{}\"\n\n\
+         [engine.channels.fcm]\nservice_account_file = {:?}\nbase_url = \"https://127.0.0.1:{}\"\n\n",
+        apns_key.display().to_string(),
+        free_port(),
+        account_file.display().to_string(),
+        free_port(),
+    )
+}
+
+#[tokio::test]
+async fn dashboards_and_rules_name_only_exported_metrics() {
+    let keys = tempfile::tempdir().expect("tempdir");
+    let config = EngineConfig { extra_tables: provider_tables(keys.path()), ..EngineConfig::default() };
+    let setup = webhook_setup(config).await;
+    let fanout = &setup.fanout;
+
+    // HTTP endpoints.
+    let (status, _, body) = get(fanout.http, "/healthz").await;
+    assert_eq!((status, body.as_str()), (200, "ok\n"), "/healthz");
+    let (status, _, _) = get(fanout.http, "/readyz").await;
+    assert_eq!(status, 200, "/readyz with the store reachable");
+    let (status, headers, body) = get(fanout.http, "/no-such-endpoint").await;
+    assert_eq!(status, 404);
+    assert_eq!(headers.get("content-type").map(String::as_str), Some("application/problem+json"));
+    let problem: serde_json::Value = serde_json::from_str(&body).expect("problem body is JSON");
+    assert_eq!(problem["status"], 404, "{body}");
+    assert!(problem["title"].is_string(), "{body}");
+    let (status, headers, _) = get(fanout.http, "/metrics").await;
+    assert_eq!(status, 200);
+    assert!(headers.get("content-type").is_some_and(|t| t.starts_with("text/plain")), "{headers:?}");
+
+    // The idle engine: only unlabelled families, each with HELP and TYPE.
+    let (_, idle) = fanout.http_get("/metrics").await.expect("metrics");
+    let idle_families = families(&idle);
+
+    // Traffic over every channel.
+    let topic = group_topic();
+    let ok = Recipient::random();
+    let gone = Recipient::random();
+    register_webhook(&setup, &ok, "/ok", &[3u8; 32], vec![subscription(&topic)]).await;
+    setup.receiver.script("/gone", vec![ScriptedResponse::status(410); 3]);
+    register_webhook(&setup, &gone, "/gone", &[4u8; 32], vec![subscription(&topic)]).await;
+    let mut client = fanout.notifications().await.expect("client");
+    let apns_token = "a1b2c3d4".repeat(8);
+    let fcm_token = "operability-test-fcm-registration-token";
+    for (recipient, delivery) in [
+        (Recipient::random(), pb::register_request::Delivery::Apns(pb::ApnsDelivery { token: apns_token.clone() })),
+        (Recipient::random(), pb::register_request::Delivery::Fcm(pb::FcmDelivery { token: fcm_token.into() })),
+    ] {
+        client.register(recipient.register(delivery)).await.expect("register a provider recipient");
+        client.update_subscriptions(recipient.update(vec![subscription(&topic)], vec![])).await.expect("subscribe");
+    }
+    // PUSH-256 at registration: a non-https URL is refused (INVALID_ARGUMENT).
+    let refused = client
+        .register(Recipient::random().register_http("http://receiver.fanout.test/hook", &[5u8; 32]))
+        .await
+        .expect_err("http:// is refused");
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+    // One stored envelope and one rejected (an empty topic fails TOPIC-001).
+    let results = publish(
+        fanout,
+        vec![envelope(&topic, pb::EnvelopeKind::Application, true), envelope(&[], pb::EnvelopeKind::Application, true)],
+    )
+    .await;
+    sequence_id(&results[0]);
+
+    // What the traffic must move, as (series, labels).
+    let moved: &[(&str, &[(&str, &str)])] = &[
+        ("fanout_envelopes_published_total", &[("result", "stored")]),
+        ("fanout_envelopes_published_total", &[("result", "rejected")]),
+        ("fanout_rpc_requests_total", &[("method", "Register"), ("code", "OK")]),
+        ("fanout_rpc_requests_total", &[("method", "Register"), ("code", "INVALID_ARGUMENT")]),
+        ("fanout_rpc_requests_total", &[("method", "UpdateSubscriptions"), ("code", "OK")]),
+        ("fanout_webhook_refused_register_total", &[]),
+        ("fanout_attempts_total", &[("channel", "http"), ("outcome", "delivered")]),
+        ("fanout_attempts_total", &[("channel", "http"), ("outcome", "transient")]),
+        ("fanout_attempts_total", &[("channel", "apns"), ("outcome", "transient")]),
+        ("fanout_attempts_total", &[("channel", "fcm"), ("outcome", "transient")]),
+        ("fanout_deliveries_total", &[("channel", "http"), ("outcome", "delivered")]),
+        ("fanout_deliveries_total", &[("channel", "http"), ("outcome", "terminal")]),
+        ("fanout_retries_total", &[("channel", "http")]),
+        ("fanout_recipients_deleted_total", &[("reason", "terminal")]),
+        ("fanout_publish_to_attempt_seconds_count", &[("channel", "http")]),
+        ("fanout_provider_latency_seconds_count", &[("channel", "http")]),
+        ("fanout_provider_token_refreshes_total", &[("channel", "apns")]),
+        ("fanout_provider_token_failures_total", &[("channel", "fcm")]),
+        ("fanout_windows_total", &[]),
+        ("fanout_window_duration_seconds_count", &[]),
+    ];
+    let deadline = Instant::now() + TRAFFIC_WAIT;
+    let scrape = loop {
+        let (_, scrape) = fanout.http_get("/metrics").await.expect("metrics");
+        let missing: Vec<_> = moved.iter().filter(|(s, l)| sample_sum(&scrape, s, l) < 1.0).collect();
+        if missing.is_empty() {
+            break scrape;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "traffic did not move {missing:?}; scrape:\n{scrape}\nlog:\n{}",
+            fanout.log()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let exported = families(&scrape);
+    assert!(idle_families.keys().all(|f| exported.contains_key(f)), "a family disappeared");
+
+    // Every metric the dashboard and the rules name is exported.
+    let refs = referenced_families(&exported);
+    let missing: Vec<_> = refs.iter().filter(|(_, family)| !exported.contains_key(family)).collect();
+    assert!(missing.is_empty(), "named but not exported: {missing:?}\nexported: {:?}", exported.keys());
+    // And the idle engine shows only what needs no traffic: report the rest.
+    let after_traffic: BTreeSet<_> =
+        refs.iter().map(|(_, f)| f.clone()).filter(|f| !idle_families.contains_key(f)).collect();
+    eprintln!("families exported only once traffic created a labelled child: {after_traffic:?}");
+
+    // The dashboard and rules leave no exported family unwatched, and the
+    // catalogue documents every one of them.
+    let watched: BTreeSet<_> = refs.iter().map(|(_, f)| f.as_str()).collect();
+    for family in exported.keys() {
+        assert!(watched.contains(family.as_str()), "{family} is exported but on no dashboard panel or rule");
+        assert!(METRICS_DOC.contains(&format!("`{family}`")), "{family} is missing from docs/METRICS.md");
+    }
+
+    // PUSH-254 / OPS-014: bounded label names, short symbolic values, and no
+    // id, token, URL or topic anywhere in the exposition.
+    for line in scrape.lines().filter(|l| !l.starts_with('#')) {
+        let Some((_, labels)) = line.split_once('{') else { continue };
+        let labels = labels.rsplit_once('}').expect("closing brace").0;
+        for pair in labels.split(',').filter(|p| !p.is_empty()) {
+            let (name, value) = pair.split_once('=').expect("name=value");
+            let value = value.trim_matches('"');
+            assert!(LABELS.contains(&name), "label {name} is not in the catalogue: {line}");
+            let symbolic = value.len() <= 32 && value.chars().all(|c| c.is_ascii_alphabetic() || c == '_');
+            let bound = name == "le" && (value == "+Inf" || value.parse::<f64>().is_ok());
+            assert!(symbolic || bound, "label value {value:?} is not a bounded symbol: {line}");
+        }
+    }
+    let b64 = |b: &[u8]| base64::Engine::encode(&base64::engine::general_purpose::STANDARD, b);
+    for private in [
+        ok.id_hex(),
+        gone.id_hex(),
+        hex::encode(&topic),
+        b64(&topic),
+        apns_token,
+        fcm_token.to_owned(),
+        setup.receiver.url("/ok"),
+        "receiver.fanout.test".to_owned(),
+    ] {
+        assert!(!scrape.contains(&private), "the exposition contains a private value");
+    }
+}
+
+#[test]
+fn every_alert_has_a_runbook_and_the_rules_are_well_formed() {
+    let alerts = alert_names();
+    for required in [
+        "FanoutDispatchLagGrowing",
+        "FanoutDispatchStalled",
+        "FanoutWindowReplays",
+        "FanoutShardRestarts",
+        "FanoutStoreErrors",
+        "FanoutHighTransientRatio",
+        "FanoutHighRejectedRatio",
+        "FanoutNoDeliveriesWhilePublishing",
+        "FanoutWebhookRefusalsAtRegistration",
+        "FanoutWebhookRefusalsAtSend",
+    ] {
+        assert!(alerts.iter().any(|a| a == required), "no alert {required}");
+    }
+    for alert in &alerts {
+        assert!(
+            OPERATIONS.contains(&format!("### {alert}\n")),
+            "docs/OPERATIONS.md has no runbook heading for {alert}"
+        );
+        let anchor = format!("docs/OPERATIONS.md#{}", alert.to_ascii_lowercase());
+        assert!(ALERTS.contains(&anchor), "{alert} has no runbook_url {anchor}");
+    }
+    // Full validation is promtool's (CI); here only the shape every file needs.
+    for (name, text) in [("alerts", ALERTS), ("recording", RECORDING)] {
+        assert!(text.lines().any(|l| l == "groups:"), "{name}: no top-level groups");
+        assert!(!text.contains('\t'), "{name}: YAML forbids tabs in indentation");
+    }
+    let rules = ALERTS.matches("- alert:").count() + RECORDING.matches("- record:").count();
+    assert_eq!(
+        rules,
+        ALERTS.matches("    expr:").count() + RECORDING.matches("    expr:").count(),
+        "one expr per rule"
+    );
+
+    // The dashboard: one data-source variable, used by every panel and query.
+    let d: serde_json::Value = serde_json::from_str(DASHBOARD).expect("dashboard JSON");
+    assert!(d["schemaVersion"].as_u64().is_some_and(|v| v >= 36), "schemaVersion");
+    let vars = d["templating"]["list"].as_array().expect("templating");
+    assert!(
+        vars.iter().any(|v| v["name"] == "DS_PROMETHEUS" && v["type"] == "datasource" && v["query"] == "prometheus")
+    );
+    let panels = d["panels"].as_array().expect("panels");
+    let rows: Vec<_> = panels.iter().filter(|p| p["type"] == "row").filter_map(|p| p["title"].as_str()).collect();
+    for row in ["Overview", "Per-channel delivery", "Latency", "Dispatch lag and windows", "Saturation", "Errors"] {
+        assert!(rows.contains(&row), "no row {row}: {rows:?}");
+    }
+    let mut ids = BTreeSet::new();
+    for p in panels {
+        assert!(ids.insert(p["id"].as_u64().expect("panel id")), "duplicate panel id");
+        if p["type"] == "row" {
+            continue;
+        }
+        assert_eq!(p["datasource"]["uid"], "${DS_PROMETHEUS}", "panel {}", p["title"]);
+        let targets = p["targets"].as_array().expect("targets");
+        assert!(!targets.is_empty(), "panel {} has no query", p["title"]);
+        for t in targets {
+            assert_eq!(t["datasource"]["uid"], "${DS_PROMETHEUS}");
+            assert!(t["expr"].as_str().is_some_and(|e| e.contains("fanout_")), "panel {}", p["title"]);
+        }
+    }
+}
+
+/// The TOML block of the ConfigMap (`  fanout.toml: |`, then lines indented by 4).
+fn configmap_toml(manifest: &str) -> String {
+    let mut lines = manifest.lines().skip_while(|l| l.trim() != "fanout.toml: |").skip(1);
+    let mut out = String::new();
+    for line in lines.by_ref() {
+        if !line.is_empty() && !line.starts_with("    ") {
+            break;
+        }
+        out.push_str(line.strip_prefix("    ").unwrap_or(line));
+        out.push('\n');
+    }
+    assert!(out.contains("[server]"), "no fanout.toml in the ConfigMap");
+    out
+}
+
+#[test]
+fn the_deployed_configurations_pass_check_config() {
+    let manifest = include_str!("../../../deploy/kubernetes/configmap.yaml");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let configmap = dir.path().join("configmap-fanout.toml");
+    std::fs::write(&configmap, configmap_toml(manifest)).expect("write");
+    let deploy = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+    let (host, compose) = (deploy.join("fanout.toml"), deploy.join("compose/fanout.toml"));
+    for config in [host.as_path(), compose.as_path(), configmap.as_path()] {
+        let mut command = std::process::Command::new(fanout_tests::engine::fanout_binary());
+        command.args(["check-config", "--config"]).arg(config);
+        // Only the file counts: no overrides from the test's environment.
+        for (name, _) in std::env::vars().filter(|(k, _)| k.starts_with("FANOUT")) {
+            command.env_remove(name);
+        }
+        let out = command.output().expect("run fanout check-config");
+        assert!(
+            out.status.success(),
+            "{}: {}{}",
+            config.display(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn identifiers_are_whole_promql_names() {
+    let found = referenced(
+        r#"sum by (le) (rate(fanout_a_seconds_bucket{job=~"$job"}[5m])) / job:fanout_b:rate5m
+           - record: job_channel:fanout_c:ratio_rate5m"#,
+    );
+    let expected: BTreeSet<String> =
+        ["fanout_a_seconds_bucket", "job:fanout_b:rate5m", "job_channel:fanout_c:ratio_rate5m"]
+            .map(String::from)
+            .into();
+    assert_eq!(found, expected);
+}
