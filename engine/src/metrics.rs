@@ -31,6 +31,8 @@ pub struct Metrics {
     pub retry_delay: HistogramVec,
     pub delivery_queue: IntGauge,
     pub provider_token_refreshes: IntCounterVec,
+    pub provider_connections_opened: IntCounterVec,
+    pub provider_waiting_sends: IntGaugeVec,
     pub provider_token_failures: IntCounterVec,
 }
 
@@ -142,6 +144,20 @@ impl Metrics {
                 "Provider credentials (APNs provider token, FCM access token) obtained, by channel",
                 &["channel"],
             ),
+            provider_connections_opened: counter_vec(
+                "fanout_provider_connections_opened_total",
+                "HTTP/2 connections opened to a provider (APNs, FCM), by channel; a rate means reconnects",
+                &["channel"],
+            ),
+            provider_waiting_sends: {
+                let g = IntGaugeVec::new(
+                    Opts::new("fanout_provider_waiting_sends", "Sends waiting for a provider's in-flight slot or rate limit"),
+                    &["channel"],
+                )
+                .expect("valid metric");
+                registry.register(Box::new(g.clone())).expect("unique metric");
+                g
+            },
             provider_token_failures: counter_vec(
                 "fanout_provider_token_failures_total",
                 "Provider credentials that could not be obtained, by channel",

@@ -12,7 +12,7 @@ use http_body_util::Full;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde::{Deserialize, Serialize};
 
-use super::http2::{H2Pool, PoolOptions, encode_path_segment, unix_now_secs};
+use super::http2::{H2Pool, PoolMetrics, PoolOptions, encode_path_segment, unix_now_secs};
 use super::{Outcome, Provider, Push, client_tls_config};
 use crate::domain::{Channel, DeliveryTarget, StoredEnvelope};
 use crate::metrics::Metrics;
@@ -172,6 +172,7 @@ impl ApnsProvider {
                 max_in_flight: settings.max_in_flight,
                 rate_limit_per_second: settings.rate_limit_per_second,
             },
+            Some(PoolMetrics::new(&metrics, "apns")),
         );
         let bundle_id = HeaderValue::try_from(settings.bundle_id.as_str())
             .map_err(|_| "channels.apns.bundle_id is not a valid header value".to_string())?;

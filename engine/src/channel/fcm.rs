@@ -13,7 +13,9 @@ use http_body_util::Full;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde::{Deserialize, Serialize};
 
-use super::http2::{H2Pool, HttpsClient, PoolOptions, encode_path_segment, https_client, request, unix_now_secs};
+use super::http2::{
+    H2Pool, HttpsClient, PoolMetrics, PoolOptions, encode_path_segment, https_client, request, unix_now_secs,
+};
 use super::{Outcome, Provider, Push, client_tls_config};
 use crate::domain::{Channel, DeliveryTarget, StoredEnvelope};
 use crate::metrics::Metrics;
@@ -313,7 +315,7 @@ impl FcmProvider {
             .parse()
             .map_err(|_| "channels.fcm.base_url: cannot form the messages:send URL".to_string())?;
         let tokens = AccessTokens {
-            client: https_client(tls.clone(), false),
+            client: https_client(tls.clone(), false, None),
             token_uri,
             token_uri_text: account.token_uri.clone(),
             client_email: account.client_email,
@@ -321,7 +323,7 @@ impl FcmProvider {
             key_id: account.private_key_id.filter(|k| !k.is_empty()),
             current: RwLock::new(None),
             refresh: tokio::sync::Mutex::new(()),
-            metrics,
+            metrics: metrics.clone(),
         };
         // Sign once now, so a bad key fails at start and not at the first push.
         tokens
@@ -334,6 +336,7 @@ impl FcmProvider {
                 max_in_flight: settings.max_in_flight,
                 rate_limit_per_second: settings.rate_limit_per_second,
             },
+            Some(PoolMetrics::new(&metrics, "fcm")),
         );
         Ok(Self { pool, send_uri, tokens })
     }
