@@ -48,18 +48,27 @@ pub struct RedbStore {
     shard_count: u16,
 }
 
+/// redb's own default page cache: 1 GiB.
+pub const DEFAULT_CACHE_BYTES: usize = 1024 * 1024 * 1024;
+
 impl RedbStore {
     /// Opens (or creates) `<dir>/fanout.redb`. The shard count is recorded on
     /// first open; opening later with another count fails, since every stored
     /// shard id and start position depends on it.
     pub fn open(dir: &Path, shard_count: u16) -> Result<Self, StoreError> {
+        Self::open_with_cache(dir, shard_count, DEFAULT_CACHE_BYTES)
+    }
+
+    /// As `open`, with redb's page cache bounded to `cache_bytes`: the cache is
+    /// most of the embedded store's memory once the data outgrows it.
+    pub fn open_with_cache(dir: &Path, shard_count: u16, cache_bytes: usize) -> Result<Self, StoreError> {
         if shard_count == 0 {
             return Err(StoreError::Backend("shard count must be at least 1".into()));
         }
         std::fs::create_dir_all(dir).map_err(|e| {
             StoreError::Backend(format!("cannot create the storage directory: {e}"))
         })?;
-        let db = Database::create(dir.join(DB_FILE_NAME)).be()?;
+        let db = redb::Builder::new().set_cache_size(cache_bytes).create(dir.join(DB_FILE_NAME)).be()?;
 
         let txn = db.begin_write().be()?;
         let stored = {
