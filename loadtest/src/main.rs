@@ -1,7 +1,7 @@
 //! `fanout-loadtest`: load harness and standalone mock providers.
 //!
-//! Only `mock webhook` exists so far; `run`, `ceiling` and `mock apns|fcm|all`
-//! will be added as further subcommands.
+//! `mock webhook|apns|fcm` run one mock provider; `run`, `ceiling` and
+//! `mock all` will be added as further subcommands.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -9,7 +9,10 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
-use fanout_loadtest::{MockWebhookConfig, TestPki, start_mock_webhook};
+use fanout_loadtest::{
+    ApnsTestKey, MockApnsConfig, MockFcmConfig, MockWebhookConfig, TestPki, start_mock_apns, start_mock_fcm,
+    start_mock_webhook,
+};
 
 #[derive(Parser)]
 #[command(
@@ -28,12 +31,69 @@ enum Command {
         #[command(subcommand)]
         target: MockTarget,
     },
+    /// Run a scenario against the real engine and report throughput, latency,
+    /// missing deliveries, memory and CPU (see docs/BENCHMARKS.md).
+    Run(fanout_loadtest::run::RunArgs),
+    /// Measure the ceiling: the scenario's webhook requests sent straight to
+    /// the mock receiver by a bare HTTP/2 client, no engine in between.
+    Ceiling(fanout_loadtest::run::CeilingArgs),
 }
 
 #[derive(Subcommand)]
 enum MockTarget {
     /// HTTPS webhook receiver (HTTP/1.1 and HTTP/2) that records and answers requests.
     Webhook(WebhookArgs),
+    /// APNs (HTTP/2 only): verifies the ES256 provider token, answers 200 by default.
+    Apns(ApnsArgs),
+    /// FCM HTTP v1 with its OAuth2 token endpoint at /token; answers 200 by default.
+    Fcm(FcmArgs),
+}
+
+#[derive(Args)]
+struct ApnsArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8444")]
+    bind: SocketAddr,
+    /// Where to write the CA certificate (PEM) the engine must trust.
+    #[arg(long, default_value = "./mock-apns-ca.pem")]
+    ca_out: PathBuf,
+    /// Where to write the generated provider key (.p8, PEM PKCS#8 EC P-256).
+    #[arg(long, default_value = "./mock-apns-key.p8")]
+    key_out: PathBuf,
+    /// The key id the mock expects (JWT kid).
+    #[arg(long, default_value = "KEY1234567")]
+    key_id: String,
+    /// The team id the mock expects (JWT iss).
+    #[arg(long, default_value = "TEAM123456")]
+    team_id: String,
+    /// Delay before every answer, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    latency_ms: u64,
+    /// Extra DNS names for the server certificate (repeatable).
+    #[arg(long = "dns-name")]
+    dns_names: Vec<String>,
+}
+
+#[derive(Args)]
+struct FcmArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8445")]
+    bind: SocketAddr,
+    /// Where to write the CA certificate (PEM) the engine must trust.
+    #[arg(long, default_value = "./mock-fcm-ca.pem")]
+    ca_out: PathBuf,
+    /// Where to write the TEST-ONLY service-account file (token_uri = the mock).
+    #[arg(long, default_value = "./mock-fcm-service-account.json")]
+    service_account_out: PathBuf,
+    /// The project id of the service account.
+    #[arg(long, default_value = "fanout-test-project")]
+    project_id: String,
+    /// Delay before every messages:send answer, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    latency_ms: u64,
+    /// Extra DNS names for the server certificate (repeatable).
+    #[arg(long = "dns-name")]
+    dns_names: Vec<String>,
 }
 
 #[derive(Args)]
@@ -65,7 +125,83 @@ async fn main() -> anyhow::Result<()> {
         Command::Mock {
             target: MockTarget::Webhook(args),
         } => mock_webhook(args).await,
+        Command::Mock {
+            target: MockTarget::Apns(args),
+        } => mock_apns(args).await,
+        Command::Mock {
+            target: MockTarget::Fcm(args),
+        } => mock_fcm(args).await,
+        Command::Run(args) => fanout_loadtest::run::run_command(args).await,
+        Command::Ceiling(args) => fanout_loadtest::run::ceiling_command(args).await,
     }
+}
+
+/// Prints the request count every 5 s until Ctrl-C.
+async fn report_until_ctrl_c(count: impl Fn() -> usize) -> anyhow::Result<()> {
+    let mut ticker = tokio::time::interval(Duration::from_secs(5));
+    ticker.tick().await; // the first tick fires at once
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => println!("received {} requests", count()),
+            result = tokio::signal::ctrl_c() => {
+                result.context("waiting for Ctrl-C")?;
+                break;
+            }
+        }
+    }
+    println!("stopping; received {} requests in total", count());
+    Ok(())
+}
+
+async fn mock_apns(args: ApnsArgs) -> anyhow::Result<()> {
+    let dns_names: Vec<&str> = args.dns_names.iter().map(String::as_str).collect();
+    let pki = TestPki::generate(&dns_names).context("generating test PKI")?;
+    pki.write_ca(&args.ca_out)?;
+    let key = ApnsTestKey::generate()?;
+    key.write_p8(&args.key_out)?;
+    let config = MockApnsConfig {
+        bind: args.bind,
+        latency: Duration::from_millis(args.latency_ms),
+        team_id: args.team_id.clone(),
+        key_id: args.key_id.clone(),
+        public_key_pem: Some(key.public_pem.clone()),
+    };
+    let mock = start_mock_apns(&pki, config).await?;
+    println!("mock APNs listening on {}", mock.base_url());
+    println!("engine configuration:\n");
+    println!("[engine.channels.apns]");
+    println!("key_file = {:?}", args.key_out.display().to_string());
+    println!("key_id = {:?}\nteam_id = {:?}", args.key_id, args.team_id);
+    println!("bundle_id = \"com.example.app\"\nenvironment = \"sandbox\"");
+    println!("sandbox_url = {:?}", mock.base_url());
+    println!("extra_ca_files = [{:?}]\n", args.ca_out.display().to_string());
+    report_until_ctrl_c(|| mock.received_count()).await?;
+    mock.shutdown().await;
+    Ok(())
+}
+
+async fn mock_fcm(args: FcmArgs) -> anyhow::Result<()> {
+    let dns_names: Vec<&str> = args.dns_names.iter().map(String::as_str).collect();
+    let pki = TestPki::generate(&dns_names).context("generating test PKI")?;
+    pki.write_ca(&args.ca_out)?;
+    let config = MockFcmConfig {
+        bind: args.bind,
+        latency: Duration::from_millis(args.latency_ms),
+        project_id: args.project_id,
+        ..Default::default()
+    };
+    let mock = start_mock_fcm(&pki, config).await?;
+    mock.service_account().write(&args.service_account_out)?;
+    println!("mock FCM listening on {} (token endpoint {})", mock.base_url(), mock.token_uri());
+    println!("engine configuration:\n");
+    println!("[engine.channels.fcm]");
+    println!("service_account_file = {:?}", args.service_account_out.display().to_string());
+    println!("base_url = {:?}", mock.base_url());
+    println!("extra_ca_files = [{:?}]\n", args.ca_out.display().to_string());
+    report_until_ctrl_c(|| mock.received_count()).await?;
+    println!("token requests: {}", mock.token_request_count());
+    mock.shutdown().await;
+    Ok(())
 }
 
 async fn mock_webhook(args: WebhookArgs) -> anyhow::Result<()> {
@@ -86,21 +222,7 @@ async fn mock_webhook(args: WebhookArgs) -> anyhow::Result<()> {
     println!("mock webhook listening on {}", mock.url("/"));
     println!("CA certificate written to {}", args.ca_out.display());
 
-    let mut ticker = tokio::time::interval(Duration::from_secs(5));
-    ticker.tick().await; // the first tick fires at once
-    loop {
-        tokio::select! {
-            _ = ticker.tick() => println!("received {} requests", mock.received_count()),
-            result = tokio::signal::ctrl_c() => {
-                result.context("waiting for Ctrl-C")?;
-                break;
-            }
-        }
-    }
-    println!(
-        "stopping; received {} requests in total",
-        mock.received_count()
-    );
+    report_until_ctrl_c(|| mock.received_count()).await?;
     mock.shutdown().await;
     Ok(())
 }

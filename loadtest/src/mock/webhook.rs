@@ -44,6 +44,39 @@ pub struct MockWebhookConfig {
     pub latency: Duration,
     /// Status for requests no script covers.
     pub default_status: u16,
+    /// Keep every request in memory (`received`). Load runs turn this off:
+    /// then only the count is kept, and signing keys set by path are not checked.
+    pub record_requests: bool,
+    /// Called for every request before it is answered; an answer it returns
+    /// wins over the path's script and the default status.
+    pub on_request: Option<RequestHook>,
+}
+
+/// A request as the `on_request` hook sees it (borrowed, nothing copied).
+pub struct HookRequest<'a> {
+    pub path: &'a str,
+    pub headers: &'a http::HeaderMap,
+    pub body: &'a [u8],
+}
+
+/// Callback for `MockWebhookConfig::on_request`. It runs on the connection
+/// task, so it must be quick and must not block.
+#[derive(Clone)]
+pub struct RequestHook(pub Arc<HookFn>);
+
+/// The hook's function type.
+pub type HookFn = dyn Fn(&HookRequest<'_>) -> Option<ScriptedResponse> + Send + Sync;
+
+impl RequestHook {
+    pub fn new(f: impl Fn(&HookRequest<'_>) -> Option<ScriptedResponse> + Send + Sync + 'static) -> Self {
+        RequestHook(Arc::new(f))
+    }
+}
+
+impl std::fmt::Debug for RequestHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RequestHook")
+    }
 }
 
 impl Default for MockWebhookConfig {
@@ -53,6 +86,8 @@ impl Default for MockWebhookConfig {
             alpn: vec![ALPN_H2.to_vec(), ALPN_HTTP1.to_vec()],
             latency: Duration::ZERO,
             default_status: 200,
+            record_requests: true,
+            on_request: None,
         }
     }
 }
@@ -146,6 +181,8 @@ impl ReceivedRequest {
 struct State {
     latency: Duration,
     default_status: u16,
+    record_requests: bool,
+    on_request: Option<RequestHook>,
     requests: Mutex<Vec<ReceivedRequest>>,
     /// Number of recorded requests, for `wait_for`.
     count: watch::Sender<usize>,
@@ -172,6 +209,8 @@ pub async fn start(pki: &TestPki, config: MockWebhookConfig) -> anyhow::Result<M
     let state = Arc::new(State {
         latency: config.latency,
         default_status: config.default_status,
+        record_requests: config.record_requests,
+        on_request: config.on_request.clone(),
         requests: Mutex::new(Vec::new()),
         count: watch::Sender::new(0),
         signing_keys: Mutex::new(HashMap::new()),
@@ -334,6 +373,19 @@ async fn handle(
         // The client went away mid-body: nothing to answer.
         Err(_) => Bytes::new(),
     };
+    let hooked = state.on_request.as_ref().and_then(|hook| {
+        (hook.0)(&HookRequest {
+            path: parts.uri.path(),
+            headers: &parts.headers,
+            body: &body,
+        })
+    });
+    if !state.record_requests {
+        // Compact mode: count only; the hook (if any) did the bookkeeping.
+        let scripted = hooked.unwrap_or_else(|| next_scripted(&state, parts.uri.path()));
+        state.count.send_modify(|count| *count += 1);
+        return Ok(answer(&state, scripted).await);
+    }
     let path = parts.uri.path().to_string();
     let headers: Vec<(String, String)> = parts
         .headers
@@ -346,10 +398,7 @@ async fn handle(
 
     let key = lock(&state.signing_keys).get(&path).cloned();
     let signature_valid = key.map(|key| verify_request(&key, &parts.headers, &body));
-    let scripted = lock(&state.scripts)
-        .get_mut(&path)
-        .and_then(VecDeque::pop_front)
-        .unwrap_or_else(|| ScriptedResponse::status(state.default_status));
+    let scripted = hooked.unwrap_or_else(|| next_scripted(&state, &path));
 
     // Record before any delay so tests see requests whose answer is still pending.
     {
@@ -366,12 +415,24 @@ async fn handle(
         });
         state.count.send_replace(requests.len());
     }
+    Ok(answer(&state, scripted).await)
+}
 
+/// The path's next scripted answer, else the default status.
+fn next_scripted(state: &State, path: &str) -> ScriptedResponse {
+    lock(&state.scripts)
+        .get_mut(path)
+        .and_then(VecDeque::pop_front)
+        .unwrap_or_else(|| ScriptedResponse::status(state.default_status))
+}
+
+/// Waits the configured and scripted delay, then builds the response.
+async fn answer(state: &State, scripted: ScriptedResponse) -> Response<Empty<Bytes>> {
     let delay = state.latency + scripted.delay;
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
     }
-    Ok(build_response(&scripted))
+    build_response(&scripted)
 }
 
 fn build_response(scripted: &ScriptedResponse) -> Response<Empty<Bytes>> {
@@ -763,6 +824,31 @@ mod tests {
         assert!(elapsed >= Duration::from_millis(200) && elapsed < Duration::from_secs(5));
         // n = 0 returns at once.
         assert!(mock.wait_for(0, Duration::from_secs(60)).await.is_empty());
+    }
+
+    #[tokio::test]
+    async fn compact_mode_counts_and_the_hook_answers() {
+        let pki = TestPki::generate(&[]).unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let seen_by_hook = seen.clone();
+        let config = MockWebhookConfig {
+            record_requests: false,
+            on_request: Some(RequestHook::new(move |req| {
+                lock(&seen_by_hook).push((req.path.to_string(), req.body.to_vec()));
+                // Answer /fail with 503; leave everything else to the default.
+                (req.path == "/fail").then(|| ScriptedResponse::status(503))
+            })),
+            ..Default::default()
+        };
+        let mock = start(&pki, config).await.unwrap();
+        let client = client(&pki, Proto::Http2);
+        assert_eq!(post_signed(&client, &mock.url("/ok"), &KEY, BODY).await.status(), 200);
+        assert_eq!(post_signed(&client, &mock.url("/fail"), &KEY, BODY).await.status(), 503);
+        assert_eq!(mock.received_count(), 2);
+        assert!(mock.received().is_empty(), "compact mode keeps no requests");
+        let seen = lock(&seen).clone();
+        assert_eq!(seen.len(), 2);
+        assert_eq!(seen[0], ("/ok".to_string(), BODY.as_bytes().to_vec()));
     }
 
     #[tokio::test]

@@ -1,0 +1,160 @@
+//! The ceiling: a bare HTTP/2 client sending the run's webhook requests
+//! straight to the same kind of mock receiver, with no engine in between.
+//! Same client stack as the engine (hyper-util's pooled client over
+//! hyper-rustls, h2 by ALPN), same signed body and headers, fixed
+//! concurrency. Requests per second here is what this machine can do for
+//! this work; the engine's deliveries per second is compared against it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use bytes::Bytes;
+use http_body_util::{BodyExt as _, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde::Serialize;
+
+use super::collector::{Collector, Percentiles, latency_histogram};
+use super::ids::RunIds;
+use super::progress::Progress;
+use super::scenario::Plan;
+use crate::mock::webhook::standard_webhooks_signature;
+use crate::tls::TestPki;
+
+type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// The engine's bound on one attempt; the ceiling uses the same.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CeilingResult {
+    pub requests: u64,
+    pub concurrency: usize,
+    /// Requests answered 2xx.
+    pub ok: u64,
+    /// Non-2xx answers, timeouts and connection errors.
+    pub failed: u64,
+    pub seconds: f64,
+    pub requests_per_second: f64,
+    /// Request round trips as the client saw them.
+    pub latency: Percentiles,
+}
+
+/// A client like the engine's webhook client: TLS trusting the test CA,
+/// HTTP/2 or HTTP/1.1 by ALPN, TCP_NODELAY, pooled keep-alive connections.
+pub fn client(pki: &TestPki) -> HttpsClient {
+    let mut tls = (*pki.client_config()).clone();
+    tls.alpn_protocols.clear(); // hyper-rustls sets ALPN itself
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(Duration::from_secs(5)));
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_only()
+        .enable_http1()
+        .enable_http2()
+        .wrap_connector(http);
+    Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(30)).build(connector)
+}
+
+/// One signed webhook request for delivery `index` of the plan, with the
+/// body and headers the engine would send (PUSH-235/259).
+fn request(plan: &Plan, ids: RunIds, urls: &[String], index: u64) -> http::Request<Full<Bytes>> {
+    let (envelope, slot) = plan.delivery_at(index);
+    let topic = plan.topic_of_envelope(envelope);
+    let recipient = plan.subscriber(topic, slot);
+    // Synthetic sequence ids: envelope e is sequence e + 1 (see `run`).
+    let body = format!(
+        r#"{{"topic":"{}","sequence_id":"{}","recipient_id":"{}"}}"#,
+        BASE64.encode(ids.topic(topic)),
+        envelope + 1,
+        hex::encode(ids.recipient_id(recipient))
+    );
+    let id = format!("msg_ceiling_{index}");
+    let timestamp = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()).to_string();
+    let signature = standard_webhooks_signature(&ids.signing_key(recipient), &id, &timestamp, body.as_bytes());
+    http::Request::post(&urls[recipient as usize % urls.len()])
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .header("webhook-id", id)
+        .header("webhook-timestamp", timestamp)
+        .header("webhook-signature", signature)
+        .body(Full::new(Bytes::from(body)))
+        .expect("valid request")
+}
+
+/// Sends the first `requests` deliveries of the plan with `concurrency`
+/// requests in flight. `collector` (fault-free) must be the hook of the
+/// mocks behind `urls`; this registers the synthetic envelopes in it.
+#[allow(clippy::too_many_arguments)]
+pub async fn run(
+    pki: &TestPki,
+    plan: &Arc<Plan>,
+    ids: RunIds,
+    urls: &[String],
+    collector: &Arc<Collector>,
+    requests: u64,
+    concurrency: usize,
+    progress: &Arc<Progress>,
+) -> anyhow::Result<CeilingResult> {
+    let envelopes = if requests == 0 { 0 } else { plan.delivery_at(requests - 1).0 + 1 };
+    let now = Instant::now();
+    for e in 0..envelopes {
+        collector.envelope_published(plan.topic_of_envelope(e), e + 1, now);
+    }
+    progress.phase("ceiling", requests);
+    let client = client(pki);
+    let next = Arc::new(AtomicU64::new(0));
+    let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let latency = Arc::new(std::sync::Mutex::new(latency_histogram()));
+    let urls: Arc<[String]> = urls.into();
+    let started = Instant::now();
+    collector.mark_start(started);
+    let mut workers = tokio::task::JoinSet::new();
+    for _ in 0..concurrency {
+        let (client, plan, urls, next) = (client.clone(), plan.clone(), urls.clone(), next.clone());
+        let (ok, failed, latency, progress) = (ok.clone(), failed.clone(), latency.clone(), progress.clone());
+        workers.spawn(async move {
+            let mut local = latency_histogram();
+            loop {
+                let index = next.fetch_add(1, Ordering::Relaxed);
+                if index >= requests {
+                    break;
+                }
+                let sent = Instant::now();
+                let answer = tokio::time::timeout(REQUEST_TIMEOUT, async {
+                    let response = client.request(request(&plan, ids, &urls, index)).await.ok()?;
+                    let status = response.status();
+                    // Drain the body so the stream is released, as the engine does.
+                    let _ = response.into_body().collect().await;
+                    Some(status)
+                })
+                .await;
+                local.saturating_record(sent.elapsed().as_micros() as u64);
+                match answer {
+                    Ok(Some(status)) if status.is_success() => ok.fetch_add(1, Ordering::Relaxed),
+                    _ => failed.fetch_add(1, Ordering::Relaxed),
+                };
+                progress.add(1);
+            }
+            let _ = latency.lock().map(|mut h| h.add(&local));
+        });
+    }
+    while workers.join_next().await.is_some() {}
+    let seconds = started.elapsed().as_secs_f64();
+    let (ok, failed) = (ok.load(Ordering::Relaxed), failed.load(Ordering::Relaxed));
+    let latency = Percentiles::from_histogram_us(&latency.lock().unwrap_or_else(|p| p.into_inner()));
+    Ok(CeilingResult {
+        requests,
+        concurrency,
+        ok,
+        failed,
+        seconds,
+        requests_per_second: ok as f64 / seconds.max(1e-9),
+        latency,
+    })
+}

@@ -1,0 +1,555 @@
+//! The receiver side of a run: parses and checks every webhook request the
+//! mocks get, decides the answer (the fault mix), and accounts for every
+//! expected (envelope, subscription) pair without keeping the requests.
+//!
+//! Per pair it keeps two bytes (attempts seen, 2xx answers given). A request
+//! can arrive before the Publish RPC that stored its envelope has returned;
+//! such arrivals wait in `pending` until the envelope is known.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+
+use super::ids::RunIds;
+use super::scenario::{Faults, Plan};
+use crate::mock::ScriptedResponse;
+use crate::mock::webhook::{HookRequest, RequestHook, verify_standard_webhooks};
+
+/// What one request is about, read from its body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Arrival {
+    pub topic: u32,
+    pub seq: u64,
+    pub recipient: u32,
+}
+
+#[derive(Deserialize)]
+struct Body<'a> {
+    topic: &'a str,
+    sequence_id: &'a str,
+    recipient_id: &'a str,
+}
+
+/// The fault a delivery gets, from its hash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    None,
+    Status(u16),
+    Delay,
+}
+
+struct Envelope {
+    /// Index of its first pair in `attempts`/`delivered`.
+    offset: u64,
+    topic: u32,
+    seq: u64,
+    published_at: Instant,
+}
+
+/// An arrival parked until its envelope is known: (recipient, when, answered 2xx).
+type Pending = (u32, Instant, bool);
+
+struct Inner {
+    /// (topic, sequence id) → index in `envelopes`.
+    by_key: HashMap<(u32, u64), u32>,
+    envelopes: Vec<Envelope>,
+    /// Per pair: attempts seen, and 2xx answers given (both saturating).
+    attempts: Vec<u8>,
+    delivered: Vec<u8>,
+    /// Arrivals whose envelope is not known yet, with the answer they got.
+    pending: HashMap<(u32, u64), Vec<Pending>>,
+    distinct: u64,
+    duplicates: u64,
+    requests: u64,
+    unexpected: u64,
+    bad_signatures: u64,
+    statuses: BTreeMap<u16, u64>,
+    /// Publish-to-receiver latency of first deliveries, microseconds.
+    latency_us: Histogram<u64>,
+    /// First deliveries per second since `start`.
+    per_second: Vec<u64>,
+    start: Option<Instant>,
+    last_delivery: Option<Instant>,
+}
+
+/// Accounting for one phase (an engine run, or the ceiling).
+pub struct Collector {
+    plan: Arc<Plan>,
+    ids: RunIds,
+    faults: Faults,
+    inner: Mutex<Inner>,
+}
+
+/// Counters for the progress line.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Counts {
+    pub distinct: u64,
+    pub requests: u64,
+    pub duplicates: u64,
+    pub expected: u64,
+}
+
+/// Latency percentiles in milliseconds.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Percentiles {
+    pub count: u64,
+    pub p50_ms: f64,
+    pub p90_ms: f64,
+    pub p99_ms: f64,
+    pub p999_ms: f64,
+    pub max_ms: f64,
+    pub mean_ms: f64,
+}
+
+impl Percentiles {
+    pub fn from_histogram_us(h: &Histogram<u64>) -> Percentiles {
+        if h.is_empty() {
+            return Percentiles::default();
+        }
+        let ms = |us: u64| us as f64 / 1000.0;
+        Percentiles {
+            count: h.len(),
+            p50_ms: ms(h.value_at_quantile(0.50)),
+            p90_ms: ms(h.value_at_quantile(0.90)),
+            p99_ms: ms(h.value_at_quantile(0.99)),
+            p999_ms: ms(h.value_at_quantile(0.999)),
+            max_ms: ms(h.max()),
+            mean_ms: h.mean() / 1000.0,
+        }
+    }
+}
+
+/// The collector's final figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    /// Pairs expected from the envelopes that were stored.
+    pub expected: u64,
+    /// Pairs answered 2xx at least once.
+    pub delivered: u64,
+    pub missing: u64,
+    /// 2xx answers beyond the first for a pair.
+    pub duplicates: u64,
+    /// Requests received (every attempt, faulted or not).
+    pub attempts: u64,
+    /// Requests whose body or ids were not of this run's expected pairs.
+    pub unexpected: u64,
+    /// Requests with a wrong or missing webhook signature (answered 400).
+    pub bad_signatures: u64,
+    /// Answers sent, by status.
+    pub statuses: BTreeMap<u16, u64>,
+    /// First publish to last first-delivery, seconds.
+    pub seconds: f64,
+    pub deliveries_per_second: f64,
+    pub latency: Percentiles,
+    /// First deliveries in each second since the first publish.
+    pub per_second: Vec<u64>,
+    /// A few missing pairs, "topic/sequence_id/recipient" (indices), for debugging.
+    pub missing_examples: Vec<String>,
+}
+
+/// A latency histogram in microseconds, 1 µs to 1 hour, 3 significant
+/// figures (values above an hour are clamped by `saturating_record`).
+pub fn latency_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid histogram bounds")
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Collector {
+    pub fn new(plan: Arc<Plan>, ids: RunIds, faults: Faults) -> Arc<Collector> {
+        Arc::new(Collector {
+            plan,
+            ids,
+            faults,
+            inner: Mutex::new(Inner {
+                by_key: HashMap::new(),
+                envelopes: Vec::new(),
+                attempts: Vec::new(),
+                delivered: Vec::new(),
+                pending: HashMap::new(),
+                distinct: 0,
+                duplicates: 0,
+                requests: 0,
+                unexpected: 0,
+                bad_signatures: 0,
+                statuses: BTreeMap::new(),
+                latency_us: latency_histogram(),
+                per_second: Vec::new(),
+                start: None,
+                last_delivery: None,
+            }),
+        })
+    }
+
+    /// The hook to install on the mock receivers.
+    pub fn hook(self: &Arc<Self>) -> RequestHook {
+        let me = self.clone();
+        RequestHook::new(move |req| Some(me.on_request(req)))
+    }
+
+    /// Marks the first publish: time zero of the throughput figures.
+    pub fn mark_start(&self, at: Instant) {
+        lock(&self.inner).start.get_or_insert(at);
+    }
+
+    /// Parses, checks the signature, accounts, and answers one request.
+    pub fn on_request(&self, req: &HookRequest<'_>) -> ScriptedResponse {
+        let now = Instant::now();
+        let Some((arrival, body_ok)) = self.parse(req) else {
+            let mut inner = lock(&self.inner);
+            inner.requests += 1;
+            inner.unexpected += 1;
+            *inner.statuses.entry(400).or_default() += 1;
+            return ScriptedResponse::status(400);
+        };
+        if !body_ok {
+            let mut inner = lock(&self.inner);
+            inner.requests += 1;
+            inner.bad_signatures += 1;
+            *inner.statuses.entry(400).or_default() += 1;
+            return ScriptedResponse::status(400);
+        }
+        self.arrive(arrival, now)
+    }
+
+    /// The delivery a request is for, and whether its signature is valid.
+    fn parse(&self, req: &HookRequest<'_>) -> Option<(Arrival, bool)> {
+        let body: Body<'_> = serde_json::from_slice(req.body).ok()?;
+        let topic = self.ids.topic_index(&BASE64.decode(body.topic).ok()?)?;
+        let seq: u64 = body.sequence_id.parse().ok()?;
+        let recipient = self.ids.recipient_index(&hex::decode(body.recipient_id).ok()?)?;
+        let header = |name: &str| req.headers.get(name).and_then(|v| v.to_str().ok());
+        let valid = match (header("webhook-id"), header("webhook-timestamp"), header("webhook-signature")) {
+            (Some(id), Some(ts), Some(sig)) => {
+                verify_standard_webhooks(&self.ids.signing_key(recipient), id, ts, req.body, sig)
+            }
+            _ => false,
+        };
+        Some((Arrival { topic, seq, recipient }, valid))
+    }
+
+    /// Accounts for one (validly signed) request and returns its answer.
+    pub fn arrive(&self, a: Arrival, now: Instant) -> ScriptedResponse {
+        let fault = self.fault(a);
+        let mut inner = lock(&self.inner);
+        inner.requests += 1;
+        let answer = match inner.by_key.get(&(a.topic, a.seq)).copied() {
+            Some(e) => {
+                let env = &inner.envelopes[e as usize];
+                let published_at = env.published_at;
+                match self.plan.slot_of(env.topic, a.recipient) {
+                    Some(slot) => {
+                        let pair = (env.offset + u64::from(slot)) as usize;
+                        let attempt = inner.attempts[pair];
+                        inner.attempts[pair] = attempt.saturating_add(1);
+                        let answer = self.answer(fault, u32::from(attempt));
+                        if is_ok(&answer) {
+                            inner.first_or_duplicate(pair, published_at, now);
+                        }
+                        answer
+                    }
+                    None => {
+                        inner.unexpected += 1;
+                        ScriptedResponse::status(400)
+                    }
+                }
+            }
+            None => {
+                // Not published yet (or not of this run): park it. Before the
+                // Publish RPC returned, this can only be a first attempt.
+                let answer = self.answer(fault, 0);
+                inner.pending.entry((a.topic, a.seq)).or_default().push((a.recipient, now, is_ok(&answer)));
+                answer
+            }
+        };
+        *inner.statuses.entry(answer.status).or_default() += 1;
+        answer
+    }
+
+    /// Records a stored envelope (when its Publish RPC returned) and settles
+    /// the requests that arrived for it before that.
+    pub fn envelope_published(&self, topic: u32, seq: u64, published_at: Instant) {
+        let mut inner = lock(&self.inner);
+        let inner = &mut *inner;
+        let offset = inner.attempts.len() as u64;
+        let pairs = self.plan.subscribers[topic as usize] as usize;
+        let index = inner.envelopes.len() as u32;
+        inner.envelopes.push(Envelope { offset, topic, seq, published_at });
+        inner.by_key.insert((topic, seq), index);
+        inner.attempts.resize(inner.attempts.len() + pairs, 0);
+        inner.delivered.resize(inner.delivered.len() + pairs, 0);
+        for (recipient, at, ok) in inner.pending.remove(&(topic, seq)).unwrap_or_default() {
+            match self.plan.slot_of(topic, recipient) {
+                Some(slot) => {
+                    let pair = (offset + u64::from(slot)) as usize;
+                    inner.attempts[pair] = inner.attempts[pair].saturating_add(1);
+                    if ok {
+                        inner.first_or_duplicate(pair, published_at, at);
+                    }
+                }
+                None => inner.unexpected += 1,
+            }
+        }
+    }
+
+    pub fn counts(&self) -> Counts {
+        let inner = lock(&self.inner);
+        Counts {
+            distinct: inner.distinct,
+            requests: inner.requests,
+            duplicates: inner.duplicates,
+            expected: inner.attempts.len() as u64,
+        }
+    }
+
+    /// Waits until every expected pair arrived or `timeout` passed.
+    pub async fn wait_complete(&self, expected: u64, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.counts().distinct >= expected {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub fn summary(&self) -> Summary {
+        let inner = lock(&self.inner);
+        let expected = inner.attempts.len() as u64;
+        let seconds = match (inner.start, inner.last_delivery) {
+            (Some(s), Some(l)) => l.saturating_duration_since(s).as_secs_f64(),
+            _ => 0.0,
+        };
+        let pending: u64 = inner.pending.values().map(|v| v.len() as u64).sum();
+        let mut missing_examples = Vec::new();
+        let all_there = inner.distinct == expected;
+        for env in inner.envelopes.iter().filter(|_| !all_there) {
+            if missing_examples.len() >= 5 {
+                break;
+            }
+            for slot in 0..self.plan.subscribers[env.topic as usize] {
+                if inner.delivered[(env.offset + u64::from(slot)) as usize] == 0 && missing_examples.len() < 5 {
+                    let recipient = self.plan.subscriber(env.topic, slot);
+                    missing_examples.push(format!("topic {} / seq {} / recipient {recipient}", env.topic, env.seq));
+                }
+            }
+        }
+        Summary {
+            expected,
+            delivered: inner.distinct,
+            missing: expected - inner.distinct,
+            duplicates: inner.duplicates,
+            attempts: inner.requests,
+            unexpected: inner.unexpected + pending,
+            bad_signatures: inner.bad_signatures,
+            statuses: inner.statuses.clone(),
+            seconds,
+            deliveries_per_second: if seconds > 0.0 { inner.distinct as f64 / seconds } else { 0.0 },
+            latency: Percentiles::from_histogram_us(&inner.latency_us),
+            per_second: inner.per_second.clone(),
+            missing_examples,
+        }
+    }
+
+    fn fault(&self, a: Arrival) -> Fault {
+        if !self.faults.any() {
+            return Fault::None;
+        }
+        let h = self.ids.delivery_hash(a.topic, a.seq, a.recipient);
+        let u = (h >> 11) as f64 / (1u64 << 53) as f64;
+        let f = &self.faults;
+        let steps = [
+            (f.status_503, Fault::Status(503)),
+            (f.status_500, Fault::Status(500)),
+            (f.status_404, Fault::Status(404)),
+            (f.delay, Fault::Delay),
+        ];
+        let mut acc = 0.0;
+        for (p, fault) in steps {
+            acc += p;
+            if u < acc {
+                return fault;
+            }
+        }
+        Fault::None
+    }
+
+    /// The answer to attempt number `attempt` (0 = first) of a delivery.
+    fn answer(&self, fault: Fault, attempt: u32) -> ScriptedResponse {
+        match fault {
+            Fault::Status(code) if attempt < self.faults.failed_attempts() => ScriptedResponse::status(code),
+            Fault::Delay if attempt == 0 => {
+                ScriptedResponse::status(200).with_delay(Duration::from_millis(self.faults.delay_ms))
+            }
+            _ => ScriptedResponse::status(200),
+        }
+    }
+}
+
+fn is_ok(answer: &ScriptedResponse) -> bool {
+    (200..300).contains(&answer.status)
+}
+
+impl Inner {
+    /// A 2xx answer for `pair`: its first delivery, or a duplicate.
+    fn first_or_duplicate(&mut self, pair: usize, published_at: Instant, at: Instant) {
+        let seen = self.delivered[pair];
+        self.delivered[pair] = seen.saturating_add(1);
+        if seen > 0 {
+            self.duplicates += 1;
+            return;
+        }
+        self.distinct += 1;
+        // Arrivals before the Publish RPC returned count as zero latency.
+        let us = at.saturating_duration_since(published_at).as_micros() as u64;
+        self.latency_us.saturating_record(us);
+        if let Some(start) = self.start {
+            let second = at.saturating_duration_since(start).as_secs() as usize;
+            if self.per_second.len() <= second {
+                self.per_second.resize(second + 1, 0);
+            }
+            self.per_second[second] += 1;
+        }
+        if self.last_delivery.is_none_or(|l| at > l) {
+            self.last_delivery = Some(at);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::run::scenario::Scenario;
+
+    fn plan() -> Arc<Plan> {
+        let s = Scenario::parse(
+            r#"
+            name = "t"
+            recipients = 5
+            topics = [{ count = 2, subscribers = 3 }]
+            [envelopes]
+            per_topic = 1
+            "#,
+        )
+        .unwrap();
+        Arc::new(Plan::new(&s))
+    }
+
+    #[test]
+    fn counts_missing_duplicates_and_pending() {
+        let plan = plan();
+        let ids = RunIds::from_seed(7);
+        let c = Collector::new(plan.clone(), ids, Faults::default());
+        let t0 = Instant::now();
+        c.mark_start(t0);
+        // Topic 0 → recipients 0,1,2; topic 1 → recipients 3,4,0.
+        // A request for topic 1 / seq 9 arrives before its Publish returned.
+        let early = Arrival { topic: 1, seq: 9, recipient: 4 };
+        assert_eq!(c.arrive(early, t0).status, 200);
+        c.envelope_published(0, 5, t0);
+        c.envelope_published(1, 9, t0 + Duration::from_millis(1));
+        let at = t0 + Duration::from_millis(10);
+        for r in [0, 1, 1] {
+            c.arrive(Arrival { topic: 0, seq: 5, recipient: r }, at);
+        }
+        c.arrive(Arrival { topic: 1, seq: 9, recipient: 3 }, at);
+        // Not a subscriber of topic 0, and an unknown envelope.
+        assert_eq!(c.arrive(Arrival { topic: 0, seq: 5, recipient: 4 }, at).status, 400);
+        c.arrive(Arrival { topic: 0, seq: 77, recipient: 0 }, at);
+
+        let s = c.summary();
+        assert_eq!(s.expected, 6);
+        assert_eq!(s.delivered, 4); // (0,5,0) (0,5,1) (1,9,4) (1,9,3)
+        assert_eq!(s.missing, 2); // (0,5,2) and (1,9,0)
+        assert_eq!(s.duplicates, 1);
+        assert_eq!(s.attempts, 7);
+        assert_eq!(s.unexpected, 2);
+        assert_eq!(s.latency.count, 4);
+        assert_eq!(s.per_second, vec![4]);
+        assert_eq!(s.missing_examples.len(), 2);
+        // The early arrival counts as zero latency, the others 9-10 ms.
+        assert_eq!(s.latency.max_ms.round(), 10.0);
+    }
+
+    #[test]
+    fn faults_fail_only_the_first_attempts() {
+        let plan = plan();
+        let faults = Faults { status_503: 0.5, status_404: 0.25, delay: 0.25, delay_ms: 50, ..Faults::default() };
+        let c = Collector::new(plan.clone(), RunIds::from_seed(3), faults);
+        c.envelope_published(0, 1, Instant::now());
+        let mut first = Vec::new();
+        for r in 0..3 {
+            let a = Arrival { topic: 0, seq: 1, recipient: r };
+            let answer = c.arrive(a, Instant::now());
+            first.push(answer.status);
+            if answer.status != 200 {
+                assert_eq!(c.arrive(a, Instant::now()).status, 200, "the retry is accepted");
+            }
+        }
+        let s = c.summary();
+        assert_eq!(s.missing, 0);
+        assert_eq!(s.duplicates, 0);
+        assert_eq!(s.attempts, 3 + first.iter().filter(|s| **s != 200).count() as u64);
+        // Every answer is a 200 or one of the scripted faults.
+        assert!(first.iter().all(|s| [200, 503, 404].contains(s)), "{first:?}");
+    }
+
+    #[test]
+    fn percentiles_from_a_histogram() {
+        let mut h = Histogram::<u64>::new(3).unwrap();
+        for ms in 1..=1000u64 {
+            h.record(ms * 1000).unwrap();
+        }
+        let p = Percentiles::from_histogram_us(&h);
+        assert_eq!(p.count, 1000);
+        assert!((p.p50_ms - 500.0).abs() < 1.0, "{p:?}");
+        assert!((p.p90_ms - 900.0).abs() < 1.0, "{p:?}");
+        assert!((p.p99_ms - 990.0).abs() < 1.0, "{p:?}");
+        assert!((p.p999_ms - 999.0).abs() < 1.0, "{p:?}");
+        assert!((p.max_ms - 1000.0).abs() < 1.0, "{p:?}");
+        assert_eq!(Percentiles::from_histogram_us(&Histogram::<u64>::new(3).unwrap()).count, 0);
+    }
+
+    #[test]
+    fn parses_signed_requests_and_refuses_bad_signatures() {
+        use crate::mock::webhook::standard_webhooks_signature;
+        let plan = plan();
+        let ids = RunIds::from_seed(11);
+        let c = Collector::new(plan, ids, Faults::default());
+        c.envelope_published(0, 42, Instant::now());
+        let body = format!(
+            r#"{{"topic":"{}","sequence_id":"42","recipient_id":"{}"}}"#,
+            BASE64.encode(ids.topic(0)),
+            hex::encode(ids.recipient_id(1))
+        );
+        let request = |key: &[u8]| {
+            let mut headers = http::HeaderMap::new();
+            headers.insert("webhook-id", "msg_1".parse().unwrap());
+            headers.insert("webhook-timestamp", "1700000000".parse().unwrap());
+            let sig = standard_webhooks_signature(key, "msg_1", "1700000000", body.as_bytes());
+            headers.insert("webhook-signature", sig.parse().unwrap());
+            headers
+        };
+        let good = request(&ids.signing_key(1));
+        let bad = request(&ids.signing_key(2));
+        let hook = |h: &http::HeaderMap| {
+            c.on_request(&HookRequest { path: "/hook", headers: h, body: body.as_bytes() }).status
+        };
+        assert_eq!(hook(&bad), 400);
+        assert_eq!(hook(&good), 200);
+        let junk = HookRequest { path: "/hook", headers: &good, body: b"{}" };
+        assert_eq!(c.on_request(&junk).status, 400);
+        let s = c.summary();
+        assert_eq!((s.delivered, s.bad_signatures, s.unexpected, s.attempts), (1, 1, 1, 3));
+    }
+}

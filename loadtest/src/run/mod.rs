@@ -1,0 +1,474 @@
+//! `fanout-loadtest run` and `ceiling`: drive the real engine with a
+//! scenario, prove nothing was lost, and measure how close it runs to the
+//! machine's ceiling.
+//!
+//! - [`scenario`]: the TOML scenario and the plan expanded from it
+//! - [`ids`]: recipient ids, secrets, keys and topics derived from a seed
+//! - [`engine_process`]: the `fanout` subprocess, /proc sampling, /metrics
+//! - [`driver`]: registration, subscriptions and publishing over gRPC
+//! - [`collector`]: the receiver-side accounting (missing, duplicates, latency)
+//! - [`ceiling`]: the bare HTTP/2 client with no engine in between
+//! - [`report`], [`svg`], [`progress`]: the outputs
+
+pub mod ceiling;
+pub mod collector;
+pub mod driver;
+pub mod engine_process;
+pub mod ids;
+pub mod progress;
+pub mod report;
+pub mod scenario;
+pub mod svg;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context as _, bail};
+
+use self::collector::Collector;
+use self::engine_process::{EngineProcess, proc_sample};
+use self::ids::RunIds;
+use self::progress::Progress;
+use self::report::{EngineInfo, Machine, PlanInfo, Report, Resources};
+use self::scenario::{Faults, Plan, Scenario};
+use crate::mock::webhook::{MockWebhook, MockWebhookConfig};
+use crate::tls::TestPki;
+
+/// `fanout-loadtest run`.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct RunArgs {
+    /// Scenario file, e.g. loadtest/scenarios/smoke.toml.
+    #[arg(long)]
+    pub scenario: PathBuf,
+    /// The `fanout` binary to start (default: $CARGO_TARGET_DIR/release/fanout,
+    /// then debug/fanout, else it is built).
+    #[arg(long, conflicts_with = "engine_grpc")]
+    pub engine_bin: Option<PathBuf>,
+    /// Use an engine that is already running at this gRPC address instead of
+    /// starting one. It must allow private addresses and trust the mock CA
+    /// written to --ca-out (start it after the harness printed the path).
+    #[arg(long)]
+    pub engine_grpc: Option<SocketAddr>,
+    /// With --engine-grpc: its HTTP address, to read /metrics at the end.
+    #[arg(long, requires = "engine_grpc")]
+    pub engine_http: Option<SocketAddr>,
+    /// With --engine-grpc: its process id, to sample memory and CPU.
+    #[arg(long, requires = "engine_grpc")]
+    pub engine_pid: Option<u32>,
+    /// Where to write the mock receivers' CA certificate (default: a temporary file).
+    #[arg(long)]
+    pub ca_out: Option<PathBuf>,
+    /// Directory for the started engine's store (default: a temporary directory).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Also measure the ceiling (before the engine starts) and report the ratio.
+    #[arg(long)]
+    pub with_ceiling: bool,
+    /// Write the JSON report here.
+    #[arg(long)]
+    pub json_out: Option<PathBuf>,
+    /// Write the SVG report here.
+    #[arg(long)]
+    pub svg_out: Option<PathBuf>,
+    /// Steady scenarios: override rate_per_second.
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Steady scenarios: override duration_seconds.
+    #[arg(long)]
+    pub duration_seconds: Option<f64>,
+}
+
+/// `fanout-loadtest ceiling`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct CeilingArgs {
+    /// Scenario file: the requests are its deliveries.
+    #[arg(long)]
+    pub scenario: PathBuf,
+    /// Number of requests (default: the scenario's deliveries, capped by ceiling.max_requests).
+    #[arg(long)]
+    pub requests: Option<u64>,
+    /// Requests in flight (default: the scenario's ceiling.concurrency).
+    #[arg(long)]
+    pub concurrency: Option<usize>,
+    /// Write the result as JSON here.
+    #[arg(long)]
+    pub json_out: Option<PathBuf>,
+}
+
+/// Runs a scenario, prints the summary, writes the reports; fails when the
+/// run did (missing deliveries, publish errors, bad signatures).
+pub async fn run_command(args: RunArgs) -> anyhow::Result<()> {
+    let report = execute(&args).await?;
+    println!("{}", report.text());
+    if !report.passed {
+        bail!("scenario {} failed: {}", report.scenario, report.failures.join("; "));
+    }
+    Ok(())
+}
+
+/// Measures the ceiling alone.
+pub async fn ceiling_command(args: CeilingArgs) -> anyhow::Result<()> {
+    let scenario = Scenario::load(&args.scenario)?;
+    let plan = Arc::new(Plan::new(&scenario));
+    let pki = TestPki::generate(&[]).context("generating test PKI")?;
+    let progress = Progress::new();
+    let printer = progress.spawn_printer();
+    let requests = args.requests.unwrap_or_else(|| ceiling_requests(&scenario, &plan));
+    let concurrency = args.concurrency.unwrap_or(scenario.ceiling.concurrency);
+    let result = measure_ceiling(&pki, &scenario, &plan, requests, concurrency, &progress).await;
+    printer.abort();
+    let result = result?;
+    progress.say("");
+    println!(
+        "ceiling for {}: {:.0} requests/s ({} requests, concurrency {}, {} failed, {:.2} s, p50 {:.2} ms, p99 {:.2} ms)",
+        scenario.name,
+        result.requests_per_second,
+        result.requests,
+        result.concurrency,
+        result.failed,
+        result.seconds,
+        result.latency.p50_ms,
+        result.latency.p99_ms
+    );
+    if let Some(path) = &args.json_out {
+        std::fs::write(path, serde_json::to_string_pretty(&result)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if result.failed > 0 {
+        bail!("{} ceiling requests failed", result.failed);
+    }
+    Ok(())
+}
+
+fn ceiling_requests(scenario: &Scenario, plan: &Plan) -> u64 {
+    let all = plan.expected_deliveries(plan.envelopes);
+    scenario.ceiling.max_requests.map_or(all, |cap| all.min(cap))
+}
+
+/// Starts the scenario's mock receivers with `collector` as their hook.
+async fn start_mocks(
+    pki: &TestPki,
+    scenario: &Scenario,
+    collector: &Arc<Collector>,
+) -> anyhow::Result<Vec<MockWebhook>> {
+    let mut mocks = Vec::new();
+    for _ in 0..scenario.mock.receivers {
+        let config = MockWebhookConfig {
+            latency: Duration::from_millis(scenario.mock.latency_ms),
+            record_requests: false,
+            on_request: Some(collector.hook()),
+            ..MockWebhookConfig::default()
+        };
+        mocks.push(crate::mock::webhook::start(pki, config).await?);
+    }
+    Ok(mocks)
+}
+
+fn urls(mocks: &[MockWebhook]) -> Vec<String> {
+    mocks.iter().map(|m| m.url("/hook")).collect()
+}
+
+async fn measure_ceiling(
+    pki: &TestPki,
+    scenario: &Scenario,
+    plan: &Arc<Plan>,
+    requests: u64,
+    concurrency: usize,
+    progress: &Arc<Progress>,
+) -> anyhow::Result<ceiling::CeilingResult> {
+    // A fresh identity space and a fault-free collector: the same per-request
+    // work at the receiver as in the engine run.
+    let ids = RunIds::fresh();
+    let collector = Collector::new(plan.clone(), ids, Faults::default());
+    let mocks = start_mocks(pki, scenario, &collector).await?;
+    let result = ceiling::run(pki, plan, ids, &urls(&mocks), &collector, requests, concurrency, progress).await;
+    for m in mocks {
+        m.shutdown().await;
+    }
+    result
+}
+
+/// The engine: started here, or already running elsewhere.
+enum Engine {
+    Started(EngineProcess),
+    External { grpc: SocketAddr, http: Option<SocketAddr>, pid: Option<u32> },
+}
+
+impl Engine {
+    fn grpc(&self) -> SocketAddr {
+        match self {
+            Engine::Started(e) => e.grpc,
+            Engine::External { grpc, .. } => *grpc,
+        }
+    }
+    fn http(&self) -> Option<SocketAddr> {
+        match self {
+            Engine::Started(e) => Some(e.http),
+            Engine::External { http, .. } => *http,
+        }
+    }
+    fn pid(&self) -> Option<u32> {
+        match self {
+            Engine::Started(e) => Some(e.pid),
+            Engine::External { pid, .. } => *pid,
+        }
+    }
+}
+
+/// Runs a scenario and returns its report (also written to --json-out/--svg-out).
+pub async fn execute(args: &RunArgs) -> anyhow::Result<Report> {
+    let run_started = Instant::now();
+    let mut scenario = Scenario::load(&args.scenario)?;
+    scenario.override_rate(args.rate, args.duration_seconds)?;
+    let plan = Arc::new(Plan::new(&scenario));
+    let mut machine = Machine::read();
+    let pki = TestPki::generate(&[]).context("generating test PKI")?;
+    let ca_dir = tempfile::Builder::new().prefix("fanout-loadtest-ca-").tempdir()?;
+    let ca_path = args.ca_out.clone().unwrap_or_else(|| ca_dir.path().join("mock-ca.pem"));
+    pki.write_ca(&ca_path)?;
+
+    let progress = Progress::new();
+    let printer = progress.spawn_printer();
+    let result = execute_inner(args, &scenario, &plan, &pki, &ca_path, &progress).await;
+    printer.abort();
+    let (mut report, _engine) = result?;
+    machine.loadavg_end = report::loadavg();
+    report.machine = machine;
+    report.run_seconds = run_started.elapsed().as_secs_f64();
+    report.judge();
+    progress.say("");
+    if let Some(path) = &args.json_out {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.svg_out {
+        std::fs::write(path, svg::render(&report)).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(report)
+}
+
+async fn execute_inner(
+    args: &RunArgs,
+    scenario: &Scenario,
+    plan: &Arc<Plan>,
+    pki: &TestPki,
+    ca_path: &Path,
+    progress: &Arc<Progress>,
+) -> anyhow::Result<(Report, Engine)> {
+    let started_at_unix = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let expected_all = plan.expected_deliveries(plan.envelopes);
+    progress.say(&format!(
+        "scenario {}: {} recipients, {} topics, {} subscriptions, {} envelopes, {} deliveries",
+        scenario.name,
+        plan.recipients,
+        plan.topics(),
+        plan.total_subscriptions(),
+        plan.envelopes,
+        expected_all
+    ));
+
+    // 1. The ceiling, on an otherwise idle machine (no engine yet).
+    let ceiling = if args.with_ceiling {
+        let requests = ceiling_requests(scenario, plan);
+        let c = measure_ceiling(pki, scenario, plan, requests, scenario.ceiling.concurrency, progress).await?;
+        progress.say(&format!("ceiling: {:.0} requests/s over {} requests", c.requests_per_second, c.requests));
+        Some(c)
+    } else {
+        None
+    };
+
+    // 2. Receivers and engine.
+    let ids = RunIds::fresh();
+    let collector = Collector::new(plan.clone(), ids, scenario.faults.clone());
+    let mocks = start_mocks(pki, scenario, &collector).await?;
+    let urls = urls(&mocks);
+    let engine = match args.engine_grpc {
+        Some(grpc) => {
+            progress.say(&format!(
+                "using the engine at {grpc}; it must trust {} and allow private addresses",
+                ca_path.display()
+            ));
+            Engine::External { grpc, http: args.engine_http, pid: args.engine_pid }
+        }
+        None => {
+            let binary = engine_process::find_binary(args.engine_bin.as_deref())?;
+            let timeout = Duration::from_secs(scenario.timeouts.engine_start_seconds);
+            let e = EngineProcess::start(&binary, &scenario.engine, ca_path, args.data_dir.as_deref(), timeout).await?;
+            progress.say(&format!("engine {} started (pid {}, gRPC {})", binary.display(), e.pid, e.grpc));
+            Engine::Started(e)
+        }
+    };
+    let engine_info = EngineInfo {
+        mode: if args.engine_grpc.is_some() { "external" } else { "subprocess" }.into(),
+        binary: match &engine {
+            Engine::Started(e) => Some(e.binary.display().to_string()),
+            Engine::External { .. } => None,
+        },
+        pid: engine.pid(),
+        grpc: engine.grpc().to_string(),
+        overrides: serde_json::to_value(&scenario.engine)?,
+    };
+    if let Some(pid) = engine.pid() {
+        progress.engine_pid.store(u64::from(pid), std::sync::atomic::Ordering::Relaxed);
+    }
+    let samples = Arc::new(Mutex::new(Vec::new()));
+    let sampler = engine.pid().map(|pid| {
+        let samples = samples.clone();
+        let t0 = Instant::now();
+        tokio::spawn(async move {
+            loop {
+                if let Some(s) = proc_sample(pid) {
+                    let mut v = samples.lock().unwrap_or_else(|p| p.into_inner());
+                    v.push((t0.elapsed().as_secs_f64(), s.rss_kib as f64 / 1024.0));
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        })
+    });
+
+    // 3. Recipients and subscriptions.
+    let connect_timeout = Duration::from_secs(scenario.timeouts.engine_start_seconds);
+    let grpc = driver::Grpc::connect(engine.grpc(), 2, connect_timeout).await?;
+    let setup = driver::setup(
+        &grpc,
+        plan,
+        ids,
+        &urls,
+        &scenario.setup,
+        progress,
+        Duration::from_secs(scenario.timeouts.setup_seconds),
+    )
+    .await?;
+    progress.say(&format!(
+        "setup: {} recipients, {} subscriptions in {:.1} s ({:.0} recipients/s, {:.0} RPCs/s)",
+        setup.recipients, setup.subscriptions, setup.seconds, setup.recipients_per_second, setup.rpcs_per_second
+    ));
+
+    // 4. Publish, then wait (bounded) for every expected delivery.
+    progress.watch(collector.clone());
+    let cpu_before = engine.pid().and_then(proc_sample).map(|s| s.cpu_seconds);
+    let delivery_started = Instant::now();
+    let publish_timeout = Duration::from_secs(
+        scenario.timeouts.publish_seconds + plan.rate.map_or(0, |r| (plan.envelopes as f64 / r) as u64),
+    );
+    let publish = driver::publish(&grpc, plan, ids, &scenario.envelopes, &collector, progress, publish_timeout).await?;
+    progress.phase("drain", 0);
+    let expected = collector.counts().expected;
+    let complete = collector.wait_complete(expected, scenario.drain_timeout()).await;
+    if complete {
+        // Keep counting for a moment: late duplicates would show up now.
+        tokio::time::sleep(Duration::from_millis(scenario.timeouts.settle_ms)).await;
+    }
+    let delivery_seconds = delivery_started.elapsed().as_secs_f64();
+    let end_sample = engine.pid().and_then(proc_sample);
+    if let Some(task) = sampler {
+        task.abort();
+    }
+    let engine_metrics = match engine.http() {
+        Some(http) => engine_process::fetch_metrics(http).await.unwrap_or_default(),
+        None => Default::default(),
+    };
+    let deliveries = collector.summary();
+    for m in mocks {
+        m.shutdown().await;
+    }
+    let resources = end_sample.map(|s| {
+        let during = cpu_before.map_or(0.0, |before| s.cpu_seconds - before);
+        Resources {
+            peak_rss_mib: s.hwm_kib as f64 / 1024.0,
+            rss_samples_mib: samples.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            cpu_seconds_total: s.cpu_seconds,
+            cpu_seconds_delivery: during,
+            cores_busy_delivery: during / delivery_seconds.max(1e-9),
+        }
+    });
+    let ratio = ceiling
+        .as_ref()
+        .filter(|c| c.requests_per_second > 0.0)
+        .map(|c| deliveries.deliveries_per_second / c.requests_per_second);
+    let f = &scenario.faults;
+    let report = Report {
+        scenario: scenario.name.clone(),
+        description: scenario.description.clone(),
+        passed: false,
+        failures: vec![],
+        started_at_unix,
+        run_seconds: 0.0,
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        machine: Machine::default(),
+        engine: engine_info,
+        plan: PlanInfo {
+            recipients: plan.recipients,
+            topics: plan.topics(),
+            subscriptions: plan.total_subscriptions(),
+            envelopes: plan.envelopes,
+            rate_per_second: plan.rate,
+            expected_deliveries: expected_all,
+            receivers: scenario.mock.receivers,
+            faults: if f.any() {
+                format!(
+                    "503 {:.3}, 500 {:.3}, 404 {:.3} on the first {} attempt(s); delay {:.3} ({} ms)",
+                    f.status_503,
+                    f.status_500,
+                    f.status_404,
+                    f.failed_attempts(),
+                    f.delay,
+                    f.delay_ms
+                )
+            } else {
+                "none".into()
+            },
+        },
+        setup,
+        publish,
+        deliveries_by_outcome: report::deliveries_by_outcome(&engine_metrics),
+        deliveries,
+        resources,
+        engine_metrics,
+        ceiling,
+        ratio,
+    };
+    Ok((report, engine))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The smoke scenario end to end against the real `fanout` binary (built
+    /// in debug like the e2e tests; about 10 s here). Also checks that the
+    /// reports are written.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn smoke_scenario_end_to_end() {
+        let binary = tokio::task::spawn_blocking(|| engine_process::build_binary(false)).await.unwrap().unwrap();
+        let out = tempfile::tempdir().unwrap();
+        let args = RunArgs {
+            scenario: Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/smoke.toml"),
+            engine_bin: Some(binary),
+            with_ceiling: true,
+            json_out: Some(out.path().join("report.json")),
+            svg_out: Some(out.path().join("report.svg")),
+            ..RunArgs::default()
+        };
+        let report = execute(&args).await.unwrap();
+        eprintln!("{}", report.text());
+        assert!(report.passed, "{}", report.text());
+        assert_eq!(report.deliveries.missing, 0);
+        assert_eq!(report.deliveries.delivered, report.plan.expected_deliveries);
+        assert!(report.deliveries.deliveries_per_second > 0.0);
+        assert!(report.ratio.is_some_and(|r| r > 0.0));
+        assert!(report.resources.as_ref().is_some_and(|r| r.peak_rss_mib > 0.0));
+        assert!(
+            report
+                .deliveries_by_outcome
+                .get("http/delivered")
+                .is_some_and(|n| *n as u64 == report.plan.expected_deliveries)
+        );
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.path().join("report.json")).unwrap()).unwrap();
+        assert_eq!(json["deliveries"]["missing"], 0);
+        assert!(std::fs::read_to_string(out.path().join("report.svg")).unwrap().contains("</svg>"));
+    }
+}

@@ -1,0 +1,261 @@
+//! The run's report: every figure in one serialisable struct (the JSON
+//! report), a human summary on stdout, and the pass/fail verdict.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::ceiling::CeilingResult;
+use super::collector::Summary;
+use super::driver::{PublishStats, SetupStats};
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub scenario: String,
+    pub description: String,
+    /// False when deliveries are missing, publishes failed, or signatures were bad.
+    pub passed: bool,
+    pub failures: Vec<String>,
+    pub started_at_unix: u64,
+    /// Whole run, setup included, seconds.
+    pub run_seconds: f64,
+    pub command: String,
+    pub machine: Machine,
+    pub engine: EngineInfo,
+    pub plan: PlanInfo,
+    pub setup: SetupStats,
+    pub publish: PublishStats,
+    /// What the receivers saw: expected, delivered, missing, duplicates,
+    /// attempts, throughput, latency.
+    pub deliveries: Summary,
+    pub resources: Option<Resources>,
+    /// The engine's own counters at the end of the run (`fanout_*`, no buckets).
+    pub engine_metrics: BTreeMap<String, f64>,
+    /// `fanout_deliveries_total` by outcome.
+    pub deliveries_by_outcome: BTreeMap<String, f64>,
+    pub ceiling: Option<CeilingResult>,
+    /// Engine deliveries/s ÷ ceiling requests/s.
+    pub ratio: Option<f64>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Machine {
+    pub nproc: usize,
+    pub memory_mib: u64,
+    pub cpu_model: String,
+    /// 1-minute load average when the run started and ended (others' work shows here).
+    pub loadavg_start: f64,
+    pub loadavg_end: f64,
+}
+
+impl Machine {
+    pub fn read() -> Machine {
+        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        let memory_kib = meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|r| r.split_whitespace().next()?.parse::<u64>().ok())
+            .unwrap_or(0);
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu_model = cpuinfo
+            .lines()
+            .find_map(|l| l.strip_prefix("model name"))
+            .map(|r| r.trim_start_matches([' ', '\t', ':']).to_string())
+            .unwrap_or_default();
+        Machine {
+            nproc: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            memory_mib: memory_kib / 1024,
+            cpu_model,
+            loadavg_start: loadavg(),
+            loadavg_end: 0.0,
+        }
+    }
+}
+
+/// The 1-minute load average.
+pub fn loadavg() -> f64 {
+    std::fs::read_to_string("/proc/loadavg").ok().and_then(|s| s.split_whitespace().next()?.parse().ok()).unwrap_or(0.0)
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct EngineInfo {
+    /// "subprocess" (started by the harness) or "external" (--engine-grpc).
+    pub mode: String,
+    pub binary: Option<String>,
+    pub pid: Option<u32>,
+    pub grpc: String,
+    /// The scenario's `[engine]` overrides.
+    pub overrides: serde_json::Value,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PlanInfo {
+    pub recipients: u32,
+    pub topics: u32,
+    pub subscriptions: u64,
+    pub envelopes: u64,
+    pub rate_per_second: Option<f64>,
+    pub expected_deliveries: u64,
+    pub receivers: usize,
+    pub faults: String,
+}
+
+/// The engine process's memory and CPU, from /proc.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Resources {
+    /// VmHWM at the end: the peak resident set of the whole run.
+    pub peak_rss_mib: f64,
+    /// VmRSS sampled every 500 ms: (seconds since the engine started, MiB).
+    pub rss_samples_mib: Vec<(f64, f64)>,
+    /// utime + stime over the whole process life.
+    pub cpu_seconds_total: f64,
+    /// utime + stime from the first publish to the end of the drain.
+    pub cpu_seconds_delivery: f64,
+    /// cpu_seconds_delivery ÷ that wall time: cores kept busy.
+    pub cores_busy_delivery: f64,
+}
+
+/// `fanout_deliveries_total{channel="http",outcome="delivered"}` → "http/delivered".
+pub fn deliveries_by_outcome(metrics: &BTreeMap<String, f64>) -> BTreeMap<String, f64> {
+    let label = |name: &str, key: &str| {
+        let start = name.find(&format!("{key}=\""))? + key.len() + 2;
+        Some(name[start..].split('"').next()?.to_string())
+    };
+    metrics
+        .iter()
+        .filter(|(k, _)| k.starts_with("fanout_deliveries_total{"))
+        .filter_map(|(k, v)| Some((format!("{}/{}", label(k, "channel")?, label(k, "outcome")?), *v)))
+        .collect()
+}
+
+impl Report {
+    /// Sets `passed` and `failures` from the figures.
+    pub fn judge(&mut self) {
+        let mut failures = Vec::new();
+        let d = &self.deliveries;
+        if d.missing > 0 {
+            failures.push(format!("{} of {} expected deliveries never arrived", d.missing, d.expected));
+        }
+        if self.publish.errors > 0 {
+            failures.push(format!(
+                "{} envelopes were not stored: {}",
+                self.publish.errors,
+                self.publish.first_error.as_deref().unwrap_or("")
+            ));
+        }
+        if d.bad_signatures > 0 {
+            failures.push(format!("{} requests had a bad webhook signature", d.bad_signatures));
+        }
+        if d.unexpected > 0 {
+            failures.push(format!("{} requests were not for an expected delivery", d.unexpected));
+        }
+        if let Some(c) = &self.ceiling
+            && c.failed > 0
+        {
+            failures.push(format!("{} ceiling requests failed", c.failed));
+        }
+        self.passed = failures.is_empty();
+        self.failures = failures;
+    }
+
+    /// The human summary printed at the end of a run.
+    pub fn text(&self) -> String {
+        let mut s = String::new();
+        let d = &self.deliveries;
+        let _ = writeln!(s, "scenario {}: {}", self.scenario, if self.passed { "PASSED" } else { "FAILED" });
+        for f in &self.failures {
+            let _ = writeln!(s, "  failure: {f}");
+        }
+        let p = &self.plan;
+        let _ = writeln!(
+            s,
+            "  plan        {} recipients, {} topics, {} subscriptions, {} envelopes{} -> {} deliveries",
+            p.recipients,
+            p.topics,
+            p.subscriptions,
+            p.envelopes,
+            p.rate_per_second.map(|r| format!(" at {r}/s")).unwrap_or_default(),
+            p.expected_deliveries
+        );
+        let st = &self.setup;
+        let _ = writeln!(
+            s,
+            "  setup       {:.1} s: {:.0} recipients/s, {:.0} RPCs/s",
+            st.seconds, st.recipients_per_second, st.rpcs_per_second
+        );
+        let _ = writeln!(
+            s,
+            "  publish     {} stored, {} errors in {:.1} s; Publish RPC p50 {:.1} ms p99 {:.1} ms",
+            self.publish.stored,
+            self.publish.errors,
+            self.publish.seconds,
+            self.publish.rpc_latency.p50_ms,
+            self.publish.rpc_latency.p99_ms
+        );
+        let _ = writeln!(
+            s,
+            "  deliveries  expected {} delivered {} missing {} duplicates {} attempts {} (unexpected {}, bad signatures {})",
+            d.expected, d.delivered, d.missing, d.duplicates, d.attempts, d.unexpected, d.bad_signatures
+        );
+        let _ = writeln!(s, "  throughput  {:.0} deliveries/s over {:.2} s", d.deliveries_per_second, d.seconds);
+        let l = &d.latency;
+        let _ = writeln!(
+            s,
+            "  latency     p50 {:.1} ms  p90 {:.1} ms  p99 {:.1} ms  p99.9 {:.1} ms  max {:.1} ms",
+            l.p50_ms, l.p90_ms, l.p99_ms, l.p999_ms, l.max_ms
+        );
+        if let Some(r) = &self.resources {
+            let _ = writeln!(
+                s,
+                "  engine      peak RSS {:.0} MiB, CPU {:.1} s total, {:.1} s during delivery ({:.2} cores)",
+                r.peak_rss_mib, r.cpu_seconds_total, r.cpu_seconds_delivery, r.cores_busy_delivery
+            );
+        }
+        if !self.deliveries_by_outcome.is_empty() {
+            let outcomes: Vec<String> = self.deliveries_by_outcome.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            let _ = writeln!(s, "  outcomes    {}", outcomes.join(" "));
+        }
+        if let Some(c) = &self.ceiling {
+            let _ = writeln!(
+                s,
+                "  ceiling     {:.0} requests/s ({} requests, concurrency {}, {} failed, p99 {:.1} ms)",
+                c.requests_per_second, c.requests, c.concurrency, c.failed, c.latency.p99_ms
+            );
+        }
+        if let Some(ratio) = self.ratio {
+            let _ = writeln!(s, "  ratio       {ratio:.2} (engine deliveries/s / ceiling requests/s)");
+        }
+        let m = &self.machine;
+        let _ = writeln!(
+            s,
+            "  machine     {} cores, {} MiB, load {:.2} -> {:.2}; run took {:.1} s",
+            m.nproc, m.memory_mib, m.loadavg_start, m.loadavg_end, self.run_seconds
+        );
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outcomes_from_metric_names() {
+        let mut m = BTreeMap::new();
+        m.insert("fanout_deliveries_total{channel=\"http\",outcome=\"delivered\"}".to_string(), 10.0);
+        m.insert("fanout_deliveries_total{channel=\"http\",outcome=\"exhausted\"}".to_string(), 2.0);
+        m.insert("fanout_attempts_total{channel=\"http\",outcome=\"delivered\"}".to_string(), 12.0);
+        let o = deliveries_by_outcome(&m);
+        assert_eq!(o.len(), 2);
+        assert_eq!(o["http/delivered"], 10.0);
+        assert_eq!(o["http/exhausted"], 2.0);
+    }
+
+    #[test]
+    fn machine_info_is_read() {
+        let m = Machine::read();
+        assert!(m.nproc >= 1);
+        assert!(m.memory_mib > 0);
+    }
+}

@@ -1,0 +1,487 @@
+//! Scenario files (TOML, in `loadtest/scenarios/`) and the plan derived from
+//! them: which recipient subscribes to which topic, and which topic each
+//! envelope is published to.
+//!
+//! Subscriptions are laid out round-robin: the subscribers of topic `t` are
+//! the recipients `(base(t) + slot) mod recipients` for `slot < subscribers(t)`,
+//! where `base(t)` sums the subscriber counts of the topics before `t`. So a
+//! topic never has the same recipient twice, and every recipient holds
+//! `floor` or `ceil` of (all subscriptions / recipients) topics.
+//! Envelope `e` goes to topic `e mod topics`.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use serde::Deserialize;
+
+/// The engine's attempt bound (section 7): receiver delays must stay below it.
+const ATTEMPT_TIMEOUT_MS: u64 = 10_000;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    /// Webhook recipients registered for the run.
+    pub recipients: u32,
+    /// Groups of topics with their subscriber counts.
+    pub topics: Vec<TopicGroup>,
+    pub envelopes: Envelopes,
+    #[serde(default)]
+    pub faults: Faults,
+    #[serde(default)]
+    pub mock: MockSettings,
+    #[serde(default)]
+    pub setup: Setup,
+    #[serde(default)]
+    pub timeouts: Timeouts,
+    #[serde(default)]
+    pub ceiling: CeilingSettings,
+    /// Merged into the engine's `[engine]` table, e.g. `delivery.workers = 4`
+    /// (see `fanout.example.toml` for the keys).
+    #[serde(default)]
+    pub engine: toml::Table,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TopicGroup {
+    /// Number of topics in the group.
+    pub count: u32,
+    /// Subscribers of each topic (at most `recipients`).
+    pub subscribers: u32,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Envelopes {
+    /// Burst: this many envelopes per topic, published as fast as the engine takes them.
+    pub per_topic: Option<u32>,
+    /// Steady: envelopes per second, round-robin over the topics ...
+    pub rate_per_second: Option<f64>,
+    /// ... for this long.
+    pub duration_seconds: Option<f64>,
+    /// Envelopes per Publish RPC.
+    #[serde(default = "default_batch_size")]
+    pub batch_size: usize,
+    /// Publish RPCs in flight at once.
+    #[serde(default = "default_publish_concurrency")]
+    pub concurrency: usize,
+}
+
+/// The receiver's fault mix. Each fraction is of deliveries (envelope,
+/// subscription pairs), picked by a hash of the delivery. A faulted delivery
+/// gets the fault on its first `failed_attempts` attempts and a 200 after, so
+/// with `failed_attempts < max_attempts` every delivery must still arrive:
+/// 500, 503 and 404 are retried under the HTTPS outcome table. `delay`
+/// answers the first attempt with 200 after `delay_ms` (a slow receiver).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Faults {
+    pub status_503: f64,
+    pub status_500: f64,
+    pub status_404: f64,
+    pub delay: f64,
+    pub delay_ms: u64,
+    /// Attempts that fail before the receiver accepts (default 1).
+    pub failed_attempts: Option<u32>,
+}
+
+impl Faults {
+    pub fn failed_attempts(&self) -> u32 {
+        self.failed_attempts.unwrap_or(1)
+    }
+
+    pub fn any(&self) -> bool {
+        self.status_503 + self.status_500 + self.status_404 + self.delay > 0.0
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MockSettings {
+    /// Mock receivers (each its own port, so the engine opens one connection to each).
+    pub receivers: usize,
+    /// Delay before every answer.
+    pub latency_ms: u64,
+}
+
+impl Default for MockSettings {
+    fn default() -> Self {
+        MockSettings { receivers: 1, latency_ms: 0 }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Setup {
+    /// Recipients registered concurrently.
+    pub concurrency: usize,
+    /// Subscriptions per UpdateSubscriptions request.
+    pub subscriptions_per_request: usize,
+}
+
+impl Default for Setup {
+    fn default() -> Self {
+        Setup { concurrency: 32, subscriptions_per_request: 1000 }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Timeouts {
+    /// Bound on registering recipients and subscriptions.
+    pub setup_seconds: u64,
+    /// Bound on publishing (beyond a steady run's own duration).
+    pub publish_seconds: u64,
+    /// After the last publish: how long to wait for missing deliveries.
+    pub drain_seconds: u64,
+    /// After everything arrived: how long to keep counting late duplicates.
+    pub settle_ms: u64,
+    /// Engine start (until /readyz answers 200).
+    pub engine_start_seconds: u64,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            setup_seconds: 3600,
+            publish_seconds: 600,
+            drain_seconds: 120,
+            settle_ms: 1000,
+            engine_start_seconds: 60,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CeilingSettings {
+    /// Requests in flight at once.
+    pub concurrency: usize,
+    /// Cap on the number of requests (default: as many as the run's deliveries).
+    pub max_requests: Option<u64>,
+}
+
+impl Default for CeilingSettings {
+    fn default() -> Self {
+        CeilingSettings { concurrency: 256, max_requests: None }
+    }
+}
+
+fn default_batch_size() -> usize {
+    100
+}
+
+fn default_publish_concurrency() -> usize {
+    4
+}
+
+impl Scenario {
+    pub fn load(path: &Path) -> anyhow::Result<Scenario> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        Scenario::parse(&text).with_context(|| format!("scenario {}", path.display()))
+    }
+
+    pub fn parse(text: &str) -> anyhow::Result<Scenario> {
+        let scenario: Scenario = toml::from_str(text)?;
+        scenario.validate()?;
+        Ok(scenario)
+    }
+
+    /// An engine key from the `[engine]` overrides, e.g. `("max_attempts", 3)`.
+    fn engine_int(&self, key: &str, default: i64) -> i64 {
+        self.engine.get(key).and_then(toml::Value::as_integer).unwrap_or(default)
+    }
+
+    pub fn max_attempts(&self) -> u32 {
+        self.engine_int("max_attempts", 3).clamp(1, 1000) as u32
+    }
+
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.recipients == 0 {
+            bail!("recipients must be greater than zero");
+        }
+        if self.topics.is_empty() || self.topics.iter().all(|g| g.count == 0) {
+            bail!("at least one topic is needed");
+        }
+        for g in &self.topics {
+            if g.subscribers == 0 || g.subscribers > self.recipients {
+                bail!("a topic's subscribers must be between 1 and recipients ({})", self.recipients);
+            }
+        }
+        let e = &self.envelopes;
+        match (e.per_topic, e.rate_per_second, e.duration_seconds) {
+            (Some(n), None, None) if n > 0 => {}
+            (None, Some(rate), Some(secs)) if rate > 0.0 && secs > 0.0 => {}
+            _ => bail!("envelopes: set either per_topic, or rate_per_second and duration_seconds"),
+        }
+        if e.batch_size == 0 || e.batch_size > 10_000 || e.concurrency == 0 {
+            bail!("envelopes: batch_size must be 1..=10000 and concurrency at least 1");
+        }
+        let f = &self.faults;
+        let fractions = [f.status_503, f.status_500, f.status_404, f.delay];
+        if fractions.iter().any(|p| !(0.0..=1.0).contains(p)) || fractions.iter().sum::<f64>() > 1.0 + 1e-9 {
+            bail!("faults: each fraction must be in 0..=1 and their sum at most 1");
+        }
+        if f.failed_attempts() + 1 > self.max_attempts() {
+            bail!(
+                "faults.failed_attempts ({}) must be below the engine's max_attempts ({}), or deliveries are legitimately dropped",
+                f.failed_attempts(),
+                self.max_attempts()
+            );
+        }
+        if f.delay > 0.0 && (f.delay_ms == 0 || f.delay_ms >= ATTEMPT_TIMEOUT_MS / 2) {
+            bail!(
+                "faults.delay_ms must be between 1 and {} (well below the engine's attempt timeout)",
+                ATTEMPT_TIMEOUT_MS / 2
+            );
+        }
+        if self.mock.receivers == 0 || self.mock.receivers > 64 {
+            bail!("mock.receivers must be 1..=64");
+        }
+        if self.setup.concurrency == 0 || self.setup.subscriptions_per_request == 0 {
+            bail!("setup: concurrency and subscriptions_per_request must be at least 1");
+        }
+        if self.ceiling.concurrency == 0 {
+            bail!("ceiling.concurrency must be at least 1");
+        }
+        let plan = Plan::new(self);
+        let max_topics = self.engine_int("max_push_topics", 100_000) as u64;
+        if plan.max_subscriptions_per_recipient() > max_topics {
+            bail!(
+                "each recipient would hold up to {} topics, above the engine's max_push_topics ({max_topics}): add recipients",
+                plan.max_subscriptions_per_recipient()
+            );
+        }
+        Ok(())
+    }
+
+    /// Overrides a steady run's rate and duration (CLI `--rate`, `--duration-seconds`).
+    pub fn override_rate(&mut self, rate: Option<f64>, duration: Option<f64>) -> anyhow::Result<()> {
+        if rate.is_none() && duration.is_none() {
+            return Ok(());
+        }
+        if self.envelopes.per_topic.is_some() {
+            bail!("--rate and --duration-seconds apply to steady scenarios (rate_per_second) only");
+        }
+        if let Some(rate) = rate {
+            self.envelopes.rate_per_second = Some(rate);
+        }
+        if let Some(duration) = duration {
+            self.envelopes.duration_seconds = Some(duration);
+        }
+        self.validate()
+    }
+
+    pub fn drain_timeout(&self) -> Duration {
+        Duration::from_secs(self.timeouts.drain_seconds)
+    }
+}
+
+/// The expanded scenario: topics, their subscribers, the envelopes.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub recipients: u32,
+    /// Subscribers of each topic.
+    pub subscribers: Vec<u32>,
+    /// Sum of the subscriber counts of the topics before each topic.
+    prefix: Vec<u64>,
+    /// Sum of all subscriber counts.
+    total_subscriptions: u64,
+    pub envelopes: u64,
+    /// Steady rate (envelopes/s), or `None` for a burst.
+    pub rate: Option<f64>,
+}
+
+impl Plan {
+    pub fn new(scenario: &Scenario) -> Plan {
+        let subscribers: Vec<u32> =
+            scenario.topics.iter().flat_map(|g| std::iter::repeat_n(g.subscribers, g.count as usize)).collect();
+        let mut prefix = Vec::with_capacity(subscribers.len());
+        let mut sum = 0u64;
+        for s in &subscribers {
+            prefix.push(sum);
+            sum += u64::from(*s);
+        }
+        let e = &scenario.envelopes;
+        let (envelopes, rate) = match e.per_topic {
+            Some(n) => (u64::from(n) * subscribers.len() as u64, None),
+            None => {
+                let rate = e.rate_per_second.unwrap_or(1.0);
+                ((rate * e.duration_seconds.unwrap_or(1.0)).round().max(1.0) as u64, Some(rate))
+            }
+        };
+        Plan { recipients: scenario.recipients, subscribers, prefix, total_subscriptions: sum, envelopes, rate }
+    }
+
+    pub fn topics(&self) -> u32 {
+        self.subscribers.len() as u32
+    }
+
+    pub fn total_subscriptions(&self) -> u64 {
+        self.total_subscriptions
+    }
+
+    pub fn topic_of_envelope(&self, envelope: u64) -> u32 {
+        (envelope % u64::from(self.topics())) as u32
+    }
+
+    /// The recipient in `slot` of topic `topic`.
+    pub fn subscriber(&self, topic: u32, slot: u32) -> u32 {
+        ((self.prefix[topic as usize] + u64::from(slot)) % u64::from(self.recipients)) as u32
+    }
+
+    /// The slot of `recipient` in `topic`, or `None` if it is not a subscriber.
+    pub fn slot_of(&self, topic: u32, recipient: u32) -> Option<u32> {
+        let (t, r, n) = (topic as usize, u64::from(recipient), u64::from(self.recipients));
+        if t >= self.subscribers.len() || r >= n {
+            return None;
+        }
+        let slot = (r + n - self.prefix[t] % n) % n;
+        (slot < u64::from(self.subscribers[t])).then_some(slot as u32)
+    }
+
+    /// The topics `recipient` subscribes to, in topic order.
+    pub fn topics_of(&self, recipient: u32) -> impl Iterator<Item = u32> + '_ {
+        (0..self.topics()).filter(move |t| self.slot_of(*t, recipient).is_some())
+    }
+
+    pub fn max_subscriptions_per_recipient(&self) -> u64 {
+        self.total_subscriptions.div_ceil(u64::from(self.recipients))
+    }
+
+    /// Deliveries expected from the first `envelopes` envelopes.
+    pub fn expected_deliveries(&self, envelopes: u64) -> u64 {
+        let topics = u64::from(self.topics());
+        let (rounds, rest) = (envelopes / topics, envelopes % topics);
+        let partial =
+            if rest == 0 { 0 } else { self.prefix[rest as usize - 1] + u64::from(self.subscribers[rest as usize - 1]) };
+        rounds * self.total_subscriptions + partial
+    }
+
+    /// The (envelope, slot) of delivery number `index` in envelope order.
+    pub fn delivery_at(&self, index: u64) -> (u64, u32) {
+        let (round, rest) = (index / self.total_subscriptions, index % self.total_subscriptions);
+        // The last topic whose prefix is at most `rest`.
+        let topic = self.prefix.partition_point(|p| *p <= rest) - 1;
+        (round * u64::from(self.topics()) + topic as u64, (rest - self.prefix[topic]) as u32)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SMOKE: &str = r#"
+        name = "t"
+        recipients = 10
+        [[topics]]
+        count = 3
+        subscribers = 4
+        [[topics]]
+        count = 1
+        subscribers = 10
+        [envelopes]
+        per_topic = 2
+        [engine.delivery]
+        workers = 2
+    "#;
+
+    #[test]
+    fn parses_and_expands_a_burst_scenario() {
+        let s = Scenario::parse(SMOKE).unwrap();
+        assert_eq!(s.name, "t");
+        assert_eq!(s.envelopes.batch_size, 100);
+        assert_eq!(s.setup.concurrency, 32);
+        assert_eq!(s.max_attempts(), 3);
+        assert_eq!(s.engine["delivery"]["workers"].as_integer(), Some(2));
+        let plan = Plan::new(&s);
+        assert_eq!(plan.topics(), 4);
+        assert_eq!(plan.envelopes, 8);
+        assert_eq!(plan.total_subscriptions(), 22);
+        assert_eq!(plan.expected_deliveries(8), 44);
+        assert_eq!(plan.expected_deliveries(1), 4);
+        assert_eq!(plan.expected_deliveries(5), 22 + 4);
+        // Every topic's subscribers are distinct and found again by slot_of.
+        for t in 0..plan.topics() {
+            let subs: std::collections::HashSet<u32> =
+                (0..plan.subscribers[t as usize]).map(|slot| plan.subscriber(t, slot)).collect();
+            assert_eq!(subs.len(), plan.subscribers[t as usize] as usize);
+            for slot in 0..plan.subscribers[t as usize] {
+                assert_eq!(plan.slot_of(t, plan.subscriber(t, slot)), Some(slot));
+            }
+        }
+        // Subscriptions are spread evenly: 22 over 10 recipients is 2 or 3 each.
+        let per: Vec<usize> = (0..10).map(|r| plan.topics_of(r).count()).collect();
+        assert_eq!(per.iter().sum::<usize>(), 22);
+        assert!(per.iter().all(|n| (2..=3).contains(n)), "{per:?}");
+        // delivery_at walks envelopes in order.
+        assert_eq!(plan.delivery_at(0), (0, 0));
+        assert_eq!(plan.delivery_at(4), (1, 0));
+        assert_eq!(plan.delivery_at(12), (3, 0));
+        assert_eq!(plan.delivery_at(21), (3, 9));
+        assert_eq!(plan.delivery_at(22), (4, 0));
+    }
+
+    #[test]
+    fn parses_a_steady_scenario_with_faults_and_overrides() {
+        let text = r#"
+            name = "steady"
+            recipients = 100
+            topics = [{ count = 10, subscribers = 10 }]
+            [envelopes]
+            rate_per_second = 50.0
+            duration_seconds = 2.0
+            [faults]
+            status_503 = 0.1
+            delay = 0.05
+            delay_ms = 200
+        "#;
+        let mut s = Scenario::parse(text).unwrap();
+        assert_eq!(Plan::new(&s).envelopes, 100);
+        assert_eq!(Plan::new(&s).rate, Some(50.0));
+        assert_eq!(s.faults.failed_attempts(), 1);
+        s.override_rate(Some(10.0), Some(3.0)).unwrap();
+        assert_eq!(Plan::new(&s).envelopes, 30);
+    }
+
+    #[test]
+    fn rejects_bad_scenarios() {
+        let bad = [
+            // Both burst and rate.
+            SMOKE.replace("per_topic = 2", "per_topic = 2\nrate_per_second = 1.0\nduration_seconds = 1.0"),
+            // More subscribers than recipients.
+            SMOKE.replace("subscribers = 10", "subscribers = 11"),
+            // Faults that would exhaust every attempt.
+            format!("{SMOKE}\n[faults]\nstatus_503 = 0.5\nfailed_attempts = 3\n")
+                .replace("[engine.delivery]\nworkers = 2", ""),
+            // Fractions above one.
+            SMOKE.replace("[engine.delivery]", "[faults]\nstatus_500 = 0.7\nstatus_404 = 0.7\n[engine.delivery]"),
+            // Unknown key.
+            SMOKE.replace("name = \"t\"", "name = \"t\"\nrecipient = 3"),
+            // Over max_push_topics.
+            SMOKE.replace("[engine.delivery]", "[engine]\nmax_push_topics = 2\n[engine.delivery]"),
+        ];
+        for text in bad {
+            assert!(Scenario::parse(&text).is_err(), "accepted:\n{text}");
+        }
+    }
+
+    #[test]
+    fn checked_in_scenarios_parse() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                let s = Scenario::load(&path).unwrap();
+                names.push(s.name);
+            }
+        }
+        names.sort();
+        assert_eq!(names, ["faults", "many-topics", "smoke", "soak", "window-1m"]);
+    }
+}
