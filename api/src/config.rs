@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use fanout_engine::settings::EngineSettings;
+use fanout_engine::store::ScyllaSettings;
 use serde::Deserialize;
 
 const ENV_PREFIX: &str = "FANOUT__";
@@ -45,6 +46,8 @@ impl Default for ServerSettings {
 pub enum StoreBackend {
     /// Embedded redb in `path` (the default).
     Redb,
+    /// ScyllaDB or Apache Cassandra, as `[store.scylla]` says.
+    Scylla,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -53,11 +56,13 @@ pub struct StoreSettings {
     pub backend: StoreBackend,
     /// Directory of the embedded store.
     pub path: PathBuf,
+    /// The ScyllaDB backend: nodes, keyspace, replication, migrate, request_timeout_ms.
+    pub scylla: ScyllaSettings,
 }
 
 impl Default for StoreSettings {
     fn default() -> Self {
-        Self { backend: StoreBackend::Redb, path: PathBuf::from("./fanout-data") }
+        Self { backend: StoreBackend::Redb, path: PathBuf::from("./fanout-data"), scylla: ScyllaSettings::default() }
     }
 }
 
@@ -108,6 +113,9 @@ impl Config {
 
     fn validate(&self) -> anyhow::Result<()> {
         self.engine.validate().map_err(|e| anyhow::anyhow!("invalid configuration: engine.{e}"))?;
+        if matches!(self.store.backend, StoreBackend::Scylla) {
+            self.store.scylla.validate().map_err(|e| anyhow::anyhow!("invalid configuration: store.scylla.{e}"))?;
+        }
         if self.server.drain_timeout_seconds == 0 {
             anyhow::bail!("invalid configuration: server.drain_timeout_seconds must be greater than zero");
         }
@@ -169,6 +177,25 @@ mod tests {
         let t = "[engine]\nmax_push_topic = 7".parse::<toml::Table>().unwrap();
         let err = toml::Value::Table(t).try_into::<Config>().unwrap_err().to_string();
         assert!(err.contains("max_push_topic"), "{err}");
+    }
+
+    #[test]
+    fn scylla_settings_and_overrides() {
+        let mut t = "[store]\nbackend = \"scylla\"\n[store.scylla]\nkeyspace = \"prod\"".parse::<toml::Table>().unwrap();
+        apply_env(&mut t, "STORE__SCYLLA__NODES", r#"["10.0.0.1:9042", "10.0.0.2:9042"]"#).unwrap();
+        apply_env(&mut t, "STORE__SCYLLA__MIGRATE", "true").unwrap();
+        let c: Config = toml::Value::Table(t).try_into().unwrap();
+        c.validate().unwrap();
+        assert!(matches!(c.store.backend, StoreBackend::Scylla));
+        let s = &c.store.scylla;
+        assert_eq!(s.nodes, ["10.0.0.1:9042", "10.0.0.2:9042"]);
+        assert_eq!((s.keyspace.as_str(), s.migrate, s.request_timeout_ms), ("prod", true, 10_000));
+        assert_eq!(s.replication, "{'class': 'SimpleStrategy', 'replication_factor': 1}");
+
+        let t = "[store]\nbackend = \"scylla\"\n[store.scylla]\nkeyspace = \"bad-name\"".parse::<toml::Table>().unwrap();
+        let c: Config = toml::Value::Table(t).try_into().unwrap();
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("store.scylla"), "{err}");
     }
 
     #[test]

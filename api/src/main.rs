@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use fanout_engine::store::RedbStore;
+use fanout_engine::store::{RedbStore, ScyllaStore, Store};
 use fanout_engine::{Engine, EngineOptions};
 use fanout_proto::v1::notification_service_server::NotificationServiceServer;
 use fanout_proto::v1::publish_service_server::PublishServiceServer;
@@ -35,6 +35,13 @@ enum Command {
         #[arg(long, env = "FANOUT_CONFIG")]
         config: Option<PathBuf>,
     },
+    /// Apply the store's schema (ScyllaDB: the versioned CQL files, keyspace
+    /// included; the shard count is recorded too), then exit. The embedded
+    /// store is created if missing.
+    Migrate {
+        #[arg(long, env = "FANOUT_CONFIG")]
+        config: Option<PathBuf>,
+    },
     /// Load and validate the configuration, then exit.
     CheckConfig {
         #[arg(long, env = "FANOUT_CONFIG")]
@@ -49,6 +56,12 @@ fn main() -> anyhow::Result<()> {
             Config::load(config.as_deref())?;
             println!("configuration is valid");
             Ok(())
+        }
+        Command::Migrate { config } => {
+            let config = Config::load(config.as_deref())?;
+            init_logging(&config);
+            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            runtime.block_on(migrate(config))
         }
         Command::Serve { config } => {
             let config = Config::load(config.as_deref())?;
@@ -73,10 +86,17 @@ fn init_logging(config: &Config) {
 }
 
 async fn serve(config: Config) -> anyhow::Result<()> {
-    let store = match config.store.backend {
+    let store: Arc<dyn Store> = match config.store.backend {
         StoreBackend::Redb => {
             let store = RedbStore::open(&config.store.path, config.engine.shard_count)
                 .with_context(|| format!("cannot open the embedded store in {}", config.store.path.display()))?;
+            Arc::new(store)
+        }
+        StoreBackend::Scylla => {
+            let s = &config.store.scylla;
+            let store = ScyllaStore::connect(s, config.engine.shard_count)
+                .await
+                .with_context(|| format!("cannot open the ScyllaDB store (keyspace {} on {:?})", s.keyspace, s.nodes))?;
             Arc::new(store)
         }
     };
@@ -107,6 +127,10 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let mut grpc_shutdown = shutdown_rx.clone();
     let grpc_server = tonic::transport::Server::builder()
         .timeout(Duration::from_secs(30))
+        // Every RPC's log lines carry its method and a request id, nothing else.
+        .trace_fn(|request| {
+            tracing::info_span!("rpc", method = %request.uri().path(), request_id = %request_id())
+        })
         .add_service(health_service)
         .add_service(reflection)
         .add_service(NotificationServiceServer::new(notification))
@@ -122,7 +146,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     tracing::info!(
         grpc = %config.server.grpc_listen,
         http = %config.server.http_listen,
-        store = "redb",
+        store = store.backend_name(),
         "fanout is serving"
     );
     let grpc_task = tokio::spawn(grpc_server);
@@ -139,6 +163,37 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let _ = tokio::time::timeout(drain, http_task).await;
     engine.shutdown(drain).await;
     tracing::info!("stopped");
+    Ok(())
+}
+
+/// A process-unique id for correlating one request's log lines.
+fn request_id() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    format!("{:x}-{:x}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// `fanout migrate`: applies the schema and records the shard count.
+async fn migrate(config: Config) -> anyhow::Result<()> {
+    match config.store.backend {
+        StoreBackend::Redb => {
+            RedbStore::open(&config.store.path, config.engine.shard_count)
+                .with_context(|| format!("cannot open the embedded store in {}", config.store.path.display()))?;
+            println!("embedded store ready in {}", config.store.path.display());
+        }
+        StoreBackend::Scylla => {
+            let settings = fanout_engine::store::ScyllaSettings { migrate: true, ..config.store.scylla.clone() };
+            let store = ScyllaStore::connect(&settings, config.engine.shard_count).await.with_context(|| {
+                format!("cannot migrate the ScyllaDB store (keyspace {} on {:?})", settings.keyspace, settings.nodes)
+            })?;
+            println!(
+                "keyspace {} is at schema version {} with {} shards",
+                store.keyspace(),
+                ScyllaStore::schema_version(),
+                store.shard_count()
+            );
+        }
+    }
     Ok(())
 }
 

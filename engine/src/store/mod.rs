@@ -2,11 +2,13 @@
 //! passes the same conformance suite (`store::conformance`).
 
 pub mod conformance;
+mod instrumented;
 mod redb;
 mod scylla;
 
 use async_trait::async_trait;
 
+pub use self::instrumented::Instrumented;
 pub use self::redb::RedbStore;
 pub use self::scylla::{ScyllaSettings, ScyllaStore};
 use crate::domain::{

@@ -1,0 +1,1449 @@
+//! The ScyllaDB backend (DESIGN.md, storage): the `scylla` driver against
+//! ScyllaDB or Apache Cassandra, which speak the same CQL protocol.
+//!
+//! Schema: `engine/schema/scylla/001_init.cql` (applied by [`ScyllaStore::connect`]
+//! when `migrate` is set, or by `fanout migrate`). Every statement is
+//! prepared once at connect; the driver's default load balancing is token
+//! aware, so each goes to a replica of its partition. Range reads page.
+//!
+//! # Atomicity
+//!
+//! CQL has no multi-partition transactions, so each `Store` call is built from
+//! single-partition lightweight transactions (LWT, Paxos) plus ordering rules:
+//!
+//! - **Recipients** (PUSH-207/216/217/234/255): a recipient and all of its
+//!   subscriptions share one partition of `recipients` (static columns for the
+//!   recipient). Each mutating call reads the partition's random `version`
+//!   with SERIAL consistency, decides (existence, secret hash, topic limit,
+//!   start positions), and writes everything in ONE conditional batch
+//!   `IF version = <read>` that also sets a new random version. A concurrent
+//!   change makes the batch not apply; the call then starts over, so nothing
+//!   is ever half applied and a failed check (`SecretMismatch`, `TopicLimit`)
+//!   writes nothing to the partition.
+//! - **Dispatch index** (`topic_subscriptions`, one partition per topic): it
+//!   cannot join the LWT, being another partition. Its rows are only an
+//!   index: dispatch joins every row with the recipient partition (the truth)
+//!   and skips a row whose recipient or subscription is gone. The order makes
+//!   a crash harmless: an add writes its topic row *before* the batch that
+//!   stores the subscription, and a remove (or a recipient delete) deletes the
+//!   topic row *after* its batch, with a write timestamp taken before that
+//!   batch, so it can never erase the row of a later re-add (whose row is
+//!   written after it read the newer version). A crash in between leaves at
+//!   worst a dangling row, which dispatch skips; a stored subscription is
+//!   never invisible to dispatch.
+//! - **PUSH-216 start position**: a new topic's start position is its shard's
+//!   boundary read with SERIAL consistency after the recipient read and right
+//!   before the conditional batch. On this backend "read in the transaction"
+//!   holds up to the LWT: an envelope whose append settles between that read
+//!   and the batch may be missed by the new subscription — the spec's known
+//!   limitation for an envelope settled while the subscription's transaction
+//!   was open. It is never delivered an envelope settled before it subscribed.
+//! - **Sequence ids** (`shards`): `append` reserves ids for a shard with an LWT
+//!   on `last_id` (`IF last_id = <read>`), so two writers never hand out the
+//!   same id; then writes the envelopes (partitioned by shard and bucket =
+//!   id / 4096, indexed in `envelope_buckets`); then moves the closed
+//!   allocation boundary by LWT (`IF boundary = <read>`), so the boundary only
+//!   covers written envelopes and never decreases. Appends to one shard are
+//!   serialised in this process. An append that failed between the reserve
+//!   and the boundary leaves a gap that the next append of the shard closes;
+//!   a writer that finds the boundary already moved past its ids by another
+//!   node reports an error (its publisher retries; at worst a duplicate).
+//!   A batch over several shards commits shard by shard, not all at once.
+//! - **Checkpoint**: moved forward by LWT, clamped to the boundary; whole
+//!   buckets at or below it are deleted, plus the rows at or below it in its
+//!   own bucket.
+//!
+//! Driver and server errors become `StoreError::Backend` with a fixed label;
+//! CQL error texts name statements and tables, not bound values.
+
+mod codec;
+mod schema;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::future::BoxFuture;
+use futures::stream::{self, TryStreamExt};
+use futures::{FutureExt, StreamExt};
+use scylla::client::execution_profile::ExecutionProfile;
+use scylla::client::session::Session;
+use scylla::client::session_builder::SessionBuilder;
+use scylla::response::query_result::QueryResult;
+use scylla::serialize::row::SerializeRow;
+use scylla::statement::batch::{Batch, BatchType};
+use scylla::statement::prepared::PreparedStatement;
+use scylla::statement::{Consistency, SerialConsistency};
+use scylla::value::{CqlValue, Row};
+use serde::Deserialize;
+
+use self::codec::{BUCKET_SIZE, EnvelopeRow, StaticRow, Versioned, bucket_of, corrupt, from_db, pos_of, to_db};
+use super::{Appended, Recipient, RecipientSummary, ShardPosition, Store, StoreError, Subscriber};
+use crate::domain::{
+    DeliveryTarget, NewEnvelope, RecipientId, SecretHash, ShardId, StoredEnvelope, StoredSubscription,
+    SubscriptionUpdate, Topic,
+};
+
+/// `[store.scylla]` settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ScyllaSettings {
+    /// Contact points, "host:port". The driver discovers the rest of the cluster.
+    pub nodes: Vec<String>,
+    pub keyspace: String,
+    /// The CQL replication map used when the keyspace is created.
+    pub replication: String,
+    /// Apply the CQL schema at start-up (else `fanout migrate` must have).
+    pub migrate: bool,
+    /// Client-side bound on every request, in milliseconds.
+    pub request_timeout_ms: u64,
+}
+
+impl Default for ScyllaSettings {
+    fn default() -> Self {
+        Self {
+            nodes: vec!["127.0.0.1:9042".into()],
+            keyspace: "fanout".into(),
+            replication: "{'class': 'SimpleStrategy', 'replication_factor': 1}".into(),
+            migrate: false,
+            request_timeout_ms: 10_000,
+        }
+    }
+}
+
+impl ScyllaSettings {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.nodes.is_empty() {
+            return Err("nodes must name at least one \"host:port\"".into());
+        }
+        if self.request_timeout_ms == 0 {
+            return Err("request_timeout_ms must be greater than zero".into());
+        }
+        schema::check_keyspace(&self.keyspace).map_err(|e| match e {
+            StoreError::Backend(m) => m,
+            other => other.to_string(),
+        })
+    }
+}
+
+/// How often a conditional write is tried against concurrent changes.
+const MAX_LWT_ATTEMPTS: u32 = 50;
+/// Rows per page of every range read.
+const PAGE_ROWS: i32 = 1000;
+/// Clustering keys per `IN (...)` read.
+const IN_CHUNK: usize = 100;
+/// Single-partition reads dispatch runs at once when joining a page.
+const JOIN_CONCURRENCY: usize = 32;
+/// Envelope rows per unlogged (single-partition) batch.
+const ENVELOPE_BATCH: usize = 64;
+/// Most adds plus removes one UpdateSubscriptions can apply: all of them go in
+/// one conditional batch, and the CQL protocol counts a batch's statements in
+/// 16 bits (one statement is the recipient's own update).
+pub const MAX_SUBSCRIPTION_CHANGES: usize = u16::MAX as usize - 1;
+
+/// The ScyllaDB / Cassandra `Store`.
+pub struct ScyllaStore {
+    session: Session,
+    keyspace: String,
+    shard_count: u16,
+    st: Statements,
+    /// Appends to one shard are serialised in this process.
+    shard_locks: Vec<tokio::sync::Mutex<()>>,
+    clock: WriteClock,
+}
+
+/// Maps a driver error to `Backend` with a fixed label.
+pub(super) fn be<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> StoreError {
+    move |e| StoreError::Backend(format!("scylla: {what}: {e}"))
+}
+
+/// Microsecond write timestamps for the dispatch index, strictly increasing in
+/// this process (CQL's last-write-wins compares them).
+struct WriteClock(AtomicI64);
+
+impl WriteClock {
+    fn next(&self) -> i64 {
+        let now =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64);
+        let mut prev = self.0.load(Ordering::Relaxed);
+        loop {
+            let ts = now.max(prev + 1);
+            match self.0.compare_exchange_weak(prev, ts, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return ts,
+                Err(p) => prev = p,
+            }
+        }
+    }
+}
+
+/// Every prepared statement.
+struct Statements {
+    static_read: PreparedStatement,
+    static_read_serial: PreparedStatement,
+    topics_read: PreparedStatement,
+    subs_read: PreparedStatement,
+    subs_in: PreparedStatement,
+    join_read: PreparedStatement,
+    expired_scan: PreparedStatement,
+    create_recipient: PreparedStatement,
+    renew_recipient: PreparedStatement,
+    update_statics: PreparedStatement,
+    put_sub: PreparedStatement,
+    del_sub: PreparedStatement,
+    delete_statics: PreparedStatement,
+    delete_rows: PreparedStatement,
+    topic_row_put: PreparedStatement,
+    topic_row_del: PreparedStatement,
+    topic_page: PreparedStatement,
+    topic_page_after: PreparedStatement,
+    shard_read: PreparedStatement,
+    shard_read_serial: PreparedStatement,
+    shard_create: PreparedStatement,
+    shard_reserve: PreparedStatement,
+    shard_boundary: PreparedStatement,
+    shard_checkpoint: PreparedStatement,
+    bucket_put: PreparedStatement,
+    bucket_list: PreparedStatement,
+    bucket_del: PreparedStatement,
+    env_put: PreparedStatement,
+    env_read: PreparedStatement,
+    env_drop_bucket: PreparedStatement,
+    env_drop_upto: PreparedStatement,
+}
+
+const STATIC_COLS: &str = "version, secret_hash, channel, target, signing_key, renewed_at, topic_count";
+const SUB_COLS: &str = "start_position, include_commits, hmac_epoch_base, hmac_keys";
+
+impl Statements {
+    async fn prepare(session: &Session, ks: &str) -> Result<Self, StoreError> {
+        let p = |cql: String| async move {
+            let mut st = session.prepare(cql).await.map_err(be("preparing a statement"))?;
+            st.set_page_size(PAGE_ROWS);
+            Ok::<_, StoreError>(st)
+        };
+        let serial = |mut st: PreparedStatement| {
+            st.set_consistency(Consistency::LocalSerial);
+            st
+        };
+        // DISTINCT reads only the static row: no walk over the row tombstones
+        // that removed subscriptions leave behind.
+        let static_read =
+            p(format!("SELECT DISTINCT {STATIC_COLS} FROM {ks}.recipients WHERE recipient_id = ?")).await?;
+        let shard_read = p(format!("SELECT last_id, boundary, checkpoint FROM {ks}.shards WHERE shard = ?")).await?;
+        Ok(Self {
+            static_read_serial: serial(static_read.clone()),
+            static_read,
+            topics_read: p(format!("SELECT topic FROM {ks}.recipients WHERE recipient_id = ?")).await?,
+            subs_read: p(format!("SELECT topic, {SUB_COLS} FROM {ks}.recipients WHERE recipient_id = ?")).await?,
+            subs_in: p(format!(
+                "SELECT topic, start_position FROM {ks}.recipients WHERE recipient_id = ? AND topic IN ?"
+            ))
+            .await?,
+            join_read: p(format!(
+                "SELECT {STATIC_COLS}, {SUB_COLS} FROM {ks}.recipients WHERE recipient_id = ? AND topic = ?"
+            ))
+            .await?,
+            expired_scan: p(format!("SELECT DISTINCT recipient_id, renewed_at FROM {ks}.recipients")).await?,
+            create_recipient: p(format!(
+                "UPDATE {ks}.recipients SET version = ?, secret_hash = ?, channel = ?, target = ?, signing_key = ?, \
+                 renewed_at = ?, topic_count = 0 WHERE recipient_id = ? IF version = null"
+            ))
+            .await?,
+            renew_recipient: p(format!(
+                "UPDATE {ks}.recipients SET version = ?, channel = ?, target = ?, signing_key = ?, renewed_at = ? \
+                 WHERE recipient_id = ? IF version = ?"
+            ))
+            .await?,
+            update_statics: p(format!(
+                "UPDATE {ks}.recipients SET version = ?, renewed_at = ?, topic_count = ? \
+                 WHERE recipient_id = ? IF version = ?"
+            ))
+            .await?,
+            put_sub: p(format!(
+                "INSERT INTO {ks}.recipients (recipient_id, topic, start_position, include_commits, \
+                 hmac_epoch_base, hmac_keys) VALUES (?, ?, ?, ?, ?, ?)"
+            ))
+            .await?,
+            del_sub: p(format!("DELETE FROM {ks}.recipients WHERE recipient_id = ? AND topic = ?")).await?,
+            // CQL refuses a conditional delete of a whole partition: the statics
+            // go with the condition, the rows with a range delete in the same batch.
+            delete_statics: p(format!(
+                "DELETE {STATIC_COLS} FROM {ks}.recipients WHERE recipient_id = ? IF version = ?"
+            ))
+            .await?,
+            delete_rows: p(format!("DELETE FROM {ks}.recipients WHERE recipient_id = ?")).await?,
+            topic_row_put: p(format!(
+                "INSERT INTO {ks}.topic_subscriptions (topic, recipient_id) VALUES (?, ?) USING TIMESTAMP ?"
+            ))
+            .await?,
+            topic_row_del: p(format!(
+                "DELETE FROM {ks}.topic_subscriptions USING TIMESTAMP ? WHERE topic = ? AND recipient_id = ?"
+            ))
+            .await?,
+            topic_page: p(format!("SELECT recipient_id FROM {ks}.topic_subscriptions WHERE topic = ?")).await?,
+            topic_page_after: p(format!(
+                "SELECT recipient_id FROM {ks}.topic_subscriptions WHERE topic = ? AND recipient_id > ?"
+            ))
+            .await?,
+            shard_read_serial: serial(shard_read.clone()),
+            shard_read,
+            shard_create: p(format!(
+                "INSERT INTO {ks}.shards (shard, last_id, boundary, checkpoint) VALUES (?, ?, 0, 0) IF NOT EXISTS"
+            ))
+            .await?,
+            shard_reserve: p(format!("UPDATE {ks}.shards SET last_id = ? WHERE shard = ? IF last_id = ?")).await?,
+            shard_boundary: p(format!("UPDATE {ks}.shards SET boundary = ? WHERE shard = ? IF boundary = ?")).await?,
+            shard_checkpoint: p(format!("UPDATE {ks}.shards SET checkpoint = ? WHERE shard = ? IF checkpoint = ?"))
+                .await?,
+            bucket_put: p(format!("INSERT INTO {ks}.envelope_buckets (shard, bucket) VALUES (?, ?)")).await?,
+            bucket_list: p(format!(
+                "SELECT bucket FROM {ks}.envelope_buckets WHERE shard = ? AND bucket >= ? AND bucket <= ?"
+            ))
+            .await?,
+            bucket_del: p(format!("DELETE FROM {ks}.envelope_buckets WHERE shard = ? AND bucket = ?")).await?,
+            env_put: p(format!(
+                "INSERT INTO {ks}.envelopes (shard, bucket, pos, topic, kind, server_ts, sender_hmac, data) \
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+            ))
+            .await?,
+            env_read: p(format!(
+                "SELECT pos, topic, kind, server_ts, sender_hmac, data FROM {ks}.envelopes \
+                 WHERE shard = ? AND bucket = ? AND pos >= ? AND pos <= ?"
+            ))
+            .await?,
+            env_drop_bucket: p(format!("DELETE FROM {ks}.envelopes WHERE shard = ? AND bucket = ?")).await?,
+            env_drop_upto: p(format!("DELETE FROM {ks}.envelopes WHERE shard = ? AND bucket = ? AND pos <= ?")).await?,
+        })
+    }
+}
+
+/// The outcome of one conditional statement or batch.
+struct Lwt {
+    applied: bool,
+    /// When not applied: the current values the server returned, by column name.
+    current: HashMap<String, Option<CqlValue>>,
+}
+
+impl Lwt {
+    fn from_result(result: QueryResult) -> Result<Self, StoreError> {
+        let rows = result.into_rows_result().map_err(be("reading a conditional write's result"))?;
+        let names: Vec<String> = rows.column_specs().iter().map(|s| s.name().to_owned()).collect();
+        let row: Row = rows.first_row().map_err(be("reading a conditional write's result"))?;
+        let mut current: HashMap<String, Option<CqlValue>> = names.into_iter().zip(row.columns).collect();
+        let applied = match current.remove("[applied]") {
+            Some(Some(CqlValue::Boolean(b))) => b,
+            _ => return Err(StoreError::Backend("scylla: a conditional write returned no [applied]".into())),
+        };
+        Ok(Self { applied, current })
+    }
+
+    fn current_u64(&self, column: &str) -> Option<u64> {
+        match self.current.get(column) {
+            Some(Some(CqlValue::BigInt(v))) => Some(from_db(*v)),
+            _ => None,
+        }
+    }
+}
+
+/// A shard's row. `last` is the largest id handed out.
+#[derive(Debug, Clone, Copy, Default)]
+struct ShardRow {
+    last: u64,
+    boundary: u64,
+    checkpoint: u64,
+}
+
+type Values = Box<dyn SerializeRow + Send + Sync>;
+
+/// Runs `futures`, at most `concurrency` at once; the first error wins.
+async fn all_ok(futures: Vec<BoxFuture<'_, Result<(), StoreError>>>, concurrency: usize) -> Result<(), StoreError> {
+    stream::iter(futures).buffer_unordered(concurrency).try_collect::<()>().await
+}
+
+/// A short random pause before trying a conditional write again.
+async fn backoff(attempt: u32) {
+    let cap_ms = 1u64 << attempt.min(7);
+    let ms = rand::random_range(0..=cap_ms);
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+}
+
+fn contention() -> StoreError {
+    StoreError::Backend("scylla: too many concurrent changes; the write was not applied".into())
+}
+
+fn new_version() -> i64 {
+    rand::random()
+}
+
+impl ScyllaStore {
+    /// Connects to the cluster, applies the schema when `settings.migrate` is
+    /// set (else requires it to be in place), records the shard count on first
+    /// use and refuses another one later, and prepares every statement.
+    pub async fn connect(settings: &ScyllaSettings, shard_count: u16) -> Result<Self, StoreError> {
+        if shard_count == 0 {
+            return Err(StoreError::Backend("shard count must be at least 1".into()));
+        }
+        settings.validate().map_err(|m| StoreError::Backend(format!("store.scylla: {m}")))?;
+        let timeout = Duration::from_millis(settings.request_timeout_ms);
+        let profile = ExecutionProfile::builder()
+            .consistency(Consistency::LocalQuorum)
+            .serial_consistency(Some(SerialConsistency::LocalSerial))
+            .request_timeout(Some(timeout))
+            .build()
+            .into_handle();
+        let session = SessionBuilder::new()
+            .known_nodes(&settings.nodes)
+            .default_execution_profile_handle(profile)
+            .connection_timeout(timeout.min(Duration::from_secs(10)))
+            .build()
+            .await
+            .map_err(be("cannot connect"))?;
+        let keyspace = settings.keyspace.clone();
+        if settings.migrate {
+            schema::migrate(&session, &keyspace, &settings.replication).await?;
+        } else {
+            schema::check(&session, &keyspace).await?;
+        }
+        check_shard_count(&session, &keyspace, shard_count).await?;
+        let st = Statements::prepare(&session, &keyspace).await?;
+        Ok(Self {
+            session,
+            keyspace,
+            shard_count,
+            st,
+            shard_locks: (0..shard_count).map(|_| tokio::sync::Mutex::new(())).collect(),
+            clock: WriteClock(AtomicI64::new(0)),
+        })
+    }
+
+    pub fn shard_count(&self) -> u16 {
+        self.shard_count
+    }
+
+    pub fn keyspace(&self) -> &str {
+        &self.keyspace
+    }
+
+    /// The schema version this binary applies and needs.
+    pub fn schema_version() -> i32 {
+        schema::latest()
+    }
+
+    /// Drops this store's keyspace and everything in it. For tests.
+    pub async fn drop_keyspace(&self) -> Result<(), StoreError> {
+        self.session
+            .query_unpaged(format!("DROP KEYSPACE IF EXISTS {}", self.keyspace), ())
+            .await
+            .map_err(be("dropping the keyspace"))?;
+        Ok(())
+    }
+
+    fn check_shard(&self, shard: ShardId) -> Result<(), StoreError> {
+        if shard.0 < self.shard_count { Ok(()) } else { Err(StoreError::Backend("shard id is out of range".into())) }
+    }
+
+    async fn lwt(&self, st: &PreparedStatement, values: impl SerializeRow) -> Result<Lwt, StoreError> {
+        let result = self.session.execute_unpaged(st, values).await.map_err(be("conditional write"))?;
+        Lwt::from_result(result)
+    }
+
+    async fn write(&self, st: &PreparedStatement, values: impl SerializeRow) -> Result<(), StoreError> {
+        self.session.execute_unpaged(st, values).await.map_err(be("write"))?;
+        Ok(())
+    }
+
+    // ---- recipients ----
+
+    async fn read_static(&self, id: &RecipientId, serial: bool) -> Result<Option<Versioned>, StoreError> {
+        let st = if serial { &self.st.static_read_serial } else { &self.st.static_read };
+        let rows = self
+            .session
+            .execute_unpaged(st, (id.0.as_slice(),))
+            .await
+            .map_err(be("reading a recipient"))?
+            .into_rows_result()
+            .map_err(be("reading a recipient"))?;
+        match rows.maybe_first_row::<StaticRow>().map_err(be("reading a recipient"))? {
+            Some(row) => codec::decode_static(*id, row),
+            None => Ok(None),
+        }
+    }
+
+    /// Every topic stored in a recipient's partition.
+    async fn read_topics(&self, id: &RecipientId) -> Result<Vec<Vec<u8>>, StoreError> {
+        self.session
+            .execute_iter(self.st.topics_read.clone(), (id.0.as_slice(),))
+            .await
+            .map_err(be("reading subscriptions"))?
+            .rows_stream::<(Option<Vec<u8>>,)>()
+            .map_err(be("reading subscriptions"))?
+            .try_filter_map(|(topic,)| async move { Ok(topic) })
+            .try_collect()
+            .await
+            .map_err(be("reading subscriptions"))
+    }
+
+    /// The start positions of those of `topics` the recipient holds.
+    async fn read_existing(&self, id: &RecipientId, topics: &[&Topic]) -> Result<HashMap<Vec<u8>, u64>, StoreError> {
+        let mut out = HashMap::new();
+        for chunk in topics.chunks(IN_CHUNK) {
+            let list: Vec<&[u8]> = chunk.iter().map(|t| t.as_bytes()).collect();
+            let mut rows = self
+                .session
+                .execute_iter(self.st.subs_in.clone(), (id.0.as_slice(), list))
+                .await
+                .map_err(be("reading subscriptions"))?
+                .rows_stream::<(Vec<u8>, Option<i64>)>()
+                .map_err(be("reading subscriptions"))?;
+            while let Some((topic, start)) = rows.try_next().await.map_err(be("reading subscriptions"))? {
+                if let Some(start) = start {
+                    out.insert(topic, from_db(start));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes the dispatch index rows of `topics` (before the batch that stores them).
+    async fn put_topic_rows(&self, id: &RecipientId, topics: &[&[u8]], ts: i64) -> Result<(), StoreError> {
+        let writes: Vec<BoxFuture<'_, Result<(), StoreError>>> =
+            topics.iter().map(|t| self.write(&self.st.topic_row_put, (*t, id.0.as_slice(), ts)).boxed()).collect();
+        all_ok(writes, JOIN_CONCURRENCY).await
+    }
+
+    /// Deletes the dispatch index rows of `topics` (after the batch that removed
+    /// them), with a timestamp taken before that batch. A failure leaves
+    /// dangling rows, which dispatch skips: the change itself stands.
+    async fn del_topic_rows(&self, id: &RecipientId, topics: &[Vec<u8>], ts: i64) {
+        let writes: Vec<BoxFuture<'_, Result<(), StoreError>>> = topics
+            .iter()
+            .map(|t| self.write(&self.st.topic_row_del, (ts, t.as_slice(), id.0.as_slice())).boxed())
+            .collect();
+        let result = all_ok(writes, JOIN_CONCURRENCY).await;
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "could not delete dispatch index rows; dispatch skips them");
+        }
+    }
+
+    /// Deletes the recipient read as `v` with all its subscriptions, if it is
+    /// still at that version. Returns whether it deleted.
+    async fn delete_versioned(&self, v: &Versioned) -> Result<bool, StoreError> {
+        let id = &v.recipient.id;
+        let topics = self.read_topics(id).await?;
+        let ts = self.clock.next();
+        let mut batch = Batch::new(BatchType::Logged);
+        batch.append_statement(self.st.delete_statics.clone());
+        batch.append_statement(self.st.delete_rows.clone());
+        let values: Vec<Values> = vec![Box::new((id.0.to_vec(), v.version)), Box::new((id.0.to_vec(),))];
+        let result = self.session.batch(&batch, values).await.map_err(be("conditional batch"))?;
+        if !Lwt::from_result(result)?.applied {
+            return Ok(false);
+        }
+        self.del_topic_rows(id, &topics, ts).await;
+        Ok(true)
+    }
+
+    // ---- shards ----
+
+    async fn read_shard(&self, shard: ShardId, serial: bool) -> Result<Option<ShardRow>, StoreError> {
+        let st = if serial { &self.st.shard_read_serial } else { &self.st.shard_read };
+        let rows = self
+            .session
+            .execute_unpaged(st, (i32::from(shard.0),))
+            .await
+            .map_err(be("reading a shard"))?
+            .into_rows_result()
+            .map_err(be("reading a shard"))?;
+        let row = rows.maybe_first_row::<(Option<i64>, Option<i64>, Option<i64>)>().map_err(be("reading a shard"))?;
+        Ok(row.map(|(last, boundary, checkpoint)| ShardRow {
+            last: last.map_or(0, from_db),
+            boundary: boundary.map_or(0, from_db),
+            checkpoint: checkpoint.map_or(0, from_db),
+        }))
+    }
+
+    /// Appends one shard's envelopes (`indices` into `envelopes`).
+    async fn append_shard(
+        &self,
+        shard: ShardId,
+        envelopes: &[NewEnvelope],
+        indices: &[usize],
+        now_ns: i64,
+    ) -> Result<Vec<(usize, Appended)>, StoreError> {
+        let _serialised = self.shard_locks[usize::from(shard.0)].lock().await;
+        let db_shard = i32::from(shard.0);
+
+        // 1. Reserve ids: IF last_id = <read>.
+        let mut attempt = 0;
+        let (row, results, rows, new_last) = loop {
+            let row = self.read_shard(shard, true).await?;
+            let mut last = row.map_or(0, |r| r.last);
+            let mut results = Vec::with_capacity(indices.len());
+            let mut rows: Vec<(u64, &NewEnvelope)> = Vec::new();
+            for &i in indices {
+                let e = &envelopes[i];
+                let seq = match e.sequence_id {
+                    // A publisher id must be above the shard's last id; the rest of the batch goes on.
+                    Some(id) if id <= last => {
+                        results.push((i, Appended::SequenceNotIncreasing { last }));
+                        continue;
+                    }
+                    Some(id) => id,
+                    None => last
+                        .checked_add(1)
+                        .ok_or_else(|| StoreError::Backend("shard sequence ids are exhausted".into()))?,
+                };
+                last = seq;
+                // PUSH-219: only push-eligible envelopes are stored for dispatch.
+                if e.is_push_eligible() {
+                    rows.push((seq, e));
+                }
+                results.push((i, Appended::Stored { sequence_id: seq }));
+            }
+            if last == row.map_or(0, |r| r.last) {
+                // Nothing allocated: every envelope was refused.
+                return Ok(results);
+            }
+            let reserved = match row {
+                None => self.lwt(&self.st.shard_create, (db_shard, to_db(last))).await?,
+                Some(r) => self.lwt(&self.st.shard_reserve, (to_db(last), db_shard, to_db(r.last))).await?,
+            };
+            if reserved.applied {
+                break (row.unwrap_or_default(), results, rows, last);
+            }
+            attempt += 1;
+            if attempt >= MAX_LWT_ATTEMPTS {
+                return Err(contention());
+            }
+            backoff(attempt).await;
+        };
+
+        // 2. Write the envelopes: bucket index rows first, then the rows.
+        if !rows.is_empty() {
+            let buckets: BTreeSet<i64> = rows.iter().map(|(seq, _)| bucket_of(*seq)).collect();
+            let writes: Vec<BoxFuture<'_, Result<(), StoreError>>> =
+                buckets.iter().map(|b| self.write(&self.st.bucket_put, (db_shard, *b)).boxed()).collect();
+            all_ok(writes, JOIN_CONCURRENCY).await?;
+            let mut by_bucket: BTreeMap<i64, Vec<(u64, &NewEnvelope)>> = BTreeMap::new();
+            for (seq, e) in rows {
+                by_bucket.entry(bucket_of(seq)).or_default().push((seq, e));
+            }
+            let mut batches: Vec<BoxFuture<'_, Result<(), StoreError>>> = Vec::new();
+            for (bucket, rows) in &by_bucket {
+                for chunk in rows.chunks(ENVELOPE_BATCH) {
+                    batches.push(self.write_envelopes(db_shard, *bucket, chunk, now_ns).boxed());
+                }
+            }
+            all_ok(batches, 8).await?;
+        }
+
+        // 3. Move the boundary over them: IF boundary = <read>. A lower current
+        //    boundary is a gap an earlier failed append left: close it too.
+        let mut expected = row.boundary;
+        let mut attempt = 0;
+        loop {
+            let moved = self.lwt(&self.st.shard_boundary, (to_db(new_last), db_shard, to_db(expected))).await?;
+            if moved.applied {
+                return Ok(results);
+            }
+            let current = moved.current_u64("boundary").ok_or_else(|| corrupt("shard"))?;
+            if current >= new_last {
+                return Err(StoreError::Backend(
+                    "scylla: another writer moved the shard boundary past this append; its outcome is unknown".into(),
+                ));
+            }
+            expected = current;
+            attempt += 1;
+            if attempt >= MAX_LWT_ATTEMPTS {
+                return Err(contention());
+            }
+        }
+    }
+
+    /// One unlogged single-partition batch of envelope rows.
+    async fn write_envelopes(
+        &self,
+        shard: i32,
+        bucket: i64,
+        rows: &[(u64, &NewEnvelope)],
+        now_ns: i64,
+    ) -> Result<(), StoreError> {
+        let mut batch = Batch::new(BatchType::Unlogged);
+        let mut values: Vec<Values> = Vec::with_capacity(rows.len());
+        for (seq, e) in rows {
+            // PUSH-230: keep the HMAC input only where suppression can use it.
+            let (hmac, data) = e.suppression_data().map_or((Vec::new(), Vec::new()), |(h, d)| (h.to_vec(), d.to_vec()));
+            batch.append_statement(self.st.env_put.clone());
+            values.push(Box::new((
+                shard,
+                bucket,
+                pos_of(*seq),
+                e.topic.as_bytes().to_vec(),
+                e.kind as u8 as i8,
+                now_ns,
+                hmac,
+                data,
+            )));
+        }
+        self.session.batch(&batch, values).await.map_err(be("writing envelopes"))?;
+        Ok(())
+    }
+
+    /// Joins one dispatch index row with its recipient partition; `None` when
+    /// the recipient or the subscription is gone (a dangling index row).
+    async fn join(&self, topic: &Topic, id: RecipientId) -> Result<Option<Subscriber>, StoreError> {
+        type JoinRow = (
+            Option<i64>,
+            Option<Vec<u8>>,
+            Option<i8>,
+            Option<String>,
+            Option<Vec<u8>>,
+            Option<i64>,
+            Option<i64>,
+            Option<i64>,
+            Option<bool>,
+            Option<i64>,
+            Option<Vec<Vec<u8>>>,
+        );
+        let rows = self
+            .session
+            .execute_unpaged(&self.st.join_read, (id.0.as_slice(), topic.as_bytes()))
+            .await
+            .map_err(be("reading a subscriber"))?
+            .into_rows_result()
+            .map_err(be("reading a subscriber"))?;
+        let Some(r) = rows.maybe_first_row::<JoinRow>().map_err(be("reading a subscriber"))? else {
+            return Ok(None);
+        };
+        let Some(recipient) = codec::decode_static(id, (r.0, r.1, r.2, r.3, r.4, r.5, r.6))? else {
+            return Ok(None);
+        };
+        let Some(subscription) = codec::decode_subscription(topic.clone(), (r.7, r.8, r.9, r.10))? else {
+            return Ok(None);
+        };
+        Ok(Some(Subscriber { recipient: recipient.recipient, subscription }))
+    }
+}
+
+/// Records the shard count at first use; refuses another one later.
+async fn check_shard_count(session: &Session, keyspace: &str, shard_count: u16) -> Result<(), StoreError> {
+    let result = session
+        .query_unpaged(
+            format!("INSERT INTO {keyspace}.settings (name, value) VALUES ('shard_count', ?) IF NOT EXISTS"),
+            (i64::from(shard_count),),
+        )
+        .await
+        .map_err(be("recording the shard count"))?;
+    let lwt = Lwt::from_result(result)?;
+    if lwt.applied {
+        return Ok(());
+    }
+    match lwt.current_u64("value") {
+        Some(existing) if existing == u64::from(shard_count) => Ok(()),
+        Some(existing) => Err(StoreError::Backend(format!(
+            "the keyspace was created with {existing} shards but {shard_count} are configured; \
+             the shard count cannot change"
+        ))),
+        None => Err(corrupt("settings")),
+    }
+}
+
+#[async_trait]
+impl Store for ScyllaStore {
+    fn backend_name(&self) -> &'static str {
+        "scylla"
+    }
+
+    async fn recipient(&self, id: &RecipientId) -> Result<Option<Recipient>, StoreError> {
+        Ok(self.read_static(id, false).await?.map(|v| v.recipient))
+    }
+
+    async fn register(
+        &self,
+        id: &RecipientId,
+        secret_hash: &SecretHash,
+        target: &DeliveryTarget,
+        now_ns: i64,
+    ) -> Result<RecipientSummary, StoreError> {
+        let (channel, text, signing_key) = codec::encode_target(target);
+        for attempt in 0..MAX_LWT_ATTEMPTS {
+            let current = self.read_static(id, true).await?;
+            // PUSH-255: create with no subscriptions, or replace the target and keep them.
+            let (done, topic_count) = match &current {
+                None => {
+                    let values =
+                        (new_version(), secret_hash.0.as_slice(), channel, text, signing_key, now_ns, id.0.as_slice());
+                    (self.lwt(&self.st.create_recipient, values).await?.applied, 0)
+                }
+                Some(v) if v.recipient.secret_hash != *secret_hash => return Err(StoreError::SecretMismatch),
+                Some(v) => {
+                    let values = (new_version(), channel, text, signing_key, now_ns, id.0.as_slice(), v.version);
+                    (self.lwt(&self.st.renew_recipient, values).await?.applied, v.recipient.topic_count)
+                }
+            };
+            if done {
+                return Ok(RecipientSummary { topic_count, channel: target.channel(), renewed_at_ns: now_ns });
+            }
+            backoff(attempt).await;
+        }
+        Err(contention())
+    }
+
+    async fn unregister(&self, id: &RecipientId, secret_hash: &SecretHash) -> Result<(), StoreError> {
+        for attempt in 0..MAX_LWT_ATTEMPTS {
+            let v = self.read_static(id, true).await?.ok_or(StoreError::NotFound)?;
+            if v.recipient.secret_hash != *secret_hash {
+                return Err(StoreError::SecretMismatch);
+            }
+            // PUSH-207: the recipient and every subscription it holds, in one partition delete.
+            if self.delete_versioned(&v).await? {
+                return Ok(());
+            }
+            backoff(attempt).await;
+        }
+        Err(contention())
+    }
+
+    async fn update_subscriptions(
+        &self,
+        id: &RecipientId,
+        secret_hash: &SecretHash,
+        update: &SubscriptionUpdate,
+        now_ns: i64,
+        max_topics: u64,
+    ) -> Result<RecipientSummary, StoreError> {
+        let asked: Vec<&Topic> = update.adds.iter().map(|s| &s.topic).chain(update.removes.iter()).collect();
+        if asked.len() > MAX_SUBSCRIPTION_CHANGES {
+            return Err(StoreError::Backend(format!(
+                "scylla: one update may carry at most {MAX_SUBSCRIPTION_CHANGES} adds and removes; send them in batches"
+            )));
+        }
+        for attempt in 0..MAX_LWT_ATTEMPTS {
+            let v = self.read_static(id, true).await?.ok_or(StoreError::NotFound)?;
+            if v.recipient.secret_hash != *secret_hash {
+                return Err(StoreError::SecretMismatch);
+            }
+            // Read after the version: a change after this read changes the version too.
+            let existing = self.read_existing(id, &asked).await?;
+            let mut count = v.recipient.topic_count;
+
+            // PUSH-216: a removed topic that is not stored changes nothing.
+            let removed: Vec<Vec<u8>> = update
+                .removes
+                .iter()
+                .filter(|t| existing.contains_key(t.as_bytes()))
+                .map(|t| t.as_bytes().to_vec())
+                .collect();
+            count = count.saturating_sub(removed.len() as u64);
+            let new_topics = update.adds.iter().filter(|s| !existing.contains_key(s.topic.as_bytes())).count();
+            count += new_topics as u64;
+            // PUSH-217: over the limit, nothing is written.
+            if count > max_topics {
+                return Err(StoreError::TopicLimit);
+            }
+
+            // PUSH-216: a new topic starts at its shard's boundary, read now,
+            // after the recipient read and right before the conditional batch.
+            let mut boundaries: HashMap<ShardId, u64> = HashMap::new();
+            for sub in update.adds.iter().filter(|s| !existing.contains_key(s.topic.as_bytes())) {
+                let shard = sub.topic.shard(self.shard_count);
+                if let std::collections::hash_map::Entry::Vacant(slot) = boundaries.entry(shard) {
+                    slot.insert(self.read_shard(shard, true).await?.map_or(0, |r| r.boundary));
+                }
+            }
+            let stored: Vec<StoredSubscription> = update
+                .adds
+                .iter()
+                .map(|sub| StoredSubscription {
+                    subscription: sub.clone(),
+                    start_position: match existing.get(sub.topic.as_bytes()) {
+                        // PUSH-216: a replaced topic keeps its start position.
+                        Some(&start) => start,
+                        None => boundaries[&sub.topic.shard(self.shard_count)],
+                    },
+                })
+                .collect();
+
+            // Dispatch index rows first, so a stored subscription is never invisible.
+            let added: Vec<&[u8]> = update.adds.iter().map(|s| s.topic.as_bytes()).collect();
+            self.put_topic_rows(id, &added, self.clock.next()).await?;
+            let removal_ts = self.clock.next();
+
+            let mut batch = Batch::new(BatchType::Logged);
+            let mut values: Vec<Values> = Vec::with_capacity(1 + removed.len() + stored.len());
+            batch.append_statement(self.st.update_statics.clone());
+            values.push(Box::new((new_version(), now_ns, to_db(count), id.0.to_vec(), v.version)));
+            for topic in &removed {
+                batch.append_statement(self.st.del_sub.clone());
+                values.push(Box::new((id.0.to_vec(), topic.clone())));
+            }
+            for s in &stored {
+                let (start, include_commits, base, keys) = codec::encode_subscription(s);
+                batch.append_statement(self.st.put_sub.clone());
+                values.push(Box::new((
+                    id.0.to_vec(),
+                    s.subscription.topic.as_bytes().to_vec(),
+                    start,
+                    include_commits,
+                    base,
+                    keys,
+                )));
+            }
+            let result = self.session.batch(&batch, values).await.map_err(be("conditional batch"))?;
+            if Lwt::from_result(result)?.applied {
+                self.del_topic_rows(id, &removed, removal_ts).await;
+                // PUSH-255: the renewal time is set in the same batch.
+                return Ok(RecipientSummary {
+                    topic_count: count,
+                    channel: v.recipient.target.channel(),
+                    renewed_at_ns: now_ns,
+                });
+            }
+            backoff(attempt).await;
+        }
+        Err(contention())
+    }
+
+    async fn subscriptions(&self, id: &RecipientId) -> Result<Vec<StoredSubscription>, StoreError> {
+        let mut rows = self
+            .session
+            .execute_iter(self.st.subs_read.clone(), (id.0.as_slice(),))
+            .await
+            .map_err(be("reading subscriptions"))?
+            .rows_stream::<(Option<Vec<u8>>, Option<i64>, Option<bool>, Option<i64>, Option<Vec<Vec<u8>>>)>()
+            .map_err(be("reading subscriptions"))?;
+        let mut out = Vec::new();
+        while let Some((topic, start, ic, base, keys)) = rows.try_next().await.map_err(be("reading subscriptions"))? {
+            // The row of a recipient without subscriptions carries only the static columns.
+            let Some(topic) = topic else { continue };
+            let topic = Topic::parse(&topic).map_err(|_| corrupt("subscription"))?;
+            if let Some(s) = codec::decode_subscription(topic, (start, ic, base, keys))? {
+                out.push(s);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn delete_recipient_if_unchanged(&self, expected: &Recipient) -> Result<bool, StoreError> {
+        for attempt in 0..MAX_LWT_ATTEMPTS {
+            let Some(v) = self.read_static(&expected.id, true).await? else {
+                return Ok(false);
+            };
+            // PUSH-234: channel, token or URL, signing key and secret hash must all still match.
+            if v.recipient.target != expected.target || v.recipient.secret_hash != expected.secret_hash {
+                return Ok(false);
+            }
+            if self.delete_versioned(&v).await? {
+                return Ok(true);
+            }
+            backoff(attempt).await;
+        }
+        Err(contention())
+    }
+
+    async fn delete_expired(&self, renewed_before_ns: i64) -> Result<u64, StoreError> {
+        // A paged scan of the recipients' static columns (one row per partition).
+        let candidates: Vec<RecipientId> = self
+            .session
+            .execute_iter(self.st.expired_scan.clone(), ())
+            .await
+            .map_err(be("scanning recipients"))?
+            .rows_stream::<(Vec<u8>, Option<i64>)>()
+            .map_err(be("scanning recipients"))?
+            .map_err(be("scanning recipients"))
+            .try_filter_map(|(id, renewed_at)| async move {
+                // PUSH-226: strictly older than the cutoff.
+                if renewed_at.is_some_and(|t| t < renewed_before_ns) {
+                    RecipientId::parse(&id).map(Some).map_err(|_| corrupt("recipient"))
+                } else {
+                    Ok(None)
+                }
+            })
+            .try_collect()
+            .await?;
+        let mut deleted = 0;
+        for id in candidates {
+            let mut attempt = 0;
+            loop {
+                // Re-checked on the serial read: a renewal since the scan keeps it.
+                let Some(v) = self.read_static(&id, true).await? else { break };
+                if v.recipient.renewed_at_ns >= renewed_before_ns {
+                    break;
+                }
+                if self.delete_versioned(&v).await? {
+                    deleted += 1;
+                    break;
+                }
+                attempt += 1;
+                if attempt >= MAX_LWT_ATTEMPTS {
+                    return Err(contention());
+                }
+                backoff(attempt).await;
+            }
+        }
+        Ok(deleted)
+    }
+
+    async fn append(&self, envelopes: &[NewEnvelope], now_ns: i64) -> Result<Vec<Appended>, StoreError> {
+        let mut by_shard: BTreeMap<ShardId, Vec<usize>> = BTreeMap::new();
+        for (i, e) in envelopes.iter().enumerate() {
+            if e.shard != e.topic.shard(self.shard_count) {
+                return Err(StoreError::Backend("envelope shard does not match the store's shard count".into()));
+            }
+            by_shard.entry(e.shard).or_default().push(i);
+        }
+        let per_shard = futures::future::try_join_all(
+            by_shard.iter().map(|(shard, indices)| self.append_shard(*shard, envelopes, indices, now_ns)),
+        )
+        .await?;
+        let mut results: Vec<Option<Appended>> = vec![None; envelopes.len()];
+        for (i, r) in per_shard.into_iter().flatten() {
+            results[i] = Some(r);
+        }
+        Ok(results.into_iter().map(|r| r.expect("every envelope has a result")).collect())
+    }
+
+    async fn shard_position(&self, shard: ShardId) -> Result<ShardPosition, StoreError> {
+        let row = self.read_shard(shard, false).await?.unwrap_or_default();
+        Ok(ShardPosition { boundary: row.boundary, checkpoint: row.checkpoint })
+    }
+
+    async fn read_window(
+        &self,
+        shard: ShardId,
+        after: u64,
+        up_to: u64,
+        limit: usize,
+    ) -> Result<Vec<StoredEnvelope>, StoreError> {
+        if after >= up_to || limit == 0 {
+            return Ok(Vec::new());
+        }
+        let db_shard = i32::from(shard.0);
+        let first = after + 1;
+        let (first_bucket, last_bucket) = (bucket_of(first), bucket_of(up_to));
+        let buckets: Vec<i64> = self
+            .session
+            .execute_iter(self.st.bucket_list.clone(), (db_shard, first_bucket, last_bucket))
+            .await
+            .map_err(be("reading envelope buckets"))?
+            .rows_stream::<(i64,)>()
+            .map_err(be("reading envelope buckets"))?
+            .map_ok(|(b,)| b)
+            .try_collect()
+            .await
+            .map_err(be("reading envelope buckets"))?;
+        let mut out = Vec::new();
+        for bucket in buckets {
+            let lo = if bucket == first_bucket { pos_of(first) } else { 0 };
+            let hi = if bucket == last_bucket { pos_of(up_to) } else { (BUCKET_SIZE - 1) as i32 };
+            let mut st = self.st.env_read.clone();
+            st.set_page_size(i32::try_from(limit - out.len()).unwrap_or(PAGE_ROWS).min(PAGE_ROWS));
+            let mut rows = self
+                .session
+                .execute_iter(st, (db_shard, bucket, lo, hi))
+                .await
+                .map_err(be("reading envelopes"))?
+                .rows_stream::<EnvelopeRow>()
+                .map_err(be("reading envelopes"))?;
+            while let Some(row) = rows.try_next().await.map_err(be("reading envelopes"))? {
+                out.push(codec::decode_envelope(shard, bucket, row)?);
+                if out.len() == limit {
+                    return Ok(out);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn advance_checkpoint(&self, shard: ShardId, checkpoint: u64) -> Result<(), StoreError> {
+        self.check_shard(shard)?;
+        let db_shard = i32::from(shard.0);
+        let mut attempt = 0;
+        let new = loop {
+            let Some(row) = self.read_shard(shard, true).await? else {
+                // An empty shard stays at zero.
+                return Ok(());
+            };
+            // Never back, never above the boundary.
+            let new = row.checkpoint.max(checkpoint.min(row.boundary));
+            if new == row.checkpoint {
+                return Ok(());
+            }
+            let moved = self.lwt(&self.st.shard_checkpoint, (to_db(new), db_shard, to_db(row.checkpoint))).await?;
+            if moved.applied {
+                break new;
+            }
+            attempt += 1;
+            if attempt >= MAX_LWT_ATTEMPTS {
+                return Err(contention());
+            }
+            backoff(attempt).await;
+        };
+        // Every delivery at or below the checkpoint had its first attempt: drop
+        // whole buckets below it, then the rows at or below it in its bucket.
+        let cp_bucket = bucket_of(new);
+        let buckets: Vec<i64> = self
+            .session
+            .execute_iter(self.st.bucket_list.clone(), (db_shard, 0i64, cp_bucket))
+            .await
+            .map_err(be("reading envelope buckets"))?
+            .rows_stream::<(i64,)>()
+            .map_err(be("reading envelope buckets"))?
+            .map_ok(|(b,)| b)
+            .try_collect()
+            .await
+            .map_err(be("reading envelope buckets"))?;
+        for bucket in buckets {
+            let whole = codec::seq_of(bucket, (BUCKET_SIZE - 1) as i32) <= new;
+            if whole {
+                self.write(&self.st.env_drop_bucket, (db_shard, bucket)).await?;
+                self.write(&self.st.bucket_del, (db_shard, bucket)).await?;
+            } else {
+                self.write(&self.st.env_drop_upto, (db_shard, bucket, pos_of(new))).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn subscribers(
+        &self,
+        topic: &Topic,
+        after: Option<&RecipientId>,
+        limit: usize,
+    ) -> Result<Vec<Subscriber>, StoreError> {
+        if limit == 0 || after.is_some_and(|a| a.0 == [0xff; 32]) {
+            return Ok(Vec::new());
+        }
+        let page_rows = i32::try_from(limit).unwrap_or(PAGE_ROWS).min(PAGE_ROWS);
+        let pager = match after {
+            Some(a) => {
+                let mut st = self.st.topic_page_after.clone();
+                st.set_page_size(page_rows);
+                self.session.execute_iter(st, (topic.as_bytes(), a.0.as_slice())).await
+            }
+            None => {
+                let mut st = self.st.topic_page.clone();
+                st.set_page_size(page_rows);
+                self.session.execute_iter(st, (topic.as_bytes(),)).await
+            }
+        }
+        .map_err(be("reading subscribers"))?;
+        let mut ids = pager.rows_stream::<(Vec<u8>,)>().map_err(be("reading subscribers"))?;
+        let mut out = Vec::with_capacity(limit.min(PAGE_ROWS as usize));
+        // Keep reading index rows until the page is full: dangling rows are
+        // skipped, and a short page tells dispatch the topic is done.
+        loop {
+            let need = limit - out.len();
+            let mut chunk = Vec::with_capacity(need);
+            while chunk.len() < need {
+                match ids.try_next().await.map_err(be("reading subscribers"))? {
+                    Some((id,)) => chunk.push(RecipientId::parse(&id).map_err(|_| corrupt("topic subscription"))?),
+                    None => break,
+                }
+            }
+            let exhausted = chunk.len() < need;
+            let joins: Vec<BoxFuture<'_, Result<Option<Subscriber>, StoreError>>> =
+                chunk.into_iter().map(|id| self.join(topic, id).boxed()).collect();
+            let joined: Vec<Option<Subscriber>> = stream::iter(joins).buffered(JOIN_CONCURRENCY).try_collect().await?;
+            out.extend(joined.into_iter().flatten());
+            if exhausted || out.len() == limit {
+                return Ok(out);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::FutureExt;
+
+    use super::*;
+    use crate::domain::{EnvelopeKind, RecipientSecret, Subscription};
+    use crate::store::conformance::{self, SHARD_COUNT};
+
+    /// The CQL server the tests use, e.g. "127.0.0.1:9042" (`.ci/run` starts
+    /// one with scripts/cassandra.sh). Unset: the tests say so and pass.
+    const TEST_CQL_ENV: &str = "FANOUT_TEST_CQL";
+
+    fn test_nodes() -> Option<Vec<String>> {
+        match std::env::var(TEST_CQL_ENV) {
+            Ok(v) if !v.trim().is_empty() => Some(v.split(',').map(|s| s.trim().to_owned()).collect()),
+            _ => {
+                eprintln!(
+                    "skipped: {TEST_CQL_ENV} is not set (e.g. {TEST_CQL_ENV}=127.0.0.1:9042 after scripts/cassandra.sh start)"
+                );
+                None
+            }
+        }
+    }
+
+    fn settings(nodes: Vec<String>, keyspace: &str) -> ScyllaSettings {
+        ScyllaSettings {
+            nodes,
+            keyspace: keyspace.into(),
+            migrate: true,
+            request_timeout_ms: 30_000,
+            ..ScyllaSettings::default()
+        }
+    }
+
+    fn fresh_keyspace() -> String {
+        format!("fanout_test_{:016x}", rand::random::<u64>())
+    }
+
+    /// Runs `body` on a store in a fresh keyspace, then drops the keyspace
+    /// (also when `body` panics).
+    async fn with_store<F, Fut>(body: F)
+    where
+        F: FnOnce(ScyllaStore) -> Fut,
+        Fut: std::future::Future<Output = ScyllaStore>,
+    {
+        let Some(nodes) = test_nodes() else { return };
+        let keyspace = fresh_keyspace();
+        let store = ScyllaStore::connect(&settings(nodes.clone(), &keyspace), SHARD_COUNT).await.unwrap();
+        let outcome = std::panic::AssertUnwindSafe(body(store)).catch_unwind().await;
+        let cleanup = ScyllaStore::connect(&settings(nodes, &keyspace), SHARD_COUNT).await.unwrap();
+        cleanup.drop_keyspace().await.unwrap();
+        if let Err(panic) = outcome {
+            std::panic::resume_unwind(panic);
+        }
+    }
+
+    macro_rules! conformance_cases {
+        ($($case:ident),* $(,)?) => {$(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                with_store(|store| async move {
+                    conformance::$case(&store).await;
+                    store
+                })
+                .await;
+            }
+        )*};
+    }
+
+    conformance_cases!(
+        register_creates_and_renews,
+        secret_mismatch_changes_nothing,
+        unknown_recipient_is_not_found,
+        unregister_deletes_subscriptions,
+        update_applies_adds_and_removes_together,
+        replace_keeps_start_position,
+        topic_limit_applies_nothing,
+        key_window_round_trip,
+        compare_and_delete,
+        delete_expired_boundary,
+        append_allocates_per_shard,
+        publisher_sequence_ids,
+        non_eligible_envelopes_only_move_the_boundary,
+        suppression_data_only_with_32_byte_hmac,
+        read_window_range_and_limit,
+        advance_checkpoint_forward_and_prunes,
+        subscribers_paging,
+    );
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn data_survives_reconnect_and_shard_count_is_fixed() {
+        let Some(nodes) = test_nodes() else { return };
+        let keyspace = fresh_keyspace();
+        let id = RecipientId([9; 32]);
+        let hash = RecipientSecret::parse(&[1; 32]).unwrap().hash();
+        let topic = Topic::parse(&[0, 42]).unwrap();
+        let target = DeliveryTarget::Fcm { token: "tok".into() };
+        let sub = Subscription { topic: topic.clone(), keys: None, include_commits: true };
+        let envelope =
+            NewEnvelope::new(topic.clone(), SHARD_COUNT, EnvelopeKind::Commit, false, vec![], vec![], None).unwrap();
+        let shard = envelope.shard;
+
+        // Without migrate, a keyspace with no schema is refused.
+        let no_migrate = ScyllaSettings { migrate: false, ..settings(nodes.clone(), &keyspace) };
+        let err = ScyllaStore::connect(&no_migrate, SHARD_COUNT).await.err().expect("no schema yet");
+        assert!(matches!(&err, StoreError::Backend(m) if m.contains("fanout migrate")), "{err}");
+
+        let outcome = std::panic::AssertUnwindSafe(async {
+            {
+                let store = ScyllaStore::connect(&settings(nodes.clone(), &keyspace), SHARD_COUNT).await.unwrap();
+                store.register(&id, &hash, &target, 5).await.unwrap();
+                store.append(&[envelope.clone(), envelope.clone()], 7).await.unwrap();
+                let update = SubscriptionUpdate::new(vec![sub.clone()], vec![]).unwrap();
+                store.update_subscriptions(&id, &hash, &update, 6, 10).await.unwrap();
+                store.advance_checkpoint(shard, 1).await.unwrap();
+            }
+
+            let err = ScyllaStore::connect(&no_migrate, SHARD_COUNT + 1).await.err().expect("another shard count");
+            assert!(matches!(&err, StoreError::Backend(m) if m.contains("shard count")), "{err}");
+
+            // A second connect, without migrate, sees everything.
+            let store = ScyllaStore::connect(&no_migrate, SHARD_COUNT).await.unwrap();
+            let r = store.recipient(&id).await.unwrap().expect("recipient persisted");
+            assert_eq!((r.target, r.renewed_at_ns, r.topic_count), (target, 6, 1));
+            assert!(r.secret_hash == hash);
+            assert_eq!(
+                store.subscriptions(&id).await.unwrap(),
+                vec![StoredSubscription { subscription: sub, start_position: 2 }]
+            );
+            assert_eq!(store.shard_position(shard).await.unwrap(), ShardPosition { boundary: 2, checkpoint: 1 });
+            let window = store.read_window(shard, 0, 2, 10).await.unwrap();
+            assert_eq!(window.iter().map(|e| e.sequence_id).collect::<Vec<_>>(), vec![2]);
+            assert_eq!(window[0].server_ts_ns, 7);
+            assert_eq!(store.append(&[envelope], 8).await.unwrap(), vec![Appended::Stored { sequence_id: 3 }]);
+        })
+        .catch_unwind()
+        .await;
+        let cleanup = ScyllaStore::connect(&settings(nodes, &keyspace), SHARD_COUNT).await.unwrap();
+        cleanup.drop_keyspace().await.unwrap();
+        if let Err(panic) = outcome {
+            std::panic::resume_unwind(panic);
+        }
+    }
+
+    /// Envelopes across bucket boundaries and far-apart publisher ids: windows
+    /// read through the bucket index, and the checkpoint drops whole buckets.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn buckets_are_read_and_pruned_across_boundaries() {
+        with_store(|store| async move {
+            let topic = Topic::parse(&[0, 7]).unwrap();
+            let e = |seq: Option<u64>| {
+                NewEnvelope::new(topic.clone(), SHARD_COUNT, EnvelopeKind::Application, true, vec![], vec![], seq)
+                    .unwrap()
+            };
+            let shard = e(None).shard;
+            let far = 5 * BUCKET_SIZE + 17;
+            let ids = [BUCKET_SIZE - 2, BUCKET_SIZE - 1, BUCKET_SIZE, BUCKET_SIZE + 1, far, far + 1];
+            let r = store.append(&ids.iter().map(|&s| e(Some(s))).collect::<Vec<_>>(), 1).await.unwrap();
+            assert_eq!(r, ids.iter().map(|&s| Appended::Stored { sequence_id: s }).collect::<Vec<_>>());
+            let all = |w: Vec<StoredEnvelope>| w.into_iter().map(|e| e.sequence_id).collect::<Vec<_>>();
+            assert_eq!(all(store.read_window(shard, 0, u64::MAX, 100).await.unwrap()), ids.to_vec());
+            assert_eq!(all(store.read_window(shard, BUCKET_SIZE - 2, far, 3).await.unwrap()), ids[1..4].to_vec());
+            assert_eq!(all(store.read_window(shard, BUCKET_SIZE + 1, far, 10).await.unwrap()), vec![far]);
+
+            store.advance_checkpoint(shard, BUCKET_SIZE).await.unwrap();
+            assert_eq!(all(store.read_window(shard, 0, u64::MAX, 100).await.unwrap()), ids[3..].to_vec());
+            store.advance_checkpoint(shard, far).await.unwrap();
+            assert_eq!(all(store.read_window(shard, 0, u64::MAX, 100).await.unwrap()), vec![far + 1]);
+            store
+        })
+        .await;
+    }
+
+    /// A large UpdateSubscriptions is still one conditional batch: a single
+    /// partition's batch is not bound by the server's batch size limits.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_large_update_applies_in_one_batch() {
+        with_store(|store| async move {
+            let (id, hash) = (RecipientId([3; 32]), RecipientSecret::parse(&[3; 32]).unwrap().hash());
+            store.register(&id, &hash, &DeliveryTarget::Fcm { token: "t".into() }, 1).await.unwrap();
+            let window = crate::domain::KeyWindow::parse(9, &[vec![1; 42], vec![2; 42], vec![3; 42]]).unwrap();
+            let adds: Vec<Subscription> = (0..3000u32)
+                .map(|i| Subscription {
+                    topic: Topic::parse(&[&[0u8][..], &i.to_be_bytes()].concat()).unwrap(),
+                    keys: window.clone(),
+                    include_commits: i % 2 == 0,
+                })
+                .collect();
+            let update = SubscriptionUpdate::new(adds.clone(), vec![]).unwrap();
+            let s = store.update_subscriptions(&id, &hash, &update, 2, 100_000).await.unwrap();
+            assert_eq!(s.topic_count, 3000);
+            let stored = store.subscriptions(&id).await.unwrap();
+            assert_eq!(stored.into_iter().map(|s| s.subscription).collect::<Vec<_>>(), adds);
+            // And all 3000 removed again in one batch.
+            let removes = adds.iter().map(|s| s.topic.clone()).collect();
+            let update = SubscriptionUpdate::new(vec![], removes).unwrap();
+            store.update_subscriptions(&id, &hash, &update, 3, 100_000).await.unwrap();
+            assert!(store.subscriptions(&id).await.unwrap().is_empty());
+            assert_eq!(store.recipient(&id).await.unwrap().unwrap().topic_count, 0);
+            store
+        })
+        .await;
+    }
+
+    /// Concurrent updates of one recipient all apply, one after another: a
+    /// batch that lost the race (its version changed) is read and tried again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_updates_of_one_recipient_all_apply() {
+        with_store(|store| async move {
+            let (id, hash) = (RecipientId([4; 32]), RecipientSecret::parse(&[4; 32]).unwrap().hash());
+            store.register(&id, &hash, &DeliveryTarget::Fcm { token: "t".into() }, 1).await.unwrap();
+            let updates: Vec<SubscriptionUpdate> = (0..8u8)
+                .map(|i| {
+                    let sub =
+                        Subscription { topic: Topic::parse(&[0, i]).unwrap(), keys: None, include_commits: false };
+                    SubscriptionUpdate::new(vec![sub], vec![]).unwrap()
+                })
+                .collect();
+            let results = futures::future::join_all(
+                updates.iter().enumerate().map(|(i, u)| store.update_subscriptions(&id, &hash, u, 10 + i as i64, 100)),
+            )
+            .await;
+            assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
+            let r = store.recipient(&id).await.unwrap().unwrap();
+            assert_eq!(r.topic_count, 8);
+            assert_eq!(store.subscriptions(&id).await.unwrap().len(), 8);
+            for i in 0..8u8 {
+                let page = store.subscribers(&Topic::parse(&[0, i]).unwrap(), None, 10).await.unwrap();
+                assert_eq!(page.len(), 1);
+            }
+            store
+        })
+        .await;
+    }
+
+    /// A dispatch index row whose subscription is gone (a crash between the
+    /// index write and the batch) is skipped, and the page is still filled.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn dangling_index_rows_are_skipped() {
+        with_store(|store| async move {
+            let topic = Topic::parse(&[0, 5]).unwrap();
+            let hash = RecipientSecret::parse(&[1; 32]).unwrap().hash();
+            let target = DeliveryTarget::Apns { token: "t".into() };
+            let sub = Subscription { topic: topic.clone(), keys: None, include_commits: false };
+            for n in [2u8, 4, 6] {
+                store.register(&RecipientId([n; 32]), &hash, &target, 1).await.unwrap();
+                let update = SubscriptionUpdate::new(vec![sub.clone()], vec![]).unwrap();
+                store.update_subscriptions(&RecipientId([n; 32]), &hash, &update, 1, 10).await.unwrap();
+            }
+            // Index rows with no subscription behind them: no recipient (1, 3),
+            // a recipient without that subscription (5).
+            store.register(&RecipientId([5; 32]), &hash, &target, 1).await.unwrap();
+            for n in [1u8, 3, 5] {
+                store
+                    .write(&store.st.topic_row_put, (topic.as_bytes(), [n; 32].as_slice(), store.clock.next()))
+                    .await
+                    .unwrap();
+            }
+            let ids = |page: Vec<Subscriber>| page.into_iter().map(|s| s.recipient.id.0[0]).collect::<Vec<_>>();
+            assert_eq!(ids(store.subscribers(&topic, None, 2).await.unwrap()), vec![2, 4]);
+            assert_eq!(ids(store.subscribers(&topic, Some(&RecipientId([4; 32])), 2).await.unwrap()), vec![6]);
+            assert_eq!(ids(store.subscribers(&topic, None, 10).await.unwrap()), vec![2, 4, 6]);
+            store
+        })
+        .await;
+    }
+
+    /// Concurrent appends to one shard never share an id and leave the
+    /// boundary at the last one (the per-shard serialisation and the LWTs).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_appends_get_distinct_ids() {
+        with_store(|store| async move {
+            let topic = Topic::parse(&[0, 9]).unwrap();
+            let e =
+                NewEnvelope::new(topic, SHARD_COUNT, EnvelopeKind::Application, true, vec![], vec![], None).unwrap();
+            let shard = e.shard;
+            let batches = futures::future::join_all((0..8).map(|_| store.append(std::slice::from_ref(&e), 1))).await;
+            let mut ids: Vec<u64> = batches
+                .into_iter()
+                .flat_map(|r| r.unwrap())
+                .map(|a| match a {
+                    Appended::Stored { sequence_id } => sequence_id,
+                    other => panic!("{other:?}"),
+                })
+                .collect();
+            ids.sort_unstable();
+            assert_eq!(ids, (1..=8).collect::<Vec<_>>());
+            assert_eq!(store.shard_position(shard).await.unwrap().boundary, 8);
+            store
+        })
+        .await;
+    }
+}

@@ -1,0 +1,151 @@
+//! Rows of the CQL tables ↔ domain values. u64 ids and positions are stored as
+//! their two's-complement `bigint`; sequence ids are split into a bucket and a
+//! position so envelope partitions stay bounded.
+
+use crate::domain::{
+    Channel, DeliveryTarget, EnvelopeKind, KeyWindow, RecipientId, SecretHash, ShardId, SigningKey, StoredEnvelope,
+    StoredSubscription, Subscription, Topic,
+};
+use crate::store::{Recipient, StoreError};
+
+/// Envelopes per (shard, bucket) partition.
+pub(super) const BUCKET_SIZE: u64 = 4096;
+
+pub(super) fn bucket_of(seq: u64) -> i64 {
+    (seq / BUCKET_SIZE) as i64
+}
+
+pub(super) fn pos_of(seq: u64) -> i32 {
+    (seq % BUCKET_SIZE) as i32
+}
+
+pub(super) fn seq_of(bucket: i64, pos: i32) -> u64 {
+    bucket as u64 * BUCKET_SIZE + pos as u64
+}
+
+pub(super) fn to_db(v: u64) -> i64 {
+    v as i64
+}
+
+pub(super) fn from_db(v: i64) -> u64 {
+    v as u64
+}
+
+pub(super) fn corrupt(what: &str) -> StoreError {
+    StoreError::Backend(format!("corrupt {what} row"))
+}
+
+/// The static (recipient) columns, in the order every statement selects them:
+/// version, secret_hash, channel, target, signing_key, renewed_at, topic_count.
+pub(super) type StaticRow =
+    (Option<i64>, Option<Vec<u8>>, Option<i8>, Option<String>, Option<Vec<u8>>, Option<i64>, Option<i64>);
+
+/// The subscription columns: start_position, include_commits, hmac_epoch_base, hmac_keys.
+pub(super) type SubRow = (Option<i64>, Option<bool>, Option<i64>, Option<Vec<Vec<u8>>>);
+
+/// A recipient as read, with the version its next conditional write must name.
+#[derive(Debug, Clone)]
+pub(super) struct Versioned {
+    pub version: i64,
+    pub recipient: Recipient,
+}
+
+/// `None` when the partition holds no recipient.
+pub(super) fn decode_static(id: RecipientId, row: StaticRow) -> Result<Option<Versioned>, StoreError> {
+    const WHAT: &str = "recipient";
+    let (version, hash, channel, target, signing_key, renewed_at, topic_count) = row;
+    let Some(version) = version else {
+        return Ok(None);
+    };
+    let hash: [u8; 32] = hash.as_deref().and_then(|h| h.try_into().ok()).ok_or_else(|| corrupt(WHAT))?;
+    let target_text = target.ok_or_else(|| corrupt(WHAT))?;
+    let channel = channel.and_then(|c| u8::try_from(c).ok()).and_then(Channel::from_u8).ok_or_else(|| corrupt(WHAT))?;
+    let target = match channel {
+        Channel::Apns => DeliveryTarget::Apns { token: target_text },
+        Channel::Fcm => DeliveryTarget::Fcm { token: target_text },
+        Channel::Http => DeliveryTarget::Http {
+            url: target_text,
+            signing_key: signing_key.as_deref().and_then(|k| SigningKey::parse(k).ok()).ok_or_else(|| corrupt(WHAT))?,
+        },
+    };
+    Ok(Some(Versioned {
+        version,
+        recipient: Recipient {
+            id,
+            secret_hash: SecretHash(hash),
+            target,
+            renewed_at_ns: renewed_at.ok_or_else(|| corrupt(WHAT))?,
+            topic_count: topic_count.map(from_db).ok_or_else(|| corrupt(WHAT))?,
+        },
+    }))
+}
+
+/// The target's columns: channel, target text (token or URL), signing key.
+pub(super) fn encode_target(target: &DeliveryTarget) -> (i8, &str, Option<&[u8]>) {
+    let channel = target.channel() as u8 as i8;
+    match target {
+        DeliveryTarget::Apns { token } | DeliveryTarget::Fcm { token } => (channel, token, None),
+        DeliveryTarget::Http { url, signing_key } => (channel, url, Some(signing_key.as_bytes())),
+    }
+}
+
+/// `None` for a row of the partition that is not a subscription.
+pub(super) fn decode_subscription(topic: Topic, row: SubRow) -> Result<Option<StoredSubscription>, StoreError> {
+    const WHAT: &str = "subscription";
+    let (start, include_commits, base, keys) = row;
+    let Some(start) = start else {
+        return Ok(None);
+    };
+    let keys = match keys {
+        // Section 3: no base is stored without keys.
+        None => None,
+        Some(keys) => KeyWindow::parse(base.ok_or_else(|| corrupt(WHAT))?, &keys).map_err(|_| corrupt(WHAT))?,
+    };
+    Ok(Some(StoredSubscription {
+        subscription: Subscription { topic, keys, include_commits: include_commits.unwrap_or(false) },
+        start_position: from_db(start),
+    }))
+}
+
+/// The subscription columns to write: start_position, include_commits,
+/// hmac_epoch_base, hmac_keys (null base and keys without a window).
+pub(super) fn encode_subscription(s: &StoredSubscription) -> (i64, bool, Option<i64>, Option<Vec<Vec<u8>>>) {
+    let (base, keys) = match &s.subscription.keys {
+        None => (None, None),
+        Some(w) => (Some(w.epoch_base()), Some(w.keys().iter().map(|k| k.0.to_vec()).collect())),
+    };
+    (to_db(s.start_position), s.subscription.include_commits, base, keys)
+}
+
+/// The envelope columns after the key: pos, topic, kind, server_ts, sender_hmac, data.
+pub(super) type EnvelopeRow = (i32, Vec<u8>, i8, i64, Option<Vec<u8>>, Option<Vec<u8>>);
+
+pub(super) fn decode_envelope(shard: ShardId, bucket: i64, row: EnvelopeRow) -> Result<StoredEnvelope, StoreError> {
+    const WHAT: &str = "envelope";
+    let (pos, topic, kind, server_ts, sender_hmac, data) = row;
+    Ok(StoredEnvelope {
+        shard,
+        sequence_id: seq_of(bucket, pos),
+        topic: Topic::parse(&topic).map_err(|_| corrupt(WHAT))?,
+        kind: u8::try_from(kind).ok().and_then(EnvelopeKind::from_u8).ok_or_else(|| corrupt(WHAT))?,
+        server_ts_ns: server_ts,
+        sender_hmac: sender_hmac.unwrap_or_default(),
+        data: data.unwrap_or_default(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sequence_ids_split_and_join() {
+        for seq in [0, 1, 4095, 4096, 4097, u64::MAX, u64::MAX - 4096, 1 << 63] {
+            let (b, p) = (bucket_of(seq), pos_of(seq));
+            assert!(b >= 0 && (0..4096).contains(&p));
+            assert_eq!(seq_of(b, p), seq);
+        }
+        assert!(bucket_of(4095) < bucket_of(4096));
+        assert_eq!(from_db(to_db(u64::MAX)), u64::MAX);
+    }
+}

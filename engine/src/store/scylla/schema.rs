@@ -1,0 +1,213 @@
+//! The versioned CQL schema (`engine/schema/scylla/NNN_*.cql`) and its application.
+
+use scylla::client::session::Session;
+use scylla::statement::Statement;
+
+use super::be;
+use crate::store::StoreError;
+
+/// Every schema version this binary knows, in order. Each file's statements
+/// are idempotent; a version is recorded in `schema_version` after all of its
+/// statements ran.
+pub(super) const MIGRATIONS: &[(i32, &str, &str)] =
+    &[(1, "001_init", include_str!("../../../schema/scylla/001_init.cql"))];
+
+/// The version a store of this binary needs.
+pub(super) fn latest() -> i32 {
+    MIGRATIONS.last().map_or(0, |m| m.0)
+}
+
+/// A keyspace name CQL accepts unquoted: a letter, then letters, digits or
+/// `_`, at most 48 characters.
+pub(super) fn check_keyspace(name: &str) -> Result<(), StoreError> {
+    let mut chars = name.chars();
+    let ok = name.len() <= 48
+        && chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::Backend(
+            "store.scylla.keyspace must be a letter followed by at most 47 letters, digits or '_'".into(),
+        ))
+    }
+}
+
+/// The replication map is operator configuration pasted into CREATE KEYSPACE:
+/// it must at least look like one CQL map.
+fn check_replication(replication: &str) -> Result<(), StoreError> {
+    let r = replication.trim();
+    let ok = r.starts_with('{')
+        && r.ends_with('}')
+        && r.matches('{').count() == 1
+        && r.matches('}').count() == 1
+        && !r.contains(';');
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::Backend(
+            "store.scylla.replication must be one CQL map, e.g. {'class': 'NetworkTopologyStrategy', 'dc1': 3}".into(),
+        ))
+    }
+}
+
+/// Splits a migration file into statements: `--` comments dropped, each
+/// statement ending with `;` at the end of a line, placeholders replaced.
+pub(super) fn statements(file: &str, keyspace: &str, replication: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut current = String::new();
+    for line in file.lines() {
+        let line = match line.find("--") {
+            Some(i) => &line[..i],
+            None => line,
+        };
+        let line = line.trim_end();
+        if line.trim().is_empty() {
+            continue;
+        }
+        current.push_str(line);
+        current.push('\n');
+        if line.ends_with(';') {
+            let stmt = current.trim().trim_end_matches(';').to_owned();
+            out.push(stmt.replace("${keyspace}", keyspace).replace("${replication}", replication.trim()));
+            current.clear();
+        }
+    }
+    debug_assert!(current.trim().is_empty(), "a statement without ';'");
+    out
+}
+
+/// The versions recorded in the keyspace; empty when the keyspace or the
+/// table does not exist yet.
+async fn applied_versions(session: &Session, keyspace: &str) -> Result<Vec<i32>, StoreError> {
+    let exists = session
+        .query_unpaged(
+            "SELECT table_name FROM system_schema.tables WHERE keyspace_name = ? AND table_name = 'schema_version'",
+            (keyspace,),
+        )
+        .await
+        .map_err(be("reading the schema tables"))?
+        .into_rows_result()
+        .map_err(be("reading the schema tables"))?
+        .rows_num()
+        > 0;
+    if !exists {
+        return Ok(Vec::new());
+    }
+    let rows = session
+        .query_unpaged(format!("SELECT version FROM {keyspace}.schema_version"), ())
+        .await
+        .map_err(be("reading the schema version"))?
+        .into_rows_result()
+        .map_err(be("reading the schema version"))?;
+    let mut versions = rows
+        .rows::<(i32,)>()
+        .map_err(be("reading the schema version"))?
+        .map(|r| r.map(|(v,)| v))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(be("reading the schema version"))?;
+    versions.sort_unstable();
+    Ok(versions)
+}
+
+/// Applies every migration not yet recorded, in order. Returns the schema
+/// version now in place.
+pub(super) async fn migrate(session: &Session, keyspace: &str, replication: &str) -> Result<i32, StoreError> {
+    check_keyspace(keyspace)?;
+    check_replication(replication)?;
+    let applied = applied_versions(session, keyspace).await?;
+    refuse_newer(&applied)?;
+    for &(version, name, file) in MIGRATIONS {
+        if applied.contains(&version) {
+            continue;
+        }
+        tracing::info!(keyspace, version, name, "applying the CQL schema");
+        for stmt in statements(file, keyspace, replication) {
+            // DDL waits for schema agreement (the driver's default) before the next one.
+            session.query_unpaged(Statement::new(stmt), ()).await.map_err(be("applying the schema"))?;
+        }
+        session
+            .query_unpaged(
+                format!(
+                    "INSERT INTO {keyspace}.schema_version (version, name, applied_at) \
+                     VALUES (?, ?, toTimestamp(now()))"
+                ),
+                (version, name),
+            )
+            .await
+            .map_err(be("recording the schema version"))?;
+    }
+    Ok(latest())
+}
+
+/// Without `migrate`, the schema must already be exactly the one this binary knows.
+pub(super) async fn check(session: &Session, keyspace: &str) -> Result<(), StoreError> {
+    check_keyspace(keyspace)?;
+    let applied = applied_versions(session, keyspace).await?;
+    refuse_newer(&applied)?;
+    match applied.last() {
+        Some(&v) if v == latest() => Ok(()),
+        Some(&v) => Err(StoreError::Backend(format!(
+            "keyspace {keyspace} has schema version {v}, this binary needs {}: run `fanout migrate` \
+             or set store.scylla.migrate = true",
+            latest()
+        ))),
+        None => Err(StoreError::Backend(format!(
+            "keyspace {keyspace} has no fanout schema: run `fanout migrate` or set store.scylla.migrate = true"
+        ))),
+    }
+}
+
+fn refuse_newer(applied: &[i32]) -> Result<(), StoreError> {
+    match applied.last() {
+        Some(&v) if v > latest() => Err(StoreError::Backend(format!(
+            "the keyspace has schema version {v}, newer than this binary's {}: upgrade fanout",
+            latest()
+        ))),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn init_file_splits_into_statements() {
+        let stmts = statements(MIGRATIONS[0].2, "ks", "{'class': 'SimpleStrategy', 'replication_factor': 1}");
+        assert!(stmts[0].starts_with("CREATE KEYSPACE IF NOT EXISTS ks"));
+        assert!(stmts[0].ends_with("{'class': 'SimpleStrategy', 'replication_factor': 1}"));
+        assert!(stmts.iter().all(|s| !s.contains("${") && !s.contains("--") && !s.ends_with(';')));
+        let tables: Vec<_> = stmts
+            .iter()
+            .filter_map(|s| s.strip_prefix("CREATE TABLE IF NOT EXISTS ks."))
+            .map(|s| s.split_whitespace().next().unwrap())
+            .collect();
+        assert_eq!(
+            tables,
+            [
+                "schema_version",
+                "settings",
+                "recipients",
+                "topic_subscriptions",
+                "shards",
+                "envelopes",
+                "envelope_buckets",
+                "shard_leases"
+            ]
+        );
+    }
+
+    #[test]
+    fn names_and_replication_are_checked() {
+        assert!(check_keyspace("fanout").is_ok());
+        assert!(check_keyspace("fanout_test_0a").is_ok());
+        assert!(check_keyspace("0fanout").is_err());
+        assert!(check_keyspace("a-b").is_err());
+        assert!(check_keyspace("").is_err());
+        assert!(check_keyspace(&"a".repeat(49)).is_err());
+        assert!(check_replication("{'class': 'SimpleStrategy', 'replication_factor': 1}").is_ok());
+        assert!(check_replication("{'class': 'X'}; DROP KEYSPACE x").is_err());
+        assert!(check_replication("'class'").is_err());
+    }
+}
