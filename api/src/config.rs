@@ -56,13 +56,21 @@ pub struct StoreSettings {
     pub backend: StoreBackend,
     /// Directory of the embedded store.
     pub path: PathBuf,
+    /// Page cache of the embedded store, in MiB: most of its memory once the
+    /// data outgrows it.
+    pub cache_size_mb: usize,
     /// The ScyllaDB backend: nodes, keyspace, replication, migrate, request_timeout_ms.
     pub scylla: ScyllaSettings,
 }
 
 impl Default for StoreSettings {
     fn default() -> Self {
-        Self { backend: StoreBackend::Redb, path: PathBuf::from("./fanout-data"), scylla: ScyllaSettings::default() }
+        Self {
+            backend: StoreBackend::Redb,
+            path: PathBuf::from("./fanout-data"),
+            cache_size_mb: 1024,
+            scylla: ScyllaSettings::default(),
+        }
     }
 }
 
@@ -115,6 +123,9 @@ impl Config {
         self.engine.validate().map_err(|e| anyhow::anyhow!("invalid configuration: engine.{e}"))?;
         if matches!(self.store.backend, StoreBackend::Scylla) {
             self.store.scylla.validate().map_err(|e| anyhow::anyhow!("invalid configuration: store.scylla.{e}"))?;
+        }
+        if self.store.cache_size_mb == 0 {
+            anyhow::bail!("invalid configuration: store.cache_size_mb must be greater than zero");
         }
         if self.server.drain_timeout_seconds == 0 {
             anyhow::bail!("invalid configuration: server.drain_timeout_seconds must be greater than zero");

@@ -88,7 +88,7 @@ fn init_logging(config: &Config) {
 async fn serve(config: Config) -> anyhow::Result<()> {
     let store: Arc<dyn Store> = match config.store.backend {
         StoreBackend::Redb => {
-            let store = RedbStore::open(&config.store.path, config.engine.shard_count)
+            let store = RedbStore::open_with_cache(&config.store.path, config.engine.shard_count, config.store.cache_size_mb << 20)
                 .with_context(|| format!("cannot open the embedded store in {}", config.store.path.display()))?;
             Arc::new(store)
         }
@@ -177,7 +177,7 @@ fn request_id() -> String {
 async fn migrate(config: Config) -> anyhow::Result<()> {
     match config.store.backend {
         StoreBackend::Redb => {
-            RedbStore::open(&config.store.path, config.engine.shard_count)
+            RedbStore::open_with_cache(&config.store.path, config.engine.shard_count, config.store.cache_size_mb << 20)
                 .with_context(|| format!("cannot open the embedded store in {}", config.store.path.display()))?;
             println!("embedded store ready in {}", config.store.path.display());
         }

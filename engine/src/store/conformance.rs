@@ -26,24 +26,38 @@ where
     F: Fn() -> Fut,
     Fut: Future<Output = S>,
 {
-    register_creates_and_renews(&make().await).await;
-    secret_mismatch_changes_nothing(&make().await).await;
-    unknown_recipient_is_not_found(&make().await).await;
-    unregister_deletes_subscriptions(&make().await).await;
-    update_applies_adds_and_removes_together(&make().await).await;
-    replace_keeps_start_position(&make().await).await;
-    topic_limit_applies_nothing(&make().await).await;
-    key_window_round_trip(&make().await).await;
-    compare_and_delete(&make().await).await;
-    delete_expired_boundary(&make().await).await;
-    append_allocates_per_shard(&make().await).await;
-    publisher_sequence_ids(&make().await).await;
-    non_eligible_envelopes_only_move_the_boundary(&make().await).await;
-    suppression_data_only_with_32_byte_hmac(&make().await).await;
-    read_window_range_and_limit(&make().await).await;
-    advance_checkpoint_forward_and_prunes(&make().await).await;
-    subscribers_paging(&make().await).await;
+    macro_rules! run_each {
+        ($($case:ident),* $(,)?) => {$( $case(&make().await).await; )*};
+    }
+    for_each_case!(run_each);
 }
+
+/// Calls macro `$m` with the name of every conformance case, so each backend's
+/// tests list them once: `conformance::for_each_case!(my_test_macro);`.
+macro_rules! for_each_case {
+    ($m:ident) => {
+        $m!(
+        register_creates_and_renews,
+        secret_mismatch_changes_nothing,
+        unknown_recipient_is_not_found,
+        unregister_deletes_subscriptions,
+        update_applies_adds_and_removes_together,
+        replace_keeps_start_position,
+        topic_limit_applies_nothing,
+        key_window_round_trip,
+        compare_and_delete,
+        delete_expired_boundary,
+        append_allocates_per_shard,
+        publisher_sequence_ids,
+        non_eligible_envelopes_only_move_the_boundary,
+        suppression_data_only_with_32_byte_hmac,
+        read_window_range_and_limit,
+        advance_checkpoint_forward_and_prunes,
+        subscribers_paging,
+        );
+    };
+}
+pub(crate) use for_each_case;
 
 // ---- helpers ----
 

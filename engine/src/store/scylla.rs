@@ -1223,25 +1223,7 @@ mod tests {
         )*};
     }
 
-    conformance_cases!(
-        register_creates_and_renews,
-        secret_mismatch_changes_nothing,
-        unknown_recipient_is_not_found,
-        unregister_deletes_subscriptions,
-        update_applies_adds_and_removes_together,
-        replace_keeps_start_position,
-        topic_limit_applies_nothing,
-        key_window_round_trip,
-        compare_and_delete,
-        delete_expired_boundary,
-        append_allocates_per_shard,
-        publisher_sequence_ids,
-        non_eligible_envelopes_only_move_the_boundary,
-        suppression_data_only_with_32_byte_hmac,
-        read_window_range_and_limit,
-        advance_checkpoint_forward_and_prunes,
-        subscribers_paging,
-    );
+    conformance::for_each_case!(conformance_cases);
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn data_survives_reconnect_and_shard_count_is_fixed() {
