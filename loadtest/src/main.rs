@@ -47,6 +47,19 @@ enum MockTarget {
     Apns(ApnsArgs),
     /// FCM HTTP v1 with its OAuth2 token endpoint at /token; answers 200 by default.
     Fcm(FcmArgs),
+    /// All three on their default ports (webhook 8443, APNs 8444, FCM 8445),
+    /// with their CA, key and service-account files in --dir.
+    All(AllArgs),
+}
+
+#[derive(Args)]
+struct AllArgs {
+    /// Directory for the CA certificates, the APNs key and the FCM service account.
+    #[arg(long, default_value = ".")]
+    dir: PathBuf,
+    /// Delay before every answer, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    latency_ms: u64,
 }
 
 #[derive(Args)]
@@ -131,6 +144,9 @@ async fn main() -> anyhow::Result<()> {
         Command::Mock {
             target: MockTarget::Fcm(args),
         } => mock_fcm(args).await,
+        Command::Mock {
+            target: MockTarget::All(args),
+        } => mock_all(args).await,
         Command::Run(args) => fanout_loadtest::run::run_command(args).await,
         Command::Ceiling(args) => fanout_loadtest::run::ceiling_command(args).await,
     }
@@ -201,6 +217,38 @@ async fn mock_fcm(args: FcmArgs) -> anyhow::Result<()> {
     report_until_ctrl_c(|| mock.received_count()).await?;
     println!("token requests: {}", mock.token_request_count());
     mock.shutdown().await;
+    Ok(())
+}
+
+/// The three mocks side by side; Ctrl-C stops all of them.
+async fn mock_all(args: AllArgs) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&args.dir).with_context(|| format!("creating {}", args.dir.display()))?;
+    let webhook = WebhookArgs {
+        bind: "127.0.0.1:8443".parse()?,
+        ca_out: args.dir.join("mock-ca.pem"),
+        http1_only: false,
+        latency_ms: args.latency_ms,
+        status: 200,
+        dns_names: vec![],
+    };
+    let apns = ApnsArgs {
+        bind: "127.0.0.1:8444".parse()?,
+        ca_out: args.dir.join("mock-apns-ca.pem"),
+        key_out: args.dir.join("mock-apns-key.p8"),
+        key_id: "KEY1234567".into(),
+        team_id: "TEAM123456".into(),
+        latency_ms: args.latency_ms,
+        dns_names: vec![],
+    };
+    let fcm = FcmArgs {
+        bind: "127.0.0.1:8445".parse()?,
+        ca_out: args.dir.join("mock-fcm-ca.pem"),
+        service_account_out: args.dir.join("mock-fcm-service-account.json"),
+        project_id: "fanout-test-project".into(),
+        latency_ms: args.latency_ms,
+        dns_names: vec![],
+    };
+    tokio::try_join!(mock_webhook(webhook), mock_apns(apns), mock_fcm(fcm))?;
     Ok(())
 }
 

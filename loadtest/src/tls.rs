@@ -18,6 +18,9 @@ pub const ALPN_H2: &[u8] = b"h2";
 /// ALPN id of HTTP/1.1.
 pub const ALPN_HTTP1: &[u8] = b"http/1.1";
 
+/// The CA file inside a PKI directory (`load_or_generate`).
+pub const CA_FILE: &str = "ca.pem";
+
 /// Names every server certificate covers, before the caller's extra DNS names.
 const DEFAULT_SANS: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
 
@@ -86,6 +89,35 @@ impl TestPki {
         Ok(pki)
     }
 
+    /// Loads the PKI kept in `dir` by an earlier call, or generates one and
+    /// keeps it there. An engine started once with `dir/ca.pem` in its
+    /// `extra_ca_files` then trusts every later harness run's mocks.
+    pub fn load_or_generate(dir: &Path) -> anyhow::Result<TestPki> {
+        let (ca, cert, key) = (dir.join(CA_FILE), dir.join("server-cert.der"), dir.join("server-key.der"));
+        if ca.exists() && cert.exists() && key.exists() {
+            let ca_pem = std::fs::read_to_string(&ca).with_context(|| format!("reading {}", ca.display()))?;
+            let ca_der = rustls_pemfile::certs(&mut ca_pem.as_bytes())
+                .next()
+                .context("no certificate in ca.pem")?
+                .context("bad PEM in ca.pem")?;
+            let pki = TestPki {
+                ca_pem,
+                ca_der,
+                server_cert_der: CertificateDer::from(std::fs::read(&cert)?),
+                server_key_der: Arc::new(PrivatePkcs8KeyDer::from(std::fs::read(&key)?)),
+            };
+            pki.try_server_config(&[])?;
+            pki.try_client_config()?;
+            return Ok(pki);
+        }
+        let pki = TestPki::generate(&[])?;
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        pki.write_ca(&ca)?;
+        std::fs::write(&cert, pki.server_cert_der.as_ref())?;
+        std::fs::write(&key, pki.server_key_der.secret_pkcs8_der())?;
+        Ok(pki)
+    }
+
     /// The CA certificate, PEM encoded.
     pub fn ca_pem(&self) -> &str {
         &self.ca_pem
@@ -149,6 +181,15 @@ impl TestPki {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_kept_pki_is_loaded_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = TestPki::load_or_generate(dir.path()).unwrap();
+        let second = TestPki::load_or_generate(dir.path()).unwrap();
+        assert_eq!(first.ca_pem(), second.ca_pem());
+        assert_eq!(first.server_cert_der, second.server_cert_der);
+    }
 
     #[test]
     fn generates_pem_and_configs() {

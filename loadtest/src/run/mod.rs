@@ -47,10 +47,15 @@ pub struct RunArgs {
     #[arg(long, conflicts_with = "engine_grpc")]
     pub engine_bin: Option<PathBuf>,
     /// Use an engine that is already running at this gRPC address instead of
-    /// starting one. It must allow private addresses and trust the mock CA
-    /// written to --ca-out (start it after the harness printed the path).
-    #[arg(long)]
+    /// starting one. It must allow private addresses and trust the mock CA:
+    /// give --pki-dir and start the engine with `<pki-dir>/ca.pem` in
+    /// `engine.channels.http.extra_ca_files`.
+    #[arg(long, requires = "pki_dir")]
     pub engine_grpc: Option<SocketAddr>,
+    /// Keep the mocks' CA and server certificate in this directory and reuse
+    /// them on later runs (default: a fresh PKI per run).
+    #[arg(long)]
+    pub pki_dir: Option<PathBuf>,
     /// With --engine-grpc: its HTTP address, to read /metrics at the end.
     #[arg(long, requires = "engine_grpc")]
     pub engine_http: Option<SocketAddr>,
@@ -224,9 +229,12 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<Report> {
     scenario.override_rate(args.rate, args.duration_seconds)?;
     let plan = Arc::new(Plan::new(&scenario));
     let mut machine = Machine::read();
-    let pki = TestPki::generate(&[]).context("generating test PKI")?;
     let ca_dir = tempfile::Builder::new().prefix("fanout-loadtest-ca-").tempdir()?;
-    let ca_path = args.ca_out.clone().unwrap_or_else(|| ca_dir.path().join("mock-ca.pem"));
+    let (pki, ca_path) = match &args.pki_dir {
+        Some(dir) => (TestPki::load_or_generate(dir)?, dir.join(crate::tls::CA_FILE)),
+        None => (TestPki::generate(&[]).context("generating test PKI")?, ca_dir.path().join("mock-ca.pem")),
+    };
+    let ca_path = args.ca_out.clone().unwrap_or(ca_path);
     pki.write_ca(&ca_path)?;
 
     let progress = Progress::new();
