@@ -105,7 +105,7 @@ mod tests {
     fn key_window_rules() {
         let k = vec![7u8; 42];
         assert_eq!(KeyWindow::parse(-5, &[]).unwrap(), None, "no base without keys");
-        assert!(KeyWindow::parse(-1, &[k.clone()]).is_err());
+        assert!(KeyWindow::parse(-1, std::slice::from_ref(&k)).is_err());
         assert!(KeyWindow::parse(0, &[vec![0; 41]]).is_err());
         assert!(KeyWindow::parse(0, &[k.clone(), k.clone(), k.clone(), k.clone()]).is_err());
         let w = KeyWindow::parse(10, &[vec![1; 42], vec![2; 42], vec![3; 42]]).unwrap().unwrap();
