@@ -2,6 +2,7 @@
 //! (PUSH-256), pooled keep-alive connections, HTTP/2 or HTTP/1.1 by ALPN.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -10,7 +11,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use super::{Outcome, Provider, Push, webhook_body};
 use crate::clock::unix_now_ns;
@@ -23,11 +24,16 @@ const RETRY_DELAY: Duration = Duration::from_secs(1);
 /// Idle pooled connections are closed after this, so a connection never
 /// outlives the address check that opened it by long.
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Independent connection pools, used round-robin: an HTTP/2 receiver gets up
+/// to this many connections, so its per-connection stream limit (often 100 or
+/// 200) does not cap the engine's concurrency to it.
+const POOLS: usize = 4;
 
 type HttpsClient = Client<HttpsConnector<HttpConnector<CheckedResolver>>, Full<Bytes>>;
 
 pub struct WebhookProvider {
-    client: HttpsClient,
+    clients: Vec<HttpsClient>,
+    next: AtomicUsize,
     policy: Arc<WebhookPolicy>,
     resolver: Arc<dyn HostResolver>,
     metrics: Arc<Metrics>,
@@ -53,10 +59,17 @@ impl WebhookProvider {
             .enable_http1()
             .enable_http2()
             .wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-            .build(connector);
-        Self { client, policy, resolver, metrics }
+        let clients = (0..POOLS)
+            .map(|_| {
+                Client::builder(TokioExecutor::new())
+                    .timer(TokioTimer::new())
+                    // Without a pool timer the idle timeout is not enforced.
+                    .pool_timer(TokioTimer::new())
+                    .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+                    .build(connector.clone())
+            })
+            .collect();
+        Self { clients, next: AtomicUsize::new(0), policy, resolver, metrics }
     }
 
     async fn post(&self, url: &WebhookUrl, body: String, headers: WebhookHeaders) -> Outcome {
@@ -69,7 +82,8 @@ impl WebhookProvider {
         let Ok(request) = request else {
             return Outcome::Rejected;
         };
-        match self.client.request(request).await {
+        let client = &self.clients[self.next.fetch_add(1, Ordering::Relaxed) % self.clients.len()];
+        match client.request(request).await {
             Ok(response) => {
                 let status = response.status();
                 // Drain the body so the connection goes back to the pool.
