@@ -246,3 +246,29 @@ async fn sigterm_exits_cleanly() {
     assert!(status.success(), "exit status {status}; log:\n{}", setup.fanout.log());
     assert!(setup.fanout.log().contains("stopped"));
 }
+
+#[tokio::test]
+async fn the_streaming_publish_answers_every_envelope_of_every_batch() {
+    let setup = webhook_setup(EngineConfig::default()).await;
+    let key = [6u8; 32];
+    let topic = group_topic();
+    let r = Recipient::random();
+    register_webhook(&setup, &r, "/stream", &key, vec![subscription(&topic)]).await;
+    let mut bad = envelope(&topic, K::Application, true);
+    bad.kind = 0;
+    let batches = vec![
+        pb::PublishRequest { envelopes: vec![envelope(&topic, K::Application, true), bad] },
+        pb::PublishRequest { envelopes: vec![envelope(&topic, K::Application, true)] },
+    ];
+    let mut publisher = setup.fanout.publisher().await.unwrap();
+    let results = publisher.publish_stream(tokio_stream::iter(batches)).await.unwrap().into_inner().results;
+    assert_eq!(results.len(), 3, "one result per envelope, in order");
+    let first = sequence_id(&results[0]);
+    assert!(matches!(results[1].result, Some(pb::publish_result::Result::Error(_))));
+    assert_eq!(sequence_id(&results[2]), first + 1);
+    setup.receiver.wait_for(2, DELIVERY_WAIT).await;
+    tokio::time::sleep(QUIET).await;
+    let seen = pushes(&setup);
+    assert_eq!(seen.len(), 2);
+    assert!(seen.contains_key(&push_of(&r, &topic, first)) && seen.contains_key(&push_of(&r, &topic, first + 1)));
+}
