@@ -44,11 +44,7 @@ pub struct Engine {
 }
 
 impl Engine {
-    pub async fn start(
-        settings: EngineSettings,
-        store: Arc<dyn Store>,
-        options: EngineOptions,
-    ) -> Result<Self, EngineError> {
+    pub async fn start(settings: EngineSettings, store: Arc<dyn Store>, options: EngineOptions) -> Result<Self, EngineError> {
         settings.validate().map_err(EngineError::Config)?;
         let metrics = Arc::new(Metrics::new());
         let store: Arc<dyn Store> = Arc::new(Instrumented::new(store, metrics.clone()));
@@ -67,16 +63,13 @@ impl Engine {
         let mut channels = Channels::default();
         if settings.channels.http.is_some() {
             let tls = client_tls_config(&http.extra_ca_files).map_err(EngineError::Config)?;
-            channels.http =
-                Some(Arc::new(WebhookProvider::new(policy.clone(), resolver.clone(), tls, metrics.clone())));
+            channels.http = Some(Arc::new(WebhookProvider::new(policy.clone(), resolver.clone(), tls, metrics.clone())));
         }
         if let Some(apns) = &settings.channels.apns {
-            channels.apns =
-                Some(Arc::new(ApnsProvider::from_settings(apns, metrics.clone()).map_err(EngineError::Config)?));
+            channels.apns = Some(Arc::new(ApnsProvider::from_settings(apns, metrics.clone()).map_err(EngineError::Config)?));
         }
         if let Some(fcm) = &settings.channels.fcm {
-            channels.fcm =
-                Some(Arc::new(FcmProvider::from_settings(fcm, metrics.clone()).map_err(EngineError::Config)?));
+            channels.fcm = Some(Arc::new(FcmProvider::from_settings(fcm, metrics.clone()).map_err(EngineError::Config)?));
         }
         let (workers, worker_handles) = DeliveryWorkers::start(Arc::new(WorkerContext {
             settings: settings.delivery.clone(),
@@ -103,8 +96,9 @@ impl Engine {
                 interval_seconds: settings.retention.interval_seconds,
             },
         };
-        let (supervisor, supervisor_handle) =
-            Actor::spawn(None, DispatchSupervisor, args).await.map_err(|e| EngineError::Actors(e.to_string()))?;
+        let (supervisor, supervisor_handle) = Actor::spawn(None, DispatchSupervisor, args)
+            .await
+            .map_err(|e| EngineError::Actors(e.to_string()))?;
         let registry = Arc::new(Registry {
             store: store.clone(),
             channels,

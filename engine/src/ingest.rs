@@ -55,7 +55,8 @@ impl Ingest {
         &self,
         inputs: Vec<EnvelopeInput>,
     ) -> Result<Vec<(Option<ShardId>, Result<u64, EnvelopeRejection>)>, StoreError> {
-        let parsed: Vec<Result<NewEnvelope, ParseError>> = inputs.into_iter().map(|i| self.parse(i)).collect();
+        let parsed: Vec<Result<NewEnvelope, ParseError>> =
+            inputs.into_iter().map(|i| self.parse(i)).collect();
         let valid: Vec<NewEnvelope> = parsed.iter().filter_map(|p| p.as_ref().ok().cloned()).collect();
         let appended = if valid.is_empty() { Vec::new() } else { self.store.append(&valid, unix_now_ns()).await? };
         let mut appended = appended.into_iter().zip(valid.iter().map(|e| e.shard));

@@ -2,18 +2,18 @@
 //! and the actors that ingest envelopes and dispatch deliveries. No gRPC or HTTP
 //! server code lives here; `fanout-api` maps this crate's errors to statuses.
 
+pub mod domain;
+pub mod store;
+pub mod webhook;
 pub mod channel;
 pub mod clock;
 pub mod delivery;
 pub mod dispatch;
-pub mod domain;
 pub mod engine;
 pub mod ingest;
 pub mod metrics;
 pub mod registry;
 pub mod retention;
 pub mod settings;
-pub mod store;
-pub mod webhook;
 
 pub use engine::{Engine, EngineError, EngineOptions};

@@ -2,7 +2,8 @@
 //! outcome, method, status code, stage. Never an id, token, URL or topic (PUSH-254).
 
 use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry,
 };
 
 pub struct Metrics {
@@ -35,7 +36,8 @@ pub struct Metrics {
     pub provider_token_failures: IntCounterVec,
 }
 
-const LATENCY_BUCKETS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+const LATENCY_BUCKETS: &[f64] =
+    &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
 
 impl Metrics {
     pub fn new() -> Self {
@@ -79,11 +81,7 @@ impl Metrics {
                 "Deliveries finished, by channel and final outcome",
                 &["channel", "outcome"],
             ),
-            attempts: counter_vec(
-                "fanout_attempts_total",
-                "Provider attempts, by channel and outcome",
-                &["channel", "outcome"],
-            ),
+            attempts: counter_vec("fanout_attempts_total", "Provider attempts, by channel and outcome", &["channel", "outcome"]),
             retries: counter_vec("fanout_retries_total", "Attempts scheduled for retry, by channel", &["channel"]),
             suppressed: counter("fanout_suppressed_total", "Deliveries suppressed as the sender's own (PUSH-230)"),
             webhook_refused_at_register: counter(
@@ -99,11 +97,7 @@ impl Metrics {
                 "Envelopes received on the publish service, by result",
                 &["result"],
             ),
-            rpc_requests: counter_vec(
-                "fanout_rpc_requests_total",
-                "gRPC requests by method and status code",
-                &["method", "code"],
-            ),
+            rpc_requests: counter_vec("fanout_rpc_requests_total", "gRPC requests by method and status code", &["method", "code"]),
             publish_to_attempt: histogram_vec(
                 "fanout_publish_to_attempt_seconds",
                 "Time from envelope storage to the answer of its first attempt",
@@ -122,10 +116,7 @@ impl Metrics {
                 &["reason"],
             ),
             windows: counter("fanout_windows_total", "Dispatch windows completed"),
-            window_replays: counter(
-                "fanout_window_replays_total",
-                "Windows abandoned and replayed from the checkpoint",
-            ),
+            window_replays: counter("fanout_window_replays_total", "Windows abandoned and replayed from the checkpoint"),
             window_duration,
             dispatch_lag: gauge("fanout_dispatch_lag_envelopes", "Sum over shards of boundary minus checkpoint"),
             shard_restarts: counter("fanout_shard_restarts_total", "Shard actors restarted by the supervisor"),
@@ -144,7 +135,10 @@ impl Metrics {
                 "Delay before each scheduled retry, by channel",
                 &["channel"],
             ),
-            delivery_queue: gauge("fanout_delivery_queue_batches", "Batches waiting in the delivery workers' queues"),
+            delivery_queue: gauge(
+                "fanout_delivery_queue_batches",
+                "Batches waiting in the delivery workers' queues",
+            ),
             provider_token_refreshes: counter_vec(
                 "fanout_provider_token_refreshes_total",
                 "Provider credentials (APNs provider token, FCM access token) obtained, by channel",
@@ -157,10 +151,7 @@ impl Metrics {
             ),
             provider_waiting_sends: {
                 let g = IntGaugeVec::new(
-                    Opts::new(
-                        "fanout_provider_waiting_sends",
-                        "Sends waiting for a provider's in-flight slot or rate limit",
-                    ),
+                    Opts::new("fanout_provider_waiting_sends", "Sends waiting for a provider's in-flight slot or rate limit"),
                     &["channel"],
                 )
                 .expect("valid metric");

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use crate::channel::Channels;
 use crate::clock::unix_now_ns;
 use crate::domain::{
-    Channel, DeliveryTarget, KeyWindow, ParseError, RecipientId, RecipientSecret, SigningKey, Subscription,
-    SubscriptionUpdate, Topic,
+    Channel, DeliveryTarget, KeyWindow, ParseError, RecipientId, RecipientSecret, SigningKey,
+    Subscription, SubscriptionUpdate, Topic,
 };
 use crate::metrics::Metrics;
 use crate::store::{RecipientSummary, Store, StoreError};
@@ -123,8 +123,10 @@ impl Registry {
         let (id, secret) = parse_credentials(recipient_id, recipient_secret)?;
         self.admit_existing(&id, &secret).await?;
         let update = parse_update(adds, removes)?;
-        let summary =
-            self.store.update_subscriptions(&id, &secret.hash(), &update, unix_now_ns(), self.max_push_topics).await?;
+        let summary = self
+            .store
+            .update_subscriptions(&id, &secret.hash(), &update, unix_now_ns(), self.max_push_topics)
+            .await?;
         Ok(self.state(summary))
     }
 
@@ -139,8 +141,7 @@ impl Registry {
 
     /// Row 4 for Register: section 2 and the token/URL text rules.
     async fn parse_delivery(&self, delivery: Option<DeliveryInput<'_>>) -> Result<DeliveryTarget, AdmissionError> {
-        let delivery = delivery
-            .ok_or_else(|| AdmissionError::InvalidArgument("a delivery (apns, fcm or http) is required".into()))?;
+        let delivery = delivery.ok_or_else(|| AdmissionError::InvalidArgument("a delivery (apns, fcm or http) is required".into()))?;
         let channel = match delivery {
             DeliveryInput::Apns { .. } => Channel::Apns,
             DeliveryInput::Fcm { .. } => Channel::Fcm,

@@ -81,7 +81,8 @@ impl EngineSettings {
         }
         if let Some(http) = &self.channels.http {
             for d in &http.allowed_domains {
-                crate::webhook::DomainPattern::parse(d).map_err(|e| format!("channels.http.allowed_domains: {e}"))?;
+                crate::webhook::DomainPattern::parse(d)
+                    .map_err(|e| format!("channels.http.allowed_domains: {e}"))?;
             }
         }
         Ok(())
@@ -401,8 +402,7 @@ mod tests {
             "bundle_id": "b", "environment": "staging"}}))
         .unwrap_err();
         assert!(err.contains("staging"), "{err}");
-        let err =
-            channels(serde_json::json!({"fcm": {"service_account_file": "/sa.json", "project": "p"}})).unwrap_err();
+        let err = channels(serde_json::json!({"fcm": {"service_account_file": "/sa.json", "project": "p"}})).unwrap_err();
         assert!(err.contains("unknown field"), "{err}");
     }
 
@@ -421,15 +421,13 @@ mod tests {
             connections: 1,
             rate_limit_per_second: 0,
         };
-        let check =
-            |a: ApnsSettings| engine(ChannelSettings { apns: Some(a), ..Default::default() }).validate().unwrap_err();
+        let check = |a: ApnsSettings| {
+            engine(ChannelSettings { apns: Some(a), ..Default::default() }).validate().unwrap_err()
+        };
         assert!(check(ApnsSettings { key_id: " ".into(), ..apns() }).starts_with("channels.apns.key_id"));
         assert!(check(ApnsSettings { team_id: "".into(), ..apns() }).starts_with("channels.apns.team_id"));
         assert!(check(ApnsSettings { bundle_id: "a b".into(), ..apns() }).starts_with("channels.apns.bundle_id"));
-        assert!(
-            check(ApnsSettings { production_url: "http://x".into(), ..apns() })
-                .starts_with("channels.apns.production_url")
-        );
+        assert!(check(ApnsSettings { production_url: "http://x".into(), ..apns() }).starts_with("channels.apns.production_url"));
         assert!(check(ApnsSettings { sandbox_url: "nope".into(), ..apns() }).starts_with("channels.apns.sandbox_url"));
         assert!(check(ApnsSettings { max_in_flight: 0, ..apns() }).starts_with("channels.apns.max_in_flight"));
         assert!(check(ApnsSettings { connections: 0, ..apns() }).starts_with("channels.apns.connections"));

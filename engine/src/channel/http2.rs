@@ -5,8 +5,8 @@
 use std::future::Future;
 use std::num::NonZeroU32;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -146,8 +146,7 @@ pub(crate) struct H2Pool {
 impl H2Pool {
     pub(crate) fn new(tls: &rustls::ClientConfig, options: PoolOptions, metrics: Option<PoolMetrics>) -> Self {
         let opened = metrics.as_ref().map(|m| m.connections_opened.clone());
-        let clients =
-            (0..options.connections.max(1)).map(|_| https_client(tls.clone(), true, opened.clone())).collect();
+        let clients = (0..options.connections.max(1)).map(|_| https_client(tls.clone(), true, opened.clone())).collect();
         let limiter = NonZeroU32::new(options.rate_limit_per_second)
             .map(|rate| governor::RateLimiter::direct(governor::Quota::per_second(rate)));
         let in_flight = Semaphore::new(options.max_in_flight.max(1));
@@ -216,8 +215,7 @@ mod tests {
         assert_eq!(pool.clients.len(), 3);
         assert_eq!(pool.available_slots(), 7);
         assert!(pool.limiter.is_none());
-        let limited =
-            H2Pool::new(&tls, PoolOptions { connections: 1, max_in_flight: 1, rate_limit_per_second: 5 }, None);
+        let limited = H2Pool::new(&tls, PoolOptions { connections: 1, max_in_flight: 1, rate_limit_per_second: 5 }, None);
         assert!(limited.limiter.is_some());
     }
 }

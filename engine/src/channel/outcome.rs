@@ -6,10 +6,7 @@ pub enum Outcome {
     Delivered,
     /// Retry after at least `delay`, up to max_attempts in total. `gone` marks
     /// an HTTPS 404/410: terminal when every attempt answered that way.
-    Transient {
-        delay: Duration,
-        gone: bool,
-    },
+    Transient { delay: Duration, gone: bool },
     /// Stop after this attempt; keep the recipient.
     Rejected,
     /// The token belongs to another sender; keep the recipient.

@@ -40,7 +40,10 @@ impl WebhookProvider {
         tls: rustls::ClientConfig,
         metrics: Arc<Metrics>,
     ) -> Self {
-        let mut http = HttpConnector::new_with_resolver(CheckedResolver::new(resolver.clone(), policy.clone()));
+        let mut http = HttpConnector::new_with_resolver(CheckedResolver::new(
+            resolver.clone(),
+            policy.clone(),
+        ));
         http.enforce_http(false);
         http.set_nodelay(true);
         http.set_connect_timeout(Some(Duration::from_secs(5)));
@@ -50,7 +53,9 @@ impl WebhookProvider {
             .enable_http1()
             .enable_http2()
             .wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new()).pool_idle_timeout(POOL_IDLE_TIMEOUT).build(connector);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .build(connector);
         Self { client, policy, resolver, metrics }
     }
 

@@ -30,7 +30,13 @@ pub struct Delivery {
 
 impl Delivery {
     pub fn new(envelope: Arc<StoredEnvelope>, recipient: Arc<Recipient>, latch: Arc<FirstAttemptLatch>) -> Self {
-        Self { envelope, recipient, first_attempt: Some(latch), attempts: 0, all_gone: true }
+        Self {
+            envelope,
+            recipient,
+            first_attempt: Some(latch),
+            attempts: 0,
+            all_gone: true,
+        }
     }
 }
 

@@ -76,7 +76,10 @@ fn attempt(ctx: &Arc<WorkerContext>, in_flight: &mut JoinSet<(Delivery, Outcome)
             .await
             .unwrap_or(Outcome::transient(timeout_delay(channel)));
         gauge.dec();
-        ctx.metrics.provider_latency.with_label_values(&[channel.as_str()]).observe(started.elapsed().as_secs_f64());
+        ctx.metrics
+            .provider_latency
+            .with_label_values(&[channel.as_str()])
+            .observe(started.elapsed().as_secs_f64());
         (delivery, outcome)
     });
 }

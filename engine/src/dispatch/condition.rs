@@ -59,8 +59,8 @@ mod tests {
     use super::*;
     use crate::channel::{Outcome, Provider, Push};
     use crate::domain::{
-        Channel, DeliveryTarget, EnvelopeKind, HMAC_EPOCH_SECONDS, KeyWindow, RecipientId, SecretHash, ShardId,
-        SigningKey, StoredSubscription, Subscription, Topic,
+        Channel, DeliveryTarget, EnvelopeKind, HMAC_EPOCH_SECONDS, KeyWindow, RecipientId,
+        SecretHash, ShardId, SigningKey, StoredSubscription, Subscription, Topic,
     };
     use crate::store::Recipient;
 
@@ -132,27 +132,16 @@ mod tests {
         for kind in [Application, Commit, Proposal] {
             for include_commits in [false, true] {
                 for (start, seq) in [(5u64, 5u64), (5, 6), (6, 5), (0, 1)] {
-                    let d = decide(
-                        &envelope(seq, kind, ts, b"", vec![]),
-                        &subscriber(start, include_commits, None, http()),
-                        &ch,
-                    );
+                    let d = decide(&envelope(seq, kind, ts, b"", vec![]), &subscriber(start, include_commits, None, http()), &ch);
                     let expected = start < seq && (include_commits || !kind.is_commit_or_proposal());
-                    assert_eq!(
-                        d == Decision::Deliver,
-                        expected,
-                        "{kind:?} commits={include_commits} start={start} seq={seq}"
-                    );
+                    assert_eq!(d == Decision::Deliver, expected, "{kind:?} commits={include_commits} start={start} seq={seq}");
                     assert_ne!(d, Decision::Suppressed);
                 }
             }
         }
         // A recipient on a channel the deployment has not configured is excluded.
         let apns = DeliveryTarget::Apns { token: "t".into() };
-        assert_eq!(
-            decide(&envelope(2, Application, ts, b"", vec![]), &subscriber(1, false, None, apns), &ch),
-            Decision::Excluded
-        );
+        assert_eq!(decide(&envelope(2, Application, ts, b"", vec![]), &subscriber(1, false, None, apns), &ch), Decision::Excluded);
     }
 
     #[test]
@@ -161,10 +150,7 @@ mod tests {
         for (index, key) in [[1u8; 42], [2; 42], [3; 42]].iter().enumerate() {
             let ts = (base + index as i64) * HMAC_EPOCH_SECONDS * NS;
             let env = envelope(9, EnvelopeKind::Application, ts, b"ciphertext", hmac(key, b"ciphertext"));
-            assert_eq!(
-                decide(&env, &subscriber(0, false, Some(window(base)), http()), &http_only()),
-                Decision::Suppressed
-            );
+            assert_eq!(decide(&env, &subscriber(0, false, Some(window(base)), http()), &http_only()), Decision::Suppressed);
         }
     }
 
@@ -189,13 +175,7 @@ mod tests {
         assert_eq!(case(after, b"ciphertext", hmac(&[3; 42], b"ciphertext"), Some(window(base))), Decision::Deliver);
         // The first ns of an epoch uses that epoch's key, not the previous one's.
         let first_of_epoch = EPOCH * HMAC_EPOCH_SECONDS * NS;
-        assert_eq!(
-            case(first_of_epoch, b"ciphertext", hmac(&[1; 42], b"ciphertext"), Some(window(base))),
-            Decision::Deliver
-        );
-        assert_eq!(
-            case(first_of_epoch - 1, b"ciphertext", hmac(&[1; 42], b"ciphertext"), Some(window(base))),
-            Decision::Suppressed
-        );
+        assert_eq!(case(first_of_epoch, b"ciphertext", hmac(&[1; 42], b"ciphertext"), Some(window(base))), Decision::Deliver);
+        assert_eq!(case(first_of_epoch - 1, b"ciphertext", hmac(&[1; 42], b"ciphertext"), Some(window(base))), Decision::Suppressed);
     }
 }

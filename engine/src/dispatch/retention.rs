@@ -17,21 +17,12 @@ impl Actor for RetentionActor {
     type State = RetentionArgs;
     type Arguments = RetentionArgs;
 
-    async fn pre_start(
-        &self,
-        myself: ActorRef<RetentionMsg>,
-        args: RetentionArgs,
-    ) -> Result<RetentionArgs, ActorProcessingErr> {
+    async fn pre_start(&self, myself: ActorRef<RetentionMsg>, args: RetentionArgs) -> Result<RetentionArgs, ActorProcessingErr> {
         let _ = myself.cast(RetentionMsg::Pass);
         Ok(args)
     }
 
-    async fn handle(
-        &self,
-        myself: ActorRef<RetentionMsg>,
-        _: RetentionMsg,
-        args: &mut RetentionArgs,
-    ) -> Result<(), ActorProcessingErr> {
+    async fn handle(&self, myself: ActorRef<RetentionMsg>, _: RetentionMsg, args: &mut RetentionArgs) -> Result<(), ActorProcessingErr> {
         run_pass(args).await;
         let me = myself.clone();
         let interval = Duration::from_secs(args.interval_seconds);

@@ -134,7 +134,8 @@ impl ShardState {
         }
         let limit = self.ctx.settings.window_envelopes;
         // PUSH-257: nothing above the boundary read now; nothing below the checkpoint.
-        let envelopes = store.read_window(self.shard, position.checkpoint, position.boundary, limit).await?;
+        let envelopes =
+            store.read_window(self.shard, position.checkpoint, position.boundary, limit).await?;
         let end = match envelopes.last() {
             Some(last) if envelopes.len() == limit => last.sequence_id,
             _ => position.boundary,
@@ -204,7 +205,10 @@ impl ShardState {
             let latch = Arc::new(FirstAttemptLatch::new(recipients.len(), move || {
                 let _ = me.cast(ShardMsg::PageDone { window });
             }));
-            let batch = recipients.into_iter().map(|r| Delivery::new(envelope.clone(), r, latch.clone())).collect();
+            let batch = recipients
+                .into_iter()
+                .map(|r| Delivery::new(envelope.clone(), r, latch.clone()))
+                .collect();
             // Waits while the workers are full: backpressure.
             if ctx.workers.submit(batch).await.is_err() {
                 return Ok(()); // Shutting down; the window is replayed at next start.
@@ -260,7 +264,10 @@ impl ShardState {
 
     fn maybe_panic_for_test(&self) {
         let after = self.ctx.dangerous_panic_after_pages;
-        if after > 0 && PAGES.fetch_add(1, Ordering::SeqCst) + 1 >= after && !PANICKED.swap(true, Ordering::SeqCst) {
+        if after > 0
+            && PAGES.fetch_add(1, Ordering::SeqCst) + 1 >= after
+            && !PANICKED.swap(true, Ordering::SeqCst)
+        {
             panic!("injected shard actor panic (dispatch.dangerous_panic_after_pages)");
         }
     }

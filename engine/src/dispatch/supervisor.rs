@@ -131,7 +131,8 @@ impl Actor for DispatchSupervisor {
 
 impl SupervisorState {
     async fn spawn_shard(&mut self, supervisor: ActorCell, shard: ShardId) -> Result<(), ActorProcessingErr> {
-        let (actor, _) = Actor::spawn_linked(None, ShardActor, (shard, self.ctx.clone()), supervisor).await?;
+        let (actor, _) =
+            Actor::spawn_linked(None, ShardActor, (shard, self.ctx.clone()), supervisor).await?;
         // Resume straight away: the checkpoint may be below the boundary.
         let _ = actor.cast(ShardMsg::Wake);
         self.shards.insert(actor.get_id(), shard);
@@ -140,7 +141,8 @@ impl SupervisorState {
     }
 
     async fn spawn_retention(&mut self, supervisor: ActorCell) -> Result<(), ActorProcessingErr> {
-        let (actor, _) = Actor::spawn_linked(None, RetentionActor, self.retention.clone(), supervisor).await?;
+        let (actor, _) =
+            Actor::spawn_linked(None, RetentionActor, self.retention.clone(), supervisor).await?;
         self.retention_actor = Some(actor.get_id());
         Ok(())
     }

@@ -36,7 +36,9 @@ impl EnvelopeKind {
     /// The only topic kind this envelope kind may be published on.
     fn topic_kind(self) -> TopicKind {
         match self {
-            Self::Application | Self::Commit | Self::Proposal | Self::CommitLog => TopicKind::GroupMessage,
+            Self::Application | Self::Commit | Self::Proposal | Self::CommitLog => {
+                TopicKind::GroupMessage
+            }
             Self::Welcome => TopicKind::Welcome,
             Self::IdentityUpdate => TopicKind::IdentityUpdates,
             Self::KeyPackage => TopicKind::KeyPackages,
@@ -80,7 +82,9 @@ impl NewEnvelope {
             EnvelopeKind::Welcome => true,
             EnvelopeKind::Application => self.should_push,
             EnvelopeKind::Commit | EnvelopeKind::Proposal => true,
-            EnvelopeKind::KeyPackage | EnvelopeKind::IdentityUpdate | EnvelopeKind::CommitLog => false,
+            EnvelopeKind::KeyPackage | EnvelopeKind::IdentityUpdate | EnvelopeKind::CommitLog => {
+                false
+            }
         }
     }
 

@@ -9,7 +9,10 @@ pub struct RecipientId(pub [u8; 32]);
 
 impl RecipientId {
     pub fn parse(bytes: &[u8]) -> Result<Self, ParseError> {
-        bytes.try_into().map(Self).map_err(|_| ParseError("recipient_id must be exactly 32 bytes"))
+        bytes
+            .try_into()
+            .map(Self)
+            .map_err(|_| ParseError("recipient_id must be exactly 32 bytes"))
     }
 
     /// Lowercase hex, as the webhook body carries it (PUSH-259).
@@ -35,7 +38,10 @@ pub struct RecipientSecret([u8; 32]);
 
 impl RecipientSecret {
     pub fn parse(bytes: &[u8]) -> Result<Self, ParseError> {
-        bytes.try_into().map(Self).map_err(|_| ParseError("recipient_secret must be exactly 32 bytes"))
+        bytes
+            .try_into()
+            .map(Self)
+            .map_err(|_| ParseError("recipient_secret must be exactly 32 bytes"))
     }
 
     pub fn hash(&self) -> SecretHash {
@@ -81,7 +87,10 @@ mod tests {
     #[test]
     fn secret_hash_is_sha256_and_debug_hides_values() {
         let s = RecipientSecret::parse(&[0; 32]).unwrap();
-        assert_eq!(hex::encode(s.hash().0), "66687aadf862bd776c8fc18b8e9f8e20089714856ee233b3902a591d0d5f2925");
+        assert_eq!(
+            hex::encode(s.hash().0),
+            "66687aadf862bd776c8fc18b8e9f8e20089714856ee233b3902a591d0d5f2925"
+        );
         assert_eq!(format!("{:?}", s.hash()), "SecretHash(..)");
         assert_eq!(format!("{:?}", RecipientId([7; 32])), "RecipientId(..)");
     }

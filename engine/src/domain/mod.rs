@@ -12,7 +12,8 @@ pub use envelope::{EnvelopeKind, NewEnvelope, StoredEnvelope};
 pub use epoch::{HMAC_EPOCH_SECONDS, hmac_epoch};
 pub use ids::{RecipientId, RecipientSecret, SecretHash};
 pub use subscription::{
-    HMAC_KEY_LEN, HmacKey, KeyWindow, MAX_HMAC_KEYS, StoredSubscription, Subscription, SubscriptionUpdate,
+    HMAC_KEY_LEN, HmacKey, KeyWindow, MAX_HMAC_KEYS, StoredSubscription, Subscription,
+    SubscriptionUpdate,
 };
 pub use topic::{ShardId, Topic, TopicKind};
 
