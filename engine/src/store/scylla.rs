@@ -53,6 +53,13 @@
 //!   buckets at or below it are deleted, plus the rows at or below it in its
 //!   own bucket.
 //!
+//! - **Shard leases** (issue 7): `shard_leases` rows live for a TTL; acquire
+//!   is `INSERT … IF NOT EXISTS USING TTL`, renewal `UPDATE … USING TTL …
+//!   IF owner = ?`, release `DELETE … IF owner = ?`, so at most one node holds
+//!   a shard's lease at a time. Node heartbeats go to `nodes` with a TTL.
+//!   Only the lease holder appends (ingest checks), which keeps the
+//!   single-writer rule above.
+//!
 //! Driver and server errors become `StoreError::Backend` with a fixed label;
 //! CQL error texts name statements and tables, not bound values.
 
