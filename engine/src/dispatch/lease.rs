@@ -16,6 +16,7 @@ use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::stream::{self, StreamExt};
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef};
 use tokio::sync::watch;
@@ -23,6 +24,9 @@ use tokio::sync::watch;
 use super::SupervisorMsg;
 use crate::domain::ShardId;
 use crate::store::{NodeId, Store, StoreError};
+
+/// Lease renewals in flight at once.
+const RENEW_CONCURRENCY: usize = 16;
 
 /// The shards this node owns, as the lease actor last decided.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -97,7 +101,12 @@ impl Actor for LeaseActor {
         Ok(())
     }
 
-    async fn handle(&self, _: ActorRef<LeaseMsg>, msg: LeaseMsg, state: &mut LeaseState) -> Result<(), ActorProcessingErr> {
+    async fn handle(
+        &self,
+        _: ActorRef<LeaseMsg>,
+        msg: LeaseMsg,
+        state: &mut LeaseState,
+    ) -> Result<(), ActorProcessingErr> {
         match msg {
             LeaseMsg::Round => {
                 if let Err(e) = state.round().await {
@@ -119,14 +128,21 @@ impl LeaseState {
         c.store.heartbeat(&c.node, &c.address, c.ttl).await?;
         let live = c.store.live_nodes().await?.len().max(1);
         let target = usize::from(c.shard_count).div_ceil(live);
-        // Renew: a renewal that fails or errs means the lease may be gone.
-        for shard in self.owned() {
-            match c.store.acquire_lease(shard, &c.node, &c.address, c.ttl).await {
-                Ok(true) => {}
-                outcome => {
-                    tracing::warn!(shard = shard.0, ?outcome, "shard lease lost; stopping its dispatch");
-                    self.disown(shard, false).await;
-                }
+        // Renew, several at once so a round stays well inside the TTL. A
+        // renewal that fails or errs means the lease may be gone.
+        let renew = &c;
+        let renewals: Vec<_> = stream::iter(self.owned())
+            .map(|shard| async move {
+                let c = renew;
+                (shard, c.store.acquire_lease(shard, &c.node, &c.address, c.ttl).await)
+            })
+            .buffer_unordered(RENEW_CONCURRENCY)
+            .collect()
+            .await;
+        for (shard, outcome) in renewals {
+            if !matches!(outcome, Ok(true)) {
+                tracing::warn!(shard = shard.0, ?outcome, "shard lease lost; stopping its dispatch");
+                self.disown(shard, false).await;
             }
         }
         // Acquire unowned shards while below the fair share, from a random start.

@@ -31,7 +31,9 @@ type Push = (String, String, u64);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_one_of_two_nodes_and_the_survivor_delivers_everything() {
     let Ok(cql) = std::env::var("FANOUT_TEST_CQL") else {
-        eprintln!("skipped: FANOUT_TEST_CQL is not set (e.g. FANOUT_TEST_CQL=127.0.0.1:9042 after scripts/cassandra.sh start)");
+        eprintln!(
+            "skipped: FANOUT_TEST_CQL is not set (e.g. FANOUT_TEST_CQL=127.0.0.1:9042 after scripts/cassandra.sh start)"
+        );
         return;
     };
     let keyspace = format!("fanout_e2e_{:016x}", rand::random::<u64>());
@@ -105,10 +107,8 @@ async fn kill_9_one_of_two_nodes_and_the_survivor_delivers_everything() {
     }
 
     let b64 = |t: &[u8]| base64::engine::general_purpose::STANDARD.encode(t);
-    let expected: HashSet<Push> = recipients
-        .iter()
-        .flat_map(|r| published.iter().map(move |(t, s)| (r.id_hex(), b64(t), *s)))
-        .collect();
+    let expected: HashSet<Push> =
+        recipients.iter().flat_map(|r| published.iter().map(move |(t, s)| (r.id_hex(), b64(t), *s))).collect();
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
         let seen = pushes(&setup);
