@@ -138,6 +138,7 @@ impl Engine {
             dispatch: supervisor.clone(),
             metrics: metrics.clone(),
             ownership: ownership.clone(),
+            advertise_address: options.advertise_address.clone(),
         });
         Ok(Self { registry, ingest, metrics, store, ownership, supervisor, supervisor_handle, worker_handles })
     }

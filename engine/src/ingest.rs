@@ -54,6 +54,9 @@ pub struct Ingest {
     pub metrics: Arc<Metrics>,
     /// The shards this node may append to; `None`: all of them (one node).
     pub ownership: Option<watch::Receiver<OwnedShards>>,
+    /// This node's advertised gRPC address: a lease naming it but not in the
+    /// owned set is a dead predecessor's, so the answer is "no owner yet".
+    pub advertise_address: String,
 }
 
 /// Most envelopes one publish request may carry.
@@ -117,7 +120,7 @@ impl Ingest {
                         Some(r) => r.clone(),
                         None => {
                             let r = match self.store.lease_owner(shard).await? {
-                                Some((_, address)) if !address.is_empty() => {
+                                Some((_, address)) if !address.is_empty() && address != self.advertise_address => {
                                     EnvelopeRejection::OwnedElsewhere { shard: shard.0, address }
                                 }
                                 _ => EnvelopeRejection::NoOwner { shard: shard.0 },
