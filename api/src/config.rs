@@ -29,6 +29,15 @@ pub struct ServerSettings {
     pub http_listen: SocketAddr,
     /// How long shutdown waits for attempts in flight.
     pub drain_timeout_seconds: u64,
+    /// The gRPC address other nodes name when they redirect a publish here
+    /// (issue 7, several nodes on ScyllaDB); default: `grpc_listen`.
+    pub advertise_address: Option<String>,
+}
+
+impl ServerSettings {
+    pub fn advertise_address(&self) -> String {
+        self.advertise_address.clone().unwrap_or_else(|| self.grpc_listen.to_string())
+    }
 }
 
 impl Default for ServerSettings {
@@ -37,6 +46,7 @@ impl Default for ServerSettings {
             grpc_listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
             http_listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
             drain_timeout_seconds: 20,
+            advertise_address: None,
         }
     }
 }

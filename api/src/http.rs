@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use fanout_engine::dispatch::OwnedShards;
 use fanout_engine::domain::ShardId;
 use fanout_engine::metrics::Metrics;
 use fanout_engine::store::Store;
@@ -24,6 +25,8 @@ const READY_TIMEOUT: Duration = Duration::from_secs(2);
 pub struct HttpState {
     pub metrics: Arc<Metrics>,
     pub store: Arc<dyn Store>,
+    /// Several nodes (issue 7): this node's shards; `None` on a single node.
+    pub ownership: Option<watch::Receiver<OwnedShards>>,
 }
 
 pub async fn serve(listener: TcpListener, state: HttpState, mut shutdown: watch::Receiver<bool>) {
@@ -60,8 +63,16 @@ async fn route(state: HttpState, req: Request<Incoming>) -> Result<Response<Full
             }),
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n".into()),
         (&Method::GET, "/readyz") => {
-            // Ready when the store answers; a single node owns every shard.
+            // Ready when the store answers and, with several nodes (issue 7),
+            // this node owns a shard or has finished a lease round.
+            let leasing = state.ownership.as_ref().map(|o| {
+                let o = o.borrow();
+                o.settled || !o.shards.is_empty()
+            });
             match tokio::time::timeout(READY_TIMEOUT, state.store.shard_position(ShardId(0))).await {
+                Ok(Ok(_)) if leasing == Some(false) => {
+                    text(StatusCode::SERVICE_UNAVAILABLE, "shard leases not settled yet\n".into())
+                }
                 Ok(Ok(_)) => text(StatusCode::OK, "ready\n".into()),
                 _ => text(StatusCode::SERVICE_UNAVAILABLE, "store unreachable\n".into()),
             }

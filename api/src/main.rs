@@ -105,6 +105,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(0),
+        advertise_address: config.server.advertise_address(),
     };
     let engine = Engine::start(config.engine.clone(), store.clone(), options).await?;
 
@@ -140,7 +141,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         });
     let http_server = http::serve(
         http_listener,
-        http::HttpState { metrics: engine.metrics.clone(), store: store.clone() },
+        http::HttpState { metrics: engine.metrics.clone(), store: store.clone(), ownership: engine.ownership.clone() },
         shutdown_rx,
     );
     tracing::info!(

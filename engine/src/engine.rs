@@ -5,18 +5,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorRef};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::channel::{ApnsProvider, Channels, FcmProvider, WebhookProvider, client_tls_config};
 use crate::delivery::{DeliveryWorkers, WorkerContext};
-use crate::dispatch::{DispatchContext, DispatchSupervisor, SupervisorArgs, SupervisorMsg};
+use crate::dispatch::{DispatchContext, DispatchSupervisor, LeaseConfig, OwnedShards, SupervisorArgs, SupervisorMsg};
 use crate::domain::ShardId;
 use crate::ingest::Ingest;
 use crate::metrics::Metrics;
 use crate::registry::Registry;
 use crate::retention::RetentionArgs;
 use crate::settings::EngineSettings;
-use crate::store::{Instrumented, Store};
+use crate::store::{Instrumented, NodeId, Store};
 use crate::webhook::{DomainPattern, HickoryResolver, HostResolver, WebhookPolicy};
 
 #[derive(Debug, thiserror::Error)]
@@ -31,6 +32,9 @@ pub enum EngineError {
 #[derive(Debug, Clone, Default)]
 pub struct EngineOptions {
     pub dangerous_panic_after_pages: u64,
+    /// The gRPC address other nodes name in their publish redirects
+    /// (`server.advertise_address`); used only when the store coordinates.
+    pub advertise_address: String,
 }
 
 pub struct Engine {
@@ -38,6 +42,8 @@ pub struct Engine {
     pub ingest: Arc<Ingest>,
     pub metrics: Arc<Metrics>,
     pub store: Arc<dyn Store>,
+    /// This node's shards; `None` on a single node, which owns them all.
+    pub ownership: Option<watch::Receiver<OwnedShards>>,
     supervisor: ActorRef<SupervisorMsg>,
     supervisor_handle: JoinHandle<()>,
     worker_handles: Vec<JoinHandle<()>>,
@@ -86,9 +92,27 @@ impl Engine {
             metrics: metrics.clone(),
             dangerous_panic_after_pages: options.dangerous_panic_after_pages,
         });
+        // Issue 7: on a coordinating store, shards are leased, not all owned.
+        let (lease, ownership) = if store.coordinates() {
+            let (tx, rx) = watch::channel(OwnedShards::default());
+            let node = NodeId::random();
+            tracing::info!(%node, address = %options.advertise_address, "leasing shards with other nodes");
+            let config = LeaseConfig {
+                store: store.clone(),
+                node,
+                address: options.advertise_address.clone(),
+                ttl: Duration::from_secs(settings.lease.ttl_seconds),
+                shard_count: settings.shard_count,
+                owned: Arc::new(tx),
+            };
+            (Some(config), Some(rx))
+        } else {
+            (None, None)
+        };
         let args = SupervisorArgs {
             ctx,
-            shards: (0..settings.shard_count).map(ShardId).collect(),
+            shards: if lease.is_some() { Vec::new() } else { (0..settings.shard_count).map(ShardId).collect() },
+            lease,
             retention: RetentionArgs {
                 store: store.clone(),
                 metrics: metrics.clone(),
@@ -113,8 +137,10 @@ impl Engine {
             shard_count: settings.shard_count,
             dispatch: supervisor.clone(),
             metrics: metrics.clone(),
+            ownership: ownership.clone(),
+            advertise_address: options.advertise_address.clone(),
         });
-        Ok(Self { registry, ingest, metrics, store, supervisor, supervisor_handle, worker_handles })
+        Ok(Self { registry, ingest, metrics, store, ownership, supervisor, supervisor_handle, worker_handles })
     }
 
     /// Graceful stop within `drain`: every shard finishes its current window

@@ -1,13 +1,15 @@
 //! Envelope ingest: validate each envelope, store a batch in one append, and
 //! wake the shards that moved. One bad envelope never drops the good ones.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use ractor::ActorRef;
 
 use crate::clock::unix_now_ns;
-use crate::dispatch::SupervisorMsg;
+use tokio::sync::watch;
+
+use crate::dispatch::{OwnedShards, SupervisorMsg};
 use crate::domain::{EnvelopeKind, NewEnvelope, ParseError, ShardId, Topic};
 use crate::metrics::Metrics;
 use crate::store::{Appended, Store, StoreError};
@@ -31,6 +33,12 @@ pub enum EnvelopeRejection {
     Invalid(&'static str),
     #[error("sequence_id is not above the shard's last id {last}")]
     SequenceNotIncreasing { last: u64 },
+    /// Issue 7 redirect contract: another node owns the shard; publish there.
+    #[error("shard {shard} is owned by {address}; publish there")]
+    OwnedElsewhere { shard: u16, address: String },
+    /// Issue 7: no node owns the shard right now (leases are moving); retry.
+    #[error("shard {shard} has no owner yet; retry")]
+    NoOwner { shard: u16 },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,6 +52,11 @@ pub struct Ingest {
     pub shard_count: u16,
     pub dispatch: ActorRef<SupervisorMsg>,
     pub metrics: Arc<Metrics>,
+    /// The shards this node may append to; `None`: all of them (one node).
+    pub ownership: Option<watch::Receiver<OwnedShards>>,
+    /// This node's advertised gRPC address: a lease naming it but not in the
+    /// owned set is a dead predecessor's, so the answer is "no owner yet".
+    pub advertise_address: String,
 }
 
 /// Most envelopes one publish request may carry.
@@ -55,8 +68,11 @@ impl Ingest {
         &self,
         inputs: Vec<EnvelopeInput>,
     ) -> Result<Vec<(Option<ShardId>, Result<u64, EnvelopeRejection>)>, StoreError> {
-        let parsed: Vec<Result<NewEnvelope, ParseError>> =
-            inputs.into_iter().map(|i| self.parse(i)).collect();
+        let parsed: Vec<Result<NewEnvelope, (Option<ShardId>, EnvelopeRejection)>> = inputs
+            .into_iter()
+            .map(|i| self.parse(i).map_err(|e| (None, EnvelopeRejection::Invalid(e.0))))
+            .collect();
+        let parsed = self.redirect_unowned(parsed).await?;
         let valid: Vec<NewEnvelope> = parsed.iter().filter_map(|p| p.as_ref().ok().cloned()).collect();
         let appended = if valid.is_empty() { Vec::new() } else { self.store.append(&valid, unix_now_ns()).await? };
         let mut appended = appended.into_iter().zip(valid.iter().map(|e| e.shard));
@@ -64,7 +80,7 @@ impl Ingest {
         let results = parsed
             .into_iter()
             .map(|p| match p {
-                Err(e) => (None, Err(EnvelopeRejection::Invalid(e.0))),
+                Err((shard, e)) => (shard, Err(e)),
                 Ok(_) => match appended.next() {
                     Some((Appended::Stored { sequence_id }, shard)) => {
                         woken.insert(shard);
@@ -84,6 +100,41 @@ impl Ingest {
             let _ = self.dispatch.cast(SupervisorMsg::Wake(woken.into_iter().collect()));
         }
         Ok(results)
+    }
+
+    /// Issue 7: only the owner of a shard appends to it. An envelope of a
+    /// shard this node does not own is answered with where to publish it.
+    async fn redirect_unowned(
+        &self,
+        parsed: Vec<Result<NewEnvelope, (Option<ShardId>, EnvelopeRejection)>>,
+    ) -> Result<Vec<Result<NewEnvelope, (Option<ShardId>, EnvelopeRejection)>>, StoreError> {
+        let Some(ownership) = &self.ownership else { return Ok(parsed) };
+        let owned = ownership.borrow().shards.clone();
+        let mut owners: HashMap<ShardId, EnvelopeRejection> = HashMap::new();
+        let mut out = Vec::with_capacity(parsed.len());
+        for p in parsed {
+            match p {
+                Ok(e) if !owned.contains(&e.shard) => {
+                    let shard = e.shard;
+                    let rejection = match owners.get(&shard) {
+                        Some(r) => r.clone(),
+                        None => {
+                            let r = match self.store.lease_owner(shard).await? {
+                                Some((_, address)) if !address.is_empty() && address != self.advertise_address => {
+                                    EnvelopeRejection::OwnedElsewhere { shard: shard.0, address }
+                                }
+                                _ => EnvelopeRejection::NoOwner { shard: shard.0 },
+                            };
+                            owners.insert(shard, r.clone());
+                            r
+                        }
+                    };
+                    out.push(Err((Some(shard), rejection)));
+                }
+                other => out.push(other),
+            }
+        }
+        Ok(out)
     }
 
     fn parse(&self, input: EnvelopeInput) -> Result<NewEnvelope, ParseError> {

@@ -28,6 +28,8 @@ pub struct EngineSettings {
     pub dispatch: DispatchSettings,
     pub delivery: DeliverySettings,
     pub retention: RetentionSettings,
+    /// Shard leases when several nodes share a ScyllaDB store (issue 7).
+    pub lease: LeaseSettings,
     pub channels: ChannelSettings,
 }
 
@@ -41,6 +43,7 @@ impl Default for EngineSettings {
             dispatch: DispatchSettings::default(),
             delivery: DeliverySettings::default(),
             retention: RetentionSettings::default(),
+            lease: LeaseSettings::default(),
             channels: ChannelSettings::https_only(),
         }
     }
@@ -63,6 +66,7 @@ impl EngineSettings {
             ("delivery.max_in_flight_per_worker", self.delivery.max_in_flight_per_worker as u64),
             ("delivery.max_retrying_per_worker", self.delivery.max_retrying_per_worker as u64),
             ("retention.interval_seconds", self.retention.interval_seconds),
+            ("lease.ttl_seconds", self.lease.ttl_seconds),
         ];
         for (key, value) in positive {
             if value == 0 {
@@ -152,6 +156,20 @@ pub struct RetentionSettings {
 impl Default for RetentionSettings {
     fn default() -> Self {
         Self { interval_seconds: 3600 }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LeaseSettings {
+    /// How long a shard lease and a node heartbeat live unless renewed; they
+    /// are renewed every third of it. A dead node's shards move after this.
+    pub ttl_seconds: u64,
+}
+
+impl Default for LeaseSettings {
+    fn default() -> Self {
+        Self { ttl_seconds: 10 }
     }
 }
 

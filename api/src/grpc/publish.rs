@@ -46,6 +46,8 @@ fn rejection(e: EnvelopeRejection) -> pb::PublishError {
     let code = match e {
         EnvelopeRejection::Invalid(_) => tonic::Code::InvalidArgument,
         EnvelopeRejection::SequenceNotIncreasing { .. } => tonic::Code::FailedPrecondition,
+        // Issue 7 redirect contract (see the proto): publish to the named owner, or retry.
+        EnvelopeRejection::OwnedElsewhere { .. } | EnvelopeRejection::NoOwner { .. } => tonic::Code::Unavailable,
     };
     pb::PublishError { code: code as i32, message: e.to_string() }
 }

@@ -5,6 +5,7 @@
 //! delivery of the window has had its first attempt.
 
 mod condition;
+mod lease;
 mod retention;
 mod shard;
 mod supervisor;
@@ -12,6 +13,7 @@ mod supervisor;
 use std::sync::Arc;
 
 pub use condition::{Decision, decide};
+pub use lease::{LeaseActor, LeaseConfig, LeaseMsg, OwnedShards};
 pub use retention::RetentionActor;
 pub use shard::{ShardActor, ShardMsg};
 pub use supervisor::{DispatchSupervisor, SupervisorArgs, SupervisorMsg};

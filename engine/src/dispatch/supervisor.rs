@@ -1,9 +1,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
+use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
-use super::{DispatchContext, RetentionActor, ShardActor, ShardMsg};
+use super::{DispatchContext, LeaseActor, LeaseConfig, RetentionActor, ShardActor, ShardMsg};
 use crate::domain::ShardId;
 use crate::retention::RetentionArgs;
 
@@ -12,19 +12,28 @@ pub enum SupervisorMsg {
     Wake(Vec<ShardId>),
     /// Let every shard finish its current window and stop; then stop.
     Drain,
+    /// The lease actor acquired this shard: start its actor (issue 7).
+    Own(ShardId),
+    /// The lease actor gave this shard up or lost it: stop supervising its
+    /// actor, ask it to drain (or leave it to be killed), and hand it back.
+    Disown { shard: ShardId, drain: bool, reply: RpcReplyPort<Option<ActorCell>> },
     /// Stop restarting children, then stop them and this actor.
     Shutdown,
 }
 
-/// The root of the dispatch tree: starts one actor per owned shard and the
-/// retention actor, and restarts any that fails. A restarted child resumes
+/// The root of the dispatch tree: starts one actor per owned shard, the
+/// retention actor and (on a coordinating store) the lease actor, and
+/// restarts any that fails. A restarted child resumes
 /// from durable state, never from memory.
 pub struct DispatchSupervisor;
 
 pub struct SupervisorArgs {
     pub ctx: Arc<DispatchContext>,
+    /// Owned from the start: every shard on a single node, none with leases.
     pub shards: Vec<ShardId>,
     pub retention: RetentionArgs,
+    /// Several nodes (issue 7): shards come and go as leases say.
+    pub lease: Option<LeaseConfig>,
 }
 
 pub struct SupervisorState {
@@ -33,6 +42,8 @@ pub struct SupervisorState {
     shards: HashMap<ActorId, ShardId>,
     refs: HashMap<ShardId, ActorRef<ShardMsg>>,
     retention_actor: Option<ActorId>,
+    lease: Option<LeaseConfig>,
+    lease_actor: Option<ActorRef<super::LeaseMsg>>,
     stopping: bool,
 }
 
@@ -52,12 +63,15 @@ impl Actor for DispatchSupervisor {
             shards: HashMap::new(),
             refs: HashMap::new(),
             retention_actor: None,
+            lease: args.lease,
+            lease_actor: None,
             stopping: false,
         };
         for shard in args.shards {
             state.spawn_shard(myself.get_cell(), shard).await?;
         }
         state.spawn_retention(myself.get_cell()).await?;
+        state.spawn_lease(&myself).await?;
         Ok(state)
     }
 
@@ -75,8 +89,27 @@ impl Actor for DispatchSupervisor {
                     }
                 }
             }
+            SupervisorMsg::Own(shard) => {
+                if !state.stopping && !state.refs.contains_key(&shard) {
+                    state.spawn_shard(myself.get_cell(), shard).await?;
+                }
+            }
+            SupervisorMsg::Disown { shard, drain, reply } => {
+                let actor = state.refs.remove(&shard);
+                if let Some(actor) = &actor {
+                    state.shards.remove(&actor.get_id());
+                    if drain {
+                        let _ = actor.cast(ShardMsg::Drain);
+                    }
+                }
+                let _ = reply.send(actor.map(|a| a.get_cell()));
+            }
             SupervisorMsg::Drain => {
                 state.stopping = true;
+                // No more acquiring; the lease actor releases its leases as it stops.
+                if let Some(lease) = state.lease_actor.take() {
+                    lease.stop(None);
+                }
                 for actor in state.refs.values() {
                     let _ = actor.cast(ShardMsg::Drain);
                 }
@@ -124,6 +157,8 @@ impl Actor for DispatchSupervisor {
             state.spawn_shard(myself.get_cell(), shard).await?;
         } else if state.retention_actor == Some(cell.get_id()) {
             state.spawn_retention(myself.get_cell()).await?;
+        } else if state.lease_actor.as_ref().is_some_and(|l| l.get_id() == cell.get_id()) {
+            state.spawn_lease(&myself).await?;
         }
         Ok(())
     }
@@ -137,6 +172,15 @@ impl SupervisorState {
         let _ = actor.cast(ShardMsg::Wake);
         self.shards.insert(actor.get_id(), shard);
         self.refs.insert(shard, actor);
+        Ok(())
+    }
+
+    async fn spawn_lease(&mut self, myself: &ActorRef<SupervisorMsg>) -> Result<(), ActorProcessingErr> {
+        if let Some(config) = self.lease.clone() {
+            let (actor, _) =
+                Actor::spawn_linked(None, LeaseActor, (config, myself.clone()), myself.get_cell()).await?;
+            self.lease_actor = Some(actor);
+        }
         Ok(())
     }
 

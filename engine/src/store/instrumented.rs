@@ -3,11 +3,11 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use super::{Appended, Recipient, RecipientSummary, ShardPosition, Store, StoreError, Subscriber};
+use super::{Appended, NodeId, Recipient, RecipientSummary, ShardPosition, Store, StoreError, Subscriber};
 use crate::domain::{
     DeliveryTarget, NewEnvelope, RecipientId, SecretHash, ShardId, StoredEnvelope, StoredSubscription,
     SubscriptionUpdate, Topic,
@@ -135,5 +135,39 @@ impl Store for Instrumented {
         limit: usize,
     ) -> Result<Vec<Subscriber>, StoreError> {
         self.observe("subscribers", self.inner.subscribers(topic, after, limit)).await
+    }
+    // Leases (issue 7) pass straight through: they are not on the dispatch path.
+    fn coordinates(&self) -> bool {
+        self.inner.coordinates()
+    }
+
+    async fn acquire_lease(
+        &self,
+        shard: ShardId,
+        node: &NodeId,
+        address: &str,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        self.inner.acquire_lease(shard, node, address, ttl).await
+    }
+
+    async fn release_lease(&self, shard: ShardId, node: &NodeId) -> Result<(), StoreError> {
+        self.inner.release_lease(shard, node).await
+    }
+
+    async fn lease_owner(&self, shard: ShardId) -> Result<Option<(NodeId, String)>, StoreError> {
+        self.inner.lease_owner(shard).await
+    }
+
+    async fn lease_owners(&self) -> Result<Vec<(ShardId, NodeId)>, StoreError> {
+        self.inner.lease_owners().await
+    }
+
+    async fn heartbeat(&self, node: &NodeId, address: &str, ttl: Duration) -> Result<(), StoreError> {
+        self.inner.heartbeat(node, address, ttl).await
+    }
+
+    async fn live_nodes(&self) -> Result<Vec<NodeId>, StoreError> {
+        self.inner.live_nodes().await
     }
 }

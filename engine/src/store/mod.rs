@@ -6,14 +6,16 @@ mod instrumented;
 mod redb;
 mod scylla;
 
+use std::time::Duration;
+
 use async_trait::async_trait;
 
 pub use self::instrumented::Instrumented;
 pub use self::redb::RedbStore;
 pub use self::scylla::{ScyllaSettings, ScyllaStore};
 use crate::domain::{
-    Channel, DeliveryTarget, NewEnvelope, RecipientId, SecretHash, ShardId, StoredEnvelope,
-    StoredSubscription, SubscriptionUpdate, Topic,
+    Channel, DeliveryTarget, NewEnvelope, RecipientId, SecretHash, ShardId, StoredEnvelope, StoredSubscription,
+    SubscriptionUpdate, Topic,
 };
 
 /// A stored recipient: what delivery needs and the SHA-256 of its secret (PUSH-254).
@@ -58,6 +60,23 @@ pub enum Appended {
     Stored { sequence_id: u64 },
     /// A publisher-supplied id that is not above the shard's last id.
     SequenceNotIncreasing { last: u64 },
+}
+
+/// One engine process among several sharing a store (issue 7): random per start.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NodeId(pub String);
+
+impl NodeId {
+    /// A fresh random id: 16 bytes in hex.
+    pub fn random() -> Self {
+        Self(format!("{:032x}", rand::random::<u128>()))
+    }
+}
+
+impl std::fmt::Display for NodeId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -156,4 +175,47 @@ pub trait Store: Send + Sync + 'static {
         after: Option<&RecipientId>,
         limit: usize,
     ) -> Result<Vec<Subscriber>, StoreError>;
+    // ---- shard leases (issue 7). The defaults mean "one node owns every shard". ----
+
+    /// Whether several nodes share this store, so that shards are leased.
+    fn coordinates(&self) -> bool {
+        false
+    }
+
+    /// Takes or renews the lease of `shard` for `ttl`. True when `node` owns
+    /// it now (newly acquired or already its own); false when another does.
+    async fn acquire_lease(
+        &self,
+        _shard: ShardId,
+        _node: &NodeId,
+        _address: &str,
+        _ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        Ok(true)
+    }
+
+    /// Gives the lease up, when `node` still holds it.
+    async fn release_lease(&self, _shard: ShardId, _node: &NodeId) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// The owner of `shard` and its advertised address, if any.
+    async fn lease_owner(&self, _shard: ShardId) -> Result<Option<(NodeId, String)>, StoreError> {
+        Ok(None)
+    }
+
+    /// Every live lease: shard and owner.
+    async fn lease_owners(&self) -> Result<Vec<(ShardId, NodeId)>, StoreError> {
+        Ok(Vec::new())
+    }
+
+    /// Says that `node` is alive for `ttl`.
+    async fn heartbeat(&self, _node: &NodeId, _address: &str, _ttl: Duration) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// The nodes whose heartbeat has not expired.
+    async fn live_nodes(&self) -> Result<Vec<NodeId>, StoreError> {
+        Ok(Vec::new())
+    }
 }

@@ -53,6 +53,13 @@
 //!   buckets at or below it are deleted, plus the rows at or below it in its
 //!   own bucket.
 //!
+//! - **Shard leases** (issue 7): `shard_leases` rows live for a TTL; acquire
+//!   is `INSERT … IF NOT EXISTS USING TTL`, renewal `UPDATE … USING TTL …
+//!   IF owner = ?`, release `DELETE … IF owner = ?`, so at most one node holds
+//!   a shard's lease at a time. Node heartbeats go to `nodes` with a TTL.
+//!   Only the lease holder appends (ingest checks), which keeps the
+//!   single-writer rule above.
+//!
 //! Driver and server errors become `StoreError::Backend` with a fixed label;
 //! CQL error texts name statements and tables, not bound values.
 
@@ -79,7 +86,7 @@ use scylla::value::{CqlValue, Row};
 use serde::Deserialize;
 
 use self::codec::{BUCKET_SIZE, EnvelopeRow, StaticRow, Versioned, bucket_of, corrupt, from_db, pos_of, to_db};
-use super::{Appended, Recipient, RecipientSummary, ShardPosition, Store, StoreError, Subscriber};
+use super::{Appended, NodeId, Recipient, RecipientSummary, ShardPosition, Store, StoreError, Subscriber};
 use crate::domain::{
     DeliveryTarget, NewEnvelope, RecipientId, SecretHash, ShardId, StoredEnvelope, StoredSubscription,
     SubscriptionUpdate, Topic,
@@ -210,6 +217,13 @@ struct Statements {
     env_read: PreparedStatement,
     env_drop_bucket: PreparedStatement,
     env_drop_upto: PreparedStatement,
+    lease_insert: PreparedStatement,
+    lease_renew: PreparedStatement,
+    lease_release: PreparedStatement,
+    lease_read: PreparedStatement,
+    lease_all: PreparedStatement,
+    node_put: PreparedStatement,
+    node_all: PreparedStatement,
 }
 
 const STATIC_COLS: &str = "version, secret_hash, channel, target, signing_key, renewed_at, topic_count";
@@ -314,6 +328,25 @@ impl Statements {
             .await?,
             env_drop_bucket: p(format!("DELETE FROM {ks}.envelopes WHERE shard = ? AND bucket = ?")).await?,
             env_drop_upto: p(format!("DELETE FROM {ks}.envelopes WHERE shard = ? AND bucket = ? AND pos <= ?")).await?,
+            // Issue 7: a lease is a row that lives for its TTL; every change is an LWT.
+            lease_insert: p(format!(
+                "INSERT INTO {ks}.shard_leases (shard, owner, owner_address, acquired_at) \
+                 VALUES (?, ?, ?, toTimestamp(now())) IF NOT EXISTS USING TTL ?"
+            ))
+            .await?,
+            lease_renew: p(format!(
+                "UPDATE {ks}.shard_leases USING TTL ? SET owner = ?, owner_address = ?, acquired_at = toTimestamp(now()) \
+                 WHERE shard = ? IF owner = ?"
+            ))
+            .await?,
+            lease_release: p(format!("DELETE FROM {ks}.shard_leases WHERE shard = ? IF owner = ?")).await?,
+            lease_read: serial(p(format!("SELECT owner, owner_address FROM {ks}.shard_leases WHERE shard = ?")).await?),
+            lease_all: p(format!("SELECT shard, owner FROM {ks}.shard_leases")).await?,
+            node_put: p(format!(
+                "INSERT INTO {ks}.nodes (node, address, seen_at) VALUES (?, ?, toTimestamp(now())) USING TTL ?"
+            ))
+            .await?,
+            node_all: p(format!("SELECT node FROM {ks}.nodes")).await?,
         })
     }
 }
@@ -336,6 +369,13 @@ impl Lwt {
             _ => return Err(StoreError::Backend("scylla: a conditional write returned no [applied]".into())),
         };
         Ok(Self { applied, current })
+    }
+
+    fn current_text(&self, column: &str) -> Option<&str> {
+        match self.current.get(column) {
+            Some(Some(CqlValue::Text(v))) => Some(v),
+            _ => None,
+        }
     }
 
     fn current_u64(&self, column: &str) -> Option<u64> {
@@ -370,6 +410,11 @@ async fn backoff(attempt: u32) {
 
 fn contention() -> StoreError {
     StoreError::Backend("scylla: too many concurrent changes; the write was not applied".into())
+}
+
+/// A lease or heartbeat TTL in whole seconds, at least one.
+fn ttl_secs(ttl: Duration) -> i32 {
+    i32::try_from(ttl.as_secs().max(1)).unwrap_or(i32::MAX)
 }
 
 fn new_version() -> i64 {
@@ -753,6 +798,85 @@ async fn check_shard_count(session: &Session, keyspace: &str, shard_count: u16) 
 impl Store for ScyllaStore {
     fn backend_name(&self) -> &'static str {
         "scylla"
+    }
+
+    fn coordinates(&self) -> bool {
+        true
+    }
+
+    async fn acquire_lease(
+        &self,
+        shard: ShardId,
+        node: &NodeId,
+        address: &str,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        self.check_shard(shard)?;
+        let ttl = ttl_secs(ttl);
+        let key = i32::from(shard.0);
+        let insert = self.lwt(&self.st.lease_insert, (key, &node.0, address, ttl)).await?;
+        if insert.applied {
+            return Ok(true);
+        }
+        if insert.current_text("owner") != Some(node.0.as_str()) {
+            return Ok(false);
+        }
+        // Ours already: renew the TTL, still only while it is ours.
+        Ok(self.lwt(&self.st.lease_renew, (ttl, &node.0, address, key, &node.0)).await?.applied)
+    }
+
+    async fn release_lease(&self, shard: ShardId, node: &NodeId) -> Result<(), StoreError> {
+        self.check_shard(shard)?;
+        self.lwt(&self.st.lease_release, (i32::from(shard.0), &node.0)).await?;
+        Ok(())
+    }
+
+    async fn lease_owner(&self, shard: ShardId) -> Result<Option<(NodeId, String)>, StoreError> {
+        self.check_shard(shard)?;
+        let rows = self
+            .session
+            .execute_unpaged(&self.st.lease_read, (i32::from(shard.0),))
+            .await
+            .map_err(be("reading a lease"))?
+            .into_rows_result()
+            .map_err(be("reading a lease"))?;
+        let row = rows.maybe_first_row::<(Option<String>, Option<String>)>().map_err(be("reading a lease"))?;
+        Ok(row.and_then(|(owner, address)| Some((NodeId(owner?), address.unwrap_or_default()))))
+    }
+
+    async fn lease_owners(&self) -> Result<Vec<(ShardId, NodeId)>, StoreError> {
+        let rows: Vec<(i32, Option<String>)> = self
+            .session
+            .execute_iter(self.st.lease_all.clone(), ())
+            .await
+            .map_err(be("reading the leases"))?
+            .rows_stream::<(i32, Option<String>)>()
+            .map_err(be("reading the leases"))?
+            .try_collect()
+            .await
+            .map_err(be("reading the leases"))?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(shard, owner)| Some((ShardId(u16::try_from(shard).ok()?), NodeId(owner?))))
+            .collect())
+    }
+
+    async fn heartbeat(&self, node: &NodeId, address: &str, ttl: Duration) -> Result<(), StoreError> {
+        self.write(&self.st.node_put, (&node.0, address, ttl_secs(ttl))).await
+    }
+
+    async fn live_nodes(&self) -> Result<Vec<NodeId>, StoreError> {
+        let rows: Vec<(String,)> = self
+            .session
+            .execute_iter(self.st.node_all.clone(), ())
+            .await
+            .map_err(be("reading the nodes"))?
+            .rows_stream::<(String,)>()
+            .map_err(be("reading the nodes"))?
+            .try_collect()
+            .await
+            .map_err(be("reading the nodes"))?;
+        Ok(rows.into_iter().map(|(n,)| NodeId(n)).collect())
     }
 
     async fn recipient(&self, id: &RecipientId) -> Result<Option<Recipient>, StoreError> {
@@ -1208,6 +1332,45 @@ mod tests {
         if let Err(panic) = outcome {
             std::panic::resume_unwind(panic);
         }
+    }
+
+    /// Issue 7: two nodes contend for one shard; exactly one wins, the loser
+    /// cannot renew, and once the winner's TTL runs out the other acquires.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn shard_leases_are_exclusive_and_expire() {
+        with_store(|store| async move {
+            let (a, b) = (NodeId::random(), NodeId::random());
+            let shard = ShardId(1);
+            let ttl = Duration::from_secs(2);
+            assert!(store.coordinates());
+            assert_eq!(store.lease_owner(shard).await.unwrap(), None);
+            let (won_a, won_b) =
+                tokio::join!(store.acquire_lease(shard, &a, "a:1", ttl), store.acquire_lease(shard, &b, "b:1", ttl));
+            let (won_a, won_b) = (won_a.unwrap(), won_b.unwrap());
+            assert!(won_a ^ won_b, "exactly one wins: a {won_a}, b {won_b}");
+            let (winner, loser, addr) =
+                if won_a { (a.clone(), b.clone(), "a:1") } else { (b.clone(), a.clone(), "b:1") };
+            assert_eq!(store.lease_owner(shard).await.unwrap(), Some((winner.clone(), addr.to_owned())));
+            assert!(store.acquire_lease(shard, &winner, addr, ttl).await.unwrap(), "the owner renews");
+            assert!(!store.acquire_lease(shard, &loser, "x:1", ttl).await.unwrap(), "the loser cannot");
+            store.release_lease(shard, &loser).await.unwrap(); // not its own: no effect
+            assert_eq!(store.lease_owners().await.unwrap(), vec![(shard, winner.clone())]);
+            tokio::time::sleep(Duration::from_millis(3500)).await;
+            assert_eq!(store.lease_owner(shard).await.unwrap(), None, "expired");
+            assert!(store.acquire_lease(shard, &loser, "x:1", ttl).await.unwrap(), "taken over after the TTL");
+            assert!(!store.acquire_lease(shard, &winner, addr, ttl).await.unwrap());
+            store.release_lease(shard, &loser).await.unwrap();
+            assert!(store.acquire_lease(shard, &winner, addr, ttl).await.unwrap(), "free after release");
+            store.heartbeat(&a, "a:1", ttl).await.unwrap();
+            store.heartbeat(&b, "b:1", ttl).await.unwrap();
+            let mut live = store.live_nodes().await.unwrap();
+            live.sort();
+            let mut both = vec![a.clone(), b.clone()];
+            both.sort();
+            assert_eq!(live, both);
+            store
+        })
+        .await;
     }
 
     macro_rules! conformance_cases {

@@ -6,6 +6,7 @@ mod admission;
 mod common;
 mod delivery;
 mod dispatch;
+mod multinode;
 mod operability;
 mod providers;
 mod replay;

@@ -9,8 +9,10 @@ use crate::store::StoreError;
 /// Every schema version this binary knows, in order. Each file's statements
 /// are idempotent; a version is recorded in `schema_version` after all of its
 /// statements ran.
-pub(super) const MIGRATIONS: &[(i32, &str, &str)] =
-    &[(1, "001_init", include_str!("../../../schema/scylla/001_init.cql"))];
+pub(super) const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (1, "001_init", include_str!("../../../schema/scylla/001_init.cql")),
+    (2, "002_leases", include_str!("../../../schema/scylla/002_leases.cql")),
+];
 
 /// The version a store of this binary needs.
 pub(super) fn latest() -> i32 {
@@ -196,6 +198,13 @@ mod tests {
                 "shard_leases"
             ]
         );
+    }
+
+    #[test]
+    fn leases_file_adds_the_nodes_table() {
+        let stmts = statements(MIGRATIONS[1].2, "ks", "{}");
+        assert_eq!(stmts.len(), 1);
+        assert!(stmts[0].starts_with("CREATE TABLE IF NOT EXISTS ks.nodes"));
     }
 
     #[test]

@@ -1,0 +1,199 @@
+//! Shard ownership across several nodes (issue 7; DESIGN.md, lease actors).
+//!
+//! Only when the store coordinates (ScyllaDB). Every `ttl / 3` the lease
+//! actor heartbeats this node, computes its fair share
+//! `ceil(shard_count / live nodes)`, renews the shards it owns (a failed
+//! renewal means the shard is lost: its shard actor is killed at once, the
+//! checkpoint stays where it is), acquires unowned shards while below the
+//! share, and releases shards above it (drain the shard actor, then release
+//! the lease). The owned set is published in a `watch` channel that ingest
+//! reads: only an owner appends to a shard, so appends stay single-writer.
+//! Two owners can overlap only briefly (a lease lost while its shard actor
+//! finishes a step): both deliver from the same checkpoint, so a delivery may
+//! repeat, never be skipped.
+
+use std::collections::{BTreeSet, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::stream::{self, StreamExt};
+use ractor::rpc::CallResult;
+use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef};
+use tokio::sync::watch;
+
+use super::SupervisorMsg;
+use crate::domain::ShardId;
+use crate::store::{NodeId, Store, StoreError};
+
+/// Lease renewals in flight at once.
+const RENEW_CONCURRENCY: usize = 16;
+
+/// The shards this node owns, as the lease actor last decided.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OwnedShards {
+    pub shards: BTreeSet<ShardId>,
+    /// The lease actor has completed at least one round.
+    pub settled: bool,
+}
+
+/// Who this node is and how it leases (issue 7).
+#[derive(Clone)]
+pub struct LeaseConfig {
+    pub store: Arc<dyn Store>,
+    pub node: NodeId,
+    /// The gRPC address other nodes' redirects name.
+    pub address: String,
+    pub ttl: Duration,
+    pub shard_count: u16,
+    /// Written only by the lease actor; ingest and readiness read it.
+    pub owned: Arc<watch::Sender<OwnedShards>>,
+}
+
+pub enum LeaseMsg {
+    Round,
+}
+
+pub struct LeaseActor;
+
+pub struct LeaseState {
+    config: LeaseConfig,
+    supervisor: ActorRef<SupervisorMsg>,
+    ticker: tokio::task::JoinHandle<()>,
+}
+
+impl Actor for LeaseActor {
+    type Msg = LeaseMsg;
+    type State = LeaseState;
+    type Arguments = (LeaseConfig, ActorRef<SupervisorMsg>);
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<LeaseMsg>,
+        (config, supervisor): Self::Arguments,
+    ) -> Result<LeaseState, ActorProcessingErr> {
+        let every = (config.ttl / 3).max(Duration::from_millis(100));
+        let ticker = tokio::spawn(async move {
+            let mut interval = tokio::time::interval(every);
+            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                interval.tick().await;
+                if myself.cast(LeaseMsg::Round).is_err() {
+                    break;
+                }
+            }
+        });
+        // A restarted lease actor keeps the owned set: it lives in the watch.
+        Ok(LeaseState { config, supervisor, ticker })
+    }
+
+    async fn post_stop(&self, _: ActorRef<LeaseMsg>, state: &mut LeaseState) -> Result<(), ActorProcessingErr> {
+        state.ticker.abort();
+        // Stopping (drain or shutdown): give every lease up so another node
+        // takes the shards without waiting for the TTL. Best effort.
+        let owned = state.owned();
+        state.config.owned.send_modify(|o| o.shards.clear());
+        let release = async {
+            for shard in owned {
+                let _ = state.config.store.release_lease(shard, &state.config.node).await;
+            }
+        };
+        let _ = tokio::time::timeout(state.config.ttl, release).await;
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        _: ActorRef<LeaseMsg>,
+        msg: LeaseMsg,
+        state: &mut LeaseState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            LeaseMsg::Round => {
+                if let Err(e) = state.round().await {
+                    tracing::warn!(error = %e, "lease round failed; trying again next round");
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl LeaseState {
+    fn owned(&self) -> BTreeSet<ShardId> {
+        self.config.owned.borrow().shards.clone()
+    }
+
+    async fn round(&mut self) -> Result<(), StoreError> {
+        let c = self.config.clone();
+        c.store.heartbeat(&c.node, &c.address, c.ttl).await?;
+        let live = c.store.live_nodes().await?.len().max(1);
+        let target = usize::from(c.shard_count).div_ceil(live);
+        // Renew, several at once so a round stays well inside the TTL. A
+        // renewal that fails or errs means the lease may be gone.
+        let renew = &c;
+        let renewals: Vec<_> = stream::iter(self.owned())
+            .map(|shard| async move {
+                let c = renew;
+                (shard, c.store.acquire_lease(shard, &c.node, &c.address, c.ttl).await)
+            })
+            .buffer_unordered(RENEW_CONCURRENCY)
+            .collect()
+            .await;
+        for (shard, outcome) in renewals {
+            if !matches!(outcome, Ok(true)) {
+                tracing::warn!(shard = shard.0, ?outcome, "shard lease lost; stopping its dispatch");
+                self.disown(shard, false).await;
+            }
+        }
+        // Acquire unowned shards while below the fair share, from a random start.
+        if self.owned().len() < target {
+            let taken: HashSet<ShardId> = c.store.lease_owners().await?.into_iter().map(|(s, _)| s).collect();
+            let start = rand::random_range(0..c.shard_count);
+            for i in 0..c.shard_count {
+                if self.owned().len() >= target {
+                    break;
+                }
+                let shard = ShardId((start + i) % c.shard_count);
+                if taken.contains(&shard) {
+                    continue;
+                }
+                if c.store.acquire_lease(shard, &c.node, &c.address, c.ttl).await? {
+                    tracing::info!(shard = shard.0, node = %c.node, "shard lease acquired");
+                    let _ = self.supervisor.cast(SupervisorMsg::Own(shard));
+                    c.owned.send_modify(|o| {
+                        o.shards.insert(shard);
+                    });
+                }
+            }
+        }
+        // Release shards above the fair share: drain first, then release.
+        let extra = self.owned().len().saturating_sub(target);
+        for shard in self.owned().into_iter().rev().take(extra) {
+            tracing::info!(shard = shard.0, node = %c.node, "releasing a shard above the fair share");
+            self.disown(shard, true).await;
+            c.store.release_lease(shard, &c.node).await?;
+        }
+        c.owned.send_modify(|o| o.settled = true);
+        Ok(())
+    }
+
+    /// Stops publishing to and dispatching `shard`: drained (its current
+    /// window finishes, bounded by a third of the TTL) or killed at once.
+    async fn disown(&mut self, shard: ShardId, drain: bool) {
+        self.config.owned.send_modify(|o| {
+            o.shards.remove(&shard);
+        });
+        let wait = self.config.ttl / 3;
+        let reply = self.supervisor.call(|port| SupervisorMsg::Disown { shard, drain, reply: port }, Some(wait)).await;
+        if let Ok(CallResult::Success(Some(cell))) = reply {
+            stop_shard_actor(cell, drain, wait).await;
+        }
+    }
+}
+
+async fn stop_shard_actor(cell: ActorCell, drain: bool, wait: Duration) {
+    if drain && cell.wait(Some(wait)).await.is_ok() {
+        return;
+    }
+    let _ = cell.kill_and_wait(Some(wait)).await;
+}
