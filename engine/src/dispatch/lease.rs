@@ -22,6 +22,7 @@ use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef};
 use tokio::sync::watch;
 
 use super::SupervisorMsg;
+use super::ticker::spawn_ticker;
 use crate::domain::ShardId;
 use crate::store::{NodeId, Store, StoreError};
 
@@ -72,16 +73,7 @@ impl Actor for LeaseActor {
         (config, supervisor): Self::Arguments,
     ) -> Result<LeaseState, ActorProcessingErr> {
         let every = (config.ttl / 3).max(Duration::from_millis(100));
-        let ticker = tokio::spawn(async move {
-            let mut interval = tokio::time::interval(every);
-            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                interval.tick().await;
-                if myself.cast(LeaseMsg::Round).is_err() {
-                    break;
-                }
-            }
-        });
+        let ticker = spawn_ticker(myself, every, || LeaseMsg::Round);
         // A restarted lease actor keeps the owned set: it lives in the watch.
         Ok(LeaseState { config, supervisor, ticker })
     }

@@ -9,6 +9,7 @@ mod lease;
 mod retention;
 mod shard;
 mod supervisor;
+mod ticker;
 
 use std::sync::Arc;
 

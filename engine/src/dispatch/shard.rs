@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
+use super::ticker::spawn_ticker;
 use super::{Decision, DispatchContext, decide};
 use crate::delivery::{Delivery, FirstAttemptLatch};
 use crate::domain::{RecipientId, ShardId, StoredEnvelope};
@@ -65,18 +66,7 @@ impl Actor for ShardActor {
         (shard, ctx): Self::Arguments,
     ) -> Result<ShardState, ActorProcessingErr> {
         let interval = Duration::from_millis(ctx.settings.poll_interval_ms);
-        let me = myself.clone();
-        // The ticker stops by itself when the actor is gone (cast fails).
-        let ticker = tokio::spawn(async move {
-            let mut every = tokio::time::interval(interval);
-            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                every.tick().await;
-                if me.cast(ShardMsg::Tick).is_err() {
-                    break;
-                }
-            }
-        });
+        let ticker = spawn_ticker(myself, interval, || ShardMsg::Tick);
         Ok(ShardState { shard, ctx, window: None, next_window_id: 0, lag: 0, draining: false, ticker })
     }
 
