@@ -26,6 +26,7 @@ pub struct Metrics {
     pub window_duration: Histogram,
     pub dispatch_lag: IntGauge,
     pub shard_restarts: IntCounter,
+    pub owned_shards: IntGauge,
     pub store_errors: IntCounterVec,
     pub store_latency: HistogramVec,
     pub retry_delay: HistogramVec,
@@ -120,6 +121,10 @@ impl Metrics {
             window_duration,
             dispatch_lag: gauge("fanout_dispatch_lag_envelopes", "Sum over shards of boundary minus checkpoint"),
             shard_restarts: counter("fanout_shard_restarts_total", "Shard actors restarted by the supervisor"),
+            owned_shards: gauge(
+                "fanout_owned_shards",
+                "Topic shards this node runs a shard actor for (all of them on one node; its lease share on several)",
+            ),
             store_errors: counter_vec(
                 "fanout_store_errors_total",
                 "Storage operations that failed in the backend, by operation",

@@ -72,6 +72,7 @@ impl Actor for DispatchSupervisor {
         }
         state.spawn_retention(myself.get_cell()).await?;
         state.spawn_lease(&myself).await?;
+        state.report_owned();
         Ok(state)
     }
 
@@ -122,6 +123,7 @@ impl Actor for DispatchSupervisor {
                 myself.stop(None);
             }
         }
+        state.report_owned();
         Ok(())
     }
 
@@ -160,11 +162,17 @@ impl Actor for DispatchSupervisor {
         } else if state.lease_actor.as_ref().is_some_and(|l| l.get_id() == cell.get_id()) {
             state.spawn_lease(&myself).await?;
         }
+        state.report_owned();
         Ok(())
     }
 }
 
 impl SupervisorState {
+    /// fanout_owned_shards: the shards this node runs a shard actor for.
+    fn report_owned(&self) {
+        self.ctx.metrics.owned_shards.set(self.refs.len() as i64);
+    }
+
     async fn spawn_shard(&mut self, supervisor: ActorCell, shard: ShardId) -> Result<(), ActorProcessingErr> {
         let (actor, _) =
             Actor::spawn_linked(None, ShardActor, (shard, self.ctx.clone()), supervisor).await?;

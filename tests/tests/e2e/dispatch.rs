@@ -242,6 +242,8 @@ async fn retention_deletes_recipients_that_stopped_renewing() {
 #[tokio::test]
 async fn sigterm_exits_cleanly() {
     let mut setup = webhook_setup(EngineConfig::default()).await;
+    // One node runs every shard (the harness configures 16).
+    assert_eq!(metric(&setup, "fanout_owned_shards").await, 16.0);
     let status = setup.fanout.terminate().expect("terminate");
     assert!(status.success(), "exit status {status}; log:\n{}", setup.fanout.log());
     assert!(setup.fanout.log().contains("stopped"));
