@@ -1327,7 +1327,16 @@ mod tests {
         let keyspace = fresh_keyspace();
         let store = ScyllaStore::connect(&settings(nodes.clone(), &keyspace), SHARD_COUNT).await.unwrap();
         let outcome = std::panic::AssertUnwindSafe(body(store)).catch_unwind().await;
-        let cleanup = ScyllaStore::connect(&settings(nodes, &keyspace), SHARD_COUNT).await.unwrap();
+        drop_keyspace_then_resume(nodes, &keyspace, outcome.map(drop)).await;
+    }
+
+    /// Drops a test keyspace, then re-raises the test's panic if it had one.
+    async fn drop_keyspace_then_resume(
+        nodes: Vec<String>,
+        keyspace: &str,
+        outcome: Result<(), Box<dyn std::any::Any + Send>>,
+    ) {
+        let cleanup = ScyllaStore::connect(&settings(nodes, keyspace), SHARD_COUNT).await.unwrap();
         cleanup.drop_keyspace().await.unwrap();
         if let Err(panic) = outcome {
             std::panic::resume_unwind(panic);
@@ -1436,11 +1445,7 @@ mod tests {
         })
         .catch_unwind()
         .await;
-        let cleanup = ScyllaStore::connect(&settings(nodes, &keyspace), SHARD_COUNT).await.unwrap();
-        cleanup.drop_keyspace().await.unwrap();
-        if let Err(panic) = outcome {
-            std::panic::resume_unwind(panic);
-        }
+        drop_keyspace_then_resume(nodes, &keyspace, outcome).await;
     }
 
     /// Envelopes across bucket boundaries and far-apart publisher ids: windows
