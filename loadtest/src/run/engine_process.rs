@@ -25,7 +25,7 @@ pub struct EngineProcess {
 /// The binary to run: `explicit`, else `$CARGO_TARGET_DIR` (or the
 /// workspace's `target/`) `release/fanout`, then `debug/fanout`; else builds
 /// the release binary with cargo.
-pub fn find_binary(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
+pub fn find_binary(explicit: Option<&Path>, on_build: impl FnOnce()) -> anyhow::Result<PathBuf> {
     if let Some(path) = explicit {
         if !path.is_file() {
             bail!("--engine-bin {} is not a file", path.display());
@@ -39,6 +39,7 @@ pub fn find_binary(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
             return Ok(candidate);
         }
     }
+    on_build();
     build_binary(true)
 }
 

@@ -301,7 +301,13 @@ async fn execute_inner(
             Engine::External { grpc, http: args.engine_http, pid: args.engine_pid }
         }
         None => {
-            let binary = engine_process::find_binary(args.engine_bin.as_deref())?;
+            let explicit = args.engine_bin.clone();
+            let building = progress.clone();
+            // cargo may take minutes: a phase of its own, off the runtime's threads.
+            let binary = tokio::task::spawn_blocking(move || {
+                engine_process::find_binary(explicit.as_deref(), || building.phase("building the engine", 0))
+            })
+            .await??;
             let timeout = Duration::from_secs(scenario.timeouts.engine_start_seconds);
             let e = EngineProcess::start(&binary, &scenario.engine, ca_path, args.data_dir.as_deref(), timeout).await?;
             progress.say(&format!("engine {} started (pid {}, gRPC {})", binary.display(), e.pid, e.grpc));
