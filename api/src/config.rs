@@ -91,17 +91,38 @@ pub enum LogFormat {
     Json,
 }
 
+/// Whether text log lines carry ANSI colour codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogColor {
+    /// Colour only when stderr is a terminal (not a file or a pipe).
+    Auto,
+    Always,
+    Never,
+}
+
+impl LogColor {
+    pub fn enabled(self, terminal: bool) -> bool {
+        match self {
+            Self::Auto => terminal,
+            Self::Always => true,
+            Self::Never => false,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LogSettings {
     /// A tracing filter, e.g. "info" or "fanout_engine=debug,info". RUST_LOG wins when set.
     pub level: String,
     pub format: LogFormat,
+    pub color: LogColor,
 }
 
 impl Default for LogSettings {
     fn default() -> Self {
-        Self { level: "info".into(), format: LogFormat::Text }
+        Self { level: "info".into(), format: LogFormat::Text, color: LogColor::Auto }
     }
 }
 
@@ -191,6 +212,17 @@ mod tests {
         assert_eq!(c.engine.max_push_topics, 9);
         assert!(c.engine.channels.http.unwrap().allow_private_addresses);
         assert_eq!(c.store.path, PathBuf::from("/tmp/x y"));
+    }
+
+    #[test]
+    fn log_colour_only_on_a_terminal_by_default() {
+        let c: Config = toml::Value::Table(toml::Table::new()).try_into().unwrap();
+        assert_eq!(c.log.color, LogColor::Auto);
+        assert!(LogColor::Auto.enabled(true) && !LogColor::Auto.enabled(false));
+        assert!(LogColor::Always.enabled(false) && !LogColor::Never.enabled(true));
+        let t = "[log]\ncolor = \"never\"".parse::<toml::Table>().unwrap();
+        let c: Config = toml::Value::Table(t).try_into().unwrap();
+        assert_eq!(c.log.color, LogColor::Never);
     }
 
     #[test]

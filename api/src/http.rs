@@ -2,13 +2,10 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
-use fanout_engine::dispatch::OwnedShards;
-use fanout_engine::domain::ShardId;
+use fanout_engine::Readiness;
 use fanout_engine::metrics::Metrics;
-use fanout_engine::store::Store;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -18,15 +15,10 @@ use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-/// A readiness probe must answer quickly even when the store hangs.
-const READY_TIMEOUT: Duration = Duration::from_secs(2);
-
 #[derive(Clone)]
 pub struct HttpState {
     pub metrics: Arc<Metrics>,
-    pub store: Arc<dyn Store>,
-    /// Several nodes (issue 7): this node's shards; `None` on a single node.
-    pub ownership: Option<watch::Receiver<OwnedShards>>,
+    pub readiness: Readiness,
 }
 
 pub async fn serve(listener: TcpListener, state: HttpState, mut shutdown: watch::Receiver<bool>) {
@@ -62,21 +54,10 @@ async fn route(state: HttpState, req: Request<Incoming>) -> Result<Response<Full
                 r
             }),
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n".into()),
-        (&Method::GET, "/readyz") => {
-            // Ready when the store answers and, with several nodes (issue 7),
-            // this node owns a shard or has finished a lease round.
-            let leasing = state.ownership.as_ref().map(|o| {
-                let o = o.borrow();
-                o.settled || !o.shards.is_empty()
-            });
-            match tokio::time::timeout(READY_TIMEOUT, state.store.shard_position(ShardId(0))).await {
-                Ok(Ok(_)) if leasing == Some(false) => {
-                    text(StatusCode::SERVICE_UNAVAILABLE, "shard leases not settled yet\n".into())
-                }
-                Ok(Ok(_)) => text(StatusCode::OK, "ready\n".into()),
-                _ => text(StatusCode::SERVICE_UNAVAILABLE, "store unreachable\n".into()),
-            }
-        }
+        (&Method::GET, "/readyz") => match state.readiness.check().await {
+            Ok(()) => text(StatusCode::OK, "ready\n".into()),
+            Err(not_ready) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{not_ready}\n")),
+        },
         _ => problem(StatusCode::NOT_FOUND, "no such endpoint"),
     };
     Ok(response.unwrap_or_else(|_| Response::new(Full::new(Bytes::new()))))

@@ -78,7 +78,10 @@ fn main() -> anyhow::Result<()> {
 fn init_logging(config: &Config) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&config.log.level));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(config.log.color.enabled(std::io::IsTerminal::is_terminal(&std::io::stderr())));
     match config.log.format {
         LogFormat::Json => builder.json().init(),
         LogFormat::Text => builder.init(),
@@ -122,8 +125,8 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         .register_encoded_file_descriptor_set(fanout_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
-    let notification = grpc::NotificationApi { registry: engine.registry.clone(), metrics: engine.metrics.clone() };
-    let publish = grpc::PublishApi { ingest: engine.ingest.clone() };
+    let notification = grpc::NotificationApi { registry: engine.registry(), metrics: engine.metrics() };
+    let publish = grpc::PublishApi { ingest: engine.ingest() };
 
     let mut grpc_shutdown = shutdown_rx.clone();
     let grpc_server = tonic::transport::Server::builder()
@@ -141,7 +144,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         });
     let http_server = http::serve(
         http_listener,
-        http::HttpState { metrics: engine.metrics.clone(), store: store.clone(), ownership: engine.ownership.clone() },
+        http::HttpState { metrics: engine.metrics(), readiness: engine.readiness() },
         shutdown_rx,
     );
     tracing::info!(

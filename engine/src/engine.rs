@@ -8,9 +8,11 @@ use ractor::{Actor, ActorRef};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::channel::{ApnsProvider, Channels, FcmProvider, WebhookProvider, client_tls_config};
+use crate::channel::{ChannelContext, Channels};
 use crate::delivery::{DeliveryWorkers, WorkerContext};
-use crate::dispatch::{DispatchContext, DispatchSupervisor, LeaseConfig, OwnedShards, SupervisorArgs, SupervisorMsg};
+use crate::dispatch::{DispatchContext, PanicHook};
+use crate::ownership::{LeaseConfig, OwnedShards, ShardOwnership};
+use crate::supervisor::{Supervisor, SupervisorArgs, SupervisorMsg};
 use crate::domain::ShardId;
 use crate::ingest::Ingest;
 use crate::metrics::Metrics;
@@ -18,7 +20,6 @@ use crate::registry::Registry;
 use crate::retention::RetentionArgs;
 use crate::settings::EngineSettings;
 use crate::store::{Instrumented, NodeId, Store};
-use crate::webhook::{DomainPattern, HickoryResolver, HostResolver, WebhookPolicy};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -37,13 +38,45 @@ pub struct EngineOptions {
     pub advertise_address: String,
 }
 
+/// Why the engine is not ready to serve.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum NotReady {
+    #[error("store unreachable")]
+    StoreUnreachable,
+    #[error("shard leases not settled yet")]
+    LeasesNotSettled,
+}
+
+/// A readiness probe must answer quickly even when the store hangs.
+const READY_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Answers whether the engine is ready: the store answers and, with several
+/// nodes (issue 7), this node owns a shard or has finished a lease round.
+#[derive(Clone)]
+pub struct Readiness {
+    store: Arc<dyn Store>,
+    ownership: Option<watch::Receiver<OwnedShards>>,
+}
+
+impl Readiness {
+    pub async fn check(&self) -> Result<(), NotReady> {
+        let store = tokio::time::timeout(READY_TIMEOUT, self.store.shard_position(ShardId(0))).await;
+        if !matches!(store, Ok(Ok(_))) {
+            return Err(NotReady::StoreUnreachable);
+        }
+        let leasing = self.ownership.as_ref().map(|o| {
+            let o = o.borrow();
+            o.settled || !o.shards.is_empty()
+        });
+        if leasing == Some(false) { Err(NotReady::LeasesNotSettled) } else { Ok(()) }
+    }
+}
+
 pub struct Engine {
-    pub registry: Arc<Registry>,
-    pub ingest: Arc<Ingest>,
-    pub metrics: Arc<Metrics>,
-    pub store: Arc<dyn Store>,
-    /// This node's shards; `None` on a single node, which owns them all.
-    pub ownership: Option<watch::Receiver<OwnedShards>>,
+    registry: Arc<Registry>,
+    ingest: Arc<Ingest>,
+    metrics: Arc<Metrics>,
+    readiness: Readiness,
     supervisor: ActorRef<SupervisorMsg>,
     supervisor_handle: JoinHandle<()>,
     worker_handles: Vec<JoinHandle<()>>,
@@ -54,29 +87,8 @@ impl Engine {
         settings.validate().map_err(EngineError::Config)?;
         let metrics = Arc::new(Metrics::new());
         let store: Arc<dyn Store> = Arc::new(Instrumented::new(store, metrics.clone()));
-        let http = settings.channels.http.clone().unwrap_or_default();
-        let resolver: Arc<dyn HostResolver> =
-            Arc::new(HickoryResolver::new(&http.dns_servers).map_err(|e| EngineError::Config(e.to_string()))?);
-        let policy = Arc::new(WebhookPolicy {
-            allowed_domains: http
-                .allowed_domains
-                .iter()
-                .map(|d| DomainPattern::parse(d))
-                .collect::<Result<_, _>>()
-                .map_err(EngineError::Config)?,
-            allow_private_addresses: http.allow_private_addresses,
-        });
-        let mut channels = Channels::default();
-        if settings.channels.http.is_some() {
-            let tls = client_tls_config(&http.extra_ca_files).map_err(EngineError::Config)?;
-            channels.http = Some(Arc::new(WebhookProvider::new(policy.clone(), resolver.clone(), tls, metrics.clone())));
-        }
-        if let Some(apns) = &settings.channels.apns {
-            channels.apns = Some(Arc::new(ApnsProvider::from_settings(apns, metrics.clone()).map_err(EngineError::Config)?));
-        }
-        if let Some(fcm) = &settings.channels.fcm {
-            channels.fcm = Some(Arc::new(FcmProvider::from_settings(fcm, metrics.clone()).map_err(EngineError::Config)?));
-        }
+        let channels = Channels::build(&settings.channels, &ChannelContext { metrics: metrics.clone() })
+            .map_err(|e| EngineError::Config(e.to_string()))?;
         let (workers, worker_handles) = DeliveryWorkers::start(Arc::new(WorkerContext {
             settings: settings.delivery.clone(),
             max_attempts: settings.max_attempts,
@@ -90,24 +102,25 @@ impl Engine {
             channels: channels.clone(),
             settings: settings.dispatch.clone(),
             metrics: metrics.clone(),
-            dangerous_panic_after_pages: options.dangerous_panic_after_pages,
+            panic_hook: PanicHook::new(options.dangerous_panic_after_pages),
         });
         // Issue 7: on a coordinating store, shards are leased, not all owned.
-        let (lease, ownership) = if store.coordinates() {
-            let (tx, rx) = watch::channel(OwnedShards::default());
-            let node = NodeId::random();
-            tracing::info!(%node, address = %options.advertise_address, "leasing shards with other nodes");
-            let config = LeaseConfig {
-                store: store.clone(),
-                node,
-                address: options.advertise_address.clone(),
-                ttl: Duration::from_secs(settings.lease.ttl_seconds),
-                shard_count: settings.shard_count,
-                owned: Arc::new(tx),
-            };
-            (Some(config), Some(rx))
-        } else {
-            (None, None)
+        let (lease, ownership) = match store.clone().leases() {
+            Some(leases) => {
+                let (tx, rx) = watch::channel(OwnedShards::default());
+                let node = NodeId::random();
+                tracing::info!(%node, address = %options.advertise_address, "leasing shards with other nodes");
+                let config = LeaseConfig {
+                    leases: leases.clone(),
+                    node,
+                    address: options.advertise_address.clone(),
+                    ttl: Duration::from_secs(settings.lease.ttl_seconds),
+                    shard_count: settings.shard_count,
+                    owned: Arc::new(tx),
+                };
+                (Some(config), Some(ShardOwnership { owned: rx, leases }))
+            }
+            None => (None, None),
         };
         let args = SupervisorArgs {
             ctx,
@@ -120,14 +133,12 @@ impl Engine {
                 interval_seconds: settings.retention.interval_seconds,
             },
         };
-        let (supervisor, supervisor_handle) = Actor::spawn(None, DispatchSupervisor, args)
+        let (supervisor, supervisor_handle) = Actor::spawn(None, Supervisor, args)
             .await
             .map_err(|e| EngineError::Actors(e.to_string()))?;
         let registry = Arc::new(Registry {
             store: store.clone(),
             channels,
-            webhook_policy: policy,
-            resolver,
             max_push_topics: settings.max_push_topics,
             recipient_ttl_seconds: settings.recipient_ttl_seconds,
             metrics: metrics.clone(),
@@ -140,7 +151,28 @@ impl Engine {
             ownership: ownership.clone(),
             advertise_address: options.advertise_address.clone(),
         });
-        Ok(Self { registry, ingest, metrics, store, ownership, supervisor, supervisor_handle, worker_handles })
+        let readiness = Readiness { store, ownership: ownership.map(|o| o.owned) };
+        Ok(Self { registry, ingest, metrics, readiness, supervisor, supervisor_handle, worker_handles })
+    }
+
+    /// Registration, unregistration and subscriptions (spec 000 sections 1–3).
+    pub fn registry(&self) -> Arc<Registry> {
+        self.registry.clone()
+    }
+
+    /// Publishing envelopes.
+    pub fn ingest(&self) -> Arc<Ingest> {
+        self.ingest.clone()
+    }
+
+    /// The engine's metric registry.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.metrics.clone()
+    }
+
+    /// The readiness probe of `/readyz`.
+    pub fn readiness(&self) -> Readiness {
+        self.readiness.clone()
     }
 
     /// Graceful stop within `drain`: every shard finishes its current window

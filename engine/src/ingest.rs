@@ -7,9 +7,9 @@ use std::sync::Arc;
 use ractor::ActorRef;
 
 use crate::clock::unix_now_ns;
-use tokio::sync::watch;
 
-use crate::dispatch::{OwnedShards, SupervisorMsg};
+use crate::ownership::ShardOwnership;
+use crate::supervisor::SupervisorMsg;
 use crate::domain::{EnvelopeKind, NewEnvelope, ParseError, ShardId, Topic};
 use crate::metrics::Metrics;
 use crate::store::{Appended, Store, StoreError};
@@ -53,7 +53,7 @@ pub struct Ingest {
     pub dispatch: ActorRef<SupervisorMsg>,
     pub metrics: Arc<Metrics>,
     /// The shards this node may append to; `None`: all of them (one node).
-    pub ownership: Option<watch::Receiver<OwnedShards>>,
+    pub ownership: Option<ShardOwnership>,
     /// This node's advertised gRPC address: a lease naming it but not in the
     /// owned set is a dead predecessor's, so the answer is "no owner yet".
     pub advertise_address: String,
@@ -109,7 +109,7 @@ impl Ingest {
         parsed: Vec<Result<NewEnvelope, (Option<ShardId>, EnvelopeRejection)>>,
     ) -> Result<Vec<Result<NewEnvelope, (Option<ShardId>, EnvelopeRejection)>>, StoreError> {
         let Some(ownership) = &self.ownership else { return Ok(parsed) };
-        let owned = ownership.borrow().shards.clone();
+        let owned = ownership.owned.borrow().shards.clone();
         let mut owners: HashMap<ShardId, EnvelopeRejection> = HashMap::new();
         let mut out = Vec::with_capacity(parsed.len());
         for p in parsed {
@@ -119,7 +119,7 @@ impl Ingest {
                     let rejection = match owners.get(&shard) {
                         Some(r) => r.clone(),
                         None => {
-                            let r = match self.store.lease_owner(shard).await? {
+                            let r = match ownership.leases.lease_owner(shard).await? {
                                 Some((_, address)) if !address.is_empty() && address != self.advertise_address => {
                                     EnvelopeRejection::OwnedElsewhere { shard: shard.0, address }
                                 }

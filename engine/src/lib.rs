@@ -1,10 +1,9 @@
-//! fanout's engine: the domain, storage, webhook safety and signing, channels,
+//! fanout's engine: the domain, storage, channels (with webhook safety and signing),
 //! and the actors that ingest envelopes and dispatch deliveries. No gRPC or HTTP
 //! server code lives here; `fanout-api` maps this crate's errors to statuses.
 
 pub mod domain;
 pub mod store;
-pub mod webhook;
 pub mod channel;
 pub mod clock;
 pub mod delivery;
@@ -12,8 +11,11 @@ pub mod dispatch;
 pub mod engine;
 pub mod ingest;
 pub mod metrics;
+pub mod ownership;
 pub mod registry;
 pub mod retention;
 pub mod settings;
+pub mod supervisor;
+mod ticker;
 
-pub use engine::{Engine, EngineError, EngineOptions};
+pub use engine::{Engine, EngineError, EngineOptions, NotReady, Readiness};

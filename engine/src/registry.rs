@@ -13,7 +13,6 @@ use crate::domain::{
 };
 use crate::metrics::Metrics;
 use crate::store::{RecipientSummary, Store, StoreError};
-use crate::webhook::{HostResolver, WebhookPolicy, WebhookUrl};
 
 /// Register's delivery as received, before admission check 4.
 pub enum DeliveryInput<'a> {
@@ -76,8 +75,6 @@ impl From<StoreError> for AdmissionError {
 pub struct Registry {
     pub store: Arc<dyn Store>,
     pub channels: Channels,
-    pub webhook_policy: Arc<WebhookPolicy>,
-    pub resolver: Arc<dyn HostResolver>,
     pub max_push_topics: u64,
     pub recipient_ttl_seconds: u64,
     pub metrics: Arc<Metrics>,
@@ -147,34 +144,28 @@ impl Registry {
             DeliveryInput::Fcm { .. } => Channel::Fcm,
             DeliveryInput::Http { .. } => Channel::Http,
         };
-        if !self.channels.is_configured(channel) {
+        let Some(provider) = self.channels.get(channel) else {
             // PUSH-210
             return Err(AdmissionError::FailedPrecondition("this channel is not configured on this deployment"));
-        }
-        match delivery {
+        };
+        let target = match delivery {
             DeliveryInput::Apns { token } => {
                 DeliveryTarget::check_token(token)?;
-                Ok(DeliveryTarget::Apns { token: token.to_owned() })
+                DeliveryTarget::Apns { token: token.to_owned() }
             }
             DeliveryInput::Fcm { token } => {
                 DeliveryTarget::check_token(token)?;
-                Ok(DeliveryTarget::Fcm { token: token.to_owned() })
+                DeliveryTarget::Fcm { token: token.to_owned() }
             }
             DeliveryInput::Http { url, signing_key } => {
                 DeliveryTarget::check_url_text(url)?;
                 let signing_key = SigningKey::parse(signing_key)?;
-                // PUSH-256 at registration.
-                let checked = match WebhookUrl::parse(url) {
-                    Ok(parsed) => self.webhook_policy.check(&parsed, self.resolver.as_ref()).await.map(|_| ()),
-                    Err(e) => Err(e),
-                };
-                if let Err(e) = checked {
-                    self.metrics.webhook_refused_at_register.inc();
-                    return Err(AdmissionError::InvalidArgument(e.to_string()));
-                }
-                Ok(DeliveryTarget::Http { url: url.to_owned(), signing_key })
+                DeliveryTarget::Http { url: url.to_owned(), signing_key }
             }
-        }
+        };
+        // The channel's own rules (PUSH-256 for HTTPS).
+        provider.admit(&target).await.map_err(|e| AdmissionError::InvalidArgument(e.0))?;
+        Ok(target)
     }
 
     fn state(&self, summary: RecipientSummary) -> RecipientState {

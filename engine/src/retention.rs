@@ -1,6 +1,11 @@
-//! PUSH-226: delete every recipient that has not renewed within recipient_ttl_seconds.
+//! PUSH-226: delete every recipient that has not renewed within
+//! recipient_ttl_seconds, in one pass at start and then `interval_seconds`
+//! after the previous pass ended, run by a supervised actor.
 
 use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef};
 
 use crate::clock::unix_now_ns;
 use crate::metrics::Metrics;
@@ -23,5 +28,35 @@ pub async fn run_pass(args: &RetentionArgs) {
         if n > 0 {
             tracing::info!(deleted = n, "retention pass deleted expired recipients");
         }
+    }
+}
+
+/// Runs the retention pass (PUSH-226) at start and then `interval` after the
+/// previous pass ended.
+pub struct RetentionActor;
+
+pub enum RetentionMsg {
+    Pass,
+}
+
+impl Actor for RetentionActor {
+    type Msg = RetentionMsg;
+    type State = RetentionArgs;
+    type Arguments = RetentionArgs;
+
+    async fn pre_start(&self, myself: ActorRef<RetentionMsg>, args: RetentionArgs) -> Result<RetentionArgs, ActorProcessingErr> {
+        let _ = myself.cast(RetentionMsg::Pass);
+        Ok(args)
+    }
+
+    async fn handle(&self, myself: ActorRef<RetentionMsg>, _: RetentionMsg, args: &mut RetentionArgs) -> Result<(), ActorProcessingErr> {
+        run_pass(args).await;
+        let me = myself.clone();
+        let interval = Duration::from_secs(args.interval_seconds);
+        tokio::spawn(async move {
+            tokio::time::sleep(interval).await;
+            let _ = me.cast(RetentionMsg::Pass);
+        });
+        Ok(())
     }
 }

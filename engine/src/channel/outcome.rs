@@ -1,12 +1,16 @@
 use std::time::Duration;
 
-/// The five outcomes of spec 000 section 7, with the retry delay of a transient one.
+/// The outcomes of spec 000 section 7's table, with the retry delay of the
+/// ones that are retried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
     Delivered,
-    /// Retry after at least `delay`, up to max_attempts in total. `gone` marks
-    /// an HTTPS 404/410: terminal when every attempt answered that way.
-    Transient { delay: Duration, gone: bool },
+    /// Retry after at least `delay`, up to max_attempts in total.
+    Transient { delay: Duration },
+    /// The target says it does not exist, which one answer cannot be trusted
+    /// for: retried like `Transient`, and terminal only when every attempt of
+    /// the delivery answered so (the HTTPS row's 404/410).
+    Gone { delay: Duration },
     /// Stop after this attempt; keep the recipient.
     Rejected,
     /// The token belongs to another sender; keep the recipient.
@@ -17,14 +21,22 @@ pub enum Outcome {
 
 impl Outcome {
     pub const fn transient(delay: Duration) -> Self {
-        Self::Transient { delay, gone: false }
+        Self::Transient { delay }
     }
 
-    /// A bounded label value for metrics.
+    /// The delay before the next attempt, for an outcome that is retried.
+    pub fn retry_delay(&self) -> Option<Duration> {
+        match self {
+            Self::Transient { delay } | Self::Gone { delay } => Some(*delay),
+            _ => None,
+        }
+    }
+
+    /// A bounded label value for metrics. `Gone` is a transient attempt.
     pub fn label(&self) -> &'static str {
         match self {
             Self::Delivered => "delivered",
-            Self::Transient { .. } => "transient",
+            Self::Transient { .. } | Self::Gone { .. } => "transient",
             Self::Rejected => "rejected",
             Self::Mismatch => "mismatch",
             Self::Terminal => "terminal",

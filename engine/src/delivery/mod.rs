@@ -24,7 +24,7 @@ pub struct Delivery {
     /// Fired once, when the first attempt has an answer (or timed out).
     pub first_attempt: Option<Arc<FirstAttemptLatch>>,
     pub attempts: u32,
-    /// Every attempt so far answered 404 or 410 (HTTPS terminal rule).
+    /// Every attempt so far was `Outcome::Gone` (the HTTPS 404/410 rule).
     pub all_gone: bool,
 }
 

@@ -8,7 +8,6 @@ use tokio_util::time::DelayQueue;
 use super::Delivery;
 use crate::channel::{Channels, Outcome, Push};
 use crate::clock::unix_now_ns;
-use crate::domain::Channel;
 use crate::metrics::Metrics;
 use crate::settings::{ATTEMPT_TIMEOUT, DeliverySettings};
 use crate::store::Store;
@@ -28,6 +27,8 @@ pub struct WorkerContext {
 pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<Delivery>>) {
     let mut in_flight: JoinSet<(Delivery, Outcome)> = JoinSet::new();
     let mut retries: DelayQueue<Delivery> = DelayQueue::new();
+    // PUSH-234 compare-and-deletes; the worker ends only after they have.
+    let mut deletions: JoinSet<()> = JoinSet::new();
     let mut queue_open = true;
     loop {
         tokio::select! {
@@ -45,16 +46,17 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
             Some(done) = in_flight.join_next() => {
                 // A panicking attempt loses its delivery; its window is then replayed.
                 if let Ok((delivery, outcome)) = done {
-                    settle(&ctx, delivery, outcome, &mut retries);
+                    settle(&ctx, delivery, outcome, &mut retries, &mut deletions);
                 }
             }
             Some(expired) = std::future::poll_fn(|cx| retries.poll_expired(cx)) => {
                 ctx.metrics.retry_queue.dec();
                 attempt(&ctx, &mut in_flight, expired.into_inner());
             }
+            Some(_) = deletions.join_next() => {}
             else => break,
         }
-        if !queue_open && in_flight.is_empty() && retries.is_empty() {
+        if !queue_open && in_flight.is_empty() && retries.is_empty() && deletions.is_empty() {
             break;
         }
     }
@@ -74,7 +76,7 @@ fn attempt(ctx: &Arc<WorkerContext>, in_flight: &mut JoinSet<(Delivery, Outcome)
         let push = Push { recipient: &delivery.recipient, envelope: &delivery.envelope };
         let outcome = tokio::time::timeout(ATTEMPT_TIMEOUT, provider.send(push))
             .await
-            .unwrap_or(Outcome::transient(timeout_delay(channel)));
+            .unwrap_or_else(|_| provider.timed_out());
         gauge.dec();
         ctx.metrics
             .provider_latency
@@ -84,17 +86,15 @@ fn attempt(ctx: &Arc<WorkerContext>, in_flight: &mut JoinSet<(Delivery, Outcome)
     });
 }
 
-/// The delay of a timed-out attempt, per the outcome tables.
-fn timeout_delay(channel: Channel) -> std::time::Duration {
-    match channel {
-        Channel::Fcm => std::time::Duration::from_secs(10),
-        Channel::Apns | Channel::Http => std::time::Duration::from_secs(1),
-    }
-}
-
 /// Applies an attempt's outcome (section 7): retry a transient one up to
 /// max_attempts, delete on terminal (PUSH-234), stop otherwise.
-fn settle(ctx: &Arc<WorkerContext>, mut delivery: Delivery, outcome: Outcome, retries: &mut DelayQueue<Delivery>) {
+fn settle(
+    ctx: &Arc<WorkerContext>,
+    mut delivery: Delivery,
+    outcome: Outcome,
+    retries: &mut DelayQueue<Delivery>,
+    deletions: &mut JoinSet<()>,
+) {
     let channel = delivery.recipient.target.channel().as_str();
     delivery.attempts += 1;
     ctx.metrics.attempts.with_label_values(&[channel, outcome.label()]).inc();
@@ -103,9 +103,9 @@ fn settle(ctx: &Arc<WorkerContext>, mut delivery: Delivery, outcome: Outcome, re
         let waited = (unix_now_ns() - delivery.envelope.server_ts_ns).max(0) as f64 / 1e9;
         ctx.metrics.publish_to_attempt.with_label_values(&[channel]).observe(waited);
     }
-    let final_outcome = match outcome {
-        Outcome::Transient { delay, gone } => {
-            delivery.all_gone &= gone;
+    let final_outcome = match outcome.retry_delay() {
+        Some(delay) => {
+            delivery.all_gone &= matches!(outcome, Outcome::Gone { .. });
             if delivery.attempts < ctx.max_attempts {
                 ctx.metrics.retries.with_label_values(&[channel]).inc();
                 ctx.metrics.retry_delay.with_label_values(&[channel]).observe(delay.as_secs_f64());
@@ -113,21 +113,21 @@ fn settle(ctx: &Arc<WorkerContext>, mut delivery: Delivery, outcome: Outcome, re
                 retries.insert(delivery, delay);
                 return;
             }
-            // HTTPS: terminal when every one of max_attempts answered 404/410.
+            // Gone (HTTPS 404/410): terminal when every attempt said so.
             if delivery.all_gone { Outcome::Terminal } else { outcome }
         }
-        other => other,
+        None => outcome,
     };
-    let label = match final_outcome {
-        Outcome::Transient { .. } => "exhausted",
-        other => other.label(),
+    let label = match final_outcome.retry_delay() {
+        Some(_) => "exhausted",
+        None => final_outcome.label(),
     };
     ctx.metrics.deliveries.with_label_values(&[channel, label]).inc();
     if final_outcome == Outcome::Terminal {
         // PUSH-234: only if the stored registration is still the one we used.
         let ctx = ctx.clone();
         let recipient = delivery.recipient.clone();
-        tokio::spawn(async move {
+        deletions.spawn(async move {
             match ctx.store.delete_recipient_if_unchanged(&recipient).await {
                 Ok(true) => ctx.metrics.recipients_deleted.with_label_values(&["terminal"]).inc(),
                 Ok(false) => {}
@@ -135,5 +135,226 @@ fn settle(ctx: &Arc<WorkerContext>, mut delivery: Delivery, outcome: Outcome, re
                 Err(_) => {}
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The worker against an in-memory provider and tokio's paused clock:
+    //! retry delays and the attempt bound elapse without sleeping.
+
+    use std::collections::VecDeque;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::channel::Provider;
+    use crate::delivery::{DeliveryWorkers, FirstAttemptLatch};
+    use crate::domain::{Channel, DeliveryTarget, EnvelopeKind, RecipientId, SecretHash, ShardId, StoredEnvelope, Topic};
+    use crate::store::{RedbStore, Recipient};
+
+    /// A channel that answers from a script (then `Delivered`), or never
+    /// answers when `hang` is set. It needs nothing but `Provider`.
+    struct Scripted {
+        channel: Channel,
+        script: Mutex<VecDeque<Outcome>>,
+        hang: bool,
+        sent: AtomicUsize,
+    }
+
+    impl Scripted {
+        fn new(channel: Channel, script: &[Outcome]) -> Arc<Self> {
+            let script = Mutex::new(script.iter().copied().collect());
+            Arc::new(Self { channel, script, hang: false, sent: AtomicUsize::new(0) })
+        }
+
+        fn hanging(channel: Channel) -> Arc<Self> {
+            Arc::new(Self { channel, script: Mutex::default(), hang: true, sent: AtomicUsize::new(0) })
+        }
+    }
+
+    #[async_trait]
+    impl Provider for Scripted {
+        fn channel(&self) -> Channel {
+            self.channel
+        }
+        async fn send(&self, _push: Push<'_>) -> Outcome {
+            self.sent.fetch_add(1, Ordering::SeqCst);
+            if self.hang {
+                std::future::pending::<()>().await;
+            }
+            self.script.lock().unwrap().pop_front().unwrap_or(Outcome::Delivered)
+        }
+        fn timed_out(&self) -> Outcome {
+            Outcome::transient(Duration::from_secs(7))
+        }
+    }
+
+    struct Run {
+        store: Arc<dyn Store>,
+        metrics: Arc<Metrics>,
+        first_attempts: Arc<AtomicUsize>,
+        _dir: tempfile::TempDir,
+    }
+
+    fn recipient(target: DeliveryTarget) -> Recipient {
+        Recipient { id: RecipientId([3; 32]), secret_hash: SecretHash([4; 32]), target, renewed_at_ns: 1, topic_count: 0 }
+    }
+
+    fn envelope() -> StoredEnvelope {
+        StoredEnvelope {
+            shard: ShardId(0),
+            sequence_id: 1,
+            topic: Topic::parse(&[0, 9]).unwrap(),
+            kind: EnvelopeKind::Application,
+            server_ts_ns: unix_now_ns(),
+            sender_hmac: vec![],
+            data: vec![],
+        }
+    }
+
+    /// Registers `stored` in a real store, then delivers one envelope to
+    /// `used` (the recipient as the window loaded it) through one worker,
+    /// and waits until the worker has nothing left.
+    async fn deliver(provider: Arc<Scripted>, stored: &Recipient, used: Recipient) -> Run {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(RedbStore::open(dir.path(), 4).unwrap());
+        store.register(&stored.id, &stored.secret_hash, &stored.target, 1).await.unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let mut channels = Channels::default();
+        channels.insert(provider);
+        let ctx = Arc::new(WorkerContext {
+            settings: DeliverySettings { workers: 1, ..DeliverySettings::default() },
+            max_attempts: 3,
+            channels,
+            store: store.clone(),
+            metrics: metrics.clone(),
+        });
+        let (workers, handles) = DeliveryWorkers::start(ctx);
+        let first_attempts = Arc::new(AtomicUsize::new(0));
+        let fired = first_attempts.clone();
+        let latch = Arc::new(FirstAttemptLatch::new(1, move || {
+            fired.fetch_add(1, Ordering::SeqCst);
+        }));
+        let delivery = Delivery::new(Arc::new(envelope()), Arc::new(used), latch);
+        workers.submit(vec![delivery]).await.unwrap();
+        drop(workers);
+        for handle in handles {
+            handle.await.unwrap();
+        }
+        Run { store, metrics, first_attempts, _dir: dir }
+    }
+
+    fn http_target(url: &str) -> DeliveryTarget {
+        DeliveryTarget::Http { url: url.into(), signing_key: crate::domain::SigningKey::parse(&[7; 16]).unwrap() }
+    }
+
+    fn count(m: &prometheus::IntCounterVec, channel: Channel, label: &str) -> u64 {
+        m.with_label_values(&[channel.as_str(), label]).get()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_delivered_first_attempt_settles_once() {
+        let p = Scripted::new(Channel::Apns, &[]);
+        let r = recipient(DeliveryTarget::Apns { token: "t".into() });
+        let run = deliver(p.clone(), &r, r.clone()).await;
+        assert_eq!(p.sent.load(Ordering::SeqCst), 1);
+        assert_eq!(run.first_attempts.load(Ordering::SeqCst), 1);
+        assert_eq!(count(&run.metrics.deliveries, Channel::Apns, "delivered"), 1);
+        assert_eq!(count(&run.metrics.attempts, Channel::Apns, "delivered"), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn transient_answers_are_retried_up_to_max_attempts_then_exhausted() {
+        let t = Outcome::transient(Duration::from_secs(60));
+        let p = Scripted::new(Channel::Fcm, &[t, t, t, t]);
+        let r = recipient(DeliveryTarget::Fcm { token: "t".into() });
+        let started = tokio::time::Instant::now();
+        let run = deliver(p.clone(), &r, r.clone()).await;
+        assert_eq!(p.sent.load(Ordering::SeqCst), 3, "max_attempts in total");
+        assert!(started.elapsed() >= Duration::from_secs(120), "each retry waited its delay");
+        assert_eq!(run.first_attempts.load(Ordering::SeqCst), 1, "the latch fires once");
+        assert_eq!(count(&run.metrics.attempts, Channel::Fcm, "transient"), 3);
+        assert_eq!(count(&run.metrics.deliveries, Channel::Fcm, "exhausted"), 1);
+        assert!(run.store.recipient(&r.id).await.unwrap().is_some(), "kept");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_transient_then_delivered_attempt_is_delivered() {
+        let p = Scripted::new(Channel::Apns, &[Outcome::transient(Duration::from_secs(1))]);
+        let r = recipient(DeliveryTarget::Apns { token: "t".into() });
+        let run = deliver(p.clone(), &r, r.clone()).await;
+        assert_eq!(p.sent.load(Ordering::SeqCst), 2);
+        assert_eq!(count(&run.metrics.deliveries, Channel::Apns, "delivered"), 1);
+        assert_eq!(run.metrics.retries.with_label_values(&["apns"]).get(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn gone_on_every_attempt_is_terminal_and_deletes_the_recipient() {
+        let g = Outcome::Gone { delay: Duration::from_secs(1) };
+        let p = Scripted::new(Channel::Http, &[g, g, g]);
+        let r = recipient(http_target("https://a.example/"));
+        let run = deliver(p.clone(), &r, r.clone()).await;
+        assert_eq!(p.sent.load(Ordering::SeqCst), 3);
+        assert_eq!(count(&run.metrics.deliveries, Channel::Http, "terminal"), 1);
+        assert!(run.store.recipient(&r.id).await.unwrap().is_none(), "deleted (PUSH-234)");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn gone_mixed_with_another_transient_answer_is_exhausted_not_terminal() {
+        let g = Outcome::Gone { delay: Duration::from_secs(1) };
+        let p = Scripted::new(Channel::Http, &[g, Outcome::transient(Duration::from_secs(1)), g]);
+        let r = recipient(http_target("https://a.example/"));
+        let run = deliver(p.clone(), &r, r.clone()).await;
+        assert_eq!(count(&run.metrics.deliveries, Channel::Http, "exhausted"), 1);
+        assert!(run.store.recipient(&r.id).await.unwrap().is_some(), "kept");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn terminal_spares_a_recipient_that_re_registered() {
+        let p = Scripted::new(Channel::Apns, &[Outcome::Terminal]);
+        let stored = recipient(DeliveryTarget::Apns { token: "new".into() });
+        let used = recipient(DeliveryTarget::Apns { token: "old".into() });
+        let run = deliver(p.clone(), &stored, used).await;
+        assert_eq!(p.sent.load(Ordering::SeqCst), 1, "terminal is not retried");
+        assert_eq!(count(&run.metrics.deliveries, Channel::Apns, "terminal"), 1);
+        assert!(run.store.recipient(&stored.id).await.unwrap().is_some(), "PUSH-234 compare-and-delete");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn rejected_and_mismatch_stop_after_one_attempt() {
+        for outcome in [Outcome::Rejected, Outcome::Mismatch] {
+            let p = Scripted::new(Channel::Fcm, &[outcome]);
+            let r = recipient(DeliveryTarget::Fcm { token: "t".into() });
+            let run = deliver(p.clone(), &r, r.clone()).await;
+            assert_eq!(p.sent.load(Ordering::SeqCst), 1);
+            assert_eq!(count(&run.metrics.deliveries, Channel::Fcm, outcome.label()), 1);
+            assert!(run.store.recipient(&r.id).await.unwrap().is_some());
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_attempt_that_never_answers_takes_the_channels_timeout_outcome() {
+        let p = Scripted::hanging(Channel::Apns);
+        let r = recipient(DeliveryTarget::Apns { token: "t".into() });
+        let started = tokio::time::Instant::now();
+        let run = deliver(p.clone(), &r, r.clone()).await;
+        assert_eq!(p.sent.load(Ordering::SeqCst), 3);
+        // Three 10 s attempts and two 7 s delays (the channel's timeout outcome).
+        assert!(started.elapsed() >= ATTEMPT_TIMEOUT * 3 + Duration::from_secs(14));
+        assert_eq!(run.first_attempts.load(Ordering::SeqCst), 1);
+        assert_eq!(count(&run.metrics.deliveries, Channel::Apns, "exhausted"), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unconfigured_channel_is_rejected_without_a_request() {
+        let p = Scripted::new(Channel::Fcm, &[]);
+        let r = recipient(DeliveryTarget::Apns { token: "t".into() });
+        let run = deliver(p.clone(), &r, r.clone()).await;
+        assert_eq!(p.sent.load(Ordering::SeqCst), 0);
+        assert_eq!(count(&run.metrics.deliveries, Channel::Apns, "rejected"), 1);
     }
 }

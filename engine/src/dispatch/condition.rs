@@ -73,13 +73,18 @@ mod tests {
         async fn send(&self, _: Push<'_>) -> Outcome {
             Outcome::Delivered
         }
+        fn timed_out(&self) -> Outcome {
+            Outcome::Rejected
+        }
     }
 
     const EPOCH: i64 = 700;
     const NS: i64 = 1_000_000_000;
 
     fn http_only() -> Channels {
-        Channels { http: Some(Arc::new(NullProvider)), ..Channels::default() }
+        let mut channels = Channels::default();
+        channels.insert(Arc::new(NullProvider));
+        channels
     }
 
     fn envelope(seq: u64, kind: EnvelopeKind, ts_ns: i64, data: &[u8], hmac: Vec<u8>) -> StoredEnvelope {

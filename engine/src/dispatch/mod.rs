@@ -5,19 +5,13 @@
 //! delivery of the window has had its first attempt.
 
 mod condition;
-mod lease;
-mod retention;
 mod shard;
-mod supervisor;
-mod ticker;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 pub use condition::{Decision, decide};
-pub use lease::{LeaseActor, LeaseConfig, LeaseMsg, OwnedShards};
-pub use retention::RetentionActor;
 pub use shard::{ShardActor, ShardMsg};
-pub use supervisor::{DispatchSupervisor, SupervisorArgs, SupervisorMsg};
 
 use crate::channel::Channels;
 use crate::delivery::DeliveryWorkers;
@@ -32,7 +26,29 @@ pub struct DispatchContext {
     pub channels: Channels,
     pub settings: DispatchSettings,
     pub metrics: Arc<Metrics>,
-    /// Test hook: the first shard actor to process this many pages panics once,
-    /// to prove supervision and replay. Zero (the default) disables it.
-    pub dangerous_panic_after_pages: u64,
+    /// Test hook: the first shard actor to process this many pages panics once.
+    pub panic_hook: PanicHook,
+}
+
+/// Test hook (`FANOUT_DANGEROUS_PANIC_AFTER_PAGES`): the shard actor that
+/// processes the `after`-th page of this engine panics, once, to prove
+/// supervision and replay. `after` = 0 (the default) disables it.
+#[derive(Default)]
+pub struct PanicHook {
+    after: u64,
+    pages: AtomicU64,
+    fired: AtomicBool,
+}
+
+impl PanicHook {
+    pub fn new(after: u64) -> Self {
+        Self { after, ..Self::default() }
+    }
+
+    /// Counts a page; true exactly once, at the `after`-th.
+    pub fn page_done(&self) -> bool {
+        self.after > 0
+            && self.pages.fetch_add(1, Ordering::SeqCst) + 1 >= self.after
+            && !self.fired.swap(true, Ordering::SeqCst)
+    }
 }

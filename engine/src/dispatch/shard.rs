@@ -1,18 +1,13 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
-use super::ticker::spawn_ticker;
+use crate::ticker::spawn_ticker;
 use super::{Decision, DispatchContext, decide};
 use crate::delivery::{Delivery, FirstAttemptLatch};
 use crate::domain::{RecipientId, ShardId, StoredEnvelope};
-
-/// Pages processed by all shard actors; only read by the panic test hook.
-static PAGES: AtomicU64 = AtomicU64::new(0);
-static PANICKED: AtomicBool = AtomicBool::new(false);
 
 pub enum ShardMsg {
     /// New envelopes may be above the checkpoint.
@@ -253,12 +248,8 @@ impl ShardState {
     }
 
     fn maybe_panic_for_test(&self) {
-        let after = self.ctx.dangerous_panic_after_pages;
-        if after > 0
-            && PAGES.fetch_add(1, Ordering::SeqCst) + 1 >= after
-            && !PANICKED.swap(true, Ordering::SeqCst)
-        {
-            panic!("injected shard actor panic (dispatch.dangerous_panic_after_pages)");
+        if self.ctx.panic_hook.page_done() {
+            panic!("injected shard actor panic (FANOUT_DANGEROUS_PANIC_AFTER_PAGES)");
         }
     }
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use super::{Appended, NodeId, Recipient, RecipientSummary, ShardPosition, Store, StoreError, Subscriber};
+use super::{Appended, NodeId, Recipient, RecipientSummary, ShardLeases, ShardPosition, Store, StoreError, Subscriber};
 use crate::domain::{
     DeliveryTarget, NewEnvelope, RecipientId, SecretHash, ShardId, StoredEnvelope, StoredSubscription,
     SubscriptionUpdate, Topic,
@@ -30,6 +30,10 @@ pub const OPERATIONS: &[&str] = &[
     "subscribers",
 ];
 
+/// The lease operations' names, reported only on a store that has leases.
+pub const LEASE_OPERATIONS: &[&str] =
+    &["acquire_lease", "release_lease", "lease_owner", "lease_owners", "heartbeat", "live_nodes"];
+
 pub struct Instrumented {
     inner: Arc<dyn Store>,
     metrics: Arc<Metrics>,
@@ -46,15 +50,63 @@ impl Instrumented {
         operation: &'static str,
         call: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        let started = Instant::now();
-        let result = call.await;
-        self.metrics.store_latency.with_label_values(&[operation]).observe(started.elapsed().as_secs_f64());
-        // NotFound, SecretMismatch and TopicLimit are answers, not failures.
-        if let Err(StoreError::Backend(e)) = &result {
-            self.metrics.store_errors.with_label_values(&[operation]).inc();
-            tracing::warn!(operation, error = %e, "storage operation failed");
-        }
-        result
+        observe(&self.metrics, operation, call).await
+    }
+}
+
+/// Times one operation and counts its backend error.
+async fn observe<T>(
+    metrics: &Metrics,
+    operation: &'static str,
+    call: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    let started = Instant::now();
+    let result = call.await;
+    metrics.store_latency.with_label_values(&[operation]).observe(started.elapsed().as_secs_f64());
+    // NotFound, SecretMismatch and TopicLimit are answers, not failures.
+    if let Err(StoreError::Backend(e)) = &result {
+        metrics.store_errors.with_label_values(&[operation]).inc();
+        tracing::warn!(operation, error = %e, "storage operation failed");
+    }
+    result
+}
+
+/// The lease operations, timed and counted like every other store operation.
+struct InstrumentedLeases {
+    inner: Arc<dyn ShardLeases>,
+    metrics: Arc<Metrics>,
+}
+
+#[async_trait]
+impl ShardLeases for InstrumentedLeases {
+    async fn acquire_lease(
+        &self,
+        shard: ShardId,
+        node: &NodeId,
+        address: &str,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        observe(&self.metrics, "acquire_lease", self.inner.acquire_lease(shard, node, address, ttl)).await
+    }
+
+    async fn release_lease(&self, shard: ShardId, node: &NodeId) -> Result<(), StoreError> {
+        observe(&self.metrics, "release_lease", self.inner.release_lease(shard, node)).await
+    }
+
+    async fn lease_owner(&self, shard: ShardId) -> Result<Option<(NodeId, String)>, StoreError> {
+        observe(&self.metrics, "lease_owner", self.inner.lease_owner(shard)).await
+    }
+
+    async fn lease_owners(&self) -> Result<Vec<(ShardId, NodeId)>, StoreError> {
+        observe(&self.metrics, "lease_owners", self.inner.lease_owners()).await
+    }
+
+    async fn heartbeat(&self, node: &NodeId, address: &str, ttl: Duration) -> Result<(), StoreError> {
+        observe(&self.metrics, "heartbeat", self.inner.heartbeat(node, address, ttl)).await
+    }
+
+    async fn live_nodes(&self) -> Result<Vec<NodeId>, StoreError> {
+        observe(&self.metrics, "live_nodes", self.inner.live_nodes()).await
     }
 }
 
@@ -136,38 +188,9 @@ impl Store for Instrumented {
     ) -> Result<Vec<Subscriber>, StoreError> {
         self.observe("subscribers", self.inner.subscribers(topic, after, limit)).await
     }
-    // Leases (issue 7) pass straight through: they are not on the dispatch path.
-    fn coordinates(&self) -> bool {
-        self.inner.coordinates()
-    }
-
-    async fn acquire_lease(
-        &self,
-        shard: ShardId,
-        node: &NodeId,
-        address: &str,
-        ttl: Duration,
-    ) -> Result<bool, StoreError> {
-        self.inner.acquire_lease(shard, node, address, ttl).await
-    }
-
-    async fn release_lease(&self, shard: ShardId, node: &NodeId) -> Result<(), StoreError> {
-        self.inner.release_lease(shard, node).await
-    }
-
-    async fn lease_owner(&self, shard: ShardId) -> Result<Option<(NodeId, String)>, StoreError> {
-        self.inner.lease_owner(shard).await
-    }
-
-    async fn lease_owners(&self) -> Result<Vec<(ShardId, NodeId)>, StoreError> {
-        self.inner.lease_owners().await
-    }
-
-    async fn heartbeat(&self, node: &NodeId, address: &str, ttl: Duration) -> Result<(), StoreError> {
-        self.inner.heartbeat(node, address, ttl).await
-    }
-
-    async fn live_nodes(&self) -> Result<Vec<NodeId>, StoreError> {
-        self.inner.live_nodes().await
+    fn leases(self: Arc<Self>) -> Option<Arc<dyn ShardLeases>> {
+        let inner = self.inner.clone().leases()?;
+        self.metrics.initialise_labels(LEASE_OPERATIONS);
+        Some(Arc::new(InstrumentedLeases { inner, metrics: self.metrics.clone() }))
     }
 }

@@ -6,6 +6,7 @@ mod instrumented;
 mod redb;
 mod scylla;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -175,47 +176,32 @@ pub trait Store: Send + Sync + 'static {
         after: Option<&RecipientId>,
         limit: usize,
     ) -> Result<Vec<Subscriber>, StoreError>;
-    // ---- shard leases (issue 7). The defaults mean "one node owns every shard". ----
+    /// Shard leases when several nodes share this store (issue 7): `None` on
+    /// a store that one node owns alone, which then owns every shard.
+    fn leases(self: Arc<Self>) -> Option<Arc<dyn ShardLeases>>;
+}
 
-    /// Whether several nodes share this store, so that shards are leased.
-    fn coordinates(&self) -> bool {
-        false
-    }
-
+/// Cluster coordination (issue 7): shard leases and node heartbeats on a
+/// store that several engine nodes share.
+#[async_trait]
+pub trait ShardLeases: Send + Sync + 'static {
     /// Takes or renews the lease of `shard` for `ttl`. True when `node` owns
     /// it now (newly acquired or already its own); false when another does.
-    async fn acquire_lease(
-        &self,
-        _shard: ShardId,
-        _node: &NodeId,
-        _address: &str,
-        _ttl: Duration,
-    ) -> Result<bool, StoreError> {
-        Ok(true)
-    }
+    async fn acquire_lease(&self, shard: ShardId, node: &NodeId, address: &str, ttl: Duration)
+    -> Result<bool, StoreError>;
 
     /// Gives the lease up, when `node` still holds it.
-    async fn release_lease(&self, _shard: ShardId, _node: &NodeId) -> Result<(), StoreError> {
-        Ok(())
-    }
+    async fn release_lease(&self, shard: ShardId, node: &NodeId) -> Result<(), StoreError>;
 
     /// The owner of `shard` and its advertised address, if any.
-    async fn lease_owner(&self, _shard: ShardId) -> Result<Option<(NodeId, String)>, StoreError> {
-        Ok(None)
-    }
+    async fn lease_owner(&self, shard: ShardId) -> Result<Option<(NodeId, String)>, StoreError>;
 
     /// Every live lease: shard and owner.
-    async fn lease_owners(&self) -> Result<Vec<(ShardId, NodeId)>, StoreError> {
-        Ok(Vec::new())
-    }
+    async fn lease_owners(&self) -> Result<Vec<(ShardId, NodeId)>, StoreError>;
 
     /// Says that `node` is alive for `ttl`.
-    async fn heartbeat(&self, _node: &NodeId, _address: &str, _ttl: Duration) -> Result<(), StoreError> {
-        Ok(())
-    }
+    async fn heartbeat(&self, node: &NodeId, address: &str, ttl: Duration) -> Result<(), StoreError>;
 
     /// The nodes whose heartbeat has not expired.
-    async fn live_nodes(&self) -> Result<Vec<NodeId>, StoreError> {
-        Ok(Vec::new())
-    }
+    async fn live_nodes(&self) -> Result<Vec<NodeId>, StoreError>;
 }

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 
-use super::{Appended, Recipient, RecipientSummary, ShardPosition, Store, StoreError, Subscriber};
+use super::{Appended, Recipient, RecipientSummary, ShardLeases, ShardPosition, Store, StoreError, Subscriber};
 use crate::domain::{
     DeliveryTarget, NewEnvelope, RecipientId, SecretHash, ShardId, StoredEnvelope,
     StoredSubscription, SubscriptionUpdate, Topic,
@@ -341,6 +341,11 @@ fn delete_recipient(txn: &WriteTransaction, id: &RecipientId) -> Result<(), Stor
 impl Store for RedbStore {
     fn backend_name(&self) -> &'static str {
         "redb"
+    }
+
+    /// One process opens a redb directory: it owns every shard.
+    fn leases(self: Arc<Self>) -> Option<Arc<dyn ShardLeases>> {
+        None
     }
 
     async fn recipient(&self, id: &RecipientId) -> Result<Option<Recipient>, StoreError> {

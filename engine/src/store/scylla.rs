@@ -1,8 +1,9 @@
 //! The ScyllaDB backend (DESIGN.md, storage): the `scylla` driver against
 //! ScyllaDB or Apache Cassandra, which speak the same CQL protocol.
 //!
-//! Schema: `engine/schema/scylla/001_init.cql` (applied by [`ScyllaStore::connect`]
-//! when `migrate` is set, or by `fanout migrate`). Every statement is
+//! Schema: `engine/schema/scylla/001_init.cql` and `002_leases.cql`, applied
+//! in order (`schema.rs`) by [`ScyllaStore::connect`] when `migrate` is set, or
+//! by `fanout migrate`. Every statement is
 //! prepared once at connect; the driver's default load balancing is token
 //! aware, so each goes to a replica of its partition. Range reads page.
 //!
@@ -67,6 +68,7 @@ mod codec;
 mod schema;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
@@ -86,7 +88,7 @@ use scylla::value::{CqlValue, Row};
 use serde::Deserialize;
 
 use self::codec::{BUCKET_SIZE, EnvelopeRow, StaticRow, Versioned, bucket_of, corrupt, from_db, pos_of, to_db};
-use super::{Appended, NodeId, Recipient, RecipientSummary, ShardPosition, Store, StoreError, Subscriber};
+use super::{Appended, NodeId, Recipient, RecipientSummary, ShardLeases, ShardPosition, Store, StoreError, Subscriber};
 use crate::domain::{
     DeliveryTarget, NewEnvelope, RecipientId, SecretHash, ShardId, StoredEnvelope, StoredSubscription,
     SubscriptionUpdate, Topic,
@@ -800,84 +802,10 @@ impl Store for ScyllaStore {
         "scylla"
     }
 
-    fn coordinates(&self) -> bool {
-        true
+    fn leases(self: Arc<Self>) -> Option<Arc<dyn ShardLeases>> {
+        Some(self)
     }
 
-    async fn acquire_lease(
-        &self,
-        shard: ShardId,
-        node: &NodeId,
-        address: &str,
-        ttl: Duration,
-    ) -> Result<bool, StoreError> {
-        self.check_shard(shard)?;
-        let ttl = ttl_secs(ttl);
-        let key = i32::from(shard.0);
-        let insert = self.lwt(&self.st.lease_insert, (key, &node.0, address, ttl)).await?;
-        if insert.applied {
-            return Ok(true);
-        }
-        if insert.current_text("owner") != Some(node.0.as_str()) {
-            return Ok(false);
-        }
-        // Ours already: renew the TTL, still only while it is ours.
-        Ok(self.lwt(&self.st.lease_renew, (ttl, &node.0, address, key, &node.0)).await?.applied)
-    }
-
-    async fn release_lease(&self, shard: ShardId, node: &NodeId) -> Result<(), StoreError> {
-        self.check_shard(shard)?;
-        self.lwt(&self.st.lease_release, (i32::from(shard.0), &node.0)).await?;
-        Ok(())
-    }
-
-    async fn lease_owner(&self, shard: ShardId) -> Result<Option<(NodeId, String)>, StoreError> {
-        self.check_shard(shard)?;
-        let rows = self
-            .session
-            .execute_unpaged(&self.st.lease_read, (i32::from(shard.0),))
-            .await
-            .map_err(be("reading a lease"))?
-            .into_rows_result()
-            .map_err(be("reading a lease"))?;
-        let row = rows.maybe_first_row::<(Option<String>, Option<String>)>().map_err(be("reading a lease"))?;
-        Ok(row.and_then(|(owner, address)| Some((NodeId(owner?), address.unwrap_or_default()))))
-    }
-
-    async fn lease_owners(&self) -> Result<Vec<(ShardId, NodeId)>, StoreError> {
-        let rows: Vec<(i32, Option<String>)> = self
-            .session
-            .execute_iter(self.st.lease_all.clone(), ())
-            .await
-            .map_err(be("reading the leases"))?
-            .rows_stream::<(i32, Option<String>)>()
-            .map_err(be("reading the leases"))?
-            .try_collect()
-            .await
-            .map_err(be("reading the leases"))?;
-        Ok(rows
-            .into_iter()
-            .filter_map(|(shard, owner)| Some((ShardId(u16::try_from(shard).ok()?), NodeId(owner?))))
-            .collect())
-    }
-
-    async fn heartbeat(&self, node: &NodeId, address: &str, ttl: Duration) -> Result<(), StoreError> {
-        self.write(&self.st.node_put, (&node.0, address, ttl_secs(ttl))).await
-    }
-
-    async fn live_nodes(&self) -> Result<Vec<NodeId>, StoreError> {
-        let rows: Vec<(String,)> = self
-            .session
-            .execute_iter(self.st.node_all.clone(), ())
-            .await
-            .map_err(be("reading the nodes"))?
-            .rows_stream::<(String,)>()
-            .map_err(be("reading the nodes"))?
-            .try_collect()
-            .await
-            .map_err(be("reading the nodes"))?;
-        Ok(rows.into_iter().map(|(n,)| NodeId(n)).collect())
-    }
 
     async fn recipient(&self, id: &RecipientId) -> Result<Option<Recipient>, StoreError> {
         Ok(self.read_static(id, false).await?.map(|v| v.recipient))
@@ -1278,6 +1206,84 @@ impl Store for ScyllaStore {
     }
 }
 
+#[async_trait]
+impl ShardLeases for ScyllaStore {
+    async fn acquire_lease(
+        &self,
+        shard: ShardId,
+        node: &NodeId,
+        address: &str,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        self.check_shard(shard)?;
+        let ttl = ttl_secs(ttl);
+        let key = i32::from(shard.0);
+        let insert = self.lwt(&self.st.lease_insert, (key, &node.0, address, ttl)).await?;
+        if insert.applied {
+            return Ok(true);
+        }
+        if insert.current_text("owner") != Some(node.0.as_str()) {
+            return Ok(false);
+        }
+        // Ours already: renew the TTL, still only while it is ours.
+        Ok(self.lwt(&self.st.lease_renew, (ttl, &node.0, address, key, &node.0)).await?.applied)
+    }
+
+    async fn release_lease(&self, shard: ShardId, node: &NodeId) -> Result<(), StoreError> {
+        self.check_shard(shard)?;
+        self.lwt(&self.st.lease_release, (i32::from(shard.0), &node.0)).await?;
+        Ok(())
+    }
+
+    async fn lease_owner(&self, shard: ShardId) -> Result<Option<(NodeId, String)>, StoreError> {
+        self.check_shard(shard)?;
+        let rows = self
+            .session
+            .execute_unpaged(&self.st.lease_read, (i32::from(shard.0),))
+            .await
+            .map_err(be("reading a lease"))?
+            .into_rows_result()
+            .map_err(be("reading a lease"))?;
+        let row = rows.maybe_first_row::<(Option<String>, Option<String>)>().map_err(be("reading a lease"))?;
+        Ok(row.and_then(|(owner, address)| Some((NodeId(owner?), address.unwrap_or_default()))))
+    }
+
+    async fn lease_owners(&self) -> Result<Vec<(ShardId, NodeId)>, StoreError> {
+        let rows: Vec<(i32, Option<String>)> = self
+            .session
+            .execute_iter(self.st.lease_all.clone(), ())
+            .await
+            .map_err(be("reading the leases"))?
+            .rows_stream::<(i32, Option<String>)>()
+            .map_err(be("reading the leases"))?
+            .try_collect()
+            .await
+            .map_err(be("reading the leases"))?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(shard, owner)| Some((ShardId(u16::try_from(shard).ok()?), NodeId(owner?))))
+            .collect())
+    }
+
+    async fn heartbeat(&self, node: &NodeId, address: &str, ttl: Duration) -> Result<(), StoreError> {
+        self.write(&self.st.node_put, (&node.0, address, ttl_secs(ttl))).await
+    }
+
+    async fn live_nodes(&self) -> Result<Vec<NodeId>, StoreError> {
+        let rows: Vec<(String,)> = self
+            .session
+            .execute_iter(self.st.node_all.clone(), ())
+            .await
+            .map_err(be("reading the nodes"))?
+            .rows_stream::<(String,)>()
+            .map_err(be("reading the nodes"))?
+            .try_collect()
+            .await
+            .map_err(be("reading the nodes"))?;
+        Ok(rows.into_iter().map(|(n,)| NodeId(n)).collect())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use futures::FutureExt;
@@ -1351,7 +1357,6 @@ mod tests {
             let (a, b) = (NodeId::random(), NodeId::random());
             let shard = ShardId(1);
             let ttl = Duration::from_secs(2);
-            assert!(store.coordinates());
             assert_eq!(store.lease_owner(shard).await.unwrap(), None);
             let (won_a, won_b) =
                 tokio::join!(store.acquire_lease(shard, &a, "a:1", ttl), store.acquire_lease(shard, &b, "b:1", ttl));

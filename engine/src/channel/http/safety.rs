@@ -293,7 +293,7 @@ fn is_blocked_v6(ip: Ipv6Addr) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::webhook::resolve::ResolveError;
+    use crate::channel::http::resolve::ResolveError;
     use std::collections::HashMap;
 
     fn ip(s: &str) -> IpAddr {

@@ -1,11 +1,15 @@
+//! The root supervisor of the engine's actors: shard actors, retention and,
+//! on a coordinating store, the lease actor.
+
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
-use super::{DispatchContext, LeaseActor, LeaseConfig, RetentionActor, ShardActor, ShardMsg};
+use crate::dispatch::{DispatchContext, ShardActor, ShardMsg};
 use crate::domain::ShardId;
-use crate::retention::RetentionArgs;
+use crate::ownership::{LeaseActor, LeaseConfig, LeaseMsg};
+use crate::retention::{RetentionActor, RetentionArgs};
 
 pub enum SupervisorMsg {
     /// These shards stored new envelopes.
@@ -21,11 +25,11 @@ pub enum SupervisorMsg {
     Shutdown,
 }
 
-/// The root of the dispatch tree: starts one actor per owned shard, the
+/// The root supervisor: starts one actor per owned shard, the
 /// retention actor and (on a coordinating store) the lease actor, and
 /// restarts any that fails. A restarted child resumes
 /// from durable state, never from memory.
-pub struct DispatchSupervisor;
+pub struct Supervisor;
 
 pub struct SupervisorArgs {
     pub ctx: Arc<DispatchContext>,
@@ -43,11 +47,11 @@ pub struct SupervisorState {
     refs: HashMap<ShardId, ActorRef<ShardMsg>>,
     retention_actor: Option<ActorId>,
     lease: Option<LeaseConfig>,
-    lease_actor: Option<ActorRef<super::LeaseMsg>>,
+    lease_actor: Option<ActorRef<LeaseMsg>>,
     stopping: bool,
 }
 
-impl Actor for DispatchSupervisor {
+impl Actor for Supervisor {
     type Msg = SupervisorMsg;
     type State = SupervisorState;
     type Arguments = SupervisorArgs;

@@ -69,8 +69,8 @@ impl tower_service::Service<Name> for CheckedResolver {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::webhook::resolve::ResolveError;
-    use crate::webhook::safety::DomainPattern;
+    use crate::channel::http::resolve::ResolveError;
+    use crate::channel::http::safety::DomainPattern;
     use std::net::IpAddr;
     use std::str::FromStr;
     use tower_service::Service;

@@ -2,151 +2,32 @@
 //! ES256 provider token), HTTP/2 POSTs to `/3/device/<token>` on the host of
 //! the configured environment, and the APNs row of the outcome table.
 
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+mod classify;
+mod request;
+mod settings;
+mod token;
+
+use std::time::Duration;
 
 use async_trait::async_trait;
-use bytes::Bytes;
-use http::{HeaderValue, Request, Uri};
-use http_body_util::Full;
-use jsonwebtoken::{Algorithm, EncodingKey, Header};
-use serde::{Deserialize, Serialize};
+use http::HeaderValue;
+use jsonwebtoken::EncodingKey;
 
-use super::http2::{H2Pool, PoolMetrics, PoolOptions, encode_path_segment, unix_now_secs};
-use super::{Outcome, Provider, Push, client_tls_config};
-use crate::domain::{Channel, DeliveryTarget, StoredEnvelope};
-use crate::metrics::Metrics;
-use crate::settings::ApnsSettings;
+use self::classify::{CONNECTION_ERROR, Classified, RETRY_DELAY, TIMED_OUT, classify, reason};
+use self::request::ApnsRequest;
+use self::token::{ProviderToken, ProviderTokens};
+use super::pool::{ClientOptions, Pool, PoolMetrics, PoolOptions, Protocols, Resolver};
+use super::{BuildError, ChannelContext, Outcome, Provider, Push, client_tls_config};
+use crate::domain::{Channel, DeliveryTarget};
 
-/// Section 7, APNs row: 429, 500, 503, timeout, connection error.
-const RETRY_DELAY: Duration = Duration::from_secs(1);
-/// APNs accepts a provider token for an hour; refresh well before.
-const TOKEN_REFRESH_AFTER: Duration = Duration::from_secs(50 * 60);
-/// APNs answers TooManyProviderTokenUpdates to tokens replaced more often
-/// than this; only the forced refresh after ExpiredProviderToken may.
-const MIN_TOKEN_REFRESH_INTERVAL: Duration = Duration::from_secs(20 * 60);
-const _: () = assert!(TOKEN_REFRESH_AFTER.as_secs() >= MIN_TOKEN_REFRESH_INTERVAL.as_secs());
+pub use request::apns_body;
+pub use settings::{ApnsEnvironment, ApnsSettings, DEFAULT_PRODUCTION_URL, DEFAULT_SANDBOX_URL};
 
-/// The APNs push body (PUSH-259): a background push carrying only the topic
-/// (standard base64) and the sequence id (decimal text). The values hold only
-/// base64 characters and digits, so nothing needs escaping.
-pub fn apns_body(envelope: &StoredEnvelope) -> String {
-    format!(
-        r#"{{"aps":{{"content-available":1}},"topic":"{}","sequence_id":"{}"}}"#,
-        envelope.topic.to_base64(),
-        envelope.sequence_id
-    )
-}
-
-#[derive(Serialize)]
-struct ProviderClaims<'a> {
-    iss: &'a str,
-    iat: u64,
-}
-
-/// One signed provider token.
-struct ProviderToken {
-    /// `bearer <jwt>`, marked sensitive so it is never printed.
-    authorization: HeaderValue,
-    issued: Instant,
-    generation: u64,
-}
-
-/// The cached provider token: signed on first use, replaced after
-/// `TOKEN_REFRESH_AFTER`, or at once when APNs answered ExpiredProviderToken
-/// to the current one.
-struct ProviderTokens {
-    key: EncodingKey,
-    key_id: String,
-    team_id: String,
-    current: Mutex<Option<Arc<ProviderToken>>>,
-    metrics: Arc<Metrics>,
-}
-
-impl ProviderTokens {
-    fn sign(&self, generation: u64) -> Result<ProviderToken, jsonwebtoken::errors::Error> {
-        let mut header = Header::new(Algorithm::ES256);
-        header.typ = None;
-        header.kid = Some(self.key_id.clone());
-        let claims = ProviderClaims { iss: &self.team_id, iat: unix_now_secs() };
-        let jwt = jsonwebtoken::encode(&header, &claims, &self.key)?;
-        let mut authorization = HeaderValue::try_from(format!("bearer {jwt}"))
-            .map_err(|_| jsonwebtoken::errors::ErrorKind::InvalidToken)?;
-        authorization.set_sensitive(true);
-        Ok(ProviderToken { authorization, issued: Instant::now(), generation })
-    }
-
-    /// Replaces the current token; counts the refresh or the failure.
-    fn replace(&self, current: &mut Option<Arc<ProviderToken>>) -> Option<Arc<ProviderToken>> {
-        let generation = current.as_ref().map_or(0, |t| t.generation + 1);
-        match self.sign(generation) {
-            Ok(token) => {
-                self.metrics.provider_token_refreshes.with_label_values(&["apns"]).inc();
-                let token = Arc::new(token);
-                *current = Some(token.clone());
-                Some(token)
-            }
-            Err(e) => {
-                self.metrics.provider_token_failures.with_label_values(&["apns"]).inc();
-                tracing::warn!(error = %e, "cannot sign an APNs provider token");
-                None
-            }
-        }
-    }
-
-    /// The token to send with, refreshed when it is due.
-    fn get(&self) -> Option<Arc<ProviderToken>> {
-        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
-        match current.as_ref() {
-            Some(token) if token.issued.elapsed() < TOKEN_REFRESH_AFTER => Some(token.clone()),
-            _ => self.replace(&mut current),
-        }
-    }
-
-    /// After ExpiredProviderToken for `used`: a new token, unless another
-    /// attempt already replaced `used` (one refresh for many such answers).
-    fn refresh_after_expired(&self, used: &ProviderToken) -> Option<Arc<ProviderToken>> {
-        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
-        match current.as_ref() {
-            Some(token) if token.generation != used.generation => Some(token.clone()),
-            _ => self.replace(&mut current),
-        }
-    }
-}
-
-#[derive(Deserialize)]
-struct ErrorBody {
-    reason: Option<String>,
-}
-
-/// What one request's answer means, before the refresh rule applies.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Classified {
-    Outcome(Outcome),
-    /// 403 ExpiredProviderToken: refresh the token and resend once.
-    ExpiredProviderToken,
-}
-
-/// The APNs row of the outcome table, first match wins.
-fn classify(status: u16, reason: Option<&str>) -> Classified {
-    let outcome = match (status, reason) {
-        (200, _) => Outcome::Delivered,
-        (410, Some("Unregistered" | "ExpiredToken")) => Outcome::Terminal,
-        (400, Some("BadDeviceToken" | "DeviceTokenNotForTopic")) => Outcome::Mismatch,
-        (429 | 500 | 503, _) => Outcome::transient(RETRY_DELAY),
-        (403, Some("ExpiredProviderToken")) => return Classified::ExpiredProviderToken,
-        _ => Outcome::Rejected,
-    };
-    Classified::Outcome(outcome)
-}
-
-/// The reason of an APNs error body, `{"reason":"..."}`.
-fn reason(body: &[u8]) -> Option<String> {
-    serde_json::from_slice::<ErrorBody>(body).ok().and_then(|b| b.reason)
-}
+/// APNs prefers long-lived connections: idle ones are kept this long.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(600);
 
 pub struct ApnsProvider {
-    pool: H2Pool,
+    pool: Pool,
     /// The environment's base URL without a trailing slash.
     base: String,
     bundle_id: HeaderValue,
@@ -156,62 +37,40 @@ pub struct ApnsProvider {
 impl ApnsProvider {
     /// Reads the key file and builds the client. Fails on an unreadable file,
     /// a key that is not a PKCS#8 EC P-256 key, or a bad CA file.
-    pub fn from_settings(settings: &ApnsSettings, metrics: Arc<Metrics>) -> Result<Self, String> {
-        settings.validate().map_err(|e| format!("channels.apns.{e}"))?;
+    pub fn new(settings: &ApnsSettings, ctx: &ChannelContext) -> Result<Self, BuildError> {
+        const KEY_FILE: &str = "engine.channels.apns.key_file";
+        let path = settings.key_file.display();
         let pem = std::fs::read(&settings.key_file)
-            .map_err(|e| format!("channels.apns.key_file: cannot read {}: {e}", settings.key_file.display()))?;
-        let key = EncodingKey::from_ec_pem(&pem).map_err(|_| {
-            format!("channels.apns.key_file: {} is not a PEM PKCS#8 EC key", settings.key_file.display())
-        })?;
-        let tls =
-            client_tls_config(&settings.extra_ca_files).map_err(|e| format!("channels.apns.extra_ca_files: {e}"))?;
-        let pool = H2Pool::new(
+            .map_err(|e| BuildError::new(KEY_FILE, format!("cannot read {path}: {e}")))?;
+        let key = EncodingKey::from_ec_pem(&pem)
+            .map_err(|_| BuildError::new(KEY_FILE, format!("{path} is not a PEM PKCS#8 EC key")))?;
+        let tls = client_tls_config(&settings.extra_ca_files)
+            .map_err(|e| BuildError::new("engine.channels.apns.extra_ca_files", e))?;
+        let pool = Pool::new(
             &tls,
             PoolOptions {
                 connections: settings.connections,
                 max_in_flight: settings.max_in_flight,
                 rate_limit_per_second: settings.rate_limit_per_second,
+                client: ClientOptions { protocols: Protocols::Http2, idle_timeout: IDLE_TIMEOUT },
             },
-            Some(PoolMetrics::new(&metrics, "apns")),
+            Resolver::system(),
+            PoolMetrics::new(&ctx.metrics, Channel::Apns),
         );
         let bundle_id = HeaderValue::try_from(settings.bundle_id.as_str())
-            .map_err(|_| "channels.apns.bundle_id is not a valid header value".to_string())?;
-        let tokens = ProviderTokens {
-            key,
-            key_id: settings.key_id.clone(),
-            team_id: settings.team_id.clone(),
-            current: Mutex::new(None),
-            metrics,
-        };
+            .map_err(|_| BuildError::new("engine.channels.apns.bundle_id", "not a valid header value"))?;
+        let tokens =
+            ProviderTokens::new(key, settings.key_id.clone(), settings.team_id.clone(), ctx.metrics.clone());
         // Sign once now, so a key of the wrong curve fails at start and not
         // at the first push. Not cached: the first push signs its own.
-        tokens
-            .sign(0)
-            .map_err(|_| format!("channels.apns.key_file: {} is not an EC P-256 key", settings.key_file.display()))?;
+        tokens.sign(0).map_err(|_| BuildError::new(KEY_FILE, format!("{path} is not an EC P-256 key")))?;
         let base = settings.base_url().trim_end_matches('/').to_string();
         Ok(Self { pool, base, bundle_id, tokens })
     }
 
-    fn request(
-        &self,
-        uri: &Uri,
-        token: &ProviderToken,
-        collapse_id: &HeaderValue,
-        body: Bytes,
-    ) -> Option<Request<Full<Bytes>>> {
-        Request::post(uri.clone())
-            .header(http::header::AUTHORIZATION, token.authorization.clone())
-            .header("apns-topic", self.bundle_id.clone())
-            .header("apns-push-type", "background")
-            .header("apns-priority", "5")
-            .header("apns-collapse-id", collapse_id.clone())
-            .body(Full::new(body))
-            .ok()
-    }
-
     /// One request and its classification.
-    async fn post(&self, uri: &Uri, token: &ProviderToken, collapse_id: &HeaderValue, body: Bytes) -> Classified {
-        let Some(request) = self.request(uri, token, collapse_id, body) else {
+    async fn post(&self, request: &ApnsRequest, token: &ProviderToken) -> Classified {
+        let Some(request) = request.build(token, &self.bundle_id) else {
             return Classified::Outcome(Outcome::Rejected);
         };
         match self.pool.send(request).await {
@@ -219,8 +78,7 @@ impl ApnsProvider {
                 let reason = if answer.status == http::StatusCode::OK { None } else { reason(&answer.body) };
                 classify(answer.status.as_u16(), reason.as_deref())
             }
-            // Connection errors are transient per the table.
-            Err(_) => Classified::Outcome(Outcome::transient(RETRY_DELAY)),
+            Err(_) => Classified::Outcome(CONNECTION_ERROR),
         }
     }
 }
@@ -235,24 +93,20 @@ impl Provider for ApnsProvider {
         let DeliveryTarget::Apns { token: device } = &push.recipient.target else {
             return Outcome::Rejected;
         };
-        let Ok(uri) = format!("{}/3/device/{}", self.base, encode_path_segment(device)).parse::<Uri>() else {
+        let Some(request) = ApnsRequest::new(&self.base, device, push.envelope) else {
             return Outcome::Rejected;
         };
-        let Ok(collapse_id) = HeaderValue::try_from(push.envelope.topic.to_base64()) else {
-            return Outcome::Rejected;
-        };
-        let body = Bytes::from(apns_body(push.envelope));
         let Some(token) = self.tokens.get() else {
             return Outcome::transient(RETRY_DELAY);
         };
-        match self.post(&uri, &token, &collapse_id, body.clone()).await {
+        match self.post(&request, &token).await {
             Classified::Outcome(outcome) => outcome,
             Classified::ExpiredProviderToken => {
                 // One refresh and resend within the same attempt, then rejected.
                 let Some(fresh) = self.tokens.refresh_after_expired(&token) else {
                     return Outcome::Rejected;
                 };
-                match self.post(&uri, &fresh, &collapse_id, body).await {
+                match self.post(&request, &fresh).await {
                     Classified::Outcome(outcome) => outcome,
                     Classified::ExpiredProviderToken => {
                         tracing::warn!("APNs answered ExpiredProviderToken to a refreshed provider token");
@@ -262,54 +116,27 @@ impl Provider for ApnsProvider {
             }
         }
     }
+
+    fn timed_out(&self) -> Outcome {
+        TIMED_OUT
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::{EnvelopeKind, RecipientId, SecretHash, ShardId, Topic};
-    use crate::settings::ApnsEnvironment;
-    use crate::store::Recipient;
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    use crate::domain::{EnvelopeKind, RecipientId, SecretHash, ShardId, StoredEnvelope, Topic};
+    use crate::metrics::Metrics;
+        use crate::store::Recipient;
     use fanout_loadtest::TestPki;
     use fanout_loadtest::mock::apns::{self as mock, ApnsReply, ApnsTestKey, MockApnsConfig};
 
     const T: Duration = Duration::from_secs(5);
 
-    #[test]
-    fn apns_outcome_table() {
-        use Classified::ExpiredProviderToken as Expired;
-        let o = Classified::Outcome;
-        assert_eq!(classify(200, None), o(Outcome::Delivered));
-        assert_eq!(classify(410, Some("Unregistered")), o(Outcome::Terminal));
-        assert_eq!(classify(410, Some("ExpiredToken")), o(Outcome::Terminal));
-        assert_eq!(classify(410, None), o(Outcome::Rejected));
-        assert_eq!(classify(410, Some("Other")), o(Outcome::Rejected));
-        assert_eq!(classify(400, Some("BadDeviceToken")), o(Outcome::Mismatch));
-        assert_eq!(classify(400, Some("DeviceTokenNotForTopic")), o(Outcome::Mismatch));
-        assert_eq!(classify(400, Some("BadCollapseId")), o(Outcome::Rejected));
-        assert_eq!(classify(400, None), o(Outcome::Rejected));
-        // Status decides for the transient row, whatever the reason.
-        assert_eq!(classify(429, Some("TooManyRequests")), o(Outcome::transient(RETRY_DELAY)));
-        assert_eq!(classify(500, None), o(Outcome::transient(RETRY_DELAY)));
-        assert_eq!(classify(503, Some("ServiceUnavailable")), o(Outcome::transient(RETRY_DELAY)));
-        assert_eq!(classify(403, Some("ExpiredProviderToken")), Expired);
-        assert_eq!(classify(403, Some("InvalidProviderToken")), o(Outcome::Rejected));
-        assert_eq!(classify(403, Some("TooManyProviderTokenUpdates")), o(Outcome::Rejected));
-        // The reason only matters with its own status.
-        assert_eq!(classify(400, Some("Unregistered")), o(Outcome::Rejected));
-        assert_eq!(classify(410, Some("BadDeviceToken")), o(Outcome::Rejected));
-        assert_eq!(classify(502, None), o(Outcome::Rejected));
-        assert_eq!(classify(201, None), o(Outcome::Rejected));
-        assert_eq!(classify(404, Some("BadPath")), o(Outcome::Rejected));
-    }
 
-    #[test]
-    fn reasons_are_read_from_the_json_body() {
-        assert_eq!(reason(br#"{"reason":"BadDeviceToken"}"#).as_deref(), Some("BadDeviceToken"));
-        assert_eq!(reason(br#"{"reason":"Unregistered","timestamp":1700000000000}"#).as_deref(), Some("Unregistered"));
-        assert_eq!(reason(b"not json"), None);
-        assert_eq!(reason(b""), None);
-    }
 
     fn envelope(sequence_id: u64) -> StoredEnvelope {
         StoredEnvelope {
@@ -323,13 +150,6 @@ mod tests {
         }
     }
 
-    #[test]
-    fn body_is_a_content_free_background_push() {
-        let body = apns_body(&envelope(9_007_199_254_740_993));
-        assert_eq!(body, r#"{"aps":{"content-available":1},"topic":"AAECAw==","sequence_id":"9007199254740993"}"#);
-        let json: serde_json::Value = serde_json::from_str(&body).unwrap();
-        assert_eq!(json["aps"]["content-available"], 1);
-    }
 
     struct Setup {
         mock: mock::MockApns,
@@ -385,7 +205,7 @@ mod tests {
             rate_limit_per_second: rate,
         };
         let metrics = Arc::new(Metrics::new());
-        let provider = ApnsProvider::from_settings(&settings, metrics.clone()).unwrap();
+        let provider = ApnsProvider::new(&settings, &ChannelContext { metrics: metrics.clone() }).unwrap();
         Setup { mock, provider, metrics, _dir: dir }
     }
 
@@ -554,27 +374,27 @@ mod tests {
             team_id: "T".into(),
             bundle_id: "b".into(),
             environment: ApnsEnvironment::Sandbox,
-            production_url: crate::settings::DEFAULT_APNS_PRODUCTION_URL.into(),
-            sandbox_url: crate::settings::DEFAULT_APNS_SANDBOX_URL.into(),
+            production_url: DEFAULT_PRODUCTION_URL.into(),
+            sandbox_url: DEFAULT_SANDBOX_URL.into(),
             extra_ca_files: vec![],
             max_in_flight: 1,
             connections: 1,
             rate_limit_per_second: 0,
         };
         let metrics = Arc::new(Metrics::new());
-        let missing = ApnsProvider::from_settings(&settings, metrics.clone()).err().unwrap();
+        let missing = ApnsProvider::new(&settings, &ChannelContext { metrics: metrics.clone() }).err().unwrap().to_string();
         assert!(missing.contains("cannot read"), "{missing}");
         std::fs::write(&key_file, "not a key").unwrap();
-        let garbage = ApnsProvider::from_settings(&settings, metrics.clone()).err().unwrap();
+        let garbage = ApnsProvider::new(&settings, &ChannelContext { metrics: metrics.clone() }).err().unwrap().to_string();
         assert!(garbage.contains("not a PEM PKCS#8 EC key"), "{garbage}");
         // A P-384 key is EC but not ES256.
         let p384 = rcgen_p384();
         std::fs::write(&key_file, p384).unwrap();
-        let wrong_curve = ApnsProvider::from_settings(&settings, metrics.clone()).err().unwrap();
+        let wrong_curve = ApnsProvider::new(&settings, &ChannelContext { metrics: metrics.clone() }).err().unwrap().to_string();
         assert!(wrong_curve.contains("P-256"), "{wrong_curve}");
         // A good key works, and the start-up check caches nothing.
         ApnsTestKey::generate().unwrap().write_p8(&key_file).unwrap();
-        let provider = ApnsProvider::from_settings(&settings, metrics.clone()).unwrap();
+        let provider = ApnsProvider::new(&settings, &ChannelContext { metrics: metrics.clone() }).unwrap();
         assert!(provider.tokens.current.lock().unwrap().is_none());
         assert_eq!(refreshes(&metrics), 0);
     }

@@ -21,10 +21,10 @@ use ractor::rpc::CallResult;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef};
 use tokio::sync::watch;
 
-use super::SupervisorMsg;
-use super::ticker::spawn_ticker;
+use crate::supervisor::SupervisorMsg;
+use crate::ticker::spawn_ticker;
 use crate::domain::ShardId;
-use crate::store::{NodeId, Store, StoreError};
+use crate::store::{NodeId, ShardLeases, StoreError};
 
 /// Lease renewals in flight at once.
 const RENEW_CONCURRENCY: usize = 16;
@@ -40,7 +40,7 @@ pub struct OwnedShards {
 /// Who this node is and how it leases (issue 7).
 #[derive(Clone)]
 pub struct LeaseConfig {
-    pub store: Arc<dyn Store>,
+    pub leases: Arc<dyn ShardLeases>,
     pub node: NodeId,
     /// The gRPC address other nodes' redirects name.
     pub address: String,
@@ -48,6 +48,14 @@ pub struct LeaseConfig {
     pub shard_count: u16,
     /// Written only by the lease actor; ingest and readiness read it.
     pub owned: Arc<watch::Sender<OwnedShards>>,
+}
+
+/// What ingest needs on a leasing node: the shards it owns, and who owns
+/// the others (for the redirect).
+#[derive(Clone)]
+pub struct ShardOwnership {
+    pub owned: watch::Receiver<OwnedShards>,
+    pub leases: Arc<dyn ShardLeases>,
 }
 
 pub enum LeaseMsg {
@@ -86,7 +94,7 @@ impl Actor for LeaseActor {
         state.config.owned.send_modify(|o| o.shards.clear());
         let release = async {
             for shard in owned {
-                let _ = state.config.store.release_lease(shard, &state.config.node).await;
+                let _ = state.config.leases.release_lease(shard, &state.config.node).await;
             }
         };
         let _ = tokio::time::timeout(state.config.ttl, release).await;
@@ -117,8 +125,8 @@ impl LeaseState {
 
     async fn round(&mut self) -> Result<(), StoreError> {
         let c = self.config.clone();
-        c.store.heartbeat(&c.node, &c.address, c.ttl).await?;
-        let live = c.store.live_nodes().await?.len().max(1);
+        c.leases.heartbeat(&c.node, &c.address, c.ttl).await?;
+        let live = c.leases.live_nodes().await?.len().max(1);
         let target = usize::from(c.shard_count).div_ceil(live);
         // Renew, several at once so a round stays well inside the TTL. A
         // renewal that fails or errs means the lease may be gone.
@@ -126,7 +134,7 @@ impl LeaseState {
         let renewals: Vec<_> = stream::iter(self.owned())
             .map(|shard| async move {
                 let c = renew;
-                (shard, c.store.acquire_lease(shard, &c.node, &c.address, c.ttl).await)
+                (shard, c.leases.acquire_lease(shard, &c.node, &c.address, c.ttl).await)
             })
             .buffer_unordered(RENEW_CONCURRENCY)
             .collect()
@@ -139,7 +147,7 @@ impl LeaseState {
         }
         // Acquire unowned shards while below the fair share, from a random start.
         if self.owned().len() < target {
-            let taken: HashSet<ShardId> = c.store.lease_owners().await?.into_iter().map(|(s, _)| s).collect();
+            let taken: HashSet<ShardId> = c.leases.lease_owners().await?.into_iter().map(|(s, _)| s).collect();
             let start = rand::random_range(0..c.shard_count);
             for i in 0..c.shard_count {
                 if self.owned().len() >= target {
@@ -149,7 +157,7 @@ impl LeaseState {
                 if taken.contains(&shard) {
                     continue;
                 }
-                if c.store.acquire_lease(shard, &c.node, &c.address, c.ttl).await? {
+                if c.leases.acquire_lease(shard, &c.node, &c.address, c.ttl).await? {
                     tracing::info!(shard = shard.0, node = %c.node, "shard lease acquired");
                     let _ = self.supervisor.cast(SupervisorMsg::Own(shard));
                     c.owned.send_modify(|o| {
@@ -163,7 +171,7 @@ impl LeaseState {
         for shard in self.owned().into_iter().rev().take(extra) {
             tracing::info!(shard = shard.0, node = %c.node, "releasing a shard above the fair share");
             self.disown(shard, true).await;
-            c.store.release_lease(shard, &c.node).await?;
+            c.leases.release_lease(shard, &c.node).await?;
         }
         c.owned.send_modify(|o| o.settled = true);
         Ok(())

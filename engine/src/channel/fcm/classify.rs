@@ -1,0 +1,181 @@
+//! The FCM row of spec 000 section 7's outcome table.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::channel::Outcome;
+
+/// 429, QuotaFailure, QUOTA_EXCEEDED: transient, delay 60 seconds.
+pub(super) const QUOTA_DELAY: Duration = Duration::from_secs(60);
+/// 500, 503, timeout, connection error, UNAVAILABLE, INTERNAL: transient,
+/// delay 10 seconds; also a failed token fetch, which is part of the attempt.
+pub(super) const RETRY_DELAY: Duration = Duration::from_secs(10);
+/// A Retry-After longer than the delay is honoured up to this.
+pub(super) const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
+
+/// A timed-out attempt.
+pub(super) const TIMED_OUT: Outcome = Outcome::transient(RETRY_DELAY);
+/// A connection error.
+pub(super) const CONNECTION_ERROR: Outcome = Outcome::transient(RETRY_DELAY);
+
+const QUOTA_FAILURE_TYPE: &str = "type.googleapis.com/google.rpc.QuotaFailure";
+const FCM_ERROR_TYPE: &str = "type.googleapis.com/google.firebase.fcm.v1.FcmError";
+
+#[derive(Deserialize)]
+struct ErrorBody {
+    error: Option<ErrorInfo>,
+}
+
+#[derive(Deserialize)]
+struct ErrorInfo {
+    #[serde(default)]
+    details: Vec<serde_json::Value>,
+}
+
+/// What an FCM error body says: a QuotaFailure detail and the typed FcmError code.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(super) struct ErrorDetails {
+    quota_failure: bool,
+    fcm_error: Option<String>,
+}
+
+pub(super) fn error_details(body: &[u8]) -> ErrorDetails {
+    let mut found = ErrorDetails::default();
+    let Ok(ErrorBody { error: Some(info) }) = serde_json::from_slice::<ErrorBody>(body) else {
+        return found;
+    };
+    for detail in &info.details {
+        match detail.get("@type").and_then(|t| t.as_str()) {
+            Some(QUOTA_FAILURE_TYPE) => found.quota_failure = true,
+            Some(FCM_ERROR_TYPE) if found.fcm_error.is_none() => {
+                found.fcm_error = detail.get("errorCode").and_then(|c| c.as_str()).map(str::to_owned);
+            }
+            _ => {}
+        }
+    }
+    found
+}
+
+/// The FCM row of the outcome table, first match wins, before Retry-After.
+pub(super) fn classify(status: u16, details: &ErrorDetails) -> Outcome {
+    let code = details.fcm_error.as_deref();
+    if status == 200 {
+        Outcome::Delivered
+    } else if status == 429 || details.quota_failure || code == Some("QUOTA_EXCEEDED") {
+        Outcome::transient(QUOTA_DELAY)
+    } else if status == 500 || status == 503 {
+        Outcome::transient(RETRY_DELAY)
+    } else if code == Some("UNREGISTERED") {
+        Outcome::Terminal
+    } else if code == Some("SENDER_ID_MISMATCH") {
+        Outcome::Mismatch
+    } else if matches!(code, Some("UNAVAILABLE" | "INTERNAL")) {
+        Outcome::transient(RETRY_DELAY)
+    } else {
+        Outcome::Rejected
+    }
+}
+
+/// A Retry-After longer than a transient outcome's delay is honoured up to
+/// 300 seconds: the delay becomes max(delay, min(retry_after, 300 s)).
+pub(super) fn honour_retry_after(outcome: Outcome, retry_after: Option<Duration>) -> Outcome {
+    match (outcome, retry_after) {
+        (Outcome::Transient { delay }, Some(after)) => Outcome::transient(delay.max(after.min(MAX_RETRY_AFTER))),
+        (outcome, _) => outcome,
+    }
+}
+
+/// Retry-After as delay-seconds. (An HTTP-date is not used by FCM and is ignored.)
+pub(super) fn retry_after(headers: &http::HeaderMap) -> Option<Duration> {
+    let value = headers.get(http::header::RETRY_AFTER)?.to_str().ok()?.trim();
+    value.parse::<u64>().ok().map(Duration::from_secs)
+}
+
+/// The answer to one request, Retry-After applied.
+pub(super) fn classify_answer(status: http::StatusCode, headers: &http::HeaderMap, body: &[u8]) -> Outcome {
+    let details = if status == http::StatusCode::OK { ErrorDetails::default() } else { error_details(body) };
+    honour_retry_after(classify(status.as_u16(), &details), retry_after(headers))
+}
+
+#[cfg(test)]
+mod tests {
+    use http::HeaderValue;
+
+    use super::*;
+
+    fn details(quota_failure: bool, code: Option<&str>) -> ErrorDetails {
+        ErrorDetails { quota_failure, fcm_error: code.map(str::to_owned) }
+    }
+    #[test]
+    fn fcm_outcome_table_first_match_wins() {
+        let none = details(false, None);
+        let q = Outcome::transient(QUOTA_DELAY);
+        let r = Outcome::transient(RETRY_DELAY);
+        assert_eq!(classify(200, &none), Outcome::Delivered);
+        // 200 wins over anything in a body.
+        assert_eq!(classify(200, &details(true, Some("UNREGISTERED"))), Outcome::Delivered);
+        assert_eq!(classify(429, &none), q);
+        assert_eq!(classify(429, &details(false, Some("UNREGISTERED"))), q);
+        assert_eq!(classify(403, &details(true, None)), q);
+        assert_eq!(classify(400, &details(false, Some("QUOTA_EXCEEDED"))), q);
+        // Quota beats 500/503.
+        assert_eq!(classify(503, &details(true, None)), q);
+        assert_eq!(classify(500, &details(false, Some("QUOTA_EXCEEDED"))), q);
+        assert_eq!(classify(500, &none), r);
+        assert_eq!(classify(503, &none), r);
+        // 500/503 beat the typed codes below them.
+        assert_eq!(classify(500, &details(false, Some("UNREGISTERED"))), r);
+        assert_eq!(classify(503, &details(false, Some("SENDER_ID_MISMATCH"))), r);
+        assert_eq!(classify(404, &details(false, Some("UNREGISTERED"))), Outcome::Terminal);
+        assert_eq!(classify(400, &details(false, Some("UNREGISTERED"))), Outcome::Terminal);
+        assert_eq!(classify(403, &details(false, Some("SENDER_ID_MISMATCH"))), Outcome::Mismatch);
+        assert_eq!(classify(502, &details(false, Some("UNAVAILABLE"))), r);
+        assert_eq!(classify(400, &details(false, Some("INTERNAL"))), r);
+        // Anything else, including an error with no typed FcmError.
+        assert_eq!(classify(400, &details(false, Some("INVALID_ARGUMENT"))), Outcome::Rejected);
+        assert_eq!(classify(401, &details(false, Some("THIRD_PARTY_AUTH_ERROR"))), Outcome::Rejected);
+        assert_eq!(classify(404, &none), Outcome::Rejected);
+        assert_eq!(classify(502, &none), Outcome::Rejected);
+        assert_eq!(classify(401, &none), Outcome::Rejected);
+        assert_eq!(classify(204, &none), Outcome::Rejected);
+    }
+    #[test]
+    fn error_details_are_parsed_from_google_rpc_errors() {
+        let body = br#"{"error":{"code":404,"message":"Requested entity was not found.","status":"NOT_FOUND",
+            "details":[{"@type":"type.googleapis.com/google.firebase.fcm.v1.FcmError","errorCode":"UNREGISTERED"}]}}"#;
+        assert_eq!(error_details(body), details(false, Some("UNREGISTERED")));
+        let quota = br#"{"error":{"code":429,"status":"RESOURCE_EXHAUSTED","details":[
+            {"@type":"type.googleapis.com/google.rpc.QuotaFailure","violations":[{"subject":"s","description":"d"}]},
+            {"@type":"type.googleapis.com/google.firebase.fcm.v1.FcmError","errorCode":"QUOTA_EXCEEDED"}]}}"#;
+        assert_eq!(error_details(quota), details(true, Some("QUOTA_EXCEEDED")));
+        // Status text alone is not a typed FcmError.
+        assert_eq!(error_details(br#"{"error":{"code":400,"status":"UNREGISTERED"}}"#), details(false, None));
+        // Another detail type with an errorCode is not an FcmError.
+        assert_eq!(
+            error_details(br#"{"error":{"details":[{"@type":"type.googleapis.com/google.rpc.ErrorInfo","errorCode":"UNREGISTERED"}]}}"#),
+            details(false, None)
+        );
+        assert_eq!(error_details(b"<html>bad gateway</html>"), details(false, None));
+        assert_eq!(error_details(b""), details(false, None));
+    }
+    #[test]
+    fn retry_after_is_honoured_up_to_300_seconds() {
+        let s = Duration::from_secs;
+        let t = |d| Outcome::transient(s(d));
+        assert_eq!(honour_retry_after(t(10), Some(s(30))), t(30));
+        assert_eq!(honour_retry_after(t(10), Some(s(5))), t(10), "shorter than the delay: the delay");
+        assert_eq!(honour_retry_after(t(60), Some(s(3600))), t(300), "capped");
+        assert_eq!(honour_retry_after(t(60), Some(s(120))), t(120));
+        assert_eq!(honour_retry_after(t(10), None), t(10));
+        assert_eq!(honour_retry_after(Outcome::Rejected, Some(s(30))), Outcome::Rejected);
+        assert_eq!(honour_retry_after(Outcome::Terminal, Some(s(30))), Outcome::Terminal);
+
+        let mut headers = http::HeaderMap::new();
+        assert_eq!(retry_after(&headers), None);
+        headers.insert(http::header::RETRY_AFTER, HeaderValue::from_static(" 120 "));
+        assert_eq!(retry_after(&headers), Some(s(120)));
+        headers.insert(http::header::RETRY_AFTER, HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"));
+        assert_eq!(retry_after(&headers), None);
+    }
+}

@@ -1,0 +1,154 @@
+//! The HTTPS webhook channel: signed POSTs (PUSH-235) to checked addresses only
+//! (PUSH-256), pooled keep-alive connections, HTTP/2 or HTTP/1.1 by ALPN.
+//!
+//! - `safety`: `WebhookUrl` (https, no userinfo, a valid host),
+//!   `DomainPattern` (allowed_domains), `WebhookPolicy::check` (resolve, then
+//!   the blocked address table), `is_blocked`.
+//! - `resolve`: the `HostResolver` seam and `HickoryResolver`.
+//! - `connect`: `CheckedResolver`, the resolver of the channel's connections,
+//!   which re-applies the policy at every new connection.
+//! - `signing`: the three PUSH-235 headers.
+//!
+//! The channel calls `WebhookPolicy::check` before every attempt (this also
+//! covers IP-literal hosts, which the connector connects to without calling
+//! its resolver), and connects through `CheckedResolver`. No error or log line
+//! here names a URL, host, address or key (PUSH-254).
+
+mod body;
+mod classify;
+pub mod connect;
+pub mod resolve;
+pub mod safety;
+mod settings;
+pub mod signing;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use http_body_util::Full;
+
+use self::classify::{CONNECTION_ERROR, TIMED_OUT, classify};
+use super::pool::{ClientOptions, Pool, PoolMetrics, PoolOptions, Protocols, Resolver};
+use super::{BuildError, ChannelContext, Outcome, Provider, Push, Refused, client_tls_config};
+use crate::clock::unix_now_ns;
+use crate::domain::{Channel, DeliveryTarget};
+use crate::metrics::Metrics;
+
+pub use body::webhook_body;
+pub use connect::CheckedResolver;
+pub use resolve::{HickoryResolver, HostResolver, ResolveError};
+pub use safety::{DomainPattern, SafetyError, WebhookPolicy, WebhookUrl, is_blocked};
+pub use settings::HttpSettings;
+pub use signing::{HEADER_ID, HEADER_SIGNATURE, HEADER_TIMESTAMP, WebhookHeaders, new_webhook_id, sign};
+
+/// Idle pooled connections are closed after this, so a connection never
+/// outlives the address check that opened it by long.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub struct WebhookProvider {
+    pool: Pool,
+    policy: Arc<WebhookPolicy>,
+    resolver: Arc<dyn HostResolver>,
+    metrics: Arc<Metrics>,
+}
+
+impl WebhookProvider {
+    /// Builds the channel with a resolver of `settings.dns_servers` (or the
+    /// system's configuration).
+    pub fn new(settings: &HttpSettings, ctx: &ChannelContext) -> Result<Self, BuildError> {
+        let resolver = HickoryResolver::new(&settings.dns_servers)
+            .map_err(|e| BuildError::new("engine.channels.http.dns_servers", e.to_string()))?;
+        Self::with_resolver(settings, Arc::new(resolver), ctx)
+    }
+
+    /// Builds the channel over any `HostResolver` (tests use fixed answers).
+    pub fn with_resolver(
+        settings: &HttpSettings,
+        resolver: Arc<dyn HostResolver>,
+        ctx: &ChannelContext,
+    ) -> Result<Self, BuildError> {
+        let allowed_domains = settings
+            .allowed_domains
+            .iter()
+            .map(|d| DomainPattern::parse(d))
+            .collect::<Result<_, _>>()
+            .map_err(|e| BuildError::new("engine.channels.http.allowed_domains", e))?;
+        let policy =
+            Arc::new(WebhookPolicy { allowed_domains, allow_private_addresses: settings.allow_private_addresses });
+        let tls = client_tls_config(&settings.extra_ca_files)
+            .map_err(|e| BuildError::new("engine.channels.http.extra_ca_files", e))?;
+        let pool = Pool::new(
+            &tls,
+            PoolOptions {
+                connections: settings.connections,
+                max_in_flight: settings.max_in_flight,
+                rate_limit_per_second: settings.rate_limit_per_second,
+                client: ClientOptions { protocols: Protocols::Http1Or2, idle_timeout: IDLE_TIMEOUT },
+            },
+            Resolver::Checked(CheckedResolver::new(resolver.clone(), policy.clone())),
+            PoolMetrics::new(&ctx.metrics, Channel::Http),
+        );
+        Ok(Self { pool, policy, resolver, metrics: ctx.metrics.clone() })
+    }
+
+    /// PUSH-256: parse, resolve, and check every address.
+    async fn check(&self, url: &str) -> Result<WebhookUrl, SafetyError> {
+        let url = WebhookUrl::parse(url)?;
+        self.policy.check(&url, self.resolver.as_ref()).await?;
+        Ok(url)
+    }
+}
+
+#[async_trait]
+impl Provider for WebhookProvider {
+    fn channel(&self) -> Channel {
+        Channel::Http
+    }
+
+    /// PUSH-256 at registration.
+    async fn admit(&self, target: &DeliveryTarget) -> Result<(), Refused> {
+        let DeliveryTarget::Http { url, .. } = target else {
+            return Ok(());
+        };
+        self.check(url).await.map(|_| ()).map_err(|e| {
+            self.metrics.webhook_refused_at_register.inc();
+            Refused(e.to_string())
+        })
+    }
+
+    async fn send(&self, push: Push<'_>) -> Outcome {
+        let DeliveryTarget::Http { url, signing_key } = &push.recipient.target else {
+            return Outcome::Rejected;
+        };
+        // PUSH-256: resolve again and check before every attempt; the list of
+        // allowed domains binds at send time too.
+        let Ok(url) = self.check(url).await else {
+            self.metrics.webhook_refused_at_send.inc();
+            return Outcome::Rejected;
+        };
+        let body = webhook_body(push.envelope, push.recipient);
+        let now = unix_now_ns() / 1_000_000_000;
+        let headers = WebhookHeaders::for_attempt(signing_key, body.as_bytes(), now);
+        let request = http::Request::post(url.uri().clone())
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .header(HEADER_ID, headers.id)
+            .header(HEADER_TIMESTAMP, headers.timestamp)
+            .header(HEADER_SIGNATURE, headers.signature)
+            .body(Full::new(Bytes::from(body)));
+        let Ok(request) = request else {
+            return Outcome::Rejected;
+        };
+        // The outcome is decided on the status line (section 7's HTTPS row
+        // names statuses only); the body is drained in the background.
+        match self.pool.send_for_status(request).await {
+            Ok(status) => classify(status.as_u16()),
+            Err(_) => CONNECTION_ERROR,
+        }
+    }
+
+    fn timed_out(&self) -> Outcome {
+        TIMED_OUT
+    }
+}

@@ -1,0 +1,323 @@
+//! The HTTP client every channel sends through: a few long-lived connections
+//! per host used round-robin, a bound on requests in flight (a send waits for
+//! a slot: backpressure), an optional rate limit (governor), and a cap on how
+//! much of an answer's body is read.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, StatusCode, Uri};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::connect::dns::{GaiResolver, Name};
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use prometheus::{IntCounter, IntGauge};
+use tokio::sync::Semaphore;
+
+use super::http::CheckedResolver;
+
+/// Answers are small JSON objects; anything longer is cut off and classified
+/// on its status alone. The same cap applies to every channel.
+pub const MAX_RESPONSE_BODY: usize = 64 * 1024;
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// HTTP/2 PINGs keep NATs and load balancers from dropping a connection
+/// silently and detect a dead one before a send waits on it.
+const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(60);
+const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+
+pub type HttpsClient = Client<HttpsConnector<CountingConnector>, Full<Bytes>>;
+type SendError = hyper_util::client::legacy::Error;
+
+/// How new connections find their addresses: the system resolver (provider
+/// hosts), or the webhook safety check (PUSH-256) for receivers' hosts.
+#[derive(Clone)]
+pub enum Resolver {
+    System(GaiResolver),
+    Checked(CheckedResolver),
+}
+
+impl Resolver {
+    pub fn system() -> Self {
+        Self::System(GaiResolver::new())
+    }
+}
+
+type Addrs = std::vec::IntoIter<SocketAddr>;
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl tower_service::Service<Name> for Resolver {
+    type Response = Addrs;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Addrs, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, name: Name) -> Self::Future {
+        match self {
+            Self::System(gai) => {
+                let resolving = gai.call(name);
+                Box::pin(async move { Ok(resolving.await?.collect::<Vec<_>>().into_iter()) })
+            }
+            Self::Checked(checked) => {
+                let resolving = checked.call(name);
+                Box::pin(async move { Ok(resolving.await?) })
+            }
+        }
+    }
+}
+
+/// A TCP connector that counts the connections it opens
+/// (fanout_provider_connections_opened_total): reconnects show up as a rate.
+#[derive(Clone)]
+pub struct CountingConnector {
+    inner: HttpConnector<Resolver>,
+    opened: Option<IntCounter>,
+}
+
+impl tower_service::Service<Uri> for CountingConnector {
+    type Response = <HttpConnector<Resolver> as tower_service::Service<Uri>>::Response;
+    type Error = <HttpConnector<Resolver> as tower_service::Service<Uri>>::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let connecting = self.inner.call(uri);
+        let opened = self.opened.clone();
+        Box::pin(async move {
+            let connection = connecting.await?;
+            if let Some(opened) = opened {
+                opened.inc();
+            }
+            Ok(connection)
+        })
+    }
+}
+
+/// Which protocols ALPN may pick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocols {
+    /// HTTP/2 only (APNs requires it; FCM and the harness use it).
+    Http2,
+    /// HTTP/2 or HTTP/1.1, as the server prefers (webhook receivers, OAuth
+    /// token endpoints).
+    Http1Or2,
+}
+
+/// How one client is built.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientOptions {
+    pub protocols: Protocols,
+    /// Idle connections are closed after this.
+    pub idle_timeout: Duration,
+}
+
+/// The one constructor of an HTTPS client: the engine's channels and the load
+/// harness's ceiling both build theirs here, so the ratio between them
+/// compares like with like. `tls` must have no ALPN set: the connector sets it.
+pub fn https_client(tls: rustls::ClientConfig, options: ClientOptions, resolver: Resolver, opened: Option<IntCounter>) -> HttpsClient {
+    let mut http = HttpConnector::new_with_resolver(resolver);
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(CONNECT_TIMEOUT));
+    let http = CountingConnector { inner: http, opened };
+    let builder = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls).https_only();
+    let http2_only = options.protocols == Protocols::Http2;
+    let connector = if http2_only {
+        builder.enable_http2().wrap_connector(http)
+    } else {
+        builder.enable_http1().enable_http2().wrap_connector(http)
+    };
+    Client::builder(TokioExecutor::new())
+        .http2_only(http2_only)
+        .timer(TokioTimer::new())
+        // Without a pool timer the idle timeout is not enforced.
+        .pool_timer(TokioTimer::new())
+        .pool_idle_timeout(options.idle_timeout)
+        .http2_keep_alive_interval(KEEP_ALIVE_INTERVAL)
+        .http2_keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
+        .build(connector)
+}
+
+/// A complete answer: status, headers and at most `MAX_RESPONSE_BODY` bytes.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+/// Sends a request and reads the whole (bounded) answer.
+pub async fn request(client: &HttpsClient, request: Request<Full<Bytes>>) -> Result<Answer, SendError> {
+    let response = client.request(request).await?;
+    let (parts, body) = response.into_parts();
+    // A body that is too long or cut off is classified on its status alone.
+    let body = Limited::new(body, MAX_RESPONSE_BODY).collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    Ok(Answer { status: parts.status, headers: parts.headers, body })
+}
+
+/// The metric series of one channel's pool.
+#[derive(Clone)]
+pub struct PoolMetrics {
+    pub connections_opened: IntCounter,
+    /// Sends waiting for an in-flight slot or the rate limit.
+    pub waiting: IntGauge,
+}
+
+impl PoolMetrics {
+    pub fn new(metrics: &crate::metrics::Metrics, channel: crate::domain::Channel) -> Self {
+        let channel = channel.as_str();
+        Self {
+            connections_opened: metrics.provider_connections_opened.with_label_values(&[channel]),
+            waiting: metrics.provider_waiting_sends.with_label_values(&[channel]),
+        }
+    }
+}
+
+/// How a channel's pool is sized.
+#[derive(Debug, Clone, Copy)]
+pub struct PoolOptions {
+    /// Independent clients used round-robin; each holds one HTTP/2
+    /// connection per host, so a host's per-connection stream limit does not
+    /// cap the channel's concurrency to it.
+    pub connections: usize,
+    pub max_in_flight: usize,
+    /// 0 = no limit.
+    pub rate_limit_per_second: u32,
+    pub client: ClientOptions,
+}
+
+/// `connections` clients used round-robin; at most `max_in_flight` requests
+/// at once, at most `rate_limit_per_second`.
+pub struct Pool {
+    clients: Vec<HttpsClient>,
+    next: AtomicUsize,
+    in_flight: Arc<Semaphore>,
+    limiter: Option<governor::DefaultDirectRateLimiter>,
+    metrics: PoolMetrics,
+}
+
+impl Pool {
+    pub fn new(tls: &rustls::ClientConfig, options: PoolOptions, resolver: Resolver, metrics: PoolMetrics) -> Self {
+        let opened = Some(metrics.connections_opened.clone());
+        let clients = (0..options.connections.max(1))
+            .map(|_| https_client(tls.clone(), options.client, resolver.clone(), opened.clone()))
+            .collect();
+        let limiter = NonZeroU32::new(options.rate_limit_per_second)
+            .map(|rate| governor::RateLimiter::direct(governor::Quota::per_second(rate)));
+        let in_flight = Arc::new(Semaphore::new(options.max_in_flight.max(1)));
+        Self { clients, next: AtomicUsize::new(0), in_flight, limiter, metrics }
+    }
+
+    /// Waits for an in-flight slot and the rate limit, then sends and reads
+    /// the (capped) body. The caller's attempt timeout covers the wait too.
+    pub async fn send(&self, req: Request<Full<Bytes>>) -> Result<Answer, SendError> {
+        let _permit = self.slot().await;
+        request(self.client(), req).await
+    }
+
+    /// Like `send`, but the answer is decided on the status line: the body is
+    /// read (up to the cap) and dropped in the background, so a receiver that
+    /// streams a long or endless body holds neither the attempt nor memory.
+    /// The in-flight slot is held until the body is done.
+    pub async fn send_for_status(&self, req: Request<Full<Bytes>>) -> Result<StatusCode, SendError> {
+        let permit = self.slot().await;
+        let response = self.client().request(req).await?;
+        let status = response.status();
+        tokio::spawn(async move {
+            let drain = Limited::new(response.into_body(), MAX_RESPONSE_BODY).collect();
+            // A body that does not finish in time is dropped with its stream.
+            let _ = tokio::time::timeout(DRAIN_TIMEOUT, drain).await;
+            drop(permit);
+        });
+        Ok(status)
+    }
+
+    async fn slot(&self) -> tokio::sync::OwnedSemaphorePermit {
+        self.metrics.waiting.inc();
+        // The semaphore is never closed, so acquire cannot fail.
+        let permit = self.in_flight.clone().acquire_owned().await.expect("the in-flight semaphore is never closed");
+        if let Some(limiter) = &self.limiter {
+            limiter.until_ready().await;
+        }
+        self.metrics.waiting.dec();
+        permit
+    }
+
+    fn client(&self) -> &HttpsClient {
+        &self.clients[self.next.fetch_add(1, Ordering::Relaxed) % self.clients.len()]
+    }
+
+    #[cfg(test)]
+    pub(crate) fn available_slots(&self) -> usize {
+        self.in_flight.available_permits()
+    }
+}
+
+/// How long an answer's body may take to arrive after its status line before
+/// it is dropped.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Percent-encodes `text` for one URL path segment: RFC 3986 unreserved
+/// characters pass, every other byte becomes `%XX`.
+pub fn encode_path_segment(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+            out.push(byte as char);
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+/// Unix time in whole seconds.
+pub(crate) fn unix_now_secs() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn path_segments_are_percent_encoded() {
+        assert_eq!(encode_path_segment("0123abcdefABCDEF"), "0123abcdefABCDEF");
+        assert_eq!(encode_path_segment("a/../b?c#d e"), "a%2F..%2Fb%3Fc%23d%20e");
+        assert_eq!(encode_path_segment("é"), "%C3%A9");
+    }
+
+    #[tokio::test]
+    async fn pool_sizes_follow_the_options() {
+        let tls = crate::channel::client_tls_config(&[]).unwrap();
+        let metrics = PoolMetrics::new(&crate::metrics::Metrics::new(), crate::domain::Channel::Apns);
+        let client = ClientOptions { protocols: Protocols::Http2, idle_timeout: Duration::from_secs(1) };
+        let options = |connections, max_in_flight, rate_limit_per_second| PoolOptions {
+            connections,
+            max_in_flight,
+            rate_limit_per_second,
+            client,
+        };
+        let resolver = || Resolver::System(GaiResolver::new());
+        let pool = Pool::new(&tls, options(3, 7, 0), resolver(), metrics.clone());
+        assert_eq!(pool.clients.len(), 3);
+        assert_eq!(pool.available_slots(), 7);
+        assert!(pool.limiter.is_none());
+        let limited = Pool::new(&tls, options(1, 1, 5), resolver(), metrics);
+        assert!(limited.limiter.is_some());
+    }
+}
