@@ -1,6 +1,8 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
@@ -251,5 +253,225 @@ impl ShardState {
         if self.ctx.panic_hook.page_done() {
             panic!("injected shard actor panic (FANOUT_DANGEROUS_PANIC_AFTER_PAGES)");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The shard actor over a real store and real delivery workers, with an
+    //! in-memory provider and tokio's paused clock.
+
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use async_trait::async_trait;
+    use tokio::sync::Semaphore;
+
+    use super::*;
+    use crate::channel::{Channels, Outcome, Provider, Push};
+    use crate::delivery::{DeliveryWorkers, WorkerContext};
+    use crate::dispatch::PanicHook;
+    use crate::domain::{
+        Channel, DeliveryTarget, EnvelopeKind, NewEnvelope, RecipientSecret, Subscription, SubscriptionUpdate, Topic,
+    };
+    use crate::metrics::Metrics;
+    use crate::settings::{DeliverySettings, DispatchSettings};
+    use crate::store::{RedbStore, ShardPosition, Store};
+
+    const SHARDS: u16 = 1;
+
+    /// Answers `Delivered` once a permit is available; panics (losing the
+    /// attempt) for the recipients in `lose_once`, the first time only.
+    struct Gate {
+        permits: Semaphore,
+        waiting: AtomicUsize,
+        sent: Mutex<HashMap<(u64, RecipientId), usize>>,
+        lose_once: Mutex<Vec<RecipientId>>,
+    }
+
+    #[async_trait]
+    impl Provider for Gate {
+        fn channel(&self) -> Channel {
+            Channel::Apns
+        }
+        async fn send(&self, push: Push<'_>) -> Outcome {
+            let key = (push.envelope.sequence_id, push.recipient.id);
+            *self.sent.lock().unwrap().entry(key).or_default() += 1;
+            let lost = {
+                let mut lose = self.lose_once.lock().unwrap();
+                let found = lose.iter().position(|r| *r == push.recipient.id);
+                found.map(|i| lose.remove(i)).is_some()
+            };
+            if lost {
+                panic!("attempt lost (test)");
+            }
+            self.waiting.fetch_add(1, Ordering::SeqCst);
+            let permit = self.permits.acquire().await.unwrap();
+            permit.forget();
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+            Outcome::Delivered
+        }
+        fn timed_out(&self) -> Outcome {
+            Outcome::Rejected
+        }
+    }
+
+    struct Fixture {
+        store: Arc<dyn Store>,
+        gate: Arc<Gate>,
+        metrics: Arc<Metrics>,
+        actor: ActorRef<ShardMsg>,
+        recipients: Vec<RecipientId>,
+        _dir: tempfile::TempDir,
+    }
+
+    impl Fixture {
+        /// `recipients` subscribed to one topic, `envelopes` published to it,
+        /// and a shard actor started with `settings`; the gate starts closed.
+        async fn start(recipients: u8, envelopes: usize, settings: DispatchSettings, lose_once: usize) -> Self {
+            let dir = tempfile::tempdir().unwrap();
+            let store: Arc<dyn Store> = Arc::new(RedbStore::open(dir.path(), SHARDS).unwrap());
+            let topic = Topic::parse(&[0, 42]).unwrap();
+            let mut ids = Vec::new();
+            for i in 0..recipients {
+                let id = RecipientId([i + 1; 32]);
+                let hash = RecipientSecret::parse(&[i + 1; 32]).unwrap().hash();
+                let target = DeliveryTarget::Apns { token: format!("t{i}") };
+                store.register(&id, &hash, &target, 1).await.unwrap();
+                let add = Subscription { topic: topic.clone(), keys: None, include_commits: false };
+                let update = SubscriptionUpdate::new(vec![add], vec![]).unwrap();
+                store.update_subscriptions(&id, &hash, &update, 1, 100).await.unwrap();
+                ids.push(id);
+            }
+            let new = |_| NewEnvelope::new(topic.clone(), SHARDS, EnvelopeKind::Application, true, vec![], vec![], None);
+            let batch: Vec<NewEnvelope> = (0..envelopes).map(|i| new(i).unwrap()).collect();
+            store.append(&batch, 2).await.unwrap();
+
+            let gate = Arc::new(Gate {
+                permits: Semaphore::new(0),
+                waiting: AtomicUsize::new(0),
+                sent: Mutex::default(),
+                lose_once: Mutex::new(ids.iter().take(lose_once).copied().collect()),
+            });
+            let metrics = Arc::new(Metrics::new());
+            let mut channels = Channels::default();
+            channels.insert(gate.clone());
+            let (workers, _handles) = DeliveryWorkers::start(Arc::new(WorkerContext {
+                settings: DeliverySettings { workers: 2, ..DeliverySettings::default() },
+                max_attempts: 3,
+                channels: channels.clone(),
+                store: store.clone(),
+                metrics: metrics.clone(),
+            }));
+            let ctx = Arc::new(DispatchContext {
+                store: store.clone(),
+                workers,
+                channels,
+                settings,
+                metrics: metrics.clone(),
+                panic_hook: PanicHook::default(),
+            });
+            let (actor, _) = Actor::spawn(None, ShardActor, (ShardId(0), ctx)).await.unwrap();
+            let _ = actor.cast(ShardMsg::Wake);
+            Self { store, gate, metrics, actor, recipients: ids, _dir: dir }
+        }
+
+        async fn position(&self) -> ShardPosition {
+            self.store.shard_position(ShardId(0)).await.unwrap()
+        }
+
+        /// Lets the paused clock run until `done` holds (or fails after a
+        /// virtual hour).
+        async fn until(&self, what: &str, done: impl Fn(&Self) -> bool) {
+            for _ in 0..36_000 {
+                if done(self) {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            panic!("never: {what}");
+        }
+
+        /// Lets the paused clock run until the checkpoint reaches `checkpoint`.
+        async fn until_checkpoint(&self, checkpoint: u64) {
+            for _ in 0..36_000 {
+                if self.position().await.checkpoint == checkpoint {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            panic!("the checkpoint never reached {checkpoint}");
+        }
+
+        fn waiting(&self) -> usize {
+            self.gate.waiting.load(Ordering::SeqCst)
+        }
+
+        fn sends(&self) -> HashMap<(u64, RecipientId), usize> {
+            self.gate.sent.lock().unwrap().clone()
+        }
+    }
+
+    fn settings(page: usize, pages_in_flight: usize) -> DispatchSettings {
+        DispatchSettings {
+            window_envelopes: 512,
+            subscriber_page: page,
+            max_pages_in_flight: pages_in_flight,
+            poll_interval_ms: 100,
+            window_timeout_seconds: 120,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_checkpoint_moves_only_after_every_first_attempt() {
+        let f = Fixture::start(3, 2, settings(10, 16), 0).await;
+        f.until("all six attempts are waiting", |f| f.waiting() == 6).await;
+        let held = f.position().await;
+        assert_eq!((held.checkpoint, held.boundary), (0, 2), "no checkpoint while attempts are out");
+        f.gate.permits.add_permits(5);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(f.position().await.checkpoint, 0, "one first attempt still unanswered");
+        f.gate.permits.add_permits(1);
+        f.until_checkpoint(2).await;
+        let sends = f.sends();
+        assert_eq!(sends.len(), 6, "every (envelope, subscription) once");
+        assert!(sends.values().all(|n| *n == 1));
+        assert_eq!(f.metrics.windows.get(), 1);
+        assert_eq!(f.metrics.window_replays.get(), 0);
+        f.actor.stop(None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn pages_in_flight_are_bounded() {
+        // One subscriber per page, two pages at once: two attempts out, never three.
+        let f = Fixture::start(5, 1, settings(1, 2), 0).await;
+        f.until("two pages out", |f| f.waiting() == 2).await;
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(f.waiting(), 2, "a third page waits for one of the first two");
+        for released in 1..=5 {
+            f.gate.permits.add_permits(1);
+            f.until("the next page", |f| f.sends().len() == (released + 2).min(5)).await;
+            assert!(f.waiting() <= 2);
+        }
+        f.gate.permits.add_permits(5);
+        f.until_checkpoint(1).await;
+        assert_eq!(f.sends().len(), 5);
+        f.actor.stop(None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_window_with_a_lost_first_attempt_is_replayed_from_the_checkpoint() {
+        let mut s = settings(10, 16);
+        s.window_timeout_seconds = 5;
+        let f = Fixture::start(2, 1, s, 1).await;
+        f.gate.permits.add_permits(100);
+        f.until("a replay", |f| f.metrics.window_replays.get() == 1).await;
+        f.until_checkpoint(1).await; // the replay completes the window
+        let sends = f.sends();
+        assert_eq!(sends[&(1, f.recipients[0])], 2, "the lost attempt is made again");
+        assert!(sends[&(1, f.recipients[1])] >= 1, "at least once, never skipped");
+        assert_eq!(f.metrics.windows.get(), 1);
+        f.actor.stop(None);
     }
 }
