@@ -147,3 +147,129 @@ impl Ingest {
         NewEnvelope::new(topic, self.shard_count, kind, input.should_push, input.sender_hmac, input.data, sequence_id)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::time::Duration;
+
+    use tokio::sync::watch;
+
+    use super::*;
+    use crate::ownership::OwnedShards;
+    use crate::store::{NodeId, RedbStore, ShardLeases};
+    use crate::testing::{MemoryLeases, StandIn};
+
+    const SHARDS: u16 = 4;
+
+    fn input(topic: &[u8], kind: EnvelopeKind, sequence_id: u64) -> EnvelopeInput {
+        EnvelopeInput {
+            topic: topic.to_vec(),
+            kind: kind as i32,
+            should_push: true,
+            sender_hmac: vec![],
+            data: b"ciphertext".to_vec(),
+            sequence_id,
+        }
+    }
+
+    struct Fixture {
+        ingest: Ingest,
+        wakes: Arc<std::sync::Mutex<Vec<ShardId>>>,
+        _dir: tempfile::TempDir,
+    }
+
+    async fn fixture(ownership: Option<ShardOwnership>) -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let (dispatch, wakes) = StandIn::start().await;
+        let ingest = Ingest {
+            store: Arc::new(RedbStore::open(dir.path(), SHARDS).unwrap()),
+            shard_count: SHARDS,
+            dispatch,
+            metrics: Arc::new(Metrics::new()),
+            ownership,
+            advertise_address: "me:1".into(),
+        };
+        Fixture { ingest, wakes, _dir: dir }
+    }
+
+    async fn wakes(f: &Fixture) -> Vec<ShardId> {
+        // The cast is delivered to the stand-in asynchronously.
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+        f.wakes.lock().unwrap().clone()
+    }
+
+    #[tokio::test]
+    async fn one_bad_envelope_fails_alone_and_the_stored_shards_are_woken() {
+        let f = fixture(None).await;
+        let topic = [0u8, 7];
+        let shard = Topic::parse(&topic).unwrap().shard(SHARDS);
+        let results = f
+            .ingest
+            .publish(vec![
+                input(&topic, EnvelopeKind::Application, 0),
+                input(&[0x09, 1], EnvelopeKind::Application, 0), // no such topic kind
+                input(&[0x01, 1], EnvelopeKind::Application, 0), // kind does not match the topic
+                input(&topic, EnvelopeKind::Application, 0),
+            ])
+            .await
+            .unwrap();
+        assert_eq!(results[0], (Some(shard), Ok(1)));
+        assert!(matches!(results[1], (None, Err(EnvelopeRejection::Invalid(_)))));
+        assert!(matches!(results[2], (None, Err(EnvelopeRejection::Invalid(_)))));
+        assert_eq!(results[3], (Some(shard), Ok(2)));
+        assert_eq!(f.ingest.store.shard_position(shard).await.unwrap().boundary, 2);
+        assert_eq!(wakes(&f).await, vec![shard]);
+        let published = &f.ingest.metrics.envelopes_published;
+        assert_eq!((published.with_label_values(&["stored"]).get(), published.with_label_values(&["rejected"]).get()), (2, 2));
+    }
+
+    #[tokio::test]
+    async fn publisher_ids_must_increase_per_shard() {
+        let f = fixture(None).await;
+        let topic = [0u8, 7];
+        let results = f
+            .ingest
+            .publish(vec![
+                input(&topic, EnvelopeKind::Application, 10),
+                input(&topic, EnvelopeKind::Application, 10),
+                input(&topic, EnvelopeKind::Application, 11),
+            ])
+            .await
+            .unwrap();
+        assert_eq!(results[0].1, Ok(10));
+        assert_eq!(results[1].1, Err(EnvelopeRejection::SequenceNotIncreasing { last: 10 }));
+        assert_eq!(results[2].1, Ok(11));
+    }
+
+    #[tokio::test]
+    async fn nothing_stored_wakes_nothing() {
+        let f = fixture(None).await;
+        let results = f.ingest.publish(vec![input(&[0x09], EnvelopeKind::Application, 0)]).await.unwrap();
+        assert!(results[0].1.is_err());
+        assert!(wakes(&f).await.is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_unowned_shard_is_redirected_to_its_owner_or_refused() {
+        let leases = Arc::new(MemoryLeases::default());
+        let (_, owned) = watch::channel(OwnedShards { shards: BTreeSet::new(), settled: true });
+        let f = fixture(Some(ShardOwnership { owned, leases: leases.clone() })).await;
+        let topic = [0u8, 7];
+        let shard = Topic::parse(&topic).unwrap().shard(SHARDS);
+        let ttl = Duration::from_secs(60);
+        let results = f.ingest.publish(vec![input(&topic, EnvelopeKind::Application, 0)]).await.unwrap();
+        assert_eq!(results[0].1, Err(EnvelopeRejection::NoOwner { shard: shard.0 }));
+        // A lease naming this node's own address but not owned: a dead predecessor's.
+        assert!(leases.acquire_lease(shard, &NodeId("old".into()), "me:1", ttl).await.unwrap());
+        let results = f.ingest.publish(vec![input(&topic, EnvelopeKind::Application, 0)]).await.unwrap();
+        assert_eq!(results[0].1, Err(EnvelopeRejection::NoOwner { shard: shard.0 }));
+        leases.release_lease(shard, &NodeId("old".into())).await.unwrap();
+        assert!(leases.acquire_lease(shard, &NodeId("b".into()), "b:1", ttl).await.unwrap());
+        let results = f.ingest.publish(vec![input(&topic, EnvelopeKind::Application, 0)]).await.unwrap();
+        assert_eq!(results[0].1, Err(EnvelopeRejection::OwnedElsewhere { shard: shard.0, address: "b:1".into() }));
+        assert_eq!(f.ingest.store.shard_position(shard).await.unwrap().boundary, 0, "nothing appended");
+    }
+}

@@ -16,6 +16,8 @@ pub mod registry;
 pub mod retention;
 pub mod settings;
 pub mod supervisor;
+#[cfg(test)]
+mod testing;
 mod ticker;
 
 pub use engine::{Engine, EngineError, EngineOptions, NotReady, Readiness};

@@ -197,3 +197,66 @@ async fn stop_shard_actor(cell: ActorCell, drain: bool, wait: Duration) {
     }
     let _ = cell.kill_and_wait(Some(wait)).await;
 }
+
+#[cfg(test)]
+mod tests {
+    //! Lease rounds against an in-memory lease table with TTLs on tokio's
+    //! paused clock, and a stand-in supervisor.
+
+    use tokio::time::Instant;
+
+    use super::*;
+    use crate::testing::{MemoryLeases, StandIn};
+
+    const TTL: Duration = Duration::from_secs(9);
+
+    async fn node(leases: &Arc<MemoryLeases>, shard_count: u16) -> LeaseState {
+        let (supervisor, _) = StandIn::start().await;
+        let (owned, _) = watch::channel(OwnedShards::default());
+        let config = LeaseConfig {
+            leases: leases.clone(),
+            node: NodeId::random(),
+            address: "a:1".into(),
+            ttl: TTL,
+            shard_count,
+            owned: Arc::new(owned),
+        };
+        LeaseState { config, supervisor, ticker: tokio::spawn(async {}) }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn nodes_split_the_shards_by_fair_share_and_take_over_a_dead_one() {
+        let leases = Arc::new(MemoryLeases::default());
+        let mut a = node(&leases, 10).await;
+        a.round().await.unwrap();
+        assert_eq!(a.owned().len(), 10, "alone: every shard");
+        assert!(a.config.owned.borrow().settled);
+
+        let mut b = node(&leases, 10).await;
+        b.round().await.unwrap();
+        assert_eq!(b.owned().len(), 0, "all taken");
+        a.round().await.unwrap(); // two live nodes now: a releases down to 5
+        assert_eq!(a.owned().len(), 5);
+        b.round().await.unwrap();
+        assert_eq!(b.owned().len(), 5);
+        assert!(a.owned().is_disjoint(&b.owned()), "one owner per shard");
+
+        // a stops renewing; after the TTL b takes its shards.
+        tokio::time::advance(TTL + Duration::from_secs(1)).await;
+        b.round().await.unwrap();
+        assert_eq!(b.owned().len(), 10);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_taken_by_another_node_is_dropped_at_the_next_renewal() {
+        let leases = Arc::new(MemoryLeases::default());
+        let mut a = node(&leases, 2).await;
+        a.round().await.unwrap();
+        assert_eq!(a.owned().len(), 2);
+        // Another node holds shard 0 now (a's lease expired meanwhile).
+        leases.leases.lock().unwrap().insert(ShardId(0), (NodeId("other".into()), Instant::now() + TTL));
+        a.round().await.unwrap();
+        assert!(!a.owned().contains(&ShardId(0)), "lost, so disowned");
+        assert!(a.owned().contains(&ShardId(1)));
+    }
+}

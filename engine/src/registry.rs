@@ -198,3 +198,122 @@ fn parse_update(adds: &[SubscriptionInput<'_>], removes: &[Vec<u8>]) -> Result<S
     let removes = removes.iter().map(|t| Topic::parse_subscribable(t)).collect::<Result<Vec<_>, _>>()?;
     Ok(SubscriptionUpdate::new(adds, removes)?)
 }
+
+#[cfg(test)]
+mod tests {
+    //! Admission (PUSH-253) in order, over a real store, with in-memory
+    //! providers: the rows that refuse change nothing.
+
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::channel::{Outcome, Provider, Push, Refused};
+    use crate::store::RedbStore;
+
+    /// A channel that refuses every target whose URL or token says "blocked".
+    struct Picky(Channel);
+
+    #[async_trait]
+    impl Provider for Picky {
+        fn channel(&self) -> Channel {
+            self.0
+        }
+        async fn admit(&self, target: &DeliveryTarget) -> Result<(), Refused> {
+            let text = match target {
+                DeliveryTarget::Http { url, .. } => url,
+                DeliveryTarget::Apns { token } | DeliveryTarget::Fcm { token } => token,
+            };
+            if text.contains("blocked") { Err(Refused("webhook host resolves to a blocked address".into())) } else { Ok(()) }
+        }
+        async fn send(&self, _: Push<'_>) -> Outcome {
+            Outcome::Delivered
+        }
+        fn timed_out(&self) -> Outcome {
+            Outcome::Rejected
+        }
+    }
+
+    const ID: [u8; 32] = [1; 32];
+    const SECRET: [u8; 32] = [2; 32];
+    const KEY: [u8; 16] = [7; 16];
+
+    fn registry(dir: &tempfile::TempDir, channels: &[Channel], max_push_topics: u64) -> Registry {
+        let mut configured = Channels::default();
+        for c in channels {
+            configured.insert(Arc::new(Picky(*c)));
+        }
+        Registry {
+            store: Arc::new(RedbStore::open(dir.path(), 4).unwrap()),
+            channels: configured,
+            max_push_topics,
+            recipient_ttl_seconds: 60,
+            metrics: Arc::new(Metrics::new()),
+        }
+    }
+
+    fn add(topic: &[u8]) -> SubscriptionInput<'_> {
+        SubscriptionInput { topic, hmac_epoch_base: 0, hmac_keys: &[], include_commits: false }
+    }
+
+    fn invalid(r: Result<RecipientState, AdmissionError>) -> String {
+        match r {
+            Err(AdmissionError::InvalidArgument(m)) => m,
+            other => panic!("expected INVALID_ARGUMENT, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn rows_apply_in_order_and_refusals_store_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = registry(&dir, &[Channel::Http, Channel::Apns], 2);
+        let http = |url| Some(DeliveryInput::Http { url, signing_key: &KEY });
+
+        // Row 1: lengths first, whatever else is wrong.
+        invalid(r.register(&ID[..31], &SECRET, None).await);
+        // Row 4: a delivery is required; an unconfigured channel is a precondition.
+        invalid(r.register(&ID, &SECRET, None).await);
+        let fcm = Some(DeliveryInput::Fcm { token: "t" });
+        assert!(matches!(r.register(&ID, &SECRET, fcm).await, Err(AdmissionError::FailedPrecondition(_))));
+        // The text rules, then the channel's own (PUSH-256 for HTTPS).
+        invalid(r.register(&ID, &SECRET, http("")).await);
+        let short_key = Some(DeliveryInput::Http { url: "https://a.example/", signing_key: &KEY[..15] });
+        invalid(r.register(&ID, &SECRET, short_key).await);
+        let refused = invalid(r.register(&ID, &SECRET, http("https://blocked.example/")).await);
+        assert_eq!(refused, "webhook host resolves to a blocked address", "the rule, never the URL");
+        assert!(r.store.recipient(&RecipientId(ID)).await.unwrap().is_none(), "nothing stored");
+
+        // Stored once admitted; the state carries the channel and the TTL.
+        let state = r.register(&ID, &SECRET, http("https://a.example/")).await.unwrap();
+        assert_eq!((state.channel, state.topic_count), (Channel::Http, 0));
+        let stored = r.store.recipient(&RecipientId(ID)).await.unwrap().unwrap();
+        assert_eq!(state.expires_at_ns, stored.renewed_at_ns + 60_000_000_000);
+
+        // Row 3: another secret for an existing recipient, before the payload rules.
+        let other = [3u8; 32];
+        assert!(matches!(r.register(&ID, &other, None).await, Err(AdmissionError::PermissionDenied)));
+        assert!(matches!(r.unregister(&ID, &other).await, Err(AdmissionError::PermissionDenied)));
+        // Row 2: unknown recipients.
+        assert!(matches!(r.unregister(&[9; 32], &SECRET).await, Err(AdmissionError::NotFound)));
+        let adds = [add(&[0, 1])];
+        assert!(matches!(r.update_subscriptions(&[9; 32], &SECRET, &adds, &[]).await, Err(AdmissionError::NotFound)));
+    }
+
+    #[tokio::test]
+    async fn subscription_rules_and_the_topic_limit_change_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = registry(&dir, &[Channel::Apns], 2);
+        r.register(&ID, &SECRET, Some(DeliveryInput::Apns { token: "t" })).await.unwrap();
+        // PUSH-215: every rule before anything is applied.
+        let bad = [add(&[0, 1]), add(&[0x02, 1])]; // identity updates cannot be subscribed
+        invalid(r.update_subscriptions(&ID, &SECRET, &bad, &[]).await);
+        let twice = [add(&[0, 1])];
+        invalid(r.update_subscriptions(&ID, &SECRET, &twice, &[vec![0, 1]]).await);
+        assert!(r.store.subscriptions(&RecipientId(ID)).await.unwrap().is_empty());
+        // PUSH-217: over max_push_topics, nothing changes.
+        let three = [add(&[0, 1]), add(&[0, 2]), add(&[1, 3])];
+        assert!(matches!(r.update_subscriptions(&ID, &SECRET, &three, &[]).await, Err(AdmissionError::ResourceExhausted)));
+        assert!(r.store.subscriptions(&RecipientId(ID)).await.unwrap().is_empty());
+        let two = &three[..2];
+        assert_eq!(r.update_subscriptions(&ID, &SECRET, two, &[]).await.unwrap().topic_count, 2);
+    }
+}

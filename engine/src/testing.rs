@@ -1,0 +1,99 @@
+//! Test doubles shared by the engine's unit tests: an in-memory lease table
+//! and a stand-in for the root supervisor.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tokio::time::Instant;
+
+use crate::domain::ShardId;
+use crate::store::{NodeId, ShardLeases, StoreError};
+use crate::supervisor::SupervisorMsg;
+
+/// Leases and heartbeats that expire, like ScyllaDB's TTL'd rows.
+#[derive(Default)]
+pub struct MemoryLeases {
+    pub leases: Mutex<HashMap<ShardId, (NodeId, Instant)>>,
+    nodes: Mutex<HashMap<String, Instant>>,
+    addresses: Mutex<HashMap<String, String>>,
+}
+
+#[async_trait]
+impl ShardLeases for MemoryLeases {
+    async fn acquire_lease(&self, shard: ShardId, node: &NodeId, address: &str, ttl: Duration) -> Result<bool, StoreError> {
+        self.addresses.lock().unwrap().insert(node.0.clone(), address.to_owned());
+        let mut leases = self.leases.lock().unwrap();
+        let now = Instant::now();
+        match leases.get(&shard) {
+            Some((owner, until)) if *until > now && owner != node => Ok(false),
+            _ => {
+                leases.insert(shard, (node.clone(), now + ttl));
+                Ok(true)
+            }
+        }
+    }
+    async fn release_lease(&self, shard: ShardId, node: &NodeId) -> Result<(), StoreError> {
+        let mut leases = self.leases.lock().unwrap();
+        if leases.get(&shard).is_some_and(|(owner, _)| owner == node) {
+            leases.remove(&shard);
+        }
+        Ok(())
+    }
+    async fn lease_owner(&self, shard: ShardId) -> Result<Option<(NodeId, String)>, StoreError> {
+        let leases = self.leases.lock().unwrap();
+        let owner = leases.get(&shard).filter(|(_, until)| *until > Instant::now());
+        let address = |n: &NodeId| self.addresses.lock().unwrap().get(&n.0).cloned().unwrap_or_default();
+        Ok(owner.map(|(n, _)| (n.clone(), address(n))))
+    }
+    async fn lease_owners(&self) -> Result<Vec<(ShardId, NodeId)>, StoreError> {
+        let now = Instant::now();
+        let leases = self.leases.lock().unwrap();
+        Ok(leases.iter().filter(|(_, (_, until))| *until > now).map(|(s, (n, _))| (*s, n.clone())).collect())
+    }
+    async fn heartbeat(&self, node: &NodeId, _: &str, ttl: Duration) -> Result<(), StoreError> {
+        self.nodes.lock().unwrap().insert(node.0.clone(), Instant::now() + ttl);
+        Ok(())
+    }
+    async fn live_nodes(&self) -> Result<Vec<NodeId>, StoreError> {
+        let now = Instant::now();
+        let nodes = self.nodes.lock().unwrap();
+        Ok(nodes.iter().filter(|(_, until)| **until > now).map(|(n, _)| NodeId(n.clone())).collect())
+    }
+}
+
+/// Stands in for the root supervisor: records Wake, accepts Own, answers
+/// Disown with "no actor".
+pub struct StandIn {
+    pub wakes: Arc<Mutex<Vec<ShardId>>>,
+}
+
+impl StandIn {
+    /// A running stand-in and the shards it was asked to wake.
+    pub async fn start() -> (ActorRef<SupervisorMsg>, Arc<Mutex<Vec<ShardId>>>) {
+        let wakes = Arc::new(Mutex::new(Vec::new()));
+        let (actor, _) = Actor::spawn(None, StandIn { wakes: wakes.clone() }, ()).await.expect("spawn the stand-in");
+        (actor, wakes)
+    }
+}
+
+impl Actor for StandIn {
+    type Msg = SupervisorMsg;
+    type State = ();
+    type Arguments = ();
+    async fn pre_start(&self, _: ActorRef<SupervisorMsg>, _: ()) -> Result<(), ActorProcessingErr> {
+        Ok(())
+    }
+    async fn handle(&self, _: ActorRef<SupervisorMsg>, msg: SupervisorMsg, _: &mut ()) -> Result<(), ActorProcessingErr> {
+        match msg {
+            SupervisorMsg::Disown { reply, .. } => {
+                let _ = reply.send(None);
+            }
+            SupervisorMsg::Wake(shards) => self.wakes.lock().unwrap().extend(shards),
+            _ => {}
+        }
+        Ok(())
+    }
+}
