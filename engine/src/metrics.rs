@@ -11,6 +11,7 @@ pub struct Metrics {
     pub deliveries: IntCounterVec,
     pub attempts: IntCounterVec,
     pub retries: IntCounterVec,
+    pub unsent: IntCounterVec,
     pub suppressed: IntCounter,
     pub webhook_refused_at_register: IntCounter,
     pub webhook_refused_at_send: IntCounter,
@@ -84,6 +85,11 @@ impl Metrics {
             ),
             attempts: counter_vec("fanout_attempts_total", "Provider attempts, by channel and outcome", &["channel", "outcome"]),
             retries: counter_vec("fanout_retries_total", "Attempts scheduled for retry, by channel", &["channel"]),
+            unsent: counter_vec(
+                "fanout_unsent_total",
+                "Sends that never reached the provider (credential failure, watchdog), tried again; not attempts",
+                &["channel"],
+            ),
             suppressed: counter("fanout_suppressed_total", "Deliveries suppressed as the sender's own (PUSH-230)"),
             webhook_refused_at_register: counter(
                 "fanout_webhook_refused_register_total",

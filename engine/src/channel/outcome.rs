@@ -17,6 +17,10 @@ pub enum Outcome {
     Mismatch,
     /// A dead token: delete the recipient unless it re-registered (PUSH-234).
     Terminal,
+    /// No request reached the provider (a credential could not be fetched or
+    /// signed): not an attempt (spec 000 "Terms"). Tried again after `delay`;
+    /// it neither counts towards max_attempts nor settles a first attempt.
+    NotSent { delay: Duration },
 }
 
 impl Outcome {
@@ -40,6 +44,7 @@ impl Outcome {
             Self::Rejected => "rejected",
             Self::Mismatch => "mismatch",
             Self::Terminal => "terminal",
+            Self::NotSent { .. } => "not_sent",
         }
     }
 }

@@ -24,6 +24,7 @@ use prometheus::{IntCounter, IntGauge};
 use tokio::sync::Semaphore;
 
 use super::http::CheckedResolver;
+use crate::settings::ATTEMPT_TIMEOUT;
 
 /// Answers are small JSON objects; anything longer is cut off and classified
 /// on its status alone. The same cap applies to every channel.
@@ -35,7 +36,17 @@ const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(60);
 const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
 pub type HttpsClient = Client<HttpsConnector<CountingConnector>, Full<Bytes>>;
-type SendError = hyper_util::client::legacy::Error;
+
+/// Why a request got no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    /// No answer within `ATTEMPT_TIMEOUT` of the request leaving.
+    #[error("no answer within the attempt timeout")]
+    Timeout,
+    /// The connection could not be made or broke.
+    #[error("connection error: {0}")]
+    Connection(#[from] hyper_util::client::legacy::Error),
+}
 
 /// How new connections find their addresses: the system resolver (provider
 /// hosts), or the webhook safety check (PUSH-256) for receivers' hosts.
@@ -160,7 +171,12 @@ pub struct Answer {
     pub body: Bytes,
 }
 
-/// Sends a request and reads the whole (bounded) answer.
+/// `ATTEMPT_TIMEOUT` on one request.
+pub async fn bounded<T>(request: impl Future<Output = Result<T, SendError>>) -> Result<T, SendError> {
+    tokio::time::timeout(ATTEMPT_TIMEOUT, request).await.unwrap_or(Err(SendError::Timeout))
+}
+
+/// Sends a request and reads the whole (capped) answer.
 pub async fn request(client: &HttpsClient, request: Request<Full<Bytes>>) -> Result<Answer, SendError> {
     let response = client.request(request).await?;
     let (parts, body) = response.into_parts();
@@ -222,11 +238,12 @@ impl Pool {
         Self { clients, next: AtomicUsize::new(0), in_flight, limiter, metrics }
     }
 
-    /// Waits for an in-flight slot and the rate limit, then sends and reads
-    /// the (capped) body. The caller's attempt timeout covers the wait too.
+    /// Waits for an in-flight slot and the rate limit (not part of the
+    /// attempt), then sends and reads the (capped) body within
+    /// `ATTEMPT_TIMEOUT` (spec 000 section 7: every attempt is bounded).
     pub async fn send(&self, req: Request<Full<Bytes>>) -> Result<Answer, SendError> {
         let _permit = self.slot().await;
-        request(self.client(), req).await
+        bounded(request(self.client(), req)).await
     }
 
     /// Like `send`, but the answer is decided on the status line: the body is
@@ -235,7 +252,7 @@ impl Pool {
     /// The in-flight slot is held until the body is done.
     pub async fn send_for_status(&self, req: Request<Full<Bytes>>) -> Result<StatusCode, SendError> {
         let permit = self.slot().await;
-        let response = self.client().request(req).await?;
+        let response = bounded(async { Ok(self.client().request(req).await?) }).await?;
         let status = response.status();
         tokio::spawn(async move {
             let drain = Limited::new(response.into_body(), MAX_RESPONSE_BODY).collect();

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
-pub use latch::FirstAttemptLatch;
+pub use latch::{FirstAttempt, FirstAttemptLatch};
 pub use worker::WorkerContext;
 
 use crate::domain::StoredEnvelope;
@@ -21,19 +21,19 @@ pub struct Delivery {
     /// The recipient as loaded for the window: the attempt uses this target, and
     /// PUSH-234 compares against it.
     pub recipient: Arc<Recipient>,
-    /// Fired once, when the first attempt has an answer (or timed out).
-    pub first_attempt: Option<Arc<FirstAttemptLatch>>,
+    /// Settled once, when the first attempt has an answer (or timed out).
+    pub first_attempt: Option<FirstAttempt>,
     pub attempts: u32,
     /// Every attempt so far was `Outcome::Gone` (the HTTPS 404/410 rule).
     pub all_gone: bool,
 }
 
 impl Delivery {
-    pub fn new(envelope: Arc<StoredEnvelope>, recipient: Arc<Recipient>, latch: Arc<FirstAttemptLatch>) -> Self {
+    pub fn new(envelope: Arc<StoredEnvelope>, recipient: Arc<Recipient>, first_attempt: FirstAttempt) -> Self {
         Self {
             envelope,
             recipient,
-            first_attempt: Some(latch),
+            first_attempt: Some(first_attempt),
             attempts: 0,
             all_gone: true,
         }

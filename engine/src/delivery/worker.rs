@@ -1,15 +1,16 @@
+use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::time::DelayQueue;
 
-use super::Delivery;
+use super::{Delivery, FirstAttempt};
 use crate::channel::{Channels, Outcome, Push};
 use crate::clock::unix_now_ns;
 use crate::metrics::Metrics;
-use crate::settings::{ATTEMPT_TIMEOUT, DeliverySettings};
+use crate::settings::DeliverySettings;
 use crate::store::Store;
 
 /// What every worker shares (read-only).
@@ -21,42 +22,64 @@ pub struct WorkerContext {
     pub metrics: Arc<Metrics>,
 }
 
-/// A worker's loop: take batches while under the in-flight bound, collect
-/// answers, and re-attempt from the timer wheel. Ends when its queue is closed
-/// and nothing is in flight or waiting.
+/// How long a provider may take over one send, waits for a pool slot and
+/// the rate limit included, before the worker gives up on it. The provider
+/// bounds the request itself to `ATTEMPT_TIMEOUT`; this only catches a send
+/// stuck before its request, which is then not an attempt.
+const WATCHDOG: Duration = Duration::from_secs(120);
+/// The delay before a send the watchdog gave up on is tried again.
+const WATCHDOG_DELAY: Duration = Duration::from_secs(1);
+
+/// A worker's loop: take a batch when the last one has been started, start
+/// attempts only while fewer than `max_in_flight_per_worker` are in flight
+/// (first attempts and retries alike), collect answers, and re-attempt from
+/// the timer wheel. Ends when its queue is closed and nothing is in flight,
+/// ready or waiting.
 pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<Delivery>>) {
+    let max_in_flight = ctx.settings.max_in_flight_per_worker;
     let mut in_flight: JoinSet<(Delivery, Outcome)> = JoinSet::new();
+    // Taken from the queue or the timer wheel, not started yet.
+    let mut ready: VecDeque<Delivery> = VecDeque::new();
     let mut retries: DelayQueue<Delivery> = DelayQueue::new();
     // PUSH-234 compare-and-deletes; the worker ends only after they have.
     let mut deletions: JoinSet<()> = JoinSet::new();
     let mut queue_open = true;
     loop {
+        while in_flight.len() < max_in_flight {
+            let Some(delivery) = ready.pop_front() else { break };
+            // A replayed page's delivery that has not had its first attempt
+            // is re-sent by the replay: drop this copy.
+            if delivery.first_attempt.as_ref().is_some_and(FirstAttempt::is_abandoned) {
+                continue;
+            }
+            attempt(&ctx, &mut in_flight, delivery);
+        }
         tokio::select! {
             batch = queue.recv(), if queue_open
-                && in_flight.len() < ctx.settings.max_in_flight_per_worker
+                && ready.is_empty()
                 && retries.len() < ctx.settings.max_retrying_per_worker => {
                 match batch {
                     Some(batch) => {
                         ctx.metrics.delivery_queue.dec();
-                        batch.into_iter().for_each(|d| attempt(&ctx, &mut in_flight, d));
+                        ready.extend(batch);
                     }
                     None => queue_open = false,
                 }
             }
             Some(done) = in_flight.join_next() => {
-                // A panicking attempt loses its delivery; its window is then replayed.
+                // A panicking attempt loses its delivery; its page is replayed.
                 if let Ok((delivery, outcome)) = done {
                     settle(&ctx, delivery, outcome, &mut retries, &mut deletions);
                 }
             }
             Some(expired) = std::future::poll_fn(|cx| retries.poll_expired(cx)) => {
                 ctx.metrics.retry_queue.dec();
-                attempt(&ctx, &mut in_flight, expired.into_inner());
+                ready.push_back(expired.into_inner());
             }
             Some(_) = deletions.join_next() => {}
             else => break,
         }
-        if !queue_open && in_flight.is_empty() && retries.is_empty() && deletions.is_empty() {
+        if !queue_open && ready.is_empty() && in_flight.is_empty() && retries.is_empty() && deletions.is_empty() {
             break;
         }
     }
@@ -74,14 +97,17 @@ fn attempt(ctx: &Arc<WorkerContext>, in_flight: &mut JoinSet<(Delivery, Outcome)
         gauge.inc();
         let started = Instant::now();
         let push = Push { recipient: &delivery.recipient, envelope: &delivery.envelope };
-        let outcome = tokio::time::timeout(ATTEMPT_TIMEOUT, provider.send(push))
-            .await
-            .unwrap_or_else(|_| provider.timed_out());
+        let outcome = tokio::time::timeout(WATCHDOG, provider.send(push)).await.unwrap_or_else(|_| {
+            tracing::warn!(channel = channel.as_str(), "a send made no progress for the watchdog's time; trying again");
+            Outcome::NotSent { delay: WATCHDOG_DELAY }
+        });
         gauge.dec();
-        ctx.metrics
-            .provider_latency
-            .with_label_values(&[channel.as_str()])
-            .observe(started.elapsed().as_secs_f64());
+        if !matches!(outcome, Outcome::NotSent { .. }) {
+            ctx.metrics
+                .provider_latency
+                .with_label_values(&[channel.as_str()])
+                .observe(started.elapsed().as_secs_f64());
+        }
         (delivery, outcome)
     });
 }
@@ -96,10 +122,17 @@ fn settle(
     deletions: &mut JoinSet<()>,
 ) {
     let channel = delivery.recipient.target.channel().as_str();
+    if let Outcome::NotSent { delay } = outcome {
+        // Not an attempt: no count, no first-attempt latch, just later.
+        ctx.metrics.unsent.with_label_values(&[channel]).inc();
+        ctx.metrics.retry_queue.inc();
+        retries.insert(delivery, delay);
+        return;
+    }
     delivery.attempts += 1;
     ctx.metrics.attempts.with_label_values(&[channel, outcome.label()]).inc();
-    if let Some(latch) = delivery.first_attempt.take() {
-        latch.count_down();
+    if let Some(first) = delivery.first_attempt.take() {
+        first.settle();
         let waited = (unix_now_ns() - delivery.envelope.server_ts_ns).max(0) as f64 / 1e9;
         ctx.metrics.publish_to_attempt.with_label_values(&[channel]).observe(waited);
     }
@@ -156,23 +189,34 @@ mod tests {
     use crate::domain::{Channel, DeliveryTarget, EnvelopeKind, RecipientId, SecretHash, ShardId, StoredEnvelope, Topic};
     use crate::store::{RedbStore, Recipient};
 
-    /// A channel that answers from a script (then `Delivered`), or never
-    /// answers when `hang` is set. It needs nothing but `Provider`.
+    /// A channel that answers from a script (then `Delivered`); its first
+    /// `hang` sends never answer, and it records how many sends overlap.
+    /// It needs nothing but `Provider`.
     struct Scripted {
         channel: Channel,
         script: Mutex<VecDeque<Outcome>>,
-        hang: bool,
+        hang: AtomicUsize,
         sent: AtomicUsize,
+        latency: Duration,
+        concurrent: AtomicUsize,
+        most_concurrent: AtomicUsize,
     }
 
     impl Scripted {
         fn new(channel: Channel, script: &[Outcome]) -> Arc<Self> {
-            let script = Mutex::new(script.iter().copied().collect());
-            Arc::new(Self { channel, script, hang: false, sent: AtomicUsize::new(0) })
+            Self::build(channel, script, 0, Duration::ZERO)
         }
 
-        fn hanging(channel: Channel) -> Arc<Self> {
-            Arc::new(Self { channel, script: Mutex::default(), hang: true, sent: AtomicUsize::new(0) })
+        fn build(channel: Channel, script: &[Outcome], hang: usize, latency: Duration) -> Arc<Self> {
+            Arc::new(Self {
+                channel,
+                script: Mutex::new(script.iter().copied().collect()),
+                hang: AtomicUsize::new(hang),
+                sent: AtomicUsize::new(0),
+                latency,
+                concurrent: AtomicUsize::new(0),
+                most_concurrent: AtomicUsize::new(0),
+            })
         }
     }
 
@@ -183,9 +227,13 @@ mod tests {
         }
         async fn send(&self, _push: Push<'_>) -> Outcome {
             self.sent.fetch_add(1, Ordering::SeqCst);
-            if self.hang {
+            if self.hang.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
                 std::future::pending::<()>().await;
             }
+            let now = self.concurrent.fetch_add(1, Ordering::SeqCst) + 1;
+            self.most_concurrent.fetch_max(now, Ordering::SeqCst);
+            tokio::time::sleep(self.latency).await;
+            self.concurrent.fetch_sub(1, Ordering::SeqCst);
             self.script.lock().unwrap().pop_front().unwrap_or(Outcome::Delivered)
         }
         fn timed_out(&self) -> Outcome {
@@ -220,32 +268,54 @@ mod tests {
     /// `used` (the recipient as the window loaded it) through one worker,
     /// and waits until the worker has nothing left.
     async fn deliver(provider: Arc<Scripted>, stored: &Recipient, used: Recipient) -> Run {
+        let settings = DeliverySettings { workers: 1, ..DeliverySettings::default() };
+        deliver_all(provider, stored, vec![used], settings).await
+    }
+
+    /// Delivers one envelope to each of `used` through the workers of
+    /// `settings` and waits until they have nothing left.
+    async fn deliver_all(provider: Arc<Scripted>, stored: &Recipient, used: Vec<Recipient>, settings: DeliverySettings) -> Run {
         let dir = tempfile::tempdir().unwrap();
         let store: Arc<dyn Store> = Arc::new(RedbStore::open(dir.path(), 4).unwrap());
         store.register(&stored.id, &stored.secret_hash, &stored.target, 1).await.unwrap();
         let metrics = Arc::new(Metrics::new());
         let mut channels = Channels::default();
         channels.insert(provider);
-        let ctx = Arc::new(WorkerContext {
-            settings: DeliverySettings { workers: 1, ..DeliverySettings::default() },
-            max_attempts: 3,
-            channels,
-            store: store.clone(),
-            metrics: metrics.clone(),
-        });
+        let ctx = Arc::new(WorkerContext { settings, max_attempts: 3, channels, store: store.clone(), metrics: metrics.clone() });
         let (workers, handles) = DeliveryWorkers::start(ctx);
         let first_attempts = Arc::new(AtomicUsize::new(0));
         let fired = first_attempts.clone();
-        let latch = Arc::new(FirstAttemptLatch::new(1, move || {
+        let latch = Arc::new(FirstAttemptLatch::new(used.len(), Arc::default(), move || {
             fired.fetch_add(1, Ordering::SeqCst);
         }));
-        let delivery = Delivery::new(Arc::new(envelope()), Arc::new(used), latch);
-        workers.submit(vec![delivery]).await.unwrap();
+        let envelope = Arc::new(envelope());
+        let batch = used
+            .into_iter()
+            .enumerate()
+            .map(|(index, r)| Delivery::new(envelope.clone(), Arc::new(r), FirstAttempt { latch: latch.clone(), index }))
+            .collect();
+        workers.submit(batch).await.unwrap();
         drop(workers);
         for handle in handles {
             handle.await.unwrap();
         }
         Run { store, metrics, first_attempts, _dir: dir }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_in_flight_bound_holds_for_first_attempts_and_retries() {
+        // Every delivery answers transient once, then delivered: 100 first
+        // attempts and 100 retries, never more than 4 at once.
+        let t = Outcome::transient(Duration::from_secs(1));
+        let p = Scripted::build(Channel::Apns, &[t; 100], 0, Duration::from_millis(200));
+        let r = recipient(DeliveryTarget::Apns { token: "t".into() });
+        let many = (0..100u8).map(|i| Recipient { id: RecipientId([i; 32]), ..r.clone() }).collect();
+        let settings = DeliverySettings { workers: 1, max_in_flight_per_worker: 4, ..DeliverySettings::default() };
+        let run = deliver_all(p.clone(), &r, many, settings).await;
+        assert_eq!(p.sent.load(Ordering::SeqCst), 200);
+        assert_eq!(p.most_concurrent.load(Ordering::SeqCst), 4);
+        assert_eq!(count(&run.metrics.deliveries, Channel::Apns, "delivered"), 100);
+        assert_eq!(run.first_attempts.load(Ordering::SeqCst), 1, "the page's latch fired once");
     }
 
     fn http_target(url: &str) -> DeliveryTarget {
@@ -337,16 +407,30 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn an_attempt_that_never_answers_takes_the_channels_timeout_outcome() {
-        let p = Scripted::hanging(Channel::Apns);
+    async fn a_send_stuck_before_its_request_is_not_an_attempt() {
+        // The first two sends never answer: the watchdog gives up on each.
+        let p = Scripted::build(Channel::Apns, &[], 2, Duration::ZERO);
         let r = recipient(DeliveryTarget::Apns { token: "t".into() });
         let started = tokio::time::Instant::now();
         let run = deliver(p.clone(), &r, r.clone()).await;
         assert_eq!(p.sent.load(Ordering::SeqCst), 3);
-        // Three 10 s attempts and two 7 s delays (the channel's timeout outcome).
-        assert!(started.elapsed() >= ATTEMPT_TIMEOUT * 3 + Duration::from_secs(14));
+        assert!(started.elapsed() >= WATCHDOG * 2 + WATCHDOG_DELAY * 2);
+        assert_eq!(run.metrics.unsent.with_label_values(&["apns"]).get(), 2);
+        assert_eq!(count(&run.metrics.attempts, Channel::Apns, "delivered"), 1, "one attempt in all");
+        assert_eq!(count(&run.metrics.deliveries, Channel::Apns, "delivered"), 1);
         assert_eq!(run.first_attempts.load(Ordering::SeqCst), 1);
-        assert_eq!(count(&run.metrics.deliveries, Channel::Apns, "exhausted"), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn not_sent_never_counts_towards_max_attempts() {
+        let n = Outcome::NotSent { delay: Duration::from_secs(10) };
+        let p = Scripted::new(Channel::Fcm, &[n, n, n, n, n]);
+        let r = recipient(DeliveryTarget::Fcm { token: "t".into() });
+        let run = deliver(p.clone(), &r, r.clone()).await;
+        assert_eq!(p.sent.load(Ordering::SeqCst), 6);
+        assert_eq!(count(&run.metrics.deliveries, Channel::Fcm, "delivered"), 1);
+        assert_eq!(run.metrics.unsent.with_label_values(&["fcm"]).get(), 5);
+        assert_eq!(run.first_attempts.load(Ordering::SeqCst), 1, "the latch waits for the real attempt");
     }
 
     #[tokio::test(start_paused = true)]

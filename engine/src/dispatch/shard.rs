@@ -1,25 +1,27 @@
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::time::Instant;
 
-use ractor::{Actor, ActorProcessingErr, ActorRef};
-
-use crate::ticker::spawn_ticker;
 use super::{Decision, DispatchContext, decide};
-use crate::delivery::{Delivery, FirstAttemptLatch};
+use crate::delivery::{Delivery, FirstAttempt, FirstAttemptLatch};
 use crate::domain::{RecipientId, ShardId, StoredEnvelope};
+use crate::store::Recipient;
+use crate::ticker::spawn_ticker;
 
 pub enum ShardMsg {
     /// New envelopes may be above the checkpoint.
     Wake,
-    /// Periodic: look for work, replay a window that has run too long.
+    /// Periodic: look for work, replay the pages of a window that made no
+    /// progress for too long.
     Tick,
     /// Produce the next page of deliveries of the current window.
     Pump,
-    /// Every delivery of one page of window `window` had its first attempt.
-    PageDone { window: u64 },
+    /// Every delivery of page `page` of window `window` had its first attempt.
+    PageDone { window: u64, page: u64 },
     /// Shutdown: start no new window, finish the current one, then stop.
     Drain,
 }
@@ -47,9 +49,34 @@ struct Window {
     cursor: Option<RecipientId>,
     /// The checkpoint this window moves to when complete.
     end: u64,
-    pages_in_flight: usize,
+    /// Pages handed to the workers whose first attempts are not all answered.
+    pages: HashMap<u64, Page>,
+    next_page_id: u64,
     pump_queued: bool,
     started: Instant,
+    /// First attempts settled in this window (counted by the latches), and
+    /// when that count last moved: the liveness measure of the window.
+    progress: Arc<AtomicU64>,
+    seen_progress: u64,
+    last_progress: Instant,
+}
+
+/// One page's deliveries, kept until their first attempts are answered so
+/// that a replay can re-send exactly the ones that never had one.
+struct Page {
+    envelope: Arc<StoredEnvelope>,
+    recipients: Vec<Arc<Recipient>>,
+    latch: Arc<FirstAttemptLatch>,
+}
+
+impl Window {
+    /// A dropped window's deliveries that have not had their first attempt
+    /// are dropped by the workers too: the next window sends them again.
+    fn abandon(&mut self) {
+        for page in self.pages.values() {
+            page.latch.abandon();
+        }
+    }
 }
 
 impl Actor for ShardActor {
@@ -69,6 +96,8 @@ impl Actor for ShardActor {
 
     async fn post_stop(&self, _: ActorRef<ShardMsg>, state: &mut ShardState) -> Result<(), ActorProcessingErr> {
         state.ticker.abort();
+        // Whoever runs this shard next replays from the checkpoint.
+        state.drop_window();
         state.set_lag(0);
         Ok(())
     }
@@ -81,12 +110,12 @@ impl Actor for ShardActor {
     ) -> Result<(), ActorProcessingErr> {
         let result = match message {
             ShardMsg::Wake => state.start_window(&myself).await,
-            ShardMsg::Tick => {
-                state.replay_if_stuck();
-                state.start_window(&myself).await
-            }
+            ShardMsg::Tick => match state.replay_if_stalled(&myself).await {
+                Ok(()) => state.start_window(&myself).await,
+                Err(e) => Err(e),
+            },
             ShardMsg::Pump => state.pump(&myself).await,
-            ShardMsg::PageDone { window } => state.page_done(&myself, window).await,
+            ShardMsg::PageDone { window, page } => state.page_done(&myself, window, page).await,
             ShardMsg::Drain => {
                 state.draining = true;
                 Ok(())
@@ -99,15 +128,23 @@ impl Actor for ShardActor {
         if let Err(e) = result {
             // Drop the window; the next tick replays it from the durable checkpoint.
             tracing::warn!(shard = state.shard.0, error = %e, "dispatch step failed; window will be replayed");
-            state.window = None;
+            state.drop_window();
         }
         Ok(())
     }
 }
 
+/// Why a step stopped: the store failed (the window is read again), or the
+/// delivery workers are gone (shutting down).
 type StepResult = Result<(), crate::store::StoreError>;
 
 impl ShardState {
+    fn drop_window(&mut self) {
+        if let Some(mut w) = self.window.take() {
+            w.abandon();
+        }
+    }
+
     /// Reads a window from the checkpoint up to the boundary, unless one runs.
     async fn start_window(&mut self, myself: &ActorRef<ShardMsg>) -> StepResult {
         if self.window.is_some() || self.draining {
@@ -134,14 +171,19 @@ impl ShardState {
             return Ok(());
         }
         self.next_window_id += 1;
+        let now = Instant::now();
         self.window = Some(Window {
             id: self.next_window_id,
             envelopes: envelopes.into_iter().map(Arc::new).collect(),
             cursor: None,
             end,
-            pages_in_flight: 0,
+            pages: HashMap::new(),
+            next_page_id: 0,
             pump_queued: false,
-            started: Instant::now(),
+            started: now,
+            progress: Arc::default(),
+            seen_progress: 0,
+            last_progress: now,
         });
         self.queue_pump(myself);
         Ok(())
@@ -163,7 +205,7 @@ impl ShardState {
             return Ok(());
         };
         w.pump_queued = false;
-        if w.pages_in_flight >= ctx.settings.max_pages_in_flight {
+        if w.pages.len() >= ctx.settings.max_pages_in_flight {
             return Ok(()); // PageDone pumps again.
         }
         let Some(envelope) = w.envelopes.front().cloned() else {
@@ -186,16 +228,9 @@ impl ShardState {
             }
         }
         if !recipients.is_empty() {
-            w.pages_in_flight += 1;
-            let window = w.id;
-            let me = myself.clone();
-            let latch = Arc::new(FirstAttemptLatch::new(recipients.len(), move || {
-                let _ = me.cast(ShardMsg::PageDone { window });
-            }));
-            let batch = recipients
-                .into_iter()
-                .map(|r| Delivery::new(envelope.clone(), r, latch.clone()))
-                .collect();
+            let page = w.next_page_id;
+            w.next_page_id += 1;
+            let batch = w.hand_out(myself, page, envelope, recipients);
             // Waits while the workers are full: backpressure.
             if ctx.workers.submit(batch).await.is_err() {
                 return Ok(()); // Shutting down; the window is replayed at next start.
@@ -206,11 +241,13 @@ impl ShardState {
         Ok(())
     }
 
-    async fn page_done(&mut self, myself: &ActorRef<ShardMsg>, window: u64) -> StepResult {
+    async fn page_done(&mut self, myself: &ActorRef<ShardMsg>, window: u64, page: u64) -> StepResult {
         let Some(w) = self.window.as_mut().filter(|w| w.id == window) else {
-            return Ok(()); // A replayed window's late answer.
+            return Ok(()); // A dropped window's late answer.
         };
-        w.pages_in_flight -= 1;
+        if w.pages.remove(&page).is_none() {
+            return Ok(()); // A replayed page's late answer.
+        }
         if w.envelopes.is_empty() {
             self.complete_if_done(myself).await
         } else {
@@ -222,7 +259,7 @@ impl ShardState {
     /// The checkpoint moves only when every page has had its first attempts.
     async fn complete_if_done(&mut self, myself: &ActorRef<ShardMsg>) -> StepResult {
         let Some(w) = self.window.as_ref() else { return Ok(()) };
-        if !w.envelopes.is_empty() || w.pages_in_flight > 0 {
+        if !w.envelopes.is_empty() || !w.pages.is_empty() {
             return Ok(());
         }
         self.ctx.store.advance_checkpoint(self.shard, w.end).await?;
@@ -233,15 +270,44 @@ impl ShardState {
         Ok(())
     }
 
-    /// A window whose first attempts never all finish (a lost delivery, a
-    /// crashed worker) is abandoned and read again from the checkpoint.
-    fn replay_if_stuck(&mut self) {
+    /// Liveness over age: a window is replayed only when no first attempt
+    /// of it has been answered for `window_timeout_seconds` (a delivery lost
+    /// to a crashed or panicking attempt). A long window that keeps making
+    /// progress runs to completion. The replay re-sends, within the running
+    /// window, only the deliveries whose first attempt never came; the
+    /// workers drop the old copies of those.
+    async fn replay_if_stalled(&mut self, myself: &ActorRef<ShardMsg>) -> StepResult {
         let timeout = Duration::from_secs(self.ctx.settings.window_timeout_seconds);
-        if self.window.as_ref().is_some_and(|w| w.started.elapsed() > timeout) {
-            self.ctx.metrics.window_replays.inc();
-            tracing::warn!(shard = self.shard.0, "window timed out; replaying from the checkpoint");
-            self.window = None;
+        let Some(w) = self.window.as_mut() else { return Ok(()) };
+        let progress = w.progress.load(Ordering::Relaxed);
+        if progress != w.seen_progress || w.pages.is_empty() {
+            w.seen_progress = progress;
+            w.last_progress = Instant::now();
+            return Ok(());
         }
+        if w.last_progress.elapsed() < timeout {
+            return Ok(());
+        }
+        self.ctx.metrics.window_replays.inc();
+        tracing::warn!(shard = self.shard.0, "window made no progress; replaying its unanswered deliveries");
+        w.last_progress = Instant::now();
+        let stalled: Vec<u64> = w.pages.keys().copied().collect();
+        let mut batch = Vec::new();
+        for old in stalled {
+            let Some(page) = w.pages.remove(&old) else { continue };
+            let missing = page.latch.abandon();
+            if missing.is_empty() {
+                continue; // answered meanwhile
+            }
+            let recipients = missing.into_iter().map(|i| page.recipients[i].clone()).collect();
+            let id = w.next_page_id;
+            w.next_page_id += 1;
+            batch.extend(w.hand_out(myself, id, page.envelope, recipients));
+        }
+        if self.ctx.workers.submit(batch).await.is_err() {
+            return Ok(()); // Shutting down.
+        }
+        self.complete_if_done(myself).await
     }
 
     fn set_lag(&mut self, lag: i64) {
@@ -253,6 +319,33 @@ impl ShardState {
         if self.ctx.panic_hook.page_done() {
             panic!("injected shard actor panic (FANOUT_DANGEROUS_PANIC_AFTER_PAGES)");
         }
+    }
+}
+
+impl Window {
+    /// Records page `page` and returns its deliveries, each with its place in
+    /// the page's latch.
+    fn hand_out(
+        &mut self,
+        myself: &ActorRef<ShardMsg>,
+        page: u64,
+        envelope: Arc<StoredEnvelope>,
+        recipients: Vec<Arc<Recipient>>,
+    ) -> Vec<Delivery> {
+        let window = self.id;
+        let me = myself.clone();
+        let latch = Arc::new(FirstAttemptLatch::new(recipients.len(), self.progress.clone(), move || {
+            let _ = me.cast(ShardMsg::PageDone { window, page });
+        }));
+        let batch = recipients
+            .iter()
+            .enumerate()
+            .map(|(index, r)| {
+                Delivery::new(envelope.clone(), r.clone(), FirstAttempt { latch: latch.clone(), index })
+            })
+            .collect();
+        self.pages.insert(page, Page { envelope, recipients, latch });
+        batch
     }
 }
 
@@ -284,6 +377,7 @@ mod tests {
     /// Answers `Delivered` once a permit is available; panics (losing the
     /// attempt) for the recipients in `lose_once`, the first time only.
     struct Gate {
+        latency: Duration,
         permits: Semaphore,
         waiting: AtomicUsize,
         sent: Mutex<HashMap<(u64, RecipientId), usize>>,
@@ -309,6 +403,7 @@ mod tests {
             self.waiting.fetch_add(1, Ordering::SeqCst);
             let permit = self.permits.acquire().await.unwrap();
             permit.forget();
+            tokio::time::sleep(self.latency).await;
             self.waiting.fetch_sub(1, Ordering::SeqCst);
             Outcome::Delivered
         }
@@ -330,6 +425,18 @@ mod tests {
         /// `recipients` subscribed to one topic, `envelopes` published to it,
         /// and a shard actor started with `settings`; the gate starts closed.
         async fn start(recipients: u8, envelopes: usize, settings: DispatchSettings, lose_once: usize) -> Self {
+            Self::start_with(recipients, envelopes, settings, lose_once, Duration::ZERO, DeliverySettings::default()).await
+        }
+
+        /// Like `start`, each answer taking `latency`, with these workers.
+        async fn start_with(
+            recipients: u8,
+            envelopes: usize,
+            settings: DispatchSettings,
+            lose_once: usize,
+            latency: Duration,
+            delivery: DeliverySettings,
+        ) -> Self {
             let dir = tempfile::tempdir().unwrap();
             let store: Arc<dyn Store> = Arc::new(RedbStore::open(dir.path(), SHARDS).unwrap());
             let topic = Topic::parse(&[0, 42]).unwrap();
@@ -349,6 +456,7 @@ mod tests {
             store.append(&batch, 2).await.unwrap();
 
             let gate = Arc::new(Gate {
+                latency,
                 permits: Semaphore::new(0),
                 waiting: AtomicUsize::new(0),
                 sent: Mutex::default(),
@@ -358,7 +466,7 @@ mod tests {
             let mut channels = Channels::default();
             channels.insert(gate.clone());
             let (workers, _handles) = DeliveryWorkers::start(Arc::new(WorkerContext {
-                settings: DeliverySettings { workers: 2, ..DeliverySettings::default() },
+                settings: delivery,
                 max_attempts: 3,
                 channels: channels.clone(),
                 store: store.clone(),
@@ -470,8 +578,26 @@ mod tests {
         f.until_checkpoint(1).await; // the replay completes the window
         let sends = f.sends();
         assert_eq!(sends[&(1, f.recipients[0])], 2, "the lost attempt is made again");
-        assert!(sends[&(1, f.recipients[1])] >= 1, "at least once, never skipped");
+        assert_eq!(sends[&(1, f.recipients[1])], 1, "an answered first attempt is not re-sent");
         assert_eq!(f.metrics.windows.get(), 1);
+        f.actor.stop(None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_long_window_that_keeps_progressing_is_never_replayed() {
+        // 40 deliveries one at a time, 1 s each: a 40 s window, a 2 s timeout.
+        let mut s = settings(10, 16);
+        s.window_timeout_seconds = 2;
+        let one_at_a_time = DeliverySettings { workers: 1, max_in_flight_per_worker: 1, ..DeliverySettings::default() };
+        let f = Fixture::start_with(40, 1, s, 0, Duration::from_secs(1), one_at_a_time).await;
+        f.gate.permits.add_permits(1000);
+        let started = Instant::now();
+        f.until_checkpoint(1).await;
+        assert!(started.elapsed() >= Duration::from_secs(40));
+        assert_eq!(f.metrics.window_replays.get(), 0, "progress, so no replay");
+        let sends = f.sends();
+        assert_eq!(sends.len(), 40);
+        assert!(sends.values().all(|n| *n == 1), "no duplicates");
         f.actor.stop(None);
     }
 }

@@ -16,7 +16,7 @@ use jsonwebtoken::EncodingKey;
 use self::classify::{CONNECTION_ERROR, Classified, RETRY_DELAY, TIMED_OUT, classify, reason};
 use self::request::ApnsRequest;
 use self::token::{ProviderToken, ProviderTokens};
-use super::pool::{ClientOptions, Pool, PoolMetrics, PoolOptions, Protocols, Resolver};
+use super::pool::{ClientOptions, Pool, PoolMetrics, PoolOptions, Protocols, Resolver, SendError};
 use super::{BuildError, ChannelContext, Outcome, Provider, Push, client_tls_config};
 use crate::domain::{Channel, DeliveryTarget};
 
@@ -78,7 +78,8 @@ impl ApnsProvider {
                 let reason = if answer.status == http::StatusCode::OK { None } else { reason(&answer.body) };
                 classify(answer.status.as_u16(), reason.as_deref())
             }
-            Err(_) => Classified::Outcome(CONNECTION_ERROR),
+            Err(SendError::Timeout) => Classified::Outcome(TIMED_OUT),
+            Err(SendError::Connection(_)) => Classified::Outcome(CONNECTION_ERROR),
         }
     }
 }
@@ -97,7 +98,8 @@ impl Provider for ApnsProvider {
             return Outcome::Rejected;
         };
         let Some(token) = self.tokens.get() else {
-            return Outcome::transient(RETRY_DELAY);
+            // Signing failed locally: nothing was sent.
+            return Outcome::NotSent { delay: RETRY_DELAY };
         };
         match self.post(&request, &token).await {
             Classified::Outcome(outcome) => outcome,

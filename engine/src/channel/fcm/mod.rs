@@ -18,7 +18,9 @@ use jsonwebtoken::EncodingKey;
 
 use self::classify::{CONNECTION_ERROR, RETRY_DELAY, TIMED_OUT, classify_answer};
 use self::token::{AccessTokens, ServiceAccount};
-use super::pool::{ClientOptions, Pool, PoolMetrics, PoolOptions, Protocols, Resolver, encode_path_segment, https_client};
+use super::pool::{
+    ClientOptions, Pool, PoolMetrics, PoolOptions, Protocols, Resolver, SendError, encode_path_segment, https_client,
+};
 use super::settings::check_https_base;
 use super::{BuildError, ChannelContext, Outcome, Provider, Push, client_tls_config};
 use crate::domain::{Channel, DeliveryTarget};
@@ -92,9 +94,10 @@ impl Provider for FcmProvider {
         let DeliveryTarget::Fcm { token: device } = &push.recipient.target else {
             return Outcome::Rejected;
         };
-        // The credential fetch is part of the attempt (and of its 10 s bound).
+        // A failed credential fetch sends nothing: not an attempt. The fetch
+        // itself is bounded to ATTEMPT_TIMEOUT.
         let Ok(access) = self.tokens.get().await else {
-            return Outcome::transient(RETRY_DELAY);
+            return Outcome::NotSent { delay: RETRY_DELAY };
         };
         let request = Request::post(self.send_uri.clone())
             .header(http::header::AUTHORIZATION, access.authorization.clone())
@@ -111,7 +114,8 @@ impl Provider for FcmProvider {
                 }
                 classify_answer(answer.status, &answer.headers, &answer.body)
             }
-            Err(_) => CONNECTION_ERROR,
+            Err(SendError::Timeout) => TIMED_OUT,
+            Err(SendError::Connection(_)) => CONNECTION_ERROR,
         }
     }
 
@@ -267,10 +271,10 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn token_failures_are_transient_and_counted() {
+    async fn token_failures_send_nothing_and_are_counted() {
         let s = setup(MockFcmConfig::default()).await;
         s.mock.script_token_endpoint(vec![500]);
-        assert_eq!(send(&s, "reg").await, Outcome::transient(RETRY_DELAY));
+        assert_eq!(send(&s, "reg").await, Outcome::NotSent { delay: RETRY_DELAY }, "not an attempt");
         assert_eq!(s.mock.received_count(), 0, "no send without a token");
         assert_eq!(count(&s.metrics.provider_token_failures), 1);
         // The next attempt fetches again and sends.
@@ -297,9 +301,10 @@ mod tests {
     #[tokio::test]
     async fn connection_errors_are_transient() {
         let s = setup(MockFcmConfig::default()).await;
+        assert_eq!(send(&s, "warm").await, Outcome::Delivered, "an access token is cached");
         s.mock.shutdown_now();
         assert_eq!(send(&s, "reg").await, Outcome::transient(RETRY_DELAY));
-        assert_eq!(count(&s.metrics.provider_token_failures), 1);
+        assert_eq!(count(&s.metrics.provider_token_failures), 0);
     }
 
     #[test]

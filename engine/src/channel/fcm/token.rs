@@ -10,9 +10,8 @@ use http_body_util::Full;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde::{Deserialize, Serialize};
 
-use crate::channel::pool::{HttpsClient, encode_path_segment, request, unix_now_secs};
+use crate::channel::pool::{HttpsClient, bounded, encode_path_segment, request, unix_now_secs};
 use crate::metrics::Metrics;
-use crate::settings::ATTEMPT_TIMEOUT;
 
 /// An access token is replaced this long before it expires.
 const TOKEN_EXPIRY_MARGIN: Duration = Duration::from_secs(300);
@@ -159,12 +158,7 @@ impl AccessTokens {
             .header(http::header::ACCEPT, "application/json")
             .body(Full::new(Bytes::from(form)))
             .map_err(|_| TokenError::Connect)?;
-        // The caller's attempt timeout bounds this too; this bound only
-        // matters for a caller without one.
-        let answer = tokio::time::timeout(ATTEMPT_TIMEOUT, request(&self.client, req))
-            .await
-            .map_err(|_| TokenError::Connect)?
-            .map_err(|_| TokenError::Connect)?;
+        let answer = bounded(request(&self.client, req)).await.map_err(|_| TokenError::Connect)?;
         if answer.status != StatusCode::OK {
             return Err(TokenError::Status(answer.status));
         }

@@ -30,7 +30,7 @@ use bytes::Bytes;
 use http_body_util::Full;
 
 use self::classify::{CONNECTION_ERROR, TIMED_OUT, classify};
-use super::pool::{ClientOptions, Pool, PoolMetrics, PoolOptions, Protocols, Resolver};
+use super::pool::{ClientOptions, Pool, PoolMetrics, PoolOptions, Protocols, Resolver, SendError};
 use super::{BuildError, ChannelContext, Outcome, Provider, Push, Refused, client_tls_config};
 use crate::clock::unix_now_ns;
 use crate::domain::{Channel, DeliveryTarget};
@@ -144,7 +144,8 @@ impl Provider for WebhookProvider {
         // names statuses only); the body is drained in the background.
         match self.pool.send_for_status(request).await {
             Ok(status) => classify(status.as_u16()),
-            Err(_) => CONNECTION_ERROR,
+            Err(SendError::Timeout) => TIMED_OUT,
+            Err(SendError::Connection(_)) => CONNECTION_ERROR,
         }
     }
 
