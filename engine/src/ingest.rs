@@ -10,7 +10,7 @@ use crate::clock::unix_now_ns;
 
 use crate::ownership::ShardOwnership;
 use crate::supervisor::SupervisorMsg;
-use crate::domain::{EnvelopeKind, NewEnvelope, ParseError, ShardId, Topic};
+use crate::domain::{EnvelopeKind, NewEnvelope, ParseError, SequenceRefusal, ShardId, Topic};
 use crate::metrics::Metrics;
 use crate::store::{Appended, Store, StoreError};
 
@@ -33,6 +33,12 @@ pub enum EnvelopeRejection {
     Invalid(&'static str),
     #[error("sequence_id is not above the shard's last id {last}")]
     SequenceNotIncreasing { last: u64 },
+    /// Issue 11: a publisher id may not run ahead of its shard by more than
+    /// `MAX_SEQUENCE_GAP`, nor pass `MAX_SEQUENCE_ID` (2^63 − 1).
+    #[error("sequence_id is more than 2^32 above the shard's last id {last}, or above 2^63-1")]
+    SequenceTooFarAhead { last: u64 },
+    #[error("the shard has no sequence ids left")]
+    SequenceExhausted,
     /// Issue 7 redirect contract: another node owns the shard; publish there.
     #[error("shard {shard} is owned by {address}; publish there")]
     OwnedElsewhere { shard: u16, address: String },
@@ -57,6 +63,16 @@ pub struct Ingest {
     /// This node's advertised gRPC address: a lease naming it but not in the
     /// owned set is a dead predecessor's, so the answer is "no owner yet".
     pub advertise_address: String,
+}
+
+impl From<SequenceRefusal> for EnvelopeRejection {
+    fn from(refusal: SequenceRefusal) -> Self {
+        match refusal {
+            SequenceRefusal::NotIncreasing { last } => Self::SequenceNotIncreasing { last },
+            SequenceRefusal::TooFarAhead { last } => Self::SequenceTooFarAhead { last },
+            SequenceRefusal::Exhausted => Self::SequenceExhausted,
+        }
+    }
 }
 
 /// Most envelopes one publish request may carry.
@@ -89,6 +105,7 @@ impl Ingest {
                     Some((Appended::SequenceNotIncreasing { last }, shard)) => {
                         (Some(shard), Err(EnvelopeRejection::SequenceNotIncreasing { last }))
                     }
+                    Some((Appended::SequenceRefused(refusal), shard)) => (Some(shard), Err(refusal.into())),
                     None => (None, Err(EnvelopeRejection::Invalid("not stored"))),
                 },
             })
@@ -242,6 +259,28 @@ mod tests {
         assert_eq!(results[0].1, Ok(10));
         assert_eq!(results[1].1, Err(EnvelopeRejection::SequenceNotIncreasing { last: 10 }));
         assert_eq!(results[2].1, Ok(11));
+    }
+
+    #[tokio::test]
+    async fn a_hostile_sequence_id_fails_alone_and_leaves_the_shard_usable() {
+        let f = fixture(None).await;
+        let topic = [0u8, 7];
+        let results = f
+            .ingest
+            .publish(vec![
+                input(&topic, EnvelopeKind::Application, u64::MAX),
+                input(&topic, EnvelopeKind::Application, crate::domain::MAX_SEQUENCE_GAP + 1),
+                input(&[0u8, 8], EnvelopeKind::Application, 0),
+                input(&topic, EnvelopeKind::Application, 0),
+            ])
+            .await
+            .unwrap();
+        assert_eq!(results[0].1, Err(EnvelopeRejection::SequenceTooFarAhead { last: 0 }));
+        assert_eq!(results[1].1, Err(EnvelopeRejection::SequenceTooFarAhead { last: 0 }));
+        assert_eq!(results[2].1, Ok(1), "another shard's envelope is stored");
+        assert!(results[3].1.is_ok(), "the shard still allocates");
+        let again = f.ingest.publish(vec![input(&topic, EnvelopeKind::Application, 0)]).await.unwrap();
+        assert!(again[0].1.is_ok(), "later publishes to the shard work");
     }
 
     #[tokio::test]

@@ -44,7 +44,8 @@ impl PublishApi {
 
 fn rejection(e: EnvelopeRejection) -> pb::PublishError {
     let code = match e {
-        EnvelopeRejection::Invalid(_) => tonic::Code::InvalidArgument,
+        EnvelopeRejection::Invalid(_) | EnvelopeRejection::SequenceTooFarAhead { .. } => tonic::Code::InvalidArgument,
+        EnvelopeRejection::SequenceExhausted => tonic::Code::ResourceExhausted,
         EnvelopeRejection::SequenceNotIncreasing { .. } => tonic::Code::FailedPrecondition,
         // Issue 7 redirect contract (see the proto): publish to the named owner, or retry.
         EnvelopeRejection::OwnedElsewhere { .. } | EnvelopeRejection::NoOwner { .. } => tonic::Code::Unavailable,

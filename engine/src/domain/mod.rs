@@ -4,6 +4,7 @@ mod channel;
 mod envelope;
 mod epoch;
 mod ids;
+mod sequence;
 mod subscription;
 mod topic;
 
@@ -11,6 +12,7 @@ pub use channel::{Channel, DeliveryTarget, SigningKey};
 pub use envelope::{EnvelopeKind, NewEnvelope, StoredEnvelope};
 pub use epoch::{HMAC_EPOCH_SECONDS, hmac_epoch};
 pub use ids::{RecipientId, RecipientSecret, SecretHash};
+pub use sequence::{MAX_SEQUENCE_GAP, MAX_SEQUENCE_ID, SequenceRefusal, next_sequence_id};
 pub use subscription::{
     HMAC_KEY_LEN, HmacKey, KeyWindow, MAX_HMAC_KEYS, StoredSubscription, Subscription,
     SubscriptionUpdate,

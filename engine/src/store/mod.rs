@@ -15,7 +15,7 @@ pub use self::instrumented::Instrumented;
 pub use self::redb::RedbStore;
 pub use self::scylla::{ScyllaSettings, ScyllaStore};
 use crate::domain::{
-    Channel, DeliveryTarget, NewEnvelope, RecipientId, SecretHash, ShardId, StoredEnvelope, StoredSubscription,
+    Channel, DeliveryTarget, SequenceRefusal, NewEnvelope, RecipientId, SecretHash, ShardId, StoredEnvelope, StoredSubscription,
     SubscriptionUpdate, Topic,
 };
 
@@ -61,6 +61,19 @@ pub enum Appended {
     Stored { sequence_id: u64 },
     /// A publisher-supplied id that is not above the shard's last id.
     SequenceNotIncreasing { last: u64 },
+    /// A publisher-supplied id too far above the shard's last id, or no id
+    /// left (`domain::next_sequence_id`).
+    SequenceRefused(SequenceRefusal),
+}
+
+impl Appended {
+    /// The result for an envelope that `next_sequence_id` refused.
+    pub fn refused(refusal: SequenceRefusal) -> Self {
+        match refusal {
+            SequenceRefusal::NotIncreasing { last } => Self::SequenceNotIncreasing { last },
+            other => Self::SequenceRefused(other),
+        }
+    }
 }
 
 /// One engine process among several sharing a store (issue 7): random per start.

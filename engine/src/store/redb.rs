@@ -23,7 +23,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTran
 
 use super::{Appended, Recipient, RecipientSummary, ShardLeases, ShardPosition, Store, StoreError, Subscriber};
 use crate::domain::{
-    DeliveryTarget, NewEnvelope, RecipientId, SecretHash, ShardId, StoredEnvelope,
+    DeliveryTarget, NewEnvelope, next_sequence_id, RecipientId, SecretHash, ShardId, StoredEnvelope,
     StoredSubscription, SubscriptionUpdate, Topic,
 };
 
@@ -534,16 +534,13 @@ impl Store for RedbStore {
                     Entry::Occupied(row) => row.into_mut(),
                     Entry::Vacant(slot) => slot.insert(get_shard(&shards, e.shard)?),
                 };
-                let sequence_id = match e.sequence_id {
-                    // A publisher id must be above the shard's last id; the rest of the batch goes on.
-                    Some(id) if id <= row.last => {
-                        results.push(Appended::SequenceNotIncreasing { last: row.last });
+                // A refused id fails its own envelope; the rest of the batch goes on.
+                let sequence_id = match next_sequence_id(row.last, e.sequence_id) {
+                    Ok(id) => id,
+                    Err(refusal) => {
+                        results.push(Appended::refused(refusal));
                         continue;
                     }
-                    Some(id) => id,
-                    None => row.last.checked_add(1).ok_or_else(|| {
-                        StoreError::Backend("shard sequence ids are exhausted".into())
-                    })?,
                 };
                 row.last = sequence_id;
                 // PUSH-219: only push-eligible envelopes are stored for dispatch.

@@ -90,7 +90,7 @@ use serde::Deserialize;
 use self::codec::{BUCKET_SIZE, EnvelopeRow, StaticRow, Versioned, bucket_of, corrupt, from_db, pos_of, to_db};
 use super::{Appended, NodeId, Recipient, RecipientSummary, ShardLeases, ShardPosition, Store, StoreError, Subscriber};
 use crate::domain::{
-    DeliveryTarget, NewEnvelope, RecipientId, SecretHash, ShardId, StoredEnvelope, StoredSubscription,
+    DeliveryTarget, NewEnvelope, next_sequence_id, RecipientId, SecretHash, ShardId, StoredEnvelope, StoredSubscription,
     SubscriptionUpdate, Topic,
 };
 
@@ -630,16 +630,13 @@ impl ScyllaStore {
             let mut rows: Vec<(u64, &NewEnvelope)> = Vec::new();
             for &i in indices {
                 let e = &envelopes[i];
-                let seq = match e.sequence_id {
-                    // A publisher id must be above the shard's last id; the rest of the batch goes on.
-                    Some(id) if id <= last => {
-                        results.push((i, Appended::SequenceNotIncreasing { last }));
+                // A refused id fails its own envelope; the rest of the batch goes on.
+                let seq = match next_sequence_id(last, e.sequence_id) {
+                    Ok(id) => id,
+                    Err(refusal) => {
+                        results.push((i, Appended::refused(refusal)));
                         continue;
                     }
-                    Some(id) => id,
-                    None => last
-                        .checked_add(1)
-                        .ok_or_else(|| StoreError::Backend("shard sequence ids are exhausted".into()))?,
                 };
                 last = seq;
                 // PUSH-219: only push-eligible envelopes are stored for dispatch.

@@ -6,6 +6,7 @@ mod admission;
 mod common;
 mod delivery;
 mod dispatch;
+mod hostile;
 mod multinode;
 mod operability;
 mod providers;
