@@ -1,20 +1,26 @@
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+
+/// Where one delivery of a page stands.
+const PENDING: u8 = 0;
+const STARTED: u8 = 1;
+const SETTLED: u8 = 2;
 
 /// Counts down the first attempts of one page of deliveries, then calls its
 /// completion once. A delivery dropped without an attempt (a shutdown, a crash)
 /// never counts down, so its page is replayed rather than skipped.
 ///
-/// It remembers which of the page's deliveries had their first attempt, so a
-/// replay re-sends only the others, and it can be abandoned: a delivery of an
-/// abandoned latch that has not been attempted yet is dropped by its worker,
-/// because the replay sends it again.
+/// It remembers where each of the page's deliveries stands (pending, first
+/// attempt started, answered), so a replay re-sends only the pending ones (never
+/// started, or lost with a panicking attempt), and it can be abandoned: a
+/// pending delivery of an abandoned latch is dropped by its worker, because
+/// the replay sends it again.
 pub struct FirstAttemptLatch {
     remaining: AtomicUsize,
-    attempted: Vec<AtomicBool>,
+    state: Vec<AtomicU8>,
     abandoned: AtomicBool,
-    /// Shared by every page of a window: first attempts settled so far, the
-    /// window's measure of progress.
+    /// Shared by every page of a window: first attempts started and answered
+    /// so far, the window's measure of progress.
     progress: Arc<AtomicU64>,
     on_done: Box<dyn Fn() + Send + Sync>,
 }
@@ -23,16 +29,33 @@ impl FirstAttemptLatch {
     pub fn new(count: usize, progress: Arc<AtomicU64>, on_done: impl Fn() + Send + Sync + 'static) -> Self {
         Self {
             remaining: AtomicUsize::new(count),
-            attempted: (0..count).map(|_| AtomicBool::new(false)).collect(),
+            state: (0..count).map(|_| AtomicU8::new(PENDING)).collect(),
             abandoned: AtomicBool::new(false),
             progress,
             on_done: Box::new(on_done),
         }
     }
 
+    /// The first attempt of delivery `index` is being made.
+    pub fn start(&self, index: usize) {
+        if let Some(state) = self.state.get(index)
+            && state.compare_exchange(PENDING, STARTED, Ordering::AcqRel, Ordering::Acquire).is_ok()
+        {
+            self.progress.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The first attempt of delivery `index` died without an answer (a
+    /// panicking task): pending again, for a replay to re-send.
+    pub fn lost(&self, index: usize) {
+        if let Some(state) = self.state.get(index) {
+            let _ = state.compare_exchange(STARTED, PENDING, Ordering::AcqRel, Ordering::Acquire);
+        }
+    }
+
     /// The first attempt of delivery `index` of the page has its answer.
     pub fn count_down(&self, index: usize) {
-        if self.attempted.get(index).is_some_and(|a| a.swap(true, Ordering::AcqRel)) {
+        if self.state.get(index).is_none_or(|s| s.swap(SETTLED, Ordering::AcqRel) == SETTLED) {
             return; // already counted
         }
         self.progress.fetch_add(1, Ordering::Relaxed);
@@ -41,10 +64,10 @@ impl FirstAttemptLatch {
         }
     }
 
-    /// Marks the page replayed; returns the indices not attempted so far.
+    /// Marks the page replayed; returns the pending deliveries' indices.
     pub fn abandon(&self) -> Vec<usize> {
         self.abandoned.store(true, Ordering::Release);
-        (0..self.attempted.len()).filter(|&i| !self.attempted[i].load(Ordering::Acquire)).collect()
+        (0..self.state.len()).filter(|&i| self.state[i].load(Ordering::Acquire) == PENDING).collect()
     }
 
     pub fn is_abandoned(&self) -> bool {
@@ -60,6 +83,14 @@ pub struct FirstAttempt {
 }
 
 impl FirstAttempt {
+    pub fn start(&self) {
+        self.latch.start(self.index);
+    }
+
+    pub fn lost(&self) {
+        self.latch.lost(self.index);
+    }
+
     pub fn settle(self) {
         self.latch.count_down(self.index);
     }
@@ -92,12 +123,18 @@ mod tests {
     }
 
     #[test]
-    fn abandoning_names_the_deliveries_not_attempted() {
-        let latch = FirstAttemptLatch::new(4, Arc::default(), || {});
+    fn abandoning_names_the_pending_deliveries() {
+        let progress = Arc::new(AtomicU64::new(0));
+        let latch = FirstAttemptLatch::new(5, progress.clone(), || {});
+        latch.start(1);
         latch.count_down(1);
-        latch.count_down(3);
+        latch.start(2); // in flight: not re-sent
+        latch.count_down(3); // answered without a recorded start
+        latch.start(4);
+        latch.lost(4); // its task panicked: pending again
+        assert_eq!(progress.load(Ordering::SeqCst), 5, "starts and answers are progress");
         assert!(!latch.is_abandoned());
-        assert_eq!(latch.abandon(), vec![0, 2]);
+        assert_eq!(latch.abandon(), vec![0, 4]);
         assert!(latch.is_abandoned());
     }
 }

@@ -1,9 +1,9 @@
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
-use tokio::task::JoinSet;
+use tokio::task::{self, JoinSet};
 use tokio_util::time::DelayQueue;
 
 use super::{Delivery, FirstAttempt};
@@ -38,6 +38,8 @@ const WATCHDOG_DELAY: Duration = Duration::from_secs(1);
 pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<Delivery>>) {
     let max_in_flight = ctx.settings.max_in_flight_per_worker;
     let mut in_flight: JoinSet<(Delivery, Outcome)> = JoinSet::new();
+    // The first attempts in flight, by task: a panicking one is marked lost.
+    let mut first_attempts: HashMap<task::Id, FirstAttempt> = HashMap::new();
     // Taken from the queue or the timer wheel, not started yet.
     let mut ready: VecDeque<Delivery> = VecDeque::new();
     let mut retries: DelayQueue<Delivery> = DelayQueue::new();
@@ -52,7 +54,12 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
             if delivery.first_attempt.as_ref().is_some_and(FirstAttempt::is_abandoned) {
                 continue;
             }
-            attempt(&ctx, &mut in_flight, delivery);
+            let first = delivery.first_attempt.clone();
+            let task = attempt(&ctx, &mut in_flight, delivery);
+            if let Some(first) = first {
+                first.start();
+                first_attempts.insert(task, first);
+            }
         }
         tokio::select! {
             batch = queue.recv(), if queue_open
@@ -66,12 +73,19 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
                     None => queue_open = false,
                 }
             }
-            Some(done) = in_flight.join_next() => {
-                // A panicking attempt loses its delivery; its page is replayed.
-                if let Ok((delivery, outcome)) = done {
+            Some(done) = in_flight.join_next_with_id() => match done {
+                Ok((task, (delivery, outcome))) => {
+                    first_attempts.remove(&task);
                     settle(&ctx, delivery, outcome, &mut retries, &mut deletions);
                 }
-            }
+                // A panicking attempt loses its delivery: pending again in
+                // its page, which a replay re-sends.
+                Err(e) => {
+                    if let Some(first) = first_attempts.remove(&e.id()) {
+                        first.lost();
+                    }
+                }
+            },
             Some(expired) = std::future::poll_fn(|cx| retries.poll_expired(cx)) => {
                 ctx.metrics.retry_queue.dec();
                 ready.push_back(expired.into_inner());
@@ -85,7 +99,7 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
     }
 }
 
-fn attempt(ctx: &Arc<WorkerContext>, in_flight: &mut JoinSet<(Delivery, Outcome)>, delivery: Delivery) {
+fn attempt(ctx: &Arc<WorkerContext>, in_flight: &mut JoinSet<(Delivery, Outcome)>, delivery: Delivery) -> task::Id {
     let ctx = ctx.clone();
     in_flight.spawn(async move {
         let channel = delivery.recipient.target.channel();
@@ -109,7 +123,8 @@ fn attempt(ctx: &Arc<WorkerContext>, in_flight: &mut JoinSet<(Delivery, Outcome)
                 .observe(started.elapsed().as_secs_f64());
         }
         (delivery, outcome)
-    });
+    })
+    .id()
 }
 
 /// Applies an attempt's outcome (section 7): retry a transient one up to
