@@ -10,8 +10,8 @@ const SETTLED: u8 = 2;
 /// completion once. A delivery dropped without an attempt (a shutdown, a crash)
 /// never counts down, so its page is replayed rather than skipped.
 ///
-/// It remembers where each of the page's deliveries stands (pending, first
-/// attempt started, answered), so a replay re-sends only the pending ones (never
+/// It remembers where each of the page's deliveries stands (pending, taken by
+/// a worker, answered), so a replay re-sends only the pending ones (never
 /// started, or lost with a panicking attempt), and it can be abandoned: a
 /// pending delivery of an abandoned latch is dropped by its worker, because
 /// the replay sends it again.
@@ -36,13 +36,18 @@ impl FirstAttemptLatch {
         }
     }
 
-    /// The first attempt of delivery `index` is being made.
-    pub fn start(&self, index: usize) {
-        if let Some(state) = self.state.get(index)
-            && state.compare_exchange(PENDING, STARTED, Ordering::AcqRel, Ordering::Acquire).is_ok()
-        {
+    /// A worker takes delivery `index` for its first attempt. False when the
+    /// page was abandoned while the delivery was still pending: the replay
+    /// sends it again, so this copy is dropped.
+    pub fn accept(&self, index: usize) -> bool {
+        let Some(state) = self.state.get(index) else { return true };
+        if self.abandoned.load(Ordering::Acquire) && state.load(Ordering::Acquire) == PENDING {
+            return false;
+        }
+        if state.compare_exchange(PENDING, STARTED, Ordering::AcqRel, Ordering::Acquire).is_ok() {
             self.progress.fetch_add(1, Ordering::Relaxed);
         }
+        true
     }
 
     /// The first attempt of delivery `index` died without an answer (a
@@ -70,7 +75,8 @@ impl FirstAttemptLatch {
         (0..self.state.len()).filter(|&i| self.state[i].load(Ordering::Acquire) == PENDING).collect()
     }
 
-    pub fn is_abandoned(&self) -> bool {
+    #[cfg(test)]
+    fn is_abandoned(&self) -> bool {
         self.abandoned.load(Ordering::Acquire)
     }
 }
@@ -83,8 +89,8 @@ pub struct FirstAttempt {
 }
 
 impl FirstAttempt {
-    pub fn start(&self) {
-        self.latch.start(self.index);
+    pub fn accept(&self) -> bool {
+        self.latch.accept(self.index)
     }
 
     pub fn lost(&self) {
@@ -93,10 +99,6 @@ impl FirstAttempt {
 
     pub fn settle(self) {
         self.latch.count_down(self.index);
-    }
-
-    pub fn is_abandoned(&self) -> bool {
-        self.latch.is_abandoned()
     }
 }
 
@@ -126,15 +128,17 @@ mod tests {
     fn abandoning_names_the_pending_deliveries() {
         let progress = Arc::new(AtomicU64::new(0));
         let latch = FirstAttemptLatch::new(5, progress.clone(), || {});
-        latch.start(1);
+        assert!(latch.accept(1));
         latch.count_down(1);
-        latch.start(2); // in flight: not re-sent
+        assert!(latch.accept(2)); // taken by a worker: not re-sent
         latch.count_down(3); // answered without a recorded start
-        latch.start(4);
+        assert!(latch.accept(4));
         latch.lost(4); // its task panicked: pending again
-        assert_eq!(progress.load(Ordering::SeqCst), 5, "starts and answers are progress");
+        assert_eq!(progress.load(Ordering::SeqCst), 5, "takes and answers are progress");
         assert!(!latch.is_abandoned());
         assert_eq!(latch.abandon(), vec![0, 4]);
         assert!(latch.is_abandoned());
+        assert!(!latch.accept(0), "a pending copy of an abandoned page is dropped");
+        assert!(latch.accept(2), "a taken one is kept");
     }
 }

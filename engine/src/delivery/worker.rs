@@ -49,15 +49,9 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
     loop {
         while in_flight.len() < max_in_flight {
             let Some(delivery) = ready.pop_front() else { break };
-            // A replayed page's delivery that has not had its first attempt
-            // is re-sent by the replay: drop this copy.
-            if delivery.first_attempt.as_ref().is_some_and(FirstAttempt::is_abandoned) {
-                continue;
-            }
             let first = delivery.first_attempt.clone();
             let task = attempt(&ctx, &mut in_flight, delivery);
             if let Some(first) = first {
-                first.start();
                 first_attempts.insert(task, first);
             }
         }
@@ -68,7 +62,9 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
                 match batch {
                     Some(batch) => {
                         ctx.metrics.delivery_queue.dec();
-                        ready.extend(batch);
+                        // A delivery of a replayed page that was still
+                        // pending is sent by the replay: drop this copy.
+                        ready.extend(batch.into_iter().filter(|d| d.first_attempt.as_ref().is_none_or(FirstAttempt::accept)));
                     }
                     None => queue_open = false,
                 }

@@ -20,9 +20,18 @@ impl RecipientId {
         hex::encode(self.0)
     }
 
-    /// A stable partition index, e.g. for choosing a delivery worker.
+    /// A stable partition index, e.g. for choosing a delivery worker. Every
+    /// byte counts: ids that share a prefix (a client's or a harness's own
+    /// scheme) still spread over the partitions.
     pub fn partition(&self, n: usize) -> usize {
-        (u64::from_le_bytes(self.0[..8].try_into().expect("8 bytes")) % n as u64) as usize
+        let folded = self.0.chunks_exact(8).fold(0u64, |h, c| {
+            (h ^ u64::from_le_bytes(c.try_into().expect("8 bytes"))).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        });
+        // splitmix64's finaliser: high and low bits both depend on every input bit.
+        let mut z = folded;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        ((z ^ (z >> 31)) % n as u64) as usize
     }
 }
 
@@ -75,6 +84,19 @@ impl std::fmt::Debug for SecretHash {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ids_sharing_a_prefix_spread_over_partitions() {
+        let mut counts = [0usize; 8];
+        for i in 0..8000u32 {
+            let mut id = [7u8; 32];
+            id[8..12].copy_from_slice(&i.to_be_bytes());
+            counts[RecipientId(id).partition(8)] += 1;
+        }
+        assert!(counts.iter().all(|&c| (800..1200).contains(&c)), "{counts:?}");
+        let id = RecipientId([9; 32]);
+        assert_eq!(id.partition(8), id.partition(8), "stable");
+    }
 
     #[test]
     fn ids_must_be_32_bytes() {

@@ -434,10 +434,16 @@ async fn execute_inner(
             } else {
                 "none".into()
             },
+            fault_free: !f.any(),
+            max_duplicate_ratio: scenario.max_duplicate_ratio,
         },
         setup,
         publish,
         deliveries_by_outcome: report::deliveries_by_outcome(&engine_metrics),
+        windows: report::Windows {
+            completed: engine_metrics.get("fanout_windows_total").copied().unwrap_or(0.0),
+            replays: engine_metrics.get("fanout_window_replays_total").copied().unwrap_or(0.0),
+        },
         deliveries,
         resources,
         engine_metrics,

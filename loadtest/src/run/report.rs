@@ -37,6 +37,7 @@ pub struct Report {
     pub ceiling: Option<CeilingResult>,
     /// Engine deliveries/s ÷ ceiling requests/s.
     pub ratio: Option<f64>,
+    pub windows: Windows,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -99,6 +100,20 @@ pub struct PlanInfo {
     pub expected_deliveries: u64,
     pub receivers: usize,
     pub faults: String,
+    /// The receivers' fault mix is empty: a window replay is then a failure.
+    pub fault_free: bool,
+    /// Duplicates ÷ expected above this fail the run (scenario
+    /// `max_duplicate_ratio`, default 0.01).
+    pub max_duplicate_ratio: f64,
+}
+
+/// Dispatch windows as the engine counted them.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Windows {
+    /// `fanout_windows_total`.
+    pub completed: f64,
+    /// `fanout_window_replays_total`.
+    pub replays: f64,
 }
 
 /// The engine process's memory and CPU, from /proc.
@@ -150,6 +165,19 @@ impl Report {
         if d.unexpected > 0 {
             failures.push(format!("{} requests were not for an expected delivery", d.unexpected));
         }
+        // Issue 11: unexplained duplicates or replays are a failed run.
+        let duplicate_ratio = if d.expected == 0 { 0.0 } else { d.duplicates as f64 / d.expected as f64 };
+        if duplicate_ratio > self.plan.max_duplicate_ratio {
+            failures.push(format!(
+                "{} duplicate deliveries ({:.2} %), above max_duplicate_ratio {:.2} %",
+                d.duplicates,
+                duplicate_ratio * 100.0,
+                self.plan.max_duplicate_ratio * 100.0
+            ));
+        }
+        if self.plan.fault_free && self.windows.replays > 0.0 {
+            failures.push(format!("{} dispatch windows were replayed in a fault-free run", self.windows.replays));
+        }
         if let Some(c) = &self.ceiling
             && c.failed > 0
         {
@@ -198,6 +226,7 @@ impl Report {
             "  deliveries  expected {} delivered {} missing {} duplicates {} attempts {} (unexpected {}, bad signatures {})",
             d.expected, d.delivered, d.missing, d.duplicates, d.attempts, d.unexpected, d.bad_signatures
         );
+        let _ = writeln!(s, "  windows     {} completed, {} replayed", self.windows.completed, self.windows.replays);
         let _ = writeln!(s, "  throughput  {:.0} deliveries/s over {:.2} s", d.deliveries_per_second, d.seconds);
         let l = &d.latency;
         let _ = writeln!(

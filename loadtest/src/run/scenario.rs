@@ -39,10 +39,17 @@ pub struct Scenario {
     pub timeouts: Timeouts,
     #[serde(default)]
     pub ceiling: CeilingSettings,
+    /// Duplicate deliveries ÷ expected above this fail the run (default 0.01).
+    #[serde(default = "default_max_duplicate_ratio")]
+    pub max_duplicate_ratio: f64,
     /// Merged into the engine's `[engine]` table, e.g. `delivery.workers = 4`
     /// (see `fanout.example.toml` for the keys).
     #[serde(default)]
     pub engine: toml::Table,
+}
+
+fn default_max_duplicate_ratio() -> f64 {
+    0.01
 }
 
 #[derive(Debug, Clone, Deserialize)]

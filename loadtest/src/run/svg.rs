@@ -240,6 +240,7 @@ mod tests {
             deliveries_by_outcome: Default::default(),
             ceiling: Some(Default::default()),
             ratio: Some(0.5),
+            windows: Default::default(),
         }
     }
 
