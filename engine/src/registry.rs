@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use crate::channel::Channels;
+use crate::channel::{Channels, Refused};
 use crate::clock::unix_now_ns;
 use crate::domain::{
     Channel, DeliveryTarget, KeyWindow, ParseError, RecipientId, RecipientSecret, SigningKey,
@@ -53,6 +53,9 @@ pub enum AdmissionError {
     ResourceExhausted,
     #[error("storage unavailable")]
     Unavailable(#[source] StoreError),
+    /// A check the request needs could not be made now (e.g. DNS failed).
+    #[error("{0}")]
+    TryAgain(String),
 }
 
 impl From<ParseError> for AdmissionError {
@@ -164,7 +167,10 @@ impl Registry {
             }
         };
         // The channel's own rules (PUSH-256 for HTTPS).
-        provider.admit(&target).await.map_err(|e| AdmissionError::InvalidArgument(e.0))?;
+        provider.admit(&target).await.map_err(|e| match e {
+            Refused::Invalid(rule) => AdmissionError::InvalidArgument(rule),
+            Refused::Unavailable(why) => AdmissionError::TryAgain(why),
+        })?;
         Ok(target)
     }
 
@@ -207,7 +213,7 @@ mod tests {
     use async_trait::async_trait;
 
     use super::*;
-    use crate::channel::{Outcome, Provider, Push, Refused};
+    use crate::channel::{Outcome, Provider, Push};
     use crate::store::RedbStore;
 
     /// A channel that refuses every target whose URL or token says "blocked".
@@ -223,7 +229,13 @@ mod tests {
                 DeliveryTarget::Http { url, .. } => url,
                 DeliveryTarget::Apns { token } | DeliveryTarget::Fcm { token } => token,
             };
-            if text.contains("blocked") { Err(Refused("webhook host resolves to a blocked address".into())) } else { Ok(()) }
+            if text.contains("blocked") {
+                Err(Refused::Invalid("webhook host does not resolve to an allowed address".into()))
+            } else if text.contains("dns-down") {
+                Err(Refused::Unavailable("webhook host cannot be resolved right now".into()))
+            } else {
+                Ok(())
+            }
         }
         async fn send(&self, _: Push<'_>) -> Outcome {
             Outcome::Delivered
@@ -279,7 +291,9 @@ mod tests {
         let short_key = Some(DeliveryInput::Http { url: "https://a.example/", signing_key: &KEY[..15] });
         invalid(r.register(&ID, &SECRET, short_key).await);
         let refused = invalid(r.register(&ID, &SECRET, http("https://blocked.example/")).await);
-        assert_eq!(refused, "webhook host resolves to a blocked address", "the rule, never the URL");
+        assert_eq!(refused, "webhook host does not resolve to an allowed address", "the rule, never the URL");
+        let later = r.register(&ID, &SECRET, http("https://dns-down.example/")).await;
+        assert!(matches!(later, Err(AdmissionError::TryAgain(_))), "a failed lookup is not the client's fault");
         assert!(r.store.recipient(&RecipientId(ID)).await.unwrap().is_none(), "nothing stored");
 
         // Stored once admitted; the state carries the channel and the TTL.

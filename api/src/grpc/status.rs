@@ -15,6 +15,7 @@ pub fn admission_status(e: AdmissionError) -> Status {
             Status::resource_exhausted("the request would exceed max_push_topics")
         }
         AdmissionError::Unavailable(e) => store_status(e),
+        AdmissionError::TryAgain(why) => Status::unavailable(why),
     }
 }
 

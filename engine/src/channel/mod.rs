@@ -39,11 +39,17 @@ pub struct Push<'a> {
     pub envelope: &'a StoredEnvelope,
 }
 
-/// Why a channel refuses a registration's target. The message names the rule,
+/// Why a channel refuses a registration's target. Messages name the rule,
 /// never the value (PUSH-254).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct Refused(pub String);
+pub enum Refused {
+    /// The target breaks a rule: the same request will fail again.
+    #[error("{0}")]
+    Invalid(String),
+    /// The check could not be made now (e.g. DNS failed): try again later.
+    #[error("{0}")]
+    Unavailable(String),
+}
 
 #[async_trait]
 pub trait Provider: Send + Sync + 'static {

@@ -113,8 +113,11 @@ impl Provider for WebhookProvider {
             return Ok(());
         };
         self.check(url).await.map(|_| ()).map_err(|e| {
+            if e.is_temporary() {
+                return Refused::Unavailable(e.to_string());
+            }
             self.metrics.webhook_refused_at_register.inc();
-            Refused(e.to_string())
+            Refused::Invalid(e.to_string())
         })
     }
 
@@ -124,9 +127,14 @@ impl Provider for WebhookProvider {
         };
         // PUSH-256: resolve again and check before every attempt; the list of
         // allowed domains binds at send time too.
-        let Ok(url) = self.check(url).await else {
-            self.metrics.webhook_refused_at_send.inc();
-            return Outcome::Rejected;
+        let url = match self.check(url).await {
+            Ok(url) => url,
+            // A failed lookup is a connection error of the table: transient.
+            Err(e) if e.is_temporary() => return CONNECTION_ERROR,
+            Err(_) => {
+                self.metrics.webhook_refused_at_send.inc();
+                return Outcome::Rejected;
+            }
         };
         let body = webhook_body(push.envelope, push.recipient);
         let now = unix_now_ns() / 1_000_000_000;

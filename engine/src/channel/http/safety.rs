@@ -7,7 +7,7 @@
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use super::resolve::HostResolver;
+use super::resolve::{HostResolver, ResolveError};
 
 /// Why a webhook destination was refused. Messages name the rule only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -20,10 +20,23 @@ pub enum SafetyError {
     InvalidUrl,
     #[error("webhook host matches no entry of allowed_domains")]
     DomainNotAllowed,
-    #[error("webhook host resolves to no address")]
+    /// NXDOMAIN, or no A/AAAA record. Says the same as `BlockedAddress`, so
+    /// that a caller cannot tell an internal name from a missing one.
+    #[error("webhook host does not resolve to an allowed address")]
     NoAddress,
-    #[error("webhook host resolves to a blocked address")]
+    #[error("webhook host does not resolve to an allowed address")]
     BlockedAddress,
+    /// The lookup itself failed (timeout, SERVFAIL, no resolver): nothing is
+    /// known about the host yet, so this is worth trying again (issue 11).
+    #[error("webhook host cannot be resolved right now")]
+    DnsUnavailable,
+}
+
+impl SafetyError {
+    /// Whether the same check may pass later without any change.
+    pub fn is_temporary(&self) -> bool {
+        matches!(self, Self::DnsUnavailable)
+    }
 }
 
 /// A webhook URL that passed the syntactic rules of PUSH-256: https, no
@@ -225,8 +238,15 @@ impl WebhookPolicy {
         }
         let addrs = match parse_ip_host(host) {
             Some(ip) => vec![ip],
-            // A failed lookup (NXDOMAIN, timeout) is "resolves to no address".
-            None => resolver.resolve(host).await.unwrap_or_default(),
+            None => match resolver.resolve(host).await {
+                Ok(addrs) => addrs,
+                // "No such name" and "no address" are answers about the host.
+                Err(ResolveError::NoRecords | ResolveError::InvalidName) => Vec::new(),
+                // A lookup that failed says nothing about it.
+                Err(ResolveError::Timeout | ResolveError::Failed | ResolveError::Config(_)) => {
+                    return Err(SafetyError::DnsUnavailable);
+                }
+            },
         };
         self.check_addresses(&addrs)?;
         Ok(addrs)
@@ -518,7 +538,11 @@ mod tests {
     #[async_trait::async_trait]
     impl HostResolver for FakeResolver {
         async fn resolve(&self, host: &str) -> Result<Vec<IpAddr>, ResolveError> {
-            self.0.get(host).cloned().ok_or(ResolveError::NoRecords)
+            match host {
+                "timeout.example.com" => Err(ResolveError::Timeout),
+                "servfail.example.com" => Err(ResolveError::Failed),
+                _ => self.0.get(host).cloned().ok_or(ResolveError::NoRecords),
+            }
         }
     }
 
@@ -587,6 +611,21 @@ mod tests {
             check(&policy, "https://[fe80::1]/").await,
             Err(SafetyError::BlockedAddress)
         );
+    }
+
+    #[tokio::test]
+    async fn a_failed_lookup_is_temporary_and_says_nothing_of_the_host() {
+        let policy = WebhookPolicy::default();
+        for host in ["timeout.example.com", "servfail.example.com"] {
+            let err = check(&policy, &format!("https://{host}/")).await.unwrap_err();
+            assert_eq!(err, SafetyError::DnsUnavailable);
+            assert!(err.is_temporary());
+        }
+        // No address and a blocked address are final, and read the same.
+        let none = check(&policy, "https://unknown.example.com/").await.unwrap_err();
+        let blocked = check(&policy, "https://private.example.com/").await.unwrap_err();
+        assert!(!none.is_temporary() && !blocked.is_temporary());
+        assert_eq!(none.to_string(), blocked.to_string());
     }
 
     #[tokio::test]
