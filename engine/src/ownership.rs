@@ -1,8 +1,8 @@
 //! Shard ownership across several nodes (issue 7; DESIGN.md, lease actors).
 //!
 //! Only when the store coordinates (ScyllaDB). Every `ttl / 3` the lease
-//! actor heartbeats this node, computes its fair share
-//! `ceil(shard_count / live nodes)`, renews the shards it owns (a failed
+//! actor renews the shards it owns, heartbeats this node, computes its fair
+//! share `ceil(shard_count / live nodes)` (a failed
 //! renewal means the shard is lost: its shard actor is killed at once, the
 //! checkpoint stays where it is), acquires unowned shards while below the
 //! share, and releases shards above it (drain the shard actor, then release
@@ -125,11 +125,10 @@ impl LeaseState {
 
     async fn round(&mut self) -> Result<(), StoreError> {
         let c = self.config.clone();
-        c.leases.heartbeat(&c.node, &c.address, c.ttl).await?;
-        let live = c.leases.live_nodes().await?.len().max(1);
-        let target = usize::from(c.shard_count).div_ceil(live);
-        // Renew, several at once so a round stays well inside the TTL. A
-        // renewal that fails or errs means the lease may be gone.
+        // Renew first (issue 11): nothing else in the round, a failing
+        // heartbeat included, may keep owned leases from being renewed.
+        // Several at once so a round stays well inside the TTL. A renewal
+        // that fails or errs means the lease may be gone.
         let renew = &c;
         let renewals: Vec<_> = stream::iter(self.owned())
             .map(|shard| async move {
@@ -145,6 +144,9 @@ impl LeaseState {
                 self.disown(shard, false).await;
             }
         }
+        c.leases.heartbeat(&c.node, &c.address, c.ttl).await?;
+        let live = c.leases.live_nodes().await?.len().max(1);
+        let target = usize::from(c.shard_count).div_ceil(live);
         // Acquire unowned shards while below the fair share, from a random start.
         if self.owned().len() < target {
             let taken: HashSet<ShardId> = c.leases.lease_owners().await?.into_iter().map(|(s, _)| s).collect();
@@ -258,5 +260,20 @@ mod tests {
         a.round().await.unwrap();
         assert!(!a.owned().contains(&ShardId(0)), "lost, so disowned");
         assert!(a.owned().contains(&ShardId(1)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn leases_are_renewed_even_when_the_heartbeat_fails() {
+        let leases = Arc::new(MemoryLeases::default());
+        let mut a = node(&leases, 2).await;
+        a.round().await.unwrap();
+        leases.failing_heartbeats.store(true, std::sync::atomic::Ordering::SeqCst);
+        tokio::time::advance(TTL / 2).await;
+        assert!(a.round().await.is_err(), "the heartbeat failed");
+        // Past the first lease's TTL, within the renewal's: still a's.
+        tokio::time::advance(TTL / 2 + Duration::from_secs(1)).await;
+        let other = NodeId("other".into());
+        assert!(!leases.acquire_lease(ShardId(0), &other, "o:1", TTL).await.unwrap());
+        assert_eq!(a.owned().len(), 2);
     }
 }

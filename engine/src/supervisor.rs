@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
@@ -45,6 +46,8 @@ pub struct SupervisorState {
     retention: RetentionArgs,
     shards: HashMap<ActorId, ShardId>,
     refs: HashMap<ShardId, ActorRef<ShardMsg>>,
+    /// Per shard: a Wake is queued and not yet handled.
+    wakes: HashMap<ShardId, Arc<AtomicBool>>,
     retention_actor: Option<ActorId>,
     lease: Option<LeaseConfig>,
     lease_actor: Option<ActorRef<LeaseMsg>>,
@@ -66,6 +69,7 @@ impl Actor for Supervisor {
             retention: args.retention,
             shards: HashMap::new(),
             refs: HashMap::new(),
+            wakes: HashMap::new(),
             retention_actor: None,
             lease: args.lease,
             lease_actor: None,
@@ -89,7 +93,10 @@ impl Actor for Supervisor {
         match message {
             SupervisorMsg::Wake(shards) => {
                 for shard in shards {
-                    if let Some(actor) = state.refs.get(&shard) {
+                    // Coalesced: one Wake waits in a shard's mailbox at most.
+                    if let (Some(actor), Some(pending)) = (state.refs.get(&shard), state.wakes.get(&shard))
+                        && !pending.swap(true, Ordering::AcqRel)
+                    {
                         let _ = actor.cast(ShardMsg::Wake);
                     }
                 }
@@ -178,8 +185,9 @@ impl SupervisorState {
     }
 
     async fn spawn_shard(&mut self, supervisor: ActorCell, shard: ShardId) -> Result<(), ActorProcessingErr> {
+        let wake = self.wakes.entry(shard).or_default().clone();
         let (actor, _) =
-            Actor::spawn_linked(None, ShardActor, (shard, self.ctx.clone()), supervisor).await?;
+            Actor::spawn_linked(None, ShardActor, (shard, self.ctx.clone(), wake.clone()), supervisor).await?;
         // Resume straight away: the checkpoint may be below the boundary.
         let _ = actor.cast(ShardMsg::Wake);
         self.shards.insert(actor.get_id(), shard);

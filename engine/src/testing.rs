@@ -19,6 +19,8 @@ pub struct MemoryLeases {
     pub leases: Mutex<HashMap<ShardId, (NodeId, Instant)>>,
     nodes: Mutex<HashMap<String, Instant>>,
     addresses: Mutex<HashMap<String, String>>,
+    /// Heartbeats fail while set.
+    pub failing_heartbeats: std::sync::atomic::AtomicBool,
 }
 
 #[async_trait]
@@ -54,6 +56,9 @@ impl ShardLeases for MemoryLeases {
         Ok(leases.iter().filter(|(_, (_, until))| *until > now).map(|(s, (n, _))| (*s, n.clone())).collect())
     }
     async fn heartbeat(&self, node: &NodeId, _: &str, ttl: Duration) -> Result<(), StoreError> {
+        if self.failing_heartbeats.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(StoreError::Backend("heartbeat refused (test)".into()));
+        }
         self.nodes.lock().unwrap().insert(node.0.clone(), Instant::now() + ttl);
         Ok(())
     }

@@ -1,6 +1,6 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
@@ -33,6 +33,8 @@ pub struct ShardActor;
 pub struct ShardState {
     shard: ShardId,
     ctx: Arc<DispatchContext>,
+    /// Set by the supervisor when it queues a Wake, cleared when one is handled.
+    wake_pending: Arc<AtomicBool>,
     window: Option<Window>,
     next_window_id: u64,
     /// This shard's last contribution to the summed lag gauge.
@@ -82,16 +84,16 @@ impl Window {
 impl Actor for ShardActor {
     type Msg = ShardMsg;
     type State = ShardState;
-    type Arguments = (ShardId, Arc<DispatchContext>);
+    type Arguments = (ShardId, Arc<DispatchContext>, Arc<AtomicBool>);
 
     async fn pre_start(
         &self,
         myself: ActorRef<ShardMsg>,
-        (shard, ctx): Self::Arguments,
+        (shard, ctx, wake_pending): Self::Arguments,
     ) -> Result<ShardState, ActorProcessingErr> {
         let interval = Duration::from_millis(ctx.settings.poll_interval_ms);
         let ticker = spawn_ticker(myself, interval, || ShardMsg::Tick);
-        Ok(ShardState { shard, ctx, window: None, next_window_id: 0, lag: 0, draining: false, ticker })
+        Ok(ShardState { shard, ctx, wake_pending, window: None, next_window_id: 0, lag: 0, draining: false, ticker })
     }
 
     async fn post_stop(&self, _: ActorRef<ShardMsg>, state: &mut ShardState) -> Result<(), ActorProcessingErr> {
@@ -109,7 +111,11 @@ impl Actor for ShardActor {
         state: &mut ShardState,
     ) -> Result<(), ActorProcessingErr> {
         let result = match message {
-            ShardMsg::Wake => state.start_window(&myself).await,
+            ShardMsg::Wake => {
+                // Wakes that arrive from now on queue a new one.
+                state.wake_pending.store(false, Ordering::Release);
+                state.start_window(&myself).await
+            }
             ShardMsg::Tick => match state.replay_if_stalled(&myself).await {
                 Ok(()) => state.start_window(&myself).await,
                 Err(e) => Err(e),
@@ -484,7 +490,7 @@ mod tests {
                 metrics: metrics.clone(),
                 panic_hook: PanicHook::default(),
             });
-            let (actor, _) = Actor::spawn(None, ShardActor, (ShardId(0), ctx)).await.unwrap();
+            let (actor, _) = Actor::spawn(None, ShardActor, (ShardId(0), ctx, Arc::default())).await.unwrap();
             let _ = actor.cast(ShardMsg::Wake);
             Self { store, gate, metrics, actor, recipients: ids, _dir: dir }
         }
