@@ -26,6 +26,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, bail};
+use fanout_testkit::TestPki;
+use fanout_testkit::mock::webhook::{MockWebhook, MockWebhookConfig};
 
 use self::collector::Collector;
 use self::engine_process::{EngineProcess, proc_sample};
@@ -33,8 +35,6 @@ use self::ids::RunIds;
 use self::progress::Progress;
 use self::report::{EngineInfo, Machine, PlanInfo, Report, Resources};
 use self::scenario::{Faults, Plan, Scenario};
-use crate::mock::webhook::{MockWebhook, MockWebhookConfig};
-use crate::tls::TestPki;
 
 /// `fanout-loadtest run`.
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -166,7 +166,7 @@ async fn start_mocks(
             on_request: Some(collector.hook()),
             ..MockWebhookConfig::default()
         };
-        mocks.push(crate::mock::webhook::start(pki, config).await?);
+        mocks.push(fanout_testkit::mock::webhook::start(pki, config).await?);
     }
     Ok(mocks)
 }
@@ -231,7 +231,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<Report> {
     let mut machine = Machine::read();
     let ca_dir = tempfile::Builder::new().prefix("fanout-loadtest-ca-").tempdir()?;
     let (pki, ca_path) = match &args.pki_dir {
-        Some(dir) => (TestPki::load_or_generate(dir)?, dir.join(crate::tls::CA_FILE)),
+        Some(dir) => (TestPki::load_or_generate(dir)?, dir.join(fanout_testkit::pki::CA_FILE)),
         None => (TestPki::generate(&[]).context("generating test PKI")?, ca_dir.path().join("mock-ca.pem")),
     };
     let ca_path = args.ca_out.clone().unwrap_or(ca_path);

@@ -31,7 +31,7 @@ use tokio_rustls::TlsAcceptor;
 use super::apns::{
     ProviderRequest, Recorder, accept_loop, base_url, header_list, json_response, lock, percent_decode, unix_now,
 };
-use crate::tls::{ALPN_H2, ALPN_HTTP1, TestPki};
+use crate::pki::{ALPN_H2, ALPN_HTTP1, TestPki};
 
 /// TEST-ONLY RSA key of the mock service account (see `testdata/README.md`).
 pub const TEST_ONLY_RSA_PRIVATE_KEY_PEM: &str = include_str!("../../testdata/fcm-test-only-rsa-key.pem");

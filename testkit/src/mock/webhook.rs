@@ -29,7 +29,7 @@ use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_rustls::TlsAcceptor;
 
-use crate::tls::{ALPN_H2, ALPN_HTTP1, TestPki};
+use crate::pki::{ALPN_H2, ALPN_HTTP1, TestPki};
 
 type HmacSha256 = Hmac<Sha256>;
 

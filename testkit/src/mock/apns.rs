@@ -30,7 +30,7 @@ use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_rustls::TlsAcceptor;
 
-use crate::tls::{ALPN_H2, TestPki};
+use crate::pki::{ALPN_H2, TestPki};
 
 /// APNs refuses provider tokens older than this (ExpiredProviderToken).
 const PROVIDER_TOKEN_LIFETIME_SECS: u64 = 3600;
