@@ -4,10 +4,17 @@
 //!
 //! - [`pki`]: a throwaway CA and server certificate ([`TestPki`]).
 //! - [`mock`]: in-process mock providers ([`MockWebhook`], [`MockApns`],
-//!   [`MockFcm`]).
+//!   [`MockFcm`]), on the shared [`server`], [`recorder`] and [`request`].
 
 pub mod mock;
 pub mod pki;
+pub mod recorder;
+pub mod request;
+pub mod server;
+#[cfg(test)]
+mod test_client;
+
+use std::sync::{Mutex, MutexGuard};
 
 pub use mock::apns::start as start_mock_apns;
 pub use mock::fcm::start as start_mock_fcm;
@@ -18,3 +25,8 @@ pub use mock::{
 };
 pub use mock::{MockWebhook, MockWebhookConfig, ReceivedRequest, ScriptedResponse};
 pub use pki::TestPki;
+
+/// Poison-tolerant lock: a panicking test thread must not wedge a mock.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
