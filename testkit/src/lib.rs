@@ -5,7 +5,9 @@
 //! - [`pki`]: a throwaway CA and server certificate ([`TestPki`]).
 //! - [`mock`]: in-process mock providers ([`MockWebhook`], [`MockApns`],
 //!   [`MockFcm`]), on the shared [`server`], [`recorder`] and [`request`].
+//! - [`launcher`]: the real `fanout` binary as a child process ([`Engine`]).
 
+pub mod launcher;
 pub mod mock;
 pub mod pki;
 pub mod recorder;
@@ -16,6 +18,7 @@ mod test_client;
 
 use std::sync::{Mutex, MutexGuard};
 
+pub use launcher::{Engine, Launch};
 pub use mock::apns::start as start_mock_apns;
 pub use mock::fcm::start as start_mock_fcm;
 pub use mock::webhook::start as start_mock_webhook;

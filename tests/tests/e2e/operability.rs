@@ -18,9 +18,9 @@ use std::time::{Duration, Instant};
 
 use fanout_proto::v1 as pb;
 use fanout_testkit::ScriptedResponse;
+use fanout_testkit::launcher::free_port;
 use fanout_tests::EngineConfig;
 use fanout_tests::client::{Recipient, envelope, group_topic, subscription};
-use fanout_tests::engine::free_port;
 
 use crate::common::*;
 
