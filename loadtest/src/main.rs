@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
-use fanout_loadtest::{
+use fanout_testkit::{
     ApnsTestKey, MockApnsConfig, MockFcmConfig, MockWebhookConfig, TestPki, start_mock_apns, start_mock_fcm,
     start_mock_webhook,
 };

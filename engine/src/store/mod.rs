@@ -1,7 +1,6 @@
 //! Durable state. `Store` is the only way the engine touches it; every backend
-//! passes the same conformance suite (`store::conformance`).
+//! passes the same conformance suite (`engine/tests/store_conformance`).
 
-pub mod conformance;
 mod instrumented;
 mod redb;
 mod scylla;

@@ -937,42 +937,11 @@ mod codec {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
     use super::*;
     use crate::domain::{RecipientSecret, Subscription};
-    use crate::store::conformance::{self, SHARD_COUNT};
 
-    fn temp_store() -> (tempfile::TempDir, RedbStore) {
-        let dir = tempfile::tempdir().unwrap();
-        let store = RedbStore::open(dir.path(), SHARD_COUNT).unwrap();
-        (dir, store)
-    }
-
-    macro_rules! conformance_cases {
-        ($($case:ident),* $(,)?) => {$(
-            #[tokio::test]
-            async fn $case() {
-                let (_dir, store) = temp_store();
-                conformance::$case(&store).await;
-            }
-        )*};
-    }
-
-    conformance::for_each_case!(conformance_cases);
-
-    #[tokio::test]
-    async fn run_all_on_fresh_stores() {
-        let root = tempfile::tempdir().unwrap();
-        let n = AtomicUsize::new(0);
-        conformance::run_all(|| {
-            let dir = root
-                .path()
-                .join(n.fetch_add(1, Ordering::Relaxed).to_string());
-            async move { RedbStore::open(&dir, SHARD_COUNT).unwrap() }
-        })
-        .await;
-    }
+    // The conformance suite runs on this backend in tests/store_conformance.
+    const SHARD_COUNT: u16 = 16;
 
     #[tokio::test]
     async fn data_survives_reopen_and_shard_count_is_fixed() {

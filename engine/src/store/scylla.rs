@@ -1281,70 +1281,20 @@ impl ShardLeases for ScyllaStore {
     }
 }
 
+/// Throwaway keyspaces, shared with the conformance tests in tests/store_conformance.
+#[cfg(test)]
+#[path = "../../tests/store_conformance/test_keyspace.rs"]
+mod test_keyspace;
+
 #[cfg(test)]
 mod tests {
     use futures::FutureExt;
 
+    use super::test_keyspace::{SHARD_COUNT, drop_keyspace_then_resume, fresh_keyspace, settings, test_nodes, with_store};
     use super::*;
     use crate::domain::{EnvelopeKind, RecipientSecret, Subscription};
-    use crate::store::conformance::{self, SHARD_COUNT};
 
-    /// The CQL server the tests use, e.g. "127.0.0.1:9042" (`.ci/run` starts
-    /// one with scripts/cassandra.sh). Unset: the tests say so and pass.
-    const TEST_CQL_ENV: &str = "FANOUT_TEST_CQL";
-
-    fn test_nodes() -> Option<Vec<String>> {
-        match std::env::var(TEST_CQL_ENV) {
-            Ok(v) if !v.trim().is_empty() => Some(v.split(',').map(|s| s.trim().to_owned()).collect()),
-            _ => {
-                eprintln!(
-                    "skipped: {TEST_CQL_ENV} is not set (e.g. {TEST_CQL_ENV}=127.0.0.1:9042 after scripts/cassandra.sh start)"
-                );
-                None
-            }
-        }
-    }
-
-    fn settings(nodes: Vec<String>, keyspace: &str) -> ScyllaSettings {
-        ScyllaSettings {
-            nodes,
-            keyspace: keyspace.into(),
-            migrate: true,
-            request_timeout_ms: 30_000,
-            ..ScyllaSettings::default()
-        }
-    }
-
-    fn fresh_keyspace() -> String {
-        format!("fanout_test_{:016x}", rand::random::<u64>())
-    }
-
-    /// Runs `body` on a store in a fresh keyspace, then drops the keyspace
-    /// (also when `body` panics).
-    async fn with_store<F, Fut>(body: F)
-    where
-        F: FnOnce(ScyllaStore) -> Fut,
-        Fut: std::future::Future<Output = ScyllaStore>,
-    {
-        let Some(nodes) = test_nodes() else { return };
-        let keyspace = fresh_keyspace();
-        let store = ScyllaStore::connect(&settings(nodes.clone(), &keyspace), SHARD_COUNT).await.unwrap();
-        let outcome = std::panic::AssertUnwindSafe(body(store)).catch_unwind().await;
-        drop_keyspace_then_resume(nodes, &keyspace, outcome.map(drop)).await;
-    }
-
-    /// Drops a test keyspace, then re-raises the test's panic if it had one.
-    async fn drop_keyspace_then_resume(
-        nodes: Vec<String>,
-        keyspace: &str,
-        outcome: Result<(), Box<dyn std::any::Any + Send>>,
-    ) {
-        let cleanup = ScyllaStore::connect(&settings(nodes, keyspace), SHARD_COUNT).await.unwrap();
-        cleanup.drop_keyspace().await.unwrap();
-        if let Err(panic) = outcome {
-            std::panic::resume_unwind(panic);
-        }
-    }
+    // The conformance suite runs on this backend in tests/store_conformance.
 
     /// Issue 7: two nodes contend for one shard; exactly one wins, the loser
     /// cannot renew, and once the winner's TTL runs out the other acquires.
@@ -1383,21 +1333,6 @@ mod tests {
         })
         .await;
     }
-
-    macro_rules! conformance_cases {
-        ($($case:ident),* $(,)?) => {$(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $case() {
-                with_store(|store| async move {
-                    conformance::$case(&store).await;
-                    store
-                })
-                .await;
-            }
-        )*};
-    }
-
-    conformance::for_each_case!(conformance_cases);
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn data_survives_reconnect_and_shard_count_is_fixed() {

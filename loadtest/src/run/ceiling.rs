@@ -12,6 +12,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use bytes::Bytes;
+use fanout_testkit::TestPki;
+use fanout_testkit::mock::webhook::standard_webhooks_signature;
 use http_body_util::{BodyExt as _, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -22,8 +24,6 @@ use super::collector::{Collector, Percentiles, latency_histogram};
 use super::ids::RunIds;
 use super::progress::Progress;
 use super::scenario::Plan;
-use crate::mock::webhook::standard_webhooks_signature;
-use crate::tls::TestPki;
 
 type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
 

@@ -12,13 +12,13 @@ use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
+use fanout_testkit::ScriptedResponse;
+use fanout_testkit::mock::webhook::{HookRequest, RequestHook, verify_standard_webhooks};
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
 use super::ids::RunIds;
 use super::scenario::{Faults, Plan};
-use crate::mock::ScriptedResponse;
-use crate::mock::webhook::{HookRequest, RequestHook, verify_standard_webhooks};
 
 /// What one request is about, read from its body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -522,7 +522,7 @@ mod tests {
 
     #[test]
     fn parses_signed_requests_and_refuses_bad_signatures() {
-        use crate::mock::webhook::standard_webhooks_signature;
+        use fanout_testkit::mock::webhook::standard_webhooks_signature;
         let plan = plan();
         let ids = RunIds::from_seed(11);
         let c = Collector::new(plan, ids, Faults::default());

@@ -4,7 +4,8 @@
 //!
 //! - [`scenario`]: the TOML scenario and the plan expanded from it
 //! - [`ids`]: recipient ids, secrets, keys and topics derived from a seed
-//! - [`engine_process`]: the `fanout` subprocess, /proc sampling, /metrics
+//! - [`engine_process`]: the `fanout` binary and config for the shared
+//!   launcher, /proc sampling, /metrics
 //! - [`driver`]: registration, subscriptions and publishing over gRPC
 //! - [`collector`]: the receiver-side accounting (missing, duplicates, latency)
 //! - [`ceiling`]: the bare HTTP/2 client with no engine in between
@@ -26,15 +27,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, bail};
+use fanout_testkit::TestPki;
+use fanout_testkit::launcher::{self, Launch};
+use fanout_testkit::mock::webhook::{MockWebhook, MockWebhookConfig};
 
 use self::collector::Collector;
-use self::engine_process::{EngineProcess, proc_sample};
+use self::engine_process::proc_sample;
 use self::ids::RunIds;
 use self::progress::Progress;
 use self::report::{EngineInfo, Machine, PlanInfo, Report, Resources};
 use self::scenario::{Faults, Plan, Scenario};
-use crate::mock::webhook::{MockWebhook, MockWebhookConfig};
-use crate::tls::TestPki;
 
 /// `fanout-loadtest run`.
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -166,7 +168,7 @@ async fn start_mocks(
             on_request: Some(collector.hook()),
             ..MockWebhookConfig::default()
         };
-        mocks.push(crate::mock::webhook::start(pki, config).await?);
+        mocks.push(fanout_testkit::mock::webhook::start(pki, config).await?);
     }
     Ok(mocks)
 }
@@ -197,7 +199,7 @@ async fn measure_ceiling(
 
 /// The engine: started here, or already running elsewhere.
 enum Engine {
-    Started(EngineProcess),
+    Started(launcher::Engine),
     External { grpc: SocketAddr, http: Option<SocketAddr>, pid: Option<u32> },
 }
 
@@ -216,7 +218,7 @@ impl Engine {
     }
     fn pid(&self) -> Option<u32> {
         match self {
-            Engine::Started(e) => Some(e.pid),
+            Engine::Started(e) => e.pid(),
             Engine::External { pid, .. } => *pid,
         }
     }
@@ -231,7 +233,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<Report> {
     let mut machine = Machine::read();
     let ca_dir = tempfile::Builder::new().prefix("fanout-loadtest-ca-").tempdir()?;
     let (pki, ca_path) = match &args.pki_dir {
-        Some(dir) => (TestPki::load_or_generate(dir)?, dir.join(crate::tls::CA_FILE)),
+        Some(dir) => (TestPki::load_or_generate(dir)?, dir.join(fanout_testkit::pki::CA_FILE)),
         None => (TestPki::generate(&[]).context("generating test PKI")?, ca_dir.path().join("mock-ca.pem")),
     };
     let ca_path = args.ca_out.clone().unwrap_or(ca_path);
@@ -308,16 +310,23 @@ async fn execute_inner(
                 engine_process::find_binary(explicit.as_deref(), || building.phase("building the engine", 0))
             })
             .await??;
-            let timeout = Duration::from_secs(scenario.timeouts.engine_start_seconds);
-            let e = EngineProcess::start(&binary, &scenario.engine, ca_path, args.data_dir.as_deref(), timeout).await?;
-            progress.say(&format!("engine {} started (pid {}, gRPC {})", binary.display(), e.pid, e.grpc));
+            let launch = Launch {
+                log_level: "warn".into(),
+                drain_timeout_seconds: 2,
+                data_dir: args.data_dir.clone(),
+                start_timeout: Duration::from_secs(scenario.timeouts.engine_start_seconds),
+                ..Launch::new(&binary, engine_process::engine_config(&scenario.engine, ca_path)?)
+            };
+            let e = launcher::Engine::start(launch).await?;
+            let pid = e.pid().unwrap_or_default();
+            progress.say(&format!("engine {} started (pid {pid}, gRPC {})", binary.display(), e.grpc));
             Engine::Started(e)
         }
     };
     let engine_info = EngineInfo {
         mode: if args.engine_grpc.is_some() { "external" } else { "subprocess" }.into(),
         binary: match &engine {
-            Engine::Started(e) => Some(e.binary.display().to_string()),
+            Engine::Started(e) => Some(e.binary().display().to_string()),
             Engine::External { .. } => None,
         },
         pid: engine.pid(),
@@ -462,7 +471,7 @@ mod tests {
     /// reports are written.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn smoke_scenario_end_to_end() {
-        let binary = tokio::task::spawn_blocking(|| engine_process::build_binary(false)).await.unwrap().unwrap();
+        let binary = tokio::task::spawn_blocking(|| launcher::build_binary(false)).await.unwrap().unwrap();
         let out = tempfile::tempdir().unwrap();
         let args = RunArgs {
             scenario: Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/smoke.toml"),

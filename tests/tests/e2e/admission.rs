@@ -506,10 +506,10 @@ async fn admission_table_in_order_on_all_three_rpcs() {
     let (seq_r, seq_n) = (sequence_id(&results[0]), sequence_id(&results[1]));
     let got = setup.receiver.wait_for(2, DELIVERY_WAIT).await;
     ck.eq("deliveries after the failed calls", got.len(), 2);
-    let seq_of = |p: &fanout_loadtest::ReceivedRequest| {
+    let seq_of = |p: &fanout_testkit::ReceivedRequest| {
         p.json().and_then(|j| j["sequence_id"].as_str().map(str::to_owned)).unwrap_or_default()
     };
-    let topic_of = |p: &fanout_loadtest::ReceivedRequest| {
+    let topic_of = |p: &fanout_testkit::ReceivedRequest| {
         p.json().and_then(|j| j["topic"].as_str().map(str::to_owned)).unwrap_or_default()
     };
     let b64 = |t: &[u8]| base64::engine::general_purpose::STANDARD.encode(t);

@@ -1,8 +1,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use fanout_loadtest::{MockWebhook, MockWebhookConfig, TestPki, start_mock_webhook};
 use fanout_proto::v1 as pb;
+use fanout_testkit::{MockWebhook, MockWebhookConfig, TestPki, start_mock_webhook};
 use fanout_tests::client::Recipient;
 use fanout_tests::{EngineConfig, Fanout};
 

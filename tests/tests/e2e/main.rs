@@ -1,5 +1,5 @@
 //! End-to-end tests: the real `fanout` binary, the real mock providers of
-//! `fanout-loadtest`, real sockets on 127.0.0.1 only. One test binary, one
+//! `fanout-testkit`, real sockets on 127.0.0.1 only. One test binary, one
 //! module per concern.
 
 mod admission;

@@ -12,8 +12,8 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use fanout_loadtest::MockWebhookConfig;
 use fanout_proto::v1 as pb;
+use fanout_testkit::MockWebhookConfig;
 use fanout_tests::client::{Recipient, envelope, group_topic, subscription};
 use fanout_tests::{EngineConfig, Fanout};
 

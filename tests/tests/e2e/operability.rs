@@ -16,11 +16,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use fanout_loadtest::ScriptedResponse;
 use fanout_proto::v1 as pb;
+use fanout_testkit::ScriptedResponse;
+use fanout_testkit::launcher::free_port;
 use fanout_tests::EngineConfig;
 use fanout_tests::client::{Recipient, envelope, group_topic, subscription};
-use fanout_tests::engine::free_port;
 
 use crate::common::*;
 
@@ -186,10 +186,7 @@ async fn get(addr: SocketAddr, path: &str) -> (u16, BTreeMap<String, String>, St
 fn provider_tables(dir: &std::path::Path) -> String {
     let apns_key = dir.join("apns-test-only.p8");
     std::fs::write(&apns_key, TEST_ONLY_APNS_KEY).expect("write apns key");
-    let fcm_key = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../loadtest/testdata/fcm-test-only-rsa-key.pem"),
-    )
-    .expect("test-only FCM key");
+    let fcm_key = fanout_testkit::mock::fcm::TEST_ONLY_RSA_PRIVATE_KEY_PEM;
     let account = serde_json::json!({
         "type": "service_account",
         "project_id": "fanout-operability-test",

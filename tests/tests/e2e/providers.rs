@@ -12,11 +12,11 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
 use base64::Engine as _;
-use fanout_loadtest::{
+use fanout_proto::v1 as pb;
+use fanout_testkit::{
     ApnsReply, ApnsTestKey, FcmReply, MockApns, MockApnsConfig, MockFcm, MockFcmConfig, ProviderRequest, TestPki,
     start_mock_apns, start_mock_fcm,
 };
-use fanout_proto::v1 as pb;
 use fanout_tests::client::{Recipient, envelope, group_topic, subscription};
 use fanout_tests::{EngineConfig, Fanout};
 use rand::RngCore;

@@ -5,8 +5,8 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use fanout_loadtest::MockWebhookConfig;
 use fanout_proto::v1 as pb;
+use fanout_testkit::MockWebhookConfig;
 use fanout_tests::EngineConfig;
 use fanout_tests::client::{Recipient, envelope, group_topic, subscription};
 

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use base64::Engine as _;
-use fanout_loadtest::MockWebhookConfig;
 use fanout_proto::v1 as pb;
+use fanout_testkit::MockWebhookConfig;
 use fanout_tests::EngineConfig;
 use fanout_tests::client::{Recipient, envelope, group_topic, subscription};
 

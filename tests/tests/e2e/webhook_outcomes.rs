@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use fanout_loadtest::ScriptedResponse;
 use fanout_proto::v1 as pb;
+use fanout_testkit::ScriptedResponse;
 use fanout_tests::EngineConfig;
 use fanout_tests::client::{Recipient, envelope, group_topic, subscription};
 use fanout_tests::dns;

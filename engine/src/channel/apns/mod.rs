@@ -133,8 +133,8 @@ mod tests {
     use crate::domain::{EnvelopeKind, RecipientId, SecretHash, ShardId, StoredEnvelope, Topic};
     use crate::metrics::Metrics;
         use crate::store::Recipient;
-    use fanout_loadtest::TestPki;
-    use fanout_loadtest::mock::apns::{self as mock, ApnsReply, ApnsTestKey, MockApnsConfig};
+    use fanout_testkit::TestPki;
+    use fanout_testkit::mock::apns::{self as mock, ApnsReply, ApnsTestKey, MockApnsConfig};
 
     const T: Duration = Duration::from_secs(5);
 

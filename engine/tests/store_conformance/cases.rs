@@ -1,16 +1,21 @@
 //! The conformance suite every `Store` backend must pass (DESIGN.md, storage).
+//! It uses only the engine's public API, so it lives here, outside the
+//! library.
 //!
 //! Each case takes a fresh, empty store made with [`SHARD_COUNT`] shards and
 //! panics on the first violation. A backend's tests call [`run_all`] with a
-//! factory, or each case on its own for separate test names.
+//! factory, or each case on its own for separate test names
+//! ([`for_each_case!`]).
 
 use std::future::Future;
 
-use super::{Appended, Recipient, RecipientSummary, ShardPosition, Store, StoreError, Subscriber};
-use crate::domain::{
+use fanout_engine::domain::{
     Channel, DeliveryTarget, EnvelopeKind, KeyWindow, NewEnvelope, RecipientId, RecipientSecret,
     SecretHash, ShardId, SigningKey, StoredEnvelope, StoredSubscription, Subscription,
     SubscriptionUpdate, Topic,
+};
+use fanout_engine::store::{
+    Appended, Recipient, RecipientSummary, ShardPosition, Store, StoreError, Subscriber,
 };
 
 /// The shard count the factory given to the suite must use.
@@ -33,7 +38,7 @@ where
 }
 
 /// Calls macro `$m` with the name of every conformance case, so each backend's
-/// tests list them once: `conformance::for_each_case!(my_test_macro);`.
+/// tests list them once: `cases::for_each_case!(my_test_macro);`.
 macro_rules! for_each_case {
     ($m:ident) => {
         $m!(

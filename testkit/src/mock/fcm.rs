@@ -20,18 +20,17 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::Context as _;
 use bytes::Bytes;
 use http::{Request, Response};
-use http_body_util::{BodyExt as _, Full};
+use http_body_util::Full;
 use hyper::body::Incoming;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
-use tokio::net::TcpListener;
-use tokio::task::JoinHandle;
-use tokio_rustls::TlsAcceptor;
 
-use super::apns::{
-    ProviderRequest, Recorder, accept_loop, base_url, header_list, json_response, lock, percent_decode, unix_now,
-};
-use crate::tls::{ALPN_H2, ALPN_HTTP1, TestPki};
+use super::provider::{MAX_CONCURRENT_STREAMS, ProviderRequest, unix_now};
+use crate::lock;
+use crate::pki::{ALPN_H2, ALPN_HTTP1, TestPki};
+use crate::recorder::Recorder;
+use crate::request::percent_decode;
+use crate::server::{self, Server};
 
 /// TEST-ONLY RSA key of the mock service account (see `testdata/README.md`).
 pub const TEST_ONLY_RSA_PRIVATE_KEY_PEM: &str = include_str!("../../testdata/fcm-test-only-rsa-key.pem");
@@ -238,8 +237,8 @@ struct State {
     key: DecodingKey,
     token_uri: String,
     token_lifetime: Duration,
-    sends: Recorder,
-    token_requests: Recorder,
+    sends: Recorder<ProviderRequest>,
+    token_requests: Recorder<ProviderRequest>,
     scripts: Mutex<HashMap<String, VecDeque<FcmReply>>>,
     token_script: Mutex<VecDeque<u16>>,
     issued: Mutex<HashMap<String, Instant>>,
@@ -248,19 +247,15 @@ struct State {
 
 /// A running mock FCM. The server stops when this is dropped.
 pub struct MockFcm {
-    addr: SocketAddr,
+    server: Server,
     state: Arc<State>,
-    accept_task: JoinHandle<()>,
 }
 
 /// Binds, then serves in a background task until the `MockFcm` is dropped.
 pub async fn start(pki: &TestPki, config: MockFcmConfig) -> anyhow::Result<MockFcm> {
     let key = DecodingKey::from_rsa_pem(config.public_key_pem.as_bytes())
         .context("the service-account public key is not an RSA PEM key")?;
-    let listener =
-        TcpListener::bind(config.bind).await.with_context(|| format!("binding mock FCM to {}", config.bind))?;
-    let addr = listener.local_addr()?;
-    let acceptor = TlsAcceptor::from(pki.server_config(&[ALPN_H2, ALPN_HTTP1]));
+    let listener = server::bind("mock FCM", config.bind).await?;
     let client_email =
         config.client_email.unwrap_or_else(|| FcmServiceAccount::test_only(&config.project_id, "").client_email);
     let state = Arc::new(State {
@@ -268,7 +263,8 @@ pub async fn start(pki: &TestPki, config: MockFcmConfig) -> anyhow::Result<MockF
         project_id: config.project_id,
         client_email,
         key,
-        token_uri: format!("{}/token", base_url(addr)),
+        // Assertions name the token endpoint as audience: known once bound.
+        token_uri: format!("{}/token", server::base_url(listener.local_addr()?)),
         token_lifetime: config.token_lifetime,
         sends: Recorder::new(),
         token_requests: Recorder::new(),
@@ -277,20 +273,23 @@ pub async fn start(pki: &TestPki, config: MockFcmConfig) -> anyhow::Result<MockF
         issued: Mutex::new(HashMap::new()),
         next_id: AtomicU64::new(1),
     });
+    let options = server::Options {
+        alpn: vec![ALPN_H2.to_vec(), ALPN_HTTP1.to_vec()],
+        max_concurrent_streams: MAX_CONCURRENT_STREAMS,
+    };
     let handler_state = state.clone();
-    let handler = move |req| handle(req, handler_state.clone());
-    let accept_task = tokio::spawn(accept_loop(listener, acceptor, false, handler));
-    Ok(MockFcm { addr, state, accept_task })
+    let server = Server::serve(listener, pki, options, move |req| handle(req, handler_state.clone()))?;
+    Ok(MockFcm { server, state })
 }
 
 impl MockFcm {
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.server.addr()
     }
 
     /// `https://127.0.0.1:<port>`: the engine's `base_url`.
     pub fn base_url(&self) -> String {
-        base_url(self.addr)
+        self.server.base_url()
     }
 
     /// `https://127.0.0.1:<port>/token`: the service account's `token_uri`.
@@ -316,7 +315,7 @@ impl MockFcm {
 
     /// The send requests for one registration token.
     pub fn received_for(&self, token: &str) -> Vec<ProviderRequest> {
-        self.received().into_iter().filter(|r| r.token == token).collect()
+        self.state.sends.for_token(token)
     }
 
     pub fn received_count(&self) -> usize {
@@ -369,37 +368,20 @@ impl MockFcm {
 
     /// Stops accepting and aborts open connections (without waiting).
     pub fn shutdown_now(&self) {
-        self.accept_task.abort();
+        self.server.stop_now();
     }
 
-    pub async fn shutdown(mut self) {
-        self.accept_task.abort();
-        let _ = (&mut self.accept_task).await;
-    }
-}
-
-impl Drop for MockFcm {
-    fn drop(&mut self) {
-        self.accept_task.abort();
+    /// Stops accepting and aborts open connections; waits for the listener to close.
+    pub async fn shutdown(self) {
+        self.server.stop().await;
     }
 }
 
 async fn handle(req: Request<Incoming>, state: Arc<State>) -> Response<Full<Bytes>> {
     let received_at = SystemTime::now();
     let (parts, body) = req.into_parts();
-    let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
-    let path = parts.uri.path().to_string();
-    let mut request = ProviderRequest {
-        received_at,
-        method: parts.method.to_string(),
-        path: path.clone(),
-        version: format!("{:?}", parts.version),
-        headers: header_list(&parts.headers),
-        body: body.clone(),
-        token: String::new(),
-        auth_valid: None,
-        status_sent: 0,
-    };
+    let mut request = ProviderRequest::arrived(received_at, &parts, server::read_body(body).await);
+    let path = request.path.clone();
     if path == "/token" {
         return token_endpoint(request, &state);
     }
@@ -423,7 +405,7 @@ async fn handle(req: Request<Incoming>, state: Arc<State>) -> Response<Full<Byte
         tokio::time::sleep(delay).await;
     }
     let headers: Vec<(&str, String)> = reply.retry_after.iter().map(|v| ("retry-after", v.clone())).collect();
-    json_response(reply.status, reply.body(&state.project_id, id), &headers)
+    server::response(reply.status, reply.body(&state.project_id, id), &headers)
 }
 
 fn token_endpoint(mut request: ProviderRequest, state: &State) -> Response<Full<Bytes>> {
@@ -460,26 +442,16 @@ fn token_endpoint(mut request: ProviderRequest, state: &State) -> Response<Full<
     };
     request.status_sent = status;
     state.token_requests.record(request);
-    json_response(status, body, &[])
+    server::response(status, body, &[])
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hyper_rustls::HttpsConnectorBuilder;
-    use hyper_util::client::legacy::Client;
-    use hyper_util::client::legacy::connect::HttpConnector;
-    use hyper_util::rt::TokioExecutor;
+    use http_body_util::BodyExt as _;
     use jsonwebtoken::{EncodingKey, Header};
 
-    type TestClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
-
-    fn client(pki: &TestPki) -> TestClient {
-        let mut tls = (*pki.client_config()).clone();
-        tls.alpn_protocols.clear();
-        let connector = HttpsConnectorBuilder::new().with_tls_config(tls).https_only().enable_all_versions().build();
-        Client::builder(TokioExecutor::new()).build(connector)
-    }
+    use crate::test_client::{TestClient, Versions, client};
 
     fn assertion(account: &FcmServiceAccount, iat: u64, aud: &str) -> String {
         let claims = serde_json::json!({
@@ -549,7 +521,7 @@ mod tests {
     async fn issues_tokens_for_valid_assertions_only() {
         let pki = TestPki::generate(&[]).unwrap();
         let mock = start(&pki, MockFcmConfig::default()).await.unwrap();
-        let client = client(&pki);
+        let client = client(&pki, Versions::Any);
         let account = mock.service_account();
         let (status, body) = fetch_token(&client, &mock, &assertion(&account, unix_now(), &mock.token_uri())).await;
         assert_eq!(status, 200);
@@ -579,7 +551,7 @@ mod tests {
     async fn sends_need_a_live_token_and_follow_the_script() {
         let pki = TestPki::generate(&[]).unwrap();
         let mock = start(&pki, MockFcmConfig::default()).await.unwrap();
-        let client = client(&pki);
+        let client = client(&pki, Versions::Any);
         let url = format!("{}/v1/projects/{}/messages:send", mock.base_url(), mock.project_id());
         let (_, body) =
             fetch_token(&client, &mock, &assertion(&mock.service_account(), unix_now(), &mock.token_uri())).await;

@@ -44,7 +44,7 @@ impl TestPki {
         ca_params.distinguished_name = rcgen::DistinguishedName::new();
         ca_params
             .distinguished_name
-            .push(DnType::CommonName, "fanout-loadtest test CA");
+            .push(DnType::CommonName, "fanout-testkit test CA");
         ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         ca_params.key_usages = vec![
             KeyUsagePurpose::KeyCertSign,
@@ -205,7 +205,7 @@ mod tests {
     fn writes_ca_file() {
         let pki = TestPki::generate(&[]).unwrap();
         let path =
-            std::env::temp_dir().join(format!("fanout-loadtest-ca-{}.pem", std::process::id()));
+            std::env::temp_dir().join(format!("fanout-testkit-ca-{}.pem", std::process::id()));
         pki.write_ca(&path).unwrap();
         let written = std::fs::read_to_string(&path).unwrap();
         std::fs::remove_file(&path).unwrap();

@@ -7,29 +7,24 @@
 //! and the hub relay scheme (`x-gim-signature: t=..,v1=<hex>`, spec 003 §2.2).
 
 use std::collections::{HashMap, VecDeque};
-use std::convert::Infallible;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use anyhow::Context as _;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use bytes::Bytes;
 use hmac::{Hmac, KeyInit as _, Mac as _};
-use http::{Request, Response, StatusCode};
-use http_body_util::{BodyExt as _, Empty};
+use http::{Request, Response};
+use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
 use sha2::Sha256;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
-use tokio::task::{JoinHandle, JoinSet};
-use tokio_rustls::TlsAcceptor;
 
-use crate::tls::{ALPN_H2, ALPN_HTTP1, TestPki};
+use crate::lock;
+use crate::pki::{ALPN_H2, ALPN_HTTP1, TestPki};
+use crate::recorder::Recorder;
+use crate::request::{header, header_list};
+use crate::server::{self, Server};
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -165,10 +160,7 @@ pub struct ReceivedRequest {
 impl ReceivedRequest {
     /// First value of header `name` (case-insensitive).
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
+        header(&self.headers, name)
     }
 
     /// The body parsed as JSON, if it is JSON.
@@ -177,90 +169,70 @@ impl ReceivedRequest {
     }
 }
 
+/// HTTP/2 streams per connection: hyper's default, as a typical receiver.
+const MAX_CONCURRENT_STREAMS: u32 = 200;
+
 /// Shared between the handle and the connection tasks.
 struct State {
     latency: Duration,
     default_status: u16,
     record_requests: bool,
     on_request: Option<RequestHook>,
-    requests: Mutex<Vec<ReceivedRequest>>,
-    /// Number of recorded requests, for `wait_for`.
-    count: watch::Sender<usize>,
+    recorder: Recorder<ReceivedRequest>,
     signing_keys: Mutex<HashMap<String, Vec<u8>>>,
     scripts: Mutex<HashMap<String, VecDeque<ScriptedResponse>>>,
 }
 
 /// A running mock. The server stops when this is dropped.
 pub struct MockWebhook {
-    addr: SocketAddr,
+    server: Server,
     state: Arc<State>,
-    accept_task: JoinHandle<()>,
 }
 
 /// Binds, then serves in a background task until the `MockWebhook` is dropped.
 pub async fn start(pki: &TestPki, config: MockWebhookConfig) -> anyhow::Result<MockWebhook> {
-    let listener = TcpListener::bind(config.bind)
-        .await
-        .with_context(|| format!("binding mock webhook to {}", config.bind))?;
-    let addr = listener.local_addr()?;
-    let alpn: Vec<&[u8]> = config.alpn.iter().map(Vec::as_slice).collect();
-    let acceptor = TlsAcceptor::from(pki.server_config(&alpn));
-    let h2_offered = config.alpn.iter().any(|p| p == ALPN_H2);
+    let listener = server::bind("mock webhook", config.bind).await?;
     let state = Arc::new(State {
         latency: config.latency,
         default_status: config.default_status,
         record_requests: config.record_requests,
         on_request: config.on_request.clone(),
-        requests: Mutex::new(Vec::new()),
-        count: watch::Sender::new(0),
+        recorder: Recorder::new(),
         signing_keys: Mutex::new(HashMap::new()),
         scripts: Mutex::new(HashMap::new()),
     });
-    let accept_task = tokio::spawn(accept_loop(listener, acceptor, h2_offered, state.clone()));
-    Ok(MockWebhook {
-        addr,
-        state,
-        accept_task,
-    })
+    let options = server::Options { alpn: config.alpn, max_concurrent_streams: MAX_CONCURRENT_STREAMS };
+    let handler_state = state.clone();
+    let server = Server::serve(listener, pki, options, move |req| handle(req, handler_state.clone()))?;
+    Ok(MockWebhook { server, state })
 }
 
 impl MockWebhook {
     /// The bound address (with the real port when `bind` used port 0).
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.server.addr()
     }
 
     /// `https://<addr><path>`; an unspecified bind address becomes loopback.
     /// The server certificate covers 127.0.0.1 and ::1.
     pub fn url(&self, path: &str) -> String {
-        let mut addr = self.addr;
-        if addr.ip().is_unspecified() {
-            addr.set_ip(match addr.ip() {
-                IpAddr::V4(_) => Ipv4Addr::LOCALHOST.into(),
-                IpAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
-            });
-        }
-        format!("https://{addr}{path}")
+        format!("{}{path}", self.server.base_url())
     }
 
     /// Copies of every request recorded so far, in arrival order.
     pub fn received(&self) -> Vec<ReceivedRequest> {
-        lock(&self.state.requests).clone()
+        self.state.recorder.all()
     }
 
-    /// Number of requests recorded so far (no copying).
+    /// Number of requests received so far (no copying).
     pub fn received_count(&self) -> usize {
-        *self.state.count.borrow()
+        self.state.recorder.count()
     }
 
-    /// Waits until at least `n` requests were recorded or `timeout` passed,
+    /// Waits until at least `n` requests were received or `timeout` passed,
     /// then returns all recorded requests (possibly fewer than `n`).
     pub async fn wait_for(&self, n: usize, timeout: Duration) -> Vec<ReceivedRequest> {
-        let mut rx = self.state.count.subscribe();
-        // The sender lives in `self.state`, so `wait_for` cannot fail with
-        // "closed" here; the timeout bounds the wait either way.
-        let _ = tokio::time::timeout(timeout, rx.wait_for(|count| *count >= n)).await;
-        self.received()
+        self.state.recorder.wait_for(n, timeout).await
     }
 
     /// Verifies the signature of every later request to `path` under `key`.
@@ -271,151 +243,50 @@ impl MockWebhook {
     /// The next requests to `path` get `responses` in order, then
     /// `default_status`. Appends to any answers still queued for `path`.
     pub fn script(&self, path: &str, responses: Vec<ScriptedResponse>) {
-        lock(&self.state.scripts)
-            .entry(path.to_string())
-            .or_default()
-            .extend(responses);
+        lock(&self.state.scripts).entry(path.to_string()).or_default().extend(responses);
     }
 
     /// Forgets recorded requests (scripts and keys stay).
     pub fn clear_received(&self) {
-        let mut requests = lock(&self.state.requests);
-        requests.clear();
-        self.state.count.send_replace(0);
+        self.state.recorder.clear();
     }
 
     /// Stops accepting and aborts open connections; waits for the listener to close.
-    pub async fn shutdown(mut self) {
-        self.accept_task.abort();
-        let _ = (&mut self.accept_task).await;
+    pub async fn shutdown(self) {
+        self.server.stop().await;
     }
 }
 
-impl Drop for MockWebhook {
-    fn drop(&mut self) {
-        // Dropping the accept task drops its JoinSet, which aborts every connection.
-        self.accept_task.abort();
-    }
-}
-
-/// Poison-tolerant lock: a panicking test thread must not wedge the mock.
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-async fn accept_loop(
-    listener: TcpListener,
-    acceptor: TlsAcceptor,
-    h2_offered: bool,
-    state: Arc<State>,
-) {
-    // Owns the connection tasks: aborted together with this loop.
-    let mut connections = JoinSet::new();
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((tcp, _peer)) => {
-                    connections.spawn(serve_connection(tcp, acceptor.clone(), h2_offered, state.clone()));
-                }
-                Err(error) => {
-                    // E.g. out of file descriptors under load: back off briefly.
-                    tracing::warn!(%error, "mock webhook accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            },
-            // Reap finished connections so the set does not grow without bound.
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
-        }
-    }
-}
-
-async fn serve_connection(
-    tcp: TcpStream,
-    acceptor: TlsAcceptor,
-    h2_offered: bool,
-    state: Arc<State>,
-) {
-    let _ = tcp.set_nodelay(true);
-    let tls = match acceptor.accept(tcp).await {
-        Ok(tls) => tls,
-        Err(error) => {
-            tracing::debug!(%error, "mock webhook TLS handshake failed");
-            return;
-        }
-    };
-    // Pick the protocol from ALPN; without ALPN, sniff the preface only if h2 is offered.
-    let negotiated = tls.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new());
-    builder.http2().timer(TokioTimer::new());
-    let builder = match negotiated.as_deref() {
-        Some(ALPN_H2) => builder.http2_only(),
-        Some(_) => builder.http1_only(),
-        None if !h2_offered => builder.http1_only(),
-        None => builder,
-    };
-    let service = service_fn(move |req| handle(req, state.clone()));
-    if let Err(error) = builder.serve_connection(TokioIo::new(tls), service).await {
-        tracing::debug!(%error, "mock webhook connection ended with error");
-    }
-}
-
-async fn handle(
-    req: Request<Incoming>,
-    state: Arc<State>,
-) -> Result<Response<Empty<Bytes>>, Infallible> {
+async fn handle(req: Request<Incoming>, state: Arc<State>) -> Response<Full<Bytes>> {
     let received_at = SystemTime::now();
     let (parts, body) = req.into_parts();
-    let body = match body.collect().await {
-        Ok(collected) => collected.to_bytes(),
-        // The client went away mid-body: nothing to answer.
-        Err(_) => Bytes::new(),
-    };
+    let body = server::read_body(body).await;
     let hooked = state.on_request.as_ref().and_then(|hook| {
-        (hook.0)(&HookRequest {
-            path: parts.uri.path(),
-            headers: &parts.headers,
-            body: &body,
-        })
+        (hook.0)(&HookRequest { path: parts.uri.path(), headers: &parts.headers, body: &body })
     });
     if !state.record_requests {
         // Compact mode: count only; the hook (if any) did the bookkeeping.
         let scripted = hooked.unwrap_or_else(|| next_scripted(&state, parts.uri.path()));
-        state.count.send_modify(|count| *count += 1);
-        return Ok(answer(&state, scripted).await);
+        state.recorder.count_only();
+        return answer(&state, scripted).await;
     }
     let path = parts.uri.path().to_string();
-    let headers: Vec<(String, String)> = parts
-        .headers
-        .iter()
-        .map(|(name, value)| {
-            let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
-            (name.as_str().to_string(), value)
-        })
-        .collect();
-
     let key = lock(&state.signing_keys).get(&path).cloned();
     let signature_valid = key.map(|key| verify_request(&key, &parts.headers, &body));
     let scripted = hooked.unwrap_or_else(|| next_scripted(&state, &path));
 
     // Record before any delay so tests see requests whose answer is still pending.
-    {
-        let mut requests = lock(&state.requests);
-        requests.push(ReceivedRequest {
-            received_at,
-            method: parts.method.to_string(),
-            path,
-            version: format!("{:?}", parts.version),
-            headers,
-            body,
-            signature_valid,
-            status_sent: scripted.status,
-        });
-        state.count.send_replace(requests.len());
-    }
-    Ok(answer(&state, scripted).await)
+    state.recorder.record(ReceivedRequest {
+        received_at,
+        method: parts.method.to_string(),
+        path,
+        version: format!("{:?}", parts.version),
+        headers: header_list(&parts.headers),
+        body,
+        signature_valid,
+        status_sent: scripted.status,
+    });
+    answer(&state, scripted).await
 }
 
 /// The path's next scripted answer, else the default status.
@@ -426,31 +297,17 @@ fn next_scripted(state: &State, path: &str) -> ScriptedResponse {
         .unwrap_or_else(|| ScriptedResponse::status(state.default_status))
 }
 
-/// Waits the configured and scripted delay, then builds the response.
-async fn answer(state: &State, scripted: ScriptedResponse) -> Response<Empty<Bytes>> {
+/// Waits the configured and scripted delay, then answers with no body.
+async fn answer(state: &State, scripted: ScriptedResponse) -> Response<Full<Bytes>> {
     let delay = state.latency + scripted.delay;
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
     }
-    build_response(&scripted)
-}
-
-fn build_response(scripted: &ScriptedResponse) -> Response<Empty<Bytes>> {
-    // An invalid scripted status (not 100..=999) is answered as 500.
-    let status = StatusCode::from_u16(scripted.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let mut response = Response::builder().status(status);
-    if let Some(value) = &scripted.retry_after {
-        response = response.header(http::header::RETRY_AFTER, value);
-    }
-    if let Some(value) = &scripted.location {
-        response = response.header(http::header::LOCATION, value);
-    }
-    response.body(Empty::new()).unwrap_or_else(|_| {
-        // Only an invalid header value gets here.
-        let mut fallback = Response::new(Empty::new());
-        *fallback.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
-        fallback
-    })
+    let headers: Vec<(&str, String)> = [("retry-after", scripted.retry_after), ("location", scripted.location)]
+        .into_iter()
+        .filter_map(|(name, value)| Some((name, value?)))
+        .collect();
+    server::response(scripted.status, String::new(), &headers)
 }
 
 /// Verifies whichever signature scheme the request carries; no signature is invalid.
@@ -530,40 +387,13 @@ pub fn verify_gim_signature(key: &[u8], signature_header: &str, body: &[u8]) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http_body_util::Full;
-    use hyper_rustls::HttpsConnectorBuilder;
-    use hyper_util::client::legacy::Client;
-    use hyper_util::client::legacy::connect::HttpConnector;
+    use tokio::net::TcpStream;
 
-    type TestClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
+    use crate::test_client::{TestClient, Versions, client};
 
     const KEY: [u8; 32] = [7; 32];
     const BODY: &str = r#"{"topic":"AQID","sequence_id":"9007199254740993","recipient_id":"0101"}"#;
     const WAIT: Duration = Duration::from_secs(5);
-
-    #[derive(Clone, Copy)]
-    enum Proto {
-        Http1,
-        Http2,
-        Any,
-    }
-
-    /// A hyper-util client trusting the test CA, pinned to one protocol or ALPN-negotiated.
-    fn client(pki: &TestPki, proto: Proto) -> TestClient {
-        let mut tls = (*pki.client_config()).clone();
-        tls.alpn_protocols.clear(); // hyper-rustls sets ALPN from the enabled versions
-        let builder = HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_only();
-        let connector = match proto {
-            Proto::Http1 => builder.enable_http1().build(),
-            Proto::Http2 => builder.enable_http2().build(),
-            Proto::Any => builder.enable_all_versions().build(),
-        };
-        Client::builder(TokioExecutor::new())
-            .http2_only(matches!(proto, Proto::Http2))
-            .build(connector)
-    }
 
     /// POSTs `body` with Standard Webhooks headers signed under `key`.
     async fn post_signed(
@@ -674,7 +504,7 @@ mod tests {
     async fn records_requests_over_http2() {
         let pki = TestPki::generate(&[]).unwrap();
         let mock = start(&pki, MockWebhookConfig::default()).await.unwrap();
-        let client = client(&pki, Proto::Http2);
+        let client = client(&pki, Versions::Http2);
 
         let response = post_signed(&client, &mock.url("/hook?x=1"), &KEY, BODY).await;
         assert_eq!(response.status(), 200);
@@ -700,7 +530,7 @@ mod tests {
     async fn records_requests_over_http1() {
         let pki = TestPki::generate(&[]).unwrap();
         let mock = start(&pki, MockWebhookConfig::default()).await.unwrap();
-        let client = client(&pki, Proto::Http1);
+        let client = client(&pki, Versions::Http1);
 
         let response = post_signed(&client, &mock.url("/h1"), &KEY, BODY).await;
         assert_eq!(response.status(), 200);
@@ -714,7 +544,7 @@ mod tests {
         let pki = TestPki::generate(&[]).unwrap();
         let mock = start(&pki, MockWebhookConfig::http1_only()).await.unwrap();
         // The client offers h2 and http/1.1; the server picks http/1.1.
-        let client = client(&pki, Proto::Any);
+        let client = client(&pki, Versions::Any);
         let response = post_signed(&client, &mock.url("/h1"), &KEY, BODY).await;
         assert_eq!(response.status(), 200);
         assert_eq!(response.version(), http::Version::HTTP_11);
@@ -742,7 +572,7 @@ mod tests {
                 ScriptedResponse::status(200),
             ],
         );
-        let client = client(&pki, Proto::Http2);
+        let client = client(&pki, Versions::Http2);
         let url = mock.url("/scripted");
 
         let first = post_signed(&client, &url, &KEY, BODY).await;
@@ -773,7 +603,7 @@ mod tests {
         let pki = TestPki::generate(&[]).unwrap();
         let mock = start(&pki, MockWebhookConfig::default()).await.unwrap();
         mock.set_signing_key("/signed", KEY.to_vec());
-        let client = client(&pki, Proto::Http2);
+        let client = client(&pki, Versions::Http2);
 
         post_signed(&client, &mock.url("/signed"), &KEY, BODY).await;
         post_signed(&client, &mock.url("/signed"), &[9; 32], BODY).await;
@@ -801,7 +631,7 @@ mod tests {
             "/slow",
             vec![ScriptedResponse::status(200).with_delay(Duration::from_secs(30))],
         );
-        let client = client(&pki, Proto::Http2);
+        let client = client(&pki, Versions::Http2);
         let url = mock.url("/slow");
         let request = post_signed(&client, &url, &KEY, BODY);
         // The client gives up long before the mock answers.
@@ -841,7 +671,7 @@ mod tests {
             ..Default::default()
         };
         let mock = start(&pki, config).await.unwrap();
-        let client = client(&pki, Proto::Http2);
+        let client = client(&pki, Versions::Http2);
         assert_eq!(post_signed(&client, &mock.url("/ok"), &KEY, BODY).await.status(), 200);
         assert_eq!(post_signed(&client, &mock.url("/fail"), &KEY, BODY).await.status(), 503);
         assert_eq!(mock.received_count(), 2);

@@ -2,35 +2,28 @@
 //! `POST /3/device/<token>`. It verifies the ES256 provider token against a
 //! configured public key, records every request, and answers from a script
 //! per device token (default: 200 with an `apns-id` header).
-//!
-//! Also holds what the APNs and FCM mocks share: [`ProviderRequest`], the
-//! request recorder and the TLS accept loop.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::convert::Infallible;
-use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 
 use anyhow::Context as _;
 use bytes::Bytes;
-use http::{Request, Response, StatusCode};
-use http_body_util::{BodyExt as _, Full};
+use http::{Request, Response};
+use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
-use tokio::task::{JoinHandle, JoinSet};
-use tokio_rustls::TlsAcceptor;
 
-use crate::tls::{ALPN_H2, TestPki};
+use super::provider::{MAX_CONCURRENT_STREAMS, ProviderRequest, unix_now};
+use crate::lock;
+use crate::pki::{ALPN_H2, TestPki};
+use crate::recorder::Recorder;
+use crate::request::percent_decode;
+use crate::server::{self, Server};
 
 /// APNs refuses provider tokens older than this (ExpiredProviderToken).
 const PROVIDER_TOKEN_LIFETIME_SECS: u64 = 3600;
@@ -100,240 +93,6 @@ impl ApnsReply {
     pub fn with_delay(mut self, delay: Duration) -> Self {
         self.delay = delay;
         self
-    }
-}
-
-/// A request as a provider mock received it.
-#[derive(Clone, Debug)]
-pub struct ProviderRequest {
-    pub received_at: SystemTime,
-    pub method: String,
-    /// URI path without the query, as sent (percent-encoded).
-    pub path: String,
-    /// "HTTP/2.0" or "HTTP/1.1".
-    pub version: String,
-    /// Names are lowercase; non-UTF-8 values are converted lossily.
-    pub headers: Vec<(String, String)>,
-    pub body: Bytes,
-    /// The device token (APNs: decoded from the path; FCM: `message.token`
-    /// of the body; empty for OAuth token requests).
-    pub token: String,
-    /// Whether the credential verified (APNs provider token, FCM access
-    /// token, OAuth assertion); `None` when the mock has no key to check with.
-    pub auth_valid: Option<bool>,
-    /// Status chosen for this request (possibly never delivered when delayed).
-    pub status_sent: u16,
-}
-
-impl ProviderRequest {
-    /// First value of header `name` (case-insensitive).
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
-    }
-
-    /// The body parsed as JSON, if it is JSON.
-    pub fn json(&self) -> Option<serde_json::Value> {
-        serde_json::from_slice(&self.body).ok()
-    }
-
-    /// The credential after `bearer `/`Bearer ` in `authorization`.
-    pub fn bearer(&self) -> Option<&str> {
-        bearer(self.header("authorization"))
-    }
-}
-
-fn bearer(authorization: Option<&str>) -> Option<&str> {
-    let value = authorization?;
-    let (scheme, credential) = value.split_once(' ')?;
-    scheme.eq_ignore_ascii_case("bearer").then_some(credential.trim())
-}
-
-/// Records requests and lets tests wait for them.
-pub(super) struct Recorder {
-    requests: Mutex<Vec<ProviderRequest>>,
-    count: watch::Sender<usize>,
-}
-
-impl Recorder {
-    pub(super) fn new() -> Self {
-        Recorder { requests: Mutex::new(Vec::new()), count: watch::Sender::new(0) }
-    }
-
-    pub(super) fn record(&self, request: ProviderRequest) {
-        let mut requests = lock(&self.requests);
-        requests.push(request);
-        self.count.send_replace(requests.len());
-    }
-
-    pub(super) fn all(&self) -> Vec<ProviderRequest> {
-        lock(&self.requests).clone()
-    }
-
-    pub(super) fn count(&self) -> usize {
-        *self.count.borrow()
-    }
-
-    pub(super) fn clear(&self) {
-        lock(&self.requests).clear();
-        self.count.send_replace(0);
-    }
-
-    /// Waits until `done` holds for the recorded requests or `timeout` passed.
-    pub(super) async fn wait_until(
-        &self,
-        timeout: Duration,
-        done: impl Fn(&[ProviderRequest]) -> bool,
-    ) -> Vec<ProviderRequest> {
-        let mut rx = self.count.subscribe();
-        let wait = async {
-            loop {
-                if done(&lock(&self.requests)) {
-                    return;
-                }
-                // The sender lives in `self`, so this cannot fail while we wait.
-                if rx.changed().await.is_err() {
-                    return;
-                }
-            }
-        };
-        let _ = tokio::time::timeout(timeout, wait).await;
-        self.all()
-    }
-
-    pub(super) async fn wait_for(&self, n: usize, timeout: Duration) -> Vec<ProviderRequest> {
-        self.wait_until(timeout, |r| r.len() >= n).await
-    }
-
-    pub(super) async fn wait_for_token(&self, token: &str, n: usize, timeout: Duration) -> Vec<ProviderRequest> {
-        self.wait_until(timeout, |r| r.iter().filter(|q| q.token == token).count() >= n)
-            .await
-            .into_iter()
-            .filter(|q| q.token == token)
-            .collect()
-    }
-}
-
-/// Poison-tolerant lock: a panicking test thread must not wedge the mock.
-pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// `https://<addr>`, with an unspecified address replaced by loopback.
-pub(super) fn base_url(addr: SocketAddr) -> String {
-    let mut addr = addr;
-    if addr.ip().is_unspecified() {
-        addr.set_ip(match addr.ip() {
-            IpAddr::V4(_) => Ipv4Addr::LOCALHOST.into(),
-            IpAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
-        });
-    }
-    format!("https://{addr}")
-}
-
-/// Unix time in whole seconds.
-pub(super) fn unix_now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
-}
-
-/// Lowercase header names and lossy values, for `ProviderRequest::headers`.
-pub(super) fn header_list(headers: &http::HeaderMap) -> Vec<(String, String)> {
-    headers
-        .iter()
-        .map(|(name, value)| (name.as_str().to_string(), String::from_utf8_lossy(value.as_bytes()).into_owned()))
-        .collect()
-}
-
-/// Decodes `%XX` escapes (and `+` as space when `plus_is_space`).
-pub(super) fn percent_decode(text: &str, plus_is_space: bool) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let escaped = (bytes[i] == b'%')
-            .then(|| bytes.get(i + 1..i + 3))
-            .flatten()
-            .and_then(|hex| u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok());
-        match (escaped, bytes[i]) {
-            (Some(byte), _) => {
-                out.push(byte);
-                i += 3;
-                continue;
-            }
-            (None, b'+') if plus_is_space => out.push(b' '),
-            (None, byte) => out.push(byte),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// A JSON response.
-pub(super) fn json_response(status: u16, body: String, extra: &[(&str, String)]) -> Response<Full<Bytes>> {
-    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let mut builder = Response::builder().status(status);
-    if !body.is_empty() {
-        builder = builder.header(http::header::CONTENT_TYPE, "application/json");
-    }
-    for (name, value) in extra {
-        builder = builder.header(*name, value.as_str());
-    }
-    builder.body(Full::new(Bytes::from(body))).unwrap_or_else(|_| {
-        // Only an invalid scripted header value gets here.
-        let mut fallback = Response::new(Full::new(Bytes::new()));
-        *fallback.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
-        fallback
-    })
-}
-
-/// Accepts TLS connections and serves each with `handler` over HTTP/2 (and
-/// HTTP/1.1 when ALPN picked it and `http2_only` is false), until aborted.
-pub(super) async fn accept_loop<H, F>(listener: TcpListener, acceptor: TlsAcceptor, http2_only: bool, handler: H)
-where
-    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
-    F: Future<Output = Response<Full<Bytes>>> + Send + 'static,
-{
-    // Owns the connection tasks: aborted together with this loop.
-    let mut connections = JoinSet::new();
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((tcp, _peer)) => {
-                    connections.spawn(serve_connection(tcp, acceptor.clone(), http2_only, handler.clone()));
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "mock provider accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            },
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
-        }
-    }
-}
-
-async fn serve_connection<H, F>(tcp: TcpStream, acceptor: TlsAcceptor, http2_only: bool, handler: H)
-where
-    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
-    F: Future<Output = Response<Full<Bytes>>> + Send + 'static,
-{
-    let _ = tcp.set_nodelay(true);
-    let tls = match acceptor.accept(tcp).await {
-        Ok(tls) => tls,
-        Err(error) => {
-            tracing::debug!(%error, "mock provider TLS handshake failed");
-            return;
-        }
-    };
-    let negotiated_h2 = tls.get_ref().1.alpn_protocol() == Some(ALPN_H2);
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new());
-    builder.http2().timer(TokioTimer::new()).max_concurrent_streams(1000);
-    let builder = if negotiated_h2 || http2_only { builder.http2_only() } else { builder.http1_only() };
-    let service = service_fn(move |req| {
-        let handler = handler.clone();
-        async move { Ok::<_, Infallible>(handler(req).await) }
-    });
-    if let Err(error) = builder.serve_connection(TokioIo::new(tls), service).await {
-        tracing::debug!(%error, "mock provider connection ended with error");
     }
 }
 
@@ -407,7 +166,7 @@ struct State {
     team_id: String,
     key_id: String,
     key: Option<DecodingKey>,
-    recorder: Recorder,
+    recorder: Recorder<ProviderRequest>,
     scripts: Mutex<HashMap<String, VecDeque<ApnsReply>>>,
     seen_tokens: Mutex<HashSet<String>>,
     expired_tokens: Mutex<HashSet<String>>,
@@ -416,9 +175,8 @@ struct State {
 
 /// A running mock APNs. The server stops when this is dropped.
 pub struct MockApns {
-    addr: SocketAddr,
+    server: Server,
     state: Arc<State>,
-    accept_task: JoinHandle<()>,
 }
 
 /// Binds, then serves in a background task until the `MockApns` is dropped.
@@ -429,10 +187,7 @@ pub async fn start(pki: &TestPki, config: MockApnsConfig) -> anyhow::Result<Mock
         }
         None => None,
     };
-    let listener =
-        TcpListener::bind(config.bind).await.with_context(|| format!("binding mock APNs to {}", config.bind))?;
-    let addr = listener.local_addr()?;
-    let acceptor = TlsAcceptor::from(pki.server_config(&[ALPN_H2]));
+    let listener = server::bind("mock APNs", config.bind).await?;
     let state = Arc::new(State {
         latency: config.latency,
         team_id: config.team_id,
@@ -444,20 +199,20 @@ pub async fn start(pki: &TestPki, config: MockApnsConfig) -> anyhow::Result<Mock
         expired_tokens: Mutex::new(HashSet::new()),
         next_id: AtomicU64::new(1),
     });
+    let options = server::Options { alpn: vec![ALPN_H2.to_vec()], max_concurrent_streams: MAX_CONCURRENT_STREAMS };
     let handler_state = state.clone();
-    let handler = move |req| handle(req, handler_state.clone());
-    let accept_task = tokio::spawn(accept_loop(listener, acceptor, true, handler));
-    Ok(MockApns { addr, state, accept_task })
+    let server = Server::serve(listener, pki, options, move |req| handle(req, handler_state.clone()))?;
+    Ok(MockApns { server, state })
 }
 
 impl MockApns {
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.server.addr()
     }
 
     /// `https://127.0.0.1:<port>`: the engine's `production_url`/`sandbox_url`.
     pub fn base_url(&self) -> String {
-        base_url(self.addr)
+        self.server.base_url()
     }
 
     /// Every request so far, in arrival order.
@@ -467,7 +222,7 @@ impl MockApns {
 
     /// The requests for one device token, in arrival order.
     pub fn received_for(&self, token: &str) -> Vec<ProviderRequest> {
-        self.received().into_iter().filter(|r| r.token == token).collect()
+        self.state.recorder.for_token(token)
     }
 
     pub fn received_count(&self) -> usize {
@@ -503,29 +258,21 @@ impl MockApns {
 
     /// Stops accepting and aborts open connections (without waiting).
     pub fn shutdown_now(&self) {
-        self.accept_task.abort();
+        self.server.stop_now();
     }
 
     /// Stops accepting and aborts open connections; waits for the listener to close.
-    pub async fn shutdown(mut self) {
-        self.accept_task.abort();
-        let _ = (&mut self.accept_task).await;
-    }
-}
-
-impl Drop for MockApns {
-    fn drop(&mut self) {
-        self.accept_task.abort();
+    pub async fn shutdown(self) {
+        self.server.stop().await;
     }
 }
 
 async fn handle(req: Request<Incoming>, state: Arc<State>) -> Response<Full<Bytes>> {
     let received_at = SystemTime::now();
     let (parts, body) = req.into_parts();
-    let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
-    let path = parts.uri.path().to_string();
-    let token = path.strip_prefix("/3/device/").map(|t| percent_decode(t, false));
-    let jwt = bearer(parts.headers.get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok())).map(str::to_owned);
+    let mut request = ProviderRequest::arrived(received_at, &parts, server::read_body(body).await);
+    let token = request.path.strip_prefix("/3/device/").map(|t| percent_decode(t, false));
+    let jwt = request.bearer().map(str::to_owned);
     let check = state.key.as_ref().map(|key| check_provider_token(jwt.as_deref(), key, &state.team_id, &state.key_id));
     let revoked = jwt.as_ref().is_some_and(|j| lock(&state.expired_tokens).contains(j));
     if let Some(jwt) = &jwt {
@@ -549,17 +296,10 @@ async fn handle(req: Request<Incoming>, state: Arc<State>) -> Response<Full<Byte
     };
 
     // Record before any delay so tests see requests whose answer is pending.
-    state.recorder.record(ProviderRequest {
-        received_at,
-        method: parts.method.to_string(),
-        path,
-        version: format!("{:?}", parts.version),
-        headers: header_list(&parts.headers),
-        body,
-        token: token.unwrap_or_default(),
-        auth_valid: check.map(|c| c == TokenCheck::Valid),
-        status_sent: reply.status,
-    });
+    request.token = token.unwrap_or_default();
+    request.auth_valid = check.map(|c| c == TokenCheck::Valid);
+    request.status_sent = reply.status;
+    state.recorder.record(request);
 
     let delay = state.latency + reply.delay;
     if !delay.is_zero() {
@@ -575,26 +315,18 @@ async fn handle(req: Request<Incoming>, state: Arc<State>) -> Response<Full<Byte
         (Some(reason), _) => serde_json::json!({"reason": reason}).to_string(),
         (None, _) => String::new(),
     };
-    json_response(reply.status, body, &headers)
+    server::response(reply.status, body, &headers)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hyper_rustls::HttpsConnectorBuilder;
-    use hyper_util::client::legacy::Client;
-    use hyper_util::client::legacy::connect::HttpConnector;
+    use http_body_util::BodyExt as _;
     use jsonwebtoken::{EncodingKey, Header};
 
-    type TestClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
-    const WAIT: Duration = Duration::from_secs(5);
+    use crate::test_client::{TestClient, Versions, client};
 
-    fn client(pki: &TestPki) -> TestClient {
-        let mut tls = (*pki.client_config()).clone();
-        tls.alpn_protocols.clear();
-        let connector = HttpsConnectorBuilder::new().with_tls_config(tls).https_only().enable_http2().build();
-        Client::builder(TokioExecutor::new()).http2_only(true).build(connector)
-    }
+    const WAIT: Duration = Duration::from_secs(5);
 
     fn jwt(key: &ApnsTestKey, kid: &str, iss: &str, iat: u64) -> String {
         let mut header = Header::new(Algorithm::ES256);
@@ -637,18 +369,10 @@ mod tests {
         assert!(!verify_provider_token(&jwt(&other, "KID", "TEAM", unix_now()), &decoding, "TEAM", "KID"));
     }
 
-    #[test]
-    fn percent_decoding() {
-        assert_eq!(percent_decode("a%2Fb%3f+c", false), "a/b?+c");
-        assert_eq!(percent_decode("a+b%3A", true), "a b:");
-        assert_eq!(percent_decode("100%", false), "100%");
-        assert_eq!(percent_decode("%zz", false), "%zz");
-    }
-
     #[tokio::test]
     async fn records_verifies_and_answers_200_by_default() {
         let (pki, key, mock) = setup().await;
-        let client = client(&pki);
+        let client = client(&pki, Versions::Http2);
         let token = jwt(&key, "KEY1234567", "TEAM123456", unix_now());
         let (status, headers, body) =
             post(&client, &format!("{}/3/device/abc%2F1", mock.base_url()), Some(&token)).await;
@@ -667,7 +391,7 @@ mod tests {
     #[tokio::test]
     async fn refuses_bad_missing_and_old_provider_tokens() {
         let (pki, key, mock) = setup().await;
-        let client = client(&pki);
+        let client = client(&pki, Versions::Http2);
         let url = format!("{}/3/device/abc", mock.base_url());
         let (status, _, body) = post(&client, &url, None).await;
         assert_eq!((status, body.as_str()), (403, r#"{"reason":"MissingProviderToken"}"#));
@@ -682,7 +406,7 @@ mod tests {
     #[tokio::test]
     async fn scripts_per_device_token_and_expiry_of_seen_tokens() {
         let (pki, key, mock) = setup().await;
-        let client = client(&pki);
+        let client = client(&pki, Versions::Http2);
         let token = jwt(&key, "KEY1234567", "TEAM123456", unix_now());
         mock.script("dead", vec![ApnsReply::reason(410, "Unregistered"), ApnsReply::status(503).with_retry_after("3")]);
         let dead = format!("{}/3/device/dead", mock.base_url());
@@ -708,10 +432,7 @@ mod tests {
     #[tokio::test]
     async fn offers_only_http2() {
         let (pki, _key, mock) = setup().await;
-        let mut tls = (*pki.client_config()).clone();
-        tls.alpn_protocols.clear();
-        let connector = HttpsConnectorBuilder::new().with_tls_config(tls).https_only().enable_http1().build();
-        let h1: TestClient = Client::builder(TokioExecutor::new()).build(connector);
+        let h1 = client(&pki, Versions::Http1);
         let request = Request::post(format!("{}/3/device/abc", mock.base_url())).body(Full::new(Bytes::new())).unwrap();
         assert!(h1.request(request).await.is_err(), "an HTTP/1.1-only client cannot talk to APNs");
     }

@@ -1,0 +1,69 @@
+//! The storage conformance suite ([`cases`]) on every backend: redb in a
+//! temporary directory always, ScyllaDB in a throwaway keyspace when
+//! `FANOUT_TEST_CQL` names a CQL server (skipped, and passing, otherwise).
+
+mod cases;
+mod test_keyspace;
+
+// What `test_keyspace` expects in scope.
+use fanout_engine::store::{ScyllaSettings, ScyllaStore};
+
+// The scylla stores of `test_keyspace` are made for the suite.
+const _: () = assert!(test_keyspace::SHARD_COUNT == cases::SHARD_COUNT);
+
+mod redb {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use fanout_engine::store::RedbStore;
+
+    use crate::cases::{self, SHARD_COUNT};
+
+    fn temp_store() -> (tempfile::TempDir, RedbStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RedbStore::open(dir.path(), SHARD_COUNT).unwrap();
+        (dir, store)
+    }
+
+    macro_rules! conformance_cases {
+        ($($case:ident),* $(,)?) => {$(
+            #[tokio::test]
+            async fn $case() {
+                let (_dir, store) = temp_store();
+                cases::$case(&store).await;
+            }
+        )*};
+    }
+
+    cases::for_each_case!(conformance_cases);
+
+    #[tokio::test]
+    async fn run_all_on_fresh_stores() {
+        let root = tempfile::tempdir().unwrap();
+        let n = AtomicUsize::new(0);
+        cases::run_all(|| {
+            let dir = root.path().join(n.fetch_add(1, Ordering::Relaxed).to_string());
+            async move { RedbStore::open(&dir, SHARD_COUNT).unwrap() }
+        })
+        .await;
+    }
+}
+
+mod scylla {
+    use crate::cases;
+    use crate::test_keyspace::with_store;
+
+    macro_rules! conformance_cases {
+        ($($case:ident),* $(,)?) => {$(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                with_store(|store| async move {
+                    cases::$case(&store).await;
+                    store
+                })
+                .await;
+            }
+        )*};
+    }
+
+    cases::for_each_case!(conformance_cases);
+}

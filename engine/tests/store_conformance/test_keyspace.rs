@@ -1,0 +1,72 @@
+//! Throwaway keyspaces for ScyllaDB store tests, on the CQL server named by
+//! `FANOUT_TEST_CQL` (e.g. "127.0.0.1:9042"; `.ci/run` starts one with
+//! scripts/cassandra.sh). Unset: the tests say so and pass.
+//!
+//! One file for the store's unit tests (`src/store/scylla.rs`) and the
+//! conformance tests here, included in both by `#[path]`: the including
+//! module has `ScyllaSettings` and `ScyllaStore` in scope.
+
+use futures::FutureExt as _;
+
+use super::{ScyllaSettings, ScyllaStore};
+
+/// The shard count of every test store (the conformance suite's).
+pub const SHARD_COUNT: u16 = 16;
+
+const TEST_CQL_ENV: &str = "FANOUT_TEST_CQL";
+
+/// The CQL nodes to test against, or `None` (said on stderr) when unset.
+pub fn test_nodes() -> Option<Vec<String>> {
+    match std::env::var(TEST_CQL_ENV) {
+        Ok(v) if !v.trim().is_empty() => Some(v.split(',').map(|s| s.trim().to_owned()).collect()),
+        _ => {
+            eprintln!(
+                "skipped: {TEST_CQL_ENV} is not set (e.g. {TEST_CQL_ENV}=127.0.0.1:9042 after scripts/cassandra.sh start)"
+            );
+            None
+        }
+    }
+}
+
+/// Settings for `keyspace` on `nodes`, creating the schema.
+pub fn settings(nodes: Vec<String>, keyspace: &str) -> ScyllaSettings {
+    ScyllaSettings {
+        nodes,
+        keyspace: keyspace.into(),
+        migrate: true,
+        request_timeout_ms: 30_000,
+        ..ScyllaSettings::default()
+    }
+}
+
+/// A keyspace name no other test uses.
+pub fn fresh_keyspace() -> String {
+    format!("fanout_test_{:016x}", rand::random::<u64>())
+}
+
+/// Runs `body` on a store in a fresh keyspace, then drops the keyspace
+/// (also when `body` panics). Does nothing when no CQL server is set.
+pub async fn with_store<F, Fut>(body: F)
+where
+    F: FnOnce(ScyllaStore) -> Fut,
+    Fut: std::future::Future<Output = ScyllaStore>,
+{
+    let Some(nodes) = test_nodes() else { return };
+    let keyspace = fresh_keyspace();
+    let store = ScyllaStore::connect(&settings(nodes.clone(), &keyspace), SHARD_COUNT).await.unwrap();
+    let outcome = std::panic::AssertUnwindSafe(body(store)).catch_unwind().await;
+    drop_keyspace_then_resume(nodes, &keyspace, outcome.map(drop)).await;
+}
+
+/// Drops a test keyspace, then re-raises the test's panic if it had one.
+pub async fn drop_keyspace_then_resume(
+    nodes: Vec<String>,
+    keyspace: &str,
+    outcome: Result<(), Box<dyn std::any::Any + Send>>,
+) {
+    let cleanup = ScyllaStore::connect(&settings(nodes, keyspace), SHARD_COUNT).await.unwrap();
+    cleanup.drop_keyspace().await.unwrap();
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}

@@ -1,0 +1,35 @@
+//! Test support for fanout, shared by the engine's unit tests, the end-to-end
+//! tests and the load harness. Not production code: nothing here ships in
+//! the `fanout` binary.
+//!
+//! - [`pki`]: a throwaway CA and server certificate ([`TestPki`]).
+//! - [`mock`]: in-process mock providers ([`MockWebhook`], [`MockApns`],
+//!   [`MockFcm`]), on the shared [`server`], [`recorder`] and [`request`].
+//! - [`launcher`]: the real `fanout` binary as a child process ([`Engine`]).
+
+pub mod launcher;
+pub mod mock;
+pub mod pki;
+pub mod recorder;
+pub mod request;
+pub mod server;
+#[cfg(test)]
+mod test_client;
+
+use std::sync::{Mutex, MutexGuard};
+
+pub use launcher::{Engine, Launch};
+pub use mock::apns::start as start_mock_apns;
+pub use mock::fcm::start as start_mock_fcm;
+pub use mock::webhook::start as start_mock_webhook;
+pub use mock::{
+    ApnsReply, ApnsTestKey, FcmReply, FcmServiceAccount, MockApns, MockApnsConfig, MockFcm, MockFcmConfig,
+    ProviderRequest,
+};
+pub use mock::{MockWebhook, MockWebhookConfig, ReceivedRequest, ScriptedResponse};
+pub use pki::TestPki;
+
+/// Poison-tolerant lock: a panicking test thread must not wedge a mock.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
