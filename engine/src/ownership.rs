@@ -21,10 +21,10 @@ use ractor::rpc::CallResult;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef};
 use tokio::sync::watch;
 
-use crate::supervisor::SupervisorMsg;
-use crate::ticker::spawn_ticker;
 use crate::domain::ShardId;
 use crate::store::{NodeId, ShardLeases, StoreError};
+use crate::supervisor::SupervisorMsg;
+use crate::ticker::spawn_ticker;
 
 /// Lease renewals in flight at once.
 const RENEW_CONCURRENCY: usize = 16;

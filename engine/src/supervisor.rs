@@ -197,16 +197,14 @@ impl SupervisorState {
 
     async fn spawn_lease(&mut self, myself: &ActorRef<SupervisorMsg>) -> Result<(), ActorProcessingErr> {
         if let Some(config) = self.lease.clone() {
-            let (actor, _) =
-                Actor::spawn_linked(None, LeaseActor, (config, myself.clone()), myself.get_cell()).await?;
+            let (actor, _) = Actor::spawn_linked(None, LeaseActor, (config, myself.clone()), myself.get_cell()).await?;
             self.lease_actor = Some(actor);
         }
         Ok(())
     }
 
     async fn spawn_retention(&mut self, supervisor: ActorCell) -> Result<(), ActorProcessingErr> {
-        let (actor, _) =
-            Actor::spawn_linked(None, RetentionActor, self.retention.clone(), supervisor).await?;
+        let (actor, _) = Actor::spawn_linked(None, RetentionActor, self.retention.clone(), supervisor).await?;
         self.retention_actor = Some(actor.get_id());
         Ok(())
     }

@@ -1,5 +1,6 @@
-//! Test doubles shared by the engine's unit tests: an in-memory lease table
-//! and a stand-in for the root supervisor.
+//! Test doubles and fixtures shared by the engine's unit tests: an in-memory
+//! lease table, a stand-in for the root supervisor, an envelope and a
+//! recipient.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -9,8 +10,34 @@ use async_trait::async_trait;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::time::Instant;
 
-use crate::domain::ShardId;
+use crate::domain::{DeliveryTarget, EnvelopeKind, RecipientId, SecretHash, ShardId, StoredEnvelope, Topic};
+use crate::store::Recipient;
 use crate::store::{NodeId, ShardLeases, StoreError};
+
+/// An application envelope on topic `00 01 02 03` (base64 `AAECAw==`) whose
+/// data must never reach a provider.
+pub fn envelope(sequence_id: u64) -> StoredEnvelope {
+    StoredEnvelope {
+        shard: ShardId(0),
+        sequence_id,
+        topic: Topic::parse(&[0, 1, 2, 3]).expect("a group topic"),
+        kind: EnvelopeKind::Application,
+        server_ts_ns: 0,
+        sender_hmac: vec![],
+        data: b"secret payload".to_vec(),
+    }
+}
+
+/// A stored recipient reached at `target`.
+pub fn recipient(target: DeliveryTarget) -> Recipient {
+    Recipient {
+        id: RecipientId([1u8; 32]),
+        secret_hash: SecretHash([2u8; 32]),
+        target,
+        renewed_at_ns: 0,
+        topic_count: 1,
+    }
+}
 use crate::supervisor::SupervisorMsg;
 
 /// Leases and heartbeats that expire, like ScyllaDB's TTL'd rows.
@@ -25,7 +52,13 @@ pub struct MemoryLeases {
 
 #[async_trait]
 impl ShardLeases for MemoryLeases {
-    async fn acquire_lease(&self, shard: ShardId, node: &NodeId, address: &str, ttl: Duration) -> Result<bool, StoreError> {
+    async fn acquire_lease(
+        &self,
+        shard: ShardId,
+        node: &NodeId,
+        address: &str,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
         self.addresses.lock().unwrap().insert(node.0.clone(), address.to_owned());
         let mut leases = self.leases.lock().unwrap();
         let now = Instant::now();
@@ -91,7 +124,12 @@ impl Actor for StandIn {
     async fn pre_start(&self, _: ActorRef<SupervisorMsg>, _: ()) -> Result<(), ActorProcessingErr> {
         Ok(())
     }
-    async fn handle(&self, _: ActorRef<SupervisorMsg>, msg: SupervisorMsg, _: &mut ()) -> Result<(), ActorProcessingErr> {
+    async fn handle(
+        &self,
+        _: ActorRef<SupervisorMsg>,
+        msg: SupervisorMsg,
+        _: &mut (),
+    ) -> Result<(), ActorProcessingErr> {
         match msg {
             SupervisorMsg::Disown { reply, .. } => {
                 let _ = reply.send(None);

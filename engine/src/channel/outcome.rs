@@ -6,11 +6,15 @@ use std::time::Duration;
 pub enum Outcome {
     Delivered,
     /// Retry after at least `delay`, up to max_attempts in total.
-    Transient { delay: Duration },
+    Transient {
+        delay: Duration,
+    },
     /// The target says it does not exist, which one answer cannot be trusted
     /// for: retried like `Transient`, and terminal only when every attempt of
     /// the delivery answered so (the HTTPS row's 404/410).
-    Gone { delay: Duration },
+    Gone {
+        delay: Duration,
+    },
     /// Stop after this attempt; keep the recipient.
     Rejected,
     /// The token belongs to another sender; keep the recipient.
@@ -20,7 +24,9 @@ pub enum Outcome {
     /// No request reached the provider (a credential could not be fetched or
     /// signed): not an attempt (spec 000 "Terms"). Tried again after `delay`;
     /// it neither counts towards max_attempts nor settles a first attempt.
-    NotSent { delay: Duration },
+    NotSent {
+        delay: Duration,
+    },
 }
 
 impl Outcome {

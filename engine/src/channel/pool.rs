@@ -139,7 +139,12 @@ pub struct ClientOptions {
 /// The one constructor of an HTTPS client: the engine's channels and the load
 /// harness's ceiling both build theirs here, so the ratio between them
 /// compares like with like. `tls` must have no ALPN set: the connector sets it.
-pub fn https_client(tls: rustls::ClientConfig, options: ClientOptions, resolver: Resolver, opened: Option<IntCounter>) -> HttpsClient {
+pub fn https_client(
+    tls: rustls::ClientConfig,
+    options: ClientOptions,
+    resolver: Resolver,
+    opened: Option<IntCounter>,
+) -> HttpsClient {
     let mut http = HttpConnector::new_with_resolver(resolver);
     http.enforce_http(false);
     http.set_nodelay(true);

@@ -9,14 +9,11 @@ pub fn client_tls_config(extra_ca_files: &[PathBuf]) -> Result<rustls::ClientCon
     // the configured extra roots.
     roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
     for path in extra_ca_files {
-        let pem = std::fs::read(path)
-            .map_err(|e| format!("cannot read CA file {}: {e}", path.display()))?;
+        let pem = std::fs::read(path).map_err(|e| format!("cannot read CA file {}: {e}", path.display()))?;
         let mut added = 0;
         for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
             let cert = cert.map_err(|e| format!("bad PEM in CA file {}: {e}", path.display()))?;
-            roots
-                .add(cert)
-                .map_err(|e| format!("bad CA certificate in {}: {e}", path.display()))?;
+            roots.add(cert).map_err(|e| format!("bad CA certificate in {}: {e}", path.display()))?;
             added += 1;
         }
         if added == 0 {

@@ -30,13 +30,7 @@ pub struct Delivery {
 
 impl Delivery {
     pub fn new(envelope: Arc<StoredEnvelope>, recipient: Arc<Recipient>, first_attempt: FirstAttempt) -> Self {
-        Self {
-            envelope,
-            recipient,
-            first_attempt: Some(first_attempt),
-            attempts: 0,
-            all_gone: true,
-        }
+        Self { envelope, recipient, first_attempt: Some(first_attempt), attempts: 0, all_gone: true }
     }
 }
 

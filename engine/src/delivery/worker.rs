@@ -97,30 +97,34 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
 
 fn attempt(ctx: &Arc<WorkerContext>, in_flight: &mut JoinSet<(Delivery, Outcome)>, delivery: Delivery) -> task::Id {
     let ctx = ctx.clone();
-    in_flight.spawn(async move {
-        let channel = delivery.recipient.target.channel();
-        let Some(provider) = ctx.channels.get(channel) else {
-            // The channel's table was removed: fail without a provider request.
-            return (delivery, Outcome::Rejected);
-        };
-        let gauge = ctx.metrics.in_flight.with_label_values(&[channel.as_str()]);
-        gauge.inc();
-        let started = Instant::now();
-        let push = Push { recipient: &delivery.recipient, envelope: &delivery.envelope };
-        let outcome = tokio::time::timeout(WATCHDOG, provider.send(push)).await.unwrap_or_else(|_| {
-            tracing::warn!(channel = channel.as_str(), "a send made no progress for the watchdog's time; trying again");
-            Outcome::NotSent { delay: WATCHDOG_DELAY }
-        });
-        gauge.dec();
-        if !matches!(outcome, Outcome::NotSent { .. }) {
-            ctx.metrics
-                .provider_latency
-                .with_label_values(&[channel.as_str()])
-                .observe(started.elapsed().as_secs_f64());
-        }
-        (delivery, outcome)
-    })
-    .id()
+    in_flight
+        .spawn(async move {
+            let channel = delivery.recipient.target.channel();
+            let Some(provider) = ctx.channels.get(channel) else {
+                // The channel's table was removed: fail without a provider request.
+                return (delivery, Outcome::Rejected);
+            };
+            let gauge = ctx.metrics.in_flight.with_label_values(&[channel.as_str()]);
+            gauge.inc();
+            let started = Instant::now();
+            let push = Push { recipient: &delivery.recipient, envelope: &delivery.envelope };
+            let outcome = tokio::time::timeout(WATCHDOG, provider.send(push)).await.unwrap_or_else(|_| {
+                tracing::warn!(
+                    channel = channel.as_str(),
+                    "a send made no progress for the watchdog's time; trying again"
+                );
+                Outcome::NotSent { delay: WATCHDOG_DELAY }
+            });
+            gauge.dec();
+            if !matches!(outcome, Outcome::NotSent { .. }) {
+                ctx.metrics
+                    .provider_latency
+                    .with_label_values(&[channel.as_str()])
+                    .observe(started.elapsed().as_secs_f64());
+            }
+            (delivery, outcome)
+        })
+        .id()
 }
 
 /// Applies an attempt's outcome (section 7): retry a transient one up to
@@ -197,8 +201,10 @@ mod tests {
     use super::*;
     use crate::channel::Provider;
     use crate::delivery::{DeliveryWorkers, FirstAttemptLatch};
-    use crate::domain::{Channel, DeliveryTarget, EnvelopeKind, RecipientId, SecretHash, ShardId, StoredEnvelope, Topic};
-    use crate::store::{RedbStore, Recipient};
+    use crate::domain::{
+        Channel, DeliveryTarget, EnvelopeKind, RecipientId, SecretHash, ShardId, StoredEnvelope, Topic,
+    };
+    use crate::store::{Recipient, RedbStore};
 
     /// A channel that answers from a script (then `Delivered`); its first
     /// `hang` sends never answer, and it records how many sends overlap.
@@ -260,7 +266,13 @@ mod tests {
     }
 
     fn recipient(target: DeliveryTarget) -> Recipient {
-        Recipient { id: RecipientId([3; 32]), secret_hash: SecretHash([4; 32]), target, renewed_at_ns: 1, topic_count: 0 }
+        Recipient {
+            id: RecipientId([3; 32]),
+            secret_hash: SecretHash([4; 32]),
+            target,
+            renewed_at_ns: 1,
+            topic_count: 0,
+        }
     }
 
     fn envelope() -> StoredEnvelope {
@@ -285,14 +297,25 @@ mod tests {
 
     /// Delivers one envelope to each of `used` through the workers of
     /// `settings` and waits until they have nothing left.
-    async fn deliver_all(provider: Arc<Scripted>, stored: &Recipient, used: Vec<Recipient>, settings: DeliverySettings) -> Run {
+    async fn deliver_all(
+        provider: Arc<Scripted>,
+        stored: &Recipient,
+        used: Vec<Recipient>,
+        settings: DeliverySettings,
+    ) -> Run {
         let dir = tempfile::tempdir().unwrap();
         let store: Arc<dyn Store> = Arc::new(RedbStore::open(dir.path(), 4).unwrap());
         store.register(&stored.id, &stored.secret_hash, &stored.target, 1).await.unwrap();
         let metrics = Arc::new(Metrics::new());
         let mut channels = Channels::default();
         channels.insert(provider);
-        let ctx = Arc::new(WorkerContext { settings, max_attempts: 3, channels, store: store.clone(), metrics: metrics.clone() });
+        let ctx = Arc::new(WorkerContext {
+            settings,
+            max_attempts: 3,
+            channels,
+            store: store.clone(),
+            metrics: metrics.clone(),
+        });
         let (workers, handles) = DeliveryWorkers::start(ctx);
         let first_attempts = Arc::new(AtomicUsize::new(0));
         let fired = first_attempts.clone();
@@ -303,7 +326,9 @@ mod tests {
         let batch = used
             .into_iter()
             .enumerate()
-            .map(|(index, r)| Delivery::new(envelope.clone(), Arc::new(r), FirstAttempt { latch: latch.clone(), index }))
+            .map(|(index, r)| {
+                Delivery::new(envelope.clone(), Arc::new(r), FirstAttempt { latch: latch.clone(), index })
+            })
             .collect();
         workers.submit(batch).await.unwrap();
         drop(workers);

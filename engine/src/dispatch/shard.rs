@@ -164,8 +164,7 @@ impl ShardState {
         }
         let limit = self.ctx.settings.window_envelopes;
         // PUSH-257: nothing above the boundary read now; nothing below the checkpoint.
-        let envelopes =
-            store.read_window(self.shard, position.checkpoint, position.boundary, limit).await?;
+        let envelopes = store.read_window(self.shard, position.checkpoint, position.boundary, limit).await?;
         let end = match envelopes.last() {
             Some(last) if envelopes.len() == limit => last.sequence_id,
             _ => position.boundary,
@@ -350,9 +349,7 @@ impl Window {
         let batch = recipients
             .iter()
             .enumerate()
-            .map(|(index, r)| {
-                Delivery::new(envelope.clone(), r.clone(), FirstAttempt { latch: latch.clone(), index })
-            })
+            .map(|(index, r)| Delivery::new(envelope.clone(), r.clone(), FirstAttempt { latch: latch.clone(), index }))
             .collect();
         self.pages.insert(page, Page { envelope, recipients, latch });
         batch
@@ -435,7 +432,8 @@ mod tests {
         /// `recipients` subscribed to one topic, `envelopes` published to it,
         /// and a shard actor started with `settings`; the gate starts closed.
         async fn start(recipients: u8, envelopes: usize, settings: DispatchSettings, lose_once: usize) -> Self {
-            Self::start_with(recipients, envelopes, settings, lose_once, Duration::ZERO, DeliverySettings::default()).await
+            Self::start_with(recipients, envelopes, settings, lose_once, Duration::ZERO, DeliverySettings::default())
+                .await
         }
 
         /// Like `start`, each answer taking `latency`, with these workers.
@@ -461,7 +459,8 @@ mod tests {
                 store.update_subscriptions(&id, &hash, &update, 1, 100).await.unwrap();
                 ids.push(id);
             }
-            let new = |_| NewEnvelope::new(topic.clone(), SHARDS, EnvelopeKind::Application, true, vec![], vec![], None);
+            let new =
+                |_| NewEnvelope::new(topic.clone(), SHARDS, EnvelopeKind::Application, true, vec![], vec![], None);
             let batch: Vec<NewEnvelope> = (0..envelopes).map(|i| new(i).unwrap()).collect();
             store.append(&batch, 2).await.unwrap();
 

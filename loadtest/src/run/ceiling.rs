@@ -15,9 +15,6 @@ use bytes::Bytes;
 use fanout_testkit::TestPki;
 use fanout_testkit::mock::webhook::standard_webhooks_signature;
 use http_body_util::{BodyExt as _, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use serde::Serialize;
 
 use super::collector::{Collector, Percentiles, latency_histogram};
@@ -25,7 +22,7 @@ use super::ids::RunIds;
 use super::progress::Progress;
 use super::scenario::Plan;
 
-type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
+use fanout_engine::channel::pool::{self, HttpsClient};
 
 /// The engine's bound on one attempt; the ceiling uses the same.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -44,22 +41,14 @@ pub struct CeilingResult {
     pub latency: Percentiles,
 }
 
-/// A client like the engine's webhook client: TLS trusting the test CA,
-/// HTTP/2 or HTTP/1.1 by ALPN, TCP_NODELAY, pooled keep-alive connections.
+/// The engine's webhook client, built by the engine's own constructor with
+/// the webhook channel's options, trusting the test CA. (The mocks listen on
+/// 127.0.0.1, so it resolves through the system resolver rather than the
+/// webhook safety check, which would refuse loopback.)
 pub fn client(pki: &TestPki) -> HttpsClient {
     let mut tls = (*pki.client_config()).clone();
     tls.alpn_protocols.clear(); // hyper-rustls sets ALPN itself
-    let mut http = HttpConnector::new();
-    http.enforce_http(false);
-    http.set_nodelay(true);
-    http.set_connect_timeout(Some(Duration::from_secs(5)));
-    let connector = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_only()
-        .enable_http1()
-        .enable_http2()
-        .wrap_connector(http);
-    Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(30)).build(connector)
+    pool::https_client(tls, fanout_engine::channel::http::CLIENT_OPTIONS, pool::Resolver::system(), None)
 }
 
 /// One signed webhook request for delivery `index` of the plan, with the

@@ -59,8 +59,7 @@ impl ApnsProvider {
         );
         let bundle_id = HeaderValue::try_from(settings.bundle_id.as_str())
             .map_err(|_| BuildError::new("engine.channels.apns.bundle_id", "not a valid header value"))?;
-        let tokens =
-            ProviderTokens::new(key, settings.key_id.clone(), settings.team_id.clone(), ctx.metrics.clone());
+        let tokens = ProviderTokens::new(key, settings.key_id.clone(), settings.team_id.clone(), ctx.metrics.clone());
         // Sign once now, so a key of the wrong curve fails at start and not
         // at the first push. Not cached: the first push signs its own.
         tokens.sign(0).map_err(|_| BuildError::new(KEY_FILE, format!("{path} is not an EC P-256 key")))?;
@@ -130,28 +129,13 @@ mod tests {
     use std::sync::Arc;
     use std::time::Instant;
 
-    use crate::domain::{EnvelopeKind, RecipientId, SecretHash, ShardId, StoredEnvelope, Topic};
     use crate::metrics::Metrics;
-        use crate::store::Recipient;
+    use crate::store::Recipient;
+    use crate::testing::{self, envelope};
     use fanout_testkit::TestPki;
     use fanout_testkit::mock::apns::{self as mock, ApnsReply, ApnsTestKey, MockApnsConfig};
 
     const T: Duration = Duration::from_secs(5);
-
-
-
-    fn envelope(sequence_id: u64) -> StoredEnvelope {
-        StoredEnvelope {
-            shard: ShardId(0),
-            sequence_id,
-            topic: Topic::parse(&[0, 1, 2, 3]).unwrap(),
-            kind: EnvelopeKind::Application,
-            server_ts_ns: 0,
-            sender_hmac: vec![],
-            data: b"secret payload".to_vec(),
-        }
-    }
-
 
     struct Setup {
         mock: mock::MockApns,
@@ -212,13 +196,7 @@ mod tests {
     }
 
     fn recipient(token: &str) -> Recipient {
-        Recipient {
-            id: RecipientId([1u8; 32]),
-            secret_hash: SecretHash([2u8; 32]),
-            target: DeliveryTarget::Apns { token: token.into() },
-            renewed_at_ns: 0,
-            topic_count: 1,
-        }
+        testing::recipient(DeliveryTarget::Apns { token: token.into() })
     }
 
     async fn send(s: &Setup, token: &str) -> Outcome {
@@ -384,15 +362,18 @@ mod tests {
             rate_limit_per_second: 0,
         };
         let metrics = Arc::new(Metrics::new());
-        let missing = ApnsProvider::new(&settings, &ChannelContext { metrics: metrics.clone() }).err().unwrap().to_string();
+        let missing =
+            ApnsProvider::new(&settings, &ChannelContext { metrics: metrics.clone() }).err().unwrap().to_string();
         assert!(missing.contains("cannot read"), "{missing}");
         std::fs::write(&key_file, "not a key").unwrap();
-        let garbage = ApnsProvider::new(&settings, &ChannelContext { metrics: metrics.clone() }).err().unwrap().to_string();
+        let garbage =
+            ApnsProvider::new(&settings, &ChannelContext { metrics: metrics.clone() }).err().unwrap().to_string();
         assert!(garbage.contains("not a PEM PKCS#8 EC key"), "{garbage}");
         // A P-384 key is EC but not ES256.
         let p384 = rcgen_p384();
         std::fs::write(&key_file, p384).unwrap();
-        let wrong_curve = ApnsProvider::new(&settings, &ChannelContext { metrics: metrics.clone() }).err().unwrap().to_string();
+        let wrong_curve =
+            ApnsProvider::new(&settings, &ChannelContext { metrics: metrics.clone() }).err().unwrap().to_string();
         assert!(wrong_curve.contains("P-256"), "{wrong_curve}");
         // A good key works, and the start-up check caches nothing.
         ApnsTestKey::generate().unwrap().write_p8(&key_file).unwrap();

@@ -51,20 +51,11 @@ impl ApnsRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::{EnvelopeKind, ShardId, Topic};
+    use crate::testing::envelope;
 
     #[test]
     fn body_is_a_content_free_background_push() {
-        let envelope = StoredEnvelope {
-            shard: ShardId(0),
-            sequence_id: 9_007_199_254_740_993,
-            topic: Topic::parse(&[0, 1, 2, 3]).unwrap(),
-            kind: EnvelopeKind::Application,
-            server_ts_ns: 0,
-            sender_hmac: vec![],
-            data: b"secret payload".to_vec(),
-        };
-        let body = apns_body(&envelope);
+        let body = apns_body(&envelope(9_007_199_254_740_993));
         assert_eq!(body, r#"{"aps":{"content-available":1},"topic":"AAECAw==","sequence_id":"9007199254740993"}"#);
         let json: serde_json::Value = serde_json::from_str(&body).unwrap();
         assert_eq!(json["aps"]["content-available"], 1);

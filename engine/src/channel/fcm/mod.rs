@@ -46,10 +46,11 @@ impl FcmProvider {
         const FILE: &str = "engine.channels.fcm.service_account_file";
         let path = settings.service_account_file.display();
         let bad = |message: String| BuildError::new(FILE, message);
-        let text = std::fs::read(&settings.service_account_file).map_err(|e| bad(format!("cannot read {path}: {e}")))?;
+        let text =
+            std::fs::read(&settings.service_account_file).map_err(|e| bad(format!("cannot read {path}: {e}")))?;
         // serde_json's messages name a position, never the content.
-        let account: ServiceAccount = serde_json::from_slice(&text)
-            .map_err(|e| bad(format!("{path} is not a service-account key file: {e}")))?;
+        let account: ServiceAccount =
+            serde_json::from_slice(&text).map_err(|e| bad(format!("{path} is not a service-account key file: {e}")))?;
         if account.project_id.is_empty() || account.client_email.is_empty() {
             return Err(bad(format!("{path} has an empty project_id or client_email")));
         }
@@ -130,25 +131,13 @@ mod tests {
 
     use super::classify::{MAX_RETRY_AFTER, QUOTA_DELAY};
     use super::*;
-    use crate::domain::{EnvelopeKind, RecipientId, SecretHash, ShardId, StoredEnvelope, Topic};
     use crate::metrics::Metrics;
     use crate::store::Recipient;
+    use crate::testing::{self, envelope};
     use fanout_testkit::TestPki;
     use fanout_testkit::mock::fcm::{self as mock, FcmReply, FcmServiceAccount, MockFcmConfig};
 
     const T: Duration = Duration::from_secs(5);
-
-    fn envelope(sequence_id: u64) -> StoredEnvelope {
-        StoredEnvelope {
-            shard: ShardId(0),
-            sequence_id,
-            topic: Topic::parse(&[0, 1, 2, 3]).unwrap(),
-            kind: EnvelopeKind::Application,
-            server_ts_ns: 0,
-            sender_hmac: vec![],
-            data: b"secret payload".to_vec(),
-        }
-    }
 
     struct Setup {
         mock: mock::MockFcm,
@@ -179,13 +168,7 @@ mod tests {
     }
 
     fn recipient(token: &str) -> Recipient {
-        Recipient {
-            id: RecipientId([1u8; 32]),
-            secret_hash: SecretHash([2u8; 32]),
-            target: DeliveryTarget::Fcm { token: token.into() },
-            renewed_at_ns: 0,
-            topic_count: 1,
-        }
+        testing::recipient(DeliveryTarget::Fcm { token: token.into() })
     }
 
     async fn send(s: &Setup, token: &str) -> Outcome {
@@ -337,6 +320,8 @@ mod tests {
         std::fs::write(&file, good.to_json()).unwrap();
         FcmProvider::new(&settings, &ChannelContext { metrics: metrics.clone() }).unwrap();
         std::fs::remove_file(&file).unwrap();
-        assert!(FcmProvider::new(&settings, &ChannelContext { metrics }).err().unwrap().to_string().contains("cannot read"));
+        assert!(
+            FcmProvider::new(&settings, &ChannelContext { metrics }).err().unwrap().to_string().contains("cannot read")
+        );
     }
 }

@@ -24,19 +24,7 @@ pub fn fcm_body(envelope: &StoredEnvelope, token: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::{EnvelopeKind, ShardId, Topic};
-
-    fn envelope(sequence_id: u64) -> StoredEnvelope {
-        StoredEnvelope {
-            shard: ShardId(0),
-            sequence_id,
-            topic: Topic::parse(&[0, 1, 2, 3]).unwrap(),
-            kind: EnvelopeKind::Application,
-            server_ts_ns: 0,
-            sender_hmac: vec![],
-            data: b"secret payload".to_vec(),
-        }
-    }
+    use crate::testing::envelope;
 
     #[test]
     fn body_carries_data_priorities_and_no_collapse_key() {

@@ -59,9 +59,11 @@ mod tests {
         assert_eq!(fcm.base_url, DEFAULT_BASE_URL);
         assert_eq!((fcm.max_in_flight, fcm.connections, fcm.rate_limit_per_second), (1000, 2, 0));
         fcm.validate().unwrap();
-        let err = serde_json::from_value::<FcmSettings>(serde_json::json!({"service_account_file": "/sa.json", "project": "p"}))
-            .unwrap_err()
-            .to_string();
+        let err = serde_json::from_value::<FcmSettings>(
+            serde_json::json!({"service_account_file": "/sa.json", "project": "p"}),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("unknown field"), "{err}");
         let bad = FcmSettings { base_url: "https://fcm.example/?x=1".into(), ..fcm.clone() };
         assert!(bad.validate().unwrap_err().starts_with("base_url"));

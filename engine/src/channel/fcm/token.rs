@@ -84,7 +84,13 @@ pub(super) struct AccessTokens {
 }
 
 impl AccessTokens {
-    pub(super) fn new(client: HttpsClient, token_uri: Uri, account: ServiceAccount, key: EncodingKey, metrics: Arc<Metrics>) -> Self {
+    pub(super) fn new(
+        client: HttpsClient,
+        token_uri: Uri,
+        account: ServiceAccount,
+        key: EncodingKey,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         Self {
             client,
             token_uri,

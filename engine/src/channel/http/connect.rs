@@ -39,9 +39,7 @@ impl CheckedResolver {
 
 impl std::fmt::Debug for CheckedResolver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CheckedResolver")
-            .field("policy", &self.policy)
-            .finish_non_exhaustive()
+        f.debug_struct("CheckedResolver").field("policy", &self.policy).finish_non_exhaustive()
     }
 }
 
@@ -99,33 +97,18 @@ mod tests {
     #[tokio::test]
     async fn checks_every_resolution() {
         let mut r = resolver(WebhookPolicy::default());
-        assert_eq!(
-            call(&mut r, "Public.Example.com").await,
-            Ok(vec!["93.184.216.34:0".parse().unwrap()])
-        );
-        assert_eq!(
-            call(&mut r, "private.example.com").await,
-            Err(SafetyError::BlockedAddress)
-        );
+        assert_eq!(call(&mut r, "Public.Example.com").await, Ok(vec!["93.184.216.34:0".parse().unwrap()]));
+        assert_eq!(call(&mut r, "private.example.com").await, Err(SafetyError::BlockedAddress));
         assert_eq!(call(&mut r, "nowhere.example.com").await, Err(SafetyError::NoAddress));
 
-        let mut r = resolver(WebhookPolicy {
-            allowed_domains: vec![],
-            allow_private_addresses: true,
-        });
-        assert_eq!(
-            call(&mut r, "private.example.com").await,
-            Ok(vec!["10.1.2.3:0".parse().unwrap()])
-        );
+        let mut r = resolver(WebhookPolicy { allowed_domains: vec![], allow_private_addresses: true });
+        assert_eq!(call(&mut r, "private.example.com").await, Ok(vec!["10.1.2.3:0".parse().unwrap()]));
 
         let mut r = resolver(WebhookPolicy {
             allowed_domains: vec![DomainPattern::parse("hooks.example.com").unwrap()],
             allow_private_addresses: false,
         });
-        assert_eq!(
-            call(&mut r, "public.example.com").await,
-            Err(SafetyError::DomainNotAllowed)
-        );
+        assert_eq!(call(&mut r, "public.example.com").await, Err(SafetyError::DomainNotAllowed));
     }
 
     #[tokio::test]

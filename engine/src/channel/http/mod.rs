@@ -43,9 +43,12 @@ pub use safety::{DomainPattern, SafetyError, WebhookPolicy, WebhookUrl, is_block
 pub use settings::HttpSettings;
 pub use signing::{HEADER_ID, HEADER_SIGNATURE, HEADER_TIMESTAMP, WebhookHeaders, new_webhook_id, sign};
 
-/// Idle pooled connections are closed after this, so a connection never
-/// outlives the address check that opened it by long.
-const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How each of the channel's clients is built: HTTP/2 or HTTP/1.1 as the
+/// receiver prefers; idle pooled connections closed after 30 s, so a
+/// connection never outlives the address check that opened it by long. The
+/// load harness's ceiling client uses the same.
+pub const CLIENT_OPTIONS: ClientOptions =
+    ClientOptions { protocols: Protocols::Http1Or2, idle_timeout: Duration::from_secs(30) };
 
 pub struct WebhookProvider {
     pool: Pool,
@@ -85,7 +88,7 @@ impl WebhookProvider {
                 connections: settings.connections,
                 max_in_flight: settings.max_in_flight,
                 rate_limit_per_second: settings.rate_limit_per_second,
-                client: ClientOptions { protocols: Protocols::Http1Or2, idle_timeout: IDLE_TIMEOUT },
+                client: CLIENT_OPTIONS,
             },
             Resolver::Checked(CheckedResolver::new(resolver.clone(), policy.clone())),
             PoolMetrics::new(&ctx.metrics, Channel::Http),

@@ -108,11 +108,7 @@ impl HostResolver for HickoryResolver {
             return Ok(vec![ip]);
         }
         // A trailing dot makes the name fully qualified: no search domains.
-        let fqdn = if host.ends_with('.') {
-            host.to_owned()
-        } else {
-            format!("{host}.")
-        };
+        let fqdn = if host.ends_with('.') { host.to_owned() } else { format!("{host}.") };
         let name = Name::from_ascii(&fqdn).map_err(|_| ResolveError::InvalidName)?;
         let lookup = match tokio::time::timeout(LOOKUP_TIMEOUT, self.inner.lookup_ip(name)).await {
             Err(_) | Ok(Err(NetError::Timeout)) => return Err(ResolveError::Timeout),
@@ -203,10 +199,7 @@ mod tests {
         let r = HickoryResolver::new(&[silent.local_addr().unwrap()]).unwrap();
         let started = std::time::Instant::now();
         let result = r.resolve("public.test").await;
-        assert!(
-            matches!(result, Err(ResolveError::Timeout | ResolveError::Failed)),
-            "{result:?}"
-        );
+        assert!(matches!(result, Err(ResolveError::Timeout | ResolveError::Failed)), "{result:?}");
         assert!(started.elapsed() <= LOOKUP_TIMEOUT + Duration::from_secs(1));
     }
 

@@ -91,13 +91,7 @@ impl WebhookUrl {
             },
             None => return Err(SafetyError::InvalidUrl),
         };
-        Ok(WebhookUrl {
-            original: url.to_owned(),
-            uri,
-            host,
-            port,
-            ip,
-        })
+        Ok(WebhookUrl { original: url.to_owned(), uri, host, port, ip })
     }
 
     /// The host, lowercased; an IPv6 literal without brackets.
@@ -141,15 +135,9 @@ fn is_host_name(host: &str) -> bool {
         return false;
     }
     let labels_ok = name.split('.').all(|label| {
-        (1..=63).contains(&label.len())
-            && label
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        (1..=63).contains(&label.len()) && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
     });
-    let last_numeric = name
-        .rsplit('.')
-        .next()
-        .is_some_and(|l| l.bytes().all(|b| b.is_ascii_digit()));
+    let last_numeric = name.rsplit('.').next().is_some_and(|l| l.bytes().all(|b| b.is_ascii_digit()));
     labels_ok && !last_numeric
 }
 
@@ -178,11 +166,7 @@ impl DomainPattern {
             return Err("allowed_domains entry must be a host name or *. followed by a host name".to_owned());
         }
         let name = name.strip_suffix('.').unwrap_or(name).to_owned();
-        Ok(if wildcard {
-            Self::Wildcard(name)
-        } else {
-            Self::Exact(name)
-        })
+        Ok(if wildcard { Self::Wildcard(name) } else { Self::Exact(name) })
     }
 
     pub fn matches(&self, host: &str) -> bool {
@@ -386,12 +370,7 @@ mod tests {
             assert!(!is_blocked(ip(addr)), "{addr} should not be blocked");
         }
         // Public addresses of both families.
-        for public in [
-            "93.184.216.34",
-            "8.8.8.8",
-            "2606:2800:220:1:248:1893:25c8:1946",
-            "2001:4860::8888",
-        ] {
+        for public in ["93.184.216.34", "8.8.8.8", "2606:2800:220:1:248:1893:25c8:1946", "2001:4860::8888"] {
             assert!(!is_blocked(ip(public)), "{public}");
         }
     }
@@ -412,12 +391,7 @@ mod tests {
         ] {
             assert!(is_blocked(ip(mapped)), "{mapped}");
         }
-        for mapped in [
-            "::ffff:93.184.216.34",
-            "::ffff:11.0.0.0",
-            "::ffff:172.32.0.0",
-            "::ffff:100.128.0.0",
-        ] {
+        for mapped in ["::ffff:93.184.216.34", "::ffff:11.0.0.0", "::ffff:172.32.0.0", "::ffff:100.128.0.0"] {
             assert!(!is_blocked(ip(mapped)), "{mapped}");
         }
     }
@@ -446,14 +420,8 @@ mod tests {
         assert_eq!(WebhookUrl::parse("ftp://example.com/"), Err(SafetyError::NotHttps));
         assert_eq!(WebhookUrl::parse("example.com"), Err(SafetyError::NotHttps));
         assert_eq!(WebhookUrl::parse("/just/a/path"), Err(SafetyError::NotHttps));
-        assert_eq!(
-            WebhookUrl::parse("https://user:pw@example.com/"),
-            Err(SafetyError::UserInfo)
-        );
-        assert_eq!(
-            WebhookUrl::parse("https://user@example.com/"),
-            Err(SafetyError::UserInfo)
-        );
+        assert_eq!(WebhookUrl::parse("https://user:pw@example.com/"), Err(SafetyError::UserInfo));
+        assert_eq!(WebhookUrl::parse("https://user@example.com/"), Err(SafetyError::UserInfo));
         assert_eq!(WebhookUrl::parse("https://@example.com/"), Err(SafetyError::UserInfo));
         for bad in [
             "",
@@ -548,21 +516,14 @@ mod tests {
 
     fn fake() -> FakeResolver {
         let zone = [
-            (
-                "public.example.com",
-                vec!["93.184.216.34", "2606:2800:220:1:248:1893:25c8:1946"],
-            ),
+            ("public.example.com", vec!["93.184.216.34", "2606:2800:220:1:248:1893:25c8:1946"]),
             ("private.example.com", vec!["10.0.0.1"]),
             ("mapped.example.com", vec!["::ffff:127.0.0.1"]),
             ("mixed.example.com", vec!["93.184.216.34", "192.168.1.1"]),
             ("empty.example.com", vec![]),
             ("other.test", vec!["93.184.216.34"]),
         ];
-        FakeResolver(
-            zone.into_iter()
-                .map(|(n, a)| (n.to_owned(), a.into_iter().map(ip).collect()))
-                .collect(),
-        )
+        FakeResolver(zone.into_iter().map(|(n, a)| (n.to_owned(), a.into_iter().map(ip).collect())).collect())
     }
 
     async fn check(policy: &WebhookPolicy, url: &str) -> Result<Vec<IpAddr>, SafetyError> {
@@ -574,43 +535,16 @@ mod tests {
         let policy = WebhookPolicy::default();
         assert_eq!(check(&policy, "https://public.example.com/").await.unwrap().len(), 2);
         assert_eq!(check(&policy, "https://Public.Example.com/").await.unwrap().len(), 2);
-        assert_eq!(
-            check(&policy, "https://private.example.com/").await,
-            Err(SafetyError::BlockedAddress)
-        );
-        assert_eq!(
-            check(&policy, "https://mapped.example.com/").await,
-            Err(SafetyError::BlockedAddress)
-        );
-        assert_eq!(
-            check(&policy, "https://mixed.example.com/").await,
-            Err(SafetyError::BlockedAddress)
-        );
-        assert_eq!(
-            check(&policy, "https://empty.example.com/").await,
-            Err(SafetyError::NoAddress)
-        );
-        assert_eq!(
-            check(&policy, "https://unknown.example.com/").await,
-            Err(SafetyError::NoAddress)
-        );
+        assert_eq!(check(&policy, "https://private.example.com/").await, Err(SafetyError::BlockedAddress));
+        assert_eq!(check(&policy, "https://mapped.example.com/").await, Err(SafetyError::BlockedAddress));
+        assert_eq!(check(&policy, "https://mixed.example.com/").await, Err(SafetyError::BlockedAddress));
+        assert_eq!(check(&policy, "https://empty.example.com/").await, Err(SafetyError::NoAddress));
+        assert_eq!(check(&policy, "https://unknown.example.com/").await, Err(SafetyError::NoAddress));
         // IP literals are their own address; no DNS.
-        assert_eq!(
-            check(&policy, "https://93.184.216.34/").await,
-            Ok(vec![ip("93.184.216.34")])
-        );
-        assert_eq!(
-            check(&policy, "https://127.0.0.1:8443/").await,
-            Err(SafetyError::BlockedAddress)
-        );
-        assert_eq!(
-            check(&policy, "https://[::ffff:10.0.0.1]/").await,
-            Err(SafetyError::BlockedAddress)
-        );
-        assert_eq!(
-            check(&policy, "https://[fe80::1]/").await,
-            Err(SafetyError::BlockedAddress)
-        );
+        assert_eq!(check(&policy, "https://93.184.216.34/").await, Ok(vec![ip("93.184.216.34")]));
+        assert_eq!(check(&policy, "https://127.0.0.1:8443/").await, Err(SafetyError::BlockedAddress));
+        assert_eq!(check(&policy, "https://[::ffff:10.0.0.1]/").await, Err(SafetyError::BlockedAddress));
+        assert_eq!(check(&policy, "https://[fe80::1]/").await, Err(SafetyError::BlockedAddress));
     }
 
     #[tokio::test]
@@ -630,21 +564,12 @@ mod tests {
 
     #[tokio::test]
     async fn policy_check_private_allowed() {
-        let policy = WebhookPolicy {
-            allowed_domains: vec![],
-            allow_private_addresses: true,
-        };
-        assert_eq!(
-            check(&policy, "https://private.example.com/").await,
-            Ok(vec![ip("10.0.0.1")])
-        );
+        let policy = WebhookPolicy { allowed_domains: vec![], allow_private_addresses: true };
+        assert_eq!(check(&policy, "https://private.example.com/").await, Ok(vec![ip("10.0.0.1")]));
         assert_eq!(check(&policy, "https://mixed.example.com/").await.unwrap().len(), 2);
         assert_eq!(check(&policy, "https://127.0.0.1/").await, Ok(vec![ip("127.0.0.1")]));
         // Still no address is still refused.
-        assert_eq!(
-            check(&policy, "https://empty.example.com/").await,
-            Err(SafetyError::NoAddress)
-        );
+        assert_eq!(check(&policy, "https://empty.example.com/").await, Err(SafetyError::NoAddress));
     }
 
     #[tokio::test]
@@ -654,19 +579,10 @@ mod tests {
             allow_private_addresses: false,
         };
         assert!(check(&policy, "https://public.example.com/").await.is_ok());
-        assert_eq!(
-            check(&policy, "https://other.test/").await,
-            Err(SafetyError::DomainNotAllowed)
-        );
-        assert_eq!(
-            check(&policy, "https://93.184.216.34/").await,
-            Err(SafetyError::DomainNotAllowed)
-        );
+        assert_eq!(check(&policy, "https://other.test/").await, Err(SafetyError::DomainNotAllowed));
+        assert_eq!(check(&policy, "https://93.184.216.34/").await, Err(SafetyError::DomainNotAllowed));
         // The domain rule comes first, then the address rule.
-        assert_eq!(
-            check(&policy, "https://private.example.com/").await,
-            Err(SafetyError::BlockedAddress)
-        );
+        assert_eq!(check(&policy, "https://private.example.com/").await, Err(SafetyError::BlockedAddress));
     }
 
     #[test]

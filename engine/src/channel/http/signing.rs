@@ -53,11 +53,7 @@ impl WebhookHeaders {
     pub fn for_attempt(key: &SigningKey, body: &[u8], now_unix_s: i64) -> WebhookHeaders {
         let id = new_webhook_id();
         let signature = sign(key, &id, now_unix_s, body);
-        WebhookHeaders {
-            id,
-            timestamp: now_unix_s.to_string(),
-            signature,
-        }
+        WebhookHeaders { id, timestamp: now_unix_s.to_string(), signature }
     }
 }
 
@@ -80,10 +76,7 @@ mod tests {
     fn spec_test_vector() {
         // Spec 000 section 7.1.
         let key = SigningKey::parse(&[0x07; 32]).unwrap();
-        assert_eq!(
-            sign(&key, "fixed-id", 1_700_000_000, BODY),
-            "v1,IszeBLRjxb7spJ5RLi+KW0w/aK3Buioq9E6jl3MKWZw="
-        );
+        assert_eq!(sign(&key, "fixed-id", 1_700_000_000, BODY), "v1,IszeBLRjxb7spJ5RLi+KW0w/aK3Buioq9E6jl3MKWZw=");
     }
 
     #[test]
