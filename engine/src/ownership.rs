@@ -19,12 +19,28 @@ use std::time::Duration;
 use futures::stream::{self, StreamExt};
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef};
+use serde::Deserialize;
 use tokio::sync::watch;
 
 use crate::domain::ShardId;
 use crate::store::{NodeId, ShardLeases, StoreError};
 use crate::supervisor::SupervisorMsg;
 use crate::ticker::spawn_ticker;
+
+/// `[engine.lease]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LeaseSettings {
+    /// How long a shard lease and a node heartbeat live unless renewed; they
+    /// are renewed every third of it. A dead node's shards move after this.
+    pub ttl_seconds: u64,
+}
+
+impl Default for LeaseSettings {
+    fn default() -> Self {
+        Self { ttl_seconds: 10 }
+    }
+}
 
 /// Lease renewals in flight at once.
 const RENEW_CONCURRENCY: usize = 16;

@@ -6,10 +6,25 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
+use serde::Deserialize;
 
 use crate::clock::unix_now_ns;
 use crate::metrics::Metrics;
 use crate::store::Store;
+
+/// `[engine.retention]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetentionSettings {
+    /// Seconds between the end of one retention pass and the start of the next.
+    pub interval_seconds: u64,
+}
+
+impl Default for RetentionSettings {
+    fn default() -> Self {
+        Self { interval_seconds: 3600 }
+    }
+}
 
 #[derive(Clone)]
 pub struct RetentionArgs {

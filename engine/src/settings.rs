@@ -1,11 +1,17 @@
-//! Engine settings. `fanout-api` reads them from the TOML file and environment
+//! Engine settings, the root of `[engine]`: it composes each component's own
+//! settings (kept beside the component) and re-exports them. `fanout-api` reads
+//! them from the TOML file and environment
 //! (see `fanout.example.toml`, which documents every key with its default).
 
 use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::channel::ChannelSettings;
+pub use crate::channel::ChannelSettings;
+pub use crate::delivery::DeliverySettings;
+pub use crate::dispatch::DispatchSettings;
+pub use crate::ownership::LeaseSettings;
+pub use crate::retention::RetentionSettings;
 
 /// Default number of topic shards. Fixed per deployment: the store records it.
 pub const DEFAULT_SHARD_COUNT: u16 = 256;
@@ -83,82 +89,6 @@ impl EngineSettings {
 
     pub fn recipient_ttl(&self) -> Duration {
         Duration::from_secs(self.recipient_ttl_seconds)
-    }
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct DispatchSettings {
-    /// Most envelopes a shard reads into one window.
-    pub window_envelopes: usize,
-    /// Subscribers read per page; one page becomes one batch of deliveries.
-    pub subscriber_page: usize,
-    /// Pages a shard may have awaiting first attempts at once.
-    pub max_pages_in_flight: usize,
-    /// How often an idle shard looks for work it was not woken for.
-    pub poll_interval_ms: u64,
-    /// A window whose first attempts have not all finished by then is replayed
-    /// from the checkpoint (at-least-once, never skipped).
-    pub window_timeout_seconds: u64,
-}
-
-impl Default for DispatchSettings {
-    fn default() -> Self {
-        Self {
-            window_envelopes: 512,
-            subscriber_page: 1000,
-            max_pages_in_flight: 16,
-            poll_interval_ms: 1000,
-            window_timeout_seconds: 120,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct DeliverySettings {
-    /// Delivery workers; recipients are partitioned across them by id.
-    pub workers: usize,
-    /// Batches a worker's queue holds before senders wait.
-    pub queue_batches: usize,
-    /// Attempts a worker runs concurrently.
-    pub max_in_flight_per_worker: usize,
-    /// Deliveries a worker holds waiting for a retry timer before it stops
-    /// taking new batches: a failing provider slows dispatch instead of
-    /// filling memory.
-    pub max_retrying_per_worker: usize,
-}
-
-impl Default for DeliverySettings {
-    fn default() -> Self {
-        Self { workers: 8, queue_batches: 32, max_in_flight_per_worker: 512, max_retrying_per_worker: 20_000 }
-    }
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RetentionSettings {
-    /// Seconds between the end of one retention pass and the start of the next.
-    pub interval_seconds: u64,
-}
-
-impl Default for RetentionSettings {
-    fn default() -> Self {
-        Self { interval_seconds: 3600 }
-    }
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct LeaseSettings {
-    /// How long a shard lease and a node heartbeat live unless renewed; they
-    /// are renewed every third of it. A dead node's shards move after this.
-    pub ttl_seconds: u64,
-}
-
-impl Default for LeaseSettings {
-    fn default() -> Self {
-        Self { ttl_seconds: 10 }
     }
 }
 

@@ -3,6 +3,7 @@
 //! per worker, not a task per delivery) and the outcome handling of section 7.
 
 mod latch;
+mod settings;
 mod worker;
 
 use std::sync::Arc;
@@ -10,6 +11,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 
 pub use latch::{FirstAttempt, FirstAttemptLatch};
+pub use settings::DeliverySettings;
 pub use worker::WorkerContext;
 
 use crate::domain::StoredEnvelope;

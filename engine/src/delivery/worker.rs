@@ -6,11 +6,10 @@ use tokio::sync::mpsc;
 use tokio::task::{self, JoinSet};
 use tokio_util::time::DelayQueue;
 
-use super::{Delivery, FirstAttempt};
+use super::{Delivery, DeliverySettings, FirstAttempt};
 use crate::channel::{Channels, Outcome, Push};
 use crate::clock::unix_now_ns;
 use crate::metrics::Metrics;
-use crate::settings::DeliverySettings;
 use crate::store::Store;
 
 /// What every worker shares (read-only).

@@ -5,18 +5,19 @@
 //! delivery of the window has had its first attempt.
 
 mod condition;
+mod settings;
 mod shard;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 pub use condition::{Decision, decide};
+pub use settings::DispatchSettings;
 pub use shard::{ShardActor, ShardMsg};
 
 use crate::channel::Channels;
 use crate::delivery::DeliveryWorkers;
 use crate::metrics::Metrics;
-use crate::settings::DispatchSettings;
 use crate::store::Store;
 
 /// What every shard actor shares (read-only).

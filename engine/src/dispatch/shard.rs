@@ -376,7 +376,8 @@ mod tests {
         Channel, DeliveryTarget, EnvelopeKind, NewEnvelope, RecipientSecret, Subscription, SubscriptionUpdate, Topic,
     };
     use crate::metrics::Metrics;
-    use crate::settings::{DeliverySettings, DispatchSettings};
+    use crate::delivery::DeliverySettings;
+    use crate::dispatch::DispatchSettings;
     use crate::store::{RedbStore, ShardPosition, Store};
 
     const SHARDS: u16 = 1;
