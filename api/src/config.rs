@@ -3,9 +3,11 @@
 //! `FANOUT__ENGINE__MAX_PUSH_TOPICS=5000` or `FANOUT__SERVER__GRPC_LISTEN=0.0.0.0:50051`.
 
 use std::net::SocketAddr;
+use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-use fanout_engine::settings::EngineSettings;
+use fanout_engine::settings::{EngineSettings, duration};
 use fanout_engine::store::ScyllaSettings;
 use serde::Deserialize;
 
@@ -28,7 +30,8 @@ pub struct ServerSettings {
     /// HTTP: /metrics, /healthz, /readyz.
     pub http_listen: SocketAddr,
     /// How long shutdown waits for attempts in flight.
-    pub drain_timeout_seconds: u64,
+    #[serde(rename = "drain_timeout_seconds", deserialize_with = "duration::seconds")]
+    pub drain_timeout: Duration,
     /// The gRPC address other nodes name when they redirect a publish here
     /// (issue 7, several nodes on ScyllaDB); default: `grpc_listen`.
     pub advertise_address: Option<String>,
@@ -45,7 +48,7 @@ impl Default for ServerSettings {
         Self {
             grpc_listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
             http_listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
-            drain_timeout_seconds: 20,
+            drain_timeout: Duration::from_secs(20),
             advertise_address: None,
         }
     }
@@ -68,7 +71,7 @@ pub struct StoreSettings {
     pub path: PathBuf,
     /// Page cache of the embedded store, in MiB: most of its memory once the
     /// data outgrows it.
-    pub cache_size_mb: usize,
+    pub cache_size_mb: NonZeroUsize,
     /// The ScyllaDB backend: nodes, keyspace, replication, migrate, request_timeout_ms.
     pub scylla: ScyllaSettings,
 }
@@ -78,7 +81,7 @@ impl Default for StoreSettings {
         Self {
             backend: StoreBackend::Redb,
             path: PathBuf::from("./fanout-data"),
-            cache_size_mb: 1024,
+            cache_size_mb: NonZeroUsize::new(1024).unwrap(),
             scylla: ScyllaSettings::default(),
         }
     }
@@ -143,25 +146,9 @@ impl Config {
                 apply_env(&mut root, path, &value)?;
             }
         }
-        let config: Config = toml::Value::Table(root)
+        toml::Value::Table(root)
             .try_into()
-            .map_err(|e: toml::de::Error| anyhow::anyhow!("invalid configuration: {e}"))?;
-        config.validate()?;
-        Ok(config)
-    }
-
-    fn validate(&self) -> anyhow::Result<()> {
-        self.engine.validate().map_err(|e| anyhow::anyhow!("invalid configuration: engine.{e}"))?;
-        if matches!(self.store.backend, StoreBackend::Scylla) {
-            self.store.scylla.validate().map_err(|e| anyhow::anyhow!("invalid configuration: store.scylla.{e}"))?;
-        }
-        if self.store.cache_size_mb == 0 {
-            anyhow::bail!("invalid configuration: store.cache_size_mb must be greater than zero");
-        }
-        if self.server.drain_timeout_seconds == 0 {
-            anyhow::bail!("invalid configuration: server.drain_timeout_seconds must be greater than zero");
-        }
-        Ok(())
+            .map_err(|e: toml::de::Error| anyhow::anyhow!("invalid configuration: {e}"))
     }
 }
 
@@ -196,7 +183,6 @@ mod tests {
     #[test]
     fn defaults_need_no_file() {
         let c: Config = toml::Value::Table(toml::Table::new()).try_into().unwrap();
-        c.validate().unwrap();
         assert!(c.engine.channels.http.is_some(), "HTTPS channel on by default");
         assert!(!c.engine.channels.http.unwrap().allow_private_addresses);
         assert_eq!(c.engine.max_push_topics, 100_000);
@@ -238,23 +224,20 @@ mod tests {
         apply_env(&mut t, "STORE__SCYLLA__NODES", r#"["10.0.0.1:9042", "10.0.0.2:9042"]"#).unwrap();
         apply_env(&mut t, "STORE__SCYLLA__MIGRATE", "true").unwrap();
         let c: Config = toml::Value::Table(t).try_into().unwrap();
-        c.validate().unwrap();
         assert!(matches!(c.store.backend, StoreBackend::Scylla));
         let s = &c.store.scylla;
-        assert_eq!(s.nodes, ["10.0.0.1:9042", "10.0.0.2:9042"]);
-        assert_eq!((s.keyspace.as_str(), s.migrate, s.request_timeout_ms), ("prod", true, 10_000));
+        assert_eq!(s.nodes.as_slice(), ["10.0.0.1:9042", "10.0.0.2:9042"]);
+        assert_eq!((s.keyspace.as_str(), s.migrate, s.request_timeout), ("prod", true, Duration::from_secs(10)));
         assert_eq!(s.replication, "{'class': 'SimpleStrategy', 'replication_factor': 1}");
 
         let t = "[store]\nbackend = \"scylla\"\n[store.scylla]\nkeyspace = \"bad-name\"".parse::<toml::Table>().unwrap();
-        let c: Config = toml::Value::Table(t).try_into().unwrap();
-        let err = c.validate().unwrap_err().to_string();
-        assert!(err.contains("store.scylla"), "{err}");
+        let err = toml::Value::Table(t).try_into::<Config>().unwrap_err().to_string();
+        assert!(err.contains("must be a letter"), "{err}");
     }
 
     #[test]
     fn example_file_parses() {
         let text = include_str!("../../fanout.example.toml");
-        let c: Config = toml::Value::Table(text.parse().unwrap()).try_into().unwrap();
-        c.validate().unwrap();
+        let _: Config = toml::Value::Table(text.parse().unwrap()).try_into().unwrap();
     }
 }

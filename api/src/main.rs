@@ -90,16 +90,12 @@ fn init_logging(config: &Config) {
 
 async fn serve(config: Config) -> anyhow::Result<()> {
     let store: Arc<dyn Store> = match config.store.backend {
-        StoreBackend::Redb => {
-            let store = RedbStore::open_with_cache(&config.store.path, config.engine.shard_count, config.store.cache_size_mb << 20)
-                .with_context(|| format!("cannot open the embedded store in {}", config.store.path.display()))?;
-            Arc::new(store)
-        }
+        StoreBackend::Redb => Arc::new(open_redb(&config)?),
         StoreBackend::Scylla => {
             let s = &config.store.scylla;
-            let store = ScyllaStore::connect(s, config.engine.shard_count)
-                .await
-                .with_context(|| format!("cannot open the ScyllaDB store (keyspace {} on {:?})", s.keyspace, s.nodes))?;
+            let store = ScyllaStore::connect(s, config.engine.shard_count.get()).await.with_context(|| {
+                format!("cannot open the ScyllaDB store (keyspace {} on {:?})", s.keyspace, s.nodes.as_slice())
+            })?;
             Arc::new(store)
         }
     };
@@ -157,7 +153,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let http_task = tokio::spawn(http_server);
 
     shutdown_signal().await;
-    let drain = Duration::from_secs(config.server.drain_timeout_seconds);
+    let drain = config.server.drain_timeout;
     tracing::info!("shutting down: no new requests; draining attempts in flight");
     let _ = shutdown_tx.send(true);
     // Open client connections may hold a graceful gRPC shutdown: bound it.
@@ -177,18 +173,25 @@ fn request_id() -> String {
     format!("{:x}-{:x}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
+/// The embedded store in `store.path`, created if missing.
+fn open_redb(config: &Config) -> anyhow::Result<RedbStore> {
+    let cache_bytes = config.store.cache_size_mb.get() << 20;
+    RedbStore::open_with_cache(&config.store.path, config.engine.shard_count.get(), cache_bytes)
+        .with_context(|| format!("cannot open the embedded store in {}", config.store.path.display()))
+}
+
 /// `fanout migrate`: applies the schema and records the shard count.
 async fn migrate(config: Config) -> anyhow::Result<()> {
     match config.store.backend {
         StoreBackend::Redb => {
-            RedbStore::open_with_cache(&config.store.path, config.engine.shard_count, config.store.cache_size_mb << 20)
-                .with_context(|| format!("cannot open the embedded store in {}", config.store.path.display()))?;
+            open_redb(&config)?;
             println!("embedded store ready in {}", config.store.path.display());
         }
         StoreBackend::Scylla => {
             let settings = fanout_engine::store::ScyllaSettings { migrate: true, ..config.store.scylla.clone() };
-            let store = ScyllaStore::connect(&settings, config.engine.shard_count).await.with_context(|| {
-                format!("cannot migrate the ScyllaDB store (keyspace {} on {:?})", settings.keyspace, settings.nodes)
+            let store = ScyllaStore::connect(&settings, config.engine.shard_count.get()).await.with_context(|| {
+                let (keyspace, nodes) = (&settings.keyspace, settings.nodes.as_slice());
+                format!("cannot migrate the ScyllaDB store (keyspace {keyspace} on {nodes:?})")
             })?;
             println!(
                 "keyspace {} is at schema version {} with {} shards",

@@ -23,6 +23,8 @@ use crate::store::{Instrumented, NodeId, Store};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
+    /// A channel could not be built from its (valid) settings: an unreadable
+    /// key file, a bad CA file.
     #[error("invalid configuration: {0}")]
     Config(String),
     #[error("cannot start the dispatch actors: {0}")]
@@ -83,15 +85,17 @@ pub struct Engine {
 }
 
 impl Engine {
+    /// `settings` are valid by construction (their types carry the rules);
+    /// what can still fail is building the channels and spawning the actors.
     pub async fn start(settings: EngineSettings, store: Arc<dyn Store>, options: EngineOptions) -> Result<Self, EngineError> {
-        settings.validate().map_err(EngineError::Config)?;
+        let shard_count = settings.shard_count.get();
         let metrics = Arc::new(Metrics::new());
         let store: Arc<dyn Store> = Arc::new(Instrumented::new(store, metrics.clone()));
         let channels = Channels::build(&settings.channels, &ChannelContext { metrics: metrics.clone() })
             .map_err(|e| EngineError::Config(e.to_string()))?;
         let (workers, worker_handles) = DeliveryWorkers::start(Arc::new(WorkerContext {
             settings: settings.delivery.clone(),
-            max_attempts: settings.max_attempts,
+            max_attempts: settings.max_attempts.get(),
             channels: channels.clone(),
             store: store.clone(),
             metrics: metrics.clone(),
@@ -114,8 +118,8 @@ impl Engine {
                     leases: leases.clone(),
                     node,
                     address: options.advertise_address.clone(),
-                    ttl: Duration::from_secs(settings.lease.ttl_seconds),
-                    shard_count: settings.shard_count,
+                    ttl: settings.lease.ttl,
+                    shard_count,
                     owned: Arc::new(tx),
                 };
                 (Some(config), Some(ShardOwnership { owned: rx, leases }))
@@ -124,13 +128,13 @@ impl Engine {
         };
         let args = SupervisorArgs {
             ctx,
-            shards: if lease.is_some() { Vec::new() } else { (0..settings.shard_count).map(ShardId).collect() },
+            shards: if lease.is_some() { Vec::new() } else { (0..shard_count).map(ShardId).collect() },
             lease,
             retention: RetentionArgs {
                 store: store.clone(),
                 metrics: metrics.clone(),
-                ttl_seconds: settings.recipient_ttl_seconds,
-                interval_seconds: settings.retention.interval_seconds,
+                ttl: settings.recipient_ttl,
+                interval: settings.retention.interval,
             },
         };
         let (supervisor, supervisor_handle) = Actor::spawn(None, Supervisor, args)
@@ -140,12 +144,12 @@ impl Engine {
             store: store.clone(),
             channels,
             max_push_topics: settings.max_push_topics,
-            recipient_ttl_seconds: settings.recipient_ttl_seconds,
+            recipient_ttl_seconds: settings.recipient_ttl.as_secs(),
             metrics: metrics.clone(),
         });
         let ingest = Arc::new(Ingest {
             store: store.clone(),
-            shard_count: settings.shard_count,
+            shard_count,
             dispatch: supervisor.clone(),
             metrics: metrics.clone(),
             ownership: ownership.clone(),

@@ -33,12 +33,13 @@ use crate::ticker::spawn_ticker;
 pub struct LeaseSettings {
     /// How long a shard lease and a node heartbeat live unless renewed; they
     /// are renewed every third of it. A dead node's shards move after this.
-    pub ttl_seconds: u64,
+    #[serde(rename = "ttl_seconds", deserialize_with = "crate::settings::duration::seconds")]
+    pub ttl: Duration,
 }
 
 impl Default for LeaseSettings {
     fn default() -> Self {
-        Self { ttl_seconds: 10 }
+        Self { ttl: Duration::from_secs(10) }
     }
 }
 

@@ -13,16 +13,43 @@ use crate::metrics::Metrics;
 use crate::store::Store;
 
 /// `[engine.retention]`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RetentionSettings {
-    /// Seconds between the end of one retention pass and the start of the next.
-    pub interval_seconds: u64,
+    /// From the end of one retention pass to the start of the next.
+    #[serde(rename = "interval_seconds")]
+    pub interval: RetentionInterval,
 }
 
-impl Default for RetentionSettings {
+/// `interval_seconds`: 1 to 3600 whole seconds. PUSH-226 wants a pass at
+/// most 3600 s after the previous one ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "u64")]
+pub struct RetentionInterval(Duration);
+
+impl RetentionInterval {
+    pub const MAX_SECONDS: u64 = 3600;
+
+    pub fn get(self) -> Duration {
+        self.0
+    }
+}
+
+impl Default for RetentionInterval {
     fn default() -> Self {
-        Self { interval_seconds: 3600 }
+        Self(Duration::from_secs(Self::MAX_SECONDS))
+    }
+}
+
+impl TryFrom<u64> for RetentionInterval {
+    type Error = String;
+
+    fn try_from(seconds: u64) -> Result<Self, String> {
+        if (1..=Self::MAX_SECONDS).contains(&seconds) {
+            Ok(Self(Duration::from_secs(seconds)))
+        } else {
+            Err(format!("must be between 1 and {} seconds (PUSH-226)", Self::MAX_SECONDS))
+        }
     }
 }
 
@@ -30,13 +57,15 @@ impl Default for RetentionSettings {
 pub struct RetentionArgs {
     pub store: Arc<dyn Store>,
     pub metrics: Arc<Metrics>,
-    pub ttl_seconds: u64,
-    pub interval_seconds: u64,
+    /// recipient_ttl_seconds.
+    pub ttl: Duration,
+    pub interval: RetentionInterval,
 }
 
 /// One pass. A failure is logged and retried at the next pass.
 pub async fn run_pass(args: &RetentionArgs) {
-    let cutoff = unix_now_ns().saturating_sub((args.ttl_seconds as i64).saturating_mul(1_000_000_000));
+    let ttl_ns = i64::try_from(args.ttl.as_nanos()).unwrap_or(i64::MAX);
+    let cutoff = unix_now_ns().saturating_sub(ttl_ns);
     // A failure is counted and logged by the instrumented store; the next pass retries.
     if let Ok(n) = args.store.delete_expired(cutoff).await {
         args.metrics.recipients_deleted.with_label_values(&["expired"]).inc_by(n);
@@ -67,7 +96,7 @@ impl Actor for RetentionActor {
     async fn handle(&self, myself: ActorRef<RetentionMsg>, _: RetentionMsg, args: &mut RetentionArgs) -> Result<(), ActorProcessingErr> {
         run_pass(args).await;
         let me = myself.clone();
-        let interval = Duration::from_secs(args.interval_seconds);
+        let interval = args.interval.get();
         tokio::spawn(async move {
             tokio::time::sleep(interval).await;
             let _ = me.cast(RetentionMsg::Pass);

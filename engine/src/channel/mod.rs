@@ -25,7 +25,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 pub use outcome::Outcome;
-pub use settings::ChannelSettings;
+pub use settings::{ChannelSettings, Connections, HttpsBase};
 pub use tls::client_tls_config;
 
 use crate::domain::{Channel, DeliveryTarget, StoredEnvelope};

@@ -5,7 +5,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::num::NonZeroU32;
+use std::num::{NonZeroU32, NonZeroUsize};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -23,6 +23,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use prometheus::{IntCounter, IntGauge};
 use tokio::sync::Semaphore;
 
+use super::Connections;
 use super::http::CheckedResolver;
 use crate::settings::ATTEMPT_TIMEOUT;
 
@@ -214,8 +215,8 @@ pub struct PoolOptions {
     /// Independent clients used round-robin; each holds one HTTP/2
     /// connection per host, so a host's per-connection stream limit does not
     /// cap the channel's concurrency to it.
-    pub connections: usize,
-    pub max_in_flight: usize,
+    pub connections: Connections,
+    pub max_in_flight: NonZeroUsize,
     /// 0 = no limit.
     pub rate_limit_per_second: u32,
     pub client: ClientOptions,
@@ -234,12 +235,12 @@ pub struct Pool {
 impl Pool {
     pub fn new(tls: &rustls::ClientConfig, options: PoolOptions, resolver: Resolver, metrics: PoolMetrics) -> Self {
         let opened = Some(metrics.connections_opened.clone());
-        let clients = (0..options.connections.max(1))
+        let clients = (0..options.connections.get())
             .map(|_| https_client(tls.clone(), options.client, resolver.clone(), opened.clone()))
             .collect();
         let limiter = NonZeroU32::new(options.rate_limit_per_second)
             .map(|rate| governor::RateLimiter::direct(governor::Quota::per_second(rate)));
-        let in_flight = Arc::new(Semaphore::new(options.max_in_flight.max(1)));
+        let in_flight = Arc::new(Semaphore::new(options.max_in_flight.get()));
         Self { clients, next: AtomicUsize::new(0), in_flight, limiter, metrics }
     }
 
@@ -329,8 +330,8 @@ mod tests {
         let metrics = PoolMetrics::new(&crate::metrics::Metrics::new(), crate::domain::Channel::Apns);
         let client = ClientOptions { protocols: Protocols::Http2, idle_timeout: Duration::from_secs(1) };
         let options = |connections, max_in_flight, rate_limit_per_second| PoolOptions {
-            connections,
-            max_in_flight,
+            connections: Connections::new(connections).unwrap(),
+            max_in_flight: NonZeroUsize::new(max_in_flight).unwrap(),
             rate_limit_per_second,
             client,
         };

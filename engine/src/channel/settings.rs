@@ -1,3 +1,10 @@
+//! `[engine.channels]` and the value types every channel table shares:
+//! `Connections`, `HttpsBase`, and the defaults of the pool keys.
+
+use std::num::NonZeroUsize;
+use std::path::PathBuf;
+
+use serde::de::{Deserializer, Error};
 use serde::Deserialize;
 
 use super::apns::ApnsSettings;
@@ -24,61 +31,94 @@ impl ChannelSettings {
     pub fn https_only() -> Self {
         Self { http: Some(HttpSettings::default()), ..Self::default() }
     }
-
-    /// Each present table's static checks; the error starts with the key
-    /// path below `engine.`.
-    pub fn validate(&self) -> Result<(), String> {
-        if let Some(apns) = &self.apns {
-            apns.validate().map_err(|e| format!("channels.apns.{e}"))?;
-        }
-        if let Some(fcm) = &self.fcm {
-            fcm.validate().map_err(|e| format!("channels.fcm.{e}"))?;
-        }
-        if let Some(http) = &self.http {
-            http.validate().map_err(|e| format!("channels.http.{e}"))?;
-        }
-        Ok(())
-    }
 }
 
 /// Default bound on a channel's concurrent requests.
-pub const DEFAULT_MAX_IN_FLIGHT: usize = 1000;
+pub const DEFAULT_MAX_IN_FLIGHT: NonZeroUsize = NonZeroUsize::new(1000).unwrap();
 /// Default number of HTTP/2 connections per APNs or FCM host.
-pub const DEFAULT_CONNECTIONS: usize = 2;
-/// Most connections a channel may be given.
-pub const MAX_CONNECTIONS: usize = 64;
+pub const DEFAULT_CONNECTIONS: Connections = Connections::new(2).unwrap();
 
-pub(crate) fn default_max_in_flight() -> usize {
+pub(crate) fn default_max_in_flight() -> NonZeroUsize {
     DEFAULT_MAX_IN_FLIGHT
 }
-pub(crate) fn default_connections() -> usize {
+pub(crate) fn default_connections() -> Connections {
     DEFAULT_CONNECTIONS
 }
 
-/// An absolute https URL with a host and no query or fragment.
-pub(crate) fn check_https_base(key: &str, url: &str) -> Result<(), String> {
-    let uri: http::Uri = url.parse().map_err(|_| format!("{key} is not a valid URL"))?;
-    if uri.scheme_str() != Some("https") {
-        return Err(format!("{key} must be an https URL"));
+/// `connections`: how many connections (or pools) a channel uses
+/// round-robin, 1 to 64.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "usize")]
+pub struct Connections(usize);
+
+impl Connections {
+    pub const MAX: usize = 64;
+
+    pub const fn new(n: usize) -> Option<Self> {
+        if matches!(n, 1..=Self::MAX) { Some(Self(n)) } else { None }
     }
-    if uri.host().is_none_or(str::is_empty) {
-        return Err(format!("{key} must name a host"));
+
+    pub const fn get(self) -> usize {
+        self.0
     }
-    if uri.query().is_some() || url.contains('#') {
-        return Err(format!("{key} must not have a query or fragment"));
-    }
-    Ok(())
 }
 
-/// The pool keys every channel table has.
-pub(crate) fn check_pool(max_in_flight: usize, connections: usize) -> Result<(), String> {
-    if max_in_flight == 0 {
-        return Err("max_in_flight must be greater than zero".into());
+impl TryFrom<usize> for Connections {
+    type Error = String;
+
+    fn try_from(n: usize) -> Result<Self, String> {
+        Self::new(n).ok_or_else(|| format!("must be between 1 and {}", Self::MAX))
     }
-    if connections == 0 || connections > MAX_CONNECTIONS {
-        return Err(format!("connections must be between 1 and {MAX_CONNECTIONS}"));
+}
+
+/// An absolute https URL with a host and no query or fragment: where a
+/// channel sends (APNs `production_url` and `sandbox_url`, FCM `base_url`).
+/// The errors name the rule, never the URL (it may carry credentials).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub struct HttpsBase(String);
+
+impl HttpsBase {
+    pub fn parse(url: &str) -> Result<Self, &'static str> {
+        let uri: http::Uri = url.parse().map_err(|_| "must be a valid URL")?;
+        if uri.scheme_str() != Some("https") {
+            return Err("must be an https URL");
+        }
+        if uri.host().is_none_or(str::is_empty) {
+            return Err("must name a host");
+        }
+        if uri.query().is_some() || url.contains('#') {
+            return Err("must not have a query or fragment");
+        }
+        Ok(Self(url.to_owned()))
     }
-    Ok(())
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The URL without trailing slashes, ready for a path to be appended.
+    pub fn without_trailing_slash(&self) -> &str {
+        self.0.trim_end_matches('/')
+    }
+}
+
+impl TryFrom<String> for HttpsBase {
+    type Error = &'static str;
+
+    fn try_from(url: String) -> Result<Self, Self::Error> {
+        Self::parse(&url)
+    }
+}
+
+/// For a credential file key (`key_file`, `service_account_file`): the path
+/// must not be empty. The file itself is read when the channel is built.
+pub(crate) fn required_path<'de, D: Deserializer<'de>>(deserializer: D) -> Result<PathBuf, D::Error> {
+    let path = PathBuf::deserialize(deserializer)?;
+    if path.as_os_str().is_empty() {
+        return Err(D::Error::custom("must be set"));
+    }
+    Ok(path)
 }
 
 #[cfg(test)]
@@ -101,10 +141,23 @@ mod tests {
 
     #[test]
     fn https_bases() {
-        assert!(check_https_base("u", "https://127.0.0.1:8443").is_ok());
-        assert!(check_https_base("u", "https://fcm.example/").is_ok());
-        assert!(check_https_base("u", "http://fcm.example/").unwrap_err().starts_with("u must be an https URL"));
-        assert!(check_https_base("u", "https://fcm.example/?x=1").is_err());
-        assert!(check_https_base("u", "https://fcm.example/#x").is_err());
+        assert_eq!(HttpsBase::parse("https://127.0.0.1:8443").unwrap().as_str(), "https://127.0.0.1:8443");
+        assert_eq!(HttpsBase::parse("https://fcm.example/").unwrap().without_trailing_slash(), "https://fcm.example");
+        assert_eq!(HttpsBase::parse("http://fcm.example/"), Err("must be an https URL"));
+        assert_eq!(HttpsBase::parse("nope"), Err("must be an https URL"));
+        assert_eq!(HttpsBase::parse("https://fcm.example/?x=1"), Err("must not have a query or fragment"));
+        assert_eq!(HttpsBase::parse("https://fcm.example/#x"), Err("must not have a query or fragment"));
+        assert_eq!(HttpsBase::parse("https://a b"), Err("must be a valid URL"));
+        let err = serde_json::from_value::<HttpsBase>(serde_json::json!("http://user:secret@x/")).unwrap_err();
+        assert!(!err.to_string().contains("secret"), "{err}");
+    }
+
+    #[test]
+    fn connections_are_one_to_sixty_four() {
+        assert_eq!(Connections::new(1).map(Connections::get), Some(1));
+        assert_eq!(Connections::new(64).map(Connections::get), Some(64));
+        assert!(Connections::new(0).is_none() && Connections::new(65).is_none());
+        let err = serde_json::from_value::<Connections>(serde_json::json!(65)).unwrap_err().to_string();
+        assert!(err.contains("must be between 1 and 64"), "{err}");
     }
 }

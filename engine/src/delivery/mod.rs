@@ -48,9 +48,9 @@ impl DeliveryWorkers {
     /// Starts `ctx.settings.workers` workers. Each ends when every clone of
     /// the returned `DeliveryWorkers` is dropped and its work has finished.
     pub fn start(ctx: Arc<WorkerContext>) -> (Self, Vec<tokio::task::JoinHandle<()>>) {
-        let (queues, handles) = (0..ctx.settings.workers)
+        let (queues, handles) = (0..ctx.settings.workers.get())
             .map(|_| {
-                let (tx, rx) = mpsc::channel(ctx.settings.queue_batches);
+                let (tx, rx) = mpsc::channel(ctx.settings.queue_batches.get());
                 (tx, tokio::spawn(worker::run(ctx.clone(), rx)))
             })
             .unzip::<_, _, Vec<_>, Vec<_>>();

@@ -35,7 +35,7 @@ const WATCHDOG_DELAY: Duration = Duration::from_secs(1);
 /// the timer wheel. Ends when its queue is closed and nothing is in flight,
 /// ready or waiting.
 pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<Delivery>>) {
-    let max_in_flight = ctx.settings.max_in_flight_per_worker;
+    let max_in_flight = ctx.settings.max_in_flight_per_worker.get();
     let mut in_flight: JoinSet<(Delivery, Outcome)> = JoinSet::new();
     // The first attempts in flight, by task: a panicking one is marked lost.
     let mut first_attempts: HashMap<task::Id, FirstAttempt> = HashMap::new();
@@ -57,7 +57,7 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
         tokio::select! {
             batch = queue.recv(), if queue_open
                 && ready.is_empty()
-                && retries.len() < ctx.settings.max_retrying_per_worker => {
+                && retries.len() < ctx.settings.max_retrying_per_worker.get() => {
                 match batch {
                     Some(batch) => {
                         ctx.metrics.delivery_queue.dec();
@@ -191,6 +191,7 @@ mod tests {
     //! retry delays and the attempt bound elapse without sleeping.
 
     use std::collections::VecDeque;
+    use std::num::NonZeroUsize;
     use std::sync::Mutex;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Duration;
@@ -290,7 +291,7 @@ mod tests {
     /// `used` (the recipient as the window loaded it) through one worker,
     /// and waits until the worker has nothing left.
     async fn deliver(provider: Arc<Scripted>, stored: &Recipient, used: Recipient) -> Run {
-        let settings = DeliverySettings { workers: 1, ..DeliverySettings::default() };
+        let settings = DeliverySettings { workers: NonZeroUsize::MIN, ..DeliverySettings::default() };
         deliver_all(provider, stored, vec![used], settings).await
     }
 
@@ -345,7 +346,11 @@ mod tests {
         let p = Scripted::build(Channel::Apns, &[t; 100], 0, Duration::from_millis(200));
         let r = recipient(DeliveryTarget::Apns { token: "t".into() });
         let many = (0..100u8).map(|i| Recipient { id: RecipientId([i; 32]), ..r.clone() }).collect();
-        let settings = DeliverySettings { workers: 1, max_in_flight_per_worker: 4, ..DeliverySettings::default() };
+        let settings = DeliverySettings {
+            workers: NonZeroUsize::MIN,
+            max_in_flight_per_worker: NonZeroUsize::new(4).unwrap(),
+            ..DeliverySettings::default()
+        };
         let run = deliver_all(p.clone(), &r, many, settings).await;
         assert_eq!(p.sent.load(Ordering::SeqCst), 200);
         assert_eq!(p.most_concurrent.load(Ordering::SeqCst), 4);

@@ -1,31 +1,38 @@
 //! `[engine.dispatch]`: how shard actors read windows and pages.
 
+use std::num::NonZeroUsize;
+use std::time::Duration;
+
 use serde::Deserialize;
+
+use crate::settings::duration;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DispatchSettings {
     /// Most envelopes a shard reads into one window.
-    pub window_envelopes: usize,
+    pub window_envelopes: NonZeroUsize,
     /// Subscribers read per page; one page becomes one batch of deliveries.
-    pub subscriber_page: usize,
+    pub subscriber_page: NonZeroUsize,
     /// Pages a shard may have awaiting first attempts at once.
-    pub max_pages_in_flight: usize,
+    pub max_pages_in_flight: NonZeroUsize,
     /// How often an idle shard looks for work it was not woken for.
-    pub poll_interval_ms: u64,
+    #[serde(rename = "poll_interval_ms", deserialize_with = "duration::millis")]
+    pub poll_interval: Duration,
     /// A window whose first attempts have not all finished by then is replayed
     /// from the checkpoint (at-least-once, never skipped).
-    pub window_timeout_seconds: u64,
+    #[serde(rename = "window_timeout_seconds", deserialize_with = "duration::seconds")]
+    pub window_timeout: Duration,
 }
 
 impl Default for DispatchSettings {
     fn default() -> Self {
         Self {
-            window_envelopes: 512,
-            subscriber_page: 1000,
-            max_pages_in_flight: 16,
-            poll_interval_ms: 1000,
-            window_timeout_seconds: 120,
+            window_envelopes: NonZeroUsize::new(512).unwrap(),
+            subscriber_page: NonZeroUsize::new(1000).unwrap(),
+            max_pages_in_flight: NonZeroUsize::new(16).unwrap(),
+            poll_interval: Duration::from_millis(1000),
+            window_timeout: Duration::from_secs(120),
         }
     }
 }

@@ -1,7 +1,6 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::time::Instant;
@@ -91,7 +90,7 @@ impl Actor for ShardActor {
         myself: ActorRef<ShardMsg>,
         (shard, ctx, wake_pending): Self::Arguments,
     ) -> Result<ShardState, ActorProcessingErr> {
-        let interval = Duration::from_millis(ctx.settings.poll_interval_ms);
+        let interval = ctx.settings.poll_interval;
         let ticker = spawn_ticker(myself, interval, || ShardMsg::Tick);
         Ok(ShardState { shard, ctx, wake_pending, window: None, next_window_id: 0, lag: 0, draining: false, ticker })
     }
@@ -162,7 +161,7 @@ impl ShardState {
         if position.boundary <= position.checkpoint {
             return Ok(());
         }
-        let limit = self.ctx.settings.window_envelopes;
+        let limit = self.ctx.settings.window_envelopes.get();
         // PUSH-257: nothing above the boundary read now; nothing below the checkpoint.
         let envelopes = store.read_window(self.shard, position.checkpoint, position.boundary, limit).await?;
         let end = match envelopes.last() {
@@ -210,13 +209,13 @@ impl ShardState {
             return Ok(());
         };
         w.pump_queued = false;
-        if w.pages.len() >= ctx.settings.max_pages_in_flight {
+        if w.pages.len() >= ctx.settings.max_pages_in_flight.get() {
             return Ok(()); // PageDone pumps again.
         }
         let Some(envelope) = w.envelopes.front().cloned() else {
             return self.complete_if_done(myself).await;
         };
-        let page_size = ctx.settings.subscriber_page;
+        let page_size = ctx.settings.subscriber_page.get();
         let page = ctx.store.subscribers(&envelope.topic, w.cursor.as_ref(), page_size).await?;
         if page.len() < page_size {
             w.envelopes.pop_front();
@@ -282,7 +281,7 @@ impl ShardState {
     /// window, only the deliveries whose first attempt never came; the
     /// workers drop the old copies of those.
     async fn replay_if_stalled(&mut self, myself: &ActorRef<ShardMsg>) -> StepResult {
-        let timeout = Duration::from_secs(self.ctx.settings.window_timeout_seconds);
+        let timeout = self.ctx.settings.window_timeout;
         let Some(w) = self.window.as_mut() else { return Ok(()) };
         let progress = w.progress.load(Ordering::Relaxed);
         if progress != w.seen_progress || w.pages.is_empty() {
@@ -362,8 +361,10 @@ mod tests {
     //! in-memory provider and tokio's paused clock.
 
     use std::collections::HashMap;
+    use std::num::NonZeroUsize;
     use std::sync::Mutex;
     use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
 
     use async_trait::async_trait;
     use tokio::sync::Semaphore;
@@ -375,9 +376,9 @@ mod tests {
     use crate::domain::{
         Channel, DeliveryTarget, EnvelopeKind, NewEnvelope, RecipientSecret, Subscription, SubscriptionUpdate, Topic,
     };
-    use crate::metrics::Metrics;
     use crate::delivery::DeliverySettings;
     use crate::dispatch::DispatchSettings;
+    use crate::metrics::Metrics;
     use crate::store::{RedbStore, ShardPosition, Store};
 
     const SHARDS: u16 = 1;
@@ -533,11 +534,10 @@ mod tests {
 
     fn settings(page: usize, pages_in_flight: usize) -> DispatchSettings {
         DispatchSettings {
-            window_envelopes: 512,
-            subscriber_page: page,
-            max_pages_in_flight: pages_in_flight,
-            poll_interval_ms: 100,
-            window_timeout_seconds: 120,
+            subscriber_page: NonZeroUsize::new(page).unwrap(),
+            max_pages_in_flight: NonZeroUsize::new(pages_in_flight).unwrap(),
+            poll_interval: Duration::from_millis(100),
+            ..DispatchSettings::default()
         }
     }
 
@@ -581,7 +581,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_window_with_a_lost_first_attempt_is_replayed_from_the_checkpoint() {
         let mut s = settings(10, 16);
-        s.window_timeout_seconds = 5;
+        s.window_timeout = Duration::from_secs(5);
         let f = Fixture::start(2, 1, s, 1).await;
         f.gate.permits.add_permits(100);
         f.until("a replay", |f| f.metrics.window_replays.get() == 1).await;
@@ -599,7 +599,7 @@ mod tests {
         // the window timeout is 2 s. Every first attempt is under way, so
         // nothing is re-sent.
         let mut s = settings(10, 16);
-        s.window_timeout_seconds = 2;
+        s.window_timeout = Duration::from_secs(2);
         let f = Fixture::start_with(30, 2, s, 0, Duration::from_secs(3), DeliverySettings::default()).await;
         f.gate.permits.add_permits(1000);
         f.until_checkpoint(2).await;
@@ -614,8 +614,12 @@ mod tests {
     async fn a_long_window_that_keeps_progressing_is_never_replayed() {
         // 40 deliveries one at a time, 1 s each: a 40 s window, a 2 s timeout.
         let mut s = settings(10, 16);
-        s.window_timeout_seconds = 2;
-        let one_at_a_time = DeliverySettings { workers: 1, max_in_flight_per_worker: 1, ..DeliverySettings::default() };
+        s.window_timeout = Duration::from_secs(2);
+        let one_at_a_time = DeliverySettings {
+            workers: NonZeroUsize::MIN,
+            max_in_flight_per_worker: NonZeroUsize::MIN,
+            ..DeliverySettings::default()
+        };
         let f = Fixture::start_with(40, 1, s, 0, Duration::from_secs(1), one_at_a_time).await;
         f.gate.permits.add_permits(1000);
         let started = Instant::now();

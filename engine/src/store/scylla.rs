@@ -66,6 +66,7 @@
 
 mod codec;
 mod schema;
+mod settings;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -85,7 +86,8 @@ use scylla::statement::batch::{Batch, BatchType};
 use scylla::statement::prepared::PreparedStatement;
 use scylla::statement::{Consistency, SerialConsistency};
 use scylla::value::{CqlValue, Row};
-use serde::Deserialize;
+
+pub use self::settings::{Keyspace, Nodes, ScyllaSettings};
 
 use self::codec::{BUCKET_SIZE, EnvelopeRow, StaticRow, Versioned, bucket_of, corrupt, from_db, pos_of, to_db};
 use super::{Appended, NodeId, Recipient, RecipientSummary, ShardLeases, ShardPosition, Store, StoreError, Subscriber};
@@ -93,48 +95,6 @@ use crate::domain::{
     DeliveryTarget, NewEnvelope, next_sequence_id, RecipientId, SecretHash, ShardId, StoredEnvelope, StoredSubscription,
     SubscriptionUpdate, Topic,
 };
-
-/// `[store.scylla]` settings.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ScyllaSettings {
-    /// Contact points, "host:port". The driver discovers the rest of the cluster.
-    pub nodes: Vec<String>,
-    pub keyspace: String,
-    /// The CQL replication map used when the keyspace is created.
-    pub replication: String,
-    /// Apply the CQL schema at start-up (else `fanout migrate` must have).
-    pub migrate: bool,
-    /// Client-side bound on every request, in milliseconds.
-    pub request_timeout_ms: u64,
-}
-
-impl Default for ScyllaSettings {
-    fn default() -> Self {
-        Self {
-            nodes: vec!["127.0.0.1:9042".into()],
-            keyspace: "fanout".into(),
-            replication: "{'class': 'SimpleStrategy', 'replication_factor': 1}".into(),
-            migrate: false,
-            request_timeout_ms: 10_000,
-        }
-    }
-}
-
-impl ScyllaSettings {
-    pub fn validate(&self) -> Result<(), String> {
-        if self.nodes.is_empty() {
-            return Err("nodes must name at least one \"host:port\"".into());
-        }
-        if self.request_timeout_ms == 0 {
-            return Err("request_timeout_ms must be greater than zero".into());
-        }
-        schema::check_keyspace(&self.keyspace).map_err(|e| match e {
-            StoreError::Backend(m) => m,
-            other => other.to_string(),
-        })
-    }
-}
 
 /// How often a conditional write is tried against concurrent changes.
 const MAX_LWT_ATTEMPTS: u32 = 50;
@@ -431,8 +391,7 @@ impl ScyllaStore {
         if shard_count == 0 {
             return Err(StoreError::Backend("shard count must be at least 1".into()));
         }
-        settings.validate().map_err(|m| StoreError::Backend(format!("store.scylla: {m}")))?;
-        let timeout = Duration::from_millis(settings.request_timeout_ms);
+        let timeout = settings.request_timeout;
         let profile = ExecutionProfile::builder()
             .consistency(Consistency::LocalQuorum)
             .serial_consistency(Some(SerialConsistency::LocalSerial))
@@ -440,18 +399,18 @@ impl ScyllaStore {
             .build()
             .into_handle();
         let session = SessionBuilder::new()
-            .known_nodes(&settings.nodes)
+            .known_nodes(settings.nodes.as_slice())
             .default_execution_profile_handle(profile)
             .connection_timeout(timeout.min(Duration::from_secs(10)))
             .build()
             .await
             .map_err(be("cannot connect"))?;
-        let keyspace = settings.keyspace.clone();
         if settings.migrate {
-            schema::migrate(&session, &keyspace, &settings.replication).await?;
+            schema::migrate(&session, &settings.keyspace, &settings.replication).await?;
         } else {
-            schema::check(&session, &keyspace).await?;
+            schema::check(&session, &settings.keyspace).await?;
         }
+        let keyspace = settings.keyspace.to_string();
         check_shard_count(&session, &keyspace, shard_count).await?;
         let st = Statements::prepare(&session, &keyspace).await?;
         Ok(Self {

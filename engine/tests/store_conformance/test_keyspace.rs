@@ -6,6 +6,8 @@
 //! conformance tests here, included in both by `#[path]`: the including
 //! module has `ScyllaSettings` and `ScyllaStore` in scope.
 
+use std::time::Duration;
+
 use futures::FutureExt as _;
 
 use super::{ScyllaSettings, ScyllaStore};
@@ -31,10 +33,10 @@ pub fn test_nodes() -> Option<Vec<String>> {
 /// Settings for `keyspace` on `nodes`, creating the schema.
 pub fn settings(nodes: Vec<String>, keyspace: &str) -> ScyllaSettings {
     ScyllaSettings {
-        nodes,
-        keyspace: keyspace.into(),
+        nodes: nodes.try_into().expect("at least one CQL node"),
+        keyspace: keyspace.to_owned().try_into().expect("a valid keyspace name"),
         migrate: true,
-        request_timeout_ms: 30_000,
+        request_timeout: Duration::from_secs(30),
         ..ScyllaSettings::default()
     }
 }

@@ -21,7 +21,7 @@ use super::{BuildError, ChannelContext, Outcome, Provider, Push, client_tls_conf
 use crate::domain::{Channel, DeliveryTarget};
 
 pub use request::apns_body;
-pub use settings::{ApnsEnvironment, ApnsSettings, DEFAULT_PRODUCTION_URL, DEFAULT_SANDBOX_URL};
+pub use settings::{ApnsEnvironment, ApnsSettings, AsciiId, DEFAULT_PRODUCTION_URL, DEFAULT_SANDBOX_URL};
 
 /// APNs prefers long-lived connections: idle ones are kept this long.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(600);
@@ -59,11 +59,12 @@ impl ApnsProvider {
         );
         let bundle_id = HeaderValue::try_from(settings.bundle_id.as_str())
             .map_err(|_| BuildError::new("engine.channels.apns.bundle_id", "not a valid header value"))?;
-        let tokens = ProviderTokens::new(key, settings.key_id.clone(), settings.team_id.clone(), ctx.metrics.clone());
+        let tokens =
+            ProviderTokens::new(key, settings.key_id.to_string(), settings.team_id.to_string(), ctx.metrics.clone());
         // Sign once now, so a key of the wrong curve fails at start and not
         // at the first push. Not cached: the first push signs its own.
         tokens.sign(0).map_err(|_| BuildError::new(KEY_FILE, format!("{path} is not an EC P-256 key")))?;
-        let base = settings.base_url().trim_end_matches('/').to_string();
+        let base = settings.base_url().without_trailing_slash().to_owned();
         Ok(Self { pool, base, bundle_id, tokens })
     }
 
@@ -126,9 +127,11 @@ impl Provider for ApnsProvider {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::num::NonZeroUsize;
     use std::sync::Arc;
     use std::time::Instant;
 
+    use crate::channel::{Connections, HttpsBase};
     use crate::metrics::Metrics;
     use crate::store::Recipient;
     use crate::testing::{self, envelope};
@@ -168,26 +171,20 @@ mod tests {
         key.write_p8(&key_file).unwrap();
         let ca = dir.path().join("ca.pem");
         pki.write_ca(&ca).unwrap();
+        let (answering, silent) =
+            (HttpsBase::parse(&mock.base_url()).unwrap(), HttpsBase::parse("https://127.0.0.1:9").unwrap());
         let settings = ApnsSettings {
             key_file,
-            key_id: "KEY1234567".into(),
-            team_id: "TEAM123456".into(),
-            bundle_id: "com.example.app".into(),
+            key_id: "KEY1234567".try_into().unwrap(),
+            team_id: "TEAM123456".try_into().unwrap(),
+            bundle_id: "com.example.app".try_into().unwrap(),
             environment,
             // Only the configured environment's host answers.
-            production_url: if environment == ApnsEnvironment::Production {
-                mock.base_url()
-            } else {
-                "https://127.0.0.1:9".into()
-            },
-            sandbox_url: if environment == ApnsEnvironment::Sandbox {
-                mock.base_url()
-            } else {
-                "https://127.0.0.1:9".into()
-            },
+            production_url: if environment == ApnsEnvironment::Production { answering.clone() } else { silent.clone() },
+            sandbox_url: if environment == ApnsEnvironment::Sandbox { answering } else { silent },
             extra_ca_files: vec![ca],
-            max_in_flight,
-            connections: 2,
+            max_in_flight: NonZeroUsize::new(max_in_flight).unwrap(),
+            connections: Connections::new(2).unwrap(),
             rate_limit_per_second: rate,
         };
         let metrics = Arc::new(Metrics::new());
@@ -350,15 +347,15 @@ mod tests {
         let key_file = dir.path().join("key.p8");
         let settings = ApnsSettings {
             key_file: key_file.clone(),
-            key_id: "K".into(),
-            team_id: "T".into(),
-            bundle_id: "b".into(),
+            key_id: "K".try_into().unwrap(),
+            team_id: "T".try_into().unwrap(),
+            bundle_id: "b".try_into().unwrap(),
             environment: ApnsEnvironment::Sandbox,
-            production_url: DEFAULT_PRODUCTION_URL.into(),
-            sandbox_url: DEFAULT_SANDBOX_URL.into(),
+            production_url: HttpsBase::parse(DEFAULT_PRODUCTION_URL).unwrap(),
+            sandbox_url: HttpsBase::parse(DEFAULT_SANDBOX_URL).unwrap(),
             extra_ca_files: vec![],
-            max_in_flight: 1,
-            connections: 1,
+            max_in_flight: NonZeroUsize::MIN,
+            connections: Connections::new(1).unwrap(),
             rate_limit_per_second: 0,
         };
         let metrics = Arc::new(Metrics::new());

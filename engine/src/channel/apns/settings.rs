@@ -1,19 +1,23 @@
+use std::fmt;
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use crate::channel::settings::{check_https_base, check_pool, default_connections, default_max_in_flight};
+use crate::channel::settings::{
+    Connections, HttpsBase, default_connections, default_max_in_flight, required_path,
+};
 
 /// Default APNs hosts (section 7: the production or sandbox host for the
 /// configured environment).
 pub const DEFAULT_PRODUCTION_URL: &str = "https://api.push.apple.com";
 pub const DEFAULT_SANDBOX_URL: &str = "https://api.sandbox.push.apple.com";
 
-fn default_production_url() -> String {
-    DEFAULT_PRODUCTION_URL.into()
+fn default_production_url() -> HttpsBase {
+    HttpsBase::parse(DEFAULT_PRODUCTION_URL).expect("the default production URL is valid")
 }
-fn default_sandbox_url() -> String {
-    DEFAULT_SANDBOX_URL.into()
+fn default_sandbox_url() -> HttpsBase {
+    HttpsBase::parse(DEFAULT_SANDBOX_URL).expect("the default sandbox URL is valid")
 }
 
 /// Which APNs host the channel sends to.
@@ -31,30 +35,31 @@ pub enum ApnsEnvironment {
 #[serde(deny_unknown_fields)]
 pub struct ApnsSettings {
     /// The provider key: a PEM PKCS#8 EC P-256 `.p8` file from Apple.
+    #[serde(deserialize_with = "required_path")]
     pub key_file: PathBuf,
     /// The key's 10-character key id (the JWT `kid`).
-    pub key_id: String,
+    pub key_id: AsciiId,
     /// The developer team id (the JWT `iss`).
-    pub team_id: String,
+    pub team_id: AsciiId,
     /// The app's bundle id, sent as `apns-topic`.
-    pub bundle_id: String,
+    pub bundle_id: AsciiId,
     /// "production" or "sandbox": picks `production_url` or `sandbox_url`.
     pub environment: ApnsEnvironment,
     /// Default "https://api.push.apple.com".
     #[serde(default = "default_production_url")]
-    pub production_url: String,
+    pub production_url: HttpsBase,
     /// Default "https://api.sandbox.push.apple.com".
     #[serde(default = "default_sandbox_url")]
-    pub sandbox_url: String,
+    pub sandbox_url: HttpsBase,
     /// Extra PEM CA files trusted besides the system roots. Default empty.
     #[serde(default)]
     pub extra_ca_files: Vec<PathBuf>,
     /// Most requests in flight at once; further sends wait. Default 1000.
     #[serde(default = "default_max_in_flight")]
-    pub max_in_flight: usize,
+    pub max_in_flight: NonZeroUsize,
     /// HTTP/2 connections, used round-robin. Default 2.
     #[serde(default = "default_connections")]
-    pub connections: usize,
+    pub connections: Connections,
     /// Requests per second across all connections; 0 (the default) = no limit.
     #[serde(default)]
     pub rate_limit_per_second: u32,
@@ -62,29 +67,51 @@ pub struct ApnsSettings {
 
 impl ApnsSettings {
     /// The base URL for the configured environment.
-    pub fn base_url(&self) -> &str {
+    pub fn base_url(&self) -> &HttpsBase {
         match self.environment {
             ApnsEnvironment::Production => &self.production_url,
             ApnsEnvironment::Sandbox => &self.sandbox_url,
         }
     }
+}
 
-    /// Static checks; the error starts with the bad key's name.
-    pub fn validate(&self) -> Result<(), String> {
-        for (key, value) in [("key_id", &self.key_id), ("team_id", &self.team_id), ("bundle_id", &self.bundle_id)] {
-            if value.trim().is_empty() {
-                return Err(format!("{key} must not be empty"));
-            }
-            if !value.bytes().all(|b| b.is_ascii_graphic()) {
-                return Err(format!("{key} must be printable ASCII without spaces"));
-            }
+/// `key_id`, `team_id`, `bundle_id`: non-empty printable ASCII without
+/// spaces, so each fits a JWT claim or an `apns-topic` header as it is.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub struct AsciiId(String);
+
+impl AsciiId {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for AsciiId {
+    type Error = &'static str;
+
+    fn try_from(value: String) -> Result<Self, Self::Error> {
+        if value.is_empty() {
+            return Err("must not be empty");
         }
-        if self.key_file.as_os_str().is_empty() {
-            return Err("key_file must be set".into());
+        if !value.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err("must be printable ASCII without spaces");
         }
-        check_https_base("production_url", &self.production_url)?;
-        check_https_base("sandbox_url", &self.sandbox_url)?;
-        check_pool(self.max_in_flight, self.connections)
+        Ok(Self(value))
+    }
+}
+
+impl TryFrom<&str> for AsciiId {
+    type Error = &'static str;
+
+    fn try_from(value: &str) -> Result<Self, Self::Error> {
+        Self::try_from(value.to_owned())
+    }
+}
+
+impl fmt::Display for AsciiId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
     }
 }
 
@@ -96,51 +123,49 @@ mod tests {
         serde_json::from_value(json).map_err(|e| e.to_string())
     }
 
+    fn valid() -> serde_json::Value {
+        serde_json::json!({"key_file": "/k.p8", "key_id": "KEY1234567", "team_id": "TEAM123456",
+            "bundle_id": "com.example.app", "environment": "sandbox"})
+    }
+
+    fn with(key: &str, value: serde_json::Value) -> serde_json::Value {
+        let mut json = valid();
+        json[key] = value;
+        json
+    }
+
     #[test]
     fn defaults_and_required_keys() {
-        let apns = parse(serde_json::json!({"key_file": "/k.p8", "key_id": "KEY1234567", "team_id": "TEAM123456",
-                     "bundle_id": "com.example.app", "environment": "sandbox"}))
-        .unwrap();
+        let apns = parse(valid()).unwrap();
         assert_eq!(apns.environment, ApnsEnvironment::Sandbox);
-        assert_eq!(apns.production_url, DEFAULT_PRODUCTION_URL);
-        assert_eq!(apns.sandbox_url, DEFAULT_SANDBOX_URL);
-        assert_eq!(apns.base_url(), DEFAULT_SANDBOX_URL);
-        assert_eq!((apns.max_in_flight, apns.connections, apns.rate_limit_per_second), (1000, 2, 0));
+        assert_eq!(apns.production_url.as_str(), DEFAULT_PRODUCTION_URL);
+        assert_eq!(apns.sandbox_url.as_str(), DEFAULT_SANDBOX_URL);
+        assert_eq!(apns.base_url().as_str(), DEFAULT_SANDBOX_URL);
+        assert_eq!((apns.max_in_flight.get(), apns.connections.get(), apns.rate_limit_per_second), (1000, 2, 0));
+        assert_eq!((apns.key_id.as_str(), apns.team_id.as_str()), ("KEY1234567", "TEAM123456"));
         assert!(apns.extra_ca_files.is_empty());
-        apns.validate().unwrap();
 
         // Required keys and a closed environment set.
         let err = parse(serde_json::json!({"key_file": "/k.p8"})).unwrap_err();
         assert!(err.contains("missing field"), "{err}");
-        let err = parse(serde_json::json!({"key_file": "/k", "key_id": "K", "team_id": "T",
-            "bundle_id": "b", "environment": "staging"}))
-        .unwrap_err();
+        let err = parse(with("environment", "staging".into())).unwrap_err();
         assert!(err.contains("staging"), "{err}");
     }
 
     #[test]
-    fn validation_names_the_key() {
-        let apns = || ApnsSettings {
-            key_file: "/k.p8".into(),
-            key_id: "KEY1234567".into(),
-            team_id: "TEAM123456".into(),
-            bundle_id: "com.example.app".into(),
-            environment: ApnsEnvironment::Production,
-            production_url: DEFAULT_PRODUCTION_URL.into(),
-            sandbox_url: DEFAULT_SANDBOX_URL.into(),
-            extra_ca_files: vec![],
-            max_in_flight: 10,
-            connections: 1,
-            rate_limit_per_second: 0,
+    fn each_rule_is_in_a_type() {
+        let refused = |key: &str, value: serde_json::Value, rule: &str| {
+            let err = parse(with(key, value.clone())).unwrap_err();
+            assert!(err.contains(rule), "{key} = {value}: {err}");
         };
-        let check = |a: ApnsSettings| a.validate().unwrap_err();
-        assert!(check(ApnsSettings { key_id: " ".into(), ..apns() }).starts_with("key_id"));
-        assert!(check(ApnsSettings { team_id: "".into(), ..apns() }).starts_with("team_id"));
-        assert!(check(ApnsSettings { bundle_id: "a b".into(), ..apns() }).starts_with("bundle_id"));
-        assert!(check(ApnsSettings { production_url: "http://x".into(), ..apns() }).starts_with("production_url"));
-        assert!(check(ApnsSettings { sandbox_url: "nope".into(), ..apns() }).starts_with("sandbox_url"));
-        assert!(check(ApnsSettings { max_in_flight: 0, ..apns() }).starts_with("max_in_flight"));
-        assert!(check(ApnsSettings { connections: 0, ..apns() }).starts_with("connections"));
-        assert!(check(ApnsSettings { connections: 65, ..apns() }).starts_with("connections"));
+        refused("key_id", " ".into(), "must be printable ASCII without spaces");
+        refused("team_id", "".into(), "must not be empty");
+        refused("bundle_id", "a b".into(), "must be printable ASCII without spaces");
+        refused("key_file", "".into(), "must be set");
+        refused("production_url", "http://x".into(), "must be an https URL");
+        refused("sandbox_url", "https://x/?q=1".into(), "must not have a query or fragment");
+        refused("max_in_flight", 0.into(), "nonzero");
+        refused("connections", 0.into(), "must be between 1 and 64");
+        refused("connections", 65.into(), "must be between 1 and 64");
     }
 }

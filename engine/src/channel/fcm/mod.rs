@@ -21,7 +21,7 @@ use self::token::{AccessTokens, ServiceAccount};
 use super::pool::{
     ClientOptions, Pool, PoolMetrics, PoolOptions, Protocols, Resolver, SendError, encode_path_segment, https_client,
 };
-use super::settings::check_https_base;
+use super::settings::HttpsBase;
 use super::{BuildError, ChannelContext, Outcome, Provider, Push, client_tls_config};
 use crate::domain::{Channel, DeliveryTarget};
 
@@ -54,13 +54,13 @@ impl FcmProvider {
         if account.project_id.is_empty() || account.client_email.is_empty() {
             return Err(bad(format!("{path} has an empty project_id or client_email")));
         }
-        check_https_base("token_uri", &account.token_uri).map_err(|e| bad(format!("{path}: {e}")))?;
+        HttpsBase::parse(&account.token_uri).map_err(|e| bad(format!("{path}: token_uri {e}")))?;
         let token_uri: Uri = account.token_uri.parse().map_err(|_| bad(format!("{path}: bad token_uri")))?;
         let key = EncodingKey::from_rsa_pem(account.private_key.as_bytes())
             .map_err(|_| bad(format!("{path}: private_key is not a PEM RSA key")))?;
         let tls = client_tls_config(&settings.extra_ca_files)
             .map_err(|e| BuildError::new("engine.channels.fcm.extra_ca_files", e))?;
-        let base = settings.base_url.trim_end_matches('/');
+        let base = settings.base_url.without_trailing_slash();
         let send_uri: Uri = format!("{base}/v1/projects/{}/messages:send", encode_path_segment(&account.project_id))
             .parse()
             .map_err(|_| BuildError::new("engine.channels.fcm.base_url", "cannot form the messages:send URL"))?;
@@ -127,10 +127,12 @@ impl Provider for FcmProvider {
 
 #[cfg(test)]
 mod tests {
+    use std::num::NonZeroUsize;
     use std::sync::Arc;
 
     use super::classify::{MAX_RETRY_AFTER, QUOTA_DELAY};
     use super::*;
+    use crate::channel::Connections;
     use crate::metrics::Metrics;
     use crate::store::Recipient;
     use crate::testing::{self, envelope};
@@ -156,10 +158,10 @@ mod tests {
         mock.service_account().write(&account).unwrap();
         let settings = FcmSettings {
             service_account_file: account,
-            base_url: mock.base_url(),
+            base_url: HttpsBase::parse(&mock.base_url()).unwrap(),
             extra_ca_files: vec![ca],
-            max_in_flight: 8,
-            connections: 2,
+            max_in_flight: NonZeroUsize::new(8).unwrap(),
+            connections: Connections::new(2).unwrap(),
             rate_limit_per_second: 0,
         };
         let metrics = Arc::new(Metrics::new());
@@ -296,10 +298,10 @@ mod tests {
         let file = dir.path().join("sa.json");
         let settings = FcmSettings {
             service_account_file: file.clone(),
-            base_url: DEFAULT_BASE_URL.into(),
+            base_url: HttpsBase::parse(DEFAULT_BASE_URL).unwrap(),
             extra_ca_files: vec![],
-            max_in_flight: 1,
-            connections: 1,
+            max_in_flight: NonZeroUsize::MIN,
+            connections: Connections::new(1).unwrap(),
             rate_limit_per_second: 0,
         };
         let metrics = Arc::new(Metrics::new());

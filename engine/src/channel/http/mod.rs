@@ -72,14 +72,10 @@ impl WebhookProvider {
         resolver: Arc<dyn HostResolver>,
         ctx: &ChannelContext,
     ) -> Result<Self, BuildError> {
-        let allowed_domains = settings
-            .allowed_domains
-            .iter()
-            .map(|d| DomainPattern::parse(d))
-            .collect::<Result<_, _>>()
-            .map_err(|e| BuildError::new("engine.channels.http.allowed_domains", e))?;
-        let policy =
-            Arc::new(WebhookPolicy { allowed_domains, allow_private_addresses: settings.allow_private_addresses });
+        let policy = Arc::new(WebhookPolicy {
+            allowed_domains: settings.allowed_domains.clone(),
+            allow_private_addresses: settings.allow_private_addresses,
+        });
         let tls = client_tls_config(&settings.extra_ca_files)
             .map_err(|e| BuildError::new("engine.channels.http.extra_ca_files", e))?;
         let pool = Pool::new(

@@ -7,6 +7,8 @@
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+use serde::Deserialize;
+
 use super::resolve::{HostResolver, ResolveError};
 
 /// Why a webhook destination was refused. Messages name the rule only.
@@ -145,7 +147,9 @@ fn is_host_name(host: &str) -> bool {
 /// matching a host that ends with `.suffix` after at least one label. The
 /// match is case-insensitive on the host name alone; one trailing dot on
 /// either side is ignored.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Deserialized from its text, so `allowed_domains` is checked at load.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
 pub enum DomainPattern {
     Exact(String),
     /// The text after `*.`, lowercased.
@@ -153,9 +157,10 @@ pub enum DomainPattern {
 }
 
 impl DomainPattern {
-    pub fn parse(entry: &str) -> Result<Self, String> {
+    /// The error names the rule, not the entry.
+    pub fn parse(entry: &str) -> Result<Self, &'static str> {
         if entry.is_empty() {
-            return Err("allowed_domains entry is empty".to_owned());
+            return Err("must not be empty");
         }
         let lower = entry.to_ascii_lowercase();
         let (wildcard, name) = match lower.strip_prefix("*.") {
@@ -163,7 +168,7 @@ impl DomainPattern {
             None => (false, lower.as_str()),
         };
         if !is_host_name(name) {
-            return Err("allowed_domains entry must be a host name or *. followed by a host name".to_owned());
+            return Err("must be a host name or *. followed by a host name");
         }
         let name = name.strip_suffix('.').unwrap_or(name).to_owned();
         Ok(if wildcard { Self::Wildcard(name) } else { Self::Exact(name) })
@@ -181,6 +186,14 @@ impl DomainPattern {
                 !prefix.is_empty() && prefix.split('.').all(|label| !label.is_empty())
             }
         }
+    }
+}
+
+impl TryFrom<String> for DomainPattern {
+    type Error = &'static str;
+
+    fn try_from(entry: String) -> Result<Self, Self::Error> {
+        Self::parse(&entry)
     }
 }
 

@@ -1,17 +1,18 @@
 use std::net::SocketAddr;
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
 
 use serde::Deserialize;
 
 use super::safety::DomainPattern;
-use crate::channel::settings::{check_pool, default_max_in_flight};
+use crate::channel::settings::{Connections, default_max_in_flight};
 
 /// Default number of independent connection pools to one receiver: an HTTP/2
 /// receiver gets up to this many connections, so its per-connection stream
 /// limit (often 100 or 200) does not cap the engine's concurrency to it.
-pub const DEFAULT_CONNECTIONS: usize = 4;
+pub const DEFAULT_CONNECTIONS: Connections = Connections::new(4).unwrap();
 
-fn default_connections() -> usize {
+fn default_connections() -> Connections {
     DEFAULT_CONNECTIONS
 }
 
@@ -21,7 +22,7 @@ fn default_connections() -> usize {
 #[serde(default, deny_unknown_fields)]
 pub struct HttpSettings {
     /// When not empty, a webhook host must match an entry (`host` or `*.suffix`).
-    pub allowed_domains: Vec<String>,
+    pub allowed_domains: Vec<DomainPattern>,
     /// Development and test only: allow private, loopback and other blocked addresses.
     pub allow_private_addresses: bool,
     /// DNS servers for webhook hosts; empty means the system configuration.
@@ -29,10 +30,10 @@ pub struct HttpSettings {
     /// Extra PEM CA certificates trusted for webhook TLS, besides the system roots.
     pub extra_ca_files: Vec<PathBuf>,
     /// Most webhook requests in flight at once; further sends wait. Default 1000.
-    pub max_in_flight: usize,
+    pub max_in_flight: NonZeroUsize,
     /// Connection pools used round-robin (each holds one HTTP/2 connection
     /// per receiver host). Default 4.
-    pub connections: usize,
+    pub connections: Connections,
     /// Requests per second across all receivers; 0 (the default) = no limit.
     pub rate_limit_per_second: u32,
 }
@@ -51,29 +52,27 @@ impl Default for HttpSettings {
     }
 }
 
-impl HttpSettings {
-    /// Static checks; the error starts with the bad key's name.
-    pub fn validate(&self) -> Result<(), String> {
-        for d in &self.allowed_domains {
-            DomainPattern::parse(d).map_err(|e| format!("allowed_domains: {e}"))?;
-        }
-        check_pool(self.max_in_flight, self.connections)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn parse(json: serde_json::Value) -> Result<HttpSettings, String> {
+        serde_json::from_value(json).map_err(|e| e.to_string())
+    }
+
     #[test]
-    fn defaults_and_validation() {
-        let s: HttpSettings = serde_json::from_value(serde_json::json!({})).unwrap();
+    fn defaults_and_rules() {
+        let s = parse(serde_json::json!({})).unwrap();
         assert!(s.allowed_domains.is_empty() && !s.allow_private_addresses && s.dns_servers.is_empty());
-        assert_eq!((s.max_in_flight, s.connections, s.rate_limit_per_second), (1000, 4, 0));
-        s.validate().unwrap();
-        let bad = HttpSettings { allowed_domains: vec!["*.".into()], ..s.clone() };
-        assert!(bad.validate().unwrap_err().starts_with("allowed_domains"));
-        let bad = HttpSettings { max_in_flight: 0, ..s };
-        assert!(bad.validate().unwrap_err().starts_with("max_in_flight"));
+        assert_eq!((s.max_in_flight.get(), s.connections.get(), s.rate_limit_per_second), (1000, 4, 0));
+        let s = parse(serde_json::json!({"allowed_domains": ["Hooks.Example.com", "*.example.net"]})).unwrap();
+        assert_eq!(
+            s.allowed_domains,
+            [DomainPattern::Exact("hooks.example.com".into()), DomainPattern::Wildcard("example.net".into())]
+        );
+        let err = parse(serde_json::json!({"allowed_domains": ["*."]})).unwrap_err();
+        assert!(err.contains("must be a host name or *. followed by a host name"), "{err}");
+        let err = parse(serde_json::json!({"max_in_flight": 0})).unwrap_err();
+        assert!(err.contains("nonzero"), "{err}");
     }
 }

@@ -3,7 +3,7 @@
 use scylla::client::session::Session;
 use scylla::statement::Statement;
 
-use super::be;
+use super::{Keyspace, be};
 use crate::store::StoreError;
 
 /// Every schema version this binary knows, in order. Each file's statements
@@ -20,19 +20,14 @@ pub(super) fn latest() -> i32 {
 }
 
 /// A keyspace name CQL accepts unquoted: a letter, then letters, digits or
-/// `_`, at most 48 characters.
-pub(super) fn check_keyspace(name: &str) -> Result<(), StoreError> {
+/// `_`, at most 48 characters. It is pasted into statements, so `Keyspace`
+/// (the only way to name one) is built through this check.
+pub(super) fn check_keyspace(name: &str) -> Result<(), &'static str> {
     let mut chars = name.chars();
     let ok = name.len() <= 48
         && chars.next().is_some_and(|c| c.is_ascii_alphabetic())
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
-    if ok {
-        Ok(())
-    } else {
-        Err(StoreError::Backend(
-            "store.scylla.keyspace must be a letter followed by at most 47 letters, digits or '_'".into(),
-        ))
-    }
+    if ok { Ok(()) } else { Err("must be a letter followed by at most 47 letters, digits or '_'") }
 }
 
 /// The replication map is operator configuration pasted into CREATE KEYSPACE:
@@ -114,8 +109,8 @@ async fn applied_versions(session: &Session, keyspace: &str) -> Result<Vec<i32>,
 
 /// Applies every migration not yet recorded, in order. Returns the schema
 /// version now in place.
-pub(super) async fn migrate(session: &Session, keyspace: &str, replication: &str) -> Result<i32, StoreError> {
-    check_keyspace(keyspace)?;
+pub(super) async fn migrate(session: &Session, keyspace: &Keyspace, replication: &str) -> Result<i32, StoreError> {
+    let keyspace = keyspace.as_str();
     check_replication(replication)?;
     let applied = applied_versions(session, keyspace).await?;
     refuse_newer(&applied)?;
@@ -143,8 +138,8 @@ pub(super) async fn migrate(session: &Session, keyspace: &str, replication: &str
 }
 
 /// Without `migrate`, the schema must already be exactly the one this binary knows.
-pub(super) async fn check(session: &Session, keyspace: &str) -> Result<(), StoreError> {
-    check_keyspace(keyspace)?;
+pub(super) async fn check(session: &Session, keyspace: &Keyspace) -> Result<(), StoreError> {
+    let keyspace = keyspace.as_str();
     let applied = applied_versions(session, keyspace).await?;
     refuse_newer(&applied)?;
     match applied.last() {

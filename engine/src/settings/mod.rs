@@ -1,0 +1,119 @@
+//! Engine settings, the root of `[engine]`: it composes each component's own
+//! settings (kept beside the component) and re-exports them. `fanout-api` reads
+//! them from the TOML file and environment
+//! (see `fanout.example.toml`, which documents every key with its default).
+//!
+//! Every rule on a value lives in its type (`NonZero*`, `Duration` through
+//! [`duration`], `Connections`, `HttpsBase`, ...), so settings that
+//! deserialized are valid: there is no separate validation pass.
+
+pub mod duration;
+
+use std::num::{NonZeroU16, NonZeroU32};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+pub use crate::channel::ChannelSettings;
+pub use crate::delivery::DeliverySettings;
+pub use crate::dispatch::DispatchSettings;
+pub use crate::ownership::LeaseSettings;
+pub use crate::retention::{RetentionInterval, RetentionSettings};
+
+/// Default number of topic shards. Fixed per deployment: the store records it.
+pub const DEFAULT_SHARD_COUNT: NonZeroU16 = NonZeroU16::new(256).unwrap();
+/// PUSH-226 default: 30 days.
+pub const DEFAULT_RECIPIENT_TTL: Duration = Duration::from_secs(2_592_000);
+/// PUSH-217 default.
+pub const DEFAULT_MAX_PUSH_TOPICS: u64 = 100_000;
+/// Section 7 default.
+pub const DEFAULT_MAX_ATTEMPTS: NonZeroU32 = NonZeroU32::new(3).unwrap();
+/// Section 7: every attempt, credential fetches included, is bounded to 10 s.
+pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EngineSettings {
+    pub shard_count: NonZeroU16,
+    /// PUSH-226: recipients not renewed for this long are deleted.
+    #[serde(rename = "recipient_ttl_seconds", deserialize_with = "duration::seconds")]
+    pub recipient_ttl: Duration,
+    pub max_push_topics: u64,
+    pub max_attempts: NonZeroU32,
+    pub dispatch: DispatchSettings,
+    pub delivery: DeliverySettings,
+    pub retention: RetentionSettings,
+    /// Shard leases when several nodes share a ScyllaDB store (issue 7).
+    pub lease: LeaseSettings,
+    pub channels: ChannelSettings,
+}
+
+impl Default for EngineSettings {
+    fn default() -> Self {
+        Self {
+            shard_count: DEFAULT_SHARD_COUNT,
+            recipient_ttl: DEFAULT_RECIPIENT_TTL,
+            max_push_topics: DEFAULT_MAX_PUSH_TOPICS,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            dispatch: DispatchSettings::default(),
+            delivery: DeliverySettings::default(),
+            retention: RetentionSettings::default(),
+            lease: LeaseSettings::default(),
+            channels: ChannelSettings::https_only(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(json: serde_json::Value) -> Result<EngineSettings, String> {
+        serde_json::from_value(json).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn an_empty_table_gives_the_defaults() {
+        let s = parse(serde_json::json!({})).unwrap();
+        assert_eq!((s.shard_count.get(), s.max_push_topics, s.max_attempts.get()), (256, 100_000, 3));
+        assert_eq!(s.recipient_ttl, Duration::from_secs(2_592_000));
+        assert_eq!(s.dispatch.window_timeout, Duration::from_secs(120));
+        assert_eq!(s.dispatch.poll_interval, Duration::from_millis(1000));
+        assert_eq!(s.delivery.workers.get(), 8);
+        assert_eq!(s.retention.interval.get(), Duration::from_secs(3600));
+        assert_eq!(s.lease.ttl, Duration::from_secs(10));
+        assert!(s.channels.http.is_some() && s.channels.apns.is_none());
+    }
+
+    #[test]
+    fn durations_keep_their_integer_keys() {
+        let s = parse(serde_json::json!({"recipient_ttl_seconds": 100,
+            "dispatch": {"window_timeout_seconds": 5, "poll_interval_ms": 250},
+            "retention": {"interval_seconds": 60}, "lease": {"ttl_seconds": 30}}))
+        .unwrap();
+        assert_eq!(s.recipient_ttl, Duration::from_secs(100));
+        assert_eq!(s.dispatch.window_timeout, Duration::from_secs(5));
+        assert_eq!(s.dispatch.poll_interval, Duration::from_millis(250));
+        assert_eq!(s.retention.interval.get(), Duration::from_secs(60));
+        assert_eq!(s.lease.ttl, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn values_that_break_a_rule_do_not_deserialize() {
+        let refused = |json: serde_json::Value, rule: &str| {
+            let err = parse(json.clone()).unwrap_err();
+            assert!(err.contains(rule), "{json}: {err}");
+        };
+        refused(serde_json::json!({"shard_count": 0}), "nonzero");
+        refused(serde_json::json!({"max_attempts": 0}), "nonzero");
+        refused(serde_json::json!({"recipient_ttl_seconds": 0}), "positive number of seconds");
+        refused(serde_json::json!({"dispatch": {"window_envelopes": 0}}), "nonzero");
+        refused(serde_json::json!({"dispatch": {"poll_interval_ms": 0}}), "positive number of milliseconds");
+        refused(serde_json::json!({"delivery": {"max_retrying_per_worker": 0}}), "nonzero");
+        refused(serde_json::json!({"retention": {"interval_seconds": 0}}), "between 1 and 3600");
+        refused(serde_json::json!({"retention": {"interval_seconds": 3601}}), "between 1 and 3600");
+        refused(serde_json::json!({"lease": {"ttl_seconds": 0}}), "positive number of seconds");
+        refused(serde_json::json!({"channels": {"http": {"connections": 0}}}), "between 1 and 64");
+        refused(serde_json::json!({"dispatch": {"window_envelope": 1}}), "unknown field `window_envelope`");
+    }
+}

@@ -1,0 +1,106 @@
+//! `[store.scylla]` and the types that carry its rules.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::schema::check_keyspace;
+use crate::settings::duration;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ScyllaSettings {
+    /// Contact points, "host:port". The driver discovers the rest of the cluster.
+    pub nodes: Nodes,
+    pub keyspace: Keyspace,
+    /// The CQL replication map used when the keyspace is created.
+    pub replication: String,
+    /// Apply the CQL schema at start-up (else `fanout migrate` must have).
+    pub migrate: bool,
+    /// Client-side bound on every request.
+    #[serde(rename = "request_timeout_ms", deserialize_with = "duration::millis")]
+    pub request_timeout: Duration,
+}
+
+impl Default for ScyllaSettings {
+    fn default() -> Self {
+        Self {
+            nodes: Nodes(vec!["127.0.0.1:9042".into()]),
+            keyspace: Keyspace("fanout".into()),
+            replication: "{'class': 'SimpleStrategy', 'replication_factor': 1}".into(),
+            migrate: false,
+            request_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// `nodes`: at least one contact point.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "Vec<String>")]
+pub struct Nodes(Vec<String>);
+
+impl Nodes {
+    pub fn as_slice(&self) -> &[String] {
+        &self.0
+    }
+}
+
+impl TryFrom<Vec<String>> for Nodes {
+    type Error = &'static str;
+
+    fn try_from(nodes: Vec<String>) -> Result<Self, Self::Error> {
+        if nodes.is_empty() { Err("must name at least one \"host:port\"") } else { Ok(Self(nodes)) }
+    }
+}
+
+/// `keyspace`: a name CQL accepts unquoted (`schema::check_keyspace`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub struct Keyspace(String);
+
+impl Keyspace {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for Keyspace {
+    type Error = &'static str;
+
+    fn try_from(name: String) -> Result<Self, Self::Error> {
+        check_keyspace(&name)?;
+        Ok(Self(name))
+    }
+}
+
+impl fmt::Display for Keyspace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(json: serde_json::Value) -> Result<ScyllaSettings, String> {
+        serde_json::from_value(json).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn defaults_and_rules() {
+        let s = parse(serde_json::json!({})).unwrap();
+        assert_eq!((s.nodes.as_slice(), s.keyspace.as_str()), (&["127.0.0.1:9042".to_owned()][..], "fanout"));
+        assert_eq!(s.request_timeout, Duration::from_millis(10_000));
+        let s = parse(serde_json::json!({"keyspace": "prod_1", "request_timeout_ms": 250})).unwrap();
+        assert_eq!((s.keyspace.to_string(), s.request_timeout), ("prod_1".to_owned(), Duration::from_millis(250)));
+
+        let err = parse(serde_json::json!({"keyspace": "bad-name"})).unwrap_err();
+        assert!(err.contains("must be a letter followed by"), "{err}");
+        let err = parse(serde_json::json!({"nodes": []})).unwrap_err();
+        assert!(err.contains("must name at least one"), "{err}");
+        let err = parse(serde_json::json!({"request_timeout_ms": 0})).unwrap_err();
+        assert!(err.contains("positive number of milliseconds"), "{err}");
+    }
+}
