@@ -1,7 +1,10 @@
-//! Configuration, layered: defaults → TOML file → environment, validated once.
+//! Configuration, layered: defaults → TOML file → environment, then one
+//! deserialization into types that carry every rule (no validation pass after).
 //! Environment overrides use `FANOUT__` and `__` between keys, e.g.
 //! `FANOUT__ENGINE__MAX_PUSH_TOPICS=5000` or `FANOUT__SERVER__GRPC_LISTEN=0.0.0.0:50051`.
+//! A bad value is reported with the dotted path of its key (`serde_path_to_error`).
 
+use std::fmt;
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
@@ -130,34 +133,106 @@ impl Default for LogSettings {
 }
 
 impl Config {
-    /// Reads the file (if any), applies the environment, deserializes and validates.
-    pub fn load(file: Option<&Path>) -> anyhow::Result<Self> {
-        let mut root = match file {
-            Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| anyhow::anyhow!("cannot read config file {}: {e}", path.display()))?;
-                text.parse::<toml::Table>()
-                    .map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))?
-            }
+    /// Reads the file (if any), applies the environment and deserializes.
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        let root = match file {
+            Some(path) => read_file(path)?,
             None => toml::Table::new(),
         };
-        for (name, value) in std::env::vars() {
+        Self::layer(root, std::env::vars())
+    }
+
+    /// Applies the `FANOUT__` variables of `env` over `root`, then
+    /// deserializes the result once.
+    fn layer(mut root: toml::Table, env: impl IntoIterator<Item = (String, String)>) -> Result<Self, ConfigError> {
+        let mut overrides = Vec::new();
+        for (name, value) in env {
             if let Some(path) = name.strip_prefix(ENV_PREFIX) {
-                apply_env(&mut root, path, &value)?;
+                overrides.push(apply_env(&mut root, path, &value)?);
             }
         }
-        toml::Value::Table(root)
-            .try_into()
-            .map_err(|e: toml::de::Error| anyhow::anyhow!("invalid configuration: {e}"))
+        serde_path_to_error::deserialize(toml::Value::Table(root))
+            .map_err(|e| ConfigError::Invalid(Invalid::new(e, &overrides)))
+    }
+}
+
+/// Why the configuration cannot be used. Every message names the file, the
+/// variable or the key at fault and the rule, never a configured value.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {}: {error}", path.display())]
+    Read { path: PathBuf, error: std::io::Error },
+    #[error("config file {}: {error}", path.display())]
+    Syntax { path: PathBuf, error: toml::de::Error },
+    #[error("environment variable {variable}: {reason}")]
+    Environment { variable: String, reason: String },
+    #[error("invalid configuration: {0}")]
+    Invalid(Invalid),
+}
+
+/// A value that does not deserialize into its key's type.
+#[derive(Debug)]
+pub struct Invalid {
+    /// The dotted path, e.g. `engine.channels.apns.key_id`; empty for the
+    /// top-level table.
+    pub key: String,
+    /// The rule it breaks, as the type's deserializer words it.
+    pub message: String,
+    /// The `FANOUT__` variable that set the key, when one did.
+    pub variable: Option<String>,
+}
+
+impl Invalid {
+    fn new(error: serde_path_to_error::Error<toml::de::Error>, overrides: &[EnvOverride]) -> Self {
+        let path = error.path();
+        let key = if path.iter().next().is_none() { String::new() } else { path.to_string() };
+        let variable = overrides.iter().find(|o| o.covers(&key)).map(|o| o.variable.clone());
+        Self { key, message: error.into_inner().message().trim_end().to_owned(), variable }
+    }
+}
+
+impl fmt::Display for Invalid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if !self.key.is_empty() {
+            f.write_str(&self.key)?;
+            if let Some(variable) = &self.variable {
+                write!(f, " (set by {variable})")?;
+            }
+            f.write_str(": ")?;
+        }
+        f.write_str(&self.message)
+    }
+}
+
+fn read_file(path: &Path) -> Result<toml::Table, ConfigError> {
+    let text =
+        std::fs::read_to_string(path).map_err(|error| ConfigError::Read { path: path.to_owned(), error })?;
+    text.parse::<toml::Table>().map_err(|error| ConfigError::Syntax { path: path.to_owned(), error })
+}
+
+/// Which key one `FANOUT__` variable set, to name the variable in an error.
+struct EnvOverride {
+    /// Dotted, as `serde_path_to_error` prints paths.
+    key: String,
+    variable: String,
+}
+
+impl EnvOverride {
+    /// True when an error at `key` is about this override's value (the key
+    /// itself or an element of it, e.g. `allowed_domains[0]`).
+    fn covers(&self, key: &str) -> bool {
+        key.strip_prefix(self.key.as_str()).is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '[']))
     }
 }
 
 /// Sets `a__b__c` in the table; the value is read as a TOML value when it
 /// parses as one (numbers, booleans, arrays), else as a string.
-fn apply_env(root: &mut toml::Table, path: &str, raw: &str) -> anyhow::Result<()> {
+fn apply_env(root: &mut toml::Table, path: &str, raw: &str) -> Result<EnvOverride, ConfigError> {
+    let variable = format!("{ENV_PREFIX}{path}");
+    let refuse = |reason: String| ConfigError::Environment { variable: variable.clone(), reason };
     let keys: Vec<String> = path.split("__").map(|k| k.to_ascii_lowercase()).collect();
     if keys.iter().any(String::is_empty) {
-        anyhow::bail!("environment variable {ENV_PREFIX}{path} names an empty key");
+        return Err(refuse("names an empty key".into()));
     }
     let value = format!("v = {raw}")
         .parse::<toml::Table>()
@@ -168,76 +243,180 @@ fn apply_env(root: &mut toml::Table, path: &str, raw: &str) -> anyhow::Result<()
     let mut table = root;
     for key in parents {
         let entry = table.entry(key.clone()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
-        table = entry
-            .as_table_mut()
-            .ok_or_else(|| anyhow::anyhow!("environment variable {ENV_PREFIX}{path}: `{key}` is not a table"))?;
+        table = entry.as_table_mut().ok_or_else(|| refuse(format!("`{key}` is not a table")))?;
     }
     table.insert(last.clone(), value);
-    Ok(())
+    Ok(EnvOverride { key: keys.join("."), variable })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn layer(toml: &str, env: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+        Config::layer(toml.parse().unwrap(), env)
+    }
+
+    fn error(toml: &str, env: &[(&str, &str)]) -> String {
+        layer(toml, env).unwrap_err().to_string()
+    }
+
     #[test]
     fn defaults_need_no_file() {
-        let c: Config = toml::Value::Table(toml::Table::new()).try_into().unwrap();
+        let c = layer("", &[]).unwrap();
         assert!(c.engine.channels.http.is_some(), "HTTPS channel on by default");
         assert!(!c.engine.channels.http.unwrap().allow_private_addresses);
         assert_eq!(c.engine.max_push_topics, 100_000);
+        assert_eq!((c.server.drain_timeout, c.store.cache_size_mb.get()), (Duration::from_secs(20), 1024));
     }
 
     #[test]
     fn env_overrides_nested_keys() {
-        let mut t = "[engine]\nmax_push_topics = 7".parse::<toml::Table>().unwrap();
-        apply_env(&mut t, "ENGINE__MAX_PUSH_TOPICS", "9").unwrap();
-        apply_env(&mut t, "ENGINE__CHANNELS__HTTP__ALLOW_PRIVATE_ADDRESSES", "true").unwrap();
-        apply_env(&mut t, "STORE__PATH", "/tmp/x y").unwrap();
-        let c: Config = toml::Value::Table(t).try_into().unwrap();
+        let c = layer(
+            "[engine]\nmax_push_topics = 7",
+            &[
+                ("FANOUT__ENGINE__MAX_PUSH_TOPICS", "9"),
+                ("FANOUT__ENGINE__CHANNELS__HTTP__ALLOW_PRIVATE_ADDRESSES", "true"),
+                ("FANOUT__STORE__PATH", "/tmp/x y"),
+                ("FANOUT_CONFIG", "not an override"),
+            ],
+        )
+        .unwrap();
         assert_eq!(c.engine.max_push_topics, 9);
         assert!(c.engine.channels.http.unwrap().allow_private_addresses);
         assert_eq!(c.store.path, PathBuf::from("/tmp/x y"));
     }
 
     #[test]
+    fn durations_parse_from_the_existing_integer_keys() {
+        let c = layer(
+            "[server]\ndrain_timeout_seconds = 30\n\
+             [engine]\nrecipient_ttl_seconds = 100\n\
+             [engine.dispatch]\npoll_interval_ms = 250\nwindow_timeout_seconds = 120\n\
+             [engine.retention]\ninterval_seconds = 60\n\
+             [store.scylla]\nrequest_timeout_ms = 1500",
+            &[("FANOUT__ENGINE__LEASE__TTL_SECONDS", "12")],
+        )
+        .unwrap();
+        assert_eq!(c.server.drain_timeout, Duration::from_secs(30));
+        assert_eq!(c.engine.recipient_ttl, Duration::from_secs(100));
+        assert_eq!(c.engine.dispatch.poll_interval, Duration::from_millis(250));
+        assert_eq!(c.engine.dispatch.window_timeout, Duration::from_secs(120));
+        assert_eq!(c.engine.retention.interval.get(), Duration::from_secs(60));
+        assert_eq!(c.engine.lease.ttl, Duration::from_secs(12));
+        assert_eq!(c.store.scylla.request_timeout, Duration::from_millis(1500));
+        let err = error("[server]\ndrain_timeout_seconds = 0", &[]);
+        assert!(err.starts_with("invalid configuration: server.drain_timeout_seconds: "), "{err}");
+    }
+
+    #[test]
+    fn errors_name_the_dotted_path_of_a_nested_key() {
+        let apns = "[engine.channels.apns]\nkey_file = \"/k.p8\"\nkey_id = \"KEY1234567\"\n\
+                    team_id = \"TEAM123456\"\nbundle_id = \"com.example.app\"\nenvironment = \"sandbox\"\n";
+        layer(apns, &[]).unwrap();
+        let err = error(&format!("{apns}sandbox_url = \"http://user:secret@mock.test/\""), &[]);
+        assert_eq!(err, "invalid configuration: engine.channels.apns.sandbox_url: must be an https URL");
+        let err = error(&apns.replace("KEY1234567", "KEY 123"), &[]);
+        assert_eq!(err, "invalid configuration: engine.channels.apns.key_id: must be printable ASCII without spaces");
+
+        let err = error("[engine.dispatch]\nwindow_envelopes = 0", &[]);
+        assert!(err.starts_with("invalid configuration: engine.dispatch.window_envelopes: "), "{err}");
+        assert!(err.contains("nonzero"), "{err}");
+
+        let err = error("[store]\nbackend = \"scylla\"\n[store.scylla]\nkeyspace = \"bad-name\"", &[]);
+        assert!(err.starts_with("invalid configuration: store.scylla.keyspace: must be a letter"), "{err}");
+
+        let err = error("[engine.channels.http]\nallowed_domains = [\"ok.example\", \"*.\"]", &[]);
+        assert!(err.starts_with("invalid configuration: engine.channels.http.allowed_domains[1]: "), "{err}");
+
+        let err = error("[engine.retention]\ninterval_seconds = 7200", &[]);
+        assert!(err.contains("engine.retention.interval_seconds: must be between 1 and 3600"), "{err}");
+        let err = error("[engine.channels.fcm]\nservice_account_file = \"/sa.json\"\nconnections = 65", &[]);
+        assert!(err.contains("engine.channels.fcm.connections: must be between 1 and 64"), "{err}");
+        assert!(!error("[store]\ncache_size_mb = 0", &[]).contains("(set by"), "no variable set it");
+    }
+
+    #[test]
+    fn an_env_override_with_a_bad_value_names_its_key_and_variable() {
+        let err = error("", &[("FANOUT__ENGINE__DISPATCH__WINDOW_ENVELOPES", "0")]);
+        assert!(
+            err.starts_with(
+                "invalid configuration: engine.dispatch.window_envelopes \
+                 (set by FANOUT__ENGINE__DISPATCH__WINDOW_ENVELOPES): "
+            ),
+            "{err}"
+        );
+        let err = error("", &[("FANOUT__ENGINE__CHANNELS__HTTP__ALLOWED_DOMAINS", r#"["*."]"#)]);
+        assert!(err.contains("allowed_domains[0] (set by FANOUT__ENGINE__CHANNELS__HTTP__ALLOWED_DOMAINS)"), "{err}");
+        let err = error("", &[("FANOUT__STORE__SCYLLA__NODES", "[]")]);
+        assert!(err.contains("store.scylla.nodes (set by FANOUT__STORE__SCYLLA__NODES): must name at least one"));
+        let err = error("", &[("FANOUT__ENGINE__MAX_PUSH_TOPICS__X", "1")]);
+        assert!(err.starts_with("invalid configuration: engine.max_push_topics"), "{err}");
+        let err = error("[engine]\nmax_push_topics = 1", &[("FANOUT__ENGINE__MAX_PUSH_TOPICS__X", "1")]);
+        assert_eq!(err, "environment variable FANOUT__ENGINE__MAX_PUSH_TOPICS__X: `max_push_topics` is not a table");
+        let err = error("", &[("FANOUT__ENGINE____SHARD_COUNT", "1")]);
+        assert_eq!(err, "environment variable FANOUT__ENGINE____SHARD_COUNT: names an empty key");
+    }
+
+    #[test]
     fn log_colour_only_on_a_terminal_by_default() {
-        let c: Config = toml::Value::Table(toml::Table::new()).try_into().unwrap();
+        let c = layer("", &[]).unwrap();
         assert_eq!(c.log.color, LogColor::Auto);
         assert!(LogColor::Auto.enabled(true) && !LogColor::Auto.enabled(false));
         assert!(LogColor::Always.enabled(false) && !LogColor::Never.enabled(true));
-        let t = "[log]\ncolor = \"never\"".parse::<toml::Table>().unwrap();
-        let c: Config = toml::Value::Table(t).try_into().unwrap();
-        assert_eq!(c.log.color, LogColor::Never);
+        assert_eq!(layer("[log]\ncolor = \"never\"", &[]).unwrap().log.color, LogColor::Never);
     }
 
     #[test]
     fn unknown_keys_are_named() {
-        let t = "[engine]\nmax_push_topic = 7".parse::<toml::Table>().unwrap();
-        let err = toml::Value::Table(t).try_into::<Config>().unwrap_err().to_string();
-        assert!(err.contains("max_push_topic"), "{err}");
+        let err = error("[engine]\nmax_push_topic = 7", &[]);
+        assert!(err.starts_with("invalid configuration: engine.max_push_topic: unknown field"), "{err}");
+        let err = error("[engine.dispatch]\nwindow_envelope = 7", &[]);
+        assert!(err.starts_with("invalid configuration: engine.dispatch.window_envelope: unknown field"), "{err}");
+        let err = error("[servr]", &[]);
+        assert!(err.starts_with("invalid configuration: servr: unknown field `servr`"), "{err}");
+        let err = error("", &[("FANOUT__ENGINE__MAX_PUSH_TOPIC", "7")]);
+        assert!(err.contains("engine.max_push_topic (set by FANOUT__ENGINE__MAX_PUSH_TOPIC): unknown field"), "{err}");
     }
 
     #[test]
     fn scylla_settings_and_overrides() {
-        let mut t = "[store]\nbackend = \"scylla\"\n[store.scylla]\nkeyspace = \"prod\"".parse::<toml::Table>().unwrap();
-        apply_env(&mut t, "STORE__SCYLLA__NODES", r#"["10.0.0.1:9042", "10.0.0.2:9042"]"#).unwrap();
-        apply_env(&mut t, "STORE__SCYLLA__MIGRATE", "true").unwrap();
-        let c: Config = toml::Value::Table(t).try_into().unwrap();
+        let c = layer(
+            "[store]\nbackend = \"scylla\"\n[store.scylla]\nkeyspace = \"prod\"",
+            &[
+                ("FANOUT__STORE__SCYLLA__NODES", r#"["10.0.0.1:9042", "10.0.0.2:9042"]"#),
+                ("FANOUT__STORE__SCYLLA__MIGRATE", "true"),
+            ],
+        )
+        .unwrap();
         assert!(matches!(c.store.backend, StoreBackend::Scylla));
         let s = &c.store.scylla;
         assert_eq!(s.nodes.as_slice(), ["10.0.0.1:9042", "10.0.0.2:9042"]);
         assert_eq!((s.keyspace.as_str(), s.migrate, s.request_timeout), ("prod", true, Duration::from_secs(10)));
         assert_eq!(s.replication, "{'class': 'SimpleStrategy', 'replication_factor': 1}");
-
-        let t = "[store]\nbackend = \"scylla\"\n[store.scylla]\nkeyspace = \"bad-name\"".parse::<toml::Table>().unwrap();
-        let err = toml::Value::Table(t).try_into::<Config>().unwrap_err().to_string();
-        assert!(err.contains("must be a letter"), "{err}");
     }
 
     #[test]
-    fn example_file_parses() {
-        let text = include_str!("../../fanout.example.toml");
-        let _: Config = toml::Value::Table(text.parse().unwrap()).try_into().unwrap();
+    fn shipped_files_load() {
+        for text in [
+            include_str!("../../fanout.example.toml"),
+            include_str!("../../deploy/fanout.toml"),
+            include_str!("../../deploy/compose/fanout.toml"),
+        ] {
+            layer(text, &[]).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_file_that_cannot_be_read_or_parsed_is_named() {
+        let missing = std::env::temp_dir().join(format!("fanout-missing-{}.toml", std::process::id()));
+        let err = Config::load(Some(&missing)).unwrap_err().to_string();
+        assert!(err.starts_with(&format!("cannot read config file {}: ", missing.display())), "{err}");
+        let broken = std::env::temp_dir().join(format!("fanout-broken-{}.toml", std::process::id()));
+        std::fs::write(&broken, "[engine\n").unwrap();
+        let err = Config::load(Some(&broken)).unwrap_err().to_string();
+        std::fs::remove_file(&broken).unwrap();
+        assert!(err.starts_with(&format!("config file {}: ", broken.display())), "{err}");
     }
 }

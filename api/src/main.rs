@@ -42,7 +42,8 @@ enum Command {
         #[arg(long, env = "FANOUT_CONFIG")]
         config: Option<PathBuf>,
     },
-    /// Load and validate the configuration, then exit.
+    /// Load the configuration (file, then FANOUT__ variables) and exit: 0 when
+    /// it is valid, 1 with the error naming the key otherwise.
     CheckConfig {
         #[arg(long, env = "FANOUT_CONFIG")]
         config: Option<PathBuf>,
@@ -52,11 +53,18 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Command::CheckConfig { config } => {
-            Config::load(config.as_deref())?;
-            println!("configuration is valid");
-            Ok(())
-        }
+        Command::CheckConfig { config } => match Config::load(config.as_deref()) {
+            Ok(_) => {
+                println!("configuration is valid");
+                Ok(())
+            }
+            // The error alone, one line naming the key and the rule: CI and
+            // the systemd unit show it as it is.
+            Err(e) => {
+                eprintln!("{e}");
+                std::process::exit(1);
+            }
+        },
         Command::Migrate { config } => {
             let config = Config::load(config.as_deref())?;
             init_logging(&config);
