@@ -205,8 +205,7 @@ impl fmt::Display for Invalid {
 }
 
 fn read_file(path: &Path) -> Result<toml::Table, ConfigError> {
-    let text =
-        std::fs::read_to_string(path).map_err(|error| ConfigError::Read { path: path.to_owned(), error })?;
+    let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read { path: path.to_owned(), error })?;
     text.parse::<toml::Table>().map_err(|error| ConfigError::Syntax { path: path.to_owned(), error })
 }
 

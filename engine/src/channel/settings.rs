@@ -4,8 +4,8 @@
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
 
-use serde::de::{Deserializer, Error};
 use serde::Deserialize;
+use serde::de::{Deserializer, Error};
 
 use super::apns::ApnsSettings;
 use super::fcm::FcmSettings;

@@ -371,13 +371,11 @@ mod tests {
 
     use super::*;
     use crate::channel::{Channels, Outcome, Provider, Push};
-    use crate::delivery::{DeliveryWorkers, WorkerContext};
-    use crate::dispatch::PanicHook;
+    use crate::delivery::{DeliverySettings, DeliveryWorkers, WorkerContext};
+    use crate::dispatch::{DispatchSettings, PanicHook};
     use crate::domain::{
         Channel, DeliveryTarget, EnvelopeKind, NewEnvelope, RecipientSecret, Subscription, SubscriptionUpdate, Topic,
     };
-    use crate::delivery::DeliverySettings;
-    use crate::dispatch::DispatchSettings;
     use crate::metrics::Metrics;
     use crate::store::{RedbStore, ShardPosition, Store};
 

@@ -4,9 +4,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use crate::channel::settings::{
-    Connections, HttpsBase, default_connections, default_max_in_flight, required_path,
-};
+use crate::channel::settings::{Connections, HttpsBase, default_connections, default_max_in_flight, required_path};
 
 /// Default APNs hosts (section 7: the production or sandbox host for the
 /// configured environment).

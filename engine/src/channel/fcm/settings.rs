@@ -3,9 +3,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use crate::channel::settings::{
-    Connections, HttpsBase, default_connections, default_max_in_flight, required_path,
-};
+use crate::channel::settings::{Connections, HttpsBase, default_connections, default_max_in_flight, required_path};
 
 /// Default host of the FCM HTTP v1 API.
 pub const DEFAULT_BASE_URL: &str = "https://fcm.googleapis.com";
@@ -57,8 +55,9 @@ mod tests {
         assert_eq!((fcm.max_in_flight.get(), fcm.connections.get(), fcm.rate_limit_per_second), (1000, 2, 0));
         let err = parse(serde_json::json!({"service_account_file": "/sa.json", "project": "p"})).unwrap_err();
         assert!(err.contains("unknown field"), "{err}");
-        let err = parse(serde_json::json!({"service_account_file": "/sa.json", "base_url": "https://fcm.example/?x=1"}))
-            .unwrap_err();
+        let err =
+            parse(serde_json::json!({"service_account_file": "/sa.json", "base_url": "https://fcm.example/?x=1"}))
+                .unwrap_err();
         assert!(err.contains("must not have a query or fragment"), "{err}");
         let err = parse(serde_json::json!({"service_account_file": "/sa.json", "connections": 0})).unwrap_err();
         assert!(err.contains("must be between 1 and 64"), "{err}");
