@@ -102,10 +102,7 @@ impl Ingest {
                         woken.insert(shard);
                         (Some(shard), Ok(sequence_id))
                     }
-                    Some((Appended::SequenceNotIncreasing { last }, shard)) => {
-                        (Some(shard), Err(EnvelopeRejection::SequenceNotIncreasing { last }))
-                    }
-                    Some((Appended::SequenceRefused(refusal), shard)) => (Some(shard), Err(refusal.into())),
+                    Some((Appended::Refused(refusal), shard)) => (Some(shard), Err(refusal.into())),
                     None => (None, Err(EnvelopeRejection::Invalid("not stored"))),
                 },
             })

@@ -71,12 +71,35 @@ struct Page {
 }
 
 impl Window {
-    /// A dropped window's deliveries that have not had their first attempt
-    /// are dropped by the workers too: the next window sends them again.
+    /// A dropped window's deliveries that no worker has taken yet are dropped
+    /// by the workers too: the next window sends them again.
     fn abandon(&mut self) {
         for page in self.pages.values() {
             page.latch.abandon();
         }
+    }
+
+    /// Records page `page` and returns its deliveries, each with its place in
+    /// the page's latch.
+    fn hand_out(
+        &mut self,
+        myself: &ActorRef<ShardMsg>,
+        page: u64,
+        envelope: Arc<StoredEnvelope>,
+        recipients: Vec<Arc<Recipient>>,
+    ) -> Vec<Delivery> {
+        let window = self.id;
+        let me = myself.clone();
+        let latch = Arc::new(FirstAttemptLatch::new(recipients.len(), self.progress.clone(), move || {
+            let _ = me.cast(ShardMsg::PageDone { window, page });
+        }));
+        let batch = recipients
+            .iter()
+            .enumerate()
+            .map(|(index, r)| Delivery::new(envelope.clone(), r.clone(), FirstAttempt { latch: latch.clone(), index }))
+            .collect();
+        self.pages.insert(page, Page { envelope, recipients, latch });
+        batch
     }
 }
 
@@ -327,31 +350,6 @@ impl ShardState {
         if self.ctx.panic_hook.page_done() {
             panic!("injected shard actor panic (FANOUT_DANGEROUS_PANIC_AFTER_PAGES)");
         }
-    }
-}
-
-impl Window {
-    /// Records page `page` and returns its deliveries, each with its place in
-    /// the page's latch.
-    fn hand_out(
-        &mut self,
-        myself: &ActorRef<ShardMsg>,
-        page: u64,
-        envelope: Arc<StoredEnvelope>,
-        recipients: Vec<Arc<Recipient>>,
-    ) -> Vec<Delivery> {
-        let window = self.id;
-        let me = myself.clone();
-        let latch = Arc::new(FirstAttemptLatch::new(recipients.len(), self.progress.clone(), move || {
-            let _ = me.cast(ShardMsg::PageDone { window, page });
-        }));
-        let batch = recipients
-            .iter()
-            .enumerate()
-            .map(|(index, r)| Delivery::new(envelope.clone(), r.clone(), FirstAttempt { latch: latch.clone(), index }))
-            .collect();
-        self.pages.insert(page, Page { envelope, recipients, latch });
-        batch
     }
 }
 

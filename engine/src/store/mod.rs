@@ -58,21 +58,9 @@ pub struct ShardPosition {
 pub enum Appended {
     /// Stored (when push-eligible) under this sequence id of its shard.
     Stored { sequence_id: u64 },
-    /// A publisher-supplied id that is not above the shard's last id.
-    SequenceNotIncreasing { last: u64 },
-    /// A publisher-supplied id too far above the shard's last id, or no id
-    /// left (`domain::next_sequence_id`).
-    SequenceRefused(SequenceRefusal),
-}
-
-impl Appended {
-    /// The result for an envelope that `next_sequence_id` refused.
-    pub fn refused(refusal: SequenceRefusal) -> Self {
-        match refusal {
-            SequenceRefusal::NotIncreasing { last } => Self::SequenceNotIncreasing { last },
-            other => Self::SequenceRefused(other),
-        }
-    }
+    /// Not stored: `domain::next_sequence_id` refused its publisher-supplied
+    /// id (not increasing, too far ahead) or the shard has no id left.
+    Refused(SequenceRefusal),
 }
 
 /// One engine process among several sharing a store (issue 7): random per start.

@@ -538,7 +538,7 @@ impl Store for RedbStore {
                 let sequence_id = match next_sequence_id(row.last, e.sequence_id) {
                     Ok(id) => id,
                     Err(refusal) => {
-                        results.push(Appended::refused(refusal));
+                        results.push(Appended::Refused(refusal));
                         continue;
                     }
                 };

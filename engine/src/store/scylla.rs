@@ -593,7 +593,7 @@ impl ScyllaStore {
                 let seq = match next_sequence_id(last, e.sequence_id) {
                     Ok(id) => id,
                     Err(refusal) => {
-                        results.push((i, Appended::refused(refusal)));
+                        results.push((i, Appended::Refused(refusal)));
                         continue;
                     }
                 };

@@ -11,7 +11,7 @@ use std::future::Future;
 
 use fanout_engine::domain::{
     Channel, DeliveryTarget, EnvelopeKind, KeyWindow, NewEnvelope, RecipientId, RecipientSecret,
-    SecretHash, ShardId, SigningKey, StoredEnvelope, StoredSubscription, Subscription,
+    SecretHash, SequenceRefusal, ShardId, SigningKey, StoredEnvelope, StoredSubscription, Subscription,
     SubscriptionUpdate, Topic,
 };
 use fanout_engine::store::{
@@ -825,7 +825,7 @@ pub async fn publisher_sequence_ids<S: Store>(store: &S) {
             .append(&[e(Some(5), 50), e(Some(3), 30)], 2)
             .await
             .unwrap(),
-        vec![Appended::SequenceNotIncreasing { last: 5 }; 2]
+        vec![Appended::Refused(SequenceRefusal::NotIncreasing { last: 5 }); 2]
     );
     let r = store
         .append(
@@ -844,10 +844,10 @@ pub async fn publisher_sequence_ids<S: Store>(store: &S) {
         r,
         vec![
             Appended::Stored { sequence_id: 7 },
-            Appended::SequenceNotIncreasing { last: 7 },
+            Appended::Refused(SequenceRefusal::NotIncreasing { last: 7 }),
             Appended::Stored { sequence_id: 8 },
             Appended::Stored { sequence_id: 10 },
-            Appended::SequenceNotIncreasing { last: 10 },
+            Appended::Refused(SequenceRefusal::NotIncreasing { last: 10 }),
         ]
     );
     assert_eq!(
@@ -864,6 +864,17 @@ pub async fn publisher_sequence_ids<S: Store>(store: &S) {
         vec![5, 7, 8, 10],
         "refused ones not stored"
     );
+    // Issue 11: an id too far ahead fails alone and leaves the shard usable.
+    let far = 10 + fanout_engine::domain::MAX_SEQUENCE_GAP + 1;
+    assert_eq!(
+        store.append(&[e(Some(far), 1), e(Some(u64::MAX), 2), e(None, 11)], 4).await.unwrap(),
+        vec![
+            Appended::Refused(SequenceRefusal::TooFarAhead { last: 10 }),
+            Appended::Refused(SequenceRefusal::TooFarAhead { last: 10 }),
+            Appended::Stored { sequence_id: 11 },
+        ]
+    );
+    assert_eq!(position(store, 4).await.boundary, 11);
 }
 
 /// PUSH-219: only push-eligible envelopes are stored, but every envelope takes
