@@ -260,8 +260,12 @@ impl Pool {
         let permit = self.slot().await;
         let response = bounded(async { Ok(self.client().request(req).await?) }).await?;
         let status = response.status();
+        let body = response.into_body();
+        if hyper::body::Body::is_end_stream(&body) {
+            return Ok(status); // nothing to drain: no task for the common case
+        }
         tokio::spawn(async move {
-            let drain = Limited::new(response.into_body(), MAX_RESPONSE_BODY).collect();
+            let drain = Limited::new(body, MAX_RESPONSE_BODY).collect();
             // A body that does not finish in time is dropped with its stream.
             let _ = tokio::time::timeout(DRAIN_TIMEOUT, drain).await;
             drop(permit);
