@@ -11,15 +11,15 @@ use tokio::task::JoinHandle;
 use crate::channel::{ChannelContext, Channels};
 use crate::delivery::{DeliveryWorkers, WorkerContext};
 use crate::dispatch::{DispatchContext, PanicHook};
-use crate::ownership::{LeaseConfig, OwnedShards, ShardOwnership};
-use crate::supervisor::{Supervisor, SupervisorArgs, SupervisorMsg};
 use crate::domain::ShardId;
 use crate::ingest::Ingest;
 use crate::metrics::Metrics;
+use crate::ownership::{Fence, LeaseConfig, OwnedShards, ShardOwnership};
 use crate::registry::Registry;
 use crate::retention::RetentionArgs;
 use crate::settings::EngineSettings;
 use crate::store::{Instrumented, NodeId, Store};
+use crate::supervisor::{Supervisor, SupervisorArgs, SupervisorMsg};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -87,7 +87,11 @@ pub struct Engine {
 impl Engine {
     /// `settings` are valid by construction (their types carry the rules);
     /// what can still fail is building the channels and spawning the actors.
-    pub async fn start(settings: EngineSettings, store: Arc<dyn Store>, options: EngineOptions) -> Result<Self, EngineError> {
+    pub async fn start(
+        settings: EngineSettings,
+        store: Arc<dyn Store>,
+        options: EngineOptions,
+    ) -> Result<Self, EngineError> {
         let shard_count = settings.shard_count.get();
         let metrics = Arc::new(Metrics::new());
         let store: Arc<dyn Store> = Arc::new(Instrumented::new(store, metrics.clone()));
@@ -100,14 +104,6 @@ impl Engine {
             store: store.clone(),
             metrics: metrics.clone(),
         }));
-        let ctx = Arc::new(DispatchContext {
-            store: store.clone(),
-            workers,
-            channels: channels.clone(),
-            settings: settings.dispatch.clone(),
-            metrics: metrics.clone(),
-            panic_hook: PanicHook::new(options.dangerous_panic_after_pages),
-        });
         // Issue 7: on a coordinating store, shards are leased, not all owned.
         let (lease, ownership) = match store.clone().leases() {
             Some(leases) => {
@@ -126,6 +122,15 @@ impl Engine {
             }
             None => (None, None),
         };
+        let ctx = Arc::new(DispatchContext {
+            store: store.clone(),
+            workers,
+            channels: channels.clone(),
+            settings: settings.dispatch.clone(),
+            metrics: metrics.clone(),
+            fence: ownership.as_ref().map(|o| Fence::leased(o.owned.clone())).unwrap_or_default(),
+            panic_hook: PanicHook::new(options.dangerous_panic_after_pages),
+        });
         let args = SupervisorArgs {
             ctx,
             shards: if lease.is_some() { Vec::new() } else { (0..shard_count).map(ShardId).collect() },
@@ -137,9 +142,8 @@ impl Engine {
                 interval: settings.retention.interval,
             },
         };
-        let (supervisor, supervisor_handle) = Actor::spawn(None, Supervisor, args)
-            .await
-            .map_err(|e| EngineError::Actors(e.to_string()))?;
+        let (supervisor, supervisor_handle) =
+            Actor::spawn(None, Supervisor, args).await.map_err(|e| EngineError::Actors(e.to_string()))?;
         let registry = Arc::new(Registry {
             store: store.clone(),
             channels,

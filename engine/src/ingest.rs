@@ -8,11 +8,11 @@ use ractor::ActorRef;
 
 use crate::clock::unix_now_ns;
 
-use crate::ownership::ShardOwnership;
-use crate::supervisor::SupervisorMsg;
 use crate::domain::{EnvelopeKind, NewEnvelope, ParseError, SequenceRefusal, ShardId, Topic};
 use crate::metrics::Metrics;
+use crate::ownership::ShardOwnership;
 use crate::store::{Appended, Store, StoreError};
+use crate::supervisor::SupervisorMsg;
 
 /// An envelope as received (API-210 stand-in).
 pub struct EnvelopeInput {
@@ -84,10 +84,8 @@ impl Ingest {
         &self,
         inputs: Vec<EnvelopeInput>,
     ) -> Result<Vec<(Option<ShardId>, Result<u64, EnvelopeRejection>)>, StoreError> {
-        let parsed: Vec<Result<NewEnvelope, (Option<ShardId>, EnvelopeRejection)>> = inputs
-            .into_iter()
-            .map(|i| self.parse(i).map_err(|e| (None, EnvelopeRejection::Invalid(e.0))))
-            .collect();
+        let parsed: Vec<Result<NewEnvelope, (Option<ShardId>, EnvelopeRejection)>> =
+            inputs.into_iter().map(|i| self.parse(i).map_err(|e| (None, EnvelopeRejection::Invalid(e.0)))).collect();
         let parsed = self.redirect_unowned(parsed).await?;
         let valid: Vec<NewEnvelope> = parsed.iter().filter_map(|p| p.as_ref().ok().cloned()).collect();
         let appended = if valid.is_empty() { Vec::new() } else { self.store.append(&valid, unix_now_ns()).await? };
@@ -123,12 +121,15 @@ impl Ingest {
         parsed: Vec<Result<NewEnvelope, (Option<ShardId>, EnvelopeRejection)>>,
     ) -> Result<Vec<Result<NewEnvelope, (Option<ShardId>, EnvelopeRejection)>>, StoreError> {
         let Some(ownership) = &self.ownership else { return Ok(parsed) };
-        let owned = ownership.owned.borrow().shards.clone();
+        // Issue 11 (fencing): a shard whose local lease deadline passed is
+        // not this node's any more, whatever the lease actor last decided.
+        let owned = ownership.owned.borrow().clone();
+        let now = tokio::time::Instant::now();
         let mut owners: HashMap<ShardId, EnvelopeRejection> = HashMap::new();
         let mut out = Vec::with_capacity(parsed.len());
         for p in parsed {
             match p {
-                Ok(e) if !owned.contains(&e.shard) => {
+                Ok(e) if !owned.holds(e.shard, now) => {
                     let shard = e.shard;
                     let rejection = match owners.get(&shard) {
                         Some(r) => r.clone(),
@@ -164,7 +165,7 @@ impl Ingest {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeSet;
+    use std::collections::BTreeMap;
     use std::time::Duration;
 
     use tokio::sync::watch;
@@ -237,7 +238,10 @@ mod tests {
         assert_eq!(f.ingest.store.shard_position(shard).await.unwrap().boundary, 2);
         assert_eq!(wakes(&f).await, vec![shard]);
         let published = &f.ingest.metrics.envelopes_published;
-        assert_eq!((published.with_label_values(&["stored"]).get(), published.with_label_values(&["rejected"]).get()), (2, 2));
+        assert_eq!(
+            (published.with_label_values(&["stored"]).get(), published.with_label_values(&["rejected"]).get()),
+            (2, 2)
+        );
     }
 
     #[tokio::test]
@@ -291,7 +295,7 @@ mod tests {
     #[tokio::test]
     async fn an_unowned_shard_is_redirected_to_its_owner_or_refused() {
         let leases = Arc::new(MemoryLeases::default());
-        let (_, owned) = watch::channel(OwnedShards { shards: BTreeSet::new(), settled: true });
+        let (_, owned) = watch::channel(OwnedShards { shards: BTreeMap::new(), settled: true });
         let f = fixture(Some(ShardOwnership { owned, leases: leases.clone() })).await;
         let topic = [0u8, 7];
         let shard = Topic::parse(&topic).unwrap().shard(SHARDS);
@@ -307,5 +311,28 @@ mod tests {
         let results = f.ingest.publish(vec![input(&topic, EnvelopeKind::Application, 0)]).await.unwrap();
         assert_eq!(results[0].1, Err(EnvelopeRejection::OwnedElsewhere { shard: shard.0, address: "b:1".into() }));
         assert_eq!(f.ingest.store.shard_position(shard).await.unwrap().boundary, 0, "nothing appended");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_shard_whose_local_lease_deadline_passed_takes_no_publish() {
+        let leases = Arc::new(MemoryLeases::default());
+        let topic = [0u8, 7];
+        let shard = Topic::parse(&topic).unwrap().shard(SHARDS);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        let (tx, owned) = watch::channel(OwnedShards { shards: BTreeMap::from([(shard, deadline)]), settled: true });
+        let f = fixture(Some(ShardOwnership { owned, leases })).await;
+        let results = f.ingest.publish(vec![input(&topic, EnvelopeKind::Application, 0)]).await.unwrap();
+        assert_eq!(results[0].1, Ok(1), "held: stored");
+        // No renewal came: past the deadline the shard is fenced off.
+        tokio::time::advance(Duration::from_secs(5)).await;
+        let results = f.ingest.publish(vec![input(&topic, EnvelopeKind::Application, 0)]).await.unwrap();
+        assert_eq!(results[0].1, Err(EnvelopeRejection::NoOwner { shard: shard.0 }));
+        assert_eq!(f.ingest.store.shard_position(shard).await.unwrap().boundary, 1, "nothing appended");
+        // A late renewal moves the deadline: publishing works again.
+        tx.send_modify(|o| {
+            o.shards.insert(shard, tokio::time::Instant::now() + Duration::from_secs(5));
+        });
+        let results = f.ingest.publish(vec![input(&topic, EnvelopeKind::Application, 0)]).await.unwrap();
+        assert_eq!(results[0].1, Ok(2));
     }
 }

@@ -11,8 +11,16 @@
 //! Two owners can overlap only briefly (a lease lost while its shard actor
 //! finishes a step): both deliver from the same checkpoint, so a delivery may
 //! repeat, never be skipped.
+//!
+//! Fencing (issue 11): every owned shard carries a *local* lease deadline,
+//! counted on this node's monotonic clock from the moment the acquiring or
+//! renewing request was sent, minus a margin (see [`local_deadline`]). Ingest
+//! and dispatch check it ([`Fence`]) before every step, so a node whose lease
+//! round is late (a paused process, a slow store) stops appending to and
+//! dispatching a shard before another node can take it over; nothing waits
+//! for the lease actor to notice.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,6 +29,7 @@ use ractor::rpc::CallResult;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef};
 use serde::Deserialize;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use crate::domain::ShardId;
 use crate::store::{NodeId, ShardLeases, StoreError};
@@ -49,9 +58,42 @@ const RENEW_CONCURRENCY: usize = 16;
 /// The shards this node owns, as the lease actor last decided.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct OwnedShards {
-    pub shards: BTreeSet<ShardId>,
+    /// Each owned shard with its local lease deadline.
+    pub shards: BTreeMap<ShardId, Instant>,
     /// The lease actor has completed at least one round.
     pub settled: bool,
+}
+
+impl OwnedShards {
+    /// Owned, and its lease is surely still this node's at `now` (fencing).
+    pub fn holds(&self, shard: ShardId, now: Instant) -> bool {
+        self.shards.get(&shard).is_some_and(|deadline| now < *deadline)
+    }
+}
+
+/// Until when a lease requested at `sent` is surely still this node's. The
+/// store counts the TTL from when it received the write and in whole seconds
+/// (Cassandra truncates its clock to the second), so the row may expire up to
+/// a second before `sent + ttl`; a tenth of the TTL more covers clock-rate
+/// drift between this node and the store. Never more than half the TTL off.
+pub fn local_deadline(sent: Instant, ttl: Duration) -> Instant {
+    let margin = (Duration::from_secs(1) + ttl / 10).min(ttl / 2);
+    sent + ttl - margin
+}
+
+/// Whether this node may still append to and dispatch a shard (issue 11).
+/// With one node (no leases) every shard is always held.
+#[derive(Clone, Default)]
+pub struct Fence(Option<watch::Receiver<OwnedShards>>);
+
+impl Fence {
+    pub fn leased(owned: watch::Receiver<OwnedShards>) -> Self {
+        Self(Some(owned))
+    }
+
+    pub fn holds(&self, shard: ShardId) -> bool {
+        self.0.as_ref().is_none_or(|owned| owned.borrow().holds(shard, Instant::now()))
+    }
 }
 
 /// Who this node is and how it leases (issue 7).
@@ -137,7 +179,15 @@ impl Actor for LeaseActor {
 
 impl LeaseState {
     fn owned(&self) -> BTreeSet<ShardId> {
-        self.config.owned.borrow().shards.clone()
+        self.config.owned.borrow().shards.keys().copied().collect()
+    }
+
+    /// A lease requested at `sent` was granted: move the local deadline.
+    fn granted(&self, shard: ShardId, sent: Instant) {
+        let deadline = local_deadline(sent, self.config.ttl);
+        self.config.owned.send_modify(|o| {
+            o.shards.insert(shard, deadline);
+        });
     }
 
     async fn round(&mut self) -> Result<(), StoreError> {
@@ -150,13 +200,16 @@ impl LeaseState {
         let renewals: Vec<_> = stream::iter(self.owned())
             .map(|shard| async move {
                 let c = renew;
-                (shard, c.leases.acquire_lease(shard, &c.node, &c.address, c.ttl).await)
+                let sent = Instant::now();
+                (shard, sent, c.leases.acquire_lease(shard, &c.node, &c.address, c.ttl).await)
             })
             .buffer_unordered(RENEW_CONCURRENCY)
             .collect()
             .await;
-        for (shard, outcome) in renewals {
-            if !matches!(outcome, Ok(true)) {
+        for (shard, sent, outcome) in renewals {
+            if matches!(outcome, Ok(true)) {
+                self.granted(shard, sent);
+            } else {
                 tracing::warn!(shard = shard.0, ?outcome, "shard lease lost; stopping its dispatch");
                 self.disown(shard, false).await;
             }
@@ -176,12 +229,11 @@ impl LeaseState {
                 if taken.contains(&shard) {
                     continue;
                 }
+                let sent = Instant::now();
                 if c.leases.acquire_lease(shard, &c.node, &c.address, c.ttl).await? {
                     tracing::info!(shard = shard.0, node = %c.node, "shard lease acquired");
+                    self.granted(shard, sent);
                     let _ = self.supervisor.cast(SupervisorMsg::Own(shard));
-                    c.owned.send_modify(|o| {
-                        o.shards.insert(shard);
-                    });
                 }
             }
         }
@@ -292,5 +344,30 @@ mod tests {
         let other = NodeId("other".into());
         assert!(!leases.acquire_lease(ShardId(0), &other, "o:1", TTL).await.unwrap());
         assert_eq!(a.owned().len(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_shard_is_held_only_until_its_local_deadline_unless_renewed() {
+        let leases = Arc::new(MemoryLeases::default());
+        let mut a = node(&leases, 1).await;
+        let fence = Fence::leased(a.config.owned.subscribe());
+        a.round().await.unwrap();
+        assert!(fence.holds(ShardId(0)));
+        // The deadline is before the store's expiry: 9 s TTL, 1.9 s margin.
+        let deadline = a.config.owned.borrow().shards[&ShardId(0)];
+        assert_eq!(deadline - Instant::now(), Duration::from_millis(7100));
+        // A round every third of the TTL keeps it held.
+        for _ in 0..5 {
+            tokio::time::advance(TTL / 3).await;
+            a.round().await.unwrap();
+            assert!(fence.holds(ShardId(0)));
+        }
+        // No round (a paused process, a hung store): fenced before the lease
+        // can expire on the store and another node take the shard.
+        tokio::time::advance(Duration::from_millis(7100)).await;
+        assert!(!fence.holds(ShardId(0)));
+        let other = NodeId("other".into());
+        assert!(!leases.acquire_lease(ShardId(0), &other, "o:1", TTL).await.unwrap(), "still a's on the store");
+        assert!(Fence::default().holds(ShardId(0)), "one node: always held");
     }
 }

@@ -18,6 +18,7 @@ pub use shard::{ShardActor, ShardMsg};
 use crate::channel::Channels;
 use crate::delivery::DeliveryWorkers;
 use crate::metrics::Metrics;
+use crate::ownership::Fence;
 use crate::store::Store;
 
 /// What every shard actor shares (read-only).
@@ -27,6 +28,8 @@ pub struct DispatchContext {
     pub channels: Channels,
     pub settings: DispatchSettings,
     pub metrics: Arc<Metrics>,
+    /// Issue 11: a shard is dispatched only while this node surely holds its lease.
+    pub fence: Fence,
     /// Test hook: the first shard actor to process this many pages panics once.
     pub panic_hook: PanicHook,
 }

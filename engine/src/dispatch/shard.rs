@@ -39,6 +39,8 @@ pub struct ShardState {
     /// This shard's last contribution to the summed lag gauge.
     lag: i64,
     draining: bool,
+    /// The fence was down at the last check (logged once per episode).
+    fenced: bool,
     ticker: tokio::task::JoinHandle<()>,
 }
 
@@ -115,7 +117,17 @@ impl Actor for ShardActor {
     ) -> Result<ShardState, ActorProcessingErr> {
         let interval = ctx.settings.poll_interval;
         let ticker = spawn_ticker(myself, interval, || ShardMsg::Tick);
-        Ok(ShardState { shard, ctx, wake_pending, window: None, next_window_id: 0, lag: 0, draining: false, ticker })
+        Ok(ShardState {
+            shard,
+            ctx,
+            wake_pending,
+            window: None,
+            next_window_id: 0,
+            lag: 0,
+            draining: false,
+            fenced: false,
+            ticker,
+        })
     }
 
     async fn post_stop(&self, _: ActorRef<ShardMsg>, state: &mut ShardState) -> Result<(), ActorProcessingErr> {
@@ -139,7 +151,11 @@ impl Actor for ShardActor {
                 state.start_window(&myself).await
             }
             ShardMsg::Tick => match state.replay_if_stalled(&myself).await {
-                Ok(()) => state.start_window(&myself).await,
+                Ok(()) => {
+                    // A window paused by the fence goes on once the lease is renewed.
+                    state.queue_pump(&myself);
+                    state.start_window(&myself).await
+                }
                 Err(e) => Err(e),
             },
             ShardMsg::Pump => state.pump(&myself).await,
@@ -173,9 +189,21 @@ impl ShardState {
         }
     }
 
+    /// Issue 11 (fencing): whether this node surely still holds the shard's
+    /// lease. While it does not, no window starts, no page is produced and
+    /// nothing is re-sent; deliveries already handed to the workers finish.
+    fn fenced(&mut self) -> bool {
+        let fenced = !self.ctx.fence.holds(self.shard);
+        if fenced && !self.fenced {
+            tracing::warn!(shard = self.shard.0, "shard lease not renewed in time; dispatch paused");
+        }
+        self.fenced = fenced;
+        fenced
+    }
+
     /// Reads a window from the checkpoint up to the boundary, unless one runs.
     async fn start_window(&mut self, myself: &ActorRef<ShardMsg>) -> StepResult {
-        if self.window.is_some() || self.draining {
+        if self.window.is_some() || self.draining || self.fenced() {
             return Ok(());
         }
         let store = self.ctx.store.clone();
@@ -228,6 +256,12 @@ impl ShardState {
     /// Produces one page of deliveries for the front envelope.
     async fn pump(&mut self, myself: &ActorRef<ShardMsg>) -> StepResult {
         let ctx = self.ctx.clone();
+        if self.fenced() {
+            if let Some(w) = self.window.as_mut() {
+                w.pump_queued = false; // the next tick pumps again
+            }
+            return Ok(());
+        }
         let Some(w) = self.window.as_mut() else {
             return Ok(());
         };
@@ -305,6 +339,9 @@ impl ShardState {
     /// workers drop the old copies of those.
     async fn replay_if_stalled(&mut self, myself: &ActorRef<ShardMsg>) -> StepResult {
         let timeout = self.ctx.settings.window_timeout;
+        if self.fenced() {
+            return Ok(());
+        }
         let Some(w) = self.window.as_mut() else { return Ok(()) };
         let progress = w.progress.load(Ordering::Relaxed);
         if progress != w.seen_progress || w.pages.is_empty() {
@@ -375,6 +412,7 @@ mod tests {
         Channel, DeliveryTarget, EnvelopeKind, NewEnvelope, RecipientSecret, Subscription, SubscriptionUpdate, Topic,
     };
     use crate::metrics::Metrics;
+    use crate::ownership::{Fence, OwnedShards};
     use crate::store::{RedbStore, ShardPosition, Store};
 
     const SHARDS: u16 = 1;
@@ -430,7 +468,8 @@ mod tests {
         /// `recipients` subscribed to one topic, `envelopes` published to it,
         /// and a shard actor started with `settings`; the gate starts closed.
         async fn start(recipients: u8, envelopes: usize, settings: DispatchSettings, lose_once: usize) -> Self {
-            Self::start_with(recipients, envelopes, settings, lose_once, Duration::ZERO, DeliverySettings::default())
+            let delivery = DeliverySettings::default();
+            Self::start_with(recipients, envelopes, settings, lose_once, Duration::ZERO, delivery, Fence::default())
                 .await
         }
 
@@ -442,6 +481,7 @@ mod tests {
             lose_once: usize,
             latency: Duration,
             delivery: DeliverySettings,
+            fence: Fence,
         ) -> Self {
             let dir = tempfile::tempdir().unwrap();
             let store: Arc<dyn Store> = Arc::new(RedbStore::open(dir.path(), SHARDS).unwrap());
@@ -485,6 +525,7 @@ mod tests {
                 channels,
                 settings,
                 metrics: metrics.clone(),
+                fence,
                 panic_hook: PanicHook::default(),
             });
             let (actor, _) = Actor::spawn(None, ShardActor, (ShardId(0), ctx, Arc::default())).await.unwrap();
@@ -596,7 +637,8 @@ mod tests {
         // nothing is re-sent.
         let mut s = settings(10, 16);
         s.window_timeout = Duration::from_secs(2);
-        let f = Fixture::start_with(30, 2, s, 0, Duration::from_secs(3), DeliverySettings::default()).await;
+        let f = Fixture::start_with(30, 2, s, 0, Duration::from_secs(3), DeliverySettings::default(), Fence::default())
+            .await;
         f.gate.permits.add_permits(1000);
         f.until_checkpoint(2).await;
         let sends = f.sends();
@@ -616,7 +658,7 @@ mod tests {
             max_in_flight_per_worker: NonZeroUsize::MIN,
             ..DeliverySettings::default()
         };
-        let f = Fixture::start_with(40, 1, s, 0, Duration::from_secs(1), one_at_a_time).await;
+        let f = Fixture::start_with(40, 1, s, 0, Duration::from_secs(1), one_at_a_time, Fence::default()).await;
         f.gate.permits.add_permits(1000);
         let started = Instant::now();
         f.until_checkpoint(1).await;
@@ -625,6 +667,32 @@ mod tests {
         let sends = f.sends();
         assert_eq!(sends.len(), 40);
         assert!(sends.values().all(|n| *n == 1), "no duplicates");
+        f.actor.stop(None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fenced_shard_dispatches_nothing_until_its_lease_is_renewed() {
+        // The lease deadline is 2 s away and no renewal comes.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let owned = OwnedShards { shards: [(ShardId(0), deadline)].into(), settled: true };
+        let (tx, rx) = tokio::sync::watch::channel(owned);
+        let s = settings(1, 1); // one subscriber per page, one page at a time
+        let delivery = DeliverySettings::default();
+        let f = Fixture::start_with(4, 1, s, 0, Duration::ZERO, delivery, Fence::leased(rx)).await;
+        f.until("the first page is out", |f| f.waiting() == 1).await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        f.gate.permits.add_permits(10);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(f.sends().len(), 1, "past the deadline no further page is produced");
+        assert_eq!(f.position().await.checkpoint, 0);
+        // A late renewal lifts the fence: the window goes on from where it was.
+        tx.send_modify(|o| {
+            o.shards.insert(ShardId(0), Instant::now() + Duration::from_secs(60));
+        });
+        f.until_checkpoint(1).await;
+        let sends = f.sends();
+        assert_eq!(sends.len(), 4);
+        assert!(sends.values().all(|n| *n == 1), "nothing sent twice");
         f.actor.stop(None);
     }
 }
