@@ -31,7 +31,11 @@
 //!   batch, so it can never erase the row of a later re-add (whose row is
 //!   written after it read the newer version). A crash in between leaves at
 //!   worst a dangling row, which dispatch skips; a stored subscription is
-//!   never invisible to dispatch.
+//!   never invisible to dispatch. The timestamps are not any node's wall
+//!   clock alone (issue 11): each change takes max(wall clock, the
+//!   recipient's `index_clocks` value + 1) and writes it back before its
+//!   batch, so a later change of the same recipient on a node whose clock
+//!   runs behind still writes with a later timestamp (`index_timestamp`).
 //! - **PUSH-216 start position**: a new topic's start position is its shard's
 //!   boundary read with SERIAL consistency after the recipient read and right
 //!   before the conditional batch. On this backend "read in the transaction"
@@ -127,18 +131,23 @@ pub(super) fn be<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> Stor
     move |e| StoreError::Backend(format!("scylla: {what}: {e}"))
 }
 
-/// Microsecond write timestamps for the dispatch index, strictly increasing in
-/// this process (CQL's last-write-wins compares them).
-struct WriteClock(AtomicI64);
+/// Microsecond wall-clock write timestamps, strictly increasing in this
+/// process: the local half of the dispatch index's timestamps.
+#[derive(Default)]
+struct WriteClock {
+    last: AtomicI64,
+    /// Added to the wall clock: only tests set it, to play a skewed node.
+    skew_micros: i64,
+}
 
 impl WriteClock {
     fn next(&self) -> i64 {
-        let now =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64);
-        let mut prev = self.0.load(Ordering::Relaxed);
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64)
+            + self.skew_micros;
+        let mut prev = self.last.load(Ordering::Relaxed);
         loop {
             let ts = now.max(prev + 1);
-            match self.0.compare_exchange_weak(prev, ts, Ordering::Relaxed, Ordering::Relaxed) {
+            match self.last.compare_exchange_weak(prev, ts, Ordering::Relaxed, Ordering::Relaxed) {
                 Ok(_) => return ts,
                 Err(p) => prev = p,
             }
@@ -165,6 +174,8 @@ struct Statements {
     topic_row_put: PreparedStatement,
     topic_row_del: PreparedStatement,
     topic_page: PreparedStatement,
+    clock_read: PreparedStatement,
+    clock_put: PreparedStatement,
     topic_page_after: PreparedStatement,
     shard_read: PreparedStatement,
     shard_read_serial: PreparedStatement,
@@ -258,6 +269,12 @@ impl Statements {
             ))
             .await?,
             topic_page: p(format!("SELECT recipient_id FROM {ks}.topic_subscriptions WHERE topic = ?")).await?,
+            clock_read: p(format!("SELECT clock FROM {ks}.index_clocks WHERE recipient_id = ?")).await?,
+            // The value is its own write timestamp: last-write-wins keeps the largest.
+            clock_put: p(format!(
+                "INSERT INTO {ks}.index_clocks (recipient_id, clock) VALUES (?, ?) USING TIMESTAMP ?"
+            ))
+            .await?,
             topic_page_after: p(format!(
                 "SELECT recipient_id FROM {ks}.topic_subscriptions WHERE topic = ? AND recipient_id > ?"
             ))
@@ -419,7 +436,7 @@ impl ScyllaStore {
             shard_count,
             st,
             shard_locks: (0..shard_count).map(|_| tokio::sync::Mutex::new(())).collect(),
-            clock: WriteClock(AtomicI64::new(0)),
+            clock: WriteClock::default(),
         })
     }
 
@@ -512,6 +529,25 @@ impl ScyllaStore {
     }
 
     /// Writes the dispatch index rows of `topics` (before the batch that stores them).
+    /// The write timestamp of one change of `id`'s dispatch index rows
+    /// (issue 11): later than this node's last one and than any earlier
+    /// change of `id` on any node, whatever their clocks say. Written back
+    /// before the change's conditional batch, so every change whose batch
+    /// applies after this one's reads it (quorum write, then quorum read).
+    async fn index_timestamp(&self, id: &RecipientId) -> Result<i64, StoreError> {
+        let rows = self
+            .session
+            .execute_unpaged(&self.st.clock_read, (id.0.as_slice(),))
+            .await
+            .map_err(be("reading an index clock"))?
+            .into_rows_result()
+            .map_err(be("reading an index clock"))?;
+        let stored = rows.maybe_first_row::<(Option<i64>,)>().map_err(be("reading an index clock"))?.and_then(|r| r.0);
+        let ts = self.clock.next().max(stored.map_or(i64::MIN, |c| c.saturating_add(1)));
+        self.write(&self.st.clock_put, (id.0.as_slice(), ts, ts)).await?;
+        Ok(ts)
+    }
+
     async fn put_topic_rows(&self, id: &RecipientId, topics: &[&[u8]], ts: i64) -> Result<(), StoreError> {
         let writes: Vec<BoxFuture<'_, Result<(), StoreError>>> =
             topics.iter().map(|t| self.write(&self.st.topic_row_put, (*t, id.0.as_slice(), ts)).boxed()).collect();
@@ -537,7 +573,7 @@ impl ScyllaStore {
     async fn delete_versioned(&self, v: &Versioned) -> Result<bool, StoreError> {
         let id = &v.recipient.id;
         let topics = self.read_topics(id).await?;
-        let ts = self.clock.next();
+        let ts = self.index_timestamp(id).await?;
         let mut batch = Batch::new(BatchType::Logged);
         batch.append_statement(self.st.delete_statics.clone());
         batch.append_statement(self.st.delete_rows.clone());
@@ -874,9 +910,10 @@ impl Store for ScyllaStore {
                 .collect();
 
             // Dispatch index rows first, so a stored subscription is never invisible.
+            // One timestamp for both: a topic is never both added and removed.
+            let ts = self.index_timestamp(id).await?;
             let added: Vec<&[u8]> = update.adds.iter().map(|s| s.topic.as_bytes()).collect();
-            self.put_topic_rows(id, &added, self.clock.next()).await?;
-            let removal_ts = self.clock.next();
+            self.put_topic_rows(id, &added, ts).await?;
 
             let mut batch = Batch::new(BatchType::Logged);
             let mut values: Vec<Values> = Vec::with_capacity(1 + removed.len() + stored.len());
@@ -900,7 +937,7 @@ impl Store for ScyllaStore {
             }
             let result = self.session.batch(&batch, values).await.map_err(be("conditional batch"))?;
             if Lwt::from_result(result)?.applied {
-                self.del_topic_rows(id, &removed, removal_ts).await;
+                self.del_topic_rows(id, &removed, ts).await;
                 // PUSH-255: the renewal time is set in the same batch.
                 return Ok(RecipientSummary {
                     topic_count: count,
@@ -1289,6 +1326,45 @@ mod tests {
             both.sort();
             assert_eq!(live, both);
             store
+        })
+        .await;
+    }
+
+    /// Issue 11: two nodes whose clocks are an hour apart change one
+    /// recipient's subscriptions in turn. The node ahead removes a topic (or
+    /// deletes the recipient), the node behind adds it back right after: the
+    /// dispatch index must still list it, or a stored, counted subscription
+    /// would never be dispatched.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_dispatch_index_is_immune_to_clock_skew_between_nodes() {
+        with_store(|behind| async move {
+            let nodes = test_nodes().unwrap();
+            let mut ahead = ScyllaStore::connect(&settings(nodes, behind.keyspace()), SHARD_COUNT).await.unwrap();
+            ahead.clock.skew_micros = 3_600_000_000;
+            let id = RecipientId([3; 32]);
+            let hash = RecipientSecret::parse(&[4; 32]).unwrap().hash();
+            let target = DeliveryTarget::Fcm { token: "tok".into() };
+            let topic = Topic::parse(&[0, 9]).unwrap();
+            let sub = Subscription { topic: topic.clone(), keys: None, include_commits: false };
+            let add = SubscriptionUpdate::new(vec![sub], vec![]).unwrap();
+            let remove = SubscriptionUpdate::new(vec![], vec![topic.clone()]).unwrap();
+            async fn listed(store: &ScyllaStore, topic: &Topic) -> Vec<RecipientId> {
+                let page = store.subscribers(topic, None, 10).await.unwrap();
+                page.iter().map(|s| s.recipient.id).collect()
+            }
+
+            behind.register(&id, &hash, &target, 1).await.unwrap();
+            behind.update_subscriptions(&id, &hash, &add, 1, 10).await.unwrap();
+            ahead.update_subscriptions(&id, &hash, &remove, 2, 10).await.unwrap();
+            assert_eq!(listed(&behind, &topic).await, vec![], "removed");
+            behind.update_subscriptions(&id, &hash, &add, 3, 10).await.unwrap();
+            assert_eq!(listed(&behind, &topic).await, vec![id], "re-added behind the remover's clock: still dispatched");
+
+            ahead.unregister(&id, &hash).await.unwrap();
+            behind.register(&id, &hash, &target, 4).await.unwrap();
+            behind.update_subscriptions(&id, &hash, &add, 4, 10).await.unwrap();
+            assert_eq!(listed(&behind, &topic).await, vec![id], "re-registered after a delete ahead: still dispatched");
+            behind
         })
         .await;
     }
