@@ -52,7 +52,7 @@ impl Default for LeaseSettings {
     }
 }
 
-/// Lease renewals in flight at once.
+/// Lease requests (renewals, acquisitions, releases) in flight at once.
 const RENEW_CONCURRENCY: usize = 16;
 
 /// The shards this node owns, as the lease actor last decided.
@@ -190,75 +190,115 @@ impl LeaseState {
         });
     }
 
+    /// One round, kept within about a third of the TTL so that the next
+    /// round's renewals come in time: renewals, acquisitions, drains and
+    /// releases each run concurrently (never one shard after another), and
+    /// acquiring stops when the round's budget is spent (the next round goes
+    /// on). A round that took a whole TTL would let this node's own leases
+    /// lapse, and the fence would stop their dispatch.
     async fn round(&mut self) -> Result<(), StoreError> {
         let c = self.config.clone();
+        let started = Instant::now();
+        let budget = c.ttl / 3;
         // Renew first (issue 11): nothing else in the round, a failing
         // heartbeat included, may keep owned leases from being renewed.
-        // Several at once so a round stays well inside the TTL. A renewal
-        // that fails or errs means the lease may be gone.
-        let renew = &c;
-        let renewals: Vec<_> = stream::iter(self.owned())
+        // A renewal that fails or errs means the lease may be gone.
+        let renewals = self.request_leases(self.owned().into_iter().collect()).await;
+        let lost: Vec<ShardId> = renewals
+            .into_iter()
+            .filter(|(_, outcome)| !matches!(outcome, Ok(true)))
+            .map(|(shard, outcome)| {
+                tracing::warn!(shard = shard.0, ?outcome, "shard lease lost; stopping its dispatch");
+                shard
+            })
+            .collect();
+        self.disown_all(&lost, false).await;
+        c.leases.heartbeat(&c.node, &c.address, c.ttl).await?;
+        let live = c.leases.live_nodes().await?.len().max(1);
+        let target = usize::from(c.shard_count).div_ceil(live);
+        // Acquire unowned shards while below the fair share, from a random
+        // start, a batch at a time.
+        if self.owned().len() < target {
+            let taken: HashSet<ShardId> = c.leases.lease_owners().await?.into_iter().map(|(s, _)| s).collect();
+            let start = rand::random_range(0..c.shard_count);
+            let mut free =
+                (0..c.shard_count).map(|i| ShardId((start + i) % c.shard_count)).filter(|s| !taken.contains(s));
+            while self.owned().len() < target && started.elapsed() < budget {
+                let want = (target - self.owned().len()).min(RENEW_CONCURRENCY);
+                let batch: Vec<ShardId> = free.by_ref().take(want).collect();
+                if batch.is_empty() {
+                    break;
+                }
+                for (shard, outcome) in self.request_leases(batch).await {
+                    if outcome? {
+                        tracing::info!(shard = shard.0, node = %c.node, "shard lease acquired");
+                        let _ = self.supervisor.cast(SupervisorMsg::Own(shard));
+                    }
+                }
+            }
+        }
+        // Release shards above the fair share: drain them (together, within
+        // a third of the TTL), then release their leases.
+        let extra = self.owned().len().saturating_sub(target);
+        let released: Vec<ShardId> = self.owned().into_iter().rev().take(extra).collect();
+        for shard in &released {
+            tracing::info!(shard = shard.0, node = %c.node, "releasing a shard above the fair share");
+        }
+        self.disown_all(&released, true).await;
+        let releases = stream::iter(released)
+            .map(|shard| c.leases.release_lease(shard, &c.node))
+            .buffer_unordered(RENEW_CONCURRENCY)
+            .collect::<Vec<_>>()
+            .await;
+        releases.into_iter().collect::<Result<Vec<()>, _>>()?;
+        c.owned.send_modify(|o| o.settled = true);
+        Ok(())
+    }
+
+    /// Acquires or renews `shards` concurrently; each one granted gets its
+    /// local deadline from the moment its request was sent.
+    async fn request_leases(&self, shards: Vec<ShardId>) -> Vec<(ShardId, Result<bool, StoreError>)> {
+        let c = &self.config;
+        let outcomes: Vec<_> = stream::iter(shards)
             .map(|shard| async move {
-                let c = renew;
                 let sent = Instant::now();
                 (shard, sent, c.leases.acquire_lease(shard, &c.node, &c.address, c.ttl).await)
             })
             .buffer_unordered(RENEW_CONCURRENCY)
             .collect()
             .await;
-        for (shard, sent, outcome) in renewals {
-            if matches!(outcome, Ok(true)) {
-                self.granted(shard, sent);
-            } else {
-                tracing::warn!(shard = shard.0, ?outcome, "shard lease lost; stopping its dispatch");
-                self.disown(shard, false).await;
-            }
-        }
-        c.leases.heartbeat(&c.node, &c.address, c.ttl).await?;
-        let live = c.leases.live_nodes().await?.len().max(1);
-        let target = usize::from(c.shard_count).div_ceil(live);
-        // Acquire unowned shards while below the fair share, from a random start.
-        if self.owned().len() < target {
-            let taken: HashSet<ShardId> = c.leases.lease_owners().await?.into_iter().map(|(s, _)| s).collect();
-            let start = rand::random_range(0..c.shard_count);
-            for i in 0..c.shard_count {
-                if self.owned().len() >= target {
-                    break;
-                }
-                let shard = ShardId((start + i) % c.shard_count);
-                if taken.contains(&shard) {
-                    continue;
-                }
-                let sent = Instant::now();
-                if c.leases.acquire_lease(shard, &c.node, &c.address, c.ttl).await? {
-                    tracing::info!(shard = shard.0, node = %c.node, "shard lease acquired");
+        outcomes
+            .into_iter()
+            .map(|(shard, sent, outcome)| {
+                if matches!(outcome, Ok(true)) {
                     self.granted(shard, sent);
-                    let _ = self.supervisor.cast(SupervisorMsg::Own(shard));
                 }
-            }
-        }
-        // Release shards above the fair share: drain first, then release.
-        let extra = self.owned().len().saturating_sub(target);
-        for shard in self.owned().into_iter().rev().take(extra) {
-            tracing::info!(shard = shard.0, node = %c.node, "releasing a shard above the fair share");
-            self.disown(shard, true).await;
-            c.leases.release_lease(shard, &c.node).await?;
-        }
-        c.owned.send_modify(|o| o.settled = true);
-        Ok(())
+                (shard, outcome)
+            })
+            .collect()
     }
 
-    /// Stops publishing to and dispatching `shard`: drained (its current
-    /// window finishes, bounded by a third of the TTL) or killed at once.
-    async fn disown(&mut self, shard: ShardId, drain: bool) {
+    /// Stops publishing to and dispatching `shards` at once, then stops
+    /// their shard actors together: drained (each finishes its current
+    /// window, all within a third of the TTL) or killed.
+    async fn disown_all(&self, shards: &[ShardId], drain: bool) {
+        if shards.is_empty() {
+            return;
+        }
         self.config.owned.send_modify(|o| {
-            o.shards.remove(&shard);
+            for shard in shards {
+                o.shards.remove(shard);
+            }
         });
         let wait = self.config.ttl / 3;
-        let reply = self.supervisor.call(|port| SupervisorMsg::Disown { shard, drain, reply: port }, Some(wait)).await;
-        if let Ok(CallResult::Success(Some(cell))) = reply {
-            stop_shard_actor(cell, drain, wait).await;
-        }
+        let stops = shards.iter().map(|&shard| async move {
+            let reply =
+                self.supervisor.call(|port| SupervisorMsg::Disown { shard, drain, reply: port }, Some(wait)).await;
+            if let Ok(CallResult::Success(Some(cell))) = reply {
+                stop_shard_actor(cell, drain, wait).await;
+            }
+        });
+        futures::future::join_all(stops).await;
     }
 }
 
@@ -369,5 +409,29 @@ mod tests {
         let other = NodeId("other".into());
         assert!(!leases.acquire_lease(ShardId(0), &other, "o:1", TTL).await.unwrap(), "still a's on the store");
         assert!(Fence::default().holds(ShardId(0)), "one node: always held");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_round_that_releases_many_slow_shards_stays_within_a_third_of_the_ttl() {
+        let leases = Arc::new(MemoryLeases::default());
+        let mut a = node(&leases, 32).await;
+        a.supervisor = StandIn::with_stuck_shards().await;
+        a.round().await.unwrap();
+        assert_eq!(a.owned().len(), 32);
+        let mut b = node(&leases, 32).await;
+        b.round().await.unwrap();
+        // Two live nodes: a releases 16 shards whose actors never drain.
+        let started = Instant::now();
+        a.round().await.unwrap();
+        assert_eq!(a.owned().len(), 16);
+        let took = started.elapsed();
+        assert!(
+            took <= TTL / 3 + Duration::from_millis(100),
+            "one drain bound for all of them, not one each: {took:?}"
+        );
+        // The shards a keeps are still its own on the store, renewed in time.
+        tokio::time::advance(TTL / 3).await;
+        a.round().await.unwrap();
+        assert_eq!(a.owned().len(), 16, "nothing lapsed");
     }
 }

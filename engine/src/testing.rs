@@ -103,17 +103,38 @@ impl ShardLeases for MemoryLeases {
 }
 
 /// Stands in for the root supervisor: records Wake, accepts Own, answers
-/// Disown with "no actor".
+/// Disown with "no actor", or with a shard actor that never drains.
 pub struct StandIn {
     pub wakes: Arc<Mutex<Vec<ShardId>>>,
+    stuck_shards: bool,
 }
 
 impl StandIn {
     /// A running stand-in and the shards it was asked to wake.
     pub async fn start() -> (ActorRef<SupervisorMsg>, Arc<Mutex<Vec<ShardId>>>) {
         let wakes = Arc::new(Mutex::new(Vec::new()));
-        let (actor, _) = Actor::spawn(None, StandIn { wakes: wakes.clone() }, ()).await.expect("spawn the stand-in");
+        let (actor, _) = Actor::spawn(None, StandIn { wakes: wakes.clone(), stuck_shards: false }, ())
+            .await
+            .expect("spawn the stand-in");
         (actor, wakes)
+    }
+
+    /// One whose shard actors never finish a drain: they stop only when killed.
+    pub async fn with_stuck_shards() -> ActorRef<SupervisorMsg> {
+        let stand_in = StandIn { wakes: Arc::default(), stuck_shards: true };
+        Actor::spawn(None, stand_in, ()).await.expect("spawn the stand-in").0
+    }
+}
+
+/// A shard actor that ignores everything (see [`StandIn::with_stuck_shards`]).
+struct Stuck;
+
+impl Actor for Stuck {
+    type Msg = ();
+    type State = ();
+    type Arguments = ();
+    async fn pre_start(&self, _: ActorRef<()>, _: ()) -> Result<(), ActorProcessingErr> {
+        Ok(())
     }
 }
 
@@ -131,6 +152,10 @@ impl Actor for StandIn {
         _: &mut (),
     ) -> Result<(), ActorProcessingErr> {
         match msg {
+            SupervisorMsg::Disown { reply, .. } if self.stuck_shards => {
+                let (stuck, _) = Actor::spawn(None, Stuck, ()).await?;
+                let _ = reply.send(Some(stuck.get_cell()));
+            }
             SupervisorMsg::Disown { reply, .. } => {
                 let _ = reply.send(None);
             }

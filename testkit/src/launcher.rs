@@ -190,6 +190,24 @@ impl Engine {
         }
     }
 
+    /// SIGSTOP: the process freezes mid-whatever (its sockets stay open, its
+    /// timers stop), as a long stall would freeze it.
+    pub fn pause(&self) -> anyhow::Result<()> {
+        self.signal("-STOP")
+    }
+
+    /// SIGCONT after [`Engine::pause`].
+    pub fn resume(&self) -> anyhow::Result<()> {
+        self.signal("-CONT")
+    }
+
+    fn signal(&self, signal: &str) -> anyhow::Result<()> {
+        let pid = self.pid().context("not running")?;
+        let status = Command::new("kill").args([signal, &pid.to_string()]).status()?;
+        anyhow::ensure!(status.success(), "kill {signal} {pid} failed");
+        Ok(())
+    }
+
     /// SIGTERM, and the exit status once it exited (SIGKILL after 30 s).
     pub fn terminate(&mut self) -> anyhow::Result<ExitStatus> {
         let mut child = self.child.take().context("not running")?;
@@ -239,7 +257,29 @@ pub fn build_binary(release: bool) -> anyhow::Result<PathBuf> {
     if !status.success() {
         bail!("cargo build of the fanout binary failed");
     }
-    Ok(target_dir().join(if release { "release" } else { "debug" }).join("fanout"))
+    // A private hard link (a copy across devices): another build into the
+    // same target directory (a second checkout sharing CARGO_TARGET_DIR)
+    // replaces the file, not this process's link, so engines started later
+    // in this process still run what this process built. Links of processes
+    // that are gone are removed.
+    let built = target_dir().join(if release { "release" } else { "debug" }).join("fanout");
+    let links = target_dir().join("private-bin");
+    if let Ok(entries) = std::fs::read_dir(&links) {
+        for entry in entries.flatten() {
+            let alive = entry.file_name().to_str().is_some_and(|pid| Path::new("/proc").join(pid).exists());
+            if !alive {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+    let dir = links.join(std::process::id().to_string()).join(if release { "release" } else { "debug" });
+    std::fs::create_dir_all(&dir)?;
+    let private = dir.join("fanout");
+    let _ = std::fs::remove_file(&private);
+    if std::fs::hard_link(&built, &private).is_err() {
+        std::fs::copy(&built, &private).with_context(|| format!("copying {}", built.display()))?;
+    }
+    Ok(private)
 }
 
 /// `$CARGO_TARGET_DIR` (relative to the workspace when relative), else the
