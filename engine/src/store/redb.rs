@@ -546,22 +546,19 @@ impl Store for RedbStore {
                 // PUSH-219: only push-eligible envelopes are stored for dispatch.
                 if e.is_push_eligible() {
                     // PUSH-230: keep the HMAC input only where suppression can use it.
-                    let (sender_hmac, data) = e
-                        .suppression_data()
-                        .map_or((Vec::new(), Vec::new()), |(h, d)| (h.to_vec(), d.to_vec()));
+                    let (sender_hmac, data) = e.suppression_data().unwrap_or_default();
                     let envelope = StoredEnvelope {
                         shard: e.shard,
                         sequence_id,
                         topic: e.topic.clone(),
                         kind: e.kind,
                         server_ts_ns: now_ns,
-                        sender_hmac,
-                        data,
+                        sender_hmac: sender_hmac.to_vec(),
                     };
                     stored
                         .insert(
                             (e.shard.0, sequence_id),
-                            codec::encode_envelope(&envelope).as_slice(),
+                            codec::encode_envelope(&envelope, data).as_slice(),
                         )
                         .be()?;
                 }
@@ -613,6 +610,18 @@ impl Store for RedbStore {
                 out.push(codec::decode_envelope(shard, k.value().1, v.value())?);
             }
             Ok(out)
+        })
+        .await
+    }
+
+    async fn envelope_data(&self, shard: ShardId, sequence_id: u64) -> Result<Option<Vec<u8>>, StoreError> {
+        self.read(move |txn| {
+            let table = txn.open_table(ENVELOPES).be()?;
+            let Some(value) = table.get((shard.0, sequence_id)).be()? else {
+                return Ok(None);
+            };
+            let data = codec::decode_envelope_data(value.value())?;
+            Ok((!data.is_empty()).then(|| data.to_vec()))
         })
         .await
     }
@@ -880,39 +889,57 @@ mod codec {
         })
     }
 
-    /// Shard and sequence id are the key, so the value leaves them out.
-    pub(super) fn encode_envelope(e: &StoredEnvelope) -> Vec<u8> {
+    /// Shard and sequence id are the key, so the value leaves them out. The
+    /// data (PUSH-230's HMAC input, empty when suppression cannot apply)
+    /// comes last, so a window read decodes the rest without copying it.
+    pub(super) fn encode_envelope(e: &StoredEnvelope, data: &[u8]) -> Vec<u8> {
         Writer::new()
             .bytes(e.topic.as_bytes())
             .u8(e.kind as u8)
             .i64(e.server_ts_ns)
             .bytes(&e.sender_hmac)
-            .bytes(&e.data)
+            .bytes(data)
             .finish()
     }
 
+    /// The envelope without its data (issue 11: windows do not hold it).
     pub(super) fn decode_envelope(
         shard: ShardId,
         sequence_id: u64,
         buf: &[u8],
     ) -> Result<StoredEnvelope, StoreError> {
+        let (envelope, _data) = decode_envelope_parts(shard, sequence_id, buf)?;
+        Ok(envelope)
+    }
+
+    /// The data alone, borrowed from the stored value.
+    pub(super) fn decode_envelope_data(buf: &[u8]) -> Result<&[u8], StoreError> {
+        let (_envelope, data) = decode_envelope_parts(ShardId(0), 0, buf)?;
+        Ok(data)
+    }
+
+    fn decode_envelope_parts(
+        shard: ShardId,
+        sequence_id: u64,
+        buf: &[u8],
+    ) -> Result<(StoredEnvelope, &[u8]), StoreError> {
         const WHAT: &str = "envelope";
         let mut r = Reader::new(buf, WHAT)?;
         let topic = Topic::parse(r.bytes()?).map_err(|_| corrupt(WHAT))?;
         let kind = EnvelopeKind::from_u8(r.u8()?).ok_or_else(|| corrupt(WHAT))?;
         let server_ts_ns = r.i64()?;
         let sender_hmac = r.bytes()?.to_vec();
-        let data = r.bytes()?.to_vec();
+        let data = r.bytes()?;
         r.end()?;
-        Ok(StoredEnvelope {
+        let envelope = StoredEnvelope {
             shard,
             sequence_id,
             topic,
             kind,
             server_ts_ns,
             sender_hmac,
-            data,
-        })
+        };
+        Ok((envelope, data))
     }
 
     pub(super) fn encode_shard(s: &ShardRow) -> Vec<u8> {
