@@ -156,6 +156,7 @@ impl Engine {
             shard_count,
             dispatch: supervisor.clone(),
             metrics: metrics.clone(),
+            settings: settings.ingest.clone(),
             ownership: ownership.clone(),
             advertise_address: options.advertise_address.clone(),
         });

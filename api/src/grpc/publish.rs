@@ -44,7 +44,11 @@ impl PublishApi {
 
 fn rejection(e: EnvelopeRejection) -> pb::PublishError {
     let code = match e {
-        EnvelopeRejection::Invalid(_) | EnvelopeRejection::SequenceTooFarAhead { .. } => tonic::Code::InvalidArgument,
+        // Issue 11: an envelope over `engine.ingest.max_data_bytes` is invalid
+        // for this deployment whatever its state; resending it cannot help.
+        EnvelopeRejection::Invalid(_)
+        | EnvelopeRejection::DataTooLarge { .. }
+        | EnvelopeRejection::SequenceTooFarAhead { .. } => tonic::Code::InvalidArgument,
         EnvelopeRejection::SequenceExhausted => tonic::Code::ResourceExhausted,
         EnvelopeRejection::SequenceNotIncreasing { .. } => tonic::Code::FailedPrecondition,
         // Issue 7 redirect contract (see the proto): publish to the named owner, or retry.
