@@ -12,7 +12,7 @@ use async_trait::async_trait;
 
 pub use self::instrumented::Instrumented;
 pub use self::redb::RedbStore;
-pub use self::scylla::{Keyspace, Nodes, ScyllaSettings, ScyllaStore};
+pub use self::scylla::{Keyspace, MAX_SUBSCRIPTION_CHANGES, Nodes, ScyllaSettings, ScyllaStore};
 use crate::domain::{
     Channel, DeliveryTarget, SequenceRefusal, NewEnvelope, RecipientId, SecretHash, ShardId, StoredEnvelope, StoredSubscription,
     SubscriptionUpdate, Topic,

@@ -290,6 +290,11 @@ impl<'t> Subs<'t> {
             .transpose()
     }
 
+    fn contains(&self, id: &RecipientId, topic: &Topic) -> Result<bool, StoreError> {
+        let key = recipient_sub_key(id, topic.as_bytes());
+        Ok(self.by_recipient.get(key.as_slice()).be()?.is_some())
+    }
+
     fn put(&mut self, id: &RecipientId, sub: &StoredSubscription) -> Result<(), StoreError> {
         let topic = sub.subscription.topic.as_bytes();
         let value = codec::encode_subscription(sub);
@@ -414,35 +419,44 @@ impl Store for RedbStore {
             let mut r = authorized(&recipients, &id, &secret_hash)?;
             let shards = txn.open_table(SHARDS).be()?;
             let mut subs = Subs::open(txn)?;
-            let mut count = r.topic_count;
 
-            // PUSH-216: a removed topic that is not stored changes nothing.
+            // First read what the update would do, then write: PUSH-217 is
+            // decided before any write (issue 11), so a refused update costs
+            // reads only. PUSH-215 keeps a topic out of both lists.
+            let mut count = r.topic_count;
+            let mut removed = Vec::with_capacity(update.removes.len());
             for topic in &update.removes {
-                if subs.remove(&id, topic.as_bytes())? {
+                // PUSH-216: a removed topic that is not stored changes nothing.
+                if subs.contains(&id, topic)? {
+                    removed.push(topic);
                     count = count.saturating_sub(1);
                 }
             }
+            let mut stored = Vec::with_capacity(update.adds.len());
             for sub in &update.adds {
                 let start_position = match subs.get(&id, &sub.topic)? {
                     // PUSH-216: a replaced topic keeps its start position.
-                    Some(stored) => stored.start_position,
+                    Some(existing) => existing.start_position,
                     // PUSH-216: a new topic starts at its shard's boundary, read in this txn.
                     None => {
                         count += 1;
                         get_shard(&shards, sub.topic.shard(shard_count))?.boundary
                     }
                 };
-                subs.put(
-                    &id,
-                    &StoredSubscription {
-                        subscription: sub.clone(),
-                        start_position,
-                    },
-                )?;
+                stored.push(StoredSubscription {
+                    subscription: sub.clone(),
+                    start_position,
+                });
             }
-            // PUSH-217: over the limit, the abort discards every change above.
+            // PUSH-217: over the limit, nothing is written.
             if count > max_topics {
                 return Err(StoreError::TopicLimit);
+            }
+            for topic in removed {
+                subs.remove(&id, topic.as_bytes())?;
+            }
+            for sub in &stored {
+                subs.put(&id, sub)?;
             }
             // PUSH-255: set the renewal time in the same transaction.
             r.topic_count = count;
