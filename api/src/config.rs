@@ -38,6 +38,11 @@ pub struct ServerSettings {
     /// The gRPC address other nodes name when they redirect a publish here
     /// (issue 7, several nodes on ScyllaDB); default: `grpc_listen`.
     pub advertise_address: Option<String>,
+    /// The deadline of a unary gRPC call (and of any call until its response
+    /// starts). A PublishStream answers at once, so its batches are not cut
+    /// by it (issue 11).
+    #[serde(rename = "grpc_request_timeout_seconds", deserialize_with = "duration::seconds")]
+    pub grpc_request_timeout: Duration,
     /// Issue 11: the largest gRPC message a client may send. Tonic refuses a
     /// larger one before it is decoded (11 OUT_OF_RANGE, naming the limit).
     pub grpc_max_message_bytes: MessageBytes,
@@ -94,6 +99,7 @@ impl Default for ServerSettings {
             http_listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
             drain_timeout: Duration::from_secs(20),
             advertise_address: None,
+            grpc_request_timeout: Duration::from_secs(30),
             grpc_max_message_bytes: MessageBytes::DEFAULT,
             // hyper's own default for HTTP/2 servers (tonic would leave it unlimited).
             grpc_max_concurrent_streams: NonZeroU32::new(200).unwrap(),
@@ -316,6 +322,7 @@ mod tests {
         assert_eq!(c.server.grpc_max_message_bytes.get(), 4 << 20);
         assert_eq!(c.server.grpc_max_concurrent_streams.get(), 200);
         assert_eq!(c.server.grpc_keepalive_interval, Duration::from_secs(30));
+        assert_eq!(c.server.grpc_request_timeout, Duration::from_secs(30));
         assert_eq!(c.engine.ingest.max_data_bytes.get(), 1 << 20);
     }
 
