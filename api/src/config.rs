@@ -6,7 +6,7 @@
 
 use std::fmt;
 use std::net::SocketAddr;
-use std::num::NonZeroUsize;
+use std::num::{NonZeroU32, NonZeroUsize};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -38,6 +38,52 @@ pub struct ServerSettings {
     /// The gRPC address other nodes name when they redirect a publish here
     /// (issue 7, several nodes on ScyllaDB); default: `grpc_listen`.
     pub advertise_address: Option<String>,
+    /// The deadline of a unary gRPC call (and of any call until its response
+    /// starts). A PublishStream answers at once, so its batches are not cut
+    /// by it (issue 11).
+    #[serde(rename = "grpc_request_timeout_seconds", deserialize_with = "duration::seconds")]
+    pub grpc_request_timeout: Duration,
+    /// Issue 11: the largest gRPC message a client may send. Tonic refuses a
+    /// larger one before it is decoded (11 OUT_OF_RANGE, naming the limit).
+    pub grpc_max_message_bytes: MessageBytes,
+    /// Issue 11: HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS of each gRPC
+    /// connection: calls (a PublishStream is one for its whole life) one
+    /// connection may have open at once. Clients queue the rest.
+    pub grpc_max_concurrent_streams: NonZeroU32,
+    /// How often the server pings each gRPC connection; one whose peer does
+    /// not answer within 20 s is closed with its calls. This, not a timeout,
+    /// ends a PublishStream whose publisher vanished (issue 11).
+    #[serde(rename = "grpc_keepalive_interval_seconds", deserialize_with = "duration::seconds")]
+    pub grpc_keepalive_interval: Duration,
+}
+
+/// `grpc_max_message_bytes`: 64 KiB to 64 MiB. A decoded message is held
+/// whole while its call runs, so the bound is memory per call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "u64")]
+pub struct MessageBytes(usize);
+
+impl MessageBytes {
+    pub const MIN: u64 = 64 << 10;
+    pub const MAX: u64 = 64 << 20;
+    /// tonic's own default: 4 MiB.
+    pub const DEFAULT: MessageBytes = MessageBytes(4 << 20);
+
+    pub fn get(self) -> usize {
+        self.0
+    }
+}
+
+impl TryFrom<u64> for MessageBytes {
+    type Error = String;
+
+    fn try_from(bytes: u64) -> Result<Self, String> {
+        if (Self::MIN..=Self::MAX).contains(&bytes) {
+            Ok(Self(bytes as usize))
+        } else {
+            Err(format!("must be between {} and {} (64 KiB to 64 MiB)", Self::MIN, Self::MAX))
+        }
+    }
 }
 
 impl ServerSettings {
@@ -53,6 +99,11 @@ impl Default for ServerSettings {
             http_listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
             drain_timeout: Duration::from_secs(20),
             advertise_address: None,
+            grpc_request_timeout: Duration::from_secs(30),
+            grpc_max_message_bytes: MessageBytes::DEFAULT,
+            // hyper's own default for HTTP/2 servers (tonic would leave it unlimited).
+            grpc_max_concurrent_streams: NonZeroU32::new(200).unwrap(),
+            grpc_keepalive_interval: Duration::from_secs(30),
         }
     }
 }
@@ -268,6 +319,33 @@ mod tests {
         assert!(!c.engine.channels.http.unwrap().allow_private_addresses);
         assert_eq!(c.engine.max_push_topics, 100_000);
         assert_eq!((c.server.drain_timeout, c.store.cache_size_mb.get()), (Duration::from_secs(20), 1024));
+        assert_eq!(c.server.grpc_max_message_bytes.get(), 4 << 20);
+        assert_eq!(c.server.grpc_max_concurrent_streams.get(), 200);
+        assert_eq!(c.server.grpc_keepalive_interval, Duration::from_secs(30));
+        assert_eq!(c.server.grpc_request_timeout, Duration::from_secs(30));
+        assert_eq!(c.engine.ingest.max_data_bytes.get(), 1 << 20);
+    }
+
+    #[test]
+    fn limits_carry_their_rules() {
+        let c = layer(
+            "[server]\ngrpc_max_message_bytes = 65536\ngrpc_max_concurrent_streams = 1\n\
+             grpc_keepalive_interval_seconds = 5\n[engine.ingest]\nmax_data_bytes = 100",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.server.grpc_max_message_bytes.get(), 65536);
+        assert_eq!(c.server.grpc_max_concurrent_streams.get(), 1);
+        assert_eq!(c.server.grpc_keepalive_interval, Duration::from_secs(5));
+        assert_eq!(c.engine.ingest.max_data_bytes.get(), 100);
+        let err = error("[server]\ngrpc_max_message_bytes = 65535", &[]);
+        assert!(err.contains("server.grpc_max_message_bytes: must be between 65536 and 67108864"), "{err}");
+        let err = error("", &[("FANOUT__SERVER__GRPC_MAX_MESSAGE_BYTES", "100000000")]);
+        assert!(err.contains("(set by FANOUT__SERVER__GRPC_MAX_MESSAGE_BYTES): must be between"), "{err}");
+        let err = error("[server]\ngrpc_max_concurrent_streams = 0", &[]);
+        assert!(err.starts_with("invalid configuration: server.grpc_max_concurrent_streams: "), "{err}");
+        let err = error("[engine.ingest]\nmax_data_bytes = 0", &[]);
+        assert!(err.starts_with("invalid configuration: engine.ingest.max_data_bytes: "), "{err}");
     }
 
     #[test]

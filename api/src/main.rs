@@ -130,19 +130,25 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
     let notification = grpc::NotificationApi { registry: engine.registry(), metrics: engine.metrics() };
-    let publish = grpc::PublishApi { ingest: engine.ingest() };
+    let publish = grpc::PublishApi { ingest: engine.ingest(), shutdown: shutdown_rx.clone() };
+    // Issue 11: every service decodes at most this much per message.
+    let max_message = config.server.grpc_max_message_bytes.get();
 
     let mut grpc_shutdown = shutdown_rx.clone();
     let grpc_server = tonic::transport::Server::builder()
-        .timeout(Duration::from_secs(30))
+        // Bounds a call until its response starts: the whole of a unary call;
+        // PublishStream answers at once and is never cut by it (issue 11).
+        .timeout(config.server.grpc_request_timeout)
+        .max_concurrent_streams(config.server.grpc_max_concurrent_streams.get())
+        .http2_keepalive_interval(Some(config.server.grpc_keepalive_interval))
         // Every RPC's log lines carry its method and a request id, nothing else.
         .trace_fn(|request| {
             tracing::info_span!("rpc", method = %request.uri().path(), request_id = %request_id())
         })
         .add_service(health_service)
         .add_service(reflection)
-        .add_service(NotificationServiceServer::new(notification))
-        .add_service(PublishServiceServer::new(publish))
+        .add_service(NotificationServiceServer::new(notification).max_decoding_message_size(max_message))
+        .add_service(PublishServiceServer::new(publish).max_decoding_message_size(max_message))
         .serve_with_incoming_shutdown(TcpListenerStream::new(grpc_listener), async move {
             let _ = grpc_shutdown.changed().await;
         });

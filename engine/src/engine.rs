@@ -148,6 +148,7 @@ impl Engine {
             store: store.clone(),
             channels,
             max_push_topics: settings.max_push_topics,
+            max_subscription_changes: settings.max_subscription_changes,
             recipient_ttl_seconds: settings.recipient_ttl.as_secs(),
             metrics: metrics.clone(),
         });
@@ -156,6 +157,7 @@ impl Engine {
             shard_count,
             dispatch: supervisor.clone(),
             metrics: metrics.clone(),
+            settings: settings.ingest.clone(),
             ownership: ownership.clone(),
             advertise_address: options.advertise_address.clone(),
         });

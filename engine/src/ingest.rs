@@ -2,17 +2,40 @@
 //! wake the shards that moved. One bad envelope never drops the good ones.
 
 use std::collections::{BTreeSet, HashMap};
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 
 use ractor::ActorRef;
+use serde::Deserialize;
 
 use crate::clock::unix_now_ns;
 
 use crate::domain::{EnvelopeKind, NewEnvelope, ParseError, SequenceRefusal, ShardId, Topic};
-use crate::metrics::Metrics;
+use crate::metrics::{Limit, Metrics};
 use crate::ownership::ShardOwnership;
 use crate::store::{Appended, Store, StoreError};
 use crate::supervisor::SupervisorMsg;
+
+/// `[engine.ingest]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct IngestSettings {
+    /// Issue 11: the largest envelope `data` accepted, in bytes. A larger one
+    /// is refused on its own (INVALID_ARGUMENT), its neighbours are stored.
+    /// The data is PUSH-230's HMAC input, kept until its window completes
+    /// and hashed once per subscriber key; this bounds both.
+    pub max_data_bytes: NonZeroUsize,
+}
+
+/// 1 MiB: a quarter of the default gRPC message size, so a request can
+/// carry a few envelopes at the limit.
+pub const DEFAULT_MAX_DATA_BYTES: NonZeroUsize = NonZeroUsize::new(1 << 20).unwrap();
+
+impl Default for IngestSettings {
+    fn default() -> Self {
+        Self { max_data_bytes: DEFAULT_MAX_DATA_BYTES }
+    }
+}
 
 /// An envelope as received (API-210 stand-in).
 pub struct EnvelopeInput {
@@ -31,6 +54,9 @@ pub struct EnvelopeInput {
 pub enum EnvelopeRejection {
     #[error("{0}")]
     Invalid(&'static str),
+    /// Issue 11: `data` above `engine.ingest.max_data_bytes`.
+    #[error("envelope data is larger than the limit of {limit} bytes (engine.ingest.max_data_bytes)")]
+    DataTooLarge { limit: usize },
     #[error("sequence_id is not above the shard's last id {last}")]
     SequenceNotIncreasing { last: u64 },
     /// Issue 11: a publisher id may not run ahead of its shard by more than
@@ -58,6 +84,7 @@ pub struct Ingest {
     pub shard_count: u16,
     pub dispatch: ActorRef<SupervisorMsg>,
     pub metrics: Arc<Metrics>,
+    pub settings: IngestSettings,
     /// The shards this node may append to; `None`: all of them (one node).
     pub ownership: Option<ShardOwnership>,
     /// This node's advertised gRPC address: a lease naming it but not in the
@@ -85,7 +112,11 @@ impl Ingest {
         inputs: Vec<EnvelopeInput>,
     ) -> Result<Vec<(Option<ShardId>, Result<u64, EnvelopeRejection>)>, StoreError> {
         let parsed: Vec<Result<NewEnvelope, (Option<ShardId>, EnvelopeRejection)>> =
-            inputs.into_iter().map(|i| self.parse(i).map_err(|e| (None, EnvelopeRejection::Invalid(e.0)))).collect();
+            inputs.into_iter().map(|i| self.parse(i).map_err(|e| (None, e))).collect();
+        let too_large = parsed.iter().filter(|p| matches!(p, Err((_, EnvelopeRejection::DataTooLarge { .. })))).count();
+        if too_large > 0 {
+            self.metrics.limit_refused(Limit::EnvelopeData, too_large as u64);
+        }
         let parsed = self.redirect_unowned(parsed).await?;
         let valid: Vec<NewEnvelope> = parsed.iter().filter_map(|p| p.as_ref().ok().cloned()).collect();
         let appended = if valid.is_empty() { Vec::new() } else { self.store.append(&valid, unix_now_ns()).await? };
@@ -152,14 +183,20 @@ impl Ingest {
         Ok(out)
     }
 
-    fn parse(&self, input: EnvelopeInput) -> Result<NewEnvelope, ParseError> {
-        let topic = Topic::parse(&input.topic)?;
+    fn parse(&self, input: EnvelopeInput) -> Result<NewEnvelope, EnvelopeRejection> {
+        let limit = self.settings.max_data_bytes.get();
+        if input.data.len() > limit {
+            return Err(EnvelopeRejection::DataTooLarge { limit });
+        }
+        let invalid = |e: ParseError| EnvelopeRejection::Invalid(e.0);
+        let topic = Topic::parse(&input.topic).map_err(invalid)?;
         let kind = u8::try_from(input.kind)
             .ok()
             .and_then(EnvelopeKind::from_u8)
-            .ok_or(ParseError("envelope kind is unspecified or unknown"))?;
+            .ok_or(EnvelopeRejection::Invalid("envelope kind is unspecified or unknown"))?;
         let sequence_id = (input.sequence_id != 0).then_some(input.sequence_id);
         NewEnvelope::new(topic, self.shard_count, kind, input.should_push, input.sender_hmac, input.data, sequence_id)
+            .map_err(invalid)
     }
 }
 
@@ -202,6 +239,7 @@ mod tests {
             shard_count: SHARDS,
             dispatch,
             metrics: Arc::new(Metrics::new()),
+            settings: IngestSettings { max_data_bytes: NonZeroUsize::new(16).unwrap() },
             ownership,
             advertise_address: "me:1".into(),
         };
@@ -282,6 +320,24 @@ mod tests {
         assert!(results[3].1.is_ok(), "the shard still allocates");
         let again = f.ingest.publish(vec![input(&topic, EnvelopeKind::Application, 0)]).await.unwrap();
         assert!(again[0].1.is_ok(), "later publishes to the shard work");
+    }
+
+    #[tokio::test]
+    async fn data_over_the_limit_fails_alone_and_changes_nothing() {
+        let f = fixture(None).await;
+        let topic = [0u8, 7];
+        let shard = Topic::parse(&topic).unwrap().shard(SHARDS);
+        let sized = |n: usize| EnvelopeInput { data: vec![1; n], ..input(&topic, EnvelopeKind::Application, 0) };
+        let results = f.ingest.publish(vec![sized(16), sized(17), sized(0), sized(1 << 20)]).await.unwrap();
+        assert_eq!(results[0], (Some(shard), Ok(1)), "at the limit is stored");
+        assert_eq!(results[1], (None, Err(EnvelopeRejection::DataTooLarge { limit: 16 })));
+        assert_eq!(results[2], (Some(shard), Ok(2)), "the neighbours are stored");
+        assert_eq!(results[3].1, Err(EnvelopeRejection::DataTooLarge { limit: 16 }));
+        let message = results[1].1.clone().unwrap_err().to_string();
+        assert_eq!(message, "envelope data is larger than the limit of 16 bytes (engine.ingest.max_data_bytes)");
+        assert_eq!(f.ingest.store.shard_position(shard).await.unwrap().boundary, 2, "no id taken by a refusal");
+        let refusals = f.ingest.metrics.render();
+        assert!(refusals.contains("fanout_limit_refusals_total{limit=\"envelope_data\"} 2"), "{refusals}");
     }
 
     #[tokio::test]

@@ -36,6 +36,27 @@ pub struct Metrics {
     pub provider_connections_opened: IntCounterVec,
     pub provider_waiting_sends: IntGaugeVec,
     pub provider_token_failures: IntCounterVec,
+    limit_refusals: IntCounterVec,
+}
+
+/// A configured input limit (issue 11), as the `limit` label names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    /// `engine.ingest.max_data_bytes`: one envelope refused.
+    EnvelopeData,
+    /// `engine.max_subscription_changes`: one UpdateSubscriptions refused.
+    SubscriptionChanges,
+}
+
+impl Limit {
+    pub const ALL: [Limit; 2] = [Limit::EnvelopeData, Limit::SubscriptionChanges];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::EnvelopeData => "envelope_data",
+            Self::SubscriptionChanges => "subscription_changes",
+        }
+    }
 }
 
 const LATENCY_BUCKETS: &[f64] =
@@ -77,7 +98,7 @@ impl Metrics {
         )
         .expect("valid metric");
         registry.register(Box::new(window_duration.clone())).expect("unique metric");
-        Self {
+        let metrics = Self {
             deliveries: counter_vec(
                 "fanout_deliveries_total",
                 "Deliveries finished, by channel and final outcome",
@@ -174,8 +195,23 @@ impl Metrics {
                 "Provider credentials that could not be obtained, by channel",
                 &["channel"],
             ),
+            limit_refusals: counter_vec(
+                "fanout_limit_refusals_total",
+                "Inputs refused by a configured limit, by limit (envelopes for envelope_data, requests otherwise)",
+                &["limit"],
+            ),
             registry,
+        };
+        // At zero from the start: a refusal rate is worth an alert.
+        for limit in Limit::ALL {
+            metrics.limit_refusals.with_label_values(&[limit.as_str()]);
         }
+        metrics
+    }
+
+    /// Counts `n` inputs refused by `limit`.
+    pub fn limit_refused(&self, limit: Limit, n: u64) {
+        self.limit_refusals.with_label_values(&[limit.as_str()]).inc_by(n);
     }
 
     /// Creates the series of a label vector up front, so dashboards and alerts

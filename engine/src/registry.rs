@@ -5,14 +5,56 @@
 
 use std::sync::Arc;
 
+use serde::Deserialize;
+
 use crate::channel::{Channels, Refused};
 use crate::clock::unix_now_ns;
 use crate::domain::{
     Channel, DeliveryTarget, KeyWindow, ParseError, RecipientId, RecipientSecret, SigningKey,
     Subscription, SubscriptionUpdate, Topic,
 };
-use crate::metrics::Metrics;
-use crate::store::{RecipientSummary, Store, StoreError};
+use crate::metrics::{Limit, Metrics};
+use crate::store::{MAX_SUBSCRIPTION_CHANGES, RecipientSummary, Store, StoreError};
+
+/// `engine.max_subscription_changes`: the most adds plus removes one
+/// UpdateSubscriptions may carry (issue 11), 1000 to 65534, default 2000.
+/// All of them are applied in one transaction (PUSH-216), so this bounds
+/// that transaction. Spec clients send at most 1000 subscriptions per
+/// request (section 8) and stop for good on INVALID_ARGUMENT (PUSH-262), so
+/// a smaller limit would strand conforming clients; the ScyllaDB backend
+/// applies one update in one batch of at most 65534 statements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "u64")]
+pub struct SubscriptionChanges(usize);
+
+impl SubscriptionChanges {
+    /// Section 8: a client's batch of subscriptions.
+    pub const MIN: usize = 1000;
+    pub const MAX: usize = MAX_SUBSCRIPTION_CHANGES;
+    /// Twice a client's batch, for clients that count adds and removes apart.
+    pub const DEFAULT: SubscriptionChanges = SubscriptionChanges(2000);
+
+    pub fn get(self) -> usize {
+        self.0
+    }
+}
+
+impl Default for SubscriptionChanges {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+impl TryFrom<u64> for SubscriptionChanges {
+    type Error = String;
+
+    fn try_from(n: u64) -> Result<Self, String> {
+        match usize::try_from(n) {
+            Ok(n) if (Self::MIN..=Self::MAX).contains(&n) => Ok(Self(n)),
+            _ => Err(format!("must be between {} and {}", Self::MIN, Self::MAX)),
+        }
+    }
+}
 
 /// Register's delivery as received, before admission check 4.
 pub enum DeliveryInput<'a> {
@@ -79,6 +121,7 @@ pub struct Registry {
     pub store: Arc<dyn Store>,
     pub channels: Channels,
     pub max_push_topics: u64,
+    pub max_subscription_changes: SubscriptionChanges,
     pub recipient_ttl_seconds: u64,
     pub metrics: Arc<Metrics>,
 }
@@ -112,7 +155,7 @@ impl Registry {
         Ok(())
     }
 
-    /// PUSH-253 rows 1–4 then PUSH-216/217.
+    /// PUSH-253 rows 1–4 (with the request's size in row 4) then PUSH-216/217.
     pub async fn update_subscriptions(
         &self,
         recipient_id: &[u8],
@@ -122,6 +165,16 @@ impl Registry {
     ) -> Result<RecipientState, AdmissionError> {
         let (id, secret) = parse_credentials(recipient_id, recipient_secret)?;
         self.admit_existing(&id, &secret).await?;
+        // Row 4, first: the request's size (issue 11), before any topic is
+        // parsed or anything written.
+        let limit = self.max_subscription_changes.get();
+        if adds.len().saturating_add(removes.len()) > limit {
+            self.metrics.limit_refused(Limit::SubscriptionChanges, 1);
+            return Err(AdmissionError::InvalidArgument(format!(
+                "an UpdateSubscriptions request carries at most {limit} adds and removes together \
+                 (engine.max_subscription_changes); send them in batches"
+            )));
+        }
         let update = parse_update(adds, removes)?;
         let summary = self
             .store
@@ -258,6 +311,7 @@ mod tests {
             store: Arc::new(RedbStore::open(dir.path(), 4).unwrap()),
             channels: configured,
             max_push_topics,
+            max_subscription_changes: SubscriptionChanges::try_from(SubscriptionChanges::MIN as u64).unwrap(),
             recipient_ttl_seconds: 60,
             metrics: Arc::new(Metrics::new()),
         }
@@ -329,5 +383,42 @@ mod tests {
         assert!(r.store.subscriptions(&RecipientId(ID)).await.unwrap().is_empty());
         let two = &three[..2];
         assert_eq!(r.update_subscriptions(&ID, &SECRET, two, &[]).await.unwrap().topic_count, 2);
+    }
+
+    #[tokio::test]
+    async fn an_update_over_the_change_limit_is_refused_before_anything_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = registry(&dir, &[Channel::Apns], 100_000);
+        let limit = SubscriptionChanges::MIN;
+        // Rows 2 and 3 still come first.
+        let topics: Vec<Vec<u8>> = (0..=limit as u32).map(|i| [vec![0], i.to_be_bytes().to_vec()].concat()).collect();
+        let adds: Vec<SubscriptionInput<'_>> = topics.iter().map(|t| add(t)).collect();
+        assert!(matches!(r.update_subscriptions(&ID, &SECRET, &adds, &[]).await, Err(AdmissionError::NotFound)));
+        r.register(&ID, &SECRET, Some(DeliveryInput::Apns { token: "t" })).await.unwrap();
+        assert!(matches!(r.update_subscriptions(&ID, &[3; 32], &adds, &[]).await, Err(AdmissionError::PermissionDenied)));
+
+        // One over: refused, whatever else is wrong, and nothing stored.
+        let message = invalid(r.update_subscriptions(&ID, &SECRET, &adds, &[]).await);
+        assert_eq!(
+            message,
+            "an UpdateSubscriptions request carries at most 1000 adds and removes together \
+             (engine.max_subscription_changes); send them in batches"
+        );
+        let (some_adds, removes) = (&adds[..600], &topics[600..]);
+        invalid(r.update_subscriptions(&ID, &SECRET, some_adds, removes).await);
+        assert!(r.store.subscriptions(&RecipientId(ID)).await.unwrap().is_empty());
+        assert!(r.metrics.render().contains("fanout_limit_refusals_total{limit=\"subscription_changes\"} 2"));
+        // At the limit: applied.
+        assert_eq!(r.update_subscriptions(&ID, &SECRET, &adds[..limit], &[]).await.unwrap().topic_count, limit as u64);
+    }
+
+    #[test]
+    fn the_change_limit_is_between_a_client_batch_and_a_scylla_batch() {
+        assert_eq!(SubscriptionChanges::default().get(), 2000);
+        assert_eq!(SubscriptionChanges::try_from(1000).unwrap().get(), 1000);
+        assert_eq!(SubscriptionChanges::try_from(65534).unwrap().get(), 65534);
+        for bad in [0, 999, 65535, u64::MAX] {
+            assert_eq!(SubscriptionChanges::try_from(bad).unwrap_err(), "must be between 1000 and 65534");
+        }
     }
 }

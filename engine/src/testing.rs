@@ -14,8 +14,7 @@ use crate::domain::{DeliveryTarget, EnvelopeKind, RecipientId, SecretHash, Shard
 use crate::store::Recipient;
 use crate::store::{NodeId, ShardLeases, StoreError};
 
-/// An application envelope on topic `00 01 02 03` (base64 `AAECAw==`) whose
-/// data must never reach a provider.
+/// An application envelope on topic `00 01 02 03` (base64 `AAECAw==`).
 pub fn envelope(sequence_id: u64) -> StoredEnvelope {
     StoredEnvelope {
         shard: ShardId(0),
@@ -24,7 +23,6 @@ pub fn envelope(sequence_id: u64) -> StoredEnvelope {
         kind: EnvelopeKind::Application,
         server_ts_ns: 0,
         sender_hmac: vec![],
-        data: b"secret payload".to_vec(),
     }
 }
 

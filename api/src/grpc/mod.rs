@@ -2,6 +2,7 @@
 
 mod notification;
 mod publish;
+mod publish_stream;
 mod status;
 
 pub use notification::NotificationApi;

@@ -3,48 +3,59 @@ use std::sync::Arc;
 use fanout_engine::ingest::{EnvelopeInput, EnvelopeRejection, Ingest, MAX_BATCH};
 use fanout_proto::v1 as pb;
 use pb::publish_service_server::PublishService;
-use tokio_stream::StreamExt;
+use tokio::sync::watch;
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::publish_stream;
 use super::status::{record_rpc, store_status};
 
 pub struct PublishApi {
     pub ingest: Arc<Ingest>,
+    /// Becomes true when the server shuts down: open publish streams end.
+    pub shutdown: watch::Receiver<bool>,
 }
 
-impl PublishApi {
-    async fn publish_batch(&self, envelopes: Vec<pb::Envelope>) -> Result<Vec<pb::PublishResult>, Status> {
-        if envelopes.len() > MAX_BATCH {
-            return Err(Status::invalid_argument(format!("a publish request carries at most {MAX_BATCH} envelopes")));
-        }
-        let inputs = envelopes
-            .into_iter()
-            .map(|e| EnvelopeInput {
-                topic: e.topic,
-                kind: e.kind,
-                should_push: e.should_push,
-                sender_hmac: e.sender_hmac,
-                data: e.data,
-                sequence_id: e.sequence_id,
-            })
-            .collect();
-        let results = self.ingest.publish(inputs).await.map_err(store_status)?;
-        Ok(results
-            .into_iter()
-            .map(|(shard, r)| pb::PublishResult {
-                shard: shard.map_or(0, |s| u32::from(s.0)),
-                result: Some(match r {
-                    Ok(seq) => pb::publish_result::Result::SequenceId(seq),
-                    Err(e) => pb::publish_result::Result::Error(rejection(e)),
-                }),
-            })
-            .collect())
+/// Stores one batch: one result per envelope, in order. `Err` refuses the
+/// batch as a whole (too many envelopes, storage failed).
+pub(super) async fn publish_batch(
+    ingest: &Ingest,
+    envelopes: Vec<pb::Envelope>,
+) -> Result<Vec<pb::PublishResult>, Status> {
+    if envelopes.len() > MAX_BATCH {
+        return Err(Status::invalid_argument(format!("a publish request carries at most {MAX_BATCH} envelopes")));
     }
+    let inputs = envelopes
+        .into_iter()
+        .map(|e| EnvelopeInput {
+            topic: e.topic,
+            kind: e.kind,
+            should_push: e.should_push,
+            sender_hmac: e.sender_hmac,
+            data: e.data,
+            sequence_id: e.sequence_id,
+        })
+        .collect();
+    let results = ingest.publish(inputs).await.map_err(store_status)?;
+    Ok(results
+        .into_iter()
+        .map(|(shard, r)| pb::PublishResult {
+            shard: shard.map_or(0, |s| u32::from(s.0)),
+            result: Some(match r {
+                Ok(seq) => pb::publish_result::Result::SequenceId(seq),
+                Err(e) => pb::publish_result::Result::Error(rejection(e)),
+            }),
+        })
+        .collect())
 }
 
 fn rejection(e: EnvelopeRejection) -> pb::PublishError {
     let code = match e {
-        EnvelopeRejection::Invalid(_) | EnvelopeRejection::SequenceTooFarAhead { .. } => tonic::Code::InvalidArgument,
+        // Issue 11: an envelope over `engine.ingest.max_data_bytes` is invalid
+        // for this deployment whatever its state; resending it cannot help.
+        EnvelopeRejection::Invalid(_)
+        | EnvelopeRejection::DataTooLarge { .. }
+        | EnvelopeRejection::SequenceTooFarAhead { .. } => tonic::Code::InvalidArgument,
         EnvelopeRejection::SequenceExhausted => tonic::Code::ResourceExhausted,
         EnvelopeRejection::SequenceNotIncreasing { .. } => tonic::Code::FailedPrecondition,
         // Issue 7 redirect contract (see the proto): publish to the named owner, or retry.
@@ -56,25 +67,18 @@ fn rejection(e: EnvelopeRejection) -> pb::PublishError {
 #[tonic::async_trait]
 impl PublishService for PublishApi {
     async fn publish(&self, request: Request<pb::PublishRequest>) -> Result<Response<pb::PublishResponse>, Status> {
-        let result = self.publish_batch(request.into_inner().envelopes).await;
+        let result = publish_batch(&self.ingest, request.into_inner().envelopes).await;
         record_rpc(&self.ingest.metrics, "Publish", &result);
         Ok(Response::new(pb::PublishResponse { results: result? }))
     }
 
+    type PublishStreamStream = ReceiverStream<Result<pb::PublishResponse, Status>>;
+
     async fn publish_stream(
         &self,
         request: Request<Streaming<pb::PublishRequest>>,
-    ) -> Result<Response<pb::PublishResponse>, Status> {
-        let mut stream = request.into_inner();
-        let mut results = Vec::new();
-        let outcome: Result<(), Status> = async {
-            while let Some(batch) = stream.next().await {
-                results.extend(self.publish_batch(batch?.envelopes).await?);
-            }
-            Ok(())
-        }
-        .await;
-        record_rpc(&self.ingest.metrics, "PublishStream", &outcome);
-        outcome.map(|()| Response::new(pb::PublishResponse { results }))
+    ) -> Result<Response<Self::PublishStreamStream>, Status> {
+        let acks = publish_stream::start(self.ingest.clone(), request.into_inner(), self.shutdown.clone());
+        Ok(Response::new(acks))
     }
 }

@@ -1,21 +1,22 @@
-use hmac::{Hmac, KeyInit, Mac};
-use sha2::Sha256;
-
 use crate::channel::Channels;
-use crate::domain::{StoredEnvelope, hmac_epoch};
+use crate::domain::{HmacKey, StoredEnvelope, hmac_epoch};
 use crate::store::Subscriber;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decision {
+pub enum Decision<'a> {
     Deliver,
     /// PUSH-257 excludes the pair: no delivery may be made.
     Excluded,
-    /// PUSH-230: the recipient's own inbox sent it.
-    Suppressed,
+    /// PUSH-230 may apply: deliver unless HMAC-SHA256 of the envelope's data
+    /// under this key equals its sender_hmac (`suppression::own_keys`). The
+    /// data is not in the envelope (issue 11), so the comparison is made per
+    /// page, once per distinct key.
+    DeliverUnlessOwn(&'a HmacKey),
 }
 
-/// PUSH-257 for one subscriber of the envelope's topic, then PUSH-230.
-pub fn decide(envelope: &StoredEnvelope, subscriber: &Subscriber, channels: &Channels) -> Decision {
+/// PUSH-257 for one subscriber of the envelope's topic, then whether PUSH-230
+/// can apply.
+pub fn decide<'a>(envelope: &StoredEnvelope, subscriber: &'a Subscriber, channels: &Channels) -> Decision<'a> {
     let stored = &subscriber.subscription;
     if stored.start_position >= envelope.sequence_id {
         return Decision::Excluded;
@@ -26,28 +27,21 @@ pub fn decide(envelope: &StoredEnvelope, subscriber: &Subscriber, channels: &Cha
     if !channels.is_configured(subscriber.recipient.target.channel()) {
         return Decision::Excluded;
     }
-    if is_senders_own(envelope, subscriber) { Decision::Suppressed } else { Decision::Deliver }
+    match suppression_key(envelope, subscriber) {
+        Some(key) => Decision::DeliverUnlessOwn(key),
+        None => Decision::Deliver,
+    }
 }
 
-/// PUSH-230, failing open in every case but an exact match: a 32-byte
-/// sender_hmac, a key at index (epoch of the server timestamp − base), and
-/// HMAC-SHA256 of the stored data under it equal in constant time.
-fn is_senders_own(envelope: &StoredEnvelope, subscriber: &Subscriber) -> bool {
+/// PUSH-230's preconditions, failing open: a 32-byte sender_hmac and a key
+/// at index (epoch of the server timestamp − base) of the subscription's
+/// window. Without both, the delivery is never suppressed.
+fn suppression_key<'a>(envelope: &StoredEnvelope, subscriber: &'a Subscriber) -> Option<&'a HmacKey> {
     if envelope.sender_hmac.len() != 32 {
-        return false;
+        return None;
     }
-    let Some(window) = &subscriber.subscription.subscription.keys else {
-        return false;
-    };
-    let Some(key) = window.key_for_epoch(hmac_epoch(envelope.server_ts_ns)) else {
-        return false;
-    };
-    let Ok(mut mac) = <Hmac<Sha256> as KeyInit>::new_from_slice(&key.0) else {
-        return false;
-    };
-    mac.update(&envelope.data);
-    // verify_slice compares in constant time.
-    mac.verify_slice(&envelope.sender_hmac).is_ok()
+    let window = subscriber.subscription.subscription.keys.as_ref()?;
+    window.key_for_epoch(hmac_epoch(envelope.server_ts_ns))
 }
 
 #[cfg(test)]
@@ -55,12 +49,15 @@ mod tests {
     use std::sync::Arc;
 
     use async_trait::async_trait;
+    use hmac::{Hmac, KeyInit, Mac};
+    use sha2::Sha256;
 
     use super::*;
     use crate::channel::{Outcome, Provider, Push};
+    use crate::dispatch::suppression::is_senders_own;
     use crate::domain::{
-        Channel, DeliveryTarget, EnvelopeKind, HMAC_EPOCH_SECONDS, KeyWindow, RecipientId,
-        SecretHash, ShardId, SigningKey, StoredSubscription, Subscription, Topic,
+        Channel, DeliveryTarget, EnvelopeKind, HMAC_EPOCH_SECONDS, KeyWindow, RecipientId, SecretHash, ShardId,
+        SigningKey, StoredSubscription, Subscription, Topic,
     };
     use crate::store::Recipient;
 
@@ -87,7 +84,7 @@ mod tests {
         channels
     }
 
-    fn envelope(seq: u64, kind: EnvelopeKind, ts_ns: i64, data: &[u8], hmac: Vec<u8>) -> StoredEnvelope {
+    fn envelope(seq: u64, kind: EnvelopeKind, ts_ns: i64, hmac: Vec<u8>) -> StoredEnvelope {
         StoredEnvelope {
             shard: ShardId(0),
             sequence_id: seq,
@@ -95,7 +92,23 @@ mod tests {
             kind,
             server_ts_ns: ts_ns,
             sender_hmac: hmac,
-            data: data.to_vec(),
+        }
+    }
+
+    /// The whole rule for one pair: PUSH-257, then PUSH-230 over `data`.
+    #[derive(Debug, PartialEq, Eq)]
+    enum Verdict {
+        Deliver,
+        Excluded,
+        Suppressed,
+    }
+
+    fn verdict(envelope: &StoredEnvelope, data: &[u8], subscriber: &Subscriber, channels: &Channels) -> Verdict {
+        match decide(envelope, subscriber, channels) {
+            Decision::Excluded => Verdict::Excluded,
+            Decision::Deliver => Verdict::Deliver,
+            Decision::DeliverUnlessOwn(key) if is_senders_own(data, &envelope.sender_hmac, key) => Verdict::Suppressed,
+            Decision::DeliverUnlessOwn(_) => Verdict::Deliver,
         }
     }
 
@@ -137,16 +150,23 @@ mod tests {
         for kind in [Application, Commit, Proposal] {
             for include_commits in [false, true] {
                 for (start, seq) in [(5u64, 5u64), (5, 6), (6, 5), (0, 1)] {
-                    let d = decide(&envelope(seq, kind, ts, b"", vec![]), &subscriber(start, include_commits, None, http()), &ch);
+                    let sub = subscriber(start, include_commits, None, http());
+                    let d = decide(&envelope(seq, kind, ts, vec![]), &sub, &ch);
                     let expected = start < seq && (include_commits || !kind.is_commit_or_proposal());
-                    assert_eq!(d == Decision::Deliver, expected, "{kind:?} commits={include_commits} start={start} seq={seq}");
-                    assert_ne!(d, Decision::Suppressed);
+                    assert_eq!(
+                        d == Decision::Deliver,
+                        expected,
+                        "{kind:?} commits={include_commits} start={start} seq={seq}"
+                    );
                 }
             }
         }
         // A recipient on a channel the deployment has not configured is excluded.
         let apns = DeliveryTarget::Apns { token: "t".into() };
-        assert_eq!(decide(&envelope(2, Application, ts, b"", vec![]), &subscriber(1, false, None, apns), &ch), Decision::Excluded);
+        assert_eq!(
+            decide(&envelope(2, Application, ts, vec![]), &subscriber(1, false, None, apns), &ch),
+            Decision::Excluded
+        );
     }
 
     #[test]
@@ -154,8 +174,10 @@ mod tests {
         let base = EPOCH - 1;
         for (index, key) in [[1u8; 42], [2; 42], [3; 42]].iter().enumerate() {
             let ts = (base + index as i64) * HMAC_EPOCH_SECONDS * NS;
-            let env = envelope(9, EnvelopeKind::Application, ts, b"ciphertext", hmac(key, b"ciphertext"));
-            assert_eq!(decide(&env, &subscriber(0, false, Some(window(base)), http()), &http_only()), Decision::Suppressed);
+            let env = envelope(9, EnvelopeKind::Application, ts, hmac(key, b"ciphertext"));
+            let sub = subscriber(0, false, Some(window(base)), http());
+            assert_eq!(decide(&env, &sub, &http_only()), Decision::DeliverUnlessOwn(&window(base).keys()[index]));
+            assert_eq!(verdict(&env, b"ciphertext", &sub, &http_only()), Verdict::Suppressed);
         }
     }
 
@@ -166,21 +188,27 @@ mod tests {
         let good = hmac(&[2; 42], b"ciphertext");
         let ch = http_only();
         let case = |ts: i64, data: &[u8], mac: Vec<u8>, keys: Option<KeyWindow>| {
-            decide(&envelope(9, EnvelopeKind::Application, ts, data, mac), &subscriber(0, false, keys, http()), &ch)
+            verdict(&envelope(9, EnvelopeKind::Application, ts, mac), data, &subscriber(0, false, keys, http()), &ch)
         };
-        assert_eq!(case(ts, b"ciphertext", good.clone(), Some(window(base))), Decision::Suppressed);
-        assert_eq!(case(ts, b"ciphertext", good.clone(), None), Decision::Deliver, "no keys");
-        assert_eq!(case(ts, b"other", good.clone(), Some(window(base))), Decision::Deliver, "different data");
-        assert_eq!(case(ts, b"ciphertext", good[..31].to_vec(), Some(window(base))), Decision::Deliver, "31-byte hmac");
-        assert_eq!(case(ts, b"ciphertext", vec![], Some(window(base))), Decision::Deliver, "no hmac");
+        assert_eq!(case(ts, b"ciphertext", good.clone(), Some(window(base))), Verdict::Suppressed);
+        assert_eq!(case(ts, b"ciphertext", good.clone(), None), Verdict::Deliver, "no keys");
+        assert_eq!(case(ts, b"other", good.clone(), Some(window(base))), Verdict::Deliver, "different data");
+        assert_eq!(case(ts, b"ciphertext", good[..31].to_vec(), Some(window(base))), Verdict::Deliver, "31-byte hmac");
+        assert_eq!(case(ts, b"ciphertext", vec![], Some(window(base))), Verdict::Deliver, "no hmac");
         // Epoch boundaries: last ns of the epoch before the window, first ns after it.
         let before = base * HMAC_EPOCH_SECONDS * NS - 1;
         let after = (base + 3) * HMAC_EPOCH_SECONDS * NS;
-        assert_eq!(case(before, b"ciphertext", hmac(&[1; 42], b"ciphertext"), Some(window(base))), Decision::Deliver);
-        assert_eq!(case(after, b"ciphertext", hmac(&[3; 42], b"ciphertext"), Some(window(base))), Decision::Deliver);
+        assert_eq!(case(before, b"ciphertext", hmac(&[1; 42], b"ciphertext"), Some(window(base))), Verdict::Deliver);
+        assert_eq!(case(after, b"ciphertext", hmac(&[3; 42], b"ciphertext"), Some(window(base))), Verdict::Deliver);
         // The first ns of an epoch uses that epoch's key, not the previous one's.
         let first_of_epoch = EPOCH * HMAC_EPOCH_SECONDS * NS;
-        assert_eq!(case(first_of_epoch, b"ciphertext", hmac(&[1; 42], b"ciphertext"), Some(window(base))), Decision::Deliver);
-        assert_eq!(case(first_of_epoch - 1, b"ciphertext", hmac(&[1; 42], b"ciphertext"), Some(window(base))), Decision::Suppressed);
+        assert_eq!(
+            case(first_of_epoch, b"ciphertext", hmac(&[1; 42], b"ciphertext"), Some(window(base))),
+            Verdict::Deliver
+        );
+        assert_eq!(
+            case(first_of_epoch - 1, b"ciphertext", hmac(&[1; 42], b"ciphertext"), Some(window(base))),
+            Verdict::Suppressed
+        );
     }
 }

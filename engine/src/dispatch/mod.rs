@@ -1,12 +1,14 @@
 //! Windowed dispatch (spec 000 section 5) in supervised shard actors: read
 //! eligible envelopes above the checkpoint up to the boundary, join them with
-//! their topic's subscribers page by page, apply PUSH-257 and PUSH-230, hand
+//! their topic's subscribers page by page, apply PUSH-257 and PUSH-230 (the
+//! ciphertext read per page, never held in a window), hand
 //! batches to the delivery workers, and move the checkpoint once every
 //! delivery of the window has had its first attempt.
 
 mod condition;
 mod settings;
 mod shard;
+mod suppression;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -1,13 +1,13 @@
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::time::Instant;
 
-use super::{Decision, DispatchContext, decide};
+use super::{Decision, DispatchContext, decide, suppression};
 use crate::delivery::{Delivery, FirstAttempt, FirstAttemptLatch};
-use crate::domain::{RecipientId, ShardId, StoredEnvelope};
+use crate::domain::{HmacKey, RecipientId, ShardId, StoredEnvelope};
 use crate::store::Recipient;
 use crate::ticker::spawn_ticker;
 
@@ -280,12 +280,25 @@ impl ShardState {
         } else {
             w.cursor = page.last().map(|s| s.recipient.id);
         }
-        let mut recipients = Vec::with_capacity(page.len());
+        // PUSH-257 per subscriber; PUSH-230 for the page at once, so the data
+        // is read once per page and hashed once per distinct key.
+        let mut candidates = Vec::with_capacity(page.len());
         for subscriber in page {
-            match decide(&envelope, &subscriber, &ctx.channels) {
-                Decision::Deliver => recipients.push(Arc::new(subscriber.recipient)),
-                Decision::Suppressed => ctx.metrics.suppressed.inc(),
-                Decision::Excluded => {}
+            let key = match decide(&envelope, &subscriber, &ctx.channels) {
+                Decision::Excluded => continue,
+                Decision::Deliver => None,
+                Decision::DeliverUnlessOwn(key) => Some(key.clone()),
+            };
+            candidates.push((subscriber.recipient, key));
+        }
+        let keys: HashSet<HmacKey> = candidates.iter().filter_map(|(_, key)| key.clone()).collect();
+        let own = suppression::own_keys(ctx.store.as_ref(), &envelope, keys).await?;
+        let mut recipients = Vec::with_capacity(candidates.len());
+        for (recipient, key) in candidates {
+            if key.is_some_and(|key| own.contains(&key)) {
+                ctx.metrics.suppressed.inc();
+            } else {
+                recipients.push(Arc::new(recipient));
             }
         }
         if !recipients.is_empty() {

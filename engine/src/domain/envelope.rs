@@ -95,7 +95,11 @@ impl NewEnvelope {
     }
 }
 
-/// A push-eligible envelope as stored for dispatch.
+/// A push-eligible envelope as dispatch reads it: what a window, a page and a
+/// delivery need, never the ciphertext. Issue 11: `data` can be large and a
+/// window holds hundreds of envelopes, each shared by every delivery (and
+/// retry) of it, so the HMAC input stays in the store and is read for a page
+/// only when PUSH-230 needs it (`Store::envelope_data`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredEnvelope {
     pub shard: ShardId,
@@ -104,9 +108,9 @@ pub struct StoredEnvelope {
     pub kind: EnvelopeKind,
     /// Server timestamp stamped at storage, Unix nanoseconds.
     pub server_ts_ns: i64,
-    /// Exactly 32 bytes, with `data`, when suppression may apply; else empty.
+    /// Exactly 32 bytes when suppression may apply (the store then keeps the
+    /// data too); else empty.
     pub sender_hmac: Vec<u8>,
-    pub data: Vec<u8>,
 }
 
 #[cfg(test)]

@@ -5,8 +5,9 @@ use super::{ParseError, Topic};
 pub const HMAC_KEY_LEN: usize = 42;
 pub const MAX_HMAC_KEYS: usize = 3;
 
-/// One 42-byte HMAC key of a key window. Debug hides it.
-#[derive(Clone, PartialEq, Eq)]
+/// One 42-byte HMAC key of a key window. Debug hides it. Hash: dispatch
+/// hashes a page's envelope once per distinct key (PUSH-230).
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct HmacKey(pub [u8; HMAC_KEY_LEN]);
 
 impl std::fmt::Debug for HmacKey {

@@ -17,7 +17,9 @@ use serde::Deserialize;
 pub use crate::channel::ChannelSettings;
 pub use crate::delivery::DeliverySettings;
 pub use crate::dispatch::DispatchSettings;
+pub use crate::ingest::IngestSettings;
 pub use crate::ownership::LeaseSettings;
+pub use crate::registry::SubscriptionChanges;
 pub use crate::retention::{RetentionInterval, RetentionSettings};
 
 /// Default number of topic shards. Fixed per deployment: the store records it.
@@ -39,7 +41,11 @@ pub struct EngineSettings {
     #[serde(rename = "recipient_ttl_seconds", deserialize_with = "duration::seconds")]
     pub recipient_ttl: Duration,
     pub max_push_topics: u64,
+    /// Issue 11: most adds plus removes per UpdateSubscriptions.
+    pub max_subscription_changes: SubscriptionChanges,
     pub max_attempts: NonZeroU32,
+    /// Limits on what a publish may carry (issue 11).
+    pub ingest: IngestSettings,
     pub dispatch: DispatchSettings,
     pub delivery: DeliverySettings,
     pub retention: RetentionSettings,
@@ -54,7 +60,9 @@ impl Default for EngineSettings {
             shard_count: DEFAULT_SHARD_COUNT,
             recipient_ttl: DEFAULT_RECIPIENT_TTL,
             max_push_topics: DEFAULT_MAX_PUSH_TOPICS,
+            max_subscription_changes: SubscriptionChanges::DEFAULT,
             max_attempts: DEFAULT_MAX_ATTEMPTS,
+            ingest: IngestSettings::default(),
             dispatch: DispatchSettings::default(),
             delivery: DeliverySettings::default(),
             retention: RetentionSettings::default(),
@@ -77,6 +85,8 @@ mod tests {
         let s = parse(serde_json::json!({})).unwrap();
         assert_eq!((s.shard_count.get(), s.max_push_topics, s.max_attempts.get()), (256, 100_000, 3));
         assert_eq!(s.recipient_ttl, Duration::from_secs(2_592_000));
+        assert_eq!(s.ingest.max_data_bytes.get(), 1 << 20);
+        assert_eq!(s.max_subscription_changes.get(), 2000);
         assert_eq!(s.dispatch.window_timeout, Duration::from_secs(120));
         assert_eq!(s.dispatch.poll_interval, Duration::from_millis(1000));
         assert_eq!(s.delivery.workers.get(), 8);
@@ -108,6 +118,8 @@ mod tests {
         refused(serde_json::json!({"max_attempts": 0}), "nonzero");
         refused(serde_json::json!({"recipient_ttl_seconds": 0}), "positive number of seconds");
         refused(serde_json::json!({"dispatch": {"window_envelopes": 0}}), "nonzero");
+        refused(serde_json::json!({"ingest": {"max_data_bytes": 0}}), "nonzero");
+        refused(serde_json::json!({"max_subscription_changes": 999}), "must be between 1000 and 65534");
         refused(serde_json::json!({"dispatch": {"poll_interval_ms": 0}}), "positive number of milliseconds");
         refused(serde_json::json!({"delivery": {"max_retrying_per_worker": 0}}), "nonzero");
         refused(serde_json::json!({"retention": {"interval_seconds": 0}}), "between 1 and 3600");

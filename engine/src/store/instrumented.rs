@@ -26,6 +26,7 @@ pub const OPERATIONS: &[&str] = &[
     "append",
     "shard_position",
     "read_window",
+    "envelope_data",
     "advance_checkpoint",
     "subscribers",
 ];
@@ -174,6 +175,10 @@ impl Store for Instrumented {
         limit: usize,
     ) -> Result<Vec<StoredEnvelope>, StoreError> {
         self.observe("read_window", self.inner.read_window(shard, after, up_to, limit)).await
+    }
+
+    async fn envelope_data(&self, shard: ShardId, sequence_id: u64) -> Result<Option<Vec<u8>>, StoreError> {
+        self.observe("envelope_data", self.inner.envelope_data(shard, sequence_id)).await
     }
 
     async fn advance_checkpoint(&self, shard: ShardId, checkpoint: u64) -> Result<(), StoreError> {

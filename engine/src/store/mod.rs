@@ -12,7 +12,7 @@ use async_trait::async_trait;
 
 pub use self::instrumented::Instrumented;
 pub use self::redb::RedbStore;
-pub use self::scylla::{Keyspace, Nodes, ScyllaSettings, ScyllaStore};
+pub use self::scylla::{Keyspace, MAX_SUBSCRIPTION_CHANGES, Nodes, ScyllaSettings, ScyllaStore};
 use crate::domain::{
     Channel, DeliveryTarget, SequenceRefusal, NewEnvelope, RecipientId, SecretHash, ShardId, StoredEnvelope, StoredSubscription,
     SubscriptionUpdate, Topic,
@@ -153,7 +153,7 @@ pub trait Store: Send + Sync + 'static {
     async fn shard_position(&self, shard: ShardId) -> Result<ShardPosition, StoreError>;
 
     /// Stored envelopes of `shard` with `after < sequence_id <= up_to`, ascending,
-    /// at most `limit`.
+    /// at most `limit`, without their data.
     async fn read_window(
         &self,
         shard: ShardId,
@@ -161,6 +161,12 @@ pub trait Store: Send + Sync + 'static {
         up_to: u64,
         limit: usize,
     ) -> Result<Vec<StoredEnvelope>, StoreError>;
+
+    /// PUSH-230's HMAC input: the `data` stored with envelope `sequence_id` of
+    /// `shard`. `None` when none was kept (no 32-byte sender_hmac) or the
+    /// envelope is gone (at or below the checkpoint). Windows never carry it
+    /// (issue 11); dispatch reads it for a page that needs it.
+    async fn envelope_data(&self, shard: ShardId, sequence_id: u64) -> Result<Option<Vec<u8>>, StoreError>;
 
     /// Moves the checkpoint forward (never back) and drops envelopes at or below it.
     async fn advance_checkpoint(&self, shard: ShardId, checkpoint: u64) -> Result<(), StoreError>;

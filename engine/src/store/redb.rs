@@ -290,6 +290,11 @@ impl<'t> Subs<'t> {
             .transpose()
     }
 
+    fn contains(&self, id: &RecipientId, topic: &Topic) -> Result<bool, StoreError> {
+        let key = recipient_sub_key(id, topic.as_bytes());
+        Ok(self.by_recipient.get(key.as_slice()).be()?.is_some())
+    }
+
     fn put(&mut self, id: &RecipientId, sub: &StoredSubscription) -> Result<(), StoreError> {
         let topic = sub.subscription.topic.as_bytes();
         let value = codec::encode_subscription(sub);
@@ -414,35 +419,44 @@ impl Store for RedbStore {
             let mut r = authorized(&recipients, &id, &secret_hash)?;
             let shards = txn.open_table(SHARDS).be()?;
             let mut subs = Subs::open(txn)?;
-            let mut count = r.topic_count;
 
-            // PUSH-216: a removed topic that is not stored changes nothing.
+            // First read what the update would do, then write: PUSH-217 is
+            // decided before any write (issue 11), so a refused update costs
+            // reads only. PUSH-215 keeps a topic out of both lists.
+            let mut count = r.topic_count;
+            let mut removed = Vec::with_capacity(update.removes.len());
             for topic in &update.removes {
-                if subs.remove(&id, topic.as_bytes())? {
+                // PUSH-216: a removed topic that is not stored changes nothing.
+                if subs.contains(&id, topic)? {
+                    removed.push(topic);
                     count = count.saturating_sub(1);
                 }
             }
+            let mut stored = Vec::with_capacity(update.adds.len());
             for sub in &update.adds {
                 let start_position = match subs.get(&id, &sub.topic)? {
                     // PUSH-216: a replaced topic keeps its start position.
-                    Some(stored) => stored.start_position,
+                    Some(existing) => existing.start_position,
                     // PUSH-216: a new topic starts at its shard's boundary, read in this txn.
                     None => {
                         count += 1;
                         get_shard(&shards, sub.topic.shard(shard_count))?.boundary
                     }
                 };
-                subs.put(
-                    &id,
-                    &StoredSubscription {
-                        subscription: sub.clone(),
-                        start_position,
-                    },
-                )?;
+                stored.push(StoredSubscription {
+                    subscription: sub.clone(),
+                    start_position,
+                });
             }
-            // PUSH-217: over the limit, the abort discards every change above.
+            // PUSH-217: over the limit, nothing is written.
             if count > max_topics {
                 return Err(StoreError::TopicLimit);
+            }
+            for topic in removed {
+                subs.remove(&id, topic.as_bytes())?;
+            }
+            for sub in &stored {
+                subs.put(&id, sub)?;
             }
             // PUSH-255: set the renewal time in the same transaction.
             r.topic_count = count;
@@ -546,22 +560,19 @@ impl Store for RedbStore {
                 // PUSH-219: only push-eligible envelopes are stored for dispatch.
                 if e.is_push_eligible() {
                     // PUSH-230: keep the HMAC input only where suppression can use it.
-                    let (sender_hmac, data) = e
-                        .suppression_data()
-                        .map_or((Vec::new(), Vec::new()), |(h, d)| (h.to_vec(), d.to_vec()));
+                    let (sender_hmac, data) = e.suppression_data().unwrap_or_default();
                     let envelope = StoredEnvelope {
                         shard: e.shard,
                         sequence_id,
                         topic: e.topic.clone(),
                         kind: e.kind,
                         server_ts_ns: now_ns,
-                        sender_hmac,
-                        data,
+                        sender_hmac: sender_hmac.to_vec(),
                     };
                     stored
                         .insert(
                             (e.shard.0, sequence_id),
-                            codec::encode_envelope(&envelope).as_slice(),
+                            codec::encode_envelope(&envelope, data).as_slice(),
                         )
                         .be()?;
                 }
@@ -613,6 +624,18 @@ impl Store for RedbStore {
                 out.push(codec::decode_envelope(shard, k.value().1, v.value())?);
             }
             Ok(out)
+        })
+        .await
+    }
+
+    async fn envelope_data(&self, shard: ShardId, sequence_id: u64) -> Result<Option<Vec<u8>>, StoreError> {
+        self.read(move |txn| {
+            let table = txn.open_table(ENVELOPES).be()?;
+            let Some(value) = table.get((shard.0, sequence_id)).be()? else {
+                return Ok(None);
+            };
+            let data = codec::decode_envelope_data(value.value())?;
+            Ok((!data.is_empty()).then(|| data.to_vec()))
         })
         .await
     }
@@ -880,39 +903,57 @@ mod codec {
         })
     }
 
-    /// Shard and sequence id are the key, so the value leaves them out.
-    pub(super) fn encode_envelope(e: &StoredEnvelope) -> Vec<u8> {
+    /// Shard and sequence id are the key, so the value leaves them out. The
+    /// data (PUSH-230's HMAC input, empty when suppression cannot apply)
+    /// comes last, so a window read decodes the rest without copying it.
+    pub(super) fn encode_envelope(e: &StoredEnvelope, data: &[u8]) -> Vec<u8> {
         Writer::new()
             .bytes(e.topic.as_bytes())
             .u8(e.kind as u8)
             .i64(e.server_ts_ns)
             .bytes(&e.sender_hmac)
-            .bytes(&e.data)
+            .bytes(data)
             .finish()
     }
 
+    /// The envelope without its data (issue 11: windows do not hold it).
     pub(super) fn decode_envelope(
         shard: ShardId,
         sequence_id: u64,
         buf: &[u8],
     ) -> Result<StoredEnvelope, StoreError> {
+        let (envelope, _data) = decode_envelope_parts(shard, sequence_id, buf)?;
+        Ok(envelope)
+    }
+
+    /// The data alone, borrowed from the stored value.
+    pub(super) fn decode_envelope_data(buf: &[u8]) -> Result<&[u8], StoreError> {
+        let (_envelope, data) = decode_envelope_parts(ShardId(0), 0, buf)?;
+        Ok(data)
+    }
+
+    fn decode_envelope_parts(
+        shard: ShardId,
+        sequence_id: u64,
+        buf: &[u8],
+    ) -> Result<(StoredEnvelope, &[u8]), StoreError> {
         const WHAT: &str = "envelope";
         let mut r = Reader::new(buf, WHAT)?;
         let topic = Topic::parse(r.bytes()?).map_err(|_| corrupt(WHAT))?;
         let kind = EnvelopeKind::from_u8(r.u8()?).ok_or_else(|| corrupt(WHAT))?;
         let server_ts_ns = r.i64()?;
         let sender_hmac = r.bytes()?.to_vec();
-        let data = r.bytes()?.to_vec();
+        let data = r.bytes()?;
         r.end()?;
-        Ok(StoredEnvelope {
+        let envelope = StoredEnvelope {
             shard,
             sequence_id,
             topic,
             kind,
             server_ts_ns,
             sender_hmac,
-            data,
-        })
+        };
+        Ok((envelope, data))
     }
 
     pub(super) fn encode_shard(s: &ShardRow) -> Vec<u8> {

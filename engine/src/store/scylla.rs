@@ -188,6 +188,7 @@ struct Statements {
     bucket_del: PreparedStatement,
     env_put: PreparedStatement,
     env_read: PreparedStatement,
+    env_data: PreparedStatement,
     env_drop_bucket: PreparedStatement,
     env_drop_upto: PreparedStatement,
     lease_insert: PreparedStatement,
@@ -300,11 +301,13 @@ impl Statements {
                  VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
             ))
             .await?,
+            // Issue 11: a window never reads the data; `env_data` does, per page.
             env_read: p(format!(
-                "SELECT pos, topic, kind, server_ts, sender_hmac, data FROM {ks}.envelopes \
+                "SELECT pos, topic, kind, server_ts, sender_hmac FROM {ks}.envelopes \
                  WHERE shard = ? AND bucket = ? AND pos >= ? AND pos <= ?"
             ))
             .await?,
+            env_data: p(format!("SELECT data FROM {ks}.envelopes WHERE shard = ? AND bucket = ? AND pos = ?")).await?,
             env_drop_bucket: p(format!("DELETE FROM {ks}.envelopes WHERE shard = ? AND bucket = ?")).await?,
             env_drop_upto: p(format!("DELETE FROM {ks}.envelopes WHERE shard = ? AND bucket = ? AND pos <= ?")).await?,
             // Issue 7: a lease is a row that lives for its TTL; every change is an LWT.
@@ -712,7 +715,7 @@ impl ScyllaStore {
         let mut values: Vec<Values> = Vec::with_capacity(rows.len());
         for (seq, e) in rows {
             // PUSH-230: keep the HMAC input only where suppression can use it.
-            let (hmac, data) = e.suppression_data().map_or((Vec::new(), Vec::new()), |(h, d)| (h.to_vec(), d.to_vec()));
+            let (hmac, data) = e.suppression_data().unwrap_or_default();
             batch.append_statement(self.st.env_put.clone());
             values.push(Box::new((
                 shard,
@@ -721,8 +724,8 @@ impl ScyllaStore {
                 e.topic.as_bytes().to_vec(),
                 e.kind as u8 as i8,
                 now_ns,
-                hmac,
-                data,
+                hmac.to_vec(),
+                data.to_vec(),
             )));
         }
         self.session.batch(&batch, values).await.map_err(be("writing envelopes"))?;
@@ -1099,6 +1102,19 @@ impl Store for ScyllaStore {
             }
         }
         Ok(out)
+    }
+
+    async fn envelope_data(&self, shard: ShardId, sequence_id: u64) -> Result<Option<Vec<u8>>, StoreError> {
+        let key = (i32::from(shard.0), bucket_of(sequence_id), pos_of(sequence_id));
+        let rows = self
+            .session
+            .execute_unpaged(&self.st.env_data, key)
+            .await
+            .map_err(be("reading envelope data"))?
+            .into_rows_result()
+            .map_err(be("reading envelope data"))?;
+        let row = rows.maybe_first_row::<(Option<Vec<u8>>,)>().map_err(be("reading envelope data"))?;
+        Ok(row.and_then(|(data,)| data).filter(|d| !d.is_empty()))
     }
 
     async fn advance_checkpoint(&self, shard: ShardId, checkpoint: u64) -> Result<(), StoreError> {

@@ -859,11 +859,11 @@ pub async fn publisher_sequence_ids<S: Store>(store: &S) {
     );
     let w = store.read_window(ShardId(4), 0, 100, 100).await.unwrap();
     assert_eq!(seq_ids(&w), vec![5, 7, 8, 10]);
-    assert_eq!(
-        w.iter().map(|e| e.data[0]).collect::<Vec<_>>(),
-        vec![5, 7, 8, 10],
-        "refused ones not stored"
-    );
+    let mut tags = Vec::new();
+    for e in &w {
+        tags.push(store.envelope_data(ShardId(4), e.sequence_id).await.unwrap().unwrap()[0]);
+    }
+    assert_eq!(tags, vec![5, 7, 8, 10], "refused ones not stored");
     // Issue 11: an id too far ahead fails alone and leaves the shard usable.
     let far = 10 + fanout_engine::domain::MAX_SEQUENCE_GAP + 1;
     assert_eq!(
@@ -908,7 +908,9 @@ pub async fn non_eligible_envelopes_only_move_the_boundary<S: Store>(store: &S) 
     assert_eq!(window[1].topic, w);
 }
 
-/// PUSH-230: sender_hmac and data are kept only with a 32-byte sender_hmac.
+/// PUSH-230: sender_hmac and data are kept only with a 32-byte sender_hmac;
+/// a window carries the hmac, never the data (issue 11), which
+/// `envelope_data` reads until the checkpoint passes the envelope.
 pub async fn suppression_data_only_with_32_byte_hmac<S: Store>(store: &S) {
     let g = topic_in_shard(0, 11, 0);
     let batch = [
@@ -964,19 +966,28 @@ pub async fn suppression_data_only_with_32_byte_hmac<S: Store>(store: &S) {
             kind: EnvelopeKind::Application,
             server_ts_ns: 12_345,
             sender_hmac: vec![7; 32],
-            data: b"ciphertext".to_vec(),
         }
     );
+    let data = |seq: u64| store.envelope_data(ShardId(11), seq);
+    assert_eq!(data(1).await.unwrap(), Some(b"ciphertext".to_vec()));
     for i in [1, 2, 4] {
-        assert!(
-            w[i].sender_hmac.is_empty() && w[i].data.is_empty(),
-            "envelope {i} kept data"
-        );
+        assert!(w[i].sender_hmac.is_empty(), "envelope {i} kept its hmac");
+        assert_eq!(data(i as u64 + 1).await.unwrap(), None, "envelope {i} kept data");
     }
     assert_eq!(
-        (w[3].kind, w[3].sender_hmac.clone(), w[3].data.clone()),
-        (EnvelopeKind::Commit, vec![8; 32], b"z".to_vec())
+        (w[3].kind, w[3].sender_hmac.clone()),
+        (EnvelopeKind::Commit, vec![8; 32])
     );
+    assert_eq!(data(4).await.unwrap(), Some(b"z".to_vec()));
+    assert_eq!(data(99).await.unwrap(), None, "no such envelope");
+    assert_eq!(
+        store.envelope_data(ShardId(12), 1).await.unwrap(),
+        None,
+        "another shard's id"
+    );
+    store.advance_checkpoint(ShardId(11), 1).await.unwrap();
+    assert_eq!(data(1).await.unwrap(), None, "pruned with the checkpoint");
+    assert_eq!(data(4).await.unwrap(), Some(b"z".to_vec()));
 }
 
 /// read_window: `after < id <= up_to`, ascending, at most `limit`, one shard.

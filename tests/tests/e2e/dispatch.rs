@@ -97,6 +97,17 @@ async fn eligibility_and_the_delivery_condition() {
 
 #[tokio::test]
 async fn senders_own_messages_are_suppressed_and_everything_else_fails_open() {
+    suppression_cases(b"ciphertext".to_vec()).await;
+}
+
+/// Issue 11: windows do not carry the data; a page reads it and, this large
+/// (more than 64 KiB of hashing), hashes it off the shard actor's thread.
+#[tokio::test]
+async fn large_messages_are_suppressed_the_same_way() {
+    suppression_cases((0..512 * 1024).map(|i| i as u8).collect()).await;
+}
+
+async fn suppression_cases(data: Vec<u8>) {
     let setup = webhook_setup(EngineConfig::default()).await;
     let key = [2u8; 32];
     let topic = group_topic();
@@ -110,7 +121,6 @@ async fn senders_own_messages_are_suppressed_and_everything_else_fails_open() {
     register_webhook(&setup, &sender, "/sender", &key, vec![with_keys]).await;
     register_webhook(&setup, &other, "/other", &key, vec![subscription(&topic)]).await;
 
-    let data = b"ciphertext".to_vec();
     let signed = |hmac: Vec<u8>, data: &[u8]| {
         let mut e = envelope(&topic, K::Application, true);
         e.sender_hmac = hmac;
@@ -263,7 +273,12 @@ async fn the_streaming_publish_answers_every_envelope_of_every_batch() {
         pb::PublishRequest { envelopes: vec![envelope(&topic, K::Application, true)] },
     ];
     let mut publisher = setup.fanout.publisher().await.unwrap();
-    let results = publisher.publish_stream(tokio_stream::iter(batches)).await.unwrap().into_inner().results;
+    let mut acks = publisher.publish_stream(tokio_stream::iter(batches)).await.unwrap().into_inner();
+    let mut results = Vec::new();
+    while let Some(ack) = acks.message().await.unwrap() {
+        assert!(!ack.results.is_empty(), "one acknowledgement per batch");
+        results.extend(ack.results);
+    }
     assert_eq!(results.len(), 3, "one result per envelope, in order");
     let first = sequence_id(&results[0]);
     assert!(matches!(results[1].result, Some(pb::publish_result::Result::Error(_))));

@@ -117,12 +117,13 @@ pub(super) fn encode_subscription(s: &StoredSubscription) -> (i64, bool, Option<
     (to_db(s.start_position), s.subscription.include_commits, base, keys)
 }
 
-/// The envelope columns after the key: pos, topic, kind, server_ts, sender_hmac, data.
-pub(super) type EnvelopeRow = (i32, Vec<u8>, i8, i64, Option<Vec<u8>>, Option<Vec<u8>>);
+/// The envelope columns a window reads: pos, topic, kind, server_ts,
+/// sender_hmac (never data, issue 11).
+pub(super) type EnvelopeRow = (i32, Vec<u8>, i8, i64, Option<Vec<u8>>);
 
 pub(super) fn decode_envelope(shard: ShardId, bucket: i64, row: EnvelopeRow) -> Result<StoredEnvelope, StoreError> {
     const WHAT: &str = "envelope";
-    let (pos, topic, kind, server_ts, sender_hmac, data) = row;
+    let (pos, topic, kind, server_ts, sender_hmac) = row;
     Ok(StoredEnvelope {
         shard,
         sequence_id: seq_of(bucket, pos),
@@ -130,7 +131,6 @@ pub(super) fn decode_envelope(shard: ShardId, bucket: i64, row: EnvelopeRow) -> 
         kind: u8::try_from(kind).ok().and_then(EnvelopeKind::from_u8).ok_or_else(|| corrupt(WHAT))?,
         server_ts_ns: server_ts,
         sender_hmac: sender_hmac.unwrap_or_default(),
-        data: data.unwrap_or_default(),
     })
 }
 
