@@ -376,6 +376,13 @@ struct ShardRow {
     checkpoint: u64,
 }
 
+/// Ids one append reserved: the boundary it read, and its last id.
+#[derive(Debug, Clone, Copy)]
+struct Reservation {
+    boundary: u64,
+    last: u64,
+}
+
 type Values = Box<dyn SerializeRow + Send + Sync>;
 
 /// Runs `futures`, at most `concurrency` at once; the first error wins.
@@ -609,6 +616,8 @@ impl ScyllaStore {
     }
 
     /// Appends one shard's envelopes (`indices` into `envelopes`).
+    /// Appends one shard's envelopes (`indices` into `envelopes`): reserve
+    /// ids, write the rows, move the boundary over them.
     async fn append_shard(
         &self,
         shard: ShardId,
@@ -617,11 +626,26 @@ impl ScyllaStore {
         now_ns: i64,
     ) -> Result<Vec<(usize, Appended)>, StoreError> {
         let _serialised = self.shard_locks[usize::from(shard.0)].lock().await;
-        let db_shard = i32::from(shard.0);
+        let (reservation, results, rows) = self.reserve_ids(shard, envelopes, indices).await?;
+        let Some(reservation) = reservation else {
+            return Ok(results); // every envelope was refused
+        };
+        self.write_rows(shard, rows, now_ns).await?;
+        self.cover(shard, reservation).await?;
+        Ok(results)
+    }
 
-        // 1. Reserve ids: IF last_id = <read>.
+    /// 1. Reserves ids with `IF last_id = <read>`, so two writers never hand
+    ///    out the same id. `None` when every envelope was refused.
+    async fn reserve_ids<'e>(
+        &self,
+        shard: ShardId,
+        envelopes: &'e [NewEnvelope],
+        indices: &[usize],
+    ) -> Result<(Option<Reservation>, Vec<(usize, Appended)>, Vec<(u64, &'e NewEnvelope)>), StoreError> {
+        let db_shard = i32::from(shard.0);
         let mut attempt = 0;
-        let (row, results, rows, new_last) = loop {
+        loop {
             let row = self.read_shard(shard, true).await?;
             let mut last = row.map_or(0, |r| r.last);
             let mut results = Vec::with_capacity(indices.len());
@@ -644,53 +668,65 @@ impl ScyllaStore {
                 results.push((i, Appended::Stored { sequence_id: seq }));
             }
             if last == row.map_or(0, |r| r.last) {
-                // Nothing allocated: every envelope was refused.
-                return Ok(results);
+                return Ok((None, results, rows));
             }
             let reserved = match row {
                 None => self.lwt(&self.st.shard_create, (db_shard, to_db(last))).await?,
                 Some(r) => self.lwt(&self.st.shard_reserve, (to_db(last), db_shard, to_db(r.last))).await?,
             };
             if reserved.applied {
-                break (row.unwrap_or_default(), results, rows, last);
+                let boundary = row.map_or(0, |r| r.boundary);
+                return Ok((Some(Reservation { boundary, last }), results, rows));
             }
             attempt += 1;
             if attempt >= MAX_LWT_ATTEMPTS {
                 return Err(contention());
             }
             backoff(attempt).await;
-        };
-
-        // 2. Write the envelopes: bucket index rows first, then the rows.
-        if !rows.is_empty() {
-            let buckets: BTreeSet<i64> = rows.iter().map(|(seq, _)| bucket_of(*seq)).collect();
-            let writes: Vec<BoxFuture<'_, Result<(), StoreError>>> =
-                buckets.iter().map(|b| self.write(&self.st.bucket_put, (db_shard, *b)).boxed()).collect();
-            all_ok(writes, JOIN_CONCURRENCY).await?;
-            let mut by_bucket: BTreeMap<i64, Vec<(u64, &NewEnvelope)>> = BTreeMap::new();
-            for (seq, e) in rows {
-                by_bucket.entry(bucket_of(seq)).or_default().push((seq, e));
-            }
-            let mut batches: Vec<BoxFuture<'_, Result<(), StoreError>>> = Vec::new();
-            for (bucket, rows) in &by_bucket {
-                for chunk in rows.chunks(ENVELOPE_BATCH) {
-                    batches.push(self.write_envelopes(db_shard, *bucket, chunk, now_ns).boxed());
-                }
-            }
-            all_ok(batches, 8).await?;
         }
+    }
 
-        // 3. Move the boundary over them: IF boundary = <read>. A lower current
-        //    boundary is a gap an earlier failed append left: close it too.
-        let mut expected = row.boundary;
+    /// 2. Writes the envelopes: bucket index rows first, then the rows.
+    async fn write_rows(&self, shard: ShardId, rows: Vec<(u64, &NewEnvelope)>, now_ns: i64) -> Result<(), StoreError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let db_shard = i32::from(shard.0);
+        let buckets: BTreeSet<i64> = rows.iter().map(|(seq, _)| bucket_of(*seq)).collect();
+        let writes: Vec<BoxFuture<'_, Result<(), StoreError>>> =
+            buckets.iter().map(|b| self.write(&self.st.bucket_put, (db_shard, *b)).boxed()).collect();
+        all_ok(writes, JOIN_CONCURRENCY).await?;
+        let mut by_bucket: BTreeMap<i64, Vec<(u64, &NewEnvelope)>> = BTreeMap::new();
+        for (seq, e) in rows {
+            by_bucket.entry(bucket_of(seq)).or_default().push((seq, e));
+        }
+        let mut batches: Vec<BoxFuture<'_, Result<(), StoreError>>> = Vec::new();
+        for (bucket, rows) in &by_bucket {
+            for chunk in rows.chunks(ENVELOPE_BATCH) {
+                batches.push(self.write_envelopes(db_shard, *bucket, chunk, now_ns).boxed());
+            }
+        }
+        all_ok(batches, 8).await
+    }
+
+    /// 3. Moves the boundary over the reserved ids: `IF boundary = <read>`.
+    ///    A lower current boundary is a gap an earlier failed append left:
+    ///    close it too. A boundary already past them means another writer
+    ///    (a new owner, after this one stalled) covered them, possibly before
+    ///    these rows were written and read by dispatch: the append must not
+    ///    be acknowledged, so it is an error and its publisher retries.
+    async fn cover(&self, shard: ShardId, reservation: Reservation) -> Result<(), StoreError> {
+        let db_shard = i32::from(shard.0);
+        let mut expected = reservation.boundary;
         let mut attempt = 0;
         loop {
-            let moved = self.lwt(&self.st.shard_boundary, (to_db(new_last), db_shard, to_db(expected))).await?;
+            let moved =
+                self.lwt(&self.st.shard_boundary, (to_db(reservation.last), db_shard, to_db(expected))).await?;
             if moved.applied {
-                return Ok(results);
+                return Ok(());
             }
             let current = moved.current_u64("boundary").ok_or_else(|| corrupt("shard"))?;
-            if current >= new_last {
+            if current >= reservation.last {
                 return Err(StoreError::Backend(
                     "scylla: another writer moved the shard boundary past this append; its outcome is unknown".into(),
                 ));
@@ -1381,6 +1417,45 @@ mod tests {
             behind.update_subscriptions(&id, &hash, &add, 4, 10).await.unwrap();
             assert_eq!(listed(&behind, &topic).await, vec![id], "re-registered after a delete ahead: still dispatched");
             behind
+        })
+        .await;
+    }
+
+    /// Issue 11: a writer that stalls between reserving ids and moving the
+    /// boundary (a node paused mid-append, then fenced) while the shard's
+    /// next owner appends. The new owner's envelopes become visible (it
+    /// closes the gap below them); the stale writer, resumed, can write its
+    /// rows but is refused at the boundary, so it never acknowledges ids
+    /// that dispatch may already have passed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stale_writer_never_acknowledges_ids_the_next_owner_covered() {
+        with_store(|owner| async move {
+            let nodes = test_nodes().unwrap();
+            let stale = ScyllaStore::connect(&settings(nodes, owner.keyspace()), SHARD_COUNT).await.unwrap();
+            let topic = Topic::parse(&[0, 5]).unwrap();
+            let new = || NewEnvelope::new(topic.clone(), SHARD_COUNT, EnvelopeKind::Application, true, vec![], vec![], None);
+            let shard = new().unwrap().shard;
+            owner.append(&[new().unwrap()], 1).await.unwrap();
+
+            // The stale writer reserves ids 2..=3, then stalls.
+            let mine = [new().unwrap(), new().unwrap()];
+            let (reservation, results, rows) = stale.reserve_ids(shard, &mine, &[0, 1]).await.unwrap();
+            let reservation = reservation.unwrap();
+            assert_eq!(results.len(), 2);
+            // The next owner appends id 4 and covers the gap below it.
+            assert_eq!(owner.append(&[new().unwrap()], 2).await.unwrap(), vec![Appended::Stored { sequence_id: 4 }]);
+            let position = owner.shard_position(shard).await.unwrap();
+            assert_eq!(position.boundary, 4);
+            let window = owner.read_window(shard, 0, 4, 10).await.unwrap();
+            assert_eq!(window.iter().map(|e| e.sequence_id).collect::<Vec<_>>(), vec![1, 4], "the gap is empty");
+            owner.advance_checkpoint(shard, 4).await.unwrap();
+
+            // Resumed: it writes its rows, but the boundary refuses it.
+            stale.write_rows(shard, rows, 3).await.unwrap();
+            let refused = stale.cover(shard, reservation).await.expect_err("never acknowledged");
+            assert!(matches!(&refused, StoreError::Backend(m) if m.contains("outcome is unknown")), "{refused}");
+            assert_eq!(owner.shard_position(shard).await.unwrap(), ShardPosition { boundary: 4, checkpoint: 4 });
+            owner
         })
         .await;
     }
