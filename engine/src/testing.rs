@@ -25,6 +25,7 @@ pub fn envelope(sequence_id: u64) -> StoredEnvelope {
         server_ts_ns: 0,
         sender_hmac: vec![],
         data: b"secret payload".to_vec(),
+        relay: Default::default(),
     }
 }
 

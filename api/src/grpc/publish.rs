@@ -26,6 +26,8 @@ impl PublishApi {
                 sender_hmac: e.sender_hmac,
                 data: e.data,
                 sequence_id: e.sequence_id,
+                membership_change: e.membership_change,
+                message_id: e.message_id,
             })
             .collect();
         let results = self.ingest.publish(inputs).await.map_err(store_status)?;

@@ -284,6 +284,7 @@ mod tests {
             server_ts_ns: unix_now_ns(),
             sender_hmac: vec![],
             data: vec![],
+            relay: Default::default(),
         }
     }
 

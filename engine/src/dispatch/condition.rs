@@ -96,6 +96,7 @@ mod tests {
             server_ts_ns: ts_ns,
             sender_hmac: hmac,
             data: data.to_vec(),
+            relay: Default::default(),
         }
     }
 

@@ -279,12 +279,12 @@ impl Statements {
             .await?,
             bucket_del: p(format!("DELETE FROM {ks}.envelope_buckets WHERE shard = ? AND bucket = ?")).await?,
             env_put: p(format!(
-                "INSERT INTO {ks}.envelopes (shard, bucket, pos, topic, kind, server_ts, sender_hmac, data) \
-                 VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                "INSERT INTO {ks}.envelopes (shard, bucket, pos, topic, kind, server_ts, sender_hmac, data, \
+                 message_id, membership) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
             ))
             .await?,
             env_read: p(format!(
-                "SELECT pos, topic, kind, server_ts, sender_hmac, data FROM {ks}.envelopes \
+                "SELECT pos, topic, kind, server_ts, sender_hmac, data, message_id, membership FROM {ks}.envelopes \
                  WHERE shard = ? AND bucket = ? AND pos >= ? AND pos <= ?"
             ))
             .await?,
@@ -675,8 +675,8 @@ impl ScyllaStore {
         let mut batch = Batch::new(BatchType::Unlogged);
         let mut values: Vec<Values> = Vec::with_capacity(rows.len());
         for (seq, e) in rows {
-            // PUSH-230: keep the HMAC input only where suppression can use it.
-            let (hmac, data) = e.suppression_data().map_or((Vec::new(), Vec::new()), |(h, d)| (h.to_vec(), d.to_vec()));
+            // PUSH-230 and 003 §3: see `stored_hmac_and_data`.
+            let (hmac, data) = e.stored_hmac_and_data();
             batch.append_statement(self.st.env_put.clone());
             values.push(Box::new((
                 shard,
@@ -687,6 +687,8 @@ impl ScyllaStore {
                 now_ns,
                 hmac,
                 data,
+                e.relay.message_id.as_ref().map(|m| m.as_str().to_owned()),
+                e.relay.membership.map(|m| m as u8 as i8),
             )));
         }
         self.session.batch(&batch, values).await.map_err(be("writing envelopes"))?;
@@ -775,6 +777,7 @@ impl Store for ScyllaStore {
         now_ns: i64,
     ) -> Result<RecipientSummary, StoreError> {
         let (channel, text, signing_key) = codec::encode_target(target);
+        let text = text.as_ref();
         for attempt in 0..MAX_LWT_ATTEMPTS {
             let current = self.read_static(id, true).await?;
             // PUSH-255: create with no subscriptions, or replace the target and keep them.

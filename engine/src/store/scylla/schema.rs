@@ -12,6 +12,7 @@ use crate::store::StoreError;
 pub(super) const MIGRATIONS: &[(i32, &str, &str)] = &[
     (1, "001_init", include_str!("../../../schema/scylla/001_init.cql")),
     (2, "002_leases", include_str!("../../../schema/scylla/002_leases.cql")),
+    (3, "003_relay", include_str!("../../../schema/scylla/003_relay.cql")),
 ];
 
 /// The version a store of this binary needs.
