@@ -36,6 +36,10 @@ pub struct Metrics {
     pub provider_connections_opened: IntCounterVec,
     pub provider_waiting_sends: IntGaugeVec,
     pub provider_token_failures: IntCounterVec,
+    /// Spec 003 §4's counters, by `event`.
+    pub relay_pushes: IntCounterVec,
+    pub relay_queue_devices: IntGauge,
+    pub relay_retry_waiting: IntGauge,
 }
 
 const LATENCY_BUCKETS: &[f64] =
@@ -122,6 +126,14 @@ impl Metrics {
                 "Recipients deleted by the engine, by reason",
                 &["reason"],
             ),
+            relay_pushes: counter_vec(
+                "fanout_relay_pushes_total",
+                "Relay channel pushes (spec 003 section 4 counters), by event: enqueued, coalesced, upgraded, \
+                 dropped, sent, skipped, invalid_token, retried, failed",
+                &["event"],
+            ),
+            relay_queue_devices: gauge("fanout_relay_queue_devices", "Devices with a pending relay push"),
+            relay_retry_waiting: gauge("fanout_relay_retry_waiting", "Relay pushes waiting for a retry timer"),
             windows: counter("fanout_windows_total", "Dispatch windows completed"),
             window_replays: counter("fanout_window_replays_total", "Windows abandoned and replayed from the checkpoint"),
             window_duration,
