@@ -17,6 +17,7 @@ pub struct Metrics {
     pub webhook_refused_at_send: IntCounter,
     pub envelopes_published: IntCounterVec,
     pub rpc_requests: IntCounterVec,
+    pub http_requests: IntCounterVec,
     pub publish_to_attempt: HistogramVec,
     pub provider_latency: HistogramVec,
     pub in_flight: IntGaugeVec,
@@ -109,6 +110,11 @@ impl Metrics {
                 &["result"],
             ),
             rpc_requests: counter_vec("fanout_rpc_requests_total", "gRPC requests by method and status code", &["method", "code"]),
+            http_requests: counter_vec(
+                "fanout_http_requests_total",
+                "API listener requests (spec 003 registration) by route and HTTP status",
+                &["route", "status"],
+            ),
             publish_to_attempt: histogram_vec(
                 "fanout_publish_to_attempt_seconds",
                 "Time from envelope storage to the answer of its first attempt",

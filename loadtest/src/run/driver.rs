@@ -219,7 +219,7 @@ async fn publish_batch(
             should_push: true,
             sender_hmac: vec![],
             data: b"loadtest ciphertext".to_vec(),
-            sequence_id: 0,
+            ..pb::Envelope::default()
         })
         .collect();
     let sent = Instant::now();

@@ -10,6 +10,7 @@ mod hostile;
 mod multinode;
 mod operability;
 mod providers;
+mod relay;
 mod replay;
 mod standard_webhooks;
 mod subscriptions;
