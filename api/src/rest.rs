@@ -58,6 +58,7 @@ pub async fn serve(listener: TcpListener, state: ApiState, mut shutdown: watch::
 
 /// An RFC 9457 problem: `code` is the stable error code (e.g.
 /// `validation_failed`), `field` names the body field at fault.
+#[derive(Debug)]
 struct Problem {
     status: StatusCode,
     code: &'static str,
@@ -184,7 +185,7 @@ async fn put_registration(State(state): State<ApiState>, headers: HeaderMap, bod
         state.registry.register(&id, &secret, Some(DeliveryInput::Relay(input))).await.map_err(admission_problem)
     }
     .await;
-    respond(&state, "PUT /v2/push/registration", result.map(|_| ()))
+    respond(&state, "put_registration", result.map(|_| ()))
 }
 
 async fn delete_registration(State(state): State<ApiState>, headers: HeaderMap) -> Response {
@@ -193,7 +194,7 @@ async fn delete_registration(State(state): State<ApiState>, headers: HeaderMap) 
         state.registry.unregister(&id, &secret).await.map_err(admission_problem)
     }
     .await;
-    respond(&state, "DELETE /v2/push/registration", result)
+    respond(&state, "delete_registration", result)
 }
 
 /// 204 on success; counts the request by route and status.
