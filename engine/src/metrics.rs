@@ -112,8 +112,8 @@ impl Metrics {
             rpc_requests: counter_vec("fanout_rpc_requests_total", "gRPC requests by method and status code", &["method", "code"]),
             http_requests: counter_vec(
                 "fanout_http_requests_total",
-                "API listener requests (spec 003 registration) by route and HTTP status",
-                &["route", "status"],
+                "API listener requests (spec 003 registration) by route and result (ok or the problem code)",
+                &["route", "code"],
             ),
             publish_to_attempt: histogram_vec(
                 "fanout_publish_to_attempt_seconds",
