@@ -35,7 +35,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-pub use event::stand_in_message_id;
+pub use event::{gid, stand_in_message_id};
 pub use log::PushLog;
 pub use settings::{HubId, RelaySettings, RelayUrl};
 pub use signing::{HEADER_DELIVERY, HEADER_SIGNATURE, signature_header};
