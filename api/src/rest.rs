@@ -102,7 +102,9 @@ fn admission_problem(e: AdmissionError) -> Problem {
     match e {
         AdmissionError::InvalidField(f) => Problem::invalid(f.field, f.rule),
         AdmissionError::InvalidArgument(msg) => Problem::new(StatusCode::BAD_REQUEST, "validation_failed", msg),
-        AdmissionError::NotFound => Problem::new(StatusCode::NOT_FOUND, "not_found", "no registration for this credential"),
+        AdmissionError::NotFound => {
+            Problem::new(StatusCode::NOT_FOUND, "not_found", "no registration for this credential")
+        }
         AdmissionError::PermissionDenied => {
             Problem::new(StatusCode::FORBIDDEN, "forbidden", "recipient secret does not match")
         }
@@ -216,9 +218,9 @@ async fn push_log(State(state): State<ApiState>, RawQuery(query): RawQuery) -> R
     let Some(log) = &state.push_log else {
         return Problem::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint").into_response();
     };
-    let device = query.as_deref().and_then(|q| {
-        q.split('&').find_map(|pair| pair.strip_prefix("device_id=")).filter(|d| !d.is_empty())
-    });
+    let device = query
+        .as_deref()
+        .and_then(|q| q.split('&').find_map(|pair| pair.strip_prefix("device_id=")).filter(|d| !d.is_empty()));
     let body = log.notifications(device).to_string();
     (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], body).into_response()
 }

@@ -70,7 +70,9 @@ impl RelayRegistration {
         }
         let p256dh = input
             .p256dh
-            .map(|k| web_push_key(k).ok_or(FieldError::new("p256dh", "p256dh must be 1 to 256 characters of base64url")))
+            .map(|k| {
+                web_push_key(k).ok_or(FieldError::new("p256dh", "p256dh must be 1 to 256 characters of base64url"))
+            })
             .transpose()?;
         let auth = input
             .auth

@@ -159,10 +159,8 @@ async fn registration_follows_every_rule_of_section_1() {
     // Authentication: the recipient credential of spec 000, checked as PUSH-253.
     let body = json!({"provider": "unifiedpush", "token": "tok", "app_id": "im.g.apps:x", "sandbox": true,
         "p256dh": "BNcRdreALRFXTkOOUHK1EtK2wtaz5Ry4YfYCA_0QTpQ=", "auth": "tBHItJI5svbpez7KI4CCXg=="});
-    let (status, _) = fanout
-        .api_request("PUT", "/v2/push/registration", &[], body.to_string().as_bytes())
-        .await
-        .unwrap();
+    let (status, _) =
+        fanout.api_request("PUT", "/v2/push/registration", &[], body.to_string().as_bytes()).await.unwrap();
     assert_eq!(status, 401);
     assert_eq!(put(&fanout, &r, &body).await.0, 204);
     assert_eq!(put(&fanout, &r, &json!({"provider": "log", "token": "other"})).await.0, 204, "replaced");
@@ -204,14 +202,19 @@ async fn a_burst_coalesces_to_the_newest_per_device_signed_and_without_the_sende
     let (status, _) = put(&relay.fanout, &sender, &json!({"provider": "apns", "token": "tok-sender"})).await;
     assert_eq!(status, 204);
     let mut client = relay.fanout.notifications().await.unwrap();
-    let keyed = pb::Subscription { hmac_epoch_base: current_epoch(), hmac_keys: vec![key.clone()], ..subscription(&topic) };
+    let keyed =
+        pb::Subscription { hmac_epoch_base: current_epoch(), hmac_keys: vec![key.clone()], ..subscription(&topic) };
     client.update_subscriptions(sender.update(vec![keyed], vec![])).await.unwrap();
 
     // Ten messages in one publish: one dispatch read, coalesced per device.
     let burst: Vec<pb::Envelope> = (0..10)
         .map(|i| {
             let data = format!("ciphertext {i}").into_bytes();
-            pb::Envelope { sender_hmac: sender_hmac(&key, &data), data, ..envelope(&topic, pb::EnvelopeKind::Application, true) }
+            pb::Envelope {
+                sender_hmac: sender_hmac(&key, &data),
+                data,
+                ..envelope(&topic, pb::EnvelopeKind::Application, true)
+            }
         })
         .collect();
     let results = publish(&relay.fanout, burst).await;
@@ -245,7 +248,10 @@ async fn a_burst_coalesces_to_the_newest_per_device_signed_and_without_the_sende
             "{token}: the newest of the burst, exactly the spec's fields"
         );
     }
-    assert_ne!(to(&received, "tok-a")[0].json().unwrap()["delivery_id"], to(&received, "tok-b")[0].json().unwrap()["delivery_id"]);
+    assert_ne!(
+        to(&received, "tok-a")[0].json().unwrap()["delivery_id"],
+        to(&received, "tok-b")[0].json().unwrap()["delivery_id"]
+    );
     assert_eq!(metric(&relay.fanout, "enqueued").await, 20);
     assert_eq!(metric(&relay.fanout, "coalesced").await, 18);
     assert_eq!(metric(&relay.fanout, "sent").await, 2);
@@ -282,7 +288,10 @@ async fn a_commit_with_a_membership_change_is_one_alert_with_the_membership_payl
 /// Answers by registration token: a script per token, then 200.
 fn scripted_by_token(scripts: HashMap<&'static str, Vec<ScriptedResponse>>) -> MockWebhookConfig {
     let scripts = Arc::new(Mutex::new(
-        scripts.into_iter().map(|(k, v)| (k.to_string(), v.into_iter().collect::<std::collections::VecDeque<_>>())).collect::<HashMap<_, _>>(),
+        scripts
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.into_iter().collect::<std::collections::VecDeque<_>>()))
+            .collect::<HashMap<_, _>>(),
     ));
     let hook = RequestHook::new(move |req| {
         let token = serde_json::from_slice::<Value>(req.body).ok()?["registration"]["token"].as_str()?.to_owned();
@@ -350,7 +359,10 @@ async fn each_answer_row_of_section_2_4() {
     assert_eq!(down.len(), 5);
     for (gap, want) in gaps(&down).into_iter().zip([1, 2, 4, 8]) {
         let want = Duration::from_secs(want);
-        assert!(gap >= want - Duration::from_millis(50) && gap < want + Duration::from_millis(900), "{gap:?} vs {want:?}");
+        assert!(
+            gap >= want - Duration::from_millis(50) && gap < want + Duration::from_millis(900),
+            "{gap:?} vs {want:?}"
+        );
     }
     assert!(down.windows(2).all(|p| p[0].body == p[1].body), "identical bodies: delivery_id and sent_at kept");
     assert!(down.windows(2).all(|p| p[0].header("x-gim-delivery") == p[1].header("x-gim-delivery")));
@@ -380,7 +392,10 @@ async fn minimal_mode_sends_exactly_the_wake_object() {
     let wake = format!(r#""payload":{{"v":1,"type":"wake","collapse_id":"{}"}}"#, stand_in("quiet", seq));
     assert!(body.ends_with(&format!("{wake}}}")), "{body}");
     let v: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!((v["priority"].as_str(), v["collapse_id"].as_str()), (Some("high"), Some(stand_in("quiet", seq).as_str())));
+    assert_eq!(
+        (v["priority"].as_str(), v["collapse_id"].as_str()),
+        (Some("high"), Some(stand_in("quiet", seq).as_str()))
+    );
 }
 
 #[tokio::test]

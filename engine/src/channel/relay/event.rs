@@ -76,10 +76,9 @@ pub fn notifications(envelope: &StoredEnvelope, member_events: bool) -> Vec<Noti
         EnvelopeKind::Application | EnvelopeKind::Commit => EventType::Message,
         EnvelopeKind::Welcome => EventType::Welcome,
         // 003 §4: a Proposal changes nothing until a Commit covers it.
-        EnvelopeKind::Proposal
-        | EnvelopeKind::KeyPackage
-        | EnvelopeKind::IdentityUpdate
-        | EnvelopeKind::CommitLog => return Vec::new(),
+        EnvelopeKind::Proposal | EnvelopeKind::KeyPackage | EnvelopeKind::IdentityUpdate | EnvelopeKind::CommitLog => {
+            return Vec::new();
+        }
     };
     let id = envelope.topic.identifier();
     let gid = gid(id);

@@ -20,7 +20,11 @@ pub const LOG_PAYLOAD_LIMIT: usize = 4096;
 pub enum Payload<'a> {
     Full(Full<'a>),
     /// Minimal mode: `{"v":1,"type":"wake","collapse_id":"<message_id>"}`.
-    Wake { v: u8, r#type: &'static str, collapse_id: &'a str },
+    Wake {
+        v: u8,
+        r#type: &'static str,
+        collapse_id: &'a str,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

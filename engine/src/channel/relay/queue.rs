@@ -106,13 +106,7 @@ pub struct Queue {
 
 impl Queue {
     pub fn new(capacity: usize, counters: Counters) -> Self {
-        Self {
-            state: Mutex::default(),
-            ready: Notify::new(),
-            capacity,
-            max_retrying: capacity,
-            counters,
-        }
+        Self { state: Mutex::default(), ready: Notify::new(), capacity, max_retrying: capacity, counters }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
