@@ -32,6 +32,8 @@ pub struct ServerSettings {
     pub grpc_listen: SocketAddr,
     /// HTTP: /metrics, /healthz, /readyz.
     pub http_listen: SocketAddr,
+    /// HTTP API: spec 003's `/v2/push/registration` and the debug push log.
+    pub api_listen: SocketAddr,
     /// How long shutdown waits for attempts in flight.
     #[serde(rename = "drain_timeout_seconds", deserialize_with = "duration::seconds")]
     pub drain_timeout: Duration,
@@ -97,6 +99,7 @@ impl Default for ServerSettings {
         Self {
             grpc_listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
             http_listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
+            api_listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             drain_timeout: Duration::from_secs(20),
             advertise_address: None,
             grpc_request_timeout: Duration::from_secs(30),

@@ -3,6 +3,7 @@
 mod config;
 mod grpc;
 mod http;
+mod rest;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -120,6 +121,9 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen for gRPC on {}", config.server.grpc_listen))?;
     let http_listener = http::bind(config.server.http_listen).await?;
+    let api_listener = tokio::net::TcpListener::bind(config.server.api_listen)
+        .await
+        .with_context(|| format!("cannot listen for the HTTP API on {}", config.server.api_listen))?;
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
@@ -152,6 +156,12 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         .serve_with_incoming_shutdown(TcpListenerStream::new(grpc_listener), async move {
             let _ = grpc_shutdown.changed().await;
         });
+    let registry = engine.registry();
+    let api_server = rest::serve(
+        api_listener,
+        rest::ApiState { push_log: registry.channels.push_log(), registry, metrics: engine.metrics() },
+        shutdown_rx.clone(),
+    );
     let http_server = http::serve(
         http_listener,
         http::HttpState { metrics: engine.metrics(), readiness: engine.readiness() },
@@ -160,11 +170,13 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     tracing::info!(
         grpc = %config.server.grpc_listen,
         http = %config.server.http_listen,
+        api = %config.server.api_listen,
         store = store.backend_name(),
         "fanout is serving"
     );
     let grpc_task = tokio::spawn(grpc_server);
     let http_task = tokio::spawn(http_server);
+    let api_task = tokio::spawn(api_server);
 
     shutdown_signal().await;
     let drain = config.server.drain_timeout;
@@ -175,6 +187,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         tracing::warn!("gRPC connections did not close within the drain timeout");
     }
     let _ = tokio::time::timeout(drain, http_task).await;
+    let _ = tokio::time::timeout(drain, api_task).await;
     engine.shutdown(drain).await;
     tracing::info!("stopped");
     Ok(())

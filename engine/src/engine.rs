@@ -95,7 +95,7 @@ impl Engine {
         let shard_count = settings.shard_count.get();
         let metrics = Arc::new(Metrics::new());
         let store: Arc<dyn Store> = Arc::new(Instrumented::new(store, metrics.clone()));
-        let channels = Channels::build(&settings.channels, &ChannelContext { metrics: metrics.clone() })
+        let channels = Channels::build(&settings.channels, &ChannelContext { metrics: metrics.clone(), store: Some(store.clone()) })
             .map_err(|e| EngineError::Config(e.to_string()))?;
         let (workers, worker_handles) = DeliveryWorkers::start(Arc::new(WorkerContext {
             settings: settings.delivery.clone(),

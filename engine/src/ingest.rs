@@ -10,7 +10,9 @@ use serde::Deserialize;
 
 use crate::clock::unix_now_ns;
 
-use crate::domain::{EnvelopeKind, NewEnvelope, ParseError, SequenceRefusal, ShardId, Topic};
+use crate::domain::{
+    EnvelopeKind, MembershipChange, MessageId, NewEnvelope, ParseError, RelayMeta, SequenceRefusal, ShardId, Topic,
+};
 use crate::metrics::{Limit, Metrics};
 use crate::ownership::ShardOwnership;
 use crate::store::{Appended, Store, StoreError};
@@ -47,6 +49,10 @@ pub struct EnvelopeInput {
     pub data: Vec<u8>,
     /// 0 lets fanout allocate.
     pub sequence_id: u64,
+    /// Spec 003: wire number of the Commit's membership change; 0 is none.
+    pub membership_change: i32,
+    /// Spec 003: the publisher's message id; empty is none.
+    pub message_id: String,
 }
 
 /// Why one envelope was not stored.
@@ -195,8 +201,24 @@ impl Ingest {
             .and_then(EnvelopeKind::from_u8)
             .ok_or(EnvelopeRejection::Invalid("envelope kind is unspecified or unknown"))?;
         let sequence_id = (input.sequence_id != 0).then_some(input.sequence_id);
-        NewEnvelope::new(topic, self.shard_count, kind, input.should_push, input.sender_hmac, input.data, sequence_id)
-            .map_err(invalid)
+        let membership = match input.membership_change {
+            0 => None,
+            m => Some(
+                u8::try_from(m)
+                    .ok()
+                    .and_then(MembershipChange::from_u8)
+                    .ok_or(EnvelopeRejection::Invalid("membership_change is unknown"))?,
+            ),
+        };
+        let message_id =
+            if input.message_id.is_empty() { None } else { Some(MessageId::parse(&input.message_id).map_err(invalid)?) };
+        let mut envelope =
+            NewEnvelope::new(topic, self.shard_count, kind, input.should_push, input.sender_hmac, input.data, sequence_id)
+                .map_err(invalid)?;
+        // 003 §3: a membership change only means something on a Commit.
+        let membership = membership.filter(|_| kind == EnvelopeKind::Commit);
+        envelope.relay = RelayMeta { message_id, membership };
+        Ok(envelope)
     }
 }
 
@@ -222,6 +244,8 @@ mod tests {
             sender_hmac: vec![],
             data: b"ciphertext".to_vec(),
             sequence_id,
+            membership_change: 0,
+            message_id: String::new(),
         }
     }
 

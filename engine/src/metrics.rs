@@ -17,6 +17,7 @@ pub struct Metrics {
     pub webhook_refused_at_send: IntCounter,
     pub envelopes_published: IntCounterVec,
     pub rpc_requests: IntCounterVec,
+    pub http_requests: IntCounterVec,
     pub publish_to_attempt: HistogramVec,
     pub provider_latency: HistogramVec,
     pub in_flight: IntGaugeVec,
@@ -36,6 +37,10 @@ pub struct Metrics {
     pub provider_connections_opened: IntCounterVec,
     pub provider_waiting_sends: IntGaugeVec,
     pub provider_token_failures: IntCounterVec,
+    /// Spec 003 §4's counters, by `event`.
+    pub relay_pushes: IntCounterVec,
+    pub relay_queue_devices: IntGauge,
+    pub relay_retry_waiting: IntGauge,
     limit_refusals: IntCounterVec,
 }
 
@@ -126,6 +131,11 @@ impl Metrics {
                 &["result"],
             ),
             rpc_requests: counter_vec("fanout_rpc_requests_total", "gRPC requests by method and status code", &["method", "code"]),
+            http_requests: counter_vec(
+                "fanout_http_requests_total",
+                "API listener requests (spec 003 registration) by route and result (ok or the problem code)",
+                &["route", "code"],
+            ),
             publish_to_attempt: histogram_vec(
                 "fanout_publish_to_attempt_seconds",
                 "Time from envelope storage to the answer of its first attempt",
@@ -143,6 +153,14 @@ impl Metrics {
                 "Recipients deleted by the engine, by reason",
                 &["reason"],
             ),
+            relay_pushes: counter_vec(
+                "fanout_relay_pushes_total",
+                "Relay channel pushes (spec 003 section 4 counters), by event: enqueued, coalesced, upgraded, \
+                 dropped, sent, skipped, invalid_token, retried, failed",
+                &["event"],
+            ),
+            relay_queue_devices: gauge("fanout_relay_queue_devices", "Devices with a pending relay push"),
+            relay_retry_waiting: gauge("fanout_relay_retry_waiting", "Relay pushes waiting for a retry timer"),
             windows: counter("fanout_windows_total", "Dispatch windows completed"),
             window_replays: counter("fanout_window_replays_total", "Windows abandoned and replayed from the checkpoint"),
             window_duration,

@@ -10,8 +10,8 @@ use serde::Deserialize;
 use crate::channel::{Channels, Refused};
 use crate::clock::unix_now_ns;
 use crate::domain::{
-    Channel, DeliveryTarget, KeyWindow, ParseError, RecipientId, RecipientSecret, SigningKey,
-    Subscription, SubscriptionUpdate, Topic,
+    Channel, DeliveryTarget, FieldError, KeyWindow, ParseError, RecipientId, RecipientSecret, RegistrationInput,
+    RelayRegistration, SigningKey, Subscription, SubscriptionUpdate, Topic,
 };
 use crate::metrics::{Limit, Metrics};
 use crate::store::{MAX_SUBSCRIPTION_CHANGES, RecipientSummary, Store, StoreError};
@@ -61,6 +61,8 @@ pub enum DeliveryInput<'a> {
     Apns { token: &'a str },
     Fcm { token: &'a str },
     Http { url: &'a str, signing_key: &'a [u8] },
+    /// Spec 003 §1: a device's push route through the operator's push server.
+    Relay(RegistrationInput<'a>),
 }
 
 /// A Subscription as received, before PUSH-215.
@@ -85,6 +87,10 @@ pub struct RecipientState {
 pub enum AdmissionError {
     #[error("{0}")]
     InvalidArgument(String),
+    /// A relay registration field breaks its 003 §1 rule: INVALID_ARGUMENT
+    /// over gRPC, `400 validation_failed` naming the field over HTTP.
+    #[error("{0}")]
+    InvalidField(FieldError),
     #[error("recipient not found")]
     NotFound,
     #[error("recipient secret does not match")]
@@ -194,11 +200,13 @@ impl Registry {
 
     /// Row 4 for Register: section 2 and the token/URL text rules.
     async fn parse_delivery(&self, delivery: Option<DeliveryInput<'_>>) -> Result<DeliveryTarget, AdmissionError> {
-        let delivery = delivery.ok_or_else(|| AdmissionError::InvalidArgument("a delivery (apns, fcm or http) is required".into()))?;
+        let delivery = delivery
+            .ok_or_else(|| AdmissionError::InvalidArgument("a delivery (apns, fcm, http or relay) is required".into()))?;
         let channel = match delivery {
             DeliveryInput::Apns { .. } => Channel::Apns,
             DeliveryInput::Fcm { .. } => Channel::Fcm,
             DeliveryInput::Http { .. } => Channel::Http,
+            DeliveryInput::Relay(_) => Channel::Relay,
         };
         let Some(provider) = self.channels.get(channel) else {
             // PUSH-210
@@ -217,6 +225,9 @@ impl Registry {
                 DeliveryTarget::check_url_text(url)?;
                 let signing_key = SigningKey::parse(signing_key)?;
                 DeliveryTarget::Http { url: url.to_owned(), signing_key }
+            }
+            DeliveryInput::Relay(input) => {
+                DeliveryTarget::Relay(RelayRegistration::parse(input).map_err(AdmissionError::InvalidField)?)
             }
         };
         // The channel's own rules (PUSH-256 for HTTPS).
@@ -281,6 +292,7 @@ mod tests {
             let text = match target {
                 DeliveryTarget::Http { url, .. } => url,
                 DeliveryTarget::Apns { token } | DeliveryTarget::Fcm { token } => token,
+                DeliveryTarget::Relay(r) => r.token(),
             };
             if text.contains("blocked") {
                 Err(Refused::Invalid("webhook host does not resolve to an allowed address".into()))
@@ -364,6 +376,25 @@ mod tests {
         assert!(matches!(r.unregister(&[9; 32], &SECRET).await, Err(AdmissionError::NotFound)));
         let adds = [add(&[0, 1])];
         assert!(matches!(r.update_subscriptions(&[9; 32], &SECRET, &adds, &[]).await, Err(AdmissionError::NotFound)));
+    }
+
+    #[tokio::test]
+    async fn relay_registrations_follow_section_1_and_replace_the_target() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = registry(&dir, &[Channel::Relay, Channel::Apns], 2);
+        let relay = |provider, token| Some(DeliveryInput::Relay(RegistrationInput { provider, token, ..Default::default() }));
+        match r.register(&ID, &SECRET, relay("APNS", "t")).await {
+            Err(AdmissionError::InvalidField(e)) => assert_eq!(e.field, "provider"),
+            other => panic!("expected the provider rule, got {other:?}"),
+        }
+        assert!(r.store.recipient(&RecipientId(ID)).await.unwrap().is_none(), "nothing stored");
+        r.register(&ID, &SECRET, Some(DeliveryInput::Apns { token: "t" })).await.unwrap();
+        r.update_subscriptions(&ID, &SECRET, &[add(&[0, 1])], &[]).await.unwrap();
+        let state = r.register(&ID, &SECRET, relay("fcm", "device-token")).await.unwrap();
+        assert_eq!((state.channel, state.topic_count), (Channel::Relay, 1), "replaced, subscriptions kept");
+        let stored = r.store.recipient(&RecipientId(ID)).await.unwrap().unwrap();
+        let DeliveryTarget::Relay(reg) = stored.target else { panic!("a relay target") };
+        assert_eq!((reg.provider(), reg.token(), reg.app_id()), ("fcm", "device-token", None));
     }
 
     #[tokio::test]

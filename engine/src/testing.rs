@@ -23,6 +23,8 @@ pub fn envelope(sequence_id: u64) -> StoredEnvelope {
         kind: EnvelopeKind::Application,
         server_ts_ns: 0,
         sender_hmac: vec![],
+        data: b"secret payload".to_vec(),
+        relay: Default::default(),
     }
 }
 

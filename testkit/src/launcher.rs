@@ -57,6 +57,8 @@ impl Launch {
 pub struct Engine {
     pub grpc: SocketAddr,
     pub http: SocketAddr,
+    /// The HTTP API listener (spec 003's registration endpoints).
+    pub api: SocketAddr,
     /// Holds the config file, the log and, by default, the store.
     pub dir: tempfile::TempDir,
     launch: Launch,
@@ -69,6 +71,7 @@ impl Engine {
         let mut engine = Engine {
             grpc: SocketAddr::from(([127, 0, 0, 1], free_port())),
             http: SocketAddr::from(([127, 0, 0, 1], free_port())),
+            api: SocketAddr::from(([127, 0, 0, 1], free_port())),
             dir: tempfile::Builder::new().prefix("fanout-engine-").tempdir()?,
             launch,
             child: None,
@@ -80,6 +83,7 @@ impl Engine {
                 Err(e) if e.to_string().contains("cannot listen") => {
                     engine.grpc.set_port(free_port());
                     engine.http.set_port(free_port());
+                    engine.api.set_port(free_port());
                 }
                 other => return other.map(|()| engine),
             }
@@ -92,10 +96,11 @@ impl Engine {
     fn config_text(&self) -> String {
         let data = self.launch.data_dir.clone().unwrap_or_else(|| self.dir.path().join("data"));
         format!(
-            "[server]\ngrpc_listen = \"{}\"\nhttp_listen = \"{}\"\ndrain_timeout_seconds = {}\n\n\
+            "[server]\ngrpc_listen = \"{}\"\nhttp_listen = \"{}\"\napi_listen = \"{}\"\ndrain_timeout_seconds = {}\n\n\
              [store]\npath = {:?}\n\n[log]\nlevel = {:?}\n\n{}",
             self.grpc,
             self.http,
+            self.api,
             self.launch.drain_timeout_seconds,
             data.display().to_string(),
             self.launch.log_level,
@@ -172,6 +177,17 @@ impl Engine {
     /// GET on the engine's HTTP port: (status, body).
     pub async fn http_get(&self, path: &str) -> anyhow::Result<(u16, String)> {
         http_get(self.http, path).await
+    }
+
+    /// A request to the engine's HTTP API port: (status, body).
+    pub async fn api_request(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> anyhow::Result<(u16, String)> {
+        http_request(self.api, method, path, headers, body).await
     }
 
     pub async fn notifications(&self) -> anyhow::Result<NotificationServiceClient<Channel>> {
@@ -294,6 +310,31 @@ fn workspace_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("testkit lies in the workspace").to_path_buf()
 }
 
+/// A minimal HTTP/1.1 request over plain TCP: (status, body).
+pub async fn http_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> anyhow::Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(addr)).await??;
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes()).await?;
+    stream.write_all(body).await?;
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut buf)).await??;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let status = text.split(' ').nth(1).and_then(|s| s.parse().ok()).context("no status line")?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    Ok((status, body))
+}
+
 /// A minimal HTTP/1.1 GET over plain TCP: (status, body).
 pub async fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -316,6 +357,7 @@ mod tests {
         Engine {
             grpc: "127.0.0.1:1".parse().unwrap(),
             http: "127.0.0.1:2".parse().unwrap(),
+            api: "127.0.0.1:3".parse().unwrap(),
             dir: tempfile::tempdir().unwrap(),
             launch,
             child: None,

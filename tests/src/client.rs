@@ -36,6 +36,20 @@ impl Recipient {
         pb::RegisterRequest { recipient_id: self.id.clone(), recipient_secret: self.secret.clone(), delivery: Some(delivery) }
     }
 
+    /// Spec 003 §1 over gRPC: a relay registration with provider and token.
+    pub fn register_relay(&self, provider: &str, token: &str) -> pb::RegisterRequest {
+        self.register(pb::register_request::Delivery::Relay(pb::RelayDelivery {
+            provider: provider.into(),
+            token: token.into(),
+            ..Default::default()
+        }))
+    }
+
+    /// The HTTP API's bearer credential: `<id hex>.<secret hex>`.
+    pub fn bearer(&self) -> String {
+        format!("Bearer {}.{}", hex::encode(&self.id), hex::encode(&self.secret))
+    }
+
     pub fn unregister(&self) -> pb::UnregisterRequest {
         pb::UnregisterRequest { recipient_id: self.id.clone(), recipient_secret: self.secret.clone() }
     }
@@ -77,7 +91,7 @@ pub fn envelope(topic: &[u8], kind: pb::EnvelopeKind, should_push: bool) -> pb::
         should_push,
         sender_hmac: vec![],
         data: b"opaque ciphertext".to_vec(),
-        sequence_id: 0,
+        ..pb::Envelope::default()
     }
 }
 

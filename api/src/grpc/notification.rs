@@ -1,6 +1,6 @@
 use std::sync::Arc;
 
-use fanout_engine::domain::Channel;
+use fanout_engine::domain::{Channel, RegistrationInput};
 use fanout_engine::metrics::Metrics;
 use fanout_engine::registry::{DeliveryInput, RecipientState, Registry, SubscriptionInput};
 use fanout_proto::v1 as pb;
@@ -25,6 +25,7 @@ fn state(s: RecipientState) -> pb::RecipientState {
         Channel::Apns => pb::Channel::Apns,
         Channel::Fcm => pb::Channel::Fcm,
         Channel::Http => pb::Channel::Http,
+        Channel::Relay => pb::Channel::Relay,
     };
     pb::RecipientState { topic_count: s.topic_count, channel: channel as i32, expires_at_ns: s.expires_at_ns }
 }
@@ -37,6 +38,14 @@ impl NotificationService for NotificationApi {
             pb::register_request::Delivery::Apns(a) => DeliveryInput::Apns { token: &a.token },
             pb::register_request::Delivery::Fcm(f) => DeliveryInput::Fcm { token: &f.token },
             pb::register_request::Delivery::Http(h) => DeliveryInput::Http { url: &h.url, signing_key: &h.signing_key },
+            pb::register_request::Delivery::Relay(r) => DeliveryInput::Relay(RegistrationInput {
+                provider: &r.provider,
+                token: &r.token,
+                app_id: r.app_id.as_deref(),
+                sandbox: r.sandbox,
+                p256dh: r.p256dh.as_deref(),
+                auth: r.auth.as_deref(),
+            }),
         });
         let result = self
             .registry

@@ -34,6 +34,8 @@ pub(super) async fn publish_batch(
             sender_hmac: e.sender_hmac,
             data: e.data,
             sequence_id: e.sequence_id,
+            membership_change: e.membership_change,
+            message_id: e.message_id,
         })
         .collect();
     let results = ingest.publish(inputs).await.map_err(store_status)?;

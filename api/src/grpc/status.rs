@@ -8,6 +8,7 @@ use tonic::Status;
 pub fn admission_status(e: AdmissionError) -> Status {
     match e {
         AdmissionError::InvalidArgument(msg) => Status::invalid_argument(msg),
+        AdmissionError::InvalidField(e) => Status::invalid_argument(e.rule),
         AdmissionError::NotFound => Status::not_found("recipient not found"),
         AdmissionError::PermissionDenied => Status::permission_denied("recipient secret does not match"),
         AdmissionError::FailedPrecondition(msg) => Status::failed_precondition(msg),

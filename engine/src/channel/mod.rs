@@ -16,6 +16,7 @@ pub mod fcm;
 pub mod http;
 mod outcome;
 pub mod pool;
+pub mod relay;
 mod settings;
 mod tls;
 
@@ -28,9 +29,10 @@ pub use outcome::Outcome;
 pub use settings::{ChannelSettings, Connections, HttpsBase};
 pub use tls::client_tls_config;
 
+use crate::delivery::Delivery;
 use crate::domain::{Channel, DeliveryTarget, StoredEnvelope};
 use crate::metrics::Metrics;
-use crate::store::Recipient;
+use crate::store::{Recipient, Store};
 
 /// One attempt's input: the envelope and the recipient as loaded for the window.
 #[derive(Debug, Clone, Copy)]
@@ -67,12 +69,44 @@ pub trait Provider: Send + Sync + 'static {
 
     /// The outcome of an attempt that ran out of time (the table's timeout row).
     fn timed_out(&self) -> Outcome;
+
+    /// A channel that keeps its own queue (the relay channel's per-device
+    /// coalescing, spec 003 §4) takes its deliveries from dispatch directly
+    /// instead of through the delivery workers. None for every other channel.
+    fn queue(&self) -> Option<Arc<dyn PushQueue>> {
+        None
+    }
+}
+
+/// A channel's own queue (see `Provider::queue`).
+pub trait PushQueue: Send + Sync + 'static {
+    /// Opens a batch for one dispatch read: the deliveries pushed into it
+    /// coalesce before any is sent, and are released when it is dropped.
+    fn batch(&self) -> Box<dyn QueueBatch>;
+}
+
+/// The deliveries of one dispatch read, held until dropped.
+pub trait QueueBatch: Send + Sync {
+    /// Takes a delivery. The queue settles its first-attempt latch
+    /// (PUSH-257) when its first attempt has an answer or when it is
+    /// coalesced away or dropped, and drops it unsettled when its page was
+    /// abandoned (the replay sends it).
+    fn push(&mut self, delivery: Delivery);
 }
 
 /// What every channel constructor may use besides its own settings.
 #[derive(Clone)]
 pub struct ChannelContext {
     pub metrics: Arc<Metrics>,
+    /// The relay channel compare-and-deletes on 404/410 (003 §2.4); `None`
+    /// in tests that need no store.
+    pub store: Option<Arc<dyn Store>>,
+}
+
+impl ChannelContext {
+    pub fn new(metrics: Arc<Metrics>) -> Self {
+        Self { metrics, store: None }
+    }
 }
 
 /// Why a channel could not be built from its settings. `key` is the full
@@ -93,7 +127,11 @@ impl BuildError {
 /// The configured channels, keyed by `Channel`. A channel without a table has
 /// no entry (section 2, PUSH-210).
 #[derive(Clone, Default)]
-pub struct Channels(HashMap<Channel, Arc<dyn Provider>>);
+pub struct Channels {
+    providers: HashMap<Channel, Arc<dyn Provider>>,
+    /// The relay's debug ring, when its endpoint is enabled (003 §5).
+    push_log: Option<Arc<relay::PushLog>>,
+}
 
 impl Channels {
     /// Builds every channel whose table is present.
@@ -108,19 +146,29 @@ impl Channels {
         if let Some(s) = &settings.http {
             channels.insert(Arc::new(http::WebhookProvider::new(s, ctx)?));
         }
+        if let Some(s) = &settings.relay {
+            let relay = relay::RelayProvider::new(s, ctx)?;
+            channels.push_log = relay.push_log();
+            channels.insert(Arc::new(relay));
+        }
         Ok(channels)
     }
 
     /// Adds (or replaces) the provider of its channel.
     pub fn insert(&mut self, provider: Arc<dyn Provider>) {
-        self.0.insert(provider.channel(), provider);
+        self.providers.insert(provider.channel(), provider);
     }
 
     pub fn get(&self, channel: Channel) -> Option<&Arc<dyn Provider>> {
-        self.0.get(&channel)
+        self.providers.get(&channel)
     }
 
     pub fn is_configured(&self, channel: Channel) -> bool {
-        self.0.contains_key(&channel)
+        self.providers.contains_key(&channel)
+    }
+
+    /// The relay's debug ring, only when `dangerous_push_log_endpoint` is on.
+    pub fn push_log(&self) -> Option<Arc<relay::PushLog>> {
+        self.push_log.clone()
     }
 }

@@ -146,12 +146,25 @@ pub fn https_client(
     resolver: Resolver,
     opened: Option<IntCounter>,
 ) -> HttpsClient {
+    client(tls, options, resolver, opened, false)
+}
+
+/// `https_client`, or with `allow_plain_http` one that also sends to
+/// `http://` URLs (the relay channel's `dangerous_allow_plain_http`, tests only).
+fn client(
+    tls: rustls::ClientConfig,
+    options: ClientOptions,
+    resolver: Resolver,
+    opened: Option<IntCounter>,
+    allow_plain_http: bool,
+) -> HttpsClient {
     let mut http = HttpConnector::new_with_resolver(resolver);
     http.enforce_http(false);
     http.set_nodelay(true);
     http.set_connect_timeout(Some(CONNECT_TIMEOUT));
     let http = CountingConnector { inner: http, opened };
-    let builder = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls).https_only();
+    let builder = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls);
+    let builder = if allow_plain_http { builder.https_or_http() } else { builder.https_only() };
     let http2_only = options.protocols == Protocols::Http2;
     let connector = if http2_only {
         builder.enable_http2().wrap_connector(http)
@@ -234,9 +247,30 @@ pub struct Pool {
 
 impl Pool {
     pub fn new(tls: &rustls::ClientConfig, options: PoolOptions, resolver: Resolver, metrics: PoolMetrics) -> Self {
+        Self::build(tls, options, resolver, metrics, false)
+    }
+
+    /// A pool whose clients also send to `http://` URLs: only for a
+    /// configuration flag named `dangerous_*` (tests).
+    pub fn allowing_plain_http(
+        tls: &rustls::ClientConfig,
+        options: PoolOptions,
+        resolver: Resolver,
+        metrics: PoolMetrics,
+    ) -> Self {
+        Self::build(tls, options, resolver, metrics, true)
+    }
+
+    fn build(
+        tls: &rustls::ClientConfig,
+        options: PoolOptions,
+        resolver: Resolver,
+        metrics: PoolMetrics,
+        allow_plain_http: bool,
+    ) -> Self {
         let opened = Some(metrics.connections_opened.clone());
         let clients = (0..options.connections.get())
-            .map(|_| https_client(tls.clone(), options.client, resolver.clone(), opened.clone()))
+            .map(|_| client(tls.clone(), options.client, resolver.clone(), opened.clone(), allow_plain_http))
             .collect();
         let limiter = NonZeroU32::new(options.rate_limit_per_second)
             .map(|rate| governor::RateLimiter::direct(governor::Quota::per_second(rate)));

@@ -10,6 +10,7 @@ use serde::de::{Deserializer, Error};
 use super::apns::ApnsSettings;
 use super::fcm::FcmSettings;
 use super::http::HttpSettings;
+use super::relay::RelaySettings;
 
 /// `[engine.channels]`: one optional table per channel, named as the channel
 /// is everywhere else (`Channel::as_str`). A channel exists only when its table
@@ -24,6 +25,8 @@ pub struct ChannelSettings {
     pub apns: Option<ApnsSettings>,
     /// `[engine.channels.fcm]`; absent by default.
     pub fcm: Option<FcmSettings>,
+    /// `[engine.channels.relay]` (spec 003); absent by default.
+    pub relay: Option<RelaySettings>,
 }
 
 impl ChannelSettings {

@@ -283,6 +283,8 @@ mod tests {
             kind: EnvelopeKind::Application,
             server_ts_ns: unix_now_ns(),
             sender_hmac: vec![],
+            data: vec![],
+            relay: Default::default(),
         }
     }
 

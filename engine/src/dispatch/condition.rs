@@ -92,6 +92,8 @@ mod tests {
             kind,
             server_ts_ns: ts_ns,
             sender_hmac: hmac,
+            data: vec![],
+            relay: Default::default(),
         }
     }
 

@@ -6,8 +6,9 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::time::Instant;
 
 use super::{Decision, DispatchContext, decide, suppression};
+use crate::channel::{Channels, QueueBatch};
 use crate::delivery::{Delivery, FirstAttempt, FirstAttemptLatch};
-use crate::domain::{HmacKey, RecipientId, ShardId, StoredEnvelope};
+use crate::domain::{Channel, HmacKey, RecipientId, ShardId, StoredEnvelope};
 use crate::store::Recipient;
 use crate::ticker::spawn_ticker;
 
@@ -57,6 +58,10 @@ struct Window {
     next_page_id: u64,
     pump_queued: bool,
     started: Instant,
+    /// Open batches of the channels that keep their own queue (the relay,
+    /// spec 003 §4): the deliveries of this read coalesce in them, and are
+    /// released when the read ends or pauses (`release_queued`).
+    queued: HashMap<Channel, Box<dyn QueueBatch>>,
     /// First attempts settled in this window (counted by the latches), and
     /// when that count last moved: the liveness measure of the window.
     progress: Arc<AtomicU64>,
@@ -79,6 +84,33 @@ impl Window {
         for page in self.pages.values() {
             page.latch.abandon();
         }
+        self.release_queued();
+    }
+
+    /// Hands the deliveries of channels with their own queue to this read's
+    /// batch of that queue; returns the rest, for the delivery workers.
+    fn route(&mut self, channels: &Channels, batch: Vec<Delivery>) -> Vec<Delivery> {
+        let mut rest = Vec::with_capacity(batch.len());
+        for delivery in batch {
+            let channel = delivery.recipient.target.channel();
+            if let Some(open) = self.queued.get_mut(&channel) {
+                open.push(delivery);
+                continue;
+            }
+            match channels.get(channel).and_then(|p| p.queue()) {
+                Some(queue) => self.queued.entry(channel).or_insert_with(|| queue.batch()).push(delivery),
+                None => rest.push(delivery),
+            }
+        }
+        rest
+    }
+
+    /// Lets the queued deliveries of this read go. Called when the read has
+    /// handed out every page, and whenever it pauses at
+    /// `max_pages_in_flight`: those pages wait for first attempts, so held
+    /// deliveries must be free to make them.
+    fn release_queued(&mut self) {
+        self.queued.clear();
     }
 
     /// Records page `page` and returns its deliveries, each with its place in
@@ -236,6 +268,7 @@ impl ShardState {
             next_page_id: 0,
             pump_queued: false,
             started: now,
+            queued: HashMap::new(),
             progress: Arc::default(),
             seen_progress: 0,
             last_progress: now,
@@ -267,9 +300,11 @@ impl ShardState {
         };
         w.pump_queued = false;
         if w.pages.len() >= ctx.settings.max_pages_in_flight.get() {
+            w.release_queued();
             return Ok(()); // PageDone pumps again.
         }
         let Some(envelope) = w.envelopes.front().cloned() else {
+            w.release_queued();
             return self.complete_if_done(myself).await;
         };
         let page_size = ctx.settings.subscriber_page.get();
@@ -305,10 +340,16 @@ impl ShardState {
             let page = w.next_page_id;
             w.next_page_id += 1;
             let batch = w.hand_out(myself, page, envelope, recipients);
+            let batch = w.route(&ctx.channels, batch);
+            if w.envelopes.is_empty() {
+                w.release_queued(); // the read is fully handed out
+            }
             // Waits while the workers are full: backpressure.
-            if ctx.workers.submit(batch).await.is_err() {
+            if !batch.is_empty() && ctx.workers.submit(batch).await.is_err() {
                 return Ok(()); // Shutting down; the window is replayed at next start.
             }
+        } else if w.envelopes.is_empty() {
+            w.release_queued();
         }
         self.maybe_panic_for_test();
         self.queue_pump(myself);
@@ -385,7 +426,9 @@ impl ShardState {
         }
         self.ctx.metrics.window_replays.inc();
         tracing::warn!(shard = self.shard.0, "window made no progress; re-sending its lost deliveries");
-        if self.ctx.workers.submit(batch).await.is_err() {
+        let batch = w.route(&self.ctx.channels, batch);
+        w.release_queued();
+        if !batch.is_empty() && self.ctx.workers.submit(batch).await.is_err() {
             return Ok(()); // Shutting down.
         }
         self.complete_if_done(myself).await

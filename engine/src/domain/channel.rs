@@ -1,4 +1,4 @@
-use super::ParseError;
+use super::{ParseError, RelayRegistration};
 
 /// Longest token or URL a registration may carry (spec 000 section 1, check 4).
 pub const MAX_TARGET_LEN: usize = 2048;
@@ -12,6 +12,8 @@ pub enum Channel {
     Apns = 1,
     Fcm = 2,
     Http = 3,
+    /// Spec 003's relay webhook to the operator's push server.
+    Relay = 4,
 }
 
 impl Channel {
@@ -20,6 +22,7 @@ impl Channel {
             1 => Some(Self::Apns),
             2 => Some(Self::Fcm),
             3 => Some(Self::Http),
+            4 => Some(Self::Relay),
             _ => None,
         }
     }
@@ -30,6 +33,7 @@ impl Channel {
             Self::Apns => "apns",
             Self::Fcm => "fcm",
             Self::Http => "http",
+            Self::Relay => "relay",
         }
     }
 }
@@ -64,6 +68,8 @@ pub enum DeliveryTarget {
     Apns { token: String },
     Fcm { token: String },
     Http { url: String, signing_key: SigningKey },
+    /// A device's push route through the operator's push server (003 §1).
+    Relay(RelayRegistration),
 }
 
 impl DeliveryTarget {
@@ -72,6 +78,7 @@ impl DeliveryTarget {
             Self::Apns { .. } => Channel::Apns,
             Self::Fcm { .. } => Channel::Fcm,
             Self::Http { .. } => Channel::Http,
+            Self::Relay(_) => Channel::Relay,
         }
     }
 

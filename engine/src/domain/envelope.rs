@@ -46,6 +46,63 @@ impl EnvelopeKind {
     }
 }
 
+/// What a publisher may say about a Commit's membership change (spec 003 §3:
+/// `group.member_added` / `group.member_removed` events). Numbers match the
+/// wire enum `MembershipChange`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum MembershipChange {
+    MemberAdded = 1,
+    MemberRemoved = 2,
+}
+
+impl MembershipChange {
+    pub fn from_u8(v: u8) -> Option<Self> {
+        match v {
+            1 => Some(Self::MemberAdded),
+            2 => Some(Self::MemberRemoved),
+            _ => None,
+        }
+    }
+}
+
+/// Longest publisher-supplied message id: it becomes the push's
+/// `collapse_id`, and APNs caps its collapse id at 64 bytes.
+pub const MAX_MESSAGE_ID_LEN: usize = 64;
+
+/// The publisher's id of the message (spec 003 §3 `message_id`): 1 to 64
+/// visible ASCII characters.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct MessageId(String);
+
+impl MessageId {
+    pub fn parse(id: &str) -> Result<Self, ParseError> {
+        if !(1..=MAX_MESSAGE_ID_LEN).contains(&id.len()) || !id.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(ParseError("message_id must be 1 to 64 visible ASCII characters"));
+        }
+        Ok(Self(id.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// What the relay channel (spec 003) reads from an envelope besides its kind
+/// and data; both optional, both absent for every other channel's needs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RelayMeta {
+    pub message_id: Option<MessageId>,
+    /// Only meaningful on a Commit.
+    pub membership: Option<MembershipChange>,
+}
+
+/// Longest ciphertext kept for the relay channel's `mls_message` (003 §3):
+/// its standard base64 is 4096 bytes, the log provider's inline limit; the
+/// webhook's 3072-byte payload limit is smaller still. Longer data is never
+/// inlined, so it is not stored for that.
+pub const MAX_INLINE_DATA: usize = 3072;
+
 /// A validated envelope on its way into storage.
 #[derive(Debug, Clone)]
 pub struct NewEnvelope {
@@ -57,6 +114,8 @@ pub struct NewEnvelope {
     pub data: Vec<u8>,
     /// The publisher's own sequence id for the shard, or `None` to let fanout allocate.
     pub sequence_id: Option<u64>,
+    /// Spec 003's optional metadata; set after `new` (default: none).
+    pub relay: RelayMeta,
 }
 
 impl NewEnvelope {
@@ -72,7 +131,16 @@ impl NewEnvelope {
         if topic.kind() != kind.topic_kind() {
             return Err(ParseError("envelope kind does not match the topic kind"));
         }
-        Ok(Self { shard: topic.shard(shard_count), topic, kind, should_push, sender_hmac, data, sequence_id })
+        Ok(Self {
+            shard: topic.shard(shard_count),
+            topic,
+            kind,
+            should_push,
+            sender_hmac,
+            data,
+            sequence_id,
+            relay: RelayMeta::default(),
+        })
     }
 
     /// PUSH-219: a Welcome, or a group message that asked for a push or is a
@@ -93,6 +161,23 @@ impl NewEnvelope {
     pub fn suppression_data(&self) -> Option<(&[u8], &[u8])> {
         (self.sender_hmac.len() == 32).then_some((&self.sender_hmac, &self.data))
     }
+
+    /// The data a window keeps for the relay channel (003 §3): all of it when
+    /// at most `MAX_INLINE_DATA` bytes, else nothing.
+    pub fn inline_data(&self) -> &[u8] {
+        if self.data.len() <= MAX_INLINE_DATA { &self.data } else { &[] }
+    }
+
+    /// What is stored of the envelope: the sender HMAC only where suppression
+    /// can use it (PUSH-230), and the data then, or when it is small enough
+    /// to be inlined as the relay channel's `mls_message` (003 §3).
+    pub fn stored_hmac_and_data(&self) -> (Vec<u8>, Vec<u8>) {
+        match self.suppression_data() {
+            Some((h, d)) => (h.to_vec(), d.to_vec()),
+            None if self.data.len() <= MAX_INLINE_DATA => (Vec::new(), self.data.clone()),
+            None => (Vec::new(), Vec::new()),
+        }
+    }
 }
 
 /// A push-eligible envelope as dispatch reads it: what a window, a page and a
@@ -111,6 +196,12 @@ pub struct StoredEnvelope {
     /// Exactly 32 bytes when suppression may apply (the store then keeps the
     /// data too); else empty.
     pub sender_hmac: Vec<u8>,
+    /// The data itself only when at most `MAX_INLINE_DATA` bytes: the relay
+    /// channel's `mls_message` (003 §3). Larger data stays in the store and
+    /// is read per page for suppression only (issue 11: windows hold what
+    /// dispatch needs, not whole payloads).
+    pub data: Vec<u8>,
+    pub relay: RelayMeta,
 }
 
 #[cfg(test)]
@@ -132,6 +223,28 @@ mod tests {
         assert!(!env(CommitLog, &[0, 1], true).unwrap().is_push_eligible());
         assert!(!env(KeyPackage, &[3, 1], true).unwrap().is_push_eligible());
         assert!(!env(IdentityUpdate, &[2, 1], true).unwrap().is_push_eligible());
+    }
+
+    #[test]
+    fn data_is_kept_for_suppression_or_when_small_enough_to_inline() {
+        let with = |hmac: Vec<u8>, data: Vec<u8>| {
+            NewEnvelope::new(Topic::parse(&[0, 1]).unwrap(), 16, EnvelopeKind::Application, true, hmac, data, None)
+                .unwrap()
+                .stored_hmac_and_data()
+        };
+        assert_eq!(with(vec![1; 32], vec![2; 5000]), (vec![1; 32], vec![2; 5000]));
+        assert_eq!(with(vec![1; 31], vec![2; MAX_INLINE_DATA]), (vec![], vec![2; MAX_INLINE_DATA]));
+        assert_eq!(with(vec![], vec![2; MAX_INLINE_DATA + 1]), (vec![], vec![]));
+    }
+
+    #[test]
+    fn message_ids() {
+        assert!(MessageId::parse("b76b4f49cf0d311f53af81576f61d459").is_ok());
+        assert!(MessageId::parse(&"a".repeat(64)).is_ok());
+        assert!(MessageId::parse("").is_err());
+        assert!(MessageId::parse(&"a".repeat(65)).is_err());
+        assert!(MessageId::parse("a b").is_err());
+        assert!(MessageId::parse("é").is_err());
     }
 
     #[test]

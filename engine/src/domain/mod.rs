@@ -4,12 +4,16 @@ mod channel;
 mod envelope;
 mod epoch;
 mod ids;
+mod registration;
 mod sequence;
 mod subscription;
 mod topic;
 
 pub use channel::{Channel, DeliveryTarget, SigningKey};
-pub use envelope::{EnvelopeKind, NewEnvelope, StoredEnvelope};
+pub use registration::{FieldError, LOG_PROVIDER, RegistrationInput, RelayRegistration};
+pub use envelope::{
+    EnvelopeKind, MAX_INLINE_DATA, MAX_MESSAGE_ID_LEN, MembershipChange, MessageId, NewEnvelope, RelayMeta, StoredEnvelope,
+};
 pub use epoch::{HMAC_EPOCH_SECONDS, hmac_epoch};
 pub use ids::{RecipientId, RecipientSecret, SecretHash};
 pub use sequence::{MAX_SEQUENCE_GAP, MAX_SEQUENCE_ID, SequenceRefusal, next_sequence_id};

@@ -61,6 +61,11 @@ impl Topic {
         TopicKind::from_byte(self.0[0]).expect("validated at parse")
     }
 
+    /// The identifier after the kind byte (1 to 64 bytes): e.g. the group id.
+    pub fn identifier(&self) -> &[u8] {
+        &self.as_bytes()[1..]
+    }
+
     pub fn as_bytes(&self) -> &[u8] {
         &self.0
     }

@@ -559,20 +559,22 @@ impl Store for RedbStore {
                 row.last = sequence_id;
                 // PUSH-219: only push-eligible envelopes are stored for dispatch.
                 if e.is_push_eligible() {
-                    // PUSH-230: keep the HMAC input only where suppression can use it.
-                    let (sender_hmac, data) = e.suppression_data().unwrap_or_default();
+                    // PUSH-230 and 003 §3: see `stored_hmac_and_data`.
+                    let (sender_hmac, data) = e.stored_hmac_and_data();
                     let envelope = StoredEnvelope {
                         shard: e.shard,
                         sequence_id,
                         topic: e.topic.clone(),
                         kind: e.kind,
                         server_ts_ns: now_ns,
-                        sender_hmac: sender_hmac.to_vec(),
+                        sender_hmac,
+                        data: e.inline_data().to_vec(),
+                        relay: e.relay.clone(),
                     };
                     stored
                         .insert(
                             (e.shard.0, sequence_id),
-                            codec::encode_envelope(&envelope, data).as_slice(),
+                            codec::encode_envelope(&envelope, &data).as_slice(),
                         )
                         .be()?;
                 }
@@ -715,8 +717,9 @@ impl Store for RedbStore {
 mod codec {
     use super::{ShardRow, corrupt};
     use crate::domain::{
-        Channel, DeliveryTarget, EnvelopeKind, KeyWindow, RecipientId, SecretHash, ShardId,
-        SigningKey, StoredEnvelope, StoredSubscription, Subscription, Topic,
+        Channel, DeliveryTarget, EnvelopeKind, KeyWindow, MAX_INLINE_DATA, MembershipChange, MessageId, RecipientId,
+        RegistrationInput, RelayMeta, RelayRegistration, SecretHash, ShardId, SigningKey,
+        StoredEnvelope, StoredSubscription, Subscription, Topic,
     };
     use crate::store::{Recipient, StoreError};
 
@@ -818,8 +821,52 @@ mod codec {
             DeliveryTarget::Http { url, signing_key } => {
                 w.bytes(url.as_bytes()).bytes(signing_key.as_bytes())
             }
+            // Spec 003 §1: optional fields as 0 (absent) or 1 and the value.
+            DeliveryTarget::Relay(r) => {
+                w.bytes(r.provider().as_bytes()).bytes(r.token().as_bytes());
+                for text in [r.app_id(), r.p256dh(), r.auth()] {
+                    match text {
+                        None => w.u8(0),
+                        Some(t) => w.u8(1).bytes(t.as_bytes()),
+                    };
+                }
+                w.u8(match r.sandbox() {
+                    None => 0,
+                    Some(false) => 1,
+                    Some(true) => 2,
+                })
+            }
         };
         w.finish()
+    }
+
+    fn decode_relay(r: &mut Reader<'_>) -> Result<RelayRegistration, StoreError> {
+        let what = r.what;
+        let provider = r.string()?;
+        let token = r.string()?;
+        let mut optional = || -> Result<Option<String>, StoreError> {
+            match r.u8()? {
+                0 => Ok(None),
+                1 => r.string().map(Some),
+                _ => Err(corrupt(what)),
+            }
+        };
+        let (app_id, p256dh, auth) = (optional()?, optional()?, optional()?);
+        let sandbox = match r.u8()? {
+            0 => None,
+            1 => Some(false),
+            2 => Some(true),
+            _ => return Err(corrupt(what)),
+        };
+        RelayRegistration::parse(RegistrationInput {
+            provider: &provider,
+            token: &token,
+            app_id: app_id.as_deref(),
+            sandbox,
+            p256dh: p256dh.as_deref(),
+            auth: auth.as_deref(),
+        })
+        .map_err(|_| corrupt(what))
     }
 
     pub(super) fn decode_recipient(id: RecipientId, buf: &[u8]) -> Result<Recipient, StoreError> {
@@ -835,6 +882,7 @@ mod codec {
                 url: r.string()?,
                 signing_key: SigningKey::parse(r.bytes()?).map_err(|_| corrupt(WHAT))?,
             },
+            Channel::Relay => DeliveryTarget::Relay(decode_relay(&mut r)?),
         };
         r.end()?;
         Ok(Recipient {
@@ -913,6 +961,9 @@ mod codec {
             .i64(e.server_ts_ns)
             .bytes(&e.sender_hmac)
             .bytes(data)
+            // Spec 003's metadata; records written before it end after data.
+            .bytes(e.relay.message_id.as_ref().map_or(&b""[..], |m| m.as_str().as_bytes()))
+            .u8(e.relay.membership.map_or(0, |m| m as u8))
             .finish()
     }
 
@@ -926,10 +977,12 @@ mod codec {
         Ok(envelope)
     }
 
-    /// The data alone, borrowed from the stored value.
+    /// The suppression input (PUSH-230), borrowed from the stored value:
+    /// empty unless the envelope kept a 32-byte sender HMAC (a small data
+    /// kept only for the relay's mls_message is not one).
     pub(super) fn decode_envelope_data(buf: &[u8]) -> Result<&[u8], StoreError> {
-        let (_envelope, data) = decode_envelope_parts(ShardId(0), 0, buf)?;
-        Ok(data)
+        let (envelope, data) = decode_envelope_parts(ShardId(0), 0, buf)?;
+        Ok(if envelope.sender_hmac.len() == 32 { data } else { &[] })
     }
 
     fn decode_envelope_parts(
@@ -944,6 +997,17 @@ mod codec {
         let server_ts_ns = r.i64()?;
         let sender_hmac = r.bytes()?.to_vec();
         let data = r.bytes()?;
+        let mut relay = RelayMeta::default();
+        if !r.buf.is_empty() {
+            let id = r.string()?;
+            if !id.is_empty() {
+                relay.message_id = Some(MessageId::parse(&id).map_err(|_| corrupt(WHAT))?);
+            }
+            relay.membership = match r.u8()? {
+                0 => None,
+                m => Some(MembershipChange::from_u8(m).ok_or_else(|| corrupt(WHAT))?),
+            };
+        }
         r.end()?;
         let envelope = StoredEnvelope {
             shard,
@@ -952,6 +1016,9 @@ mod codec {
             kind,
             server_ts_ns,
             sender_hmac,
+            // 003 §3: the relay's mls_message; larger data stays here (issue 11).
+            data: if data.len() <= MAX_INLINE_DATA { data.to_vec() } else { Vec::new() },
+            relay,
         };
         Ok((envelope, data))
     }

@@ -297,13 +297,13 @@ impl Statements {
             .await?,
             bucket_del: p(format!("DELETE FROM {ks}.envelope_buckets WHERE shard = ? AND bucket = ?")).await?,
             env_put: p(format!(
-                "INSERT INTO {ks}.envelopes (shard, bucket, pos, topic, kind, server_ts, sender_hmac, data) \
-                 VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                "INSERT INTO {ks}.envelopes (shard, bucket, pos, topic, kind, server_ts, sender_hmac, data, \
+                 inline_data, message_id, membership) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
             ))
             .await?,
             // Issue 11: a window never reads the data; `env_data` does, per page.
             env_read: p(format!(
-                "SELECT pos, topic, kind, server_ts, sender_hmac FROM {ks}.envelopes \
+                "SELECT pos, topic, kind, server_ts, sender_hmac, inline_data, message_id, membership FROM {ks}.envelopes \
                  WHERE shard = ? AND bucket = ? AND pos >= ? AND pos <= ?"
             ))
             .await?,
@@ -762,6 +762,9 @@ impl ScyllaStore {
                 now_ns,
                 hmac.to_vec(),
                 data.to_vec(),
+                e.inline_data().to_vec(),
+                e.relay.message_id.as_ref().map(|m| m.as_str().to_owned()),
+                e.relay.membership.map(|m| m as u8 as i8),
             )));
         }
         self.session.batch(&batch, values).await.map_err(be("writing envelopes"))?;
@@ -850,6 +853,7 @@ impl Store for ScyllaStore {
         now_ns: i64,
     ) -> Result<RecipientSummary, StoreError> {
         let (channel, text, signing_key) = codec::encode_target(target);
+        let text = text.as_ref();
         for attempt in 0..MAX_LWT_ATTEMPTS {
             let current = self.read_static(id, true).await?;
             // PUSH-255: create with no subscriptions, or replace the target and keep them.

@@ -56,6 +56,8 @@ macro_rules! for_each_case {
         publisher_sequence_ids,
         non_eligible_envelopes_only_move_the_boundary,
         suppression_data_only_with_32_byte_hmac,
+        relay_metadata_round_trips,
+        relay_registration_round_trips_and_compare_and_deletes,
         read_window_range_and_limit,
         advance_checkpoint_forward_and_prunes,
         subscribers_paging,
@@ -908,9 +910,11 @@ pub async fn non_eligible_envelopes_only_move_the_boundary<S: Store>(store: &S) 
     assert_eq!(window[1].topic, w);
 }
 
-/// PUSH-230: sender_hmac and data are kept only with a 32-byte sender_hmac;
-/// a window carries the hmac, never the data (issue 11), which
-/// `envelope_data` reads until the checkpoint passes the envelope.
+/// PUSH-230: sender_hmac and the suppression data are kept only with a
+/// 32-byte sender_hmac; a window carries the hmac, never that data (issue
+/// 11), which `envelope_data` reads until the checkpoint passes the
+/// envelope. A window does carry data of at most MAX_INLINE_DATA bytes, the
+/// relay's mls_message (spec 003 §3).
 pub async fn suppression_data_only_with_32_byte_hmac<S: Store>(store: &S) {
     let g = topic_in_shard(0, 11, 0);
     let batch = [
@@ -951,7 +955,7 @@ pub async fn suppression_data_only_with_32_byte_hmac<S: Store>(store: &S) {
             EnvelopeKind::Application,
             true,
             vec![9; 33],
-            b"w".to_vec(),
+            vec![1; fanout_engine::domain::MAX_INLINE_DATA + 1],
             None,
         ),
     ];
@@ -966,13 +970,16 @@ pub async fn suppression_data_only_with_32_byte_hmac<S: Store>(store: &S) {
             kind: EnvelopeKind::Application,
             server_ts_ns: 12_345,
             sender_hmac: vec![7; 32],
+            data: b"ciphertext".to_vec(),
+            relay: Default::default(),
         }
     );
     let data = |seq: u64| store.envelope_data(ShardId(11), seq);
     assert_eq!(data(1).await.unwrap(), Some(b"ciphertext".to_vec()));
-    for i in [1, 2, 4] {
+    for (i, inline) in [(1, &b"x"[..]), (2, b"y"), (4, b"")] {
         assert!(w[i].sender_hmac.is_empty(), "envelope {i} kept its hmac");
-        assert_eq!(data(i as u64 + 1).await.unwrap(), None, "envelope {i} kept data");
+        assert_eq!(w[i].data, inline, "envelope {i}");
+        assert_eq!(data(i as u64 + 1).await.unwrap(), None, "envelope {i} kept suppression data");
     }
     assert_eq!(
         (w[3].kind, w[3].sender_hmac.clone()),
@@ -988,6 +995,57 @@ pub async fn suppression_data_only_with_32_byte_hmac<S: Store>(store: &S) {
     store.advance_checkpoint(ShardId(11), 1).await.unwrap();
     assert_eq!(data(1).await.unwrap(), None, "pruned with the checkpoint");
     assert_eq!(data(4).await.unwrap(), Some(b"z".to_vec()));
+}
+
+/// Spec 003: the publisher's message id and a Commit's membership change
+/// are stored with the envelope; absent ones read back absent.
+pub async fn relay_metadata_round_trips<S: Store>(store: &S) {
+    use fanout_engine::domain::{MembershipChange, MessageId, RelayMeta};
+    let g = topic_in_shard(0, 12, 0);
+    let mut commit = envelope(&g, EnvelopeKind::Commit, false, vec![], b"c".to_vec(), None);
+    let meta = RelayMeta {
+        message_id: Some(MessageId::parse("msg-42").unwrap()),
+        membership: Some(MembershipChange::MemberRemoved),
+    };
+    commit.relay = meta.clone();
+    let plain = envelope(&g, EnvelopeKind::Application, true, vec![], b"a".to_vec(), None);
+    store.append(&[commit, plain], 1).await.unwrap();
+    let w = store.read_window(ShardId(12), 0, 5, 10).await.unwrap();
+    assert_eq!(w.len(), 2);
+    assert_eq!(w[0].relay, meta);
+    assert_eq!(w[1].relay, RelayMeta::default());
+}
+
+/// Spec 003 §1: a relay registration is stored whole (optional fields
+/// absent or set), and a 404/410 deletes it only while it is unchanged.
+pub async fn relay_registration_round_trips_and_compare_and_deletes<S: Store>(store: &S) {
+    use fanout_engine::domain::{RegistrationInput, RelayRegistration};
+    let relay = |token: &str, full: bool| {
+        let input = if full {
+            RegistrationInput {
+                provider: "unifiedpush",
+                token,
+                app_id: Some("im.g.apps"),
+                sandbox: Some(true),
+                p256dh: Some("BNcRdreALRFXTkOOUHK1EtK2wtaz5Ry4YfYCA_0QTpQ"),
+                auth: Some("tBHItJI5svbpez7KI4CCXg=="),
+            }
+        } else {
+            RegistrationInput { provider: "apns", token, ..Default::default() }
+        };
+        DeliveryTarget::Relay(RelayRegistration::parse(input).unwrap())
+    };
+    let (a, h) = (rid(31), secret(31));
+    for full in [true, false] {
+        store.register(&a, &h, &relay("tok-1", full), 100).await.unwrap();
+        assert_eq!(store.recipient(&a).await.unwrap().unwrap().target, relay("tok-1", full), "full: {full}");
+    }
+    let sent = store.recipient(&a).await.unwrap().unwrap();
+    store.register(&a, &h, &relay("tok-2", false), 110).await.unwrap();
+    assert!(!store.delete_recipient_if_unchanged(&sent).await.unwrap(), "re-registered: kept");
+    let current = store.recipient(&a).await.unwrap().unwrap();
+    assert!(store.delete_recipient_if_unchanged(&current).await.unwrap());
+    assert!(store.recipient(&a).await.unwrap().is_none());
 }
 
 /// read_window: `after < id <= up_to`, ascending, at most `limit`, one shard.

@@ -14,6 +14,8 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use bytes::Bytes;
 use fanout_testkit::TestPki;
 use fanout_testkit::mock::webhook::standard_webhooks_signature;
+
+use super::collector::RELAY_SECRET;
 use http_body_util::{BodyExt as _, Full};
 use serde::Serialize;
 
@@ -57,6 +59,9 @@ fn request(plan: &Plan, ids: RunIds, urls: &[String], index: u64) -> http::Reque
     let (envelope, slot) = plan.delivery_at(index);
     let topic = plan.topic_of_envelope(envelope);
     let recipient = plan.subscriber(topic, slot);
+    if plan.relay {
+        return relay_request(ids, urls, topic, envelope + 1, recipient);
+    }
     // Synthetic sequence ids: envelope e is sequence e + 1 (see `run`).
     let body = format!(
         r#"{{"topic":"{}","sequence_id":"{}","recipient_id":"{}"}}"#,
@@ -72,6 +77,38 @@ fn request(plan: &Plan, ids: RunIds, urls: &[String], index: u64) -> http::Reque
         .header("webhook-id", id)
         .header("webhook-timestamp", timestamp)
         .header("webhook-signature", signature)
+        .body(Full::new(Bytes::from(body)))
+        .expect("valid request")
+}
+
+/// The relay channel's request for the same delivery (spec 003 §2): the
+/// body the engine sends, signed with X-Gim-Signature.
+fn relay_request(ids: RunIds, urls: &[String], topic: u32, seq: u64, recipient: u32) -> http::Request<Full<Bytes>> {
+    use fanout_engine::channel::relay::{HEADER_DELIVERY, HEADER_SIGNATURE, gid, stand_in_message_id};
+    let identifier = &ids.topic(topic)[1..];
+    let message_id = stand_in_message_id(identifier, seq);
+    let delivery_id = format!("{:032x}", rand::random::<u128>());
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    let body = serde_json::json!({
+        "v": 1, "hub_id": "fanout", "delivery_id": delivery_id, "sent_at": now.as_millis() as i64,
+        "registration": {"provider": "apns", "token": hex::encode(ids.recipient_id(recipient))},
+        "priority": "high", "collapse_id": message_id, "ttl": 86400,
+        "payload": {"v": 1, "type": "message", "gid": gid(identifier), "seq": seq, "message_id": message_id,
+            "collapse_id": message_id, "mls_message": BASE64.encode(b"loadtest ciphertext")}
+    })
+    .to_string();
+    let t = now.as_secs() as i64;
+    let signature = {
+        use hmac::{Hmac, KeyInit as _, Mac as _};
+        let mut mac = Hmac::<sha2::Sha256>::new_from_slice(RELAY_SECRET).expect("any key length");
+        mac.update(format!("{t}.").as_bytes());
+        mac.update(body.as_bytes());
+        format!("t={t},v1={}", hex::encode(mac.finalize().into_bytes()))
+    };
+    http::Request::post(&urls[0])
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .header(HEADER_SIGNATURE, signature)
+        .header(HEADER_DELIVERY, delivery_id)
         .body(Full::new(Bytes::from(body)))
         .expect("valid request")
 }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use fanout_testkit::ScriptedResponse;
-use fanout_testkit::mock::webhook::{HookRequest, RequestHook, verify_standard_webhooks};
+use fanout_testkit::mock::webhook::{HookRequest, RequestHook, verify_gim_signature_now, verify_standard_webhooks};
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
@@ -33,6 +33,28 @@ struct Body<'a> {
     topic: &'a str,
     sequence_id: &'a str,
     recipient_id: &'a str,
+}
+
+/// The secret of the relay channel's X-Gim-Signature in relay scenarios.
+pub const RELAY_SECRET: &[u8] = b"fanout-loadtest-relay-secret-0123";
+
+/// Spec 003 §2.3's body, the parts that name the delivery: the device by its
+/// registration token (its recipient id in hex), the envelope by gid and seq.
+#[derive(Deserialize)]
+struct RelayBody {
+    registration: RelayRegistration,
+    payload: RelayPayload,
+}
+
+#[derive(Deserialize)]
+struct RelayRegistration {
+    token: String,
+}
+
+#[derive(Deserialize)]
+struct RelayPayload {
+    gid: String,
+    seq: u64,
 }
 
 /// The fault a delivery gets, from its hash.
@@ -82,6 +104,8 @@ pub struct Collector {
     plan: Arc<Plan>,
     ids: RunIds,
     faults: Faults,
+    /// Relay scenarios: gid → topic index.
+    gids: HashMap<String, u32>,
     inner: Mutex<Inner>,
 }
 
@@ -164,10 +188,16 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Collector {
     pub fn new(plan: Arc<Plan>, ids: RunIds, faults: Faults) -> Arc<Collector> {
+        let gids = if plan.relay {
+            (0..plan.topics()).map(|t| (fanout_engine::channel::relay::gid(&ids.topic(t)[1..]), t)).collect()
+        } else {
+            HashMap::new()
+        };
         Arc::new(Collector {
             plan,
             ids,
             faults,
+            gids,
             inner: Mutex::new(Inner {
                 by_key: HashMap::new(),
                 envelopes: Vec::new(),
@@ -221,6 +251,9 @@ impl Collector {
 
     /// The delivery a request is for, and whether its signature is valid.
     fn parse(&self, req: &HookRequest<'_>) -> Option<(Arrival, bool)> {
+        if self.plan.relay {
+            return self.parse_relay(req);
+        }
         let body: Body<'_> = serde_json::from_slice(req.body).ok()?;
         let topic = self.ids.topic_index(&BASE64.decode(body.topic).ok()?)?;
         let seq: u64 = body.sequence_id.parse().ok()?;
@@ -233,6 +266,20 @@ impl Collector {
             _ => false,
         };
         Some((Arrival { topic, seq, recipient }, valid))
+    }
+
+    /// A relay webhook (spec 003 §2): the device from the token, the
+    /// envelope from gid and seq, X-Gim-Signature under `RELAY_SECRET`.
+    fn parse_relay(&self, req: &HookRequest<'_>) -> Option<(Arrival, bool)> {
+        let body: RelayBody = serde_json::from_slice(req.body).ok()?;
+        let topic = *self.gids.get(&body.payload.gid)?;
+        let recipient = self.ids.recipient_index(&hex::decode(&body.registration.token).ok()?)?;
+        let valid = req
+            .headers
+            .get("x-gim-signature")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|sig| verify_gim_signature_now(RELAY_SECRET, sig, req.body));
+        Some((Arrival { topic, seq: body.payload.seq, recipient }, valid))
     }
 
     /// Accounts for one (validly signed) request and returns its answer.

@@ -116,13 +116,21 @@ pub async fn setup(
             let url = urls[r as usize % urls.len()].clone();
             async move {
                 let (id, secret) = (ids.recipient_id(r).to_vec(), ids.secret(r).to_vec());
+                // Relay scenarios: the token is the recipient id in hex, so the
+                // collector knows the device from the push server's body.
+                let delivery = if plan.relay {
+                    pb::register_request::Delivery::Relay(pb::RelayDelivery {
+                        provider: "apns".into(),
+                        token: hex::encode(&id),
+                        ..Default::default()
+                    })
+                } else {
+                    pb::register_request::Delivery::Http(pb::HttpDelivery { url, signing_key: ids.signing_key(r).to_vec() })
+                };
                 let register = pb::RegisterRequest {
                     recipient_id: id.clone(),
                     recipient_secret: secret.clone(),
-                    delivery: Some(pb::register_request::Delivery::Http(pb::HttpDelivery {
-                        url,
-                        signing_key: ids.signing_key(r).to_vec(),
-                    })),
+                    delivery: Some(delivery),
                 };
                 with_retries("Register", || {
                     let (mut client, request) = (grpc.notifications(), register.clone());
@@ -219,7 +227,7 @@ async fn publish_batch(
             should_push: true,
             sender_hmac: vec![],
             data: b"loadtest ciphertext".to_vec(),
-            sequence_id: 0,
+            ..pb::Envelope::default()
         })
         .collect();
     let sent = Instant::now();

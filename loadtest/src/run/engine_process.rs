@@ -38,7 +38,25 @@ pub fn find_binary(explicit: Option<&Path>, on_build: impl FnOnce()) -> anyhow::
 /// channel allowed to reach 127.0.0.1 and trusting `ca_file` (the mocks' CA).
 /// The launcher writes the listen addresses, the store and the log level.
 pub fn engine_config(engine: &toml::Table, ca_file: &Path) -> anyhow::Result<String> {
+    engine_config_with_relay(engine, ca_file, None)
+}
+
+/// `engine_config`, plus for a relay scenario `[engine.channels.relay]`
+/// posting to `url` (the mock push server) with the secret in `secret_file`,
+/// trusting `ca_file`. Other relay keys (e.g. `senders`) come from the
+/// scenario's `[engine.channels.relay]`.
+pub fn engine_config_with_relay(
+    engine: &toml::Table,
+    ca_file: &Path,
+    relay: Option<(&str, &Path)>,
+) -> anyhow::Result<String> {
     let mut engine = engine.clone();
+    if let Some((url, secret_file)) = relay {
+        let relay = table_at(table_at(&mut engine, "channels")?, "relay")?;
+        relay.insert("url".into(), url.into());
+        relay.insert("secret_file".into(), secret_file.display().to_string().into());
+        relay.insert("extra_ca_files".into(), toml::Value::Array(vec![ca_file.display().to_string().into()]));
+    }
     let channels = table_at(&mut engine, "channels")?;
     let http_channel = table_at(channels, "http")?;
     http_channel.insert("allow_private_addresses".into(), true.into());

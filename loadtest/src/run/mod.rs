@@ -310,12 +310,20 @@ async fn execute_inner(
                 engine_process::find_binary(explicit.as_deref(), || building.phase("building the engine", 0))
             })
             .await??;
+            // A relay scenario: the mock is the push server, with its secret.
+            let secret_file = ca_path.with_extension("relay-secret");
+            if plan.relay {
+                std::fs::write(&secret_file, collector::RELAY_SECRET)
+                    .with_context(|| format!("writing {}", secret_file.display()))?;
+            }
+            let relay = plan.relay.then(|| (urls[0].as_str(), secret_file.as_path()));
+            let config = engine_process::engine_config_with_relay(&scenario.engine, ca_path, relay)?;
             let launch = Launch {
                 log_level: "warn".into(),
                 drain_timeout_seconds: 2,
                 data_dir: args.data_dir.clone(),
                 start_timeout: Duration::from_secs(scenario.timeouts.engine_start_seconds),
-                ..Launch::new(&binary, engine_process::engine_config(&scenario.engine, ca_path)?)
+                ..Launch::new(&binary, config)
             };
             let e = launcher::Engine::start(launch).await?;
             let pid = e.pid().unwrap_or_default();
@@ -469,6 +477,25 @@ mod tests {
     /// The smoke scenario end to end against the real `fanout` binary (built
     /// in debug like the e2e tests; about 10 s here). Also checks that the
     /// reports are written.
+    /// The relay scenario (spec 003) end to end: every device's push reaches
+    /// the mock push server signed with X-Gim-Signature, with a ceiling.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn relay_smoke_scenario_end_to_end() {
+        let binary = tokio::task::spawn_blocking(|| launcher::build_binary(false)).await.unwrap().unwrap();
+        let args = RunArgs {
+            scenario: Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/relay-smoke.toml"),
+            engine_bin: Some(binary),
+            with_ceiling: true,
+            ..RunArgs::default()
+        };
+        let report = execute(&args).await.unwrap();
+        eprintln!("{}", report.text());
+        assert!(report.passed, "{}", report.text());
+        assert_eq!(report.deliveries.delivered, report.plan.expected_deliveries);
+        assert_eq!(report.deliveries.bad_signatures, 0);
+        assert!(report.ratio.is_some_and(|r| r > 0.0));
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn smoke_scenario_end_to_end() {
         let binary = tokio::task::spawn_blocking(|| launcher::build_binary(false)).await.unwrap().unwrap();

@@ -22,6 +22,11 @@ const ATTEMPT_TIMEOUT_MS: u64 = 10_000;
 #[serde(deny_unknown_fields)]
 pub struct Scenario {
     pub name: String,
+    /// Which channel the recipients register on: `http` (spec 000's signed
+    /// webhooks, the default) or `relay` (spec 003: one push server, the
+    /// mock, receives every device's push signed with X-Gim-Signature).
+    #[serde(default)]
+    pub channel: ScenarioChannel,
     #[serde(default)]
     pub description: String,
     /// Webhook recipients registered for the run.
@@ -46,6 +51,14 @@ pub struct Scenario {
     /// (see `fanout.example.toml` for the keys).
     #[serde(default)]
     pub engine: toml::Table,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScenarioChannel {
+    #[default]
+    Http,
+    Relay,
 }
 
 fn default_max_duplicate_ratio() -> f64 {
@@ -256,6 +269,17 @@ impl Scenario {
             bail!("ceiling.concurrency must be at least 1");
         }
         let plan = Plan::new(self);
+        if self.channel == ScenarioChannel::Relay {
+            // The relay coalesces a device's pending pushes (spec 003 §4), so
+            // only a plan where each device gets one push accounts exactly:
+            // the run measures the push path; coalescing has its e2e tests.
+            if self.envelopes.per_topic != Some(1) || plan.max_subscriptions_per_recipient() > 1 {
+                bail!("a relay scenario needs envelopes.per_topic = 1 and each recipient in at most one topic");
+            }
+            if self.mock.receivers != 1 {
+                bail!("a relay scenario has one push server: mock.receivers must be 1");
+            }
+        }
         let max_topics = self.engine_int("max_push_topics", 100_000) as u64;
         if plan.max_subscriptions_per_recipient() > max_topics {
             bail!(
@@ -301,6 +325,8 @@ pub struct Plan {
     pub envelopes: u64,
     /// Steady rate (envelopes/s), or `None` for a burst.
     pub rate: Option<f64>,
+    /// Recipients register on the relay channel (spec 003).
+    pub relay: bool,
 }
 
 impl Plan {
@@ -321,7 +347,15 @@ impl Plan {
                 ((rate * e.duration_seconds.unwrap_or(1.0)).round().max(1.0) as u64, Some(rate))
             }
         };
-        Plan { recipients: scenario.recipients, subscribers, prefix, total_subscriptions: sum, envelopes, rate }
+        Plan {
+            recipients: scenario.recipients,
+            subscribers,
+            prefix,
+            total_subscriptions: sum,
+            envelopes,
+            rate,
+            relay: scenario.channel == ScenarioChannel::Relay,
+        }
     }
 
     pub fn topics(&self) -> u32 {

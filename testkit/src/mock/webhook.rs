@@ -320,7 +320,7 @@ fn verify_request(key: &[u8], headers: &http::HeaderMap, body: &[u8]) -> bool {
         };
         verify_standard_webhooks(key, id, timestamp, body, signature)
     } else if let Some(signature) = header("x-gim-signature") {
-        verify_gim_signature(key, signature, body)
+        verify_gim_signature_now(key, signature, body)
     } else {
         false
     }
@@ -362,6 +362,21 @@ pub fn verify_standard_webhooks(
         .filter_map(|b64| BASE64.decode(b64).ok())
         .any(|tag| mac.clone().verify_slice(&tag).is_ok())
 }
+
+/// 003 §2.2's recommended receiver: the signature, and `|now - t| <= 300` s
+/// (a replay outside the window is refused).
+pub fn verify_gim_signature_now(key: &[u8], signature_header: &str, body: &[u8]) -> bool {
+    let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
+    let t = signature_header
+        .split(',')
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(k, _)| *k == "t")
+        .and_then(|(_, v)| v.parse::<i64>().ok());
+    t.is_some_and(|t| (now - t).abs() <= GIM_REPLAY_WINDOW_SECONDS) && verify_gim_signature(key, signature_header, body)
+}
+
+/// 003 §2.2: the recommended replay window.
+pub const GIM_REPLAY_WINDOW_SECONDS: i64 = 300;
 
 /// Spec 003 §2.2: `t=<unix seconds>,v1=<hex HMAC-SHA256 over "{t}." ‖ body>`.
 /// True when a `v1` entry matches. No replay window is enforced.
@@ -498,6 +513,16 @@ mod tests {
             body
         ));
         assert!(!verify_gim_signature(key, "v1=41f7", body));
+        // The replay window: the vector's t is long past.
+        assert!(!verify_gim_signature_now(key, header, body));
+        let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs();
+        let mut mac = HmacSha256::new_from_slice(key).unwrap();
+        mac.update(format!("{now}.").as_bytes());
+        mac.update(body);
+        let fresh = format!("t={now},v1={}", hex::encode(mac.finalize().into_bytes()));
+        assert!(verify_gim_signature_now(key, &fresh, body));
+        // Re-serialised JSON (a space added) is not the raw body.
+        assert!(!verify_gim_signature_now(key, &fresh, &[&body[..5], b" ", &body[5..]].concat()));
     }
 
     #[tokio::test]

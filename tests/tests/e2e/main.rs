@@ -11,6 +11,7 @@ mod multinode;
 mod operability;
 mod providers;
 mod publish_stream;
+mod relay;
 mod replay;
 mod standard_webhooks;
 mod subscriptions;

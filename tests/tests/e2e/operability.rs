@@ -40,7 +40,8 @@ MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQg3RSlB9iXyDY6EjhR
 ";
 
 /// The only label names the engine may use (docs/METRICS.md).
-const LABELS: &[&str] = &["channel", "outcome", "result", "method", "code", "reason", "operation", "limit", "le"];
+const LABELS: &[&str] =
+    &["channel", "outcome", "result", "method", "code", "reason", "operation", "limit", "le", "event", "route"];
 
 /// How long the traffic may take to touch every family: three webhook
 /// attempts 1 s apart, and provider attempts bounded to 10 s each.
@@ -200,7 +201,8 @@ fn provider_tables(dir: &std::path::Path) -> String {
     format!(
         "[engine.channels.apns]\nkey_file = {:?}\nkey_id = \"TESTKEY001\"\nteam_id = \"TESTTEAM01\"\n\
          bundle_id = \"com.example.fanout\"\nenvironment = \"sandbox\"\nsandbox_url = \"https://127.0.0.1:{}\"\n\n\
-         [engine.channels.fcm]\nservice_account_file = {:?}\nbase_url = \"https://127.0.0.1:{}\"\n\n",
+         [engine.channels.fcm]\nservice_account_file = {:?}\nbase_url = \"https://127.0.0.1:{}\"\n\n\
+         [engine.channels.relay]\n\n",
         apns_key.display().to_string(),
         free_port(),
         account_file.display().to_string(),
@@ -233,6 +235,15 @@ async fn dashboards_and_rules_name_only_exported_metrics() {
     // The idle engine: only unlabelled families, each with HELP and TYPE.
     let (_, idle) = fanout.http_get("/metrics").await.expect("metrics");
     let idle_families = families(&idle);
+
+    // The HTTP API (spec 003 registration) on the relay channel.
+    let relay = Recipient::random();
+    let bearer = relay.bearer();
+    let (status, _) = fanout
+        .api_request("PUT", "/v2/push/registration", &[("authorization", &bearer)], br#"{"provider":"log","token":"t"}"#)
+        .await
+        .expect("API request");
+    assert_eq!(status, 204);
 
     // Traffic over every channel.
     let topic = group_topic();

@@ -188,7 +188,7 @@ mod tests {
             rate_limit_per_second: rate,
         };
         let metrics = Arc::new(Metrics::new());
-        let provider = ApnsProvider::new(&settings, &ChannelContext { metrics: metrics.clone() }).unwrap();
+        let provider = ApnsProvider::new(&settings, &ChannelContext::new(metrics.clone())).unwrap();
         Setup { mock, provider, metrics, _dir: dir }
     }
 
@@ -360,21 +360,21 @@ mod tests {
         };
         let metrics = Arc::new(Metrics::new());
         let missing =
-            ApnsProvider::new(&settings, &ChannelContext { metrics: metrics.clone() }).err().unwrap().to_string();
+            ApnsProvider::new(&settings, &ChannelContext::new(metrics.clone())).err().unwrap().to_string();
         assert!(missing.contains("cannot read"), "{missing}");
         std::fs::write(&key_file, "not a key").unwrap();
         let garbage =
-            ApnsProvider::new(&settings, &ChannelContext { metrics: metrics.clone() }).err().unwrap().to_string();
+            ApnsProvider::new(&settings, &ChannelContext::new(metrics.clone())).err().unwrap().to_string();
         assert!(garbage.contains("not a PEM PKCS#8 EC key"), "{garbage}");
         // A P-384 key is EC but not ES256.
         let p384 = rcgen_p384();
         std::fs::write(&key_file, p384).unwrap();
         let wrong_curve =
-            ApnsProvider::new(&settings, &ChannelContext { metrics: metrics.clone() }).err().unwrap().to_string();
+            ApnsProvider::new(&settings, &ChannelContext::new(metrics.clone())).err().unwrap().to_string();
         assert!(wrong_curve.contains("P-256"), "{wrong_curve}");
         // A good key works, and the start-up check caches nothing.
         ApnsTestKey::generate().unwrap().write_p8(&key_file).unwrap();
-        let provider = ApnsProvider::new(&settings, &ChannelContext { metrics: metrics.clone() }).unwrap();
+        let provider = ApnsProvider::new(&settings, &ChannelContext::new(metrics.clone())).unwrap();
         assert!(provider.tokens.current.lock().unwrap().is_none());
         assert_eq!(refreshes(&metrics), 0);
     }

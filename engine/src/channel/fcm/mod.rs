@@ -165,7 +165,7 @@ mod tests {
             rate_limit_per_second: 0,
         };
         let metrics = Arc::new(Metrics::new());
-        let provider = FcmProvider::new(&settings, &ChannelContext { metrics: metrics.clone() }).unwrap();
+        let provider = FcmProvider::new(&settings, &ChannelContext::new(metrics.clone())).unwrap();
         Setup { mock, provider, metrics, _dir: dir }
     }
 
@@ -307,7 +307,7 @@ mod tests {
         let metrics = Arc::new(Metrics::new());
         let err = |text: &str| {
             std::fs::write(&file, text).unwrap();
-            FcmProvider::new(&settings, &ChannelContext { metrics: metrics.clone() }).err().unwrap().to_string()
+            FcmProvider::new(&settings, &ChannelContext::new(metrics.clone())).err().unwrap().to_string()
         };
         let good = FcmServiceAccount::test_only("proj", "https://oauth2.example/token");
         let mut json: serde_json::Value = serde_json::from_str(&good.to_json()).unwrap();
@@ -320,10 +320,10 @@ mod tests {
         assert!(bad_key.contains("private_key"), "{bad_key}");
         assert!(!bad_key.contains("AAAA"), "never echoes key material");
         std::fs::write(&file, good.to_json()).unwrap();
-        FcmProvider::new(&settings, &ChannelContext { metrics: metrics.clone() }).unwrap();
+        FcmProvider::new(&settings, &ChannelContext::new(metrics.clone())).unwrap();
         std::fs::remove_file(&file).unwrap();
         assert!(
-            FcmProvider::new(&settings, &ChannelContext { metrics }).err().unwrap().to_string().contains("cannot read")
+            FcmProvider::new(&settings, &ChannelContext::new(metrics)).err().unwrap().to_string().contains("cannot read")
         );
     }
 }

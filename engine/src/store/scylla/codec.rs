@@ -2,9 +2,12 @@
 //! their two's-complement `bigint`; sequence ids are split into a bucket and a
 //! position so envelope partitions stay bounded.
 
+use std::borrow::Cow;
+
 use crate::domain::{
-    Channel, DeliveryTarget, EnvelopeKind, KeyWindow, RecipientId, SecretHash, ShardId, SigningKey, StoredEnvelope,
-    StoredSubscription, Subscription, Topic,
+    Channel, DeliveryTarget, EnvelopeKind, KeyWindow, MembershipChange, MessageId, RecipientId, RegistrationInput,
+    RelayMeta, RelayRegistration, SecretHash, ShardId, SigningKey, StoredEnvelope, StoredSubscription, Subscription,
+    Topic,
 };
 use crate::store::{Recipient, StoreError};
 
@@ -67,6 +70,7 @@ pub(super) fn decode_static(id: RecipientId, row: StaticRow) -> Result<Option<Ve
             url: target_text,
             signing_key: signing_key.as_deref().and_then(|k| SigningKey::parse(k).ok()).ok_or_else(|| corrupt(WHAT))?,
         },
+        Channel::Relay => DeliveryTarget::Relay(decode_relay(&target_text).ok_or_else(|| corrupt(WHAT))?),
     };
     Ok(Some(Versioned {
         version,
@@ -80,13 +84,46 @@ pub(super) fn decode_static(id: RecipientId, row: StaticRow) -> Result<Option<Ve
     }))
 }
 
-/// The target's columns: channel, target text (token or URL), signing key.
-pub(super) fn encode_target(target: &DeliveryTarget) -> (i8, &str, Option<&[u8]>) {
+/// The target's columns: channel, target text (token, URL, or a relay
+/// registration as a JSON object of its §1 fields), signing key.
+pub(super) fn encode_target(target: &DeliveryTarget) -> (i8, Cow<'_, str>, Option<&[u8]>) {
     let channel = target.channel() as u8 as i8;
     match target {
-        DeliveryTarget::Apns { token } | DeliveryTarget::Fcm { token } => (channel, token, None),
-        DeliveryTarget::Http { url, signing_key } => (channel, url, Some(signing_key.as_bytes())),
+        DeliveryTarget::Apns { token } | DeliveryTarget::Fcm { token } => (channel, Cow::Borrowed(token), None),
+        DeliveryTarget::Http { url, signing_key } => (channel, Cow::Borrowed(url), Some(signing_key.as_bytes())),
+        DeliveryTarget::Relay(r) => (channel, Cow::Owned(encode_relay(r)), None),
     }
+}
+
+/// Spec 003 §1's fields as one JSON object in the `target` column: the
+/// registration is read and replaced whole, so it needs no columns of its own.
+fn encode_relay(r: &RelayRegistration) -> String {
+    let mut o = serde_json::Map::new();
+    o.insert("provider".into(), r.provider().into());
+    o.insert("token".into(), r.token().into());
+    for (key, value) in [("app_id", r.app_id()), ("p256dh", r.p256dh()), ("auth", r.auth())] {
+        if let Some(v) = value {
+            o.insert(key.into(), v.into());
+        }
+    }
+    if let Some(sandbox) = r.sandbox() {
+        o.insert("sandbox".into(), sandbox.into());
+    }
+    serde_json::Value::Object(o).to_string()
+}
+
+fn decode_relay(text: &str) -> Option<RelayRegistration> {
+    let v: serde_json::Value = serde_json::from_str(text).ok()?;
+    let s = |key: &str| v.get(key).and_then(serde_json::Value::as_str);
+    RelayRegistration::parse(RegistrationInput {
+        provider: s("provider")?,
+        token: s("token")?,
+        app_id: s("app_id"),
+        sandbox: v.get("sandbox").and_then(serde_json::Value::as_bool),
+        p256dh: s("p256dh"),
+        auth: s("auth"),
+    })
+    .ok()
 }
 
 /// `None` for a row of the partition that is not a subscription.
@@ -118,12 +155,22 @@ pub(super) fn encode_subscription(s: &StoredSubscription) -> (i64, bool, Option<
 }
 
 /// The envelope columns a window reads: pos, topic, kind, server_ts,
-/// sender_hmac (never data, issue 11).
-pub(super) type EnvelopeRow = (i32, Vec<u8>, i8, i64, Option<Vec<u8>>);
+/// sender_hmac, inline_data, message_id, membership (the last three: schema
+/// 4, 003 §3). Never `data` (issue 11): `inline_data` holds it only when it
+/// is at most `MAX_INLINE_DATA` bytes, for the relay channel.
+pub(super) type EnvelopeRow =
+    (i32, Vec<u8>, i8, i64, Option<Vec<u8>>, Option<Vec<u8>>, Option<String>, Option<i8>);
 
 pub(super) fn decode_envelope(shard: ShardId, bucket: i64, row: EnvelopeRow) -> Result<StoredEnvelope, StoreError> {
     const WHAT: &str = "envelope";
-    let (pos, topic, kind, server_ts, sender_hmac) = row;
+    let (pos, topic, kind, server_ts, sender_hmac, data, message_id, membership) = row;
+    let relay = RelayMeta {
+        message_id: message_id.map(|m| MessageId::parse(&m).map_err(|_| corrupt(WHAT))).transpose()?,
+        membership: membership
+            .filter(|&m| m != 0)
+            .map(|m| u8::try_from(m).ok().and_then(MembershipChange::from_u8).ok_or_else(|| corrupt(WHAT)))
+            .transpose()?,
+    };
     Ok(StoredEnvelope {
         shard,
         sequence_id: seq_of(bucket, pos),
@@ -131,6 +178,8 @@ pub(super) fn decode_envelope(shard: ShardId, bucket: i64, row: EnvelopeRow) -> 
         kind: u8::try_from(kind).ok().and_then(EnvelopeKind::from_u8).ok_or_else(|| corrupt(WHAT))?,
         server_ts_ns: server_ts,
         sender_hmac: sender_hmac.unwrap_or_default(),
+        data: data.unwrap_or_default(),
+        relay,
     })
 }
 

@@ -1,0 +1,101 @@
+//! 003 §2.4: the push server's answer → what the hub does, and the retry
+//! schedule (1, 2, 4, 8 s; five attempts; never before Retry-After, honoured
+//! up to 60 s). Pure functions, tested row by row.
+
+use std::time::Duration;
+
+/// What an attempt's answer means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// 2xx.
+    Delivered,
+    /// 404, 410: the registration is invalid (compare-and-delete).
+    InvalidToken,
+    /// 429, 5xx, timeout, transport error: retried, not before `retry_after`.
+    Retry { retry_after: Option<Duration> },
+    /// Anything else, 3xx (redirects are never followed) and other 4xx
+    /// included: dropped and logged, the registration kept.
+    Permanent,
+}
+
+/// Five attempts in all (003 §2.4).
+pub const MAX_ATTEMPTS: u32 = 5;
+/// The waits after attempts 1 to 4.
+const BACKOFF: [Duration; 4] =
+    [Duration::from_secs(1), Duration::from_secs(2), Duration::from_secs(4), Duration::from_secs(8)];
+/// Retry-After is honoured up to this.
+pub const RETRY_AFTER_CAP: Duration = Duration::from_secs(60);
+
+/// A timed-out attempt or a transport error.
+pub const NO_ANSWER: Answer = Answer::Retry { retry_after: None };
+
+/// First match wins.
+pub fn classify(status: u16, retry_after: Option<&str>) -> Answer {
+    match status {
+        200..=299 => Answer::Delivered,
+        404 | 410 => Answer::InvalidToken,
+        429 | 500..=599 => Answer::Retry { retry_after: retry_after.and_then(parse_retry_after) },
+        _ => Answer::Permanent,
+    }
+}
+
+/// Retry-After as delay-seconds (the form the spec names), capped at 60 s.
+/// An HTTP-date or anything else is ignored: the schedule alone applies.
+pub fn parse_retry_after(value: &str) -> Option<Duration> {
+    let secs: u64 = value.trim().parse().ok()?;
+    Some(Duration::from_secs(secs).min(RETRY_AFTER_CAP))
+}
+
+/// The wait before the next attempt after `attempts` attempts failed
+/// retryably, or `None` when all five were made.
+pub fn next_delay(attempts: u32, retry_after: Option<Duration>) -> Option<Duration> {
+    if attempts >= MAX_ATTEMPTS {
+        return None;
+    }
+    let backoff = *BACKOFF.get(usize::try_from(attempts.checked_sub(1)?).ok()?)?;
+    Some(retry_after.map_or(backoff, |r| r.max(backoff)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_answer_table() {
+        assert_eq!(classify(200, None), Answer::Delivered);
+        assert_eq!(classify(202, None), Answer::Delivered);
+        assert_eq!(classify(404, None), Answer::InvalidToken);
+        assert_eq!(classify(410, None), Answer::InvalidToken);
+        assert_eq!(classify(429, None), Answer::Retry { retry_after: None });
+        assert_eq!(classify(500, Some("30")), Answer::Retry { retry_after: Some(Duration::from_secs(30)) });
+        assert_eq!(classify(503, Some("120")), Answer::Retry { retry_after: Some(Duration::from_secs(60)) });
+        assert_eq!(classify(429, Some("Wed, 21 Oct 2015 07:28:00 GMT")), Answer::Retry { retry_after: None });
+        for status in [301, 302, 307, 308, 400, 401, 403, 409, 413, 100] {
+            assert_eq!(classify(status, Some("5")), Answer::Permanent, "{status}");
+        }
+        assert_eq!(NO_ANSWER, Answer::Retry { retry_after: None });
+    }
+
+    #[test]
+    fn the_schedule_is_0_1_3_7_15() {
+        let mut at = Duration::ZERO;
+        let mut times = vec![at];
+        let mut attempts = 1;
+        while let Some(delay) = next_delay(attempts, None) {
+            at += delay;
+            times.push(at);
+            attempts += 1;
+        }
+        assert_eq!(times.iter().map(Duration::as_secs).collect::<Vec<_>>(), [0, 1, 3, 7, 15]);
+        assert_eq!(attempts, MAX_ATTEMPTS);
+        assert_eq!(next_delay(0, None), None);
+    }
+
+    #[test]
+    fn retry_after_is_a_floor_capped_at_60_seconds() {
+        assert_eq!(next_delay(1, parse_retry_after("30")), Some(Duration::from_secs(30)));
+        assert_eq!(next_delay(1, parse_retry_after("120")), Some(Duration::from_secs(60)));
+        assert_eq!(next_delay(4, parse_retry_after("0")), Some(Duration::from_secs(8)), "never before the schedule");
+        assert_eq!(next_delay(5, parse_retry_after("1")), None, "five attempts in all");
+    }
+}

@@ -1,0 +1,206 @@
+//! The relay channel: spec 003's hub side. Devices register a push route
+//! (provider, token, ...; §1); each envelope addressed to them becomes a
+//! notification (§3), queued per device with coalescing (§4), and sent as
+//! one signed webhook (§2) to the operator's push server, which owns the
+//! platform credentials. Provider `log` stays in-process (§5).
+//!
+//! - `settings`: `[engine.channels.relay]`.
+//! - `event`: envelope → notifications (type, gid, seq, message_id).
+//! - `payload`: the device payload, the size rule, minimal mode (§3).
+//! - `body`: the webhook body (§2.3); `signing`: `X-Gim-Signature` (§2.2).
+//! - `classify`: the answer table and the retry schedule (§2.4).
+//! - `coalesce`: the merge rules (§4); `queue`: the per-device queue;
+//!   `sender`: the senders and the retry timer.
+//! - `log`: the log provider and its debug ring (§5).
+//!
+//! Unlike the other channels, dispatch hands this one its deliveries
+//! directly (`Provider::queue`): the queue coalesces them, settles their
+//! first-attempt latches (PUSH-257) when they are sent, coalesced away or
+//! dropped, and retries on its own schedule, so the delivery workers'
+//! retry rules (spec 000 section 7) never apply to it.
+
+mod body;
+mod classify;
+mod coalesce;
+mod event;
+mod log;
+mod payload;
+mod queue;
+mod sender;
+mod settings;
+mod signing;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+pub use event::{gid, stand_in_message_id};
+pub use log::PushLog;
+pub use settings::{HubId, RelaySettings, RelayUrl};
+pub use signing::{HEADER_DELIVERY, HEADER_SIGNATURE, signature_header};
+
+use self::coalesce::RelayPush;
+use self::queue::{Counters, HoldId, Queue};
+use self::sender::{Senders, Webhook};
+use self::signing::WebhookSecret;
+use super::pool::{ClientOptions, Pool, PoolMetrics, PoolOptions, Protocols, Resolver};
+use super::{BuildError, ChannelContext, Outcome, Provider, Push, PushQueue, QueueBatch, client_tls_config};
+use crate::delivery::Delivery;
+use crate::domain::{Channel, RecipientId};
+
+/// The push server is one trusted host: HTTP/2 or HTTP/1.1 as it prefers.
+const CLIENT_OPTIONS: ClientOptions =
+    ClientOptions { protocols: Protocols::Http1Or2, idle_timeout: Duration::from_secs(90) };
+/// In-flight requests to the push server: the senders are the real bound.
+const MAX_IN_FLIGHT: std::num::NonZeroUsize = std::num::NonZeroUsize::new(1024).unwrap();
+
+pub struct RelayProvider {
+    queue: Arc<RelayQueue>,
+    push_log: Option<Arc<PushLog>>,
+}
+
+impl RelayProvider {
+    /// Builds the channel and starts its senders (inside a tokio runtime).
+    pub fn new(settings: &RelaySettings, ctx: &ChannelContext) -> Result<Self, BuildError> {
+        let webhook = match &settings.url {
+            None => None,
+            Some(url) => {
+                if !url.is_https() && !settings.dangerous_allow_plain_http {
+                    return Err(BuildError::new(
+                        "engine.channels.relay.url",
+                        "must be an https URL (dangerous_allow_plain_http allows http, for tests only)",
+                    ));
+                }
+                let path = settings.secret_file.as_ref().ok_or_else(|| {
+                    BuildError::new("engine.channels.relay.secret_file", "must be set when url is set")
+                })?;
+                let contents = std::fs::read(path).map_err(|e| {
+                    BuildError::new("engine.channels.relay.secret_file", format!("cannot read the file: {e}"))
+                })?;
+                let secret = WebhookSecret::from_file_contents(&contents)
+                    .map_err(|rule| BuildError::new("engine.channels.relay.secret_file", rule))?;
+                let tls = client_tls_config(&settings.extra_ca_files)
+                    .map_err(|e| BuildError::new("engine.channels.relay.extra_ca_files", e))?;
+                let options = PoolOptions {
+                    connections: settings.connections,
+                    max_in_flight: MAX_IN_FLIGHT,
+                    rate_limit_per_second: 0,
+                    client: CLIENT_OPTIONS,
+                };
+                // Trusted configuration: the system resolver, not PUSH-256's checks.
+                let metrics = PoolMetrics::new(&ctx.metrics, Channel::Relay);
+                let pool = if settings.dangerous_allow_plain_http {
+                    Pool::allowing_plain_http(&tls, options, Resolver::system(), metrics)
+                } else {
+                    Pool::new(&tls, options, Resolver::system(), metrics)
+                };
+                Some(Webhook { url: url.clone(), secret, pool })
+            }
+        };
+        let counters = Counters::new(&ctx.metrics);
+        let queue = Arc::new(Queue::new(settings.queue_capacity.get(), counters.clone()));
+        let log = Arc::new(PushLog::default());
+        Senders {
+            queue: queue.clone(),
+            webhook,
+            log: log.clone(),
+            hub_id: settings.hub_id.clone(),
+            minimal: settings.minimal,
+            timeout: settings.timeout,
+            store: ctx.store.clone(),
+            counters,
+            metrics: ctx.metrics.clone(),
+        }
+        .start(settings.senders.get());
+        Ok(Self {
+            queue: Arc::new(RelayQueue { queue, member_events: settings.member_events }),
+            push_log: settings.dangerous_push_log_endpoint.then_some(log),
+        })
+    }
+
+    /// The debug ring, when `dangerous_push_log_endpoint` is on.
+    pub fn push_log(&self) -> Option<Arc<PushLog>> {
+        self.push_log.clone()
+    }
+}
+
+#[async_trait]
+impl Provider for RelayProvider {
+    fn channel(&self) -> Channel {
+        Channel::Relay
+    }
+
+    /// Dispatch hands deliveries to `queue()`; a push that reaches `send`
+    /// anyway is queued, unheld, and accepted.
+    async fn send(&self, push: Push<'_>) -> Outcome {
+        let recipient = Arc::new(push.recipient.clone());
+        for n in event::notifications(push.envelope, self.queue.member_events) {
+            self.queue.queue.enqueue(RelayPush::new(recipient.clone(), n, None), None);
+        }
+        Outcome::Delivered
+    }
+
+    fn timed_out(&self) -> Outcome {
+        Outcome::transient(Duration::from_secs(1))
+    }
+
+    fn queue(&self) -> Option<Arc<dyn PushQueue>> {
+        Some(self.queue.clone())
+    }
+}
+
+/// The queue as dispatch sees it.
+struct RelayQueue {
+    queue: Arc<Queue>,
+    member_events: bool,
+}
+
+impl PushQueue for RelayQueue {
+    fn batch(&self) -> Box<dyn QueueBatch> {
+        Box::new(RelayBatch {
+            hold: self.queue.open_hold(),
+            queue: self.queue.clone(),
+            member_events: self.member_events,
+            devices: Vec::new(),
+        })
+    }
+}
+
+/// The pushes of one dispatch read (003 §4: "queued at once, so the pushes
+/// of one write coalesce per device before any of them is sent").
+struct RelayBatch {
+    queue: Arc<Queue>,
+    hold: HoldId,
+    member_events: bool,
+    devices: Vec<RecipientId>,
+}
+
+impl QueueBatch for RelayBatch {
+    fn push(&mut self, delivery: Delivery) {
+        let Delivery { envelope, recipient, mut first_attempt, .. } = delivery;
+        // A pending copy of an abandoned page: the replay sends it.
+        if first_attempt.as_ref().is_some_and(|f| !f.accept()) {
+            return;
+        }
+        let notifications = event::notifications(&envelope, self.member_events);
+        let last = notifications.len().saturating_sub(1);
+        for (i, n) in notifications.into_iter().enumerate() {
+            // The latch goes with the last: the device's pushes of one
+            // envelope coalesce into it before any is sent.
+            let first = if i == last { first_attempt.take() } else { None };
+            self.queue.enqueue(RelayPush::new(recipient.clone(), n, first), Some(self.hold));
+        }
+        // A Proposal is never pushed (003 §4): nothing to wait for.
+        if let Some(first) = first_attempt {
+            first.settle();
+        }
+        self.devices.push(recipient.id);
+    }
+}
+
+impl Drop for RelayBatch {
+    fn drop(&mut self) {
+        self.queue.release(self.hold, &self.devices);
+    }
+}
