@@ -523,6 +523,6 @@ mod tests {
             }
         }
         names.sort();
-        assert_eq!(names, ["faults", "many-topics", "slow-receivers", "smoke", "soak", "window-1m"]);
+        assert_eq!(names, ["faults", "many-topics", "relay-smoke", "slow-receivers", "smoke", "soak", "window-1m"]);
     }
 }
