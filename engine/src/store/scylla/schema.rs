@@ -13,6 +13,7 @@ pub(super) const MIGRATIONS: &[(i32, &str, &str)] = &[
     (1, "001_init", include_str!("../../../schema/scylla/001_init.cql")),
     (2, "002_leases", include_str!("../../../schema/scylla/002_leases.cql")),
     (3, "003_index_clocks", include_str!("../../../schema/scylla/003_index_clocks.cql")),
+    (4, "004_relay_deliveries", include_str!("../../../schema/scylla/004_relay_deliveries.cql")),
 ];
 
 /// The version a store of this binary needs.
