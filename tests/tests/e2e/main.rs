@@ -11,6 +11,7 @@ mod multinode;
 mod operability;
 mod providers;
 mod publish_stream;
+mod relay_ingress;
 mod replay;
 mod standard_webhooks;
 mod subscriptions;
