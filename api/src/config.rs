@@ -478,7 +478,8 @@ mod tests {
     fn the_relay_ingress_example_loads_and_bad_keys_are_named() {
         let example = include_str!("../../fanout.example.toml");
         let start = example.find("# [engine.relay_ingress]").unwrap();
-        let block: String = example[start..].lines().map(|l| l.strip_prefix("# ").unwrap_or(l)).collect::<Vec<_>>().join("\n");
+        let block: String =
+            example[start..].lines().map(|l| l.strip_prefix("# ").unwrap_or(l)).collect::<Vec<_>>().join("\n");
         let c = layer(&block, &[]).unwrap();
         let ingress = c.engine.relay_ingress.unwrap();
         assert_eq!(ingress.path.as_str(), "/v1/relay/push");

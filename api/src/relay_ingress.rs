@@ -85,7 +85,8 @@ fn problem(error: &IngressError) -> http::Result<Response<Full<Bytes>>> {
         "status": status.as_u16(),
         "reason": error.label(),
     });
-    let mut response = Response::builder().status(status).header(http::header::CONTENT_TYPE, "application/problem+json");
+    let mut response =
+        Response::builder().status(status).header(http::header::CONTENT_TYPE, "application/problem+json");
     if let Some(secs) = error.retry_after_secs() {
         response = response.header(http::header::RETRY_AFTER, secs);
     }

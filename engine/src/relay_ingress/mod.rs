@@ -306,7 +306,12 @@ impl RelayIngress {
     }
 
     /// Steps 5 and 6.
-    async fn deliver(&self, webhook: &Webhook, channel: Channel, provider: &dyn Provider) -> Result<Accepted, IngressError> {
+    async fn deliver(
+        &self,
+        webhook: &Webhook,
+        channel: Channel,
+        provider: &dyn Provider,
+    ) -> Result<Accepted, IngressError> {
         let claim = match self.ledger.claim(webhook).await? {
             Claimed::New(claim) => claim,
             Claimed::Settled(settled) => {
@@ -331,7 +336,8 @@ impl RelayIngress {
             Ok(outcome) => outcome,
             Err(_) => Ok(provider.timed_out()),
         };
-        let pushes = |label: &str| self.metrics.relay_ingress_pushes.with_label_values(&[channel.as_str(), label]).inc();
+        let pushes =
+            |label: &str| self.metrics.relay_ingress_pushes.with_label_values(&[channel.as_str(), label]).inc();
         match outcome {
             Ok(Outcome::Delivered) => {
                 pushes("delivered");

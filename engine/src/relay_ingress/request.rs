@@ -105,7 +105,10 @@ pub struct Webhook {
 
 impl std::fmt::Debug for Webhook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Webhook").field("provider", &self.provider).field("priority", &self.priority).finish_non_exhaustive()
+        f.debug_struct("Webhook")
+            .field("provider", &self.provider)
+            .field("priority", &self.priority)
+            .finish_non_exhaustive()
     }
 }
 
@@ -134,7 +137,8 @@ pub fn parse(body: &[u8], delivery_header: Option<&str>) -> Result<Webhook, Malf
         return Err(Malformed::Token);
     }
     if let Some(app) = &r.app_id {
-        let ok = (1..=255).contains(&app.len()) && app.bytes().all(|b| b.is_ascii_alphanumeric() || b".-_:".contains(&b));
+        let ok =
+            (1..=255).contains(&app.len()) && app.bytes().all(|b| b.is_ascii_alphanumeric() || b".-_:".contains(&b));
         if !ok {
             return Err(Malformed::AppId);
         }
@@ -198,7 +202,8 @@ mod tests {
             cur[path[path.len() - 1]] = value;
             b
         };
-        let refused = |b: Value, header: Option<&str>, e: Malformed| assert_eq!(parse_json(&b, header).err(), Some(e), "{b}");
+        let refused =
+            |b: Value, header: Option<&str>, e: Malformed| assert_eq!(parse_json(&b, header).err(), Some(e), "{b}");
         refused(body(), None, Malformed::DeliveryHeader);
         refused(body(), Some("3f1c0d9a8b7e6f5a4b3c2d1e0f9a8b7d"), Malformed::DeliveryHeader);
         refused(with(&["v"], 2.into()), Some(ID), Malformed::Version);

@@ -164,7 +164,10 @@ mod tests {
 
     #[test]
     fn the_hex_must_be_the_lowercase_mac() {
-        assert_eq!(verify(&HEADER.to_uppercase().replace("T=", "t=").replace("V1=", "v1="), BODY, T), Err(SignatureError::Mismatch));
+        assert_eq!(
+            verify(&HEADER.to_uppercase().replace("T=", "t=").replace("V1=", "v1="), BODY, T),
+            Err(SignatureError::Mismatch)
+        );
         assert_eq!(verify(&HEADER[..HEADER.len() - 1], BODY, T), Err(SignatureError::Mismatch));
     }
 
@@ -176,9 +179,16 @@ mod tests {
         assert_eq!(verify(&format!("t={T}, v0=abc, {v1}"), BODY, T), Ok(()));
         assert_eq!(verify(&format!("t={T},v1=00,{v1}"), BODY, T), Ok(()));
         // Malformed: no t, no v1, two t, a t that is not plain digits, no '='.
-        for bad in [v1.to_owned(), format!("t={T}"), format!("t={T},t={T},{v1}"), format!("t=+{T},{v1}"),
-            format!("t=-1,{v1}"), format!("t=,{v1}"), format!("t={T},{v1},junk"), String::new()]
-        {
+        for bad in [
+            v1.to_owned(),
+            format!("t={T}"),
+            format!("t={T},t={T},{v1}"),
+            format!("t=+{T},{v1}"),
+            format!("t=-1,{v1}"),
+            format!("t=,{v1}"),
+            format!("t={T},{v1},junk"),
+            String::new(),
+        ] {
             assert_eq!(SignatureHeader::parse(&bad).err(), Some(SignatureError::Malformed), "{bad}");
         }
     }

@@ -174,8 +174,14 @@ async fn nothing_is_sent_before_verification() {
     use IngressError as E;
     // No signature, a malformed one, a replay outside the window.
     assert_eq!(handle(None, Some(ID), b.clone(), NOW).await, Err(E::Signature(SignatureError::Missing)));
-    assert_eq!(handle(Some("v1=00".into()), Some(ID), b.clone(), NOW).await, Err(E::Signature(SignatureError::Malformed)));
-    assert_eq!(handle(Some(good.clone()), Some(ID), b.clone(), NOW + 301).await, Err(E::Signature(SignatureError::Stale)));
+    assert_eq!(
+        handle(Some("v1=00".into()), Some(ID), b.clone(), NOW).await,
+        Err(E::Signature(SignatureError::Malformed))
+    );
+    assert_eq!(
+        handle(Some(good.clone()), Some(ID), b.clone(), NOW + 301).await,
+        Err(E::Signature(SignatureError::Stale))
+    );
     // A tampered body and the same JSON re-serialised.
     let tampered = Bytes::from(String::from_utf8(b.to_vec()).unwrap().replace("\"t\"", "\"u\""));
     assert_eq!(handle(Some(good.clone()), Some(ID), tampered, NOW).await, Err(E::Signature(SignatureError::Mismatch)));
@@ -188,7 +194,10 @@ async fn nothing_is_sent_before_verification() {
     assert_eq!(post(&s, &ob, Some(ID)).await, Err(E::UnknownHub));
     // Signed right, but X-Gim-Delivery missing or wrong.
     assert_eq!(post(&s, &b, None).await, Err(E::Malformed(Malformed::DeliveryHeader)));
-    assert_eq!(post(&s, &b, Some("0123456789abcdef0123456789abcdef")).await, Err(E::Malformed(Malformed::DeliveryHeader)));
+    assert_eq!(
+        post(&s, &b, Some("0123456789abcdef0123456789abcdef")).await,
+        Err(E::Malformed(Malformed::DeliveryHeader))
+    );
     // v != 1.
     let mut v2 = body(ID, "apns", "t");
     v2["v"] = 2.into();
@@ -295,7 +304,10 @@ fn secret_files_must_be_readable_and_not_empty() {
     let store: Arc<dyn Store> = Arc::new(RedbStore::open(&dir.path().join("db"), 1).unwrap());
     let build = |file: &std::path::Path| {
         let settings: RelayIngressSettings = serde_json::from_value(serde_json::json!({"hubs": {"h1": file}})).unwrap();
-        RelayIngress::new(&settings, Channels::default(), store.clone(), Arc::new(Metrics::new())).err().unwrap().to_string()
+        RelayIngress::new(&settings, Channels::default(), store.clone(), Arc::new(Metrics::new()))
+            .err()
+            .unwrap()
+            .to_string()
     };
     let e = build(&empty);
     assert!(e.starts_with("engine.relay_ingress.hubs: hub h1:") && e.contains("is empty"), "{e}");

@@ -1,7 +1,7 @@
 //! The ScyllaDB backend (DESIGN.md, storage): the `scylla` driver against
 //! ScyllaDB or Apache Cassandra, which speak the same CQL protocol.
 //!
-//! Schema: `engine/schema/scylla/NNN_*.cql` (001 to 004), applied
+//! Schema: `engine/schema/scylla/NNN_*.cql` (001 to 003, and 005; 004 is on main), applied
 //! in order (`schema.rs`) by [`ScyllaStore::connect`] when `migrate` is set, or
 //! by `fanout migrate`. Every statement is
 //! prepared once at connect; the driver's default load balancing is token

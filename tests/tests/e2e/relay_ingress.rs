@@ -8,8 +8,7 @@ use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fanout_testkit::{
-    ApnsReply, ApnsTestKey, MockApns, MockApnsConfig, MockFcm, MockFcmConfig, TestPki, start_mock_apns,
-    start_mock_fcm,
+    ApnsReply, ApnsTestKey, MockApns, MockApnsConfig, MockFcm, MockFcmConfig, TestPki, start_mock_apns, start_mock_fcm,
 };
 use fanout_tests::{EngineConfig, Fanout};
 use hmac::{Hmac, KeyInit, Mac};
@@ -69,7 +68,8 @@ async fn setup() -> Setup {
         fcm = fcm.base_url(),
         secret = quote(&secret),
     );
-    let fanout = Fanout::start(EngineConfig { extra_tables: tables, ..Default::default() }).await.expect("start fanout");
+    let fanout =
+        Fanout::start(EngineConfig { extra_tables: tables, ..Default::default() }).await.expect("start fanout");
     Setup { fanout, sandbox, production, fcm, _dir: dir }
 }
 

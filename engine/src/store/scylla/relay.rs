@@ -1,5 +1,5 @@
 //! Spec 003 §2.5 on ScyllaDB: the relay ingress's delivery records in
-//! `relay_deliveries` (schema version 4). Each record is one partition, so
+//! `relay_deliveries` (schema version 5). Each record is one partition, so
 //! claim, settle and release are single-partition lightweight transactions;
 //! every write carries a TTL ending at the record's `expires_at`, so the
 //! records expire by themselves (retention has nothing to do here).
@@ -88,7 +88,8 @@ impl ScyllaStore {
             if insert.applied {
                 return Ok(RelayClaim::Claimed);
             }
-            let read = (current_i8(&insert, "state"), current_i64(&insert, "lease_until"), current_i64(&insert, "expires_at"));
+            let read =
+                (current_i8(&insert, "state"), current_i64(&insert, "lease_until"), current_i64(&insert, "expires_at"));
             // A row caught half expired (some cells gone): try again.
             let (Some(state), Some(lease), Some(expires)) = read else {
                 backoff(attempt).await;

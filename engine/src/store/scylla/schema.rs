@@ -13,7 +13,8 @@ pub(super) const MIGRATIONS: &[(i32, &str, &str)] = &[
     (1, "001_init", include_str!("../../../schema/scylla/001_init.cql")),
     (2, "002_leases", include_str!("../../../schema/scylla/002_leases.cql")),
     (3, "003_index_clocks", include_str!("../../../schema/scylla/003_index_clocks.cql")),
-    (4, "004_relay_deliveries", include_str!("../../../schema/scylla/004_relay_deliveries.cql")),
+    // Version 4 is the hub-side relay channel (issue 12, on main).
+    (5, "005_relay_deliveries", include_str!("../../../schema/scylla/005_relay_deliveries.cql")),
 ];
 
 /// The version a store of this binary needs.
