@@ -478,6 +478,20 @@ mod tests {
     }
 
     #[test]
+    fn the_relay_ingress_example_loads_and_bad_keys_are_named() {
+        let example = include_str!("../../fanout.example.toml");
+        let start = example.find("# [engine.relay_ingress]").unwrap();
+        let block: String =
+            example[start..].lines().map(|l| l.strip_prefix("# ").unwrap_or(l)).collect::<Vec<_>>().join("\n");
+        let c = layer(&block, &[]).unwrap();
+        let ingress = c.engine.relay_ingress.unwrap();
+        assert_eq!(ingress.path.as_str(), "/v1/relay/push");
+        assert_eq!(ingress.signature_window, Duration::from_secs(300));
+        let err = error("[engine.relay_ingress]\nhubs = {}", &[]);
+        assert!(err.contains("engine.relay_ingress.hubs") && err.contains("at least one hub"), "{err}");
+    }
+
+    #[test]
     fn shipped_files_load() {
         for text in [
             include_str!("../../fanout.example.toml"),

@@ -1,4 +1,5 @@
-//! The HTTP endpoints: /metrics (Prometheus text), /healthz, /readyz.
+//! The HTTP endpoints: /metrics (Prometheus text), /healthz, /readyz, and
+//! the spec 003 relay ingress on its configured path (`relay_ingress.rs`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -6,6 +7,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use fanout_engine::Readiness;
 use fanout_engine::metrics::Metrics;
+use fanout_engine::relay_ingress::RelayIngress;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -19,6 +21,8 @@ use tokio::sync::watch;
 pub struct HttpState {
     pub metrics: Arc<Metrics>,
     pub readiness: Readiness,
+    /// `[engine.relay_ingress]`, when configured.
+    pub relay_ingress: Option<Arc<RelayIngress>>,
 }
 
 pub async fn serve(listener: TcpListener, state: HttpState, mut shutdown: watch::Receiver<bool>) {
@@ -44,6 +48,16 @@ pub async fn serve(listener: TcpListener, state: HttpState, mut shutdown: watch:
 }
 
 async fn route(state: HttpState, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, std::convert::Infallible> {
+    if let Some(ingress) = &state.relay_ingress
+        && req.uri().path() == ingress.path()
+    {
+        let response = if req.method() == Method::POST {
+            crate::relay_ingress::handle(ingress, req).await
+        } else {
+            problem(StatusCode::METHOD_NOT_ALLOWED, "use POST")
+        };
+        return Ok(response.unwrap_or_else(|_| Response::new(Full::new(Bytes::new()))));
+    }
     let response = match (req.method(), req.uri().path()) {
         (&Method::GET, "/metrics") => text(StatusCode::OK, state.metrics.render())
             .map(|mut r| {

@@ -4,6 +4,7 @@ mod config;
 mod grpc;
 mod http;
 mod rest;
+mod relay_ingress;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -164,7 +165,11 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     );
     let http_server = http::serve(
         http_listener,
-        http::HttpState { metrics: engine.metrics(), readiness: engine.readiness() },
+        http::HttpState {
+            metrics: engine.metrics(),
+            readiness: engine.readiness(),
+            relay_ingress: engine.relay_ingress(),
+        },
         shutdown_rx,
     );
     tracing::info!(

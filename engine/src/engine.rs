@@ -16,6 +16,7 @@ use crate::ingest::Ingest;
 use crate::metrics::Metrics;
 use crate::ownership::{Fence, LeaseConfig, OwnedShards, ShardOwnership};
 use crate::registry::Registry;
+use crate::relay_ingress::RelayIngress;
 use crate::retention::RetentionArgs;
 use crate::settings::EngineSettings;
 use crate::store::{Instrumented, NodeId, Store};
@@ -76,6 +77,7 @@ impl Readiness {
 
 pub struct Engine {
     registry: Arc<Registry>,
+    relay_ingress: Option<Arc<RelayIngress>>,
     ingest: Arc<Ingest>,
     metrics: Arc<Metrics>,
     readiness: Readiness,
@@ -97,6 +99,13 @@ impl Engine {
         let store: Arc<dyn Store> = Arc::new(Instrumented::new(store, metrics.clone()));
         let channels = Channels::build(&settings.channels, &ChannelContext { metrics: metrics.clone(), store: Some(store.clone()) })
             .map_err(|e| EngineError::Config(e.to_string()))?;
+        let relay_ingress = match &settings.relay_ingress {
+            Some(s) => Some(Arc::new(
+                RelayIngress::new(s, channels.clone(), store.clone(), metrics.clone())
+                    .map_err(|e| EngineError::Config(e.to_string()))?,
+            )),
+            None => None,
+        };
         let (workers, worker_handles) = DeliveryWorkers::start(Arc::new(WorkerContext {
             settings: settings.delivery.clone(),
             max_attempts: settings.max_attempts.get(),
@@ -162,12 +171,17 @@ impl Engine {
             advertise_address: options.advertise_address.clone(),
         });
         let readiness = Readiness { store, ownership: ownership.map(|o| o.owned) };
-        Ok(Self { registry, ingest, metrics, readiness, supervisor, supervisor_handle, worker_handles })
+        Ok(Self { registry, relay_ingress, ingest, metrics, readiness, supervisor, supervisor_handle, worker_handles })
     }
 
     /// Registration, unregistration and subscriptions (spec 000 sections 1–3).
     pub fn registry(&self) -> Arc<Registry> {
         self.registry.clone()
+    }
+
+    /// The spec 003 push-server endpoint, when `[engine.relay_ingress]` is set.
+    pub fn relay_ingress(&self) -> Option<Arc<RelayIngress>> {
+        self.relay_ingress.clone()
     }
 
     /// Publishing envelopes.

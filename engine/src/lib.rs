@@ -13,6 +13,7 @@ pub mod ingest;
 pub mod metrics;
 pub mod ownership;
 pub mod registry;
+pub mod relay_ingress;
 pub mod retention;
 pub mod settings;
 pub mod supervisor;

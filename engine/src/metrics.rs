@@ -42,6 +42,10 @@ pub struct Metrics {
     pub relay_queue_devices: IntGauge,
     pub relay_retry_waiting: IntGauge,
     limit_refusals: IntCounterVec,
+    pub relay_ingress_webhooks: IntCounterVec,
+    pub relay_ingress_rejected: IntCounterVec,
+    pub relay_ingress_pushes: IntCounterVec,
+    pub relay_records_expired: IntCounter,
 }
 
 /// A configured input limit (issue 11), as the `limit` label names it.
@@ -218,8 +222,32 @@ impl Metrics {
                 "Inputs refused by a configured limit, by limit (envelopes for envelope_data, requests otherwise)",
                 &["limit"],
             ),
+            relay_ingress_webhooks: counter_vec(
+                "fanout_relay_ingress_webhooks_total",
+                "Spec 003 webhooks answered without an error: accepted (verified, sent to the provider) or duplicate \
+                 (a settled delivery_id, no provider request)",
+                &["result"],
+            ),
+            relay_ingress_rejected: counter_vec(
+                "fanout_relay_ingress_rejected_total",
+                "Spec 003 webhooks answered with an error status, by reason",
+                &["reason"],
+            ),
+            relay_ingress_pushes: counter_vec(
+                "fanout_relay_ingress_pushes_total",
+                "Provider attempts of relayed pushes, by channel and outcome (delivered, dead_token, rejected, \
+                 payload_too_large, transient)",
+                &["channel", "outcome"],
+            ),
+            relay_records_expired: counter(
+                "fanout_relay_records_expired_total",
+                "Relay delivery records deleted by retention once their ttl ran out (embedded store)",
+            ),
             registry,
         };
+        for result in ["accepted", "duplicate"] {
+            metrics.relay_ingress_webhooks.with_label_values(&[result]);
+        }
         // At zero from the start: a refusal rate is worth an alert.
         for limit in Limit::ALL {
             metrics.limit_refusals.with_label_values(&[limit.as_str()]);

@@ -1,6 +1,8 @@
 //! PUSH-226: delete every recipient that has not renewed within
 //! recipient_ttl_seconds, in one pass at start and then `interval_seconds`
-//! after the previous pass ended, run by a supervised actor.
+//! after the previous pass ended, run by a supervised actor. The same pass
+//! deletes the relay ingress's delivery records whose ttl ran out (spec 003
+//! §2.5).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -72,6 +74,9 @@ pub async fn run_pass(args: &RetentionArgs) {
         if n > 0 {
             tracing::info!(deleted = n, "retention pass deleted expired recipients");
         }
+    }
+    if let Ok(n) = args.store.delete_expired_relay(unix_now_ns() / 1_000_000).await {
+        args.metrics.relay_records_expired.inc_by(n);
     }
 }
 

@@ -17,6 +17,7 @@ pub mod http;
 mod outcome;
 pub mod pool;
 pub mod relay;
+pub mod relayed;
 mod settings;
 mod tls;
 
@@ -26,6 +27,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 pub use outcome::Outcome;
+pub use relayed::{RelayPriority, RelayRefusal, RelayedPush};
 pub use settings::{ChannelSettings, Connections, HttpsBase};
 pub use tls::client_tls_config;
 
@@ -66,6 +68,14 @@ pub trait Provider: Send + Sync + 'static {
     /// Makes one attempt and classifies the answer. The caller bounds it to
     /// `ATTEMPT_TIMEOUT` and then uses `timed_out`.
     async fn send(&self, push: Push<'_>) -> Outcome;
+
+    /// Spec 003 ingress: makes one attempt of a push a hub relayed, with its
+    /// own payload, collapse id and priority, and classifies the answer by
+    /// the channel's outcome table. Bounded by the caller like `send`.
+    /// Only the platform channels (APNs, FCM) deliver relayed pushes.
+    async fn send_relayed(&self, _push: &RelayedPush<'_>) -> Result<Outcome, RelayRefusal> {
+        Err(RelayRefusal::Unsupported)
+    }
 
     /// The outcome of an attempt that ran out of time (the table's timeout row).
     fn timed_out(&self) -> Outcome;

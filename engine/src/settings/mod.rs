@@ -20,6 +20,7 @@ pub use crate::dispatch::DispatchSettings;
 pub use crate::ingest::IngestSettings;
 pub use crate::ownership::LeaseSettings;
 pub use crate::registry::SubscriptionChanges;
+pub use crate::relay_ingress::RelayIngressSettings;
 pub use crate::retention::{RetentionInterval, RetentionSettings};
 
 /// Default number of topic shards. Fixed per deployment: the store records it.
@@ -52,6 +53,8 @@ pub struct EngineSettings {
     /// Shard leases when several nodes share a ScyllaDB store (issue 7).
     pub lease: LeaseSettings,
     pub channels: ChannelSettings,
+    /// Spec 003 push-server endpoint (issue 13); absent: off.
+    pub relay_ingress: Option<RelayIngressSettings>,
 }
 
 impl Default for EngineSettings {
@@ -68,6 +71,7 @@ impl Default for EngineSettings {
             retention: RetentionSettings::default(),
             lease: LeaseSettings::default(),
             channels: ChannelSettings::https_only(),
+            relay_ingress: None,
         }
     }
 }

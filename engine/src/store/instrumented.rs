@@ -7,7 +7,10 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use super::{Appended, NodeId, Recipient, RecipientSummary, ShardLeases, ShardPosition, Store, StoreError, Subscriber};
+use super::{
+    Appended, NodeId, Recipient, RecipientSummary, RelayClaim, RelayKey, RelaySettled, ShardLeases, ShardPosition,
+    Store, StoreError, Subscriber,
+};
 use crate::domain::{
     DeliveryTarget, NewEnvelope, RecipientId, SecretHash, ShardId, StoredEnvelope, StoredSubscription,
     SubscriptionUpdate, Topic,
@@ -29,6 +32,10 @@ pub const OPERATIONS: &[&str] = &[
     "envelope_data",
     "advance_checkpoint",
     "subscribers",
+    "relay_claim",
+    "relay_settle",
+    "relay_release",
+    "delete_expired_relay",
 ];
 
 /// The lease operations' names, reported only on a store that has leases.
@@ -192,6 +199,34 @@ impl Store for Instrumented {
         limit: usize,
     ) -> Result<Vec<Subscriber>, StoreError> {
         self.observe("subscribers", self.inner.subscribers(topic, after, limit)).await
+    }
+
+    async fn relay_claim(
+        &self,
+        key: &RelayKey,
+        now_ms: i64,
+        lease_until_ms: i64,
+        expires_at_ms: i64,
+    ) -> Result<RelayClaim, StoreError> {
+        self.observe("relay_claim", self.inner.relay_claim(key, now_ms, lease_until_ms, expires_at_ms)).await
+    }
+
+    async fn relay_settle(
+        &self,
+        key: &RelayKey,
+        lease_until_ms: i64,
+        settled: RelaySettled,
+        expires_at_ms: i64,
+    ) -> Result<(), StoreError> {
+        self.observe("relay_settle", self.inner.relay_settle(key, lease_until_ms, settled, expires_at_ms)).await
+    }
+
+    async fn relay_release(&self, key: &RelayKey, lease_until_ms: i64) -> Result<(), StoreError> {
+        self.observe("relay_release", self.inner.relay_release(key, lease_until_ms)).await
+    }
+
+    async fn delete_expired_relay(&self, now_ms: i64) -> Result<u64, StoreError> {
+        self.observe("delete_expired_relay", self.inner.delete_expired_relay(now_ms)).await
     }
     fn leases(self: Arc<Self>) -> Option<Arc<dyn ShardLeases>> {
         let inner = self.inner.clone().leases()?;

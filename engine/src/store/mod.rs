@@ -80,6 +80,65 @@ impl std::fmt::Display for NodeId {
     }
 }
 
+/// Spec 003 §2.5: the relay ingress's idempotency key, a hub's `delivery_id`.
+/// Keyed by hub too, so two hubs can never collide (a hub is trusted only
+/// for its own ids). Debug shows neither value (PUSH-254 style).
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct RelayKey {
+    pub hub_id: String,
+    pub delivery_id: String,
+}
+
+impl std::fmt::Debug for RelayKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RelayKey(..)")
+    }
+}
+
+/// How a relayed delivery ended, kept for its ttl so a retry of it gets the
+/// same answer without another provider request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RelaySettled {
+    /// The provider accepted the push.
+    Delivered,
+    /// The provider declared the token dead (APNs Unregistered, FCM UNREGISTERED).
+    Gone,
+    /// The provider refused the push for good (bad token for the topic, too large, ...).
+    Rejected,
+}
+
+impl RelaySettled {
+    /// The stored code; 0 is a pending claim.
+    pub fn code(self) -> i8 {
+        match self {
+            Self::Delivered => 1,
+            Self::Gone => 2,
+            Self::Rejected => 3,
+        }
+    }
+
+    pub fn from_code(code: i8) -> Option<Self> {
+        match code {
+            1 => Some(Self::Delivered),
+            2 => Some(Self::Gone),
+            3 => Some(Self::Rejected),
+            _ => None,
+        }
+    }
+}
+
+/// The answer of `Store::relay_claim`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RelayClaim {
+    /// No live record: the caller now holds a pending claim until its
+    /// `lease_until_ms` and makes the provider request.
+    Claimed,
+    /// Another caller holds a pending claim until `lease_until_ms`.
+    Busy { lease_until_ms: i64 },
+    /// Settled within its ttl.
+    Settled(RelaySettled),
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("recipient not found")]
@@ -182,6 +241,42 @@ pub trait Store: Send + Sync + 'static {
         after: Option<&RecipientId>,
         limit: usize,
     ) -> Result<Vec<Subscriber>, StoreError>;
+    /// Spec 003 §2.5, in one atomic step: when `key` has a live record
+    /// (`expires_at > now_ms`) that is settled, answer it; when it is a
+    /// pending claim whose lease has not run out (`lease_until > now_ms`),
+    /// answer `Busy`; otherwise (no record, an expired one, or a claim whose
+    /// holder died) store a pending claim until `lease_until_ms`, kept until
+    /// `expires_at_ms`, and answer `Claimed`. Of concurrent callers at most
+    /// one gets `Claimed`.
+    async fn relay_claim(
+        &self,
+        key: &RelayKey,
+        now_ms: i64,
+        lease_until_ms: i64,
+        expires_at_ms: i64,
+    ) -> Result<RelayClaim, StoreError>;
+
+    /// Settles the pending claim `relay_claim` stored with `lease_until_ms`,
+    /// kept until `expires_at_ms`. Changes nothing when the record is no
+    /// longer that claim (another caller took it over after the lease ran out).
+    async fn relay_settle(
+        &self,
+        key: &RelayKey,
+        lease_until_ms: i64,
+        settled: RelaySettled,
+        expires_at_ms: i64,
+    ) -> Result<(), StoreError>;
+
+    /// Deletes the pending claim stored with `lease_until_ms` (the provider
+    /// request failed transiently: the hub's retry must send again). Changes
+    /// nothing when the record is no longer that claim.
+    async fn relay_release(&self, key: &RelayKey, lease_until_ms: i64) -> Result<(), StoreError>;
+
+    /// Retention: deletes relay records with `expires_at <= now_ms`. Returns
+    /// how many it deleted; a backend whose records expire by themselves
+    /// (ScyllaDB's TTL) answers 0.
+    async fn delete_expired_relay(&self, now_ms: i64) -> Result<u64, StoreError>;
+
     /// Shard leases when several nodes share this store (issue 7): `None` on
     /// a store that one node owns alone, which then owns every shard.
     fn leases(self: Arc<Self>) -> Option<Arc<dyn ShardLeases>>;

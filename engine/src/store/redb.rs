@@ -11,6 +11,9 @@
 //! - `topic_subs`: topic_len ‖ topic ‖ id → subscription (a topic's subscribers, by id).
 //! - `shards`: shard → boundary, checkpoint, last id.
 //! - `envelopes`: (shard, sequence id) → push-eligible envelope.
+//! - `relay_deliveries`, `relay_expiry`: spec 003 §2.5 records (`relay.rs`).
+
+mod relay;
 
 use std::collections::BTreeMap;
 use std::collections::btree_map::Entry;
@@ -21,7 +24,10 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 
-use super::{Appended, Recipient, RecipientSummary, ShardLeases, ShardPosition, Store, StoreError, Subscriber};
+use super::{
+    Appended, Recipient, RecipientSummary, RelayClaim, RelayKey, RelaySettled, ShardLeases, ShardPosition, Store,
+    StoreError, Subscriber,
+};
 use crate::domain::{
     DeliveryTarget, NewEnvelope, next_sequence_id, RecipientId, SecretHash, ShardId, StoredEnvelope,
     StoredSubscription, SubscriptionUpdate, Topic,
@@ -78,6 +84,8 @@ impl RedbStore {
             txn.open_table(TOPIC_SUBS).be()?;
             txn.open_table(SHARDS).be()?;
             txn.open_table(ENVELOPES).be()?;
+            txn.open_table(relay::RELAY).be()?;
+            txn.open_table(relay::RELAY_EXPIRY).be()?;
             let mut meta = txn.open_table(META).be()?;
             let stored = meta.get(META_SHARD_COUNT).be()?.map(|g| g.value().to_vec());
             match stored {
@@ -523,6 +531,44 @@ impl Store for RedbStore {
             Ok(expired.len() as u64)
         })
         .await
+    }
+
+    async fn relay_claim(
+        &self,
+        key: &RelayKey,
+        now_ms: i64,
+        lease_until_ms: i64,
+        expires_at_ms: i64,
+    ) -> Result<RelayClaim, StoreError> {
+        let key = key.clone();
+        self.write(move |txn| relay::claim(txn, &key, now_ms, lease_until_ms, expires_at_ms)).await
+    }
+
+    async fn relay_settle(
+        &self,
+        key: &RelayKey,
+        lease_until_ms: i64,
+        settled: RelaySettled,
+        expires_at_ms: i64,
+    ) -> Result<(), StoreError> {
+        let key = key.clone();
+        self.write(move |txn| relay::settle(txn, &key, lease_until_ms, settled, expires_at_ms)).await
+    }
+
+    async fn relay_release(&self, key: &RelayKey, lease_until_ms: i64) -> Result<(), StoreError> {
+        let key = key.clone();
+        self.write(move |txn| relay::release(txn, &key, lease_until_ms)).await
+    }
+
+    async fn delete_expired_relay(&self, now_ms: i64) -> Result<u64, StoreError> {
+        let mut deleted = 0u64;
+        loop {
+            let n = self.write(move |txn| relay::prune_batch(txn, now_ms)).await?;
+            deleted += n as u64;
+            if n < relay::PRUNE_BATCH_SIZE {
+                return Ok(deleted);
+            }
+        }
     }
 
     async fn append(

@@ -1,7 +1,7 @@
 //! The ScyllaDB backend (DESIGN.md, storage): the `scylla` driver against
 //! ScyllaDB or Apache Cassandra, which speak the same CQL protocol.
 //!
-//! Schema: `engine/schema/scylla/001_init.cql` and `002_leases.cql`, applied
+//! Schema: `engine/schema/scylla/NNN_*.cql` (001 to 003, and 005; 004 is on main), applied
 //! in order (`schema.rs`) by [`ScyllaStore::connect`] when `migrate` is set, or
 //! by `fanout migrate`. Every statement is
 //! prepared once at connect; the driver's default load balancing is token
@@ -69,6 +69,7 @@
 //! CQL error texts name statements and tables, not bound values.
 
 mod codec;
+mod relay;
 mod schema;
 mod settings;
 
@@ -94,7 +95,10 @@ use scylla::value::{CqlValue, Row};
 pub use self::settings::{Keyspace, Nodes, ScyllaSettings};
 
 use self::codec::{BUCKET_SIZE, EnvelopeRow, StaticRow, Versioned, bucket_of, corrupt, from_db, pos_of, to_db};
-use super::{Appended, NodeId, Recipient, RecipientSummary, ShardLeases, ShardPosition, Store, StoreError, Subscriber};
+use super::{
+    Appended, NodeId, Recipient, RecipientSummary, RelayClaim, RelayKey, RelaySettled, ShardLeases, ShardPosition,
+    Store, StoreError, Subscriber,
+};
 use crate::domain::{
     DeliveryTarget, NewEnvelope, next_sequence_id, RecipientId, SecretHash, ShardId, StoredEnvelope, StoredSubscription,
     SubscriptionUpdate, Topic,
@@ -198,6 +202,7 @@ struct Statements {
     lease_all: PreparedStatement,
     node_put: PreparedStatement,
     node_all: PreparedStatement,
+    relay: relay::RelayStatements,
 }
 
 const STATIC_COLS: &str = "version, secret_hash, channel, target, signing_key, renewed_at, topic_count";
@@ -329,6 +334,7 @@ impl Statements {
             ))
             .await?,
             node_all: p(format!("SELECT node FROM {ks}.nodes")).await?,
+            relay: relay::RelayStatements::prepare(session, ks).await?,
         })
     }
 }
@@ -1090,6 +1096,35 @@ impl Store for ScyllaStore {
             results[i] = Some(r);
         }
         Ok(results.into_iter().map(|r| r.expect("every envelope has a result")).collect())
+    }
+
+    async fn relay_claim(
+        &self,
+        key: &RelayKey,
+        now_ms: i64,
+        lease_until_ms: i64,
+        expires_at_ms: i64,
+    ) -> Result<RelayClaim, StoreError> {
+        self.relay_claim_cql(key, now_ms, lease_until_ms, expires_at_ms).await
+    }
+
+    async fn relay_settle(
+        &self,
+        key: &RelayKey,
+        lease_until_ms: i64,
+        settled: RelaySettled,
+        expires_at_ms: i64,
+    ) -> Result<(), StoreError> {
+        self.relay_settle_cql(key, lease_until_ms, settled, expires_at_ms).await
+    }
+
+    async fn relay_release(&self, key: &RelayKey, lease_until_ms: i64) -> Result<(), StoreError> {
+        self.relay_release_cql(key, lease_until_ms).await
+    }
+
+    async fn delete_expired_relay(&self, _now_ms: i64) -> Result<u64, StoreError> {
+        // Every record is written with a TTL ending at its expires_at.
+        Ok(0)
     }
 
     async fn shard_position(&self, shard: ShardId) -> Result<ShardPosition, StoreError> {

@@ -12,6 +12,7 @@ mod operability;
 mod providers;
 mod publish_stream;
 mod relay;
+mod relay_ingress;
 mod replay;
 mod standard_webhooks;
 mod subscriptions;

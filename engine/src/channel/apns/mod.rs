@@ -14,10 +14,10 @@ use http::HeaderValue;
 use jsonwebtoken::EncodingKey;
 
 use self::classify::{CONNECTION_ERROR, Classified, RETRY_DELAY, TIMED_OUT, classify, reason};
-use self::request::ApnsRequest;
+use self::request::{ApnsRequest, relayed_apns_body};
 use self::token::{ProviderToken, ProviderTokens};
 use super::pool::{ClientOptions, Pool, PoolMetrics, PoolOptions, Protocols, Resolver, SendError};
-use super::{BuildError, ChannelContext, Outcome, Provider, Push, client_tls_config};
+use super::{BuildError, ChannelContext, Outcome, Provider, Push, RelayRefusal, RelayedPush, client_tls_config};
 use crate::domain::{Channel, DeliveryTarget};
 
 pub use request::apns_body;
@@ -30,6 +30,11 @@ pub struct ApnsProvider {
     pool: Pool,
     /// The environment's base URL without a trailing slash.
     base: String,
+    /// Both hosts, for relayed pushes (spec 003), whose registration's
+    /// `sandbox` picks the host per push. One pool serves both: the HTTP/2
+    /// client keeps a connection per host.
+    production: String,
+    sandbox: String,
     bundle_id: HeaderValue,
     tokens: ProviderTokens,
 }
@@ -65,7 +70,9 @@ impl ApnsProvider {
         // at the first push. Not cached: the first push signs its own.
         tokens.sign(0).map_err(|_| BuildError::new(KEY_FILE, format!("{path} is not an EC P-256 key")))?;
         let base = settings.base_url().without_trailing_slash().to_owned();
-        Ok(Self { pool, base, bundle_id, tokens })
+        let production = settings.production_url.without_trailing_slash().to_owned();
+        let sandbox = settings.sandbox_url.without_trailing_slash().to_owned();
+        Ok(Self { pool, base, production, sandbox, bundle_id, tokens })
     }
 
     /// One request and its classification.
@@ -80,6 +87,31 @@ impl ApnsProvider {
             }
             Err(SendError::Timeout) => Classified::Outcome(TIMED_OUT),
             Err(SendError::Connection(_)) => Classified::Outcome(CONNECTION_ERROR),
+        }
+    }
+
+    /// One attempt: a request under the current provider token, and after
+    /// ExpiredProviderToken one refresh and resend, then the table decides.
+    async fn attempt(&self, request: &ApnsRequest) -> Outcome {
+        let Some(token) = self.tokens.get() else {
+            // Signing failed locally: nothing was sent.
+            return Outcome::NotSent { delay: RETRY_DELAY };
+        };
+        match self.post(request, &token).await {
+            Classified::Outcome(outcome) => outcome,
+            Classified::ExpiredProviderToken => {
+                // One refresh and resend within the same attempt, then rejected.
+                let Some(fresh) = self.tokens.refresh_after_expired(&token) else {
+                    return Outcome::Rejected;
+                };
+                match self.post(request, &fresh).await {
+                    Classified::Outcome(outcome) => outcome,
+                    Classified::ExpiredProviderToken => {
+                        tracing::warn!("APNs answered ExpiredProviderToken to a refreshed provider token");
+                        Outcome::Rejected
+                    }
+                }
+            }
         }
     }
 }
@@ -97,26 +129,17 @@ impl Provider for ApnsProvider {
         let Some(request) = ApnsRequest::new(&self.base, device, push.envelope) else {
             return Outcome::Rejected;
         };
-        let Some(token) = self.tokens.get() else {
-            // Signing failed locally: nothing was sent.
-            return Outcome::NotSent { delay: RETRY_DELAY };
+        self.attempt(&request).await
+    }
+
+    async fn send_relayed(&self, push: &RelayedPush<'_>) -> Result<Outcome, RelayRefusal> {
+        let body = relayed_apns_body(push.payload)?;
+        let base = if push.sandbox { &self.sandbox } else { &self.production };
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let Some(request) = ApnsRequest::relayed(base, push, body.body, now) else {
+            return Ok(Outcome::Rejected);
         };
-        match self.post(&request, &token).await {
-            Classified::Outcome(outcome) => outcome,
-            Classified::ExpiredProviderToken => {
-                // One refresh and resend within the same attempt, then rejected.
-                let Some(fresh) = self.tokens.refresh_after_expired(&token) else {
-                    return Outcome::Rejected;
-                };
-                match self.post(&request, &fresh).await {
-                    Classified::Outcome(outcome) => outcome,
-                    Classified::ExpiredProviderToken => {
-                        tracing::warn!("APNs answered ExpiredProviderToken to a refreshed provider token");
-                        Outcome::Rejected
-                    }
-                }
-            }
-        }
+        Ok(self.attempt(&request).await)
     }
 
     fn timed_out(&self) -> Outcome {
@@ -252,6 +275,48 @@ mod tests {
         assert_eq!(s.mock.received().last().unwrap().path, "/3/device/..%2Fx%3Fy");
         // One provider token served all of them.
         assert_eq!(refreshes(&s.metrics), 1);
+    }
+
+    async fn relay(s: &Setup, token: &str, sandbox: bool, app_id: Option<&str>, payload: &serde_json::Value) -> Outcome {
+        let push = RelayedPush {
+            token,
+            app_id,
+            sandbox,
+            collapse_id: Some("b76b4f49cf0d311f53af81576f61d459"),
+            priority: crate::channel::RelayPriority::High,
+            payload: payload.as_object().unwrap(),
+            ttl: Duration::from_secs(86_400),
+        };
+        s.provider.send_relayed(&push).await.unwrap()
+    }
+
+    /// Spec 003 ingress: the registration's `sandbox` picks the host per push,
+    /// `app_id` is the topic, the collapse id and payload go through, and a
+    /// background push keeps priority 5.
+    #[tokio::test]
+    async fn relayed_pushes_pick_the_host_and_topic_per_push() {
+        let payload = serde_json::json!({"v": 1, "type": "wake", "collapse_id": "b76b4f49cf0d311f53af81576f61d459"});
+        // Only the sandbox host answers in this setup.
+        let s = setup(ApnsEnvironment::Sandbox).await;
+        assert_eq!(relay(&s, "dev1", true, Some("im.g.apps"), &payload).await, Outcome::Delivered);
+        let got = s.mock.wait_for(1, T).await;
+        let r = &got[0];
+        assert_eq!(r.path, "/3/device/dev1");
+        assert_eq!(r.header("apns-topic"), Some("im.g.apps"));
+        assert_eq!(r.header("apns-collapse-id"), Some("b76b4f49cf0d311f53af81576f61d459"));
+        assert_eq!((r.header("apns-push-type"), r.header("apns-priority")), (Some("background"), Some("5")));
+        assert!(r.header("apns-expiration").unwrap().parse::<u64>().unwrap() > 1_700_000_000);
+        let body = r.json().unwrap();
+        assert_eq!(body, serde_json::json!({"aps": {"content-available": 1}, "payload": payload}));
+        // Without app_id: the channel's bundle id.
+        assert_eq!(relay(&s, "dev2", true, None, &payload).await, Outcome::Delivered);
+        assert_eq!(s.mock.wait_for(2, T).await[1].header("apns-topic"), Some("com.example.app"));
+        // sandbox = false goes to the production host, which does not answer here.
+        assert_eq!(relay(&s, "dev3", false, None, &payload).await, Outcome::transient(RETRY_DELAY));
+        assert_eq!(s.mock.received_count(), 2);
+        // The table applies: a dead token is terminal.
+        s.mock.script("dead", vec![ApnsReply::reason(410, "Unregistered")]);
+        assert_eq!(relay(&s, "dead", true, None, &payload).await, Outcome::Terminal);
     }
 
     #[tokio::test]

@@ -6,7 +6,25 @@ use http_body_util::Full;
 
 use super::token::ProviderToken;
 use crate::channel::pool::encode_path_segment;
+use crate::channel::relayed::{Fitted, RelayRefusal, RelayedPush, fit};
 use crate::domain::StoredEnvelope;
+
+/// APNs refuses a push whose body is over 4096 bytes (PayloadTooLarge).
+pub const MAX_BODY_BYTES: usize = 4096;
+/// APNs refuses an `apns-collapse-id` over 64 bytes (BadCollapseId).
+const MAX_COLLAPSE_ID_BYTES: usize = 64;
+
+/// Spec 003 §3 on APNs: a background push (`content-available`) whose
+/// `payload` key holds the relayed payload object unchanged, so the app
+/// hands `userInfo["payload"]` to gim-core's process_push. Over 4096 bytes,
+/// `mls_message` is dropped.
+pub fn relayed_apns_body(payload: &serde_json::Map<String, serde_json::Value>) -> Result<Fitted, RelayRefusal> {
+    fit(payload, MAX_BODY_BYTES, |p| {
+        let body = serde_json::json!({"aps": {"content-available": 1}, "payload": p}).to_string();
+        let n = body.len();
+        (body, n)
+    })
+}
 
 /// The APNs push body (PUSH-259): a background push carrying only the topic
 /// (standard base64) and the sequence id (decimal text). The values hold only
@@ -23,7 +41,12 @@ pub fn apns_body(envelope: &StoredEnvelope) -> String {
 /// ExpiredProviderToken.
 pub(super) struct ApnsRequest {
     uri: Uri,
-    collapse_id: HeaderValue,
+    /// `apns-topic` when it is not the channel's bundle id (a relayed
+    /// push's `app_id`).
+    topic: Option<HeaderValue>,
+    collapse_id: Option<HeaderValue>,
+    /// `apns-expiration` (Unix seconds) of a relayed push with a ttl.
+    expiration: Option<HeaderValue>,
     body: Bytes,
 }
 
@@ -32,19 +55,46 @@ impl ApnsRequest {
     pub(super) fn new(base: &str, device: &str, envelope: &StoredEnvelope) -> Option<Self> {
         let uri = format!("{base}/3/device/{}", encode_path_segment(device)).parse().ok()?;
         let collapse_id = HeaderValue::try_from(envelope.topic.to_base64()).ok()?;
-        Some(Self { uri, collapse_id, body: Bytes::from(apns_body(envelope)) })
+        Some(Self {
+            uri,
+            topic: None,
+            collapse_id: Some(collapse_id),
+            expiration: None,
+            body: Bytes::from(apns_body(envelope)),
+        })
+    }
+
+    /// A relayed push (spec 003) to `base`, with `body` from
+    /// `relayed_apns_body`. `None` when a value cannot form a request. A
+    /// collapse id APNs would refuse (over 64 bytes) is left out rather than
+    /// failing the push: collapsing is an optimisation, the wake-up is not.
+    pub(super) fn relayed(base: &str, push: &RelayedPush<'_>, body: String, now_unix_s: u64) -> Option<Self> {
+        let uri = format!("{base}/3/device/{}", encode_path_segment(push.token)).parse().ok()?;
+        let topic = push.app_id.map(HeaderValue::try_from).transpose().ok()?;
+        let collapse_id = match push.collapse_id {
+            Some(id) if id.len() <= MAX_COLLAPSE_ID_BYTES => Some(HeaderValue::try_from(id).ok()?),
+            _ => None,
+        };
+        let expiration = HeaderValue::from(now_unix_s.saturating_add(push.ttl.as_secs()));
+        Some(Self { uri, topic, collapse_id, expiration: Some(expiration), body: Bytes::from(body) })
     }
 
     /// The request under `token` for `bundle_id` (apns-topic).
     pub(super) fn build(&self, token: &ProviderToken, bundle_id: &HeaderValue) -> Option<Request<Full<Bytes>>> {
-        Request::post(self.uri.clone())
+        // A background push must use priority 5 (Apple's rule), whatever
+        // the relayed priority says.
+        let mut request = Request::post(self.uri.clone())
             .header(http::header::AUTHORIZATION, token.authorization.clone())
-            .header("apns-topic", bundle_id.clone())
+            .header("apns-topic", self.topic.as_ref().unwrap_or(bundle_id).clone())
             .header("apns-push-type", "background")
-            .header("apns-priority", "5")
-            .header("apns-collapse-id", self.collapse_id.clone())
-            .body(Full::new(self.body.clone()))
-            .ok()
+            .header("apns-priority", "5");
+        if let Some(collapse_id) = &self.collapse_id {
+            request = request.header("apns-collapse-id", collapse_id.clone());
+        }
+        if let Some(expiration) = &self.expiration {
+            request = request.header("apns-expiration", expiration.clone());
+        }
+        request.body(Full::new(self.body.clone())).ok()
     }
 }
 
@@ -59,5 +109,23 @@ mod tests {
         assert_eq!(body, r#"{"aps":{"content-available":1},"topic":"AAECAw==","sequence_id":"9007199254740993"}"#);
         let json: serde_json::Value = serde_json::from_str(&body).unwrap();
         assert_eq!(json["aps"]["content-available"], 1);
+    }
+
+    #[test]
+    fn relayed_body_carries_the_payload_and_fits_4096_bytes() {
+        let payload = serde_json::json!({"v": 1, "type": "message", "collapse_id": "c1", "mls_message": "QUJD"});
+        let payload = payload.as_object().unwrap();
+        let fitted = relayed_apns_body(payload).unwrap();
+        assert!(!fitted.dropped_mls_message);
+        let json: serde_json::Value = serde_json::from_str(&fitted.body).unwrap();
+        assert_eq!(json["aps"], serde_json::json!({"content-available": 1}));
+        assert_eq!(json["payload"], serde_json::Value::Object(payload.clone()));
+
+        let mut big = payload.clone();
+        big.insert("mls_message".into(), "A".repeat(4000).into());
+        let fitted = relayed_apns_body(&big).unwrap();
+        assert!(fitted.dropped_mls_message && fitted.body.len() <= MAX_BODY_BYTES);
+        let json: serde_json::Value = serde_json::from_str(&fitted.body).unwrap();
+        assert_eq!(json["payload"], serde_json::json!({"v": 1, "type": "message", "collapse_id": "c1"}));
     }
 }

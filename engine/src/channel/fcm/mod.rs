@@ -22,10 +22,10 @@ use super::pool::{
     ClientOptions, Pool, PoolMetrics, PoolOptions, Protocols, Resolver, SendError, encode_path_segment, https_client,
 };
 use super::settings::HttpsBase;
-use super::{BuildError, ChannelContext, Outcome, Provider, Push, client_tls_config};
+use super::{BuildError, ChannelContext, Outcome, Provider, Push, RelayRefusal, RelayedPush, client_tls_config};
 use crate::domain::{Channel, DeliveryTarget};
 
-pub use request::fcm_body;
+pub use request::{fcm_body, relayed_fcm_body};
 pub use settings::{DEFAULT_BASE_URL, FcmSettings};
 pub use token::FCM_SCOPE;
 
@@ -83,18 +83,9 @@ impl FcmProvider {
         );
         Ok(Self { pool, send_uri, tokens })
     }
-}
 
-#[async_trait]
-impl Provider for FcmProvider {
-    fn channel(&self) -> Channel {
-        Channel::Fcm
-    }
-
-    async fn send(&self, push: Push<'_>) -> Outcome {
-        let DeliveryTarget::Fcm { token: device } = &push.recipient.target else {
-            return Outcome::Rejected;
-        };
+    /// One `messages:send` attempt with `body`, classified by the table.
+    async fn attempt(&self, body: String) -> Outcome {
         // A failed credential fetch sends nothing: not an attempt. The fetch
         // itself is bounded to ATTEMPT_TIMEOUT.
         let Ok(access) = self.tokens.get().await else {
@@ -103,7 +94,7 @@ impl Provider for FcmProvider {
         let request = Request::post(self.send_uri.clone())
             .header(http::header::AUTHORIZATION, access.authorization.clone())
             .header(http::header::CONTENT_TYPE, "application/json")
-            .body(Full::new(Bytes::from(fcm_body(push.envelope, device))));
+            .body(Full::new(Bytes::from(body)));
         let Ok(request) = request else {
             return Outcome::Rejected;
         };
@@ -118,6 +109,25 @@ impl Provider for FcmProvider {
             Err(SendError::Timeout) => TIMED_OUT,
             Err(SendError::Connection(_)) => CONNECTION_ERROR,
         }
+    }
+}
+
+#[async_trait]
+impl Provider for FcmProvider {
+    fn channel(&self) -> Channel {
+        Channel::Fcm
+    }
+
+    async fn send(&self, push: Push<'_>) -> Outcome {
+        let DeliveryTarget::Fcm { token: device } = &push.recipient.target else {
+            return Outcome::Rejected;
+        };
+        self.attempt(fcm_body(push.envelope, device)).await
+    }
+
+    async fn send_relayed(&self, push: &RelayedPush<'_>) -> Result<Outcome, RelayRefusal> {
+        let body = relayed_fcm_body(push)?;
+        Ok(self.attempt(body.body).await)
     }
 
     fn timed_out(&self) -> Outcome {

@@ -1,0 +1,381 @@
+//! Spec 003, push-server side (issue 13): fanout receives the signed webhooks
+//! of hubs (§2) and delivers each push over its own APNs or FCM channel.
+//!
+//! One webhook, in order, nothing acted on before it is verified:
+//! 1. a slot among `max_in_flight` (else 429, the hub retries);
+//! 2. `X-Gim-Signature` (§2.2, `signature.rs`) under the secret of the body's
+//!    `hub_id` (unknown hub: 401), over the raw bytes, within the window;
+//! 3. the body (§2.3, `request.rs`): `v` = 1, `delivery_id` equal to
+//!    `X-Gim-Delivery`, the registration's shape (400 otherwise);
+//! 4. the provider and `app_id` this server delivers (422 otherwise);
+//! 5. §2.5 idempotency through the `Store` (`idempotency.rs`): a delivery
+//!    settled within its ttl is answered as it was, with no provider request;
+//! 6. one provider attempt, answered by its outcome.
+//!
+//! **When the answer is 2xx.** fanout answers 200 only after the provider
+//! (APNs, FCM) accepted the push: the provider's acceptance is the durable
+//! one, so "never 2xx before the push is durably accepted" (issue 13 item 4)
+//! holds without a second queue here. A transient provider answer releases
+//! the claim and answers 503 with Retry-After, so the retry is the hub's (its
+//! §2.4 schedule: 1, 2, 4, 8 s); fanout keeps no push it did not deliver.
+//! The attempt runs in its own task: a hub that hangs up early does not
+//! cancel it, and its retry finds the settled record.
+
+mod idempotency;
+pub mod request;
+pub mod settings;
+pub mod signature;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+
+use self::idempotency::{Claimed, Ledger};
+use self::request::{Malformed, Webhook};
+use self::signature::{SignatureError, SignatureHeader};
+use crate::channel::{BuildError, Channels, Outcome, Provider, RelayRefusal, RelayedPush};
+use crate::domain::Channel;
+use crate::metrics::Metrics;
+use crate::settings::ATTEMPT_TIMEOUT;
+use crate::store::{RelaySettled, Store};
+
+pub use self::settings::RelayIngressSettings;
+
+/// The hub honours Retry-After up to 60 s (§2.4): a longer one would only
+/// be cut.
+const MAX_RETRY_AFTER_SECS: u64 = 60;
+
+/// A 2xx answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accepted {
+    /// The provider accepted the push now.
+    Delivered,
+    /// §2.5: already delivered within its ttl; no provider request.
+    Duplicate,
+}
+
+/// Why a webhook is not answered 2xx. `fanout-api` maps each to its status
+/// once (`api/src/relay_ingress.rs`). Messages name the rule, never a value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum IngressError {
+    /// 401.
+    #[error(transparent)]
+    Signature(#[from] SignatureError),
+    /// 401: no secret is configured for the body's hub_id.
+    #[error("unknown hub")]
+    UnknownHub,
+    /// 400.
+    #[error(transparent)]
+    Malformed(#[from] Malformed),
+    /// 413: over `max_body_bytes` (decided by the HTTP edge while reading).
+    #[error("the body exceeds the configured limit")]
+    BodyTooLarge,
+    /// 422: a provider other than apns/fcm; the hub keeps the registration
+    /// and drops the push (§2.4 "any other 4xx").
+    #[error("this push server does not deliver to that provider")]
+    UnsupportedProvider,
+    /// 422: apns or fcm without its channel configured here.
+    #[error("the provider's channel is not configured on this push server")]
+    ProviderNotConfigured,
+    /// 422: `app_id` not among `apns_app_ids` / `fcm_app_ids`.
+    #[error("this push server does not deliver for that app_id")]
+    UnknownApp,
+    /// 413: over the platform's limit even without `mls_message` (§3).
+    #[error("the payload exceeds the platform's limit")]
+    PayloadTooLarge,
+    /// 410: the provider declared the token dead (§2.4: the hub deletes
+    /// the registration).
+    #[error("the provider declared the registration's token dead")]
+    DeadToken,
+    /// 422: the provider refused this push for good (e.g. the token belongs
+    /// to another app or environment); the registration is kept.
+    #[error("the provider refused the push")]
+    ProviderRejected,
+    /// 429: `max_in_flight` webhooks are being handled.
+    #[error("too many webhooks in flight")]
+    Overloaded,
+    /// 503: another request of the same delivery_id is being sent now.
+    #[error("this delivery is being sent; retry")]
+    InProgress { retry_after_secs: u64 },
+    /// 503: the provider answered transiently or did not answer in time.
+    #[error("the provider is unavailable; retry")]
+    ProviderUnavailable { retry_after_secs: u64 },
+    /// 503: the delivery records cannot be read or written.
+    #[error("storage unavailable; retry")]
+    Storage,
+}
+
+impl IngressError {
+    /// The Retry-After of a 429 or 503, in seconds.
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        match self {
+            Self::Overloaded | Self::Storage => Some(1),
+            Self::InProgress { retry_after_secs } | Self::ProviderUnavailable { retry_after_secs } => {
+                Some(*retry_after_secs)
+            }
+            _ => None,
+        }
+    }
+
+    /// The `reason` label of `fanout_relay_ingress_rejected_total`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Signature(e) => e.label(),
+            Self::UnknownHub => "unknown_hub",
+            Self::Malformed(m) => m.label(),
+            Self::BodyTooLarge => "body_too_large",
+            Self::UnsupportedProvider => "unsupported_provider",
+            Self::ProviderNotConfigured => "provider_not_configured",
+            Self::UnknownApp => "unknown_app",
+            Self::PayloadTooLarge => "payload_too_large",
+            Self::DeadToken => "dead_token",
+            Self::ProviderRejected => "provider_rejected",
+            Self::Overloaded => "overloaded",
+            Self::InProgress { .. } => "in_progress",
+            Self::ProviderUnavailable { .. } => "provider_unavailable",
+            Self::Storage => "storage",
+        }
+    }
+
+    /// Every label value, so the series exist at zero.
+    pub const LABELS: &'static [&'static str] = &[
+        "signature_missing",
+        "signature_malformed",
+        "signature_stale",
+        "signature_mismatch",
+        "unknown_hub",
+        "malformed",
+        "version",
+        "delivery_id",
+        "registration",
+        "ttl",
+        "body_too_large",
+        "unsupported_provider",
+        "provider_not_configured",
+        "unknown_app",
+        "payload_too_large",
+        "dead_token",
+        "provider_rejected",
+        "overloaded",
+        "in_progress",
+        "provider_unavailable",
+        "storage",
+    ];
+}
+
+/// A hub's secret. Debug prints nothing of it.
+struct Secret(Vec<u8>);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
+/// The ingress: verifies, deduplicates and delivers one webhook at a time
+/// per call; shared by every connection of the HTTP listener.
+pub struct RelayIngress {
+    path: String,
+    window: Duration,
+    max_body_bytes: usize,
+    secrets: HashMap<String, Secret>,
+    apns_app_ids: HashSet<String>,
+    fcm_app_ids: HashSet<String>,
+    channels: Channels,
+    ledger: Ledger,
+    metrics: Arc<Metrics>,
+    in_flight: Arc<Semaphore>,
+}
+
+impl RelayIngress {
+    /// Reads every hub's secret file. Fails on an unreadable or empty one.
+    pub fn new(
+        settings: &RelayIngressSettings,
+        channels: Channels,
+        store: Arc<dyn Store>,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, BuildError> {
+        const HUBS: &str = "engine.relay_ingress.hubs";
+        let mut secrets = HashMap::new();
+        for (hub, path) in settings.hubs.iter() {
+            let bytes = std::fs::read(path)
+                .map_err(|e| BuildError::new(HUBS, format!("hub {hub}: cannot read {}: {e}", path.display())))?;
+            // A file written by `echo` ends with a newline that is not part
+            // of the hub's GIM_HUB_PUSH_WEBHOOK_SECRET.
+            let len = bytes.iter().rposition(|b| !b.is_ascii_whitespace()).map_or(0, |i| i + 1);
+            if len == 0 {
+                return Err(BuildError::new(HUBS, format!("hub {hub}: {} is empty", path.display())));
+            }
+            secrets.insert(hub.clone(), Secret(bytes[..len].to_vec()));
+        }
+        for reason in IngressError::LABELS {
+            metrics.relay_ingress_rejected.with_label_values(&[reason]);
+        }
+        Ok(Self {
+            path: settings.path.as_str().to_owned(),
+            window: settings.signature_window,
+            max_body_bytes: settings.max_body_bytes.get(),
+            secrets,
+            apns_app_ids: settings.apns_app_ids.iter().cloned().collect(),
+            fcm_app_ids: settings.fcm_app_ids.iter().cloned().collect(),
+            channels,
+            ledger: Ledger::new(store),
+            metrics,
+            in_flight: Arc::new(Semaphore::new(settings.max_in_flight.get())),
+        })
+    }
+
+    /// The path the HTTP listener routes here.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// The largest body the HTTP edge reads.
+    pub fn max_body_bytes(&self) -> usize {
+        self.max_body_bytes
+    }
+
+    /// Counts a refusal the HTTP edge decided (`BodyTooLarge`).
+    pub fn count_rejected(&self, error: &IngressError) {
+        self.metrics.relay_ingress_rejected.with_label_values(&[error.label()]).inc();
+    }
+
+    /// Handles one webhook: `signature` and `delivery` are the header
+    /// values, `body` the raw bytes as received.
+    pub async fn handle(
+        self: &Arc<Self>,
+        signature: Option<&str>,
+        delivery: Option<&str>,
+        body: bytes::Bytes,
+        now_unix_s: i64,
+    ) -> Result<Accepted, IngressError> {
+        let result = self.handle_counted(signature, delivery, body, now_unix_s).await;
+        match &result {
+            Ok(Accepted::Delivered) => {}
+            Ok(Accepted::Duplicate) => self.metrics.relay_ingress_webhooks.with_label_values(&["duplicate"]).inc(),
+            Err(e) => self.count_rejected(e),
+        }
+        result
+    }
+
+    async fn handle_counted(
+        self: &Arc<Self>,
+        signature: Option<&str>,
+        delivery: Option<&str>,
+        body: bytes::Bytes,
+        now_unix_s: i64,
+    ) -> Result<Accepted, IngressError> {
+        let permit = self.in_flight.clone().try_acquire_owned().map_err(|_| IngressError::Overloaded)?;
+        let webhook = self.verify(signature, delivery, &body, now_unix_s)?;
+        let (channel, allowed) = match webhook.provider.as_str() {
+            "apns" => (Channel::Apns, &self.apns_app_ids),
+            "fcm" => (Channel::Fcm, &self.fcm_app_ids),
+            _ => return Err(IngressError::UnsupportedProvider),
+        };
+        let provider = self.channels.get(channel).ok_or(IngressError::ProviderNotConfigured)?.clone();
+        if webhook.app_id.as_ref().is_some_and(|app| !allowed.contains(app)) {
+            return Err(IngressError::UnknownApp);
+        }
+        // Its own task: a hub that hangs up must not cancel a claimed
+        // attempt half way (its retry would wait out the lease).
+        let this = self.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            this.deliver(&webhook, channel, provider.as_ref()).await
+        })
+        .await
+        .unwrap_or(Err(IngressError::ProviderUnavailable { retry_after_secs: 1 }))
+    }
+
+    /// Steps 2 and 3: nothing of the body but `hub_id` is read before the
+    /// signature over its raw bytes verified.
+    fn verify(
+        &self,
+        signature: Option<&str>,
+        delivery: Option<&str>,
+        body: &[u8],
+        now_unix_s: i64,
+    ) -> Result<Webhook, IngressError> {
+        let header = SignatureHeader::parse(signature.ok_or(SignatureError::Missing)?)?;
+        let hub = request::hub_id(body)?;
+        let secret = self.secrets.get(&hub).ok_or(IngressError::UnknownHub)?;
+        header.verify(&secret.0, body, now_unix_s, self.window)?;
+        Ok(request::parse(body, delivery)?)
+    }
+
+    /// Steps 5 and 6.
+    async fn deliver(
+        &self,
+        webhook: &Webhook,
+        channel: Channel,
+        provider: &dyn Provider,
+    ) -> Result<Accepted, IngressError> {
+        let claim = match self.ledger.claim(webhook).await? {
+            Claimed::New(claim) => claim,
+            Claimed::Settled(settled) => {
+                return match settled {
+                    RelaySettled::Delivered => Ok(Accepted::Duplicate),
+                    RelaySettled::Gone => Err(IngressError::DeadToken),
+                    RelaySettled::Rejected => Err(IngressError::ProviderRejected),
+                };
+            }
+        };
+        self.metrics.relay_ingress_webhooks.with_label_values(&["accepted"]).inc();
+        let push = RelayedPush {
+            token: &webhook.token,
+            app_id: webhook.app_id.as_deref(),
+            sandbox: webhook.sandbox,
+            collapse_id: webhook.collapse_id.as_deref(),
+            priority: webhook.priority,
+            payload: &webhook.payload,
+            ttl: webhook.ttl,
+        };
+        let outcome = match tokio::time::timeout(ATTEMPT_TIMEOUT, provider.send_relayed(&push)).await {
+            Ok(outcome) => outcome,
+            Err(_) => Ok(provider.timed_out()),
+        };
+        let pushes =
+            |label: &str| self.metrics.relay_ingress_pushes.with_label_values(&[channel.as_str(), label]).inc();
+        match outcome {
+            Ok(Outcome::Delivered) => {
+                pushes("delivered");
+                // Delivered whatever the store says now: a failed settle only
+                // means a retry of this delivery_id may be sent again (a
+                // duplicate push, which §2.5 tolerates), never a lost one.
+                self.ledger.settle(&claim, RelaySettled::Delivered).await;
+                Ok(Accepted::Delivered)
+            }
+            Ok(Outcome::Terminal) => {
+                pushes("dead_token");
+                self.ledger.settle(&claim, RelaySettled::Gone).await;
+                Err(IngressError::DeadToken)
+            }
+            Ok(Outcome::Rejected | Outcome::Mismatch) => {
+                pushes("rejected");
+                self.ledger.settle(&claim, RelaySettled::Rejected).await;
+                Err(IngressError::ProviderRejected)
+            }
+            Err(RelayRefusal::TooLarge) => {
+                pushes("payload_too_large");
+                self.ledger.settle(&claim, RelaySettled::Rejected).await;
+                Err(IngressError::PayloadTooLarge)
+            }
+            Err(RelayRefusal::Unsupported) => {
+                self.ledger.release(&claim).await;
+                Err(IngressError::UnsupportedProvider)
+            }
+            Ok(Outcome::Transient { delay } | Outcome::Gone { delay } | Outcome::NotSent { delay }) => {
+                pushes("transient");
+                // The hub retries (§2.4); its retry must send again.
+                self.ledger.release(&claim).await;
+                let retry_after_secs = delay.as_secs_f64().ceil().clamp(1.0, MAX_RETRY_AFTER_SECS as f64) as u64;
+                Err(IngressError::ProviderUnavailable { retry_after_secs })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,236 @@
+//! Spec 003 §2.1 and §2.3: the webhook's headers and body as the ingress
+//! reads them. Receivers ignore unknown fields (§2.3), so no struct here
+//! denies them; every rule the ingress relies on is checked in `parse`.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use crate::channel::RelayPriority;
+
+/// §2.1: equals the body's `delivery_id`.
+pub const HEADER_DELIVERY: &str = "x-gim-delivery";
+
+/// §2.3 `ttl`: "always 86400". A missing one takes it; a larger one is
+/// capped, since it is also how long the delivery record is kept.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(86_400);
+pub const MAX_TTL: Duration = Duration::from_secs(7 * 86_400);
+
+/// Why a body is malformed (400). Messages name the rule, never a value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Malformed {
+    #[error("the body is not a JSON object of the webhook's shape")]
+    Shape,
+    #[error("unsupported webhook version (v must be 1)")]
+    Version,
+    #[error("delivery_id must be 32 lowercase hex characters")]
+    DeliveryId,
+    #[error("X-Gim-Delivery is missing or differs from the body's delivery_id")]
+    DeliveryHeader,
+    #[error("registration.provider must be 1 to 64 characters of a-z 0-9 . _ -")]
+    Provider,
+    #[error("registration.token must be 1 to 4096 bytes without control characters")]
+    Token,
+    #[error("registration.app_id must be 1 to 255 characters of A-Z a-z 0-9 . - _ :")]
+    AppId,
+    #[error("ttl must be positive")]
+    Ttl,
+}
+
+impl Malformed {
+    /// A bounded label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Shape => "malformed",
+            Self::Version => "version",
+            Self::DeliveryId | Self::DeliveryHeader => "delivery_id",
+            Self::Provider | Self::Token | Self::AppId => "registration",
+            Self::Ttl => "ttl",
+        }
+    }
+}
+
+/// Only `hub_id`, read before the signature is checked: it names the
+/// secret. Nothing else of an unverified body is looked at.
+#[derive(Deserialize)]
+struct HubOnly {
+    hub_id: String,
+}
+
+/// The hub that claims to have sent `body`.
+pub fn hub_id(body: &[u8]) -> Result<String, Malformed> {
+    serde_json::from_slice::<HubOnly>(body).map(|h| h.hub_id).map_err(|_| Malformed::Shape)
+}
+
+#[derive(Deserialize)]
+struct Body {
+    v: u64,
+    hub_id: String,
+    delivery_id: String,
+    registration: Registration,
+    priority: RelayPriority,
+    #[serde(default)]
+    collapse_id: Option<String>,
+    #[serde(default)]
+    ttl: Option<u64>,
+    payload: Map<String, Value>,
+}
+
+/// §1's registration; `p256dh` and `auth` are Web Push keys, not needed for
+/// APNs or FCM, and ignored like any unknown field.
+#[derive(Deserialize)]
+struct Registration {
+    provider: String,
+    token: String,
+    #[serde(default)]
+    app_id: Option<String>,
+    #[serde(default)]
+    sandbox: Option<bool>,
+}
+
+/// A verified webhook's content. Debug prints no token or payload.
+pub struct Webhook {
+    pub hub_id: String,
+    pub delivery_id: String,
+    pub provider: String,
+    pub token: String,
+    pub app_id: Option<String>,
+    pub sandbox: bool,
+    pub priority: RelayPriority,
+    pub collapse_id: Option<String>,
+    pub ttl: Duration,
+    pub payload: Map<String, Value>,
+}
+
+impl std::fmt::Debug for Webhook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Webhook")
+            .field("provider", &self.provider)
+            .field("priority", &self.priority)
+            .finish_non_exhaustive()
+    }
+}
+
+/// §2.1/§2.3 after the signature passed: the shape, `v` = 1, `delivery_id`
+/// (32 lowercase hex) equal to `X-Gim-Delivery`, and §1's rules on the
+/// registration fields the ingress uses.
+pub fn parse(body: &[u8], delivery_header: Option<&str>) -> Result<Webhook, Malformed> {
+    let body: Body = serde_json::from_slice(body).map_err(|_| Malformed::Shape)?;
+    if body.v != 1 {
+        return Err(Malformed::Version);
+    }
+    let id = &body.delivery_id;
+    if id.len() != 32 || !id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+        return Err(Malformed::DeliveryId);
+    }
+    if delivery_header != Some(id.as_str()) {
+        return Err(Malformed::DeliveryHeader);
+    }
+    let r = body.registration;
+    let provider_ok = (1..=64).contains(&r.provider.len())
+        && r.provider.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b));
+    if !provider_ok {
+        return Err(Malformed::Provider);
+    }
+    if !(1..=4096).contains(&r.token.len()) || r.token.chars().any(char::is_control) {
+        return Err(Malformed::Token);
+    }
+    if let Some(app) = &r.app_id {
+        let ok =
+            (1..=255).contains(&app.len()) && app.bytes().all(|b| b.is_ascii_alphanumeric() || b".-_:".contains(&b));
+        if !ok {
+            return Err(Malformed::AppId);
+        }
+    }
+    let ttl = match body.ttl {
+        None => DEFAULT_TTL,
+        Some(0) => return Err(Malformed::Ttl),
+        Some(s) => Duration::from_secs(s).min(MAX_TTL),
+    };
+    Ok(Webhook {
+        hub_id: body.hub_id,
+        delivery_id: body.delivery_id,
+        provider: r.provider,
+        token: r.token,
+        app_id: r.app_id,
+        sandbox: r.sandbox.unwrap_or(false),
+        priority: body.priority,
+        collapse_id: body.collapse_id,
+        ttl,
+        payload: body.payload,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ID: &str = "3f1c0d9a8b7e6f5a4b3c2d1e0f9a8b7c";
+
+    fn body() -> Value {
+        serde_json::json!({"v": 1, "hub_id": "hubexample", "delivery_id": ID, "sent_at": 1760600000123u64,
+            "registration": {"provider": "apns", "token": "00aa", "app_id": "im.g.apps", "sandbox": true,
+                             "p256dh": "abc", "auth": "def"},
+            "priority": "high", "collapse_id": "c1", "ttl": 86400,
+            "payload": {"v": 1, "type": "wake", "collapse_id": "c1"},
+            "unknown_top_level": {"ignored": true}})
+    }
+
+    fn parse_json(v: &Value, header: Option<&str>) -> Result<Webhook, Malformed> {
+        parse(&serde_json::to_vec(v).unwrap(), header)
+    }
+
+    #[test]
+    fn a_full_body_with_unknown_fields() {
+        let w = parse_json(&body(), Some(ID)).unwrap();
+        assert_eq!((w.hub_id.as_str(), w.delivery_id.as_str(), w.provider.as_str()), ("hubexample", ID, "apns"));
+        assert_eq!((w.token.as_str(), w.app_id.as_deref(), w.sandbox), ("00aa", Some("im.g.apps"), true));
+        assert_eq!((w.priority, w.collapse_id.as_deref(), w.ttl), (RelayPriority::High, Some("c1"), DEFAULT_TTL));
+        assert_eq!(w.payload["type"], "wake");
+        assert!(!format!("{w:?}").contains("00aa"));
+    }
+
+    #[test]
+    fn each_rule() {
+        let with = |path: &[&str], value: Value| {
+            let mut b = body();
+            let mut cur = &mut b;
+            for p in &path[..path.len() - 1] {
+                cur = &mut cur[*p];
+            }
+            cur[path[path.len() - 1]] = value;
+            b
+        };
+        let refused =
+            |b: Value, header: Option<&str>, e: Malformed| assert_eq!(parse_json(&b, header).err(), Some(e), "{b}");
+        refused(body(), None, Malformed::DeliveryHeader);
+        refused(body(), Some("3f1c0d9a8b7e6f5a4b3c2d1e0f9a8b7d"), Malformed::DeliveryHeader);
+        refused(with(&["v"], 2.into()), Some(ID), Malformed::Version);
+        refused(with(&["delivery_id"], ID.to_uppercase().into()), Some(&ID.to_uppercase()), Malformed::DeliveryId);
+        refused(with(&["delivery_id"], "abc".into()), Some("abc"), Malformed::DeliveryId);
+        refused(with(&["priority"], "urgent".into()), Some(ID), Malformed::Shape);
+        refused(with(&["payload"], "text".into()), Some(ID), Malformed::Shape);
+        refused(with(&["registration", "provider"], "APNS".into()), Some(ID), Malformed::Provider);
+        refused(with(&["registration", "token"], "".into()), Some(ID), Malformed::Token);
+        refused(with(&["registration", "token"], "a\nb".into()), Some(ID), Malformed::Token);
+        refused(with(&["registration", "token"], "a".repeat(4097).into()), Some(ID), Malformed::Token);
+        refused(with(&["registration", "app_id"], "a b".into()), Some(ID), Malformed::AppId);
+        refused(with(&["ttl"], 0.into()), Some(ID), Malformed::Ttl);
+        assert_eq!(parse(b"not json", Some(ID)).err(), Some(Malformed::Shape));
+        // Capped ttl; absent optional fields.
+        assert_eq!(parse_json(&with(&["ttl"], 10_000_000.into()), Some(ID)).unwrap().ttl, MAX_TTL);
+        let mut b = body();
+        b["registration"] = serde_json::json!({"provider": "fcm", "token": "t"});
+        b.as_object_mut().unwrap().remove("collapse_id");
+        b.as_object_mut().unwrap().remove("ttl");
+        let w = parse_json(&b, Some(ID)).unwrap();
+        assert_eq!((w.app_id, w.sandbox, w.collapse_id, w.ttl), (None, false, None, DEFAULT_TTL));
+    }
+
+    #[test]
+    fn the_hub_is_read_alone() {
+        assert_eq!(hub_id(br#"{"hub_id":"h1","anything":[1]}"#).unwrap(), "h1");
+        assert_eq!(hub_id(b"[]"), Err(Malformed::Shape));
+    }
+}

@@ -1,0 +1,169 @@
+//! Spec 003 §2.5 on redb: the relay ingress's delivery records.
+//!
+//! - `relay_deliveries`: len(hub) ‖ hub ‖ delivery_id → state (0 pending,
+//!   else `RelaySettled::code`), lease_until, expires_at (i64 big-endian).
+//! - `relay_expiry`: expires_at (u64 big-endian) ‖ key → empty: retention
+//!   deletes by range instead of scanning every record.
+
+use redb::{ReadableTable, TableDefinition, WriteTransaction};
+
+use super::OrBackend;
+use crate::store::{RelayClaim, RelayKey, RelaySettled, StoreError};
+
+pub(super) const RELAY: TableDefinition<&[u8], &[u8]> = TableDefinition::new("relay_deliveries");
+pub(super) const RELAY_EXPIRY: TableDefinition<&[u8], &[u8]> = TableDefinition::new("relay_expiry");
+
+/// Records deleted per retention transaction, so one pass never holds a
+/// huge write transaction.
+const PRUNE_BATCH: usize = 10_000;
+
+const PENDING: i8 = 0;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Record {
+    state: i8,
+    lease_until: i64,
+    expires_at: i64,
+}
+
+fn key_bytes(key: &RelayKey) -> Vec<u8> {
+    // `check` keeps hub ids within 255 bytes, so the length byte is exact
+    // and two (hub, id) pairs never share a key.
+    let hub = key.hub_id.as_bytes();
+    let mut k = Vec::with_capacity(1 + hub.len() + key.delivery_id.len());
+    k.push(u8::try_from(hub.len()).unwrap_or(u8::MAX));
+    k.extend_from_slice(hub);
+    k.extend_from_slice(key.delivery_id.as_bytes());
+    k
+}
+
+fn expiry_key(expires_at: i64, key: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(8 + key.len());
+    k.extend_from_slice(&(expires_at.max(0) as u64).to_be_bytes());
+    k.extend_from_slice(key);
+    k
+}
+
+fn encode(r: Record) -> [u8; 17] {
+    let mut out = [0u8; 17];
+    out[0] = r.state as u8;
+    out[1..9].copy_from_slice(&r.lease_until.to_be_bytes());
+    out[9..17].copy_from_slice(&r.expires_at.to_be_bytes());
+    out
+}
+
+fn decode(buf: &[u8]) -> Result<Record, StoreError> {
+    let buf: &[u8; 17] = buf.try_into().map_err(|_| StoreError::Backend("corrupt relay record".into()))?;
+    Ok(Record {
+        state: buf[0] as i8,
+        lease_until: i64::from_be_bytes(buf[1..9].try_into().expect("8 bytes")),
+        expires_at: i64::from_be_bytes(buf[9..17].try_into().expect("8 bytes")),
+    })
+}
+
+fn check(key: &RelayKey) -> Result<(), StoreError> {
+    if key.hub_id.is_empty() || key.hub_id.len() > 255 {
+        return Err(StoreError::Backend("relay hub id must be 1 to 255 bytes".into()));
+    }
+    Ok(())
+}
+
+fn get(txn: &WriteTransaction, key: &[u8]) -> Result<Option<Record>, StoreError> {
+    let table = txn.open_table(RELAY).be()?;
+    let found = table.get(key).be()?.map(|g| decode(g.value())).transpose();
+    found
+}
+
+/// Writes `record` under `key`, moving its expiry index entry.
+fn put(txn: &WriteTransaction, key: &[u8], old: Option<Record>, record: Record) -> Result<(), StoreError> {
+    let mut expiry = txn.open_table(RELAY_EXPIRY).be()?;
+    if let Some(old) = old {
+        expiry.remove(expiry_key(old.expires_at, key).as_slice()).be()?;
+    }
+    expiry.insert(expiry_key(record.expires_at, key).as_slice(), [].as_slice()).be()?;
+    txn.open_table(RELAY).be()?.insert(key, encode(record).as_slice()).be()?;
+    Ok(())
+}
+
+fn remove(txn: &WriteTransaction, key: &[u8], old: Record) -> Result<(), StoreError> {
+    txn.open_table(RELAY_EXPIRY).be()?.remove(expiry_key(old.expires_at, key).as_slice()).be()?;
+    txn.open_table(RELAY).be()?.remove(key).be()?;
+    Ok(())
+}
+
+pub(super) fn claim(
+    txn: &WriteTransaction,
+    key: &RelayKey,
+    now_ms: i64,
+    lease_until_ms: i64,
+    expires_at_ms: i64,
+) -> Result<RelayClaim, StoreError> {
+    check(key)?;
+    let k = key_bytes(key);
+    let old = get(txn, &k)?;
+    if let Some(r) = old.filter(|r| r.expires_at > now_ms) {
+        if let Some(settled) = RelaySettled::from_code(r.state) {
+            return Ok(RelayClaim::Settled(settled));
+        }
+        if r.lease_until > now_ms {
+            return Ok(RelayClaim::Busy { lease_until_ms: r.lease_until });
+        }
+    }
+    put(txn, &k, old, Record { state: PENDING, lease_until: lease_until_ms, expires_at: expires_at_ms })?;
+    Ok(RelayClaim::Claimed)
+}
+
+/// The record when it is still the pending claim with `lease_until_ms`.
+fn own_claim(txn: &WriteTransaction, k: &[u8], lease_until_ms: i64) -> Result<Option<Record>, StoreError> {
+    Ok(get(txn, k)?.filter(|r| r.state == PENDING && r.lease_until == lease_until_ms))
+}
+
+pub(super) fn settle(
+    txn: &WriteTransaction,
+    key: &RelayKey,
+    lease_until_ms: i64,
+    settled: RelaySettled,
+    expires_at_ms: i64,
+) -> Result<(), StoreError> {
+    check(key)?;
+    let k = key_bytes(key);
+    if let Some(old) = own_claim(txn, &k, lease_until_ms)? {
+        let record = Record { state: settled.code(), lease_until: lease_until_ms, expires_at: expires_at_ms };
+        put(txn, &k, Some(old), record)?;
+    }
+    Ok(())
+}
+
+pub(super) fn release(txn: &WriteTransaction, key: &RelayKey, lease_until_ms: i64) -> Result<(), StoreError> {
+    check(key)?;
+    let k = key_bytes(key);
+    if let Some(old) = own_claim(txn, &k, lease_until_ms)? {
+        remove(txn, &k, old)?;
+    }
+    Ok(())
+}
+
+/// One batch of expired records; returns how many it deleted (fewer than
+/// `PRUNE_BATCH` means none is left).
+pub(super) fn prune_batch(txn: &WriteTransaction, now_ms: i64) -> Result<usize, StoreError> {
+    let upper = expiry_key(now_ms, &[]);
+    let mut expiry = txn.open_table(RELAY_EXPIRY).be()?;
+    let mut expired = Vec::new();
+    for row in expiry.range::<&[u8]>(..).be()? {
+        let (k, _) = row.be()?;
+        let k = k.value();
+        // `expires_at <= now`: the first 8 bytes at or below now's.
+        if k[..8] > upper[..8] || expired.len() == PRUNE_BATCH {
+            break;
+        }
+        expired.push(k.to_vec());
+    }
+    let mut records = txn.open_table(RELAY).be()?;
+    for k in &expired {
+        expiry.remove(k.as_slice()).be()?;
+        records.remove(&k[8..]).be()?;
+    }
+    Ok(expired.len())
+}
+
+pub(super) const PRUNE_BATCH_SIZE: usize = PRUNE_BATCH;
