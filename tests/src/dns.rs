@@ -36,10 +36,7 @@ pub async fn start(zone: Vec<(String, Vec<IpAddr>)>) -> anyhow::Result<TestDns> 
     let zone: Zone = Arc::new(RwLock::new(map));
     let (udp, tcp) = bind_pair().await?;
     let addr = udp.local_addr()?;
-    let tasks = vec![
-        tokio::spawn(serve_udp(udp, zone.clone())),
-        tokio::spawn(serve_tcp(tcp, zone.clone())),
-    ];
+    let tasks = vec![tokio::spawn(serve_udp(udp, zone.clone())), tokio::spawn(serve_tcp(tcp, zone.clone()))];
     Ok(TestDns { addr, zone, tasks })
 }
 
@@ -72,10 +69,7 @@ pub fn standard_zone() -> Vec<(String, Vec<IpAddr>)> {
     let v4 = |a, b, c, d| IpAddr::V4(Ipv4Addr::new(a, b, c, d));
     let v6 = |s: &str| IpAddr::V6(s.parse::<Ipv6Addr>().expect("valid IPv6 literal"));
     let entries: Vec<(&str, Vec<IpAddr>)> = vec![
-        (
-            "public",
-            vec![v4(93, 184, 216, 34), v6("2606:2800:220:1:248:1893:25c8:1946")],
-        ),
+        ("public", vec![v4(93, 184, 216, 34), v6("2606:2800:220:1:248:1893:25c8:1946")]),
         ("private10", vec![v4(10, 0, 0, 1)]),
         ("private172", vec![v4(172, 16, 0, 1)]),
         ("private192", vec![v4(192, 168, 1, 1)]),
@@ -97,10 +91,7 @@ pub fn standard_zone() -> Vec<(String, Vec<IpAddr>)> {
         ("empty", vec![]),
         ("receiver", vec![v4(127, 0, 0, 1)]),
     ];
-    entries
-        .into_iter()
-        .map(|(label, addrs)| (format!("{label}.fanout.test"), addrs))
-        .collect()
+    entries.into_iter().map(|(label, addrs)| (format!("{label}.fanout.test"), addrs)).collect()
 }
 
 /// Lowercase, without a trailing dot.
@@ -178,11 +169,7 @@ fn answer(packet: &[u8], zone: &Zone) -> Option<Vec<u8>> {
 
     let code = match (request.metadata.op_code, request.queries.as_slice()) {
         (OpCode::Query, [query]) => {
-            let addrs = zone
-                .read()
-                .expect("zone lock")
-                .get(&normalize(&query.name().to_ascii()))
-                .cloned();
+            let addrs = zone.read().expect("zone lock").get(&normalize(&query.name().to_ascii())).cloned();
             match addrs {
                 None => ResponseCode::NXDomain,
                 Some(addrs) => {

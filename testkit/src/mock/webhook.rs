@@ -90,10 +90,7 @@ impl Default for MockWebhookConfig {
 impl MockWebhookConfig {
     /// Default config that offers only HTTP/1.1.
     pub fn http1_only() -> Self {
-        MockWebhookConfig {
-            alpn: vec![ALPN_HTTP1.to_vec()],
-            ..Default::default()
-        }
+        MockWebhookConfig { alpn: vec![ALPN_HTTP1.to_vec()], ..Default::default() }
     }
 }
 
@@ -111,12 +108,7 @@ pub struct ScriptedResponse {
 impl ScriptedResponse {
     /// Answer `status` immediately, no extra headers.
     pub fn status(status: u16) -> Self {
-        ScriptedResponse {
-            status,
-            retry_after: None,
-            location: None,
-            delay: Duration::ZERO,
-        }
+        ScriptedResponse { status, retry_after: None, location: None, delay: Duration::ZERO }
     }
 
     /// Adds a `retry-after` header.
@@ -261,9 +253,10 @@ async fn handle(req: Request<Incoming>, state: Arc<State>) -> Response<Full<Byte
     let received_at = SystemTime::now();
     let (parts, body) = req.into_parts();
     let body = server::read_body(body).await;
-    let hooked = state.on_request.as_ref().and_then(|hook| {
-        (hook.0)(&HookRequest { path: parts.uri.path(), headers: &parts.headers, body: &body })
-    });
+    let hooked = state
+        .on_request
+        .as_ref()
+        .and_then(|hook| (hook.0)(&HookRequest { path: parts.uri.path(), headers: &parts.headers, body: &body }));
     if !state.record_requests {
         // Compact mode: count only; the hook (if any) did the bookkeeping.
         let scripted = hooked.unwrap_or_else(|| next_scripted(&state, parts.uri.path()));
@@ -314,8 +307,7 @@ async fn answer(state: &State, scripted: ScriptedResponse) -> Response<Full<Byte
 fn verify_request(key: &[u8], headers: &http::HeaderMap, body: &[u8]) -> bool {
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     if let Some(signature) = header("webhook-signature") {
-        let (Some(id), Some(timestamp)) = (header("webhook-id"), header("webhook-timestamp"))
-        else {
+        let (Some(id), Some(timestamp)) = (header("webhook-id"), header("webhook-timestamp")) else {
             return false;
         };
         verify_standard_webhooks(key, id, timestamp, body, signature)
@@ -340,21 +332,13 @@ fn standard_webhooks_mac(key: &[u8], id: &str, timestamp: &str, body: &[u8]) -> 
 
 /// The Standard Webhooks v1 signature header value: `v1,<base64 HMAC>`.
 pub fn standard_webhooks_signature(key: &[u8], id: &str, timestamp: &str, body: &[u8]) -> String {
-    let tag = standard_webhooks_mac(key, id, timestamp, body)
-        .finalize()
-        .into_bytes();
+    let tag = standard_webhooks_mac(key, id, timestamp, body).finalize().into_bytes();
     format!("v1,{}", BASE64.encode(tag))
 }
 
 /// True when any space-separated `v1,<base64>` entry of `signature_header`
 /// matches (constant-time compare). Other versions are ignored.
-pub fn verify_standard_webhooks(
-    key: &[u8],
-    id: &str,
-    timestamp: &str,
-    body: &[u8],
-    signature_header: &str,
-) -> bool {
+pub fn verify_standard_webhooks(key: &[u8], id: &str, timestamp: &str, body: &[u8], signature_header: &str) -> bool {
     let mac = standard_webhooks_mac(key, id, timestamp, body);
     signature_header
         .split_ascii_whitespace()
@@ -366,10 +350,7 @@ pub fn verify_standard_webhooks(
 /// Spec 003 §2.2: `t=<unix seconds>,v1=<hex HMAC-SHA256 over "{t}." ‖ body>`.
 /// True when a `v1` entry matches. No replay window is enforced.
 pub fn verify_gim_signature(key: &[u8], signature_header: &str, body: &[u8]) -> bool {
-    let pairs: Vec<(&str, &str)> = signature_header
-        .split(',')
-        .filter_map(|pair| pair.trim().split_once('='))
-        .collect();
+    let pairs: Vec<(&str, &str)> = signature_header.split(',').filter_map(|pair| pair.trim().split_once('=')).collect();
     let Some(t) = pairs.iter().find(|(k, _)| *k == "t").map(|(_, v)| *v) else {
         return false;
     };
@@ -396,12 +377,7 @@ mod tests {
     const WAIT: Duration = Duration::from_secs(5);
 
     /// POSTs `body` with Standard Webhooks headers signed under `key`.
-    async fn post_signed(
-        client: &TestClient,
-        url: &str,
-        key: &[u8],
-        body: &str,
-    ) -> Response<Incoming> {
+    async fn post_signed(client: &TestClient, url: &str, key: &[u8], body: &str) -> Response<Incoming> {
         let timestamp = "1700000000";
         let signature = standard_webhooks_signature(key, "msg-1", timestamp, body.as_bytes());
         let request = Request::post(url)
@@ -418,78 +394,25 @@ mod tests {
     fn standard_webhooks_test_vector() {
         let expected = "v1,IszeBLRjxb7spJ5RLi+KW0w/aK3Buioq9E6jl3MKWZw=";
         let body = BODY.as_bytes();
-        assert_eq!(
-            standard_webhooks_signature(&KEY, "fixed-id", "1700000000", body),
-            expected
-        );
-        assert!(verify_standard_webhooks(
-            &KEY,
-            "fixed-id",
-            "1700000000",
-            body,
-            expected
-        ));
+        assert_eq!(standard_webhooks_signature(&KEY, "fixed-id", "1700000000", body), expected);
+        assert!(verify_standard_webhooks(&KEY, "fixed-id", "1700000000", body, expected));
         // Several signatures, one valid, others of unknown version or wrong.
         let several = format!("v1a,xyz v1,AAAA {expected}");
-        assert!(verify_standard_webhooks(
-            &KEY,
-            "fixed-id",
-            "1700000000",
-            body,
-            &several
-        ));
+        assert!(verify_standard_webhooks(&KEY, "fixed-id", "1700000000", body, &several));
         // Wrong key, id, timestamp, body, or garbage.
-        assert!(!verify_standard_webhooks(
-            &[8; 32],
-            "fixed-id",
-            "1700000000",
-            body,
-            expected
-        ));
-        assert!(!verify_standard_webhooks(
-            &KEY,
-            "other-id",
-            "1700000000",
-            body,
-            expected
-        ));
-        assert!(!verify_standard_webhooks(
-            &KEY,
-            "fixed-id",
-            "1700000001",
-            body,
-            expected
-        ));
-        assert!(!verify_standard_webhooks(
-            &KEY,
-            "fixed-id",
-            "1700000000",
-            b"{}",
-            expected
-        ));
-        assert!(!verify_standard_webhooks(
-            &KEY,
-            "fixed-id",
-            "1700000000",
-            body,
-            "v1,!!"
-        ));
-        assert!(!verify_standard_webhooks(
-            &KEY,
-            "fixed-id",
-            "1700000000",
-            body,
-            ""
-        ));
+        assert!(!verify_standard_webhooks(&[8; 32], "fixed-id", "1700000000", body, expected));
+        assert!(!verify_standard_webhooks(&KEY, "other-id", "1700000000", body, expected));
+        assert!(!verify_standard_webhooks(&KEY, "fixed-id", "1700000001", body, expected));
+        assert!(!verify_standard_webhooks(&KEY, "fixed-id", "1700000000", b"{}", expected));
+        assert!(!verify_standard_webhooks(&KEY, "fixed-id", "1700000000", body, "v1,!!"));
+        assert!(!verify_standard_webhooks(&KEY, "fixed-id", "1700000000", body, ""));
     }
 
     #[test]
     fn gim_signature_test_vector() {
         let key = b"example-secret-0123456789abcdef0123";
-        let body =
-            br#"{"v":1,"hub_id":"hubexample","delivery_id":"3f1c0d9a8b7e6f5a4b3c2d1e0f9a8b7c"}"#;
-        let header =
-            "t=1760600000,v1=41f7f7c39db767f966e6c1cd60c6a460266194f33b271d1244ac9bb7b38e544e";
+        let body = br#"{"v":1,"hub_id":"hubexample","delivery_id":"3f1c0d9a8b7e6f5a4b3c2d1e0f9a8b7c"}"#;
+        let header = "t=1760600000,v1=41f7f7c39db767f966e6c1cd60c6a460266194f33b271d1244ac9bb7b38e544e";
         assert!(verify_gim_signature(key, header, body));
         assert!(!verify_gim_signature(key, header, b"{}"));
         assert!(!verify_gim_signature(
@@ -559,10 +482,7 @@ mod tests {
     #[tokio::test]
     async fn script_answers_in_order_then_default() {
         let pki = TestPki::generate(&[]).unwrap();
-        let config = MockWebhookConfig {
-            default_status: 204,
-            ..Default::default()
-        };
+        let config = MockWebhookConfig { default_status: 204, ..Default::default() };
         let mock = start(&pki, config).await.unwrap();
         mock.script(
             "/scripted",
@@ -585,10 +505,7 @@ mod tests {
 
         let second = post_signed(&client, &url, &KEY, BODY).await;
         assert_eq!(second.status(), 307);
-        assert_eq!(
-            second.headers()["location"],
-            "https://127.0.0.1:1/elsewhere"
-        );
+        assert_eq!(second.headers()["location"], "https://127.0.0.1:1/elsewhere");
         assert!(second.headers().get("retry-after").is_none());
 
         assert_eq!(post_signed(&client, &url, &KEY, BODY).await.status(), 200);
@@ -608,18 +525,11 @@ mod tests {
         post_signed(&client, &mock.url("/signed"), &KEY, BODY).await;
         post_signed(&client, &mock.url("/signed"), &[9; 32], BODY).await;
         // No signature headers at all.
-        let unsigned = Request::post(mock.url("/signed"))
-            .body(Full::new(Bytes::from_static(b"{}")))
-            .unwrap();
+        let unsigned = Request::post(mock.url("/signed")).body(Full::new(Bytes::from_static(b"{}"))).unwrap();
         client.request(unsigned).await.unwrap();
         post_signed(&client, &mock.url("/unsigned-path"), &KEY, BODY).await;
 
-        let valid: Vec<Option<bool>> = mock
-            .wait_for(4, WAIT)
-            .await
-            .iter()
-            .map(|r| r.signature_valid)
-            .collect();
+        let valid: Vec<Option<bool>> = mock.wait_for(4, WAIT).await.iter().map(|r| r.signature_valid).collect();
         assert_eq!(valid, vec![Some(true), Some(false), Some(false), None]);
     }
 
@@ -627,19 +537,13 @@ mod tests {
     async fn delayed_answer_is_recorded_before_it_is_sent() {
         let pki = TestPki::generate(&[]).unwrap();
         let mock = start(&pki, MockWebhookConfig::default()).await.unwrap();
-        mock.script(
-            "/slow",
-            vec![ScriptedResponse::status(200).with_delay(Duration::from_secs(30))],
-        );
+        mock.script("/slow", vec![ScriptedResponse::status(200).with_delay(Duration::from_secs(30))]);
         let client = client(&pki, Versions::Http2);
         let url = mock.url("/slow");
         let request = post_signed(&client, &url, &KEY, BODY);
         // The client gives up long before the mock answers.
         let outcome = tokio::time::timeout(Duration::from_millis(300), request).await;
-        assert!(
-            outcome.is_err(),
-            "the mock answered despite the scripted delay"
-        );
+        assert!(outcome.is_err(), "the mock answered despite the scripted delay");
         assert_eq!(mock.wait_for(1, WAIT).await.len(), 1);
     }
 

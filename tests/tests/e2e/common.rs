@@ -30,7 +30,13 @@ pub async fn webhook_setup_with(mut config: EngineConfig, receiver: MockWebhookC
 }
 
 /// Registers `recipient` at `path` of the receiver and subscribes it to `topics`.
-pub async fn register_webhook(setup: &WebhookSetup, recipient: &Recipient, path: &str, key: &[u8], topics: Vec<pb::Subscription>) {
+pub async fn register_webhook(
+    setup: &WebhookSetup,
+    recipient: &Recipient,
+    path: &str,
+    key: &[u8],
+    topics: Vec<pb::Subscription>,
+) {
     let mut client = setup.fanout.notifications().await.expect("client");
     setup.receiver.set_signing_key(path, key.to_vec());
     client.register(recipient.register_http(&setup.receiver.url(path), key)).await.expect("register");
