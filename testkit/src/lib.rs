@@ -22,11 +22,11 @@ pub use launcher::{Engine, Launch};
 pub use mock::apns::start as start_mock_apns;
 pub use mock::fcm::start as start_mock_fcm;
 pub use mock::webhook::start as start_mock_webhook;
+pub use mock::{AnswerBody, MockWebhook, MockWebhookConfig, ReceivedRequest, ScriptedResponse};
 pub use mock::{
     ApnsReply, ApnsTestKey, FcmReply, FcmServiceAccount, MockApns, MockApnsConfig, MockFcm, MockFcmConfig,
     ProviderRequest,
 };
-pub use mock::{MockWebhook, MockWebhookConfig, ReceivedRequest, ScriptedResponse};
 pub use pki::TestPki;
 
 /// Poison-tolerant lock: a panicking test thread must not wedge a mock.

@@ -7,8 +7,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose,
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
 };
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
@@ -42,40 +41,24 @@ impl TestPki {
         let ca_key = KeyPair::generate().context("generating CA key")?;
         let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
         ca_params.distinguished_name = rcgen::DistinguishedName::new();
-        ca_params
-            .distinguished_name
-            .push(DnType::CommonName, "fanout-testkit test CA");
+        ca_params.distinguished_name.push(DnType::CommonName, "fanout-testkit test CA");
         ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        let ca_cert = ca_params
-            .self_signed(&ca_key)
-            .context("self-signing CA certificate")?;
+        ca_params.key_usages =
+            vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+        let ca_cert = ca_params.self_signed(&ca_key).context("self-signing CA certificate")?;
         let issuer = Issuer::new(ca_params, ca_key);
 
         // Server leaf: IP-looking names become IP SANs, the rest DNS SANs.
-        let sans: Vec<String> = DEFAULT_SANS
-            .iter()
-            .chain(extra_dns_names)
-            .map(|s| s.to_string())
-            .collect();
+        let sans: Vec<String> = DEFAULT_SANS.iter().chain(extra_dns_names).map(|s| s.to_string()).collect();
         let server_key = KeyPair::generate().context("generating server key")?;
-        let mut server_params =
-            CertificateParams::new(sans).context("invalid server certificate name")?;
+        let mut server_params = CertificateParams::new(sans).context("invalid server certificate name")?;
         server_params.distinguished_name = rcgen::DistinguishedName::new();
-        server_params
-            .distinguished_name
-            .push(DnType::CommonName, "localhost");
+        server_params.distinguished_name.push(DnType::CommonName, "localhost");
         server_params.is_ca = IsCa::ExplicitNoCa;
         server_params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         server_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         server_params.use_authority_key_identifier_extension = true;
-        let server_cert = server_params
-            .signed_by(&server_key, &issuer)
-            .context("signing server certificate")?;
+        let server_cert = server_params.signed_by(&server_key, &issuer).context("signing server certificate")?;
 
         let pki = TestPki {
             ca_pem: ca_cert.pem(),
@@ -125,17 +108,13 @@ impl TestPki {
 
     /// Writes the CA certificate as PEM to `path` (the engine's extra-roots file).
     pub fn write_ca(&self, path: &Path) -> anyhow::Result<()> {
-        std::fs::write(path, &self.ca_pem)
-            .with_context(|| format!("writing CA certificate to {}", path.display()))
+        std::fs::write(path, &self.ca_pem).with_context(|| format!("writing CA certificate to {}", path.display()))
     }
 
     /// A server config presenting the server certificate and offering `alpn`
     /// (e.g. `&[ALPN_H2, ALPN_HTTP1]`; empty means no ALPN).
     pub fn server_config(&self, alpn: &[&[u8]]) -> Arc<ServerConfig> {
-        Arc::new(
-            self.try_server_config(alpn)
-                .expect("server config was validated in TestPki::generate"),
-        )
+        Arc::new(self.try_server_config(alpn).expect("server config was validated in TestPki::generate"))
     }
 
     /// A client config trusting only the CA, offering ALPN h2 and http/1.1.
@@ -143,36 +122,26 @@ impl TestPki {
     /// hyper-rustls sets ALPN itself and rejects a config that has it: clear
     /// `alpn_protocols` on a clone before `HttpsConnectorBuilder::with_tls_config`.
     pub fn client_config(&self) -> Arc<ClientConfig> {
-        Arc::new(
-            self.try_client_config()
-                .expect("client config was validated in TestPki::generate"),
-        )
+        Arc::new(self.try_client_config().expect("client config was validated in TestPki::generate"))
     }
 
     fn try_server_config(&self, alpn: &[&[u8]]) -> anyhow::Result<ServerConfig> {
-        let mut config =
-            ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-                .with_safe_default_protocol_versions()?
-                .with_no_client_auth()
-                .with_single_cert(
-                    vec![self.server_cert_der.clone()],
-                    PrivateKeyDer::Pkcs8(self.server_key_der.clone_key()),
-                )
-                .context("building rustls server config")?;
+        let mut config = ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()?
+            .with_no_client_auth()
+            .with_single_cert(vec![self.server_cert_der.clone()], PrivateKeyDer::Pkcs8(self.server_key_der.clone_key()))
+            .context("building rustls server config")?;
         config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
         Ok(config)
     }
 
     fn try_client_config(&self) -> anyhow::Result<ClientConfig> {
         let mut roots = RootCertStore::empty();
-        roots
-            .add(self.ca_der.clone())
-            .context("adding CA to root store")?;
-        let mut config =
-            ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-                .with_safe_default_protocol_versions()?
-                .with_root_certificates(roots)
-                .with_no_client_auth();
+        roots.add(self.ca_der.clone()).context("adding CA to root store")?;
+        let mut config = ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
         config.alpn_protocols = vec![ALPN_H2.to_vec(), ALPN_HTTP1.to_vec()];
         Ok(config)
     }
@@ -204,8 +173,7 @@ mod tests {
     #[test]
     fn writes_ca_file() {
         let pki = TestPki::generate(&[]).unwrap();
-        let path =
-            std::env::temp_dir().join(format!("fanout-testkit-ca-{}.pem", std::process::id()));
+        let path = std::env::temp_dir().join(format!("fanout-testkit-ca-{}.pem", std::process::id()));
         pki.write_ca(&path).unwrap();
         let written = std::fs::read_to_string(&path).unwrap();
         std::fs::remove_file(&path).unwrap();

@@ -54,6 +54,14 @@ impl Options {
     }
 }
 
+/// What a handler may answer with: a whole body (`Full<Bytes>`, as most
+/// mocks) or one that streams (the webhook mock's endless body).
+pub trait ResponseBody: hyper::body::Body<Data = Bytes, Error: Into<BoxError>> + Send + Unpin + 'static {}
+
+impl<B: hyper::body::Body<Data = Bytes, Error: Into<BoxError>> + Send + Unpin + 'static> ResponseBody for B {}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 /// Binds `addr` for the server named `what` (for the error message). Port 0
 /// picks a free port; the caller learns it from the listener before serving.
 pub async fn bind(what: &str, addr: SocketAddr) -> anyhow::Result<TcpListener> {
@@ -68,11 +76,13 @@ pub struct Server {
 
 impl Server {
     /// Serves `listener` with the PKI's server certificate until stopped,
-    /// answering every request with `handler`.
-    pub fn serve<H, F>(listener: TcpListener, pki: &TestPki, options: Options, handler: H) -> anyhow::Result<Server>
+    /// answering every request with `handler`. A streamed answer body is
+    /// dropped when the client resets its stream or closes the connection.
+    pub fn serve<H, F, B>(listener: TcpListener, pki: &TestPki, options: Options, handler: H) -> anyhow::Result<Server>
     where
         H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
-        F: Future<Output = Response<Full<Bytes>>> + Send + 'static,
+        F: Future<Output = Response<B>> + Send + 'static,
+        B: ResponseBody,
     {
         let addr = listener.local_addr()?;
         let alpn: Vec<&[u8]> = options.alpn.iter().map(Vec::as_slice).collect();
@@ -147,10 +157,11 @@ pub fn response(status: u16, body: String, extra: &[(&str, String)]) -> Response
     })
 }
 
-async fn accept_loop<H, F>(listener: TcpListener, acceptor: TlsAcceptor, options: Options, handler: H)
+async fn accept_loop<H, F, B>(listener: TcpListener, acceptor: TlsAcceptor, options: Options, handler: H)
 where
     H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
-    F: Future<Output = Response<Full<Bytes>>> + Send + 'static,
+    F: Future<Output = Response<B>> + Send + 'static,
+    B: ResponseBody,
 {
     // Owns the connection tasks: aborted together with this loop.
     let mut connections = JoinSet::new();
@@ -172,10 +183,11 @@ where
     }
 }
 
-async fn serve_connection<H, F>(tcp: TcpStream, acceptor: TlsAcceptor, options: Options, handler: H)
+async fn serve_connection<H, F, B>(tcp: TcpStream, acceptor: TlsAcceptor, options: Options, handler: H)
 where
     H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
-    F: Future<Output = Response<Full<Bytes>>> + Send + 'static,
+    F: Future<Output = Response<B>> + Send + 'static,
+    B: ResponseBody,
 {
     let _ = tcp.set_nodelay(true);
     let tls = match acceptor.accept(tcp).await {

@@ -4,6 +4,14 @@
 //! answer for a zone name without records of the asked type, NXDOMAIN for a
 //! name outside the zone. Records carry TTL 0, so a change made with
 //! `TestDns::set` (a rebinding host) is seen by the next lookup.
+//!
+//! A name can also be made to fail, for the lookups that say nothing about
+//! the host (issue 11): `TestDns::fail` answers it with SERVFAIL, and
+//! `TestDns::hang` never answers it at all (UDP: no reply; TCP: the connection
+//! stays open and silent), so the client's lookup times out. Both apply to
+//! every query type of the name until `set` gives it addresses again or
+//! `remove` takes it out of the zone. `TestDns::queries` counts the queries
+//! a name received, answered or not.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -16,7 +24,24 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::task::{JoinHandle, JoinSet};
 
-type Zone = Arc<RwLock<HashMap<String, Vec<IpAddr>>>>;
+/// How the server answers one name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Entry {
+    /// NOERROR with the records of the asked type (none: an empty answer).
+    Records(Vec<IpAddr>),
+    /// SERVFAIL, whatever the type.
+    ServFail,
+    /// No answer at all.
+    Hang,
+}
+
+struct ZoneData {
+    names: HashMap<String, Entry>,
+    /// Queries received per name (normalized), answered or not.
+    queries: HashMap<String, usize>,
+}
+
+type Zone = Arc<RwLock<ZoneData>>;
 
 /// A running test DNS server. Its tasks stop when it is dropped.
 pub struct TestDns {
@@ -33,26 +58,45 @@ pub async fn start(zone: Vec<(String, Vec<IpAddr>)>) -> anyhow::Result<TestDns> 
     for (name, addrs) in zone {
         map.entry(normalize(&name)).or_default().extend(addrs);
     }
-    let zone: Zone = Arc::new(RwLock::new(map));
+    let names = map.into_iter().map(|(name, addrs)| (name, Entry::Records(addrs))).collect();
+    let zone: Zone = Arc::new(RwLock::new(ZoneData { names, queries: HashMap::new() }));
     let (udp, tcp) = bind_pair().await?;
     let addr = udp.local_addr()?;
-    let tasks = vec![
-        tokio::spawn(serve_udp(udp, zone.clone())),
-        tokio::spawn(serve_tcp(tcp, zone.clone())),
-    ];
+    let tasks = vec![tokio::spawn(serve_udp(udp, zone.clone())), tokio::spawn(serve_tcp(tcp, zone.clone()))];
     Ok(TestDns { addr, zone, tasks })
 }
 
 impl TestDns {
     /// Replace a name's addresses (an empty list keeps the name with no
-    /// records, so it answers NOERROR with no answer).
+    /// records, so it answers NOERROR with no answer). Ends a `fail` or `hang`.
     pub fn set(&self, name: &str, addrs: Vec<IpAddr>) {
-        self.zone.write().expect("zone lock").insert(normalize(name), addrs);
+        self.put(name, Entry::Records(addrs));
     }
 
-    /// Remove a name, so it answers NXDOMAIN.
+    /// Remove a name, so it answers NXDOMAIN. Ends a `fail` or `hang`.
     pub fn remove(&self, name: &str) {
-        self.zone.write().expect("zone lock").remove(&normalize(name));
+        self.zone.write().expect("zone lock").names.remove(&normalize(name));
+    }
+
+    /// Answer every query for `name` with SERVFAIL (a resolver that cannot
+    /// answer now), until `set` or `remove`. Its addresses are forgotten.
+    pub fn fail(&self, name: &str) {
+        self.put(name, Entry::ServFail);
+    }
+
+    /// Never answer a query for `name`, so a lookup of it times out, until
+    /// `set` or `remove`. Its addresses are forgotten.
+    pub fn hang(&self, name: &str) {
+        self.put(name, Entry::Hang);
+    }
+
+    /// Queries received for `name` so far (every type, answered or not).
+    pub fn queries(&self, name: &str) -> usize {
+        self.zone.read().expect("zone lock").queries.get(&normalize(name)).copied().unwrap_or(0)
+    }
+
+    fn put(&self, name: &str, entry: Entry) {
+        self.zone.write().expect("zone lock").names.insert(normalize(name), entry);
     }
 }
 
@@ -72,10 +116,7 @@ pub fn standard_zone() -> Vec<(String, Vec<IpAddr>)> {
     let v4 = |a, b, c, d| IpAddr::V4(Ipv4Addr::new(a, b, c, d));
     let v6 = |s: &str| IpAddr::V6(s.parse::<Ipv6Addr>().expect("valid IPv6 literal"));
     let entries: Vec<(&str, Vec<IpAddr>)> = vec![
-        (
-            "public",
-            vec![v4(93, 184, 216, 34), v6("2606:2800:220:1:248:1893:25c8:1946")],
-        ),
+        ("public", vec![v4(93, 184, 216, 34), v6("2606:2800:220:1:248:1893:25c8:1946")]),
         ("private10", vec![v4(10, 0, 0, 1)]),
         ("private172", vec![v4(172, 16, 0, 1)]),
         ("private192", vec![v4(192, 168, 1, 1)]),
@@ -97,10 +138,7 @@ pub fn standard_zone() -> Vec<(String, Vec<IpAddr>)> {
         ("empty", vec![]),
         ("receiver", vec![v4(127, 0, 0, 1)]),
     ];
-    entries
-        .into_iter()
-        .map(|(label, addrs)| (format!("{label}.fanout.test"), addrs))
-        .collect()
+    entries.into_iter().map(|(label, addrs)| (format!("{label}.fanout.test"), addrs)).collect()
 }
 
 /// Lowercase, without a trailing dot.
@@ -128,7 +166,7 @@ async fn serve_udp(socket: UdpSocket, zone: Zone) {
         let Ok((len, peer)) = socket.recv_from(&mut buf).await else {
             continue;
         };
-        if let Some(reply) = answer(&buf[..len], &zone) {
+        if let Reply::Message(reply) = answer(&buf[..len], &zone) {
             let _ = socket.send_to(&reply, peer).await;
         }
     }
@@ -154,7 +192,12 @@ async fn serve_tcp_connection(mut stream: TcpStream, zone: Zone) {
         if stream.read_exact(&mut buf).await.is_err() {
             return;
         }
-        let Some(reply) = answer(&buf, &zone) else { return };
+        let reply = match answer(&buf, &zone) {
+            Reply::Message(reply) => reply,
+            // Read the next query; this one gets no answer.
+            Reply::Silence => continue,
+            Reply::Undecodable => return,
+        };
         let Ok(reply_len) = u16::try_from(reply.len()) else {
             return;
         };
@@ -164,11 +207,23 @@ async fn serve_tcp_connection(mut stream: TcpStream, zone: Zone) {
     }
 }
 
-/// The wire reply to one wire query, or None for an undecodable packet.
-fn answer(packet: &[u8], zone: &Zone) -> Option<Vec<u8>> {
-    let request = Message::from_vec(packet).ok()?;
+/// What to do with one query.
+enum Reply {
+    /// Send this wire message.
+    Message(Vec<u8>),
+    /// Send nothing (a hanging name); on TCP keep the connection.
+    Silence,
+    /// Not a query this server can read: drop it (TCP: close).
+    Undecodable,
+}
+
+/// The reply to one wire query.
+fn answer(packet: &[u8], zone: &Zone) -> Reply {
+    let Ok(request) = Message::from_vec(packet) else {
+        return Reply::Undecodable;
+    };
     if request.metadata.message_type != MessageType::Query {
-        return None;
+        return Reply::Undecodable;
     }
     let mut reply = Message::response(request.metadata.id, request.metadata.op_code);
     reply.metadata.recursion_desired = request.metadata.recursion_desired;
@@ -178,14 +233,17 @@ fn answer(packet: &[u8], zone: &Zone) -> Option<Vec<u8>> {
 
     let code = match (request.metadata.op_code, request.queries.as_slice()) {
         (OpCode::Query, [query]) => {
-            let addrs = zone
-                .read()
-                .expect("zone lock")
-                .get(&normalize(&query.name().to_ascii()))
-                .cloned();
-            match addrs {
+            let name = normalize(&query.name().to_ascii());
+            let entry = {
+                let mut zone = zone.write().expect("zone lock");
+                *zone.queries.entry(name.clone()).or_default() += 1;
+                zone.names.get(&name).cloned()
+            };
+            match entry {
                 None => ResponseCode::NXDomain,
-                Some(addrs) => {
+                Some(Entry::ServFail) => ResponseCode::ServFail,
+                Some(Entry::Hang) => return Reply::Silence,
+                Some(Entry::Records(addrs)) => {
                     for ip in addrs {
                         let wanted = match ip {
                             IpAddr::V4(_) => RecordType::A,
@@ -203,5 +261,8 @@ fn answer(packet: &[u8], zone: &Zone) -> Option<Vec<u8>> {
         _ => ResponseCode::NotImp,
     };
     reply.metadata.response_code = code;
-    reply.to_vec().ok()
+    match reply.to_vec() {
+        Ok(wire) => Reply::Message(wire),
+        Err(_) => Reply::Undecodable,
+    }
 }

@@ -12,6 +12,6 @@ pub use apns::{ApnsReply, ApnsTestKey, MockApns, MockApnsConfig};
 pub use fcm::{FcmReply, FcmServiceAccount, MockFcm, MockFcmConfig};
 pub use provider::ProviderRequest;
 pub use webhook::{
-    MockWebhook, MockWebhookConfig, ReceivedRequest, ScriptedResponse, standard_webhooks_signature,
+    AnswerBody, MockWebhook, MockWebhookConfig, ReceivedRequest, ScriptedResponse, standard_webhooks_signature,
     verify_gim_signature, verify_standard_webhooks,
 };

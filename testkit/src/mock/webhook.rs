@@ -2,13 +2,25 @@
 //! records every request, checks its signature when the path has a signing
 //! key, and answers from a per-path script.
 //!
+//! An answer's body is empty unless asked otherwise: `AnswerBody::Endless`
+//! (per script with `ScriptedResponse::with_endless_body`, or for every
+//! unscripted answer with `MockWebhookConfig::default_body`) sends the status
+//! line and headers at once, then a body that never ends, a chunk at a time,
+//! until the client resets the stream or closes the connection;
+//! `MockWebhook::open_bodies` counts those still being sent (issue 11: a
+//! receiver must not hold an attempt, a pool slot or memory with its body).
+//!
 //! Signatures are checked independently of the engine: the Standard Webhooks v1
 //! scheme (`webhook-id`/`webhook-timestamp`/`webhook-signature`, spec 000 §7.1)
 //! and the hub relay scheme (`x-gim-signature: t=..,v1=<hex>`, spec 003 §2.2).
 
 use std::collections::{HashMap, VecDeque};
+use std::convert::Infallible;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, ready};
 use std::time::{Duration, SystemTime};
 
 use base64::Engine as _;
@@ -16,8 +28,8 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use bytes::Bytes;
 use hmac::{Hmac, KeyInit as _, Mac as _};
 use http::{Request, Response};
-use http_body_util::Full;
-use hyper::body::Incoming;
+use http_body_util::{Either, Full};
+use hyper::body::{Frame, Incoming, SizeHint};
 use sha2::Sha256;
 
 use crate::lock;
@@ -39,6 +51,8 @@ pub struct MockWebhookConfig {
     pub latency: Duration,
     /// Status for requests no script covers.
     pub default_status: u16,
+    /// Body for requests no script covers.
+    pub default_body: AnswerBody,
     /// Keep every request in memory (`received`). Load runs turn this off:
     /// then only the count is kept, and signing keys set by path are not checked.
     pub record_requests: bool,
@@ -81,6 +95,7 @@ impl Default for MockWebhookConfig {
             alpn: vec![ALPN_H2.to_vec(), ALPN_HTTP1.to_vec()],
             latency: Duration::ZERO,
             default_status: 200,
+            default_body: AnswerBody::Empty,
             record_requests: true,
             on_request: None,
         }
@@ -90,11 +105,19 @@ impl Default for MockWebhookConfig {
 impl MockWebhookConfig {
     /// Default config that offers only HTTP/1.1.
     pub fn http1_only() -> Self {
-        MockWebhookConfig {
-            alpn: vec![ALPN_HTTP1.to_vec()],
-            ..Default::default()
-        }
+        MockWebhookConfig { alpn: vec![ALPN_HTTP1.to_vec()], ..Default::default() }
     }
+}
+
+/// What follows an answer's status line and headers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AnswerBody {
+    /// Nothing: the answer ends with its headers.
+    #[default]
+    Empty,
+    /// A body that never ends: `chunk_bytes` bytes at once, then again every
+    /// `every`, for as long as the client keeps the stream (HTTP/1.1: chunked).
+    Endless { chunk_bytes: usize, every: Duration },
 }
 
 /// One scripted answer.
@@ -106,17 +129,20 @@ pub struct ScriptedResponse {
     /// Wait before answering (on top of the config's latency). Longer than the
     /// client's timeout simulates a receiver that never answers.
     pub delay: Duration,
+    pub body: AnswerBody,
 }
 
 impl ScriptedResponse {
-    /// Answer `status` immediately, no extra headers.
+    /// Answer `status` immediately, no extra headers, no body.
     pub fn status(status: u16) -> Self {
-        ScriptedResponse {
-            status,
-            retry_after: None,
-            location: None,
-            delay: Duration::ZERO,
-        }
+        ScriptedResponse { status, retry_after: None, location: None, delay: Duration::ZERO, body: AnswerBody::Empty }
+    }
+
+    /// Follows the headers with a body that never ends: `chunk_bytes` bytes
+    /// every `every`.
+    pub fn with_endless_body(mut self, chunk_bytes: usize, every: Duration) -> Self {
+        self.body = AnswerBody::Endless { chunk_bytes, every };
+        self
     }
 
     /// Adds a `retry-after` header.
@@ -176,8 +202,11 @@ const MAX_CONCURRENT_STREAMS: u32 = 200;
 struct State {
     latency: Duration,
     default_status: u16,
+    default_body: AnswerBody,
     record_requests: bool,
     on_request: Option<RequestHook>,
+    /// Endless bodies started and not dropped yet.
+    open_bodies: Arc<AtomicUsize>,
     recorder: Recorder<ReceivedRequest>,
     signing_keys: Mutex<HashMap<String, Vec<u8>>>,
     scripts: Mutex<HashMap<String, VecDeque<ScriptedResponse>>>,
@@ -195,8 +224,10 @@ pub async fn start(pki: &TestPki, config: MockWebhookConfig) -> anyhow::Result<M
     let state = Arc::new(State {
         latency: config.latency,
         default_status: config.default_status,
+        default_body: config.default_body,
         record_requests: config.record_requests,
         on_request: config.on_request.clone(),
+        open_bodies: Arc::new(AtomicUsize::new(0)),
         recorder: Recorder::new(),
         signing_keys: Mutex::new(HashMap::new()),
         scripts: Mutex::new(HashMap::new()),
@@ -246,6 +277,25 @@ impl MockWebhook {
         lock(&self.state.scripts).entry(path.to_string()).or_default().extend(responses);
     }
 
+    /// Endless bodies (`AnswerBody::Endless`) still being sent: started, and
+    /// the client has not yet reset the stream or closed the connection.
+    pub fn open_bodies(&self) -> usize {
+        self.state.open_bodies.load(Ordering::SeqCst)
+    }
+
+    /// Waits until at most `n` endless bodies are still being sent, or
+    /// `timeout` passed; returns how many are.
+    pub async fn wait_for_open_bodies_at_most(&self, n: usize, timeout: Duration) -> usize {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let open = self.open_bodies();
+            if open <= n || tokio::time::Instant::now() >= deadline {
+                return open;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Forgets recorded requests (scripts and keys stay).
     pub fn clear_received(&self) {
         self.state.recorder.clear();
@@ -257,13 +307,17 @@ impl MockWebhook {
     }
 }
 
-async fn handle(req: Request<Incoming>, state: Arc<State>) -> Response<Full<Bytes>> {
+/// The body of an answer: whole (empty), or endless.
+type AnswerStream = Either<Full<Bytes>, EndlessBody>;
+
+async fn handle(req: Request<Incoming>, state: Arc<State>) -> Response<AnswerStream> {
     let received_at = SystemTime::now();
     let (parts, body) = req.into_parts();
     let body = server::read_body(body).await;
-    let hooked = state.on_request.as_ref().and_then(|hook| {
-        (hook.0)(&HookRequest { path: parts.uri.path(), headers: &parts.headers, body: &body })
-    });
+    let hooked = state
+        .on_request
+        .as_ref()
+        .and_then(|hook| (hook.0)(&HookRequest { path: parts.uri.path(), headers: &parts.headers, body: &body }));
     if !state.record_requests {
         // Compact mode: count only; the hook (if any) did the bookkeeping.
         let scripted = hooked.unwrap_or_else(|| next_scripted(&state, parts.uri.path()));
@@ -289,16 +343,16 @@ async fn handle(req: Request<Incoming>, state: Arc<State>) -> Response<Full<Byte
     answer(&state, scripted).await
 }
 
-/// The path's next scripted answer, else the default status.
+/// The path's next scripted answer, else the default status and body.
 fn next_scripted(state: &State, path: &str) -> ScriptedResponse {
-    lock(&state.scripts)
-        .get_mut(path)
-        .and_then(VecDeque::pop_front)
-        .unwrap_or_else(|| ScriptedResponse::status(state.default_status))
+    lock(&state.scripts).get_mut(path).and_then(VecDeque::pop_front).unwrap_or_else(|| ScriptedResponse {
+        body: state.default_body,
+        ..ScriptedResponse::status(state.default_status)
+    })
 }
 
-/// Waits the configured and scripted delay, then answers with no body.
-async fn answer(state: &State, scripted: ScriptedResponse) -> Response<Full<Bytes>> {
+/// Waits the configured and scripted delay, then answers with the scripted body.
+async fn answer(state: &State, scripted: ScriptedResponse) -> Response<AnswerStream> {
     let delay = state.latency + scripted.delay;
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
@@ -307,15 +361,62 @@ async fn answer(state: &State, scripted: ScriptedResponse) -> Response<Full<Byte
         .into_iter()
         .filter_map(|(name, value)| Some((name, value?)))
         .collect();
-    server::response(scripted.status, String::new(), &headers)
+    let response = server::response(scripted.status, String::new(), &headers);
+    match scripted.body {
+        AnswerBody::Empty => response.map(Either::Left),
+        AnswerBody::Endless { chunk_bytes, every } => {
+            response.map(|_| Either::Right(EndlessBody::new(chunk_bytes, every, state.open_bodies.clone())))
+        }
+    }
+}
+
+/// A body that never ends: a chunk at once, then one every interval. Counted
+/// in `open` from creation until hyper drops it (the client went away).
+struct EndlessBody {
+    chunk: Bytes,
+    tick: tokio::time::Interval,
+    open: Arc<AtomicUsize>,
+}
+
+impl EndlessBody {
+    fn new(chunk_bytes: usize, every: Duration, open: Arc<AtomicUsize>) -> Self {
+        open.fetch_add(1, Ordering::SeqCst);
+        // An interval's first tick is immediate.
+        let mut tick = tokio::time::interval(every.max(Duration::from_millis(1)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        EndlessBody { chunk: Bytes::from(vec![b'.'; chunk_bytes.max(1)]), tick, open }
+    }
+}
+
+impl hyper::body::Body for EndlessBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        ready!(self.tick.poll_tick(cx));
+        Poll::Ready(Some(Ok(Frame::data(self.chunk.clone()))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        false
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::default()
+    }
+}
+
+impl Drop for EndlessBody {
+    fn drop(&mut self) {
+        self.open.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// Verifies whichever signature scheme the request carries; no signature is invalid.
 fn verify_request(key: &[u8], headers: &http::HeaderMap, body: &[u8]) -> bool {
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     if let Some(signature) = header("webhook-signature") {
-        let (Some(id), Some(timestamp)) = (header("webhook-id"), header("webhook-timestamp"))
-        else {
+        let (Some(id), Some(timestamp)) = (header("webhook-id"), header("webhook-timestamp")) else {
             return false;
         };
         verify_standard_webhooks(key, id, timestamp, body, signature)
@@ -340,21 +441,13 @@ fn standard_webhooks_mac(key: &[u8], id: &str, timestamp: &str, body: &[u8]) -> 
 
 /// The Standard Webhooks v1 signature header value: `v1,<base64 HMAC>`.
 pub fn standard_webhooks_signature(key: &[u8], id: &str, timestamp: &str, body: &[u8]) -> String {
-    let tag = standard_webhooks_mac(key, id, timestamp, body)
-        .finalize()
-        .into_bytes();
+    let tag = standard_webhooks_mac(key, id, timestamp, body).finalize().into_bytes();
     format!("v1,{}", BASE64.encode(tag))
 }
 
 /// True when any space-separated `v1,<base64>` entry of `signature_header`
 /// matches (constant-time compare). Other versions are ignored.
-pub fn verify_standard_webhooks(
-    key: &[u8],
-    id: &str,
-    timestamp: &str,
-    body: &[u8],
-    signature_header: &str,
-) -> bool {
+pub fn verify_standard_webhooks(key: &[u8], id: &str, timestamp: &str, body: &[u8], signature_header: &str) -> bool {
     let mac = standard_webhooks_mac(key, id, timestamp, body);
     signature_header
         .split_ascii_whitespace()
@@ -381,10 +474,7 @@ pub const GIM_REPLAY_WINDOW_SECONDS: i64 = 300;
 /// Spec 003 §2.2: `t=<unix seconds>,v1=<hex HMAC-SHA256 over "{t}." ‖ body>`.
 /// True when a `v1` entry matches. No replay window is enforced.
 pub fn verify_gim_signature(key: &[u8], signature_header: &str, body: &[u8]) -> bool {
-    let pairs: Vec<(&str, &str)> = signature_header
-        .split(',')
-        .filter_map(|pair| pair.trim().split_once('='))
-        .collect();
+    let pairs: Vec<(&str, &str)> = signature_header.split(',').filter_map(|pair| pair.trim().split_once('=')).collect();
     let Some(t) = pairs.iter().find(|(k, _)| *k == "t").map(|(_, v)| *v) else {
         return false;
     };
@@ -411,12 +501,7 @@ mod tests {
     const WAIT: Duration = Duration::from_secs(5);
 
     /// POSTs `body` with Standard Webhooks headers signed under `key`.
-    async fn post_signed(
-        client: &TestClient,
-        url: &str,
-        key: &[u8],
-        body: &str,
-    ) -> Response<Incoming> {
+    async fn post_signed(client: &TestClient, url: &str, key: &[u8], body: &str) -> Response<Incoming> {
         let timestamp = "1700000000";
         let signature = standard_webhooks_signature(key, "msg-1", timestamp, body.as_bytes());
         let request = Request::post(url)
@@ -433,78 +518,25 @@ mod tests {
     fn standard_webhooks_test_vector() {
         let expected = "v1,IszeBLRjxb7spJ5RLi+KW0w/aK3Buioq9E6jl3MKWZw=";
         let body = BODY.as_bytes();
-        assert_eq!(
-            standard_webhooks_signature(&KEY, "fixed-id", "1700000000", body),
-            expected
-        );
-        assert!(verify_standard_webhooks(
-            &KEY,
-            "fixed-id",
-            "1700000000",
-            body,
-            expected
-        ));
+        assert_eq!(standard_webhooks_signature(&KEY, "fixed-id", "1700000000", body), expected);
+        assert!(verify_standard_webhooks(&KEY, "fixed-id", "1700000000", body, expected));
         // Several signatures, one valid, others of unknown version or wrong.
         let several = format!("v1a,xyz v1,AAAA {expected}");
-        assert!(verify_standard_webhooks(
-            &KEY,
-            "fixed-id",
-            "1700000000",
-            body,
-            &several
-        ));
+        assert!(verify_standard_webhooks(&KEY, "fixed-id", "1700000000", body, &several));
         // Wrong key, id, timestamp, body, or garbage.
-        assert!(!verify_standard_webhooks(
-            &[8; 32],
-            "fixed-id",
-            "1700000000",
-            body,
-            expected
-        ));
-        assert!(!verify_standard_webhooks(
-            &KEY,
-            "other-id",
-            "1700000000",
-            body,
-            expected
-        ));
-        assert!(!verify_standard_webhooks(
-            &KEY,
-            "fixed-id",
-            "1700000001",
-            body,
-            expected
-        ));
-        assert!(!verify_standard_webhooks(
-            &KEY,
-            "fixed-id",
-            "1700000000",
-            b"{}",
-            expected
-        ));
-        assert!(!verify_standard_webhooks(
-            &KEY,
-            "fixed-id",
-            "1700000000",
-            body,
-            "v1,!!"
-        ));
-        assert!(!verify_standard_webhooks(
-            &KEY,
-            "fixed-id",
-            "1700000000",
-            body,
-            ""
-        ));
+        assert!(!verify_standard_webhooks(&[8; 32], "fixed-id", "1700000000", body, expected));
+        assert!(!verify_standard_webhooks(&KEY, "other-id", "1700000000", body, expected));
+        assert!(!verify_standard_webhooks(&KEY, "fixed-id", "1700000001", body, expected));
+        assert!(!verify_standard_webhooks(&KEY, "fixed-id", "1700000000", b"{}", expected));
+        assert!(!verify_standard_webhooks(&KEY, "fixed-id", "1700000000", body, "v1,!!"));
+        assert!(!verify_standard_webhooks(&KEY, "fixed-id", "1700000000", body, ""));
     }
 
     #[test]
     fn gim_signature_test_vector() {
         let key = b"example-secret-0123456789abcdef0123";
-        let body =
-            br#"{"v":1,"hub_id":"hubexample","delivery_id":"3f1c0d9a8b7e6f5a4b3c2d1e0f9a8b7c"}"#;
-        let header =
-            "t=1760600000,v1=41f7f7c39db767f966e6c1cd60c6a460266194f33b271d1244ac9bb7b38e544e";
+        let body = br#"{"v":1,"hub_id":"hubexample","delivery_id":"3f1c0d9a8b7e6f5a4b3c2d1e0f9a8b7c"}"#;
+        let header = "t=1760600000,v1=41f7f7c39db767f966e6c1cd60c6a460266194f33b271d1244ac9bb7b38e544e";
         assert!(verify_gim_signature(key, header, body));
         assert!(!verify_gim_signature(key, header, b"{}"));
         assert!(!verify_gim_signature(
@@ -584,10 +616,7 @@ mod tests {
     #[tokio::test]
     async fn script_answers_in_order_then_default() {
         let pki = TestPki::generate(&[]).unwrap();
-        let config = MockWebhookConfig {
-            default_status: 204,
-            ..Default::default()
-        };
+        let config = MockWebhookConfig { default_status: 204, ..Default::default() };
         let mock = start(&pki, config).await.unwrap();
         mock.script(
             "/scripted",
@@ -610,10 +639,7 @@ mod tests {
 
         let second = post_signed(&client, &url, &KEY, BODY).await;
         assert_eq!(second.status(), 307);
-        assert_eq!(
-            second.headers()["location"],
-            "https://127.0.0.1:1/elsewhere"
-        );
+        assert_eq!(second.headers()["location"], "https://127.0.0.1:1/elsewhere");
         assert!(second.headers().get("retry-after").is_none());
 
         assert_eq!(post_signed(&client, &url, &KEY, BODY).await.status(), 200);
@@ -633,18 +659,11 @@ mod tests {
         post_signed(&client, &mock.url("/signed"), &KEY, BODY).await;
         post_signed(&client, &mock.url("/signed"), &[9; 32], BODY).await;
         // No signature headers at all.
-        let unsigned = Request::post(mock.url("/signed"))
-            .body(Full::new(Bytes::from_static(b"{}")))
-            .unwrap();
+        let unsigned = Request::post(mock.url("/signed")).body(Full::new(Bytes::from_static(b"{}"))).unwrap();
         client.request(unsigned).await.unwrap();
         post_signed(&client, &mock.url("/unsigned-path"), &KEY, BODY).await;
 
-        let valid: Vec<Option<bool>> = mock
-            .wait_for(4, WAIT)
-            .await
-            .iter()
-            .map(|r| r.signature_valid)
-            .collect();
+        let valid: Vec<Option<bool>> = mock.wait_for(4, WAIT).await.iter().map(|r| r.signature_valid).collect();
         assert_eq!(valid, vec![Some(true), Some(false), Some(false), None]);
     }
 
@@ -652,20 +671,52 @@ mod tests {
     async fn delayed_answer_is_recorded_before_it_is_sent() {
         let pki = TestPki::generate(&[]).unwrap();
         let mock = start(&pki, MockWebhookConfig::default()).await.unwrap();
-        mock.script(
-            "/slow",
-            vec![ScriptedResponse::status(200).with_delay(Duration::from_secs(30))],
-        );
+        mock.script("/slow", vec![ScriptedResponse::status(200).with_delay(Duration::from_secs(30))]);
         let client = client(&pki, Versions::Http2);
         let url = mock.url("/slow");
         let request = post_signed(&client, &url, &KEY, BODY);
         // The client gives up long before the mock answers.
         let outcome = tokio::time::timeout(Duration::from_millis(300), request).await;
-        assert!(
-            outcome.is_err(),
-            "the mock answered despite the scripted delay"
-        );
+        assert!(outcome.is_err(), "the mock answered despite the scripted delay");
         assert_eq!(mock.wait_for(1, WAIT).await.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn an_endless_body_streams_until_the_client_goes_away() {
+        use http_body_util::BodyExt as _;
+        let pki = TestPki::generate(&[]).unwrap();
+        let every = Duration::from_millis(20);
+        let config =
+            MockWebhookConfig { default_body: AnswerBody::Endless { chunk_bytes: 1000, every }, ..Default::default() };
+        let mock = start(&pki, config).await.unwrap();
+        mock.script("/quiet", vec![ScriptedResponse::status(204)]);
+        mock.script("/slow", vec![ScriptedResponse::status(201).with_endless_body(10, Duration::from_secs(3600))]);
+        for versions in [Versions::Http2, Versions::Http1] {
+            let client = client(&pki, versions);
+            // The status line and headers come at once; then chunk after chunk.
+            let response = post_signed(&client, &mock.url("/endless"), &KEY, BODY).await;
+            assert_eq!(response.status(), 200);
+            assert_eq!(mock.open_bodies(), 1);
+            let mut body = response.into_body();
+            let mut read = 0;
+            while read < 5000 {
+                let frame = body.frame().await.expect("the body never ends").expect("a frame");
+                read += frame.into_data().map(|d| d.len()).unwrap_or(0);
+            }
+            // The client goes away: the mock drops the body.
+            drop(body);
+            drop(client);
+            assert_eq!(mock.wait_for_open_bodies_at_most(0, WAIT).await, 0, "{versions:?}");
+        }
+        // A script's body wins over the default, and the default is only the default.
+        let client = client(&pki, Versions::Http2);
+        assert_eq!(post_signed(&client, &mock.url("/quiet"), &KEY, BODY).await.status(), 204);
+        assert_eq!(mock.open_bodies(), 0);
+        let slow = post_signed(&client, &mock.url("/slow"), &KEY, BODY).await;
+        assert_eq!(slow.status(), 201);
+        let first = slow.into_body().frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(first.len(), 10, "one chunk at once, the next an hour later");
+        assert_eq!(mock.wait_for_open_bodies_at_most(0, WAIT).await, 0, "the dropped response ends the body");
     }
 
     #[tokio::test]

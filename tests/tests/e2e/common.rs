@@ -30,7 +30,13 @@ pub async fn webhook_setup_with(mut config: EngineConfig, receiver: MockWebhookC
 }
 
 /// Registers `recipient` at `path` of the receiver and subscribes it to `topics`.
-pub async fn register_webhook(setup: &WebhookSetup, recipient: &Recipient, path: &str, key: &[u8], topics: Vec<pb::Subscription>) {
+pub async fn register_webhook(
+    setup: &WebhookSetup,
+    recipient: &Recipient,
+    path: &str,
+    key: &[u8],
+    topics: Vec<pb::Subscription>,
+) {
     let mut client = setup.fanout.notifications().await.expect("client");
     setup.receiver.set_signing_key(path, key.to_vec());
     client.register(recipient.register_http(&setup.receiver.url(path), key)).await.expect("register");
@@ -53,3 +59,35 @@ pub fn sequence_id(result: &pb::PublishResult) -> u64 {
 
 /// Long enough for a delivery on loopback, short enough to fail fast.
 pub const DELIVERY_WAIT: Duration = Duration::from_secs(15);
+
+/// One series of the engine's /metrics, written as the engine writes it
+/// (`name` or `name{label="value",...}`, labels in their declared order);
+/// `None` while it is not there (a labelled counter appears at its first
+/// increment).
+pub async fn metric(fanout: &Fanout, series: &str) -> Option<f64> {
+    let (_, scrape) = fanout.http_get("/metrics").await.expect("GET /metrics");
+    scrape.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// Polls `series` until it is at least `at_least`, for at most `timeout`;
+/// returns the last value seen (0 while absent).
+pub async fn wait_for_metric(fanout: &Fanout, series: &str, at_least: f64, timeout: Duration) -> f64 {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let value = metric(fanout, series).await.unwrap_or(0.0);
+        if value >= at_least || tokio::time::Instant::now() >= deadline {
+            return value;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Whether `r` is still registered (an empty UpdateSubscriptions answers).
+pub async fn still_registered(fanout: &Fanout, r: &Recipient) -> bool {
+    let mut client = fanout.notifications().await.expect("client");
+    match client.update_subscriptions(r.update(vec![], vec![])).await {
+        Ok(_) => true,
+        Err(s) if s.code() == tonic::Code::NotFound => false,
+        Err(s) => panic!("unexpected status {s:?}"),
+    }
+}

@@ -6,6 +6,7 @@ mod admission;
 mod common;
 mod delivery;
 mod dispatch;
+mod dns_failures;
 mod hostile;
 mod multinode;
 mod operability;
