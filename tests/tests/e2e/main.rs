@@ -15,5 +15,6 @@ mod publish_stream;
 mod replay;
 mod standard_webhooks;
 mod subscriptions;
+mod webhook_bodies;
 mod webhook_outcomes;
 mod webhook_safety;
