@@ -241,6 +241,10 @@ pub struct Pool {
     clients: Vec<HttpsClient>,
     next: AtomicUsize,
     in_flight: Arc<Semaphore>,
+    /// Answer bodies read and thrown away after their status decided the
+    /// attempt (`send_for_status`): at most `max_in_flight` at once, never
+    /// waited for.
+    draining: Arc<Semaphore>,
     limiter: Option<governor::DefaultDirectRateLimiter>,
     metrics: PoolMetrics,
 }
@@ -275,7 +279,8 @@ impl Pool {
         let limiter = NonZeroU32::new(options.rate_limit_per_second)
             .map(|rate| governor::RateLimiter::direct(governor::Quota::per_second(rate)));
         let in_flight = Arc::new(Semaphore::new(options.max_in_flight.get()));
-        Self { clients, next: AtomicUsize::new(0), in_flight, limiter, metrics }
+        let draining = Arc::new(Semaphore::new(options.max_in_flight.get()));
+        Self { clients, next: AtomicUsize::new(0), in_flight, draining, limiter, metrics }
     }
 
     /// Waits for an in-flight slot and the rate limit (not part of the
@@ -286,24 +291,32 @@ impl Pool {
         bounded(request(self.client(), req)).await
     }
 
-    /// Like `send`, but the answer is decided on the status line: the body is
-    /// read (up to the cap) and dropped in the background, so a receiver that
-    /// streams a long or endless body holds neither the attempt nor memory.
-    /// The in-flight slot is held until the body is done.
+    /// Like `send`, but the answer is decided on the status line, and the
+    /// in-flight slot is free again as soon as it is in: a receiver that
+    /// streams a long, slow or endless body holds neither the attempt, nor
+    /// the slot, nor memory (issue 11).
+    ///
+    /// The body is read and thrown away in the background, frame by frame,
+    /// up to the 64 KiB cap and for at most `DRAIN_TIMEOUT`, so that a
+    /// kept-alive connection can carry the next request. At most
+    /// `max_in_flight` bodies drain at once; a body that finds no room, or
+    /// passes the cap or the time, is dropped (HTTP/2 resets its stream,
+    /// HTTP/1.1 closes its connection).
     pub async fn send_for_status(&self, req: Request<Full<Bytes>>) -> Result<StatusCode, SendError> {
         let permit = self.slot().await;
         let response = bounded(async { Ok(self.client().request(req).await?) }).await?;
+        drop(permit);
         let status = response.status();
         let body = response.into_body();
         if hyper::body::Body::is_end_stream(&body) {
             return Ok(status); // nothing to drain: no task for the common case
         }
-        tokio::spawn(async move {
-            let drain = Limited::new(body, MAX_RESPONSE_BODY).collect();
-            // A body that does not finish in time is dropped with its stream.
-            let _ = tokio::time::timeout(DRAIN_TIMEOUT, drain).await;
-            drop(permit);
-        });
+        if let Ok(room) = self.draining.clone().try_acquire_owned() {
+            tokio::spawn(async move {
+                let _ = tokio::time::timeout(DRAIN_TIMEOUT, discard(body, MAX_RESPONSE_BODY)).await;
+                drop(room);
+            });
+        }
         Ok(status)
     }
 
@@ -326,11 +339,31 @@ impl Pool {
     pub(crate) fn available_slots(&self) -> usize {
         self.in_flight.available_permits()
     }
+
+    /// Room for more bodies to drain.
+    #[cfg(test)]
+    pub(crate) fn drain_room(&self) -> usize {
+        self.draining.available_permits()
+    }
 }
 
 /// How long an answer's body may take to arrive after its status line before
 /// it is dropped.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Reads `body` to its end and keeps nothing; stops (dropping it) at an error
+/// or once more than `cap` bytes came.
+async fn discard<B: hyper::body::Body + Unpin>(mut body: B, cap: usize) {
+    let mut left = cap;
+    while let Some(Ok(frame)) = body.frame().await {
+        if let Some(data) = frame.data_ref() {
+            match left.checked_sub(bytes::Buf::remaining(data)) {
+                Some(rest) => left = rest,
+                None => return,
+            }
+        }
+    }
+}
 
 /// Percent-encodes `text` for one URL path segment: RFC 3986 unreserved
 /// characters pass, every other byte becomes `%XX`.
@@ -362,6 +395,36 @@ mod tests {
         assert_eq!(encode_path_segment("é"), "%C3%A9");
     }
 
+    /// `chunk` bytes per frame, for ever; counts the frames it gave.
+    struct Endless {
+        chunk: usize,
+        frames: Arc<AtomicUsize>,
+    }
+
+    impl hyper::body::Body for Endless {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+            self.frames.fetch_add(1, Ordering::SeqCst);
+            Poll::Ready(Some(Ok(hyper::body::Frame::data(Bytes::from(vec![0; self.chunk])))))
+        }
+    }
+
+    #[tokio::test]
+    async fn discard_reads_to_the_end_or_to_the_cap_and_keeps_nothing() {
+        // A body that ends is read to its end.
+        discard(Full::new(Bytes::from(vec![1; 1000])), MAX_RESPONSE_BODY).await;
+        // An endless one is read until it passes the cap: 64 KiB in 16 KiB
+        // frames is four, the fifth passes it.
+        let frames = Arc::new(AtomicUsize::new(0));
+        discard(Endless { chunk: 16 * 1024, frames: frames.clone() }, MAX_RESPONSE_BODY).await;
+        assert_eq!(frames.load(Ordering::SeqCst), 5);
+    }
+
     #[tokio::test]
     async fn pool_sizes_follow_the_options() {
         let tls = crate::channel::client_tls_config(&[]).unwrap();
@@ -377,6 +440,7 @@ mod tests {
         let pool = Pool::new(&tls, options(3, 7, 0), resolver(), metrics.clone());
         assert_eq!(pool.clients.len(), 3);
         assert_eq!(pool.available_slots(), 7);
+        assert_eq!(pool.drain_room(), 7);
         assert!(pool.limiter.is_none());
         let limited = Pool::new(&tls, options(1, 1, 5), resolver(), metrics);
         assert!(limited.limiter.is_some());

@@ -17,5 +17,6 @@ mod relay_ingress;
 mod replay;
 mod standard_webhooks;
 mod subscriptions;
+mod webhook_bodies;
 mod webhook_outcomes;
 mod webhook_safety;

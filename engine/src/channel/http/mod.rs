@@ -160,3 +160,95 @@ impl Provider for WebhookProvider {
         TIMED_OUT
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::net::IpAddr;
+    use std::num::NonZeroUsize;
+
+    use fanout_testkit::TestPki;
+    use fanout_testkit::mock::webhook::{self as mock, AnswerBody, MockWebhookConfig};
+
+    use super::*;
+    use crate::channel::Connections;
+    use crate::domain::SigningKey;
+    use crate::testing;
+
+    /// Receivers are reached by IP literal: nothing is ever resolved.
+    struct NoDns;
+
+    #[async_trait]
+    impl HostResolver for NoDns {
+        async fn resolve(&self, _host: &str) -> Result<Vec<IpAddr>, ResolveError> {
+            Err(ResolveError::NoRecords)
+        }
+    }
+
+    /// A provider with one in-flight slot, trusting `pki`.
+    fn provider(pki: &TestPki, dir: &tempfile::TempDir) -> WebhookProvider {
+        let ca = dir.path().join("ca.pem");
+        pki.write_ca(&ca).unwrap();
+        let settings = HttpSettings {
+            allow_private_addresses: true,
+            extra_ca_files: vec![ca],
+            max_in_flight: NonZeroUsize::MIN,
+            connections: Connections::new(1).unwrap(),
+            ..HttpSettings::default()
+        };
+        let ctx = ChannelContext { metrics: Arc::new(Metrics::new()) };
+        WebhookProvider::with_resolver(&settings, Arc::new(NoDns), &ctx).unwrap()
+    }
+
+    async fn send(provider: &WebhookProvider, url: &str) -> Outcome {
+        let recipient = testing::recipient(DeliveryTarget::Http {
+            url: url.to_owned(),
+            signing_key: SigningKey::parse(&[7; 32]).unwrap(),
+        });
+        let envelope = testing::envelope(1);
+        provider.send(Push { recipient: &recipient, envelope: &envelope }).await
+    }
+
+    #[tokio::test]
+    async fn endless_answer_bodies_hold_neither_the_attempt_nor_the_slot() {
+        // A few bytes now, then nothing for an hour: the drain would wait
+        // DRAIN_TIMEOUT on each.
+        let trickle = AnswerBody::Endless { chunk_bytes: 16, every: Duration::from_secs(3600) };
+        for receiver in [MockWebhookConfig::default(), MockWebhookConfig::http1_only()] {
+            let pki = TestPki::generate(&[]).unwrap();
+            let dir = tempfile::tempdir().unwrap();
+            let mock = mock::start(&pki, MockWebhookConfig { default_body: trickle, ..receiver }).await.unwrap();
+            let provider = provider(&pki, &dir);
+
+            // One slot, five sends: each is decided on its 200 at once.
+            for _ in 0..5 {
+                let outcome =
+                    tokio::time::timeout(Duration::from_secs(5), send(&provider, &mock.url("/trickle"))).await;
+                assert_eq!(outcome, Ok(Outcome::Delivered), "a send waited for a body's slot");
+                assert_eq!(provider.pool.available_slots(), 1);
+            }
+            // One body drains (the room of one slot); the others were dropped.
+            assert_eq!(provider.pool.drain_room(), 0);
+            assert_eq!(mock.wait_for_open_bodies_at_most(1, Duration::from_secs(5)).await, 1);
+            assert_eq!(mock.received_count(), 5);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_flooding_body_is_read_to_the_cap_then_dropped() {
+        let pki = TestPki::generate(&[]).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let flood = AnswerBody::Endless { chunk_bytes: 16 * 1024, every: Duration::from_millis(1) };
+        let mock = mock::start(&pki, MockWebhookConfig { default_body: flood, ..Default::default() }).await.unwrap();
+        let provider = provider(&pki, &dir);
+        assert_eq!(send(&provider, &mock.url("/flood")).await, Outcome::Delivered);
+        assert_eq!(mock.wait_for_open_bodies_at_most(0, Duration::from_secs(5)).await, 0);
+        // The drain gave its room back.
+        for _ in 0..50 {
+            if provider.pool.drain_room() == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(provider.pool.drain_room(), 1);
+    }
+}

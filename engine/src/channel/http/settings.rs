@@ -29,7 +29,9 @@ pub struct HttpSettings {
     pub dns_servers: Vec<SocketAddr>,
     /// Extra PEM CA certificates trusted for webhook TLS, besides the system roots.
     pub extra_ca_files: Vec<PathBuf>,
-    /// Most webhook requests in flight at once; further sends wait. Default 1000.
+    /// Most webhook requests in flight at once; further sends wait. A slot is
+    /// free again once the answer's status line is in (its body drains in the
+    /// background, at most this many at once). Default 1000.
     pub max_in_flight: NonZeroUsize,
     /// Connection pools used round-robin (each holds one HTTP/2 connection
     /// per receiver host). Default 4.
