@@ -195,7 +195,7 @@ mod tests {
             connections: Connections::new(1).unwrap(),
             ..HttpSettings::default()
         };
-        let ctx = ChannelContext { metrics: Arc::new(Metrics::new()) };
+        let ctx = ChannelContext::new(Arc::new(Metrics::new()));
         WebhookProvider::with_resolver(&settings, Arc::new(NoDns), &ctx).unwrap()
     }
 
