@@ -262,7 +262,7 @@ async fn publish_with_timeouts(addresses: &[String], topic: &[u8]) -> Option<u64
             Ok(Some(results)) => match &results[0].result {
                 Some(pb::publish_result::Result::SequenceId(s)) => return Some(*s),
                 Some(pb::publish_result::Result::Error(e)) if e.code == tonic::Code::Unavailable as i32 => {
-                    let owner = e.message.split("owned by ").nth(1).and_then(|r| r.split(';').next());
+                    let owner = redirect_owner(&e.message);
                     match owner.and_then(|a| addresses.iter().position(|n| n == a)) {
                         Some(i) if i != target => target = i,
                         _ => {
@@ -293,7 +293,7 @@ async fn publish_following(nodes: &[&Fanout], topic: &[u8]) -> (u64, usize) {
         match &results[0].result {
             Some(pb::publish_result::Result::SequenceId(s)) => return (*s, redirects),
             Some(pb::publish_result::Result::Error(e)) if e.code == tonic::Code::Unavailable as i32 => {
-                let owner = e.message.split("owned by ").nth(1).and_then(|r| r.split(';').next());
+                let owner = redirect_owner(&e.message);
                 match owner.and_then(|a| nodes.iter().position(|n| n.grpc.to_string() == a)) {
                     Some(i) if i != target => {
                         target = i;
@@ -308,6 +308,12 @@ async fn publish_following(nodes: &[&Fanout], topic: &[u8]) -> (u64, usize) {
         assert!(Instant::now() < deadline, "a publish was not accepted within 30 s");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// The address an UNAVAILABLE redirect names ("shard N is owned by
+/// HOST:PORT; publish there"), if it names one.
+fn redirect_owner(message: &str) -> Option<&str> {
+    message.split("owned by ").nth(1).and_then(|r| r.split(';').next())
 }
 
 fn pushes(setup: &WebhookSetup) -> HashMap<Push, usize> {
