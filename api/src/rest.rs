@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{RawQuery, State};
+use axum::extract::{DefaultBodyLimit, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
@@ -28,8 +28,6 @@ use fanout_engine::metrics::Metrics;
 use fanout_engine::registry::{AdmissionError, DeliveryInput, Registry};
 use fanout_engine::relay_ingress::RelayIngress;
 use serde_json::{Map, Value, json};
-use tokio::net::TcpListener;
-use tokio::sync::watch;
 
 /// A registration body is a few short fields and a token of at most 4096 bytes.
 const MAX_BODY: usize = 16 * 1024;
@@ -44,7 +42,7 @@ pub struct ApiState {
     pub relay_ingress: Option<Arc<RelayIngress>>,
 }
 
-pub fn router(state: ApiState) -> Router {
+pub fn router(state: ApiState, max_body_bytes: usize) -> Router {
     // The ingress path cannot collide: its settings keep it out of /v2/ and /_arkret/.
     let ingress = state
         .relay_ingress
@@ -55,19 +53,11 @@ pub fn router(state: ApiState) -> Router {
         .route("/v2/debug/push-log", get(push_log))
         .fallback(|| async { Problem::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint").into_response() })
         .with_state(state);
-    match ingress {
+    let router = match ingress {
         Some(ingress) => router.merge(ingress),
         None => router,
-    }
-}
-
-pub async fn serve(listener: TcpListener, state: ApiState, mut shutdown: watch::Receiver<bool>) {
-    let shutdown = async move {
-        let _ = shutdown.changed().await;
     };
-    if let Err(e) = axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await {
-        tracing::warn!(error = %e, "the API listener stopped");
-    }
+    router.layer(DefaultBodyLimit::max(max_body_bytes))
 }
 
 /// An RFC 9457 problem: `code` is the stable error code (e.g.

@@ -16,6 +16,7 @@ mod relay;
 mod relay_ingress;
 mod relay_pair;
 mod replay;
+mod security;
 mod standard_webhooks;
 mod subscriptions;
 mod webhook_bodies;
