@@ -3,6 +3,11 @@
 //!
 //! - [`backend`]: the tonic client of `fanout.v1.NotificationService`, every
 //!   request bounded to 30 s (PUSH-240).
+//! - [`client`]: the notification client: enable, disable, state, overrides,
+//!   effective values (PUSH-263), and the sync run with renewal, recovery
+//!   and the error transitions (PUSH-260, 261, 262).
+//! - [`desired`]: the desired set (PUSH-238).
+//! - [`plan`]: a run's adds and removes in batches of at most 1000.
 //! - [`host`]: the traits an app implements: its conversations, its keys, a
 //!   background runner and a clock.
 //! - [`store`]: where the local state lives ([`MemoryStore`], [`JsonFileStore`]).
@@ -16,9 +21,12 @@
 //! - [`error`]: the one error type, a distinct kind per case (PUSH-251).
 
 pub mod backend;
+pub mod client;
+pub mod desired;
 pub mod error;
 pub mod host;
 pub mod identity;
+pub mod plan;
 pub mod publish;
 pub mod sender_key;
 pub mod state;
@@ -26,6 +34,7 @@ pub mod store;
 pub mod topic;
 
 pub use backend::{Backend, BackendConfig, RecipientState};
+pub use client::{ClientConfig, HostParts, NotificationClient, SyncReport, Trigger};
 pub use error::{Error, ErrorKind};
 pub use host::{
     BackgroundRunner, Clock, Conversation, ConversationKind, Conversations, Keys, SystemClock, TokioRunner,
