@@ -18,16 +18,21 @@
 //!   (PUSH-258, PUSH-229).
 //! - [`publish`]: group messages with should_push (PUSH-218) and sender_hmac.
 //! - [`topic`]: group ids and subscribable topics.
+//! - [`push_rules`]: spec 002 §4's rule chain, validated at save and
+//!   evaluated first-match on the device.
+//! - [`dnd`]: spec 002 §7's do-not-disturb schedule (tzdb 2025b pinned).
 //! - [`error`]: the one error type, a distinct kind per case (PUSH-251).
 
 pub mod backend;
 pub mod client;
 pub mod desired;
+pub mod dnd;
 pub mod error;
 pub mod host;
 pub mod identity;
 pub mod plan;
 pub mod publish;
+pub mod push_rules;
 pub mod sender_key;
 pub mod state;
 pub mod store;
