@@ -359,6 +359,27 @@ pub async fn raw(engine: &Engine) -> NotificationServiceClient<Channel> {
     engine.notifications().await.expect("engine client")
 }
 
+/// The backend loses the client's recipient (expiry, a restore from backup):
+/// an Unregister behind the client's back.
+pub async fn delete_behind_the_back(engine: &Engine, client: &NotificationClient) {
+    let identity = client.stored().identity.expect("an identity");
+    raw(engine)
+        .await
+        .unregister(pb::UnregisterRequest {
+            recipient_id: identity.id().to_vec(),
+            recipient_secret: identity.secret().to_vec(),
+        })
+        .await
+        .expect("raw unregister");
+}
+
+/// The engine (with `engine_extra` in `[engine]`) and a tap in front of it.
+pub async fn engine_and_tap(engine_extra: &str) -> (Engine, Tap) {
+    let engine = start_engine(engine_extra, None).await;
+    let tap = Tap::start(&engine).await;
+    (engine, tap)
+}
+
 pub fn topics_of(adds: &[pb::Subscription]) -> Vec<Vec<u8>> {
     let mut t: Vec<Vec<u8>> = adds.iter().map(|s| s.topic.clone()).collect();
     t.sort();

@@ -17,8 +17,7 @@ use crate::common::*;
 
 #[tokio::test]
 async fn enable_is_refused_without_storing_anything_when_the_runner_is_off_or_the_key_is_out_of_bounds() {
-    let engine = start_engine("", None).await;
-    let tap = Tap::start(&engine).await;
+    let (_engine, tap) = engine_and_tap("").await;
     let store = Arc::new(MemoryStore::new());
     let off = Arc::new(TokioRunner::disabled(tokio::runtime::Handle::current()));
     let s = client_with(tap.addr, TestHost::new(1), store.clone(), off, |_| {});
@@ -57,8 +56,7 @@ async fn expect_failed_register(
 
 #[tokio::test]
 async fn the_engines_own_refusals_fail_the_state_with_their_cause() {
-    let engine = start_engine("", None).await;
-    let tap = Tap::start(&engine).await;
+    let (engine, tap) = engine_and_tap("").await;
 
     // PUSH-210: no APNs table on this deployment.
     let s = client(tap.addr);
@@ -103,8 +101,7 @@ async fn the_engines_own_refusals_fail_the_state_with_their_cause() {
 
 #[tokio::test]
 async fn each_terminal_status_on_update_fails_the_state_until_enabled_again() {
-    let engine = start_engine("", None).await;
-    let tap = Tap::start(&engine).await;
+    let (_engine, tap) = engine_and_tap("").await;
     let cases = [
         (Code::PermissionDenied, ErrorKind::PermissionDenied, FailureCause::PermissionDenied),
         (Code::InvalidArgument, ErrorKind::InvalidArgument, FailureCause::InvalidArgument),
@@ -138,8 +135,7 @@ async fn each_terminal_status_on_update_fails_the_state_until_enabled_again() {
 
 #[tokio::test]
 async fn resource_exhausted_stops_adds_until_the_desired_set_changes_and_removes_go_on() {
-    let engine = start_engine("max_push_topics = 2", None).await;
-    let tap = Tap::start(&engine).await;
+    let (_engine, tap) = engine_and_tap("max_push_topics = 2").await;
     let s = client(tap.addr);
     let rules = RuleOptions { include_welcomes: Some(false), ..RuleOptions::default() };
     s.host.join(&group(1), Group, Allowed);
@@ -178,8 +174,7 @@ async fn resource_exhausted_stops_adds_until_the_desired_set_changes_and_removes
 
 #[tokio::test]
 async fn removes_continue_while_adds_are_blocked() {
-    let engine = start_engine("max_push_topics = 2", None).await;
-    let tap = Tap::start(&engine).await;
+    let (_engine, tap) = engine_and_tap("max_push_topics = 2").await;
     let s = client(tap.addr);
     let rules = RuleOptions { include_welcomes: Some(false), ..RuleOptions::default() };
     for n in [1, 2] {
@@ -203,8 +198,7 @@ async fn removes_continue_while_adds_are_blocked() {
 
 #[tokio::test]
 async fn not_found_a_timeout_and_other_statuses_stay_enabled_and_retry() {
-    let engine = start_engine("", None).await;
-    let tap = Tap::start(&engine).await;
+    let (engine, tap) = engine_and_tap("").await;
     let s = client_with(tap.addr, TestHost::new(1), Arc::new(MemoryStore::new()), held(), |c| {
         c.backend.request_timeout = Duration::from_secs(1)
     });
@@ -244,8 +238,7 @@ async fn not_found_a_timeout_and_other_statuses_stay_enabled_and_retry() {
 
 #[tokio::test]
 async fn a_register_that_failed_for_a_retryable_reason_is_retried_by_the_next_run() {
-    let engine = start_engine("", None).await;
-    let tap = Tap::start(&engine).await;
+    let (_engine, tap) = engine_and_tap("").await;
     let s = client(tap.addr);
     tap.inject("register", Fault::Status(Code::Unavailable));
     let err = s.client.enable(webhook_target(), RuleOptions::default()).await.unwrap_err();
@@ -260,8 +253,7 @@ async fn a_register_that_failed_for_a_retryable_reason_is_retried_by_the_next_ru
 
 #[tokio::test]
 async fn disable_clears_before_unregister_keeps_overrides_and_stops_every_request() {
-    let engine = start_engine("", None).await;
-    let tap = Tap::start(&engine).await;
+    let (_engine, tap) = engine_and_tap("").await;
     let s = client(tap.addr);
     s.host.join(&group(1), Group, Allowed);
     s.client.set_override(&group(1), Some(Override::Enabled)).unwrap();
@@ -305,19 +297,10 @@ async fn disable_clears_before_unregister_keeps_overrides_and_stops_every_reques
 
 #[tokio::test]
 async fn unregister_not_found_is_success_and_a_failed_unregister_is_not_retried() {
-    let engine = start_engine("", None).await;
-    let tap = Tap::start(&engine).await;
+    let (engine, tap) = engine_and_tap("").await;
     let s = client(tap.addr);
     s.client.enable(webhook_target(), RuleOptions::default()).await.unwrap();
-    let identity = s.client.stored().identity.unwrap();
-    raw(&engine)
-        .await
-        .unregister(pb::UnregisterRequest {
-            recipient_id: identity.id().to_vec(),
-            recipient_secret: identity.secret().to_vec(),
-        })
-        .await
-        .unwrap();
+    delete_behind_the_back(&engine, &s.client).await;
     s.client.disable().await.expect("NOT_FOUND on Unregister is success");
     assert_eq!(tap.calls().last().unwrap().answer, Err(Code::NotFound));
 

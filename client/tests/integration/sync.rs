@@ -23,8 +23,7 @@ fn current_epoch(setup: &ClientSetup) -> i64 {
 
 #[tokio::test]
 async fn enable_registers_then_the_desired_set_goes_up_with_its_key_windows() {
-    let engine = start_engine("", None).await;
-    let tap = Tap::start(&engine).await;
+    let (_engine, tap) = engine_and_tap("").await;
     let s = client(tap.addr);
     s.host.join(&group(1), Group, Allowed);
     s.host.join(&group(2), Dm, Allowed);
@@ -73,8 +72,7 @@ async fn enable_registers_then_the_desired_set_goes_up_with_its_key_windows() {
 
 #[tokio::test]
 async fn membership_consent_and_override_changes_send_exactly_their_difference() {
-    let engine = start_engine("", None).await;
-    let tap = Tap::start(&engine).await;
+    let (_engine, tap) = engine_and_tap("").await;
     let s = client(tap.addr);
     for n in [1, 2] {
         s.host.join(&group(n), Group, Allowed);
@@ -133,8 +131,7 @@ async fn membership_consent_and_override_changes_send_exactly_their_difference()
 
 #[tokio::test]
 async fn a_server_side_deletion_is_recovered_by_register_and_a_full_resend() {
-    let engine = start_engine("", None).await;
-    let tap = Tap::start(&engine).await;
+    let (engine, tap) = engine_and_tap("").await;
     let s = client(tap.addr);
     for n in [1, 2, 3] {
         s.host.join(&group(n), Group, Allowed);
@@ -143,15 +140,7 @@ async fn a_server_side_deletion_is_recovered_by_register_and_a_full_resend() {
     s.client.sync_now().await.unwrap();
 
     // The backend loses the recipient (expiry, a restore from backup).
-    let identity = s.client.stored().identity.unwrap();
-    raw(&engine)
-        .await
-        .unregister(pb::UnregisterRequest {
-            recipient_id: identity.id().to_vec(),
-            recipient_secret: identity.secret().to_vec(),
-        })
-        .await
-        .unwrap();
+    delete_behind_the_back(&engine, &s.client).await;
 
     let before = tap.count();
     s.host.join(&group(4), Group, Allowed);
@@ -170,8 +159,7 @@ async fn a_server_side_deletion_is_recovered_by_register_and_a_full_resend() {
 
 #[tokio::test]
 async fn a_topic_count_mismatch_is_repaired_over_later_runs_without_clearing_the_record() {
-    let engine = start_engine("", None).await;
-    let tap = Tap::start(&engine).await;
+    let (engine, tap) = engine_and_tap("").await;
     let s = client_with(tap.addr, TestHost::new(1), Arc::new(MemoryStore::new()), held(), |c| c.max_batch = 2);
     for n in 1..=5 {
         s.host.join(&group(n), Group, Allowed);
@@ -222,8 +210,7 @@ async fn a_topic_count_mismatch_is_repaired_over_later_runs_without_clearing_the
 
 #[tokio::test]
 async fn a_new_epoch_or_a_new_root_key_re_uploads_the_key_window() {
-    let engine = start_engine("", None).await;
-    let tap = Tap::start(&engine).await;
+    let (_engine, tap) = engine_and_tap("").await;
     let s = client(tap.addr);
     s.host.set_root(None);
     s.host.join(&group(1), Group, Allowed);
@@ -266,8 +253,7 @@ async fn a_new_epoch_or_a_new_root_key_re_uploads_the_key_window() {
 
 #[tokio::test]
 async fn a_run_renews_before_expiry_and_at_once_when_started_after_it() {
-    let engine = start_engine("", None).await;
-    let tap = Tap::start(&engine).await;
+    let (_engine, tap) = engine_and_tap("").await;
     let s = client(tap.addr);
     s.client.enable(webhook_target(), RuleOptions::default()).await.unwrap();
     s.client.sync_now().await.unwrap();
@@ -301,8 +287,7 @@ async fn a_run_renews_before_expiry_and_at_once_when_started_after_it() {
 
 #[tokio::test]
 async fn triggers_and_the_start_run_sync_in_the_background() {
-    let engine = start_engine("", None).await;
-    let tap = Tap::start(&engine).await;
+    let (_engine, tap) = engine_and_tap("").await;
     let store: Arc<dyn StateStore> = Arc::new(MemoryStore::new());
     let host = TestHost::new(1);
     let s = client_with(tap.addr, host.clone(), store.clone(), Arc::new(TokioRunner::current()), |_| {});
