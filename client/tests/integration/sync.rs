@@ -316,3 +316,25 @@ async fn triggers_and_the_start_run_sync_in_the_background() {
     let Call::Register { recipient_id: first, .. } = &calls[0].call else { panic!() };
     assert_eq!(recipient_id, first);
 }
+
+#[tokio::test]
+async fn the_periodic_run_picks_up_a_change_nobody_announced() {
+    let (_engine, tap) = engine_and_tap("").await;
+    let s =
+        client_with(tap.addr, TestHost::new(1), Arc::new(MemoryStore::new()), Arc::new(TokioRunner::current()), |c| {
+            c.sync_interval = Duration::from_secs(1)
+        });
+    s.client.start();
+    s.client.enable(webhook_target(), RuleOptions::default()).await.unwrap();
+    tap.wait_for(2, Duration::from_secs(20)).await;
+
+    // A change the host never reports (a wake lost to a crash): the run at
+    // most sync_interval after the last one sends it.
+    s.host.join(&group(1), Group, Allowed);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let wanted = group(1).topic().as_bytes().to_vec();
+    while !tap.calls().iter().any(|c| c.update().is_some_and(|(a, _)| topics_of(a) == [wanted.clone()])) {
+        assert!(tokio::time::Instant::now() < deadline, "no periodic run: {:?}", tap.calls());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
