@@ -1,5 +1,5 @@
-//! The HTTP endpoints: /metrics (Prometheus text), /healthz, /readyz, and
-//! the spec 003 relay ingress on its configured path (`relay_ingress.rs`).
+//! The ops listener (`server.http_listen`): /metrics (Prometheus text),
+//! /healthz, /readyz. Product endpoints live on the API listener (`rest.rs`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -7,7 +7,6 @@ use std::sync::Arc;
 use bytes::Bytes;
 use fanout_engine::Readiness;
 use fanout_engine::metrics::Metrics;
-use fanout_engine::relay_ingress::RelayIngress;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -21,8 +20,6 @@ use tokio::sync::watch;
 pub struct HttpState {
     pub metrics: Arc<Metrics>,
     pub readiness: Readiness,
-    /// `[engine.relay_ingress]`, when configured.
-    pub relay_ingress: Option<Arc<RelayIngress>>,
 }
 
 pub async fn serve(listener: TcpListener, state: HttpState, mut shutdown: watch::Receiver<bool>) {
@@ -40,33 +37,18 @@ pub async fn serve(listener: TcpListener, state: HttpState, mut shutdown: watch:
         let state = state.clone();
         tokio::spawn(async move {
             let service = service_fn(move |req| route(state.clone(), req));
-            let _ = auto::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
+            let _ = auto::Builder::new(TokioExecutor::new()).serve_connection(TokioIo::new(stream), service).await;
         });
     }
 }
 
 async fn route(state: HttpState, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, std::convert::Infallible> {
-    if let Some(ingress) = &state.relay_ingress
-        && req.uri().path() == ingress.path()
-    {
-        let response = if req.method() == Method::POST {
-            crate::relay_ingress::handle(ingress, req).await
-        } else {
-            problem(StatusCode::METHOD_NOT_ALLOWED, "use POST")
-        };
-        return Ok(response.unwrap_or_else(|_| Response::new(Full::new(Bytes::new()))));
-    }
     let response = match (req.method(), req.uri().path()) {
-        (&Method::GET, "/metrics") => text(StatusCode::OK, state.metrics.render())
-            .map(|mut r| {
-                r.headers_mut().insert(
-                    http::header::CONTENT_TYPE,
-                    http::HeaderValue::from_static("text/plain; version=0.0.4"),
-                );
-                r
-            }),
+        (&Method::GET, "/metrics") => text(StatusCode::OK, state.metrics.render()).map(|mut r| {
+            r.headers_mut()
+                .insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("text/plain; version=0.0.4"));
+            r
+        }),
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n".into()),
         (&Method::GET, "/readyz") => match state.readiness.check().await {
             Ok(()) => text(StatusCode::OK, "ready\n".into()),

@@ -160,7 +160,12 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let registry = engine.registry();
     let api_server = rest::serve(
         api_listener,
-        rest::ApiState { push_log: registry.channels.push_log(), registry, metrics: engine.metrics() },
+        rest::ApiState {
+            push_log: registry.channels.push_log(),
+            registry,
+            metrics: engine.metrics(),
+            relay_ingress: engine.relay_ingress(),
+        },
         shutdown_rx.clone(),
     );
     let http_server = http::serve(
@@ -168,7 +173,6 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         http::HttpState {
             metrics: engine.metrics(),
             readiness: engine.readiness(),
-            relay_ingress: engine.relay_ingress(),
         },
         shutdown_rx,
     );

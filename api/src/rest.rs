@@ -5,6 +5,8 @@
 //! - `PUT /v2/push/registration`, `DELETE /v2/push/registration` (003 §1).
 //! - `GET /v2/debug/push-log` (003 §5), only with the relay's
 //!   `dangerous_push_log_endpoint`; 404 `not_found` otherwise.
+//! - `POST <engine.relay_ingress.path>`: the 003 push-server endpoint
+//!   (`relay_ingress.rs`), authenticated by the hub's signature instead.
 //!
 //! Authentication: `Authorization: Bearer <recipient_id>.<recipient_secret>`,
 //! each the 32 bytes of spec 000 in lowercase or uppercase hex (64
@@ -19,11 +21,12 @@ use axum::body::Bytes;
 use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, put};
+use axum::routing::{get, post, put};
 use fanout_engine::channel::relay::PushLog;
 use fanout_engine::domain::RegistrationInput;
 use fanout_engine::metrics::Metrics;
 use fanout_engine::registry::{AdmissionError, DeliveryInput, Registry};
+use fanout_engine::relay_ingress::RelayIngress;
 use serde_json::{Map, Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -37,14 +40,25 @@ pub struct ApiState {
     pub metrics: Arc<Metrics>,
     /// `Some` only when the debug endpoint is enabled.
     pub push_log: Option<Arc<PushLog>>,
+    /// `[engine.relay_ingress]`, when configured.
+    pub relay_ingress: Option<Arc<RelayIngress>>,
 }
 
 pub fn router(state: ApiState) -> Router {
-    Router::new()
+    // The ingress path cannot collide: its settings keep it out of /v2/ and /_arkret/.
+    let ingress = state
+        .relay_ingress
+        .clone()
+        .map(|ingress| Router::new().route(ingress.path(), post(crate::relay_ingress::handle)).with_state(ingress));
+    let router = Router::new()
         .route("/v2/push/registration", put(put_registration).delete(delete_registration))
         .route("/v2/debug/push-log", get(push_log))
         .fallback(|| async { Problem::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint").into_response() })
-        .with_state(state)
+        .with_state(state);
+    match ingress {
+        Some(ingress) => router.merge(ingress),
+        None => router,
+    }
 }
 
 pub async fn serve(listener: TcpListener, state: ApiState, mut shutdown: watch::Receiver<bool>) {

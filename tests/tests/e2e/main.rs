@@ -14,6 +14,7 @@ mod providers;
 mod publish_stream;
 mod relay;
 mod relay_ingress;
+mod relay_pair;
 mod replay;
 mod standard_webhooks;
 mod subscriptions;
