@@ -6,6 +6,7 @@
 //! - [`mock`]: in-process mock providers ([`MockWebhook`], [`MockApns`],
 //!   [`MockFcm`]), on the shared [`server`], [`recorder`] and [`request`].
 //! - [`launcher`]: the real `fanout` binary as a child process ([`Engine`]).
+//! - [`wire`]: what HTTP/2 clients send, counted as a mock server reads it.
 
 pub mod launcher;
 pub mod mock;
@@ -15,6 +16,7 @@ pub mod request;
 pub mod server;
 #[cfg(test)]
 mod test_client;
+pub mod wire;
 
 use std::sync::{Mutex, MutexGuard};
 
