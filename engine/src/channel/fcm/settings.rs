@@ -3,7 +3,9 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use crate::channel::settings::{Connections, HttpsBase, default_connections, default_max_in_flight, required_path};
+use crate::channel::settings::{
+    Connections, HttpsBase, PushLifetime, default_connections, default_max_in_flight, required_path,
+};
 
 /// Default host of the FCM HTTP v1 API.
 pub const DEFAULT_BASE_URL: &str = "https://fcm.googleapis.com";
@@ -38,6 +40,11 @@ pub struct FcmSettings {
     /// Requests per second across all connections; 0 (the default) = no limit.
     #[serde(default)]
     pub rate_limit_per_second: u32,
+    /// How long FCM may keep a push for an offline device: Android `ttl`,
+    /// and `apns-expiration` for Apple devices reached through FCM. 0 to
+    /// 2,419,200 seconds; 0 = deliver once, store nothing. Default 86400.
+    #[serde(default)]
+    pub ttl_seconds: PushLifetime,
 }
 
 #[cfg(test)]
@@ -53,6 +60,11 @@ mod tests {
         let fcm = parse(serde_json::json!({"service_account_file": "/sa.json"})).unwrap();
         assert_eq!(fcm.base_url.as_str(), DEFAULT_BASE_URL);
         assert_eq!((fcm.max_in_flight.get(), fcm.connections.get(), fcm.rate_limit_per_second), (1000, 2, 0));
+        assert_eq!(fcm.ttl_seconds.seconds(), 86_400);
+        let fcm = parse(serde_json::json!({"service_account_file": "/sa.json", "ttl_seconds": 600})).unwrap();
+        assert_eq!(fcm.ttl_seconds.seconds(), 600);
+        let err = parse(serde_json::json!({"service_account_file": "/sa.json", "ttl_seconds": 2_419_201})).unwrap_err();
+        assert!(err.contains("must be between 0 and 2419200 seconds"), "{err}");
         let err = parse(serde_json::json!({"service_account_file": "/sa.json", "project": "p"})).unwrap_err();
         assert!(err.contains("unknown field"), "{err}");
         let err =
