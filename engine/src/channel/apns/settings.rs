@@ -159,6 +159,19 @@ mod tests {
         assert!(err.contains("staging"), "{err}");
     }
 
+    /// fanout.example.toml documents every key with its default.
+    #[test]
+    fn the_example_table_is_the_defaults() {
+        let example = ApnsSettings::deserialize(crate::channel::settings::example_table("apns")).unwrap();
+        let defaults = parse(valid()).unwrap();
+        assert_eq!(example.environment, ApnsEnvironment::Production);
+        assert_eq!((&example.production_url, &example.sandbox_url), (&defaults.production_url, &defaults.sandbox_url));
+        assert!(example.extra_ca_files.is_empty());
+        assert_eq!((example.max_in_flight, example.connections), (defaults.max_in_flight, defaults.connections));
+        assert_eq!(example.rate_limit_per_second, defaults.rate_limit_per_second);
+        assert_eq!(example.expiration_seconds, defaults.expiration_seconds);
+    }
+
     #[test]
     fn each_rule_is_in_a_type() {
         let refused = |key: &str, value: serde_json::Value, rule: &str| {

@@ -55,6 +55,18 @@ mod tests {
         serde_json::from_value(json).map_err(|e| e.to_string())
     }
 
+    /// fanout.example.toml documents every key with its default.
+    #[test]
+    fn the_example_table_is_the_defaults() {
+        let example = FcmSettings::deserialize(crate::channel::settings::example_table("fcm")).unwrap();
+        let defaults = parse(serde_json::json!({"service_account_file": "/sa.json"})).unwrap();
+        assert_eq!(example.base_url, defaults.base_url);
+        assert!(example.extra_ca_files.is_empty());
+        assert_eq!((example.max_in_flight, example.connections), (defaults.max_in_flight, defaults.connections));
+        assert_eq!(example.rate_limit_per_second, defaults.rate_limit_per_second);
+        assert_eq!(example.ttl_seconds, defaults.ttl_seconds);
+    }
+
     #[test]
     fn defaults_unknown_keys_and_rules() {
         let fcm = parse(serde_json::json!({"service_account_file": "/sa.json"})).unwrap();
