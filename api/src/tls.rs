@@ -94,14 +94,6 @@ impl ServerTls {
         Ok(())
     }
 
-    fn files(&self) -> Vec<&Path> {
-        let s = &self.settings;
-        [Some(s.cert_file.as_path()), Some(s.key_file.as_path()), s.client_ca_file.as_deref()]
-            .into_iter()
-            .flatten()
-            .collect()
-    }
-
     pub fn reload_interval(&self) -> Duration {
         self.settings.reload_interval
     }
@@ -169,7 +161,8 @@ impl Reloadable for ServerTls {
     }
 
     fn files(&self) -> Vec<PathBuf> {
-        ServerTls::files(self).into_iter().map(Path::to_path_buf).collect()
+        let s = &self.settings;
+        [Some(&s.cert_file), Some(&s.key_file), s.client_ca_file.as_ref()].into_iter().flatten().cloned().collect()
     }
 
     fn reload(&self) -> Result<(), String> {

@@ -17,7 +17,7 @@ use fanout_tests::{EngineConfig, Fanout};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::common::{DELIVERY_WAIT, publish, sequence_id};
+use crate::common::{DELIVERY_WAIT, publish, sequence_id, still_registered};
 
 const SECRET: &[u8] = b"example-secret-0123456789abcdef0123";
 const PATH: &str = "/push";
@@ -72,15 +72,6 @@ async fn register(fanout: &Fanout, r: &Recipient, token: &str, topic: &[u8], inc
     let mut client = fanout.notifications().await.unwrap();
     let sub = pb::Subscription { include_commits, ..subscription(topic) };
     client.update_subscriptions(r.update(vec![sub], vec![])).await.expect("subscribe");
-}
-
-pub(crate) async fn is_registered(fanout: &Fanout, r: &Recipient) -> bool {
-    let mut client = fanout.notifications().await.unwrap();
-    match client.update_subscriptions(r.update(vec![], vec![])).await {
-        Ok(_) => true,
-        Err(s) if s.code() == tonic::Code::NotFound => false,
-        Err(s) => panic!("unexpected status {s:?}"),
-    }
 }
 
 fn token_of(q: &ReceivedRequest) -> String {
@@ -148,13 +139,13 @@ async fn registration_follows_every_rule_of_section_1() {
         assert_eq!(problem["code"], "validation_failed", "{body}: {problem}");
         assert_eq!(problem["field"], *field, "{body}: {problem}");
         assert_eq!(problem["status"], 400);
-        assert!(!is_registered(&fanout, &r).await, "{body}: nothing stored");
+        assert!(!still_registered(&fanout, &r).await, "{body}: nothing stored");
     }
     // The same rules over gRPC.
     let mut client = fanout.notifications().await.unwrap();
     let refused = client.register(r.register_relay("APNS", "t")).await.unwrap_err();
     assert_eq!(refused.code(), tonic::Code::InvalidArgument);
-    assert!(!is_registered(&fanout, &r).await);
+    assert!(!still_registered(&fanout, &r).await);
 
     // Authentication: the recipient credential of spec 000, checked as PUSH-253.
     let body = json!({"provider": "unifiedpush", "token": "tok", "app_id": "im.g.apps:x", "sandbox": true,
@@ -171,7 +162,7 @@ async fn registration_follows_every_rule_of_section_1() {
     assert_eq!(state.channel, pb::Channel::Relay as i32);
     assert_eq!(delete(&fanout, &impostor).await, 403);
     assert_eq!(delete(&fanout, &r).await, 204);
-    assert!(!is_registered(&fanout, &r).await);
+    assert!(!still_registered(&fanout, &r).await);
     assert_eq!(delete(&fanout, &r).await, 404);
 
     // With no push server, pushes are skipped and counted.
@@ -348,12 +339,12 @@ async fn each_answer_row_of_section_2_4() {
     for t in ["ok", "gone", "gone410", "bad", "redirect", "moving"] {
         assert_eq!(count(t), 1, "{t}");
     }
-    assert!(!is_registered(&relay.fanout, &devices["gone"]).await, "404 deletes the registration");
-    assert!(!is_registered(&relay.fanout, &devices["gone410"]).await, "410 deletes the registration");
+    assert!(!still_registered(&relay.fanout, &devices["gone"]).await, "404 deletes the registration");
+    assert!(!still_registered(&relay.fanout, &devices["gone410"]).await, "410 deletes the registration");
     for t in ["ok", "bad", "redirect", "down"] {
-        assert!(is_registered(&relay.fanout, &devices[t]).await, "{t}: registration kept");
+        assert!(still_registered(&relay.fanout, &devices[t]).await, "{t}: registration kept");
     }
-    assert!(is_registered(&relay.fanout, &devices["moving"]).await, "re-registered meanwhile: kept");
+    assert!(still_registered(&relay.fanout, &devices["moving"]).await, "re-registered meanwhile: kept");
     // 5xx: five attempts at 0, 1, 3, 7, 15 s, the same delivery and body.
     let down = to(&received, "down");
     assert_eq!(down.len(), 5);

@@ -15,6 +15,8 @@ use hmac::{Hmac, KeyInit, Mac};
 use rand::RngCore;
 use sha2::Sha256;
 
+use crate::common::quote;
+
 pub(crate) const SECRET: &str = "example-secret-0123456789abcdef0123";
 pub(crate) const HUB: &str = "hubexample";
 pub(crate) const PATH: &str = "/v1/relay/push";
@@ -27,10 +29,6 @@ pub(crate) struct Setup {
     pub(crate) production: MockApns,
     pub(crate) fcm: MockFcm,
     _dir: tempfile::TempDir,
-}
-
-fn quote(path: &std::path::Path) -> String {
-    format!("{:?}", path.display().to_string())
 }
 
 pub(crate) async fn setup() -> Setup {

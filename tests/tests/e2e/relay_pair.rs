@@ -13,8 +13,8 @@ use fanout_tests::client::{Recipient, envelope, subscription};
 use fanout_tests::{EngineConfig, Fanout};
 use serde_json::json;
 
-use crate::common::{DELIVERY_WAIT, publish, sequence_id};
-use crate::relay::{is_registered, metric, named_group, put, stand_in};
+use crate::common::{DELIVERY_WAIT, publish, sequence_id, still_registered};
+use crate::relay::{metric, named_group, put, stand_in};
 use crate::relay_ingress::{APP, HUB, PATH, SECRET, Setup, setup};
 
 /// The hub, posting to the push server's ingress over plain HTTP on
@@ -118,8 +118,8 @@ async fn a_token_apns_declares_dead_ends_with_the_hub_registration_deleted() {
 
     message(&hub, &topic).await;
     // APNs 410 → the push server answers 410 → the hub compare-and-deletes (§2.4).
-    until("the dead registration deleted on the hub", async || !is_registered(&hub, &dead).await).await;
-    assert!(is_registered(&hub, &alive).await, "the other device keeps its registration");
+    until("the dead registration deleted on the hub", async || !still_registered(&hub, &dead).await).await;
+    assert!(still_registered(&hub, &alive).await, "the other device keeps its registration");
     assert_eq!(metric(&hub, "invalid_token").await, 1);
     assert_eq!(push_server.sandbox.received_for("pair-alive").len(), 1);
 }

@@ -16,6 +16,8 @@ use fanout_testkit::issuer::{CertIssuer, Issued};
 use fanout_testkit::tls_client::{grpc_channel, https_request};
 use fanout_tests::client::{Recipient, envelope, group_topic};
 use fanout_tests::{EngineConfig, Fanout, fanout_binary};
+
+use crate::common::quote;
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::transport::Channel;
@@ -27,10 +29,6 @@ const PUBLISHER_URI: &str = "spiffe://fanout.test/ns/chat/sa/publisher";
 
 fn hash_line(token: &str) -> String {
     format!("sha256:{}", hex::encode(Sha256::digest(token.as_bytes())))
-}
-
-fn quote(path: &Path) -> String {
-    format!("{:?}", path.display().to_string())
 }
 
 struct Secure {
