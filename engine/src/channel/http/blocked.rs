@@ -405,4 +405,51 @@ mod tests {
             assert!(!ALL_ALLOWED.blocks(ip(addr)), "{addr}");
         }
     }
+
+    /// Issue 16 item 7: addresses from DNS, property-tested.
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        const RULES: [AddressRules; 4] = [DEFAULT, PRIVATE_ALLOWED, RESERVED_ALLOWED, ALL_ALLOWED];
+
+        proptest! {
+            /// An IPv4-mapped address is judged exactly as its IPv4 address,
+            /// under every setting.
+            #[test]
+            fn mapped_is_its_ipv4_address(v4: Ipv4Addr) {
+                for rules in RULES {
+                    prop_assert_eq!(rules.blocks(IpAddr::V6(v4.to_ipv6_mapped())), rules.blocks(IpAddr::V4(v4)));
+                }
+            }
+
+            /// While the reserved classes apply, a NAT64 well-known-prefix
+            /// address is judged exactly as its IPv4 address.
+            #[test]
+            fn nat64_is_its_ipv4_address_while_reserved_apply(v4: Ipv4Addr) {
+                let nat64 = IpAddr::V6(Ipv6Addr::from_bits((0x64_ff9b_u128 << 96) | u128::from(v4.to_bits())));
+                for rules in [DEFAULT, PRIVATE_ALLOWED] {
+                    prop_assert_eq!(rules.blocks(nat64), rules.blocks(IpAddr::V4(v4)));
+                }
+            }
+
+            /// 6to4 and Teredo are blocked whole, whatever they embed; lifting
+            /// both tables lets everything through.
+            #[test]
+            fn tunnels_are_blocked_whole(low: u128, v6: Ipv6Addr, v4: Ipv4Addr) {
+                let six_to_four = Ipv6Addr::from_bits((0x2002_u128 << 112) | (low >> 16));
+                let teredo = Ipv6Addr::from_bits((0x2001_0000_u128 << 96) | (low >> 32));
+                for tunnel in [six_to_four, teredo] {
+                    prop_assert!(DEFAULT.blocks(IpAddr::V6(tunnel)) && PRIVATE_ALLOWED.blocks(IpAddr::V6(tunnel)));
+                }
+                prop_assert!(!ALL_ALLOWED.blocks(IpAddr::V6(v6)) && !ALL_ALLOWED.blocks(IpAddr::V4(v4)));
+                // The default is the strictest: whatever another setting blocks, it blocks.
+                for ip in [IpAddr::V6(v6), IpAddr::V4(v4)] {
+                    if RULES.iter().any(|r| r.blocks(ip)) {
+                        prop_assert!(DEFAULT.blocks(ip));
+                    }
+                }
+            }
+        }
+    }
 }

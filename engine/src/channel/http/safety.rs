@@ -514,4 +514,85 @@ mod tests {
             assert!(e.to_string().starts_with("webhook "));
         }
     }
+
+    /// Issue 16 item 7: webhook URLs and allowed_domains entries, property-tested.
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn label() -> impl Strategy<Value = String> {
+            "[a-zA-Z0-9_]([a-zA-Z0-9_-]{0,8}[a-zA-Z0-9_])?"
+        }
+
+        /// A host name whose last label is not all digits.
+        fn host_name() -> impl Strategy<Value = String> {
+            (prop::collection::vec(label(), 0..4), "[a-z][a-z0-9]{0,6}")
+                .prop_map(|(labels, tld)| labels.into_iter().chain([tld]).collect::<Vec<_>>().join("."))
+        }
+
+        proptest! {
+            /// Any text: parsed or refused, never a panic; what parses is an
+            /// https URL without user info, kept exactly as given, whose Debug
+            /// shows nothing of it.
+            #[test]
+            fn any_text_parses_or_is_refused(text in "\\PC{0,60}|https://[\\PC&&[^/]]{0,30}(/\\PC{0,10})?") {
+                if let Ok(url) = WebhookUrl::parse(&text) {
+                    prop_assert!(text.get(..8).is_some_and(|s| s.eq_ignore_ascii_case("https://")));
+                    prop_assert_eq!(url.as_str(), text.as_str());
+                    prop_assert!(url.port() != 0);
+                    prop_assert!(!url.host().is_empty());
+                    prop_assert!(!url.uri().authority().unwrap().as_str().contains('@'));
+                    prop_assert_eq!(format!("{url:?}"), "WebhookUrl(..)");
+                }
+            }
+
+            /// Round trip: a URL built from a host name (or an IP literal), a
+            /// port and a path gives them back.
+            #[test]
+            fn built_urls_give_back_their_parts(
+                name in host_name(),
+                ip: std::net::IpAddr,
+                literal: bool,
+                port in proptest::option::of(1u16..),
+                path in "(/[a-zA-Z0-9._~-]{0,8}){0,3}",
+            ) {
+                let host = match (literal, ip) {
+                    (false, _) => name.clone(),
+                    (true, IpAddr::V4(v4)) => v4.to_string(),
+                    (true, IpAddr::V6(v6)) => format!("[{v6}]"),
+                };
+                let authority = port.map_or(host.clone(), |p| format!("{host}:{p}"));
+                let url = WebhookUrl::parse(&format!("https://{authority}{path}")).unwrap();
+                prop_assert_eq!(url.port(), port.unwrap_or(443));
+                if literal {
+                    prop_assert_eq!(url.ip_literal(), Some(ip));
+                    prop_assert_eq!(url.host(), ip.to_string());
+                } else {
+                    prop_assert_eq!(url.ip_literal(), None);
+                    prop_assert_eq!(url.host(), name.to_ascii_lowercase());
+                }
+            }
+
+            /// Any entry text: parsed or refused; a parsed exact entry matches
+            /// its own name in any case, a wildcard one a name one label
+            /// deeper but never the bare suffix.
+            #[test]
+            fn domain_entries_match_what_they_say(entry in "\\PC{0,30}|(\\*\\.)?[a-zA-Z0-9.-]{0,20}", sub in label()) {
+                match DomainPattern::parse(&entry) {
+                    Ok(DomainPattern::Exact(name)) => {
+                        let deeper = format!("{sub}.{name}");
+                        prop_assert!(DomainPattern::Exact(name.clone()).matches(&name.to_ascii_uppercase()));
+                        prop_assert!(!DomainPattern::Exact(name.clone()).matches(&deeper));
+                    }
+                    Ok(DomainPattern::Wildcard(suffix)) => {
+                        let deeper = format!("{sub}.{suffix}");
+                        let p = DomainPattern::Wildcard(suffix.clone());
+                        prop_assert!(p.matches(&deeper));
+                        prop_assert!(!p.matches(&suffix));
+                    }
+                    Err(rule) => prop_assert!(!rule.is_empty()),
+                }
+            }
+        }
+    }
 }
