@@ -26,7 +26,8 @@ pub(crate) struct Setup {
     pub(crate) sandbox: MockApns,
     pub(crate) production: MockApns,
     pub(crate) fcm: MockFcm,
-    _dir: tempfile::TempDir,
+    /// Holds AuthKey.p8, ca.pem, sa.json and hub.secret.
+    pub(crate) dir: tempfile::TempDir,
 }
 
 fn quote(path: &std::path::Path) -> String {
@@ -34,6 +35,11 @@ fn quote(path: &std::path::Path) -> String {
 }
 
 pub(crate) async fn setup() -> Setup {
+    setup_with(Vec::new()).await
+}
+
+/// `setup` with extra environment for the push server (e.g. its log format).
+pub(crate) async fn setup_with(env: Vec<(String, String)>) -> Setup {
     let pki = TestPki::generate(&[]).expect("pki");
     let key = ApnsTestKey::generate().expect("key");
     let apns_config = || MockApnsConfig {
@@ -69,8 +75,8 @@ pub(crate) async fn setup() -> Setup {
         secret = quote(&secret),
     );
     let fanout =
-        Fanout::start(EngineConfig { extra_tables: tables, ..Default::default() }).await.expect("start fanout");
-    Setup { fanout, sandbox, production, fcm, _dir: dir }
+        Fanout::start(EngineConfig { extra_tables: tables, env, ..Default::default() }).await.expect("start fanout");
+    Setup { fanout, sandbox, production, fcm, dir }
 }
 
 fn delivery_id() -> String {
