@@ -27,6 +27,9 @@ use crate::common::{DELIVERY_WAIT, post_raw, publish, quote, webhook_setup};
 use crate::relay::{named_group, put};
 use crate::relay_ingress::{APP, HUB, PATH, SECRET, setup_with};
 
+/// Envelopes published: each reaches every live recipient.
+const PUSHES: usize = 20;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nothing_private_in_text_logs_metrics_or_errors_under_traffic() {
     run("text").await;
@@ -190,8 +193,8 @@ async fn run(format: &str) {
         relayed.push(token);
     }
 
-    // Traffic: a few pushes, each with its own recognisable data.
-    for _ in 0..3 {
+    // Traffic: pushes in quick succession, each with its own recognisable data.
+    for _ in 0..PUSHES {
         let data = random_bytes(24);
         private.bytes("envelope data", &data);
         let envelope = pb::Envelope {
@@ -214,13 +217,13 @@ async fn run(format: &str) {
     // The relay channel may coalesce wake-ups, so a relayed token needs one.
     let to = |path: &str| receiver.received().iter().filter(|q| q.path == path).count();
     loop {
-        let done = to(&live_path) >= 3 && to(&gone_path) >= 3 && live_tokens.iter().all(|t| arrived(t) >= 1);
+        let done = to(&live_path) >= PUSHES && to(&gone_path) >= 3 && live_tokens.iter().all(|t| arrived(t) >= 1);
         if done || tokio::time::Instant::now() >= deadline {
             break;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    ck.eq("webhooks to the live receiver", to(&live_path), 3);
+    ck.eq("webhooks to the live receiver", to(&live_path), PUSHES);
     ck.truth("webhooks to the gone receiver", to(&gone_path) >= 3);
     for token in &live_tokens {
         ck.truth(&format!("a push reached the provider for {token}"), arrived(token) >= 1);
