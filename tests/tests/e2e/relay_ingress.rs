@@ -113,14 +113,14 @@ fn webhook(id: &str, provider: &str, token: &str, sandbox: bool) -> Vec<u8> {
     .unwrap()
 }
 
-struct Answer {
-    status: u16,
-    headers: String,
-    body: String,
+pub(crate) struct Answer {
+    pub(crate) status: u16,
+    pub(crate) headers: String,
+    pub(crate) body: String,
 }
 
 /// One POST over HTTP/1.1: the raw bytes go out exactly as signed.
-async fn post(addr: SocketAddr, signature: Option<&str>, delivery: &str, body: &[u8]) -> Answer {
+pub(crate) async fn post(addr: SocketAddr, signature: Option<&str>, delivery: &str, body: &[u8]) -> Answer {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
     let mut head = format!(

@@ -23,9 +23,9 @@ use serde_json::json;
 use tonic::Code;
 
 use crate::admission::{Check, Private, random_bytes};
-use crate::common::{DELIVERY_WAIT, post_raw, publish, quote, webhook_setup};
+use crate::common::{DELIVERY_WAIT, publish, quote, webhook_setup};
 use crate::relay::{named_group, put};
-use crate::relay_ingress::{APP, HUB, PATH, SECRET, setup_with};
+use crate::relay_ingress::{APP, HUB, PATH, SECRET, post, setup_with};
 
 /// Envelopes published: each reaches every live recipient.
 const PUSHES: usize = 20;
@@ -254,8 +254,7 @@ async fn run(format: &str) {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
     let forged_signature = format!("t={now},v1={}", hex::encode(random_bytes(32)));
     private.add("forged signature", forged_signature.clone());
-    let headers = [("x-gim-signature".to_owned(), forged_signature), ("x-gim-delivery".to_owned(), "0".repeat(32))];
-    let answer = post_raw(push.fanout.api, PATH, &headers, &forged).await;
+    let answer = post(push.fanout.api, Some(&forged_signature), &"0".repeat(32), &forged).await;
     ck.eq("the ingress refuses a forged webhook", answer.status, 401);
     messages.push_str(&answer.body);
     let (status, body) = put(hub, &wrong, &json!({"provider": "fcm", "token": relayed[1]})).await;
