@@ -620,4 +620,163 @@ mod tests {
         std::fs::remove_file(&broken).unwrap();
         assert!(err.starts_with(&format!("config file {}: ", broken.display())), "{err}");
     }
+
+    /// Issue 16 item 7: config files and environment variables, property-tested.
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        use proptest::test_runner::{Config as Cases, TestRunner};
+
+        const EXAMPLE: &str = include_str!("../../fanout.example.toml");
+
+        /// The example file with every commented-out table block (`# [..]`
+        /// followed by `# key = value` lines) that parses on its own merged
+        /// in: every documented key.
+        fn every_documented_table() -> toml::Table {
+            let mut root: toml::Table = EXAMPLE.parse().unwrap();
+            let lines: Vec<&str> = EXAMPLE.lines().collect();
+            for (i, line) in lines.iter().enumerate() {
+                if !line.starts_with("# [") {
+                    continue;
+                }
+                let block: Vec<&str> = lines[i..]
+                    .iter()
+                    .take_while(|l| l.starts_with('#'))
+                    .map(|l| l.strip_prefix("# ").unwrap_or(l))
+                    .collect();
+                if let Ok(table) = block.join("\n").parse::<toml::Table>() {
+                    merge(&mut root, table);
+                }
+            }
+            root
+        }
+
+        fn merge(into: &mut toml::Table, from: toml::Table) {
+            for (key, value) in from {
+                match (into.get_mut(&key), value) {
+                    (Some(toml::Value::Table(a)), toml::Value::Table(b)) => merge(a, b),
+                    (_, value) => {
+                        into.insert(key, value);
+                    }
+                }
+            }
+        }
+
+        /// Every leaf key, as its path of table names.
+        fn leaves(table: &toml::Table, prefix: &[String], out: &mut Vec<Vec<String>>) {
+            for (key, value) in table {
+                let mut path = prefix.to_vec();
+                path.push(key.clone());
+                match value {
+                    toml::Value::Table(t) => leaves(t, &path, out),
+                    _ => out.push(path),
+                }
+            }
+        }
+
+        fn set(table: &mut toml::Table, path: &[String], value: toml::Value) {
+            let (last, parents) = path.split_last().unwrap();
+            let mut cur = table;
+            for key in parents {
+                let entry = cur.entry(key.clone()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+                if !entry.is_table() {
+                    *entry = toml::Value::Table(toml::Table::new());
+                }
+                cur = entry.as_table_mut().unwrap();
+            }
+            cur.insert(last.clone(), value);
+        }
+
+        /// Any TOML value, edge numbers and address-like strings included.
+        fn value() -> impl Strategy<Value = toml::Value> {
+            let leaf = prop_oneof![
+                any::<i64>().prop_map(toml::Value::Integer),
+                prop_oneof![Just(-1i64), Just(0), Just(1), Just(65_536), Just(i64::from(u32::MAX) + 1), Just(i64::MAX)]
+                    .prop_map(toml::Value::Integer),
+                any::<f64>().prop_map(toml::Value::Float),
+                any::<bool>().prop_map(toml::Value::Boolean),
+                "\\PC{0,24}".prop_map(toml::Value::String),
+                prop::sample::select(vec![
+                    "0.0.0.0:0",
+                    "127.0.0.1:99999",
+                    "[::]:443",
+                    "*.",
+                    "/dev/null",
+                    "production",
+                    "scylla"
+                ])
+                .prop_map(|s| toml::Value::String(s.to_owned())),
+            ];
+            leaf.prop_recursive(2, 12, 4, |inner| {
+                prop_oneof![
+                    prop::collection::vec(inner.clone(), 0..4).prop_map(toml::Value::Array),
+                    prop::collection::btree_map("[a-z_]{1,12}", inner, 0..4)
+                        .prop_map(|m| toml::Value::Table(m.into_iter().collect())),
+                ]
+            })
+        }
+
+        /// Changing any documented keys to any values gives a configuration
+        /// or an error naming a key, never a panic.
+        #[test]
+        fn any_values_of_documented_keys_load_or_are_named() {
+            let base = every_documented_table();
+            let mut paths = Vec::new();
+            leaves(&base, &[], &mut paths);
+            assert!(paths.len() > 80, "the example documents {} keys", paths.len());
+            let mut runner = TestRunner::new(Cases { failure_persistence: None, ..Cases::with_cases(512) });
+            let changes = prop::collection::vec((any::<prop::sample::Index>(), value()), 1..6);
+            runner
+                .run(&changes, |changes| {
+                    let mut table = base.clone();
+                    for (index, value) in changes {
+                        set(&mut table, &paths[index.index(paths.len())], value);
+                    }
+                    match Config::layer(table, std::iter::empty()) {
+                        Ok(_) | Err(ConfigError::Unsafe { .. }) => {}
+                        Err(e) => prop_assert!(!e.to_string().is_empty()),
+                    }
+                    Ok(())
+                })
+                .unwrap();
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            /// Any text spliced into the example: a syntax error, or a
+            /// configuration, or an error naming a key; never a panic.
+            #[test]
+            fn any_text_in_a_config_file_is_an_error_or_a_config(
+                cut in any::<prop::sample::Index>(),
+                len in 0usize..40,
+                insert in "\\PC{0,30}|[\\[\\]=\"'{},.0-9a-z_ \\n]{0,30}",
+            ) {
+                let chars: Vec<char> = EXAMPLE.chars().collect();
+                let at = cut.index(chars.len());
+                let end = (at + len).min(chars.len());
+                let text: String =
+                    chars[..at].iter().copied().chain(insert.chars()).chain(chars[end..].iter().copied()).collect();
+                if let Ok(table) = text.parse::<toml::Table>() {
+                    let _ = Config::layer(table, std::iter::empty());
+                }
+                if let Ok(table) = insert.parse::<toml::Table>() {
+                    let _ = Config::layer(table, std::iter::empty());
+                }
+            }
+
+            /// Any FANOUT__ variable, name and value: applied or refused.
+            #[test]
+            fn any_environment_variable_is_applied_or_refused(
+                name in "[A-Za-z_]{0,12}(__[A-Za-z_]{0,12}){0,4}",
+                value in "\\PC{0,30}|\\[[0-9, \"a-z]{0,20}\\]|\\{[a-z =0-9]{0,20}\\}",
+            ) {
+                let env = [(format!("{ENV_PREFIX}{name}"), value)];
+                if let Err(e) = Config::layer(toml::Table::new(), env) {
+                    prop_assert!(!e.to_string().is_empty());
+                }
+            }
+        }
+    }
 }

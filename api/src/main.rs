@@ -5,6 +5,7 @@ mod auth;
 mod config;
 mod grpc;
 mod http;
+mod logging;
 mod relay_ingress;
 mod rest;
 mod tls;
@@ -23,7 +24,7 @@ use tokio::sync::watch;
 use tonic::service::interceptor::InterceptedService;
 
 use crate::auth::Role;
-use crate::config::{Config, LogFormat, StoreBackend};
+use crate::config::{Config, StoreBackend};
 
 #[derive(Parser)]
 #[command(name = "fanout", version, about = "Push delivery engine: APNs, FCM and signed HTTPS webhooks")]
@@ -85,32 +86,19 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Migrate { config } => {
             let config = Config::load(config.as_deref())?;
-            init_logging(&config);
+            logging::init(&config);
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             runtime.block_on(migrate(config))
         }
         Command::Serve { config } => {
             let config = Config::load(config.as_deref())?;
-            init_logging(&config);
+            logging::init(&config);
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             let result = runtime.block_on(serve(config));
             // Do not wait on stray blocking tasks once everything has drained.
             runtime.shutdown_timeout(Duration::from_secs(1));
             result
         }
-    }
-}
-
-fn init_logging(config: &Config) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&config.log.level));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(config.log.color.enabled(std::io::IsTerminal::is_terminal(&std::io::stderr())));
-    match config.log.format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder.init(),
     }
 }
 

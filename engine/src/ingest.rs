@@ -415,4 +415,93 @@ mod tests {
         let results = f.ingest.publish(vec![input(&topic, EnvelopeKind::Application, 0)]).await.unwrap();
         assert_eq!(results[0].1, Ok(2));
     }
+
+    /// Issue 16 item 7: the gRPC envelope fields as received, property-tested.
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        use proptest::test_runner::{Config, TestRunner};
+
+        /// The fields of one `pb::Envelope`, mostly near the valid values.
+        fn fields() -> impl Strategy<Value = (Vec<u8>, i32, bool, Vec<u8>, Vec<u8>, u64, i32, String)> {
+            let topic = prop_oneof![
+                3 => (0u8..4, prop::collection::vec(any::<u8>(), 1..65)).prop_map(|(k, mut id)| {
+                    id.insert(0, k);
+                    id
+                }),
+                1 => prop::collection::vec(any::<u8>(), 0..70),
+            ];
+            let kind = prop_oneof![3 => 0i32..9, 1 => any::<i32>()];
+            let membership = prop_oneof![3 => 0i32..4, 1 => any::<i32>()];
+            let message_id = prop_oneof!["", "[!-~]{1,64}", "\\PC{0,70}"];
+            (
+                topic,
+                kind,
+                any::<bool>(),
+                prop::collection::vec(any::<u8>(), 0..40),
+                prop::collection::vec(any::<u8>(), 0..24),
+                prop_oneof![Just(0u64), any::<u64>()],
+                membership,
+                message_id,
+            )
+        }
+
+        /// Any field values are stored as sent or refused by a rule that
+        /// names no value; what is stored matches the domain's own parsers.
+        #[tokio::test]
+        async fn any_envelope_fields_parse_by_the_rules() {
+            let f = fixture(None).await;
+            let mut runner = TestRunner::new(Config { failure_persistence: None, ..Config::with_cases(512) });
+            runner
+                .run(&fields(), |(topic, kind, should_push, sender_hmac, data, sequence_id, membership, message_id)| {
+                    let input = EnvelopeInput {
+                        topic: topic.clone(),
+                        kind,
+                        should_push,
+                        sender_hmac: sender_hmac.clone(),
+                        data: data.clone(),
+                        sequence_id,
+                        membership_change: membership,
+                        message_id: message_id.clone(),
+                    };
+                    let parsed_kind = u8::try_from(kind).ok().and_then(EnvelopeKind::from_u8);
+                    let membership_ok =
+                        membership == 0 || u8::try_from(membership).ok().and_then(MembershipChange::from_u8).is_some();
+                    let message_id_ok = message_id.is_empty() || MessageId::parse(&message_id).is_ok();
+                    let matches_topic = match (Topic::parse(&topic), parsed_kind) {
+                        (Ok(t), Some(k)) => NewEnvelope::new(t, SHARDS, k, false, vec![], vec![], None).is_ok(),
+                        _ => false,
+                    };
+                    let valid = data.len() <= 16 && matches_topic && membership_ok && message_id_ok;
+                    match f.ingest.parse(input) {
+                        Ok(envelope) => {
+                            prop_assert!(valid);
+                            prop_assert_eq!(envelope.topic.as_bytes(), &topic[..]);
+                            prop_assert_eq!(envelope.shard, envelope.topic.shard(SHARDS));
+                            prop_assert_eq!(Some(envelope.kind), parsed_kind);
+                            prop_assert_eq!(envelope.should_push, should_push);
+                            prop_assert_eq!(envelope.sender_hmac, sender_hmac);
+                            prop_assert_eq!(envelope.data, data);
+                            prop_assert_eq!(envelope.sequence_id, (sequence_id != 0).then_some(sequence_id));
+                            prop_assert_eq!(
+                                envelope.relay.message_id.map(|m| m.as_str().to_owned()).unwrap_or_default(),
+                                message_id
+                            );
+                            // 003 section 3: only a Commit keeps its membership change.
+                            let kept = envelope.relay.membership.map_or(0, |m| m as i32);
+                            let want = if parsed_kind == Some(EnvelopeKind::Commit) { membership } else { 0 };
+                            prop_assert_eq!(kept, want);
+                        }
+                        Err(EnvelopeRejection::DataTooLarge { limit }) => {
+                            prop_assert!(data.len() > limit && limit == 16)
+                        }
+                        Err(EnvelopeRejection::Invalid(_)) => prop_assert!(!valid && data.len() <= 16),
+                        Err(other) => prop_assert!(false, "parse never answers {other:?}"),
+                    }
+                    Ok(())
+                })
+                .unwrap();
+        }
+    }
 }

@@ -452,4 +452,71 @@ mod tests {
             assert_eq!(SubscriptionChanges::try_from(bad).unwrap_err(), "must be between 1000 and 65534");
         }
     }
+
+    /// Issue 16 item 7: UpdateSubscriptions as received, property-tested.
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn topic() -> impl Strategy<Value = Vec<u8>> {
+            prop_oneof![
+                4 => (0u8..2, 0u8..4).prop_map(|(k, id)| vec![k, id]),
+                1 => prop::collection::vec(any::<u8>(), 0..4),
+            ]
+        }
+
+        fn add_fields() -> impl Strategy<Value = (Vec<u8>, i64, Vec<Vec<u8>>, bool)> {
+            let key = prop_oneof![4 => Just(vec![7u8; 42]), 1 => prop::collection::vec(any::<u8>(), 0..44)];
+            (topic(), prop_oneof![Just(0i64), any::<i64>()], prop::collection::vec(key, 0..5), any::<bool>())
+        }
+
+        proptest! {
+            /// PUSH-215: an update is accepted exactly when every add and
+            /// remove passes on its own and no topic repeats, and then holds
+            /// what was sent, in order.
+            #[test]
+            fn updates_parse_by_push_215(
+                adds in prop::collection::vec(add_fields(), 0..5),
+                removes in prop::collection::vec(topic(), 0..5),
+            ) {
+                let inputs: Vec<SubscriptionInput<'_>> = adds
+                    .iter()
+                    .map(|(topic, base, keys, commits)| SubscriptionInput {
+                        topic,
+                        hmac_epoch_base: *base,
+                        hmac_keys: keys,
+                        include_commits: *commits,
+                    })
+                    .collect();
+                let each_ok = adds.iter().all(|(t, base, keys, _)| {
+                    Topic::parse_subscribable(t).is_ok() && KeyWindow::parse(*base, keys).is_ok()
+                }) && removes.iter().all(|t| Topic::parse_subscribable(t).is_ok());
+                let all: Vec<&Vec<u8>> = adds.iter().map(|a| &a.0).chain(removes.iter()).collect();
+                let distinct: std::collections::HashSet<_> = all.iter().collect();
+                match parse_update(&inputs, &removes) {
+                    Ok(update) => {
+                        prop_assert!(each_ok && distinct.len() == all.len());
+                        let added: Vec<(&[u8], bool)> =
+                            update.adds.iter().map(|s| (s.topic.as_bytes(), s.include_commits)).collect();
+                        let sent: Vec<(&[u8], bool)> = adds.iter().map(|a| (&a.0[..], a.3)).collect();
+                        prop_assert_eq!(added, sent);
+                        let removed: Vec<&[u8]> = update.removes.iter().map(Topic::as_bytes).collect();
+                        let sent: Vec<&[u8]> = removes.iter().map(Vec::as_slice).collect();
+                        prop_assert_eq!(removed, sent);
+                    }
+                    Err(AdmissionError::InvalidArgument(_)) => prop_assert!(!each_ok || distinct.len() < all.len()),
+                    Err(other) => prop_assert!(false, "parse_update never answers {other:?}"),
+                }
+            }
+
+            /// Row 1: exactly 32 bytes each, whatever else they hold.
+            #[test]
+            fn credentials_are_32_bytes(
+                id in prop::collection::vec(any::<u8>(), 0..40),
+                secret in prop::collection::vec(any::<u8>(), 0..40),
+            ) {
+                prop_assert_eq!(parse_credentials(&id, &secret).is_ok(), id.len() == 32 && secret.len() == 32);
+            }
+        }
+    }
 }

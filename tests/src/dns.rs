@@ -110,8 +110,10 @@ impl Drop for TestDns {
 
 /// The names every end-to-end test may use, under `fanout.test`: one public
 /// name (registration only; nothing may ever connect to it), one name per
-/// blocked address class, `mixed`, `empty`, and `receiver` (127.0.0.1, for a
-/// real receiver under allow_private_addresses).
+/// blocked address class, one per reserved class beyond the spec's table
+/// (issue 16: [`RESERVED_NAMES`]), `nat64public` (a DNS64 answer for the
+/// public address), `mixed`, `empty`, and `receiver` (127.0.0.1, for a real
+/// receiver under allow_private_addresses).
 pub fn standard_zone() -> Vec<(String, Vec<IpAddr>)> {
     let v4 = |a, b, c, d| IpAddr::V4(Ipv4Addr::new(a, b, c, d));
     let v6 = |s: &str| IpAddr::V6(s.parse::<Ipv6Addr>().expect("valid IPv6 literal"));
@@ -134,12 +136,47 @@ pub fn standard_zone() -> Vec<(String, Vec<IpAddr>)> {
         ("unspecified6", vec![v6("::")]),
         ("mapped", vec![v6("::ffff:10.0.0.1")]),
         ("mappedloop", vec![v6("::ffff:127.0.0.1")]),
+        ("ietf", vec![v4(192, 0, 0, 8)]),
+        ("testnet1", vec![v4(192, 0, 2, 1)]),
+        ("testnet2", vec![v4(198, 51, 100, 1)]),
+        ("testnet3", vec![v4(203, 0, 113, 1)]),
+        ("benchmark", vec![v4(198, 18, 0, 1)]),
+        ("classe", vec![v4(240, 0, 0, 1)]),
+        ("v4compat", vec![v6("::93.184.216.34")]),
+        ("nat64reserved", vec![v6("64:ff9b::198.18.0.1")]),
+        ("nat64local", vec![v6("64:ff9b:1::5db8:d822")]),
+        ("sixtofour", vec![v6("2002:5db8:d822::1")]),
+        ("teredo", vec![v6("2001:0:4136:e378:8000:63bf:3fff:fdd2")]),
+        ("doc6", vec![v6("2001:db8::1")]),
+        ("nat64private", vec![v6("64:ff9b::10.0.0.1")]),
+        ("nat64public", vec![v6("64:ff9b::93.184.216.34")]),
         ("mixed", vec![v4(93, 184, 216, 34), v4(10, 0, 0, 1)]),
         ("empty", vec![]),
         ("receiver", vec![v4(127, 0, 0, 1)]),
     ];
     entries.into_iter().map(|(label, addrs)| (format!("{label}.fanout.test"), addrs)).collect()
 }
+
+/// The labels of `standard_zone` (under `fanout.test`) whose address is in a
+/// reserved class beyond spec 000's table (issue 16 item 6): refused while
+/// `allow_reserved_addresses` is false, whatever `allow_private_addresses`
+/// says. Each pairs with one address of its class. The 6to4, v4compat and
+/// nat64local addresses embed the public 93.184.216.34: those prefixes are
+/// blocked whole.
+pub const RESERVED_NAMES: &[&str] = &[
+    "ietf",
+    "testnet1",
+    "testnet2",
+    "testnet3",
+    "benchmark",
+    "classe",
+    "v4compat",
+    "nat64reserved",
+    "nat64local",
+    "sixtofour",
+    "teredo",
+    "doc6",
+];
 
 /// Lowercase, without a trailing dot.
 fn normalize(name: &str) -> String {

@@ -132,4 +132,26 @@ mod tests {
         assert!(DeliveryTarget::check_token(&"é".repeat(2048)).is_ok());
         assert!(DeliveryTarget::check_url_text(&"a".repeat(2049)).is_err());
     }
+
+    /// Issue 16 item 7: device tokens, webhook URL text and signing keys, property-tested.
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            /// Not empty, at most 2048 characters, no NUL: the same rule for
+            /// tokens and URLs, whatever the text.
+            #[test]
+            fn target_text_follows_the_rule(text in "\\PC{0,40}|[a-z\\x00]{0,8}|.{2040,2060}") {
+                let valid = !text.is_empty() && text.chars().count() <= 2048 && !text.contains('\0');
+                prop_assert_eq!(DeliveryTarget::check_token(&text).is_ok(), valid);
+                prop_assert_eq!(DeliveryTarget::check_url_text(&text).is_ok(), valid);
+            }
+
+            #[test]
+            fn signing_keys_are_16_to_64_bytes(key in prop::collection::vec(any::<u8>(), 0..80)) {
+                prop_assert_eq!(SigningKey::parse(&key).is_ok(), (16..=64).contains(&key.len()));
+            }
+        }
+    }
 }

@@ -252,4 +252,34 @@ mod tests {
         assert!(env(EnvelopeKind::Welcome, &[0, 1], true).is_err());
         assert!(env(EnvelopeKind::Application, &[1, 1], true).is_err());
     }
+
+    /// Issue 16 item 7: publisher-sent fields, property-tested.
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            /// A message id is 1 to 64 visible ASCII characters, kept as sent.
+            #[test]
+            fn message_ids_follow_the_rule(id in "\\PC{0,70}|[!-~]{0,70}") {
+                let valid = (1..=MAX_MESSAGE_ID_LEN).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_graphic());
+                match MessageId::parse(&id) {
+                    Ok(parsed) => prop_assert!(valid && parsed.as_str() == id),
+                    Err(_) => prop_assert!(!valid),
+                }
+            }
+
+            /// Every byte is a known kind and membership change or none, and
+            /// a known one round-trips.
+            #[test]
+            fn wire_bytes_map_to_known_values_only(b: u8) {
+                if let Some(kind) = EnvelopeKind::from_u8(b) {
+                    prop_assert_eq!(kind as u8, b);
+                }
+                if let Some(change) = MembershipChange::from_u8(b) {
+                    prop_assert_eq!(change as u8, b);
+                }
+            }
+        }
+    }
 }

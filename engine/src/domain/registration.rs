@@ -196,4 +196,79 @@ mod tests {
         let r = RelayRegistration::parse(RegistrationInput { token: "secret-token", ..base() }).unwrap();
         assert!(!format!("{r:?}").contains("secret-token"));
     }
+
+    /// Issue 16 item 7: spec 003 section 1 registrations, property-tested.
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn text() -> impl Strategy<Value = String> {
+            prop_oneof![
+                "[a-z0-9._-]{0,70}",
+                "[A-Za-z0-9.:_-]{0,260}",
+                "\\PC{0,80}",
+                ".{0,20}",
+                "[A-Za-z0-9_-]{0,260}={0,3}"
+            ]
+        }
+
+        /// The model: 1 to 256 characters, base64url that decodes, at most
+        /// two `=` of padding.
+        fn base64url_key(k: &str) -> bool {
+            let unpadded = k.trim_end_matches('=');
+            (1..=256).contains(&k.len())
+                && k.len() - unpadded.len() <= 2
+                && !unpadded.is_empty()
+                && unpadded.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+                && URL_SAFE_NO_PAD.decode(unpadded).is_ok()
+        }
+
+        proptest! {
+            /// The section 1 table decides, field by field; an accepted
+            /// registration holds exactly the fields sent.
+            #[test]
+            fn registrations_follow_the_table(
+                provider in text(), token in text(), app_id in proptest::option::of(text()),
+                sandbox: Option<bool>, p256dh in proptest::option::of(text()), auth in proptest::option::of(text()),
+            ) {
+                let input = RegistrationInput {
+                    provider: &provider,
+                    token: &token,
+                    app_id: app_id.as_deref(),
+                    sandbox,
+                    p256dh: p256dh.as_deref(),
+                    auth: auth.as_deref(),
+                };
+                let provider_ok = (1..=64).contains(&provider.len())
+                    && provider.bytes().all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'.' | b'_' | b'-'));
+                let token_ok = (1..=4096).contains(&token.len()) && !token.chars().any(char::is_control);
+                let app_id_ok = app_id.as_deref().is_none_or(|a| {
+                    (1..=255).contains(&a.len())
+                        && a.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_' | b':'))
+                });
+                let keys_ok = p256dh.as_deref().is_none_or(base64url_key) && auth.as_deref().is_none_or(base64url_key);
+                match RelayRegistration::parse(input) {
+                    Ok(r) => {
+                        prop_assert!(provider_ok && token_ok && app_id_ok && keys_ok);
+                        prop_assert_eq!(r.provider(), provider.as_str());
+                        prop_assert_eq!(r.token(), token.as_str());
+                        prop_assert_eq!(r.app_id(), app_id.as_deref());
+                        prop_assert_eq!(r.sandbox(), sandbox);
+                        // Web Push keys are kept without their padding.
+                        prop_assert_eq!(r.p256dh(), p256dh.as_deref().map(|k| k.trim_end_matches('=')));
+                        prop_assert_eq!(r.auth(), auth.as_deref().map(|k| k.trim_end_matches('=')));
+                    }
+                    Err(e) => {
+                        prop_assert!(!(provider_ok && token_ok && app_id_ok && keys_ok));
+                        // The first failing field in table order is named.
+                        let first = if !provider_ok { "provider" } else if !token_ok { "token" }
+                            else if !app_id_ok { "app_id" }
+                            else if p256dh.as_deref().is_some_and(|k| !base64url_key(k)) { "p256dh" }
+                            else { "auth" };
+                        prop_assert_eq!(e.field, first);
+                    }
+                }
+            }
+        }
+    }
 }

@@ -126,4 +126,74 @@ mod tests {
         assert!(SubscriptionUpdate::new(vec![], vec![t.clone(), t.clone()]).is_err());
         assert!(SubscriptionUpdate::new(vec![sub], vec![Topic::parse(&[1, 1]).unwrap()]).is_ok());
     }
+
+    /// Issue 16 item 7: a subscription as a client sends it, property-tested.
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// Keys mostly of the right length, sometimes not.
+        fn keys() -> impl Strategy<Value = Vec<Vec<u8>>> {
+            let key = prop_oneof![
+                4 => prop::collection::vec(any::<u8>(), HMAC_KEY_LEN),
+                1 => prop::collection::vec(any::<u8>(), 0..50),
+            ];
+            prop::collection::vec(key, 0..6)
+        }
+
+        proptest! {
+            /// PUSH-215's key rules and nothing else decide; an accepted
+            /// window answers for exactly the epochs it covers, for any epoch.
+            #[test]
+            fn key_windows_follow_the_rule(
+                base in prop_oneof![any::<i64>(), Just(i64::MAX), Just(i64::MIN), -2i64..3],
+                keys in keys(),
+                epoch: i64,
+            ) {
+                let well_formed = keys.len() <= MAX_HMAC_KEYS && keys.iter().all(|k| k.len() == HMAC_KEY_LEN);
+                match KeyWindow::parse(base, &keys) {
+                    Ok(None) => prop_assert!(keys.is_empty()),
+                    Ok(Some(window)) => {
+                        prop_assert!(well_formed && !keys.is_empty() && base >= 0);
+                        prop_assert_eq!(window.epoch_base(), base);
+                        let stored: Vec<&[u8]> = window.keys().iter().map(|k| &k.0[..]).collect();
+                        let given: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+                        prop_assert_eq!(stored, given);
+                        let expected = i128::from(epoch) - i128::from(base);
+                        let want = usize::try_from(expected).ok().and_then(|i| keys.get(i));
+                        prop_assert_eq!(window.key_for_epoch(epoch).map(|k| &k.0[..]), want.map(Vec::as_slice));
+                        for (i, key) in keys.iter().enumerate() {
+                            if let Some(epoch) = base.checked_add(i as i64) {
+                                prop_assert_eq!(&window.key_for_epoch(epoch).unwrap().0[..], &key[..]);
+                            }
+                        }
+                    }
+                    Err(_) => prop_assert!(!well_formed || (!keys.is_empty() && base < 0)),
+                }
+            }
+
+            /// A topic may appear once across adds and removes; otherwise the
+            /// update is exactly what was sent.
+            #[test]
+            fn updates_refuse_exactly_the_repeated_topics(
+                adds in prop::collection::vec((0u8..2, 1u8..6), 0..6),
+                removes in prop::collection::vec((0u8..2, 1u8..6), 0..6),
+            ) {
+                let topic = |(kind, id): (u8, u8)| Topic::parse(&[kind, id]).unwrap();
+                let sub = |t: &(u8, u8)| Subscription { topic: topic(*t), keys: None, include_commits: false };
+                let subs: Vec<Subscription> = adds.iter().map(sub).collect();
+                let removed: Vec<Topic> = removes.iter().map(|t| topic(*t)).collect();
+                let all: Vec<&(u8, u8)> = adds.iter().chain(removes.iter()).collect();
+                let distinct: std::collections::HashSet<_> = all.iter().collect();
+                match SubscriptionUpdate::new(subs.clone(), removed.clone()) {
+                    Ok(update) => {
+                        prop_assert_eq!(distinct.len(), all.len());
+                        prop_assert_eq!(update.adds, subs);
+                        prop_assert_eq!(update.removes, removed);
+                    }
+                    Err(_) => prop_assert!(distinct.len() < all.len()),
+                }
+            }
+        }
+    }
 }

@@ -128,4 +128,32 @@ mod tests {
         }
         assert_eq!(Topic::parse(&[1, 2, 3]).unwrap().to_base64(), "AQID");
     }
+
+    /// Issue 16 item 7: outside bytes, property-tested.
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            /// Any bytes parse or are refused by the TOPIC-001 rule alone; a
+            /// parsed topic is exactly its input, and every derived view
+            /// (kind, identifier, base64, shard) agrees with it.
+            #[test]
+            fn any_bytes_parse_exactly_by_the_rule(bytes in prop::collection::vec(any::<u8>(), 0..80), shards: u16) {
+                let valid = bytes.len() >= 2 && bytes.len() <= 1 + MAX_TOPIC_ID_LEN && bytes[0] <= 0x03;
+                let parsed = Topic::parse(&bytes);
+                prop_assert_eq!(parsed.is_ok(), valid);
+                prop_assert_eq!(Topic::parse_subscribable(&bytes).is_ok(), valid && bytes[0] <= 0x01);
+                if let Ok(topic) = parsed {
+                    prop_assert_eq!(topic.as_bytes(), &bytes[..]);
+                    prop_assert_eq!(topic.identifier(), &bytes[1..]);
+                    prop_assert_eq!(topic.kind() as u8, bytes[0]);
+                    let decoded = base64::engine::general_purpose::STANDARD.decode(topic.to_base64()).unwrap();
+                    prop_assert_eq!(&decoded, &bytes);
+                    prop_assert!(topic.shard(shards).0 < shards.max(1));
+                    prop_assert_eq!(Topic::from_stored(bytes.clone()), topic);
+                }
+            }
+        }
+    }
 }

@@ -233,4 +233,106 @@ mod tests {
         assert_eq!(hub_id(br#"{"hub_id":"h1","anything":[1]}"#).unwrap(), "h1");
         assert_eq!(hub_id(b"[]"), Err(Malformed::Shape));
     }
+
+    /// Issue 16 item 7: webhook bodies from hubs, property-tested.
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// Field values near the rules, sometimes past them.
+        fn body_fields() -> impl Strategy<Value = (u64, String, String, String, String, Option<String>, Option<u64>)> {
+            (
+                prop_oneof![4 => Just(1u64), 1 => any::<u64>()],
+                "[0-9a-f]{32}|[0-9a-fA-F]{30,34}",
+                "[a-z0-9._-]{1,64}|[a-zA-Z0-9._ -]{0,70}",
+                "[ -~]{1,100}|\\PC{0,20}|[a-z\\n\\t]{0,5}",
+                "[A-Za-z0-9.:_-]{1,20}|[!-~]{0,20}",
+                proptest::option::of("[a-z]{1,10}"),
+                proptest::option::of(prop_oneof![Just(0u64), 1u64..1_000_000, Just(u64::MAX)]),
+            )
+        }
+
+        proptest! {
+            /// Any bytes and any header: a verdict, never a panic; a verdict
+            /// on a body names a rule only.
+            #[test]
+            fn any_bytes_are_parsed_or_refused(
+                body in prop::collection::vec(any::<u8>(), 0..200),
+                header in proptest::option::of("\\PC{0,40}"),
+            ) {
+                let _ = hub_id(&body);
+                let _ = parse(&body, header.as_deref());
+            }
+
+            /// A body of the webhook's shape is accepted exactly when every
+            /// section 2.3 rule holds, and then gives back what was sent.
+            #[test]
+            fn shaped_bodies_follow_the_rules(
+                (v, delivery_id, provider, token, app_id, collapse_id, ttl) in body_fields(),
+                header_matches: bool,
+                with_app_id: bool,
+                priority in prop_oneof![Just("high"), Just("normal"), Just("urgent")],
+            ) {
+                let mut json = serde_json::json!({
+                    "v": v, "hub_id": "hub", "delivery_id": delivery_id,
+                    "registration": {"provider": provider, "token": token, "sandbox": true},
+                    "priority": priority, "payload": {"type": "wake"},
+                });
+                if with_app_id {
+                    json["registration"]["app_id"] = Value::from(app_id.clone());
+                }
+                if let Some(c) = &collapse_id {
+                    json["collapse_id"] = Value::from(c.clone());
+                }
+                if let Some(t) = ttl {
+                    json["ttl"] = Value::from(t);
+                }
+                let header = if header_matches { delivery_id.clone() } else { format!("{delivery_id}0") };
+                let lower_hex = |b: u8| b.is_ascii_digit() || (b'a'..=b'f').contains(&b);
+                let id_ok = delivery_id.len() == 32 && delivery_id.bytes().all(lower_hex);
+                let provider_char = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b);
+                let app_id_char = |b: u8| b.is_ascii_alphanumeric() || b".-_:".contains(&b);
+                let expected = if priority == "urgent" {
+                    Err(Malformed::Shape)
+                } else if v != 1 {
+                    Err(Malformed::Version)
+                } else if !id_ok {
+                    Err(Malformed::DeliveryId)
+                } else if !header_matches {
+                    Err(Malformed::DeliveryHeader)
+                } else if !(1..=64).contains(&provider.len()) || !provider.bytes().all(provider_char) {
+                    Err(Malformed::Provider)
+                } else if token.is_empty() || token.chars().any(char::is_control) {
+                    Err(Malformed::Token)
+                } else if with_app_id && (app_id.is_empty() || !app_id.bytes().all(app_id_char)) {
+                    Err(Malformed::AppId)
+                } else if ttl == Some(0) {
+                    Err(Malformed::Ttl)
+                } else {
+                    Ok(())
+                };
+                let got = parse(&serde_json::to_vec(&json).unwrap(), Some(&header));
+                prop_assert_eq!(got.as_ref().map(|_| ()).map_err(|e| *e), expected);
+                if let Ok(w) = got {
+                    prop_assert_eq!(w.hub_id, "hub");
+                    prop_assert_eq!(w.delivery_id, delivery_id);
+                    prop_assert_eq!(w.provider, provider);
+                    prop_assert_eq!(w.token, token);
+                    prop_assert_eq!(w.app_id, with_app_id.then_some(app_id));
+                    prop_assert!(w.sandbox);
+                    prop_assert_eq!(w.collapse_id, collapse_id);
+                    prop_assert_eq!(w.ttl, ttl.map_or(DEFAULT_TTL, |t| Duration::from_secs(t).min(MAX_TTL)));
+                    prop_assert!(w.ttl <= MAX_TTL);
+                }
+            }
+
+            /// Nesting deeper than the JSON reader's limit is a shape error,
+            /// not a stack overflow.
+            #[test]
+            fn deep_nesting_is_refused(depth in 100usize..5000) {
+                let body = format!("{{\"hub_id\":\"h\",\"payload\":{}{}}}", "[".repeat(depth), "]".repeat(depth));
+                prop_assert_eq!(parse(body.as_bytes(), None).map(|_| ()), Err(Malformed::Shape));
+            }
+        }
+    }
 }

@@ -192,4 +192,50 @@ mod tests {
             assert_eq!(SignatureHeader::parse(&bad).err(), Some(SignatureError::Malformed), "{bad}");
         }
     }
+
+    /// Issue 16 item 7: X-Gim-Signature headers, property-tested.
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            /// Any header text parses or is refused; nothing else happens.
+            #[test]
+            fn any_header_parses_or_is_refused(header in "\\PC{0,80}|(t=[0-9+ -]{0,20},)?(v1=[0-9a-f]{0,70},?){0,3}") {
+                if let Ok(parsed) = SignatureHeader::parse(&header) {
+                    prop_assert!(parsed.timestamp() >= 0);
+                    let _ = parsed.verify(SECRET, BODY, T, WINDOW);
+                }
+            }
+
+            /// A hub's own header verifies at any time within the window and
+            /// for no other body, secret or time.
+            #[test]
+            fn signed_headers_verify_exactly(
+                secret in prop::collection::vec(any::<u8>(), 1..40),
+                body in prop::collection::vec(any::<u8>(), 0..100),
+                t in 0i64..999_999_999_999_999_999,
+                skew in -300i64..=300,
+                now: i64,
+                flip in any::<prop::sample::Index>(),
+            ) {
+                let header = header_value(&secret, t, &body);
+                let parsed = SignatureHeader::parse(&header).unwrap();
+                prop_assert_eq!(parsed.timestamp(), t);
+                prop_assert_eq!(parsed.verify(&secret, &body, t.saturating_add(skew), WINDOW), Ok(()));
+                let outside = now.abs_diff(t) > WINDOW.as_secs();
+                prop_assert_eq!(parsed.verify(&secret, &body, now, WINDOW).is_err(), outside);
+                // (Not an appended zero: HMAC pads its key with zeros.)
+                let mut other = secret.clone();
+                other[0] ^= 1;
+                prop_assert_eq!(parsed.verify(&other, &body, t, WINDOW), Err(SignatureError::Mismatch));
+                if !body.is_empty() {
+                    let mut tampered = body.clone();
+                    let i = flip.index(tampered.len());
+                    tampered[i] ^= 1;
+                    prop_assert_eq!(parsed.verify(&secret, &tampered, t, WINDOW), Err(SignatureError::Mismatch));
+                }
+            }
+        }
+    }
 }

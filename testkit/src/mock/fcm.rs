@@ -44,6 +44,8 @@ pub const FCM_SCOPE: &str = "https://www.googleapis.com/auth/firebase.messaging"
 const JWT_BEARER_GRANT: &str = "urn:ietf:params:oauth:grant-type:jwt-bearer";
 const FCM_ERROR_TYPE: &str = "type.googleapis.com/google.firebase.fcm.v1.FcmError";
 const QUOTA_FAILURE_TYPE: &str = "type.googleapis.com/google.rpc.QuotaFailure";
+/// "Never" for a token lifetime the clock cannot add.
+const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 86_400);
 
 /// A Google service-account key file for the mock. Not `Debug`: it holds a key.
 #[derive(Clone)]
@@ -461,7 +463,9 @@ fn token_endpoint(mut request: ProviderRequest, state: &State) -> Response<Full<
     } else {
         let id = state.next_id.fetch_add(1, Ordering::Relaxed);
         let token = format!("ya29.mock-{id}-{:x}", unix_now());
-        lock(&state.issued).insert(token.clone(), Instant::now() + state.token_lifetime);
+        // A lifetime past the clock's range (issue 16 tests u64::MAX) never expires.
+        let expires = Instant::now().checked_add(state.token_lifetime).unwrap_or_else(|| Instant::now() + FAR_FUTURE);
+        lock(&state.issued).insert(token.clone(), expires);
         let body = serde_json::json!({
             "access_token": token,
             "expires_in": state.token_lifetime.as_secs(),

@@ -136,30 +136,31 @@ pub(crate) fn now_ns() -> i64 {
 
 /// Values that must never show up in the log, /metrics or a status message.
 #[derive(Default)]
-struct Private {
+pub(crate) struct Private {
     values: Vec<(String, String)>,
 }
 
 impl Private {
-    fn add(&mut self, what: &str, value: String) {
+    /// Values shorter than 12 characters are too likely to occur by chance.
+    pub(crate) fn add(&mut self, what: &str, value: String) {
         if value.len() >= 12 {
             self.values.push((what.to_owned(), value));
         }
     }
 
-    fn bytes(&mut self, what: &str, b: &[u8]) {
+    pub(crate) fn bytes(&mut self, what: &str, b: &[u8]) {
         self.add(what, hex::encode(b));
         self.add(what, hex::encode_upper(b));
         self.add(what, base64::engine::general_purpose::STANDARD.encode(b));
         self.add(what, base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b));
     }
 
-    fn recipient(&mut self, r: &Recipient) {
+    pub(crate) fn recipient(&mut self, r: &Recipient) {
         self.bytes("recipient id", &r.id);
         self.bytes("recipient secret", &r.secret);
     }
 
-    fn check(&self, check: &mut Check, place: &str, text: &str) {
+    pub(crate) fn check(&self, check: &mut Check, place: &str, text: &str) {
         for (what, value) in &self.values {
             if text.contains(value.as_str()) {
                 check.failures.push(format!("PUSH-254: {place} contains a {what} ({value})"));

@@ -17,6 +17,7 @@ mod relay;
 mod relay_ingress;
 mod relay_pair;
 mod replay;
+mod secrecy;
 mod security;
 mod standard_webhooks;
 mod subscriptions;

@@ -28,10 +28,16 @@ pub(crate) struct Setup {
     pub(crate) sandbox: MockApns,
     pub(crate) production: MockApns,
     pub(crate) fcm: MockFcm,
-    _dir: tempfile::TempDir,
+    /// Holds AuthKey.p8, ca.pem, sa.json and hub.secret.
+    pub(crate) dir: tempfile::TempDir,
 }
 
 pub(crate) async fn setup() -> Setup {
+    setup_with(Vec::new()).await
+}
+
+/// `setup` with extra environment for the push server (e.g. its log format).
+pub(crate) async fn setup_with(env: Vec<(String, String)>) -> Setup {
     let pki = TestPki::generate(&[]).expect("pki");
     let key = ApnsTestKey::generate().expect("key");
     let apns_config = || MockApnsConfig {
@@ -67,8 +73,8 @@ pub(crate) async fn setup() -> Setup {
         secret = quote(&secret),
     );
     let fanout =
-        Fanout::start(EngineConfig { extra_tables: tables, ..Default::default() }).await.expect("start fanout");
-    Setup { fanout, sandbox, production, fcm, _dir: dir }
+        Fanout::start(EngineConfig { extra_tables: tables, env, ..Default::default() }).await.expect("start fanout");
+    Setup { fanout, sandbox, production, fcm, dir }
 }
 
 fn delivery_id() -> String {
@@ -105,14 +111,14 @@ fn webhook(id: &str, provider: &str, token: &str, sandbox: bool) -> Vec<u8> {
     .unwrap()
 }
 
-struct Answer {
-    status: u16,
-    headers: String,
-    body: String,
+pub(crate) struct Answer {
+    pub(crate) status: u16,
+    pub(crate) headers: String,
+    pub(crate) body: String,
 }
 
 /// One POST over HTTP/1.1: the raw bytes go out exactly as signed.
-async fn post(addr: SocketAddr, signature: Option<&str>, delivery: &str, body: &[u8]) -> Answer {
+pub(crate) async fn post(addr: SocketAddr, signature: Option<&str>, delivery: &str, body: &[u8]) -> Answer {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
     let mut head = format!(

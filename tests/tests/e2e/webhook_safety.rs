@@ -1,11 +1,16 @@
 //! PUSH-256 at registration: scheme, userinfo, signing-key length, every
 //! blocked address class by DNS name and as an IP literal, hosts that resolve
-//! to nothing, allowed_domains matching, and allow_private_addresses.
+//! to nothing, allowed_domains matching, and allow_private_addresses; and the
+//! reserved classes beyond the spec's table (issue 16 item 6) at registration
+//! and at send, with allow_reserved_addresses.
 //!
-//! Registration only resolves a host; none of these tests subscribes a
-//! recipient or publishes, so nothing is ever sent to any of these addresses.
+//! Registration only resolves a host; the registration tests never subscribe
+//! a recipient or publish, so nothing is ever sent to any of these addresses.
+//! The send test only ever offers a reserved address next to the loopback
+//! receiver (see there).
 
 use std::net::IpAddr;
+use std::time::Duration;
 
 use fanout_proto::v1 as pb;
 use fanout_tests::client::Recipient;
@@ -14,6 +19,8 @@ use fanout_tests::{EngineConfig, Fanout};
 use tonic::Code;
 
 use crate::admission::{Check, Client};
+use crate::common::{DELIVERY_WAIT, metric, publish, wait_for_metric, webhook_setup};
+use fanout_tests::client::{envelope, group_topic, subscription};
 
 const KEY: [u8; 32] = [0x5a; 32];
 
@@ -38,6 +45,8 @@ const BLOCKED_NAMES: &[&str] = &[
     "mappedloop",
     "mixed",
     "receiver",
+    // Judged as its IPv4 address, 10.0.0.1 (issue 16).
+    "nat64private",
 ];
 
 /// Extra names at the edges of the blocked classes (all blocked).
@@ -72,6 +81,34 @@ const PUBLIC_EDGES: &[(&str, &str)] = &[
     ("edge-before-multicast.fanout.test", "223.255.255.254"),
     ("edge-public6.fanout.test", "2001:4860:4860::8888"),
     ("edge-before-ula.fanout.test", "fbff::1"),
+    // Just outside the reserved classes of issue 16.
+    ("edge-before-ietf.fanout.test", "191.255.255.255"),
+    ("edge-after-testnet1.fanout.test", "192.0.3.1"),
+    ("edge-before-benchmark.fanout.test", "198.17.255.255"),
+    ("edge-after-benchmark.fanout.test", "198.20.0.1"),
+    ("edge-after-testnet3.fanout.test", "203.0.114.1"),
+    ("edge-after-teredo.fanout.test", "2001:1::1"),
+    ("edge-after-doc6.fanout.test", "2001:db9::1"),
+    ("edge-after-6to4.fanout.test", "2003::1"),
+    // A DNS64 answer for a public IPv4 address.
+    ("edge-nat64-public.fanout.test", "64:ff9b::93.184.216.34"),
+];
+
+/// One IP literal per reserved class of issue 16, as a URL host.
+const RESERVED_LITERALS: &[&str] = &[
+    "192.0.0.8",
+    "192.0.2.1",
+    "198.51.100.1",
+    "203.0.113.255",
+    "198.18.0.1",
+    "198.19.255.255",
+    "240.0.0.1",
+    "[::93.184.216.34]",
+    "[64:ff9b::198.18.0.1]",
+    "[64:ff9b:1::5db8:d822]",
+    "[2002:5db8:d822::1]",
+    "[2001::1]",
+    "[2001:db8::1]",
 ];
 
 fn ip(s: &str) -> IpAddr {
@@ -198,6 +235,10 @@ async fn registration_refuses_unsafe_webhook_destinations() {
         register(&mut ck, &mut c, &format!("blocked edge {addr}"), &format!("https://{name}/hook"), &KEY, ia).await;
         blocked += 1.0;
     }
+    for label in dns::RESERVED_NAMES {
+        register(&mut ck, &mut c, "reserved name", &format!("https://{label}.fanout.test/hook"), &KEY, ia).await;
+        blocked += 1.0;
+    }
     register(&mut ck, &mut c, "public A + private AAAA", "https://mixed6.fanout.test/hook", &KEY, ia).await;
     register(&mut ck, &mut c, "blocked name with a trailing dot", "https://private10.fanout.test./hook", &KEY, ia)
         .await;
@@ -232,12 +273,17 @@ async fn registration_refuses_unsafe_webhook_destinations() {
         "[::ffff:169.254.1.1]",
         "[::ffff:192.168.0.1]",
         "[::ffff:0.0.0.0]",
+        // NAT64 (issue 16): judged as 10.0.0.1.
+        "[64:ff9b::10.0.0.1]",
         // Other spellings of 127.0.0.1 that URL parsers normalise.
         "2130706433",
         "0x7f000001",
         "127.1",
         "0177.0.0.1",
-    ] {
+    ]
+    .into_iter()
+    .chain(RESERVED_LITERALS.iter().copied())
+    {
         register(&mut ck, &mut c, "blocked IP literal", &format!("https://{literal}/hook"), &KEY, ia).await;
         register(&mut ck, &mut c, "blocked IP literal with a port", &format!("https://{literal}:8443/hook"), &KEY, ia)
             .await;
@@ -390,4 +436,120 @@ async fn allow_private_addresses_accepts_blocked_classes_only_there() {
     .await;
 
     ck.finish("PUSH-256, allow_private_addresses = true", &fanout.log());
+}
+
+/// The environment variable that lifts the reserved classes.
+const ALLOW_RESERVED: &str = "FANOUT__ENGINE__CHANNELS__HTTP__ALLOW_RESERVED_ADDRESSES";
+
+/// Issue 16 item 6: the reserved classes stay refused when the spec's table
+/// is lifted (allow_private_addresses = true, as every test engine runs), at
+/// Register and before every attempt.
+///
+/// At send, each reserved address is offered after 127.0.0.1, where the real
+/// receiver listens: were the check missing, the engine would reuse its
+/// pooled loopback connection or connect to the first address, so the push
+/// would arrive there; no packet ever has to leave loopback to show it.
+#[tokio::test]
+async fn reserved_classes_are_refused_at_register_and_at_send() {
+    let dns = dns::start(dns::standard_zone()).await.expect("dns");
+    let setup = webhook_setup(EngineConfig { dns_server: Some(dns.addr), ..EngineConfig::default() }).await;
+    let fanout = &setup.fanout;
+    let mut c = fanout.notifications().await.expect("client");
+    let mut ck = Check::default();
+    let ia = Code::InvalidArgument;
+
+    // At Register: every reserved name and literal, though private addresses are allowed.
+    for label in dns::RESERVED_NAMES {
+        register(&mut ck, &mut c, "reserved name", &format!("https://{label}.fanout.test/hook"), &KEY, ia).await;
+    }
+    for literal in RESERVED_LITERALS {
+        register(&mut ck, &mut c, "reserved IP literal", &format!("https://{literal}/hook"), &KEY, ia).await;
+    }
+    // The NAT64 address of a private one follows the spec's table, lifted here.
+    register(
+        &mut ck,
+        &mut c,
+        "NAT64 of 10.0.0.1, private allowed",
+        "https://nat64private.fanout.test/hook",
+        &KEY,
+        Code::Ok,
+    )
+    .await;
+    register(&mut ck, &mut c, "NAT64 of a public address", "https://nat64public.fanout.test/hook", &KEY, Code::Ok)
+        .await;
+
+    // At send: a recipient at the receiver, delivered once while its name
+    // resolves to loopback only.
+    let receiver = "receiver.fanout.test";
+    let port = setup.receiver.addr().port();
+    let r = Recipient::random();
+    let topic = group_topic();
+    setup.receiver.set_signing_key("/hook", KEY.to_vec());
+    ck.ok("register the receiver", c.register(r.register_http(&format!("https://{receiver}:{port}/hook"), &KEY)).await);
+    ck.ok("subscribe", c.update_subscriptions(r.update(vec![subscription(&topic)], vec![])).await);
+    publish(fanout, vec![envelope(&topic, pb::EnvelopeKind::Application, true)]).await;
+    ck.eq("the first push arrives", setup.receiver.wait_for(1, DELIVERY_WAIT).await.len(), 1);
+
+    let refused_series = "fanout_webhook_refused_send_total";
+    let loopback: IpAddr = ip("127.0.0.1");
+    for label in dns::RESERVED_NAMES {
+        let reserved = standard_address(label);
+        dns.set(receiver, vec![loopback, reserved]);
+        let before = metric(fanout, refused_series).await.unwrap_or(0.0);
+        publish(fanout, vec![envelope(&topic, pb::EnvelopeKind::Application, true)]).await;
+        let after = wait_for_metric(fanout, refused_series, before + 1.0, DELIVERY_WAIT).await;
+        ck.truth(&format!("{label} ({reserved}): the attempt is refused ({before} -> {after})"), after >= before + 1.0);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    ck.eq("requests the receiver got: only the first push", setup.receiver.received_count(), 1);
+
+    // Back to loopback alone, the same recipient is served again.
+    dns.set(receiver, vec![loopback]);
+    publish(fanout, vec![envelope(&topic, pb::EnvelopeKind::Application, true)]).await;
+    ck.eq("a push after the name is safe again", setup.receiver.wait_for(2, DELIVERY_WAIT).await.len(), 2);
+
+    ck.finish("issue 16 item 6, reserved classes", &fanout.log());
+}
+
+/// The one address `label` has in the standard zone.
+fn standard_address(label: &str) -> IpAddr {
+    let name = format!("{label}.fanout.test");
+    let addrs = dns::standard_zone().into_iter().find(|(n, _)| *n == name).map(|(_, a)| a).unwrap_or_default();
+    assert_eq!(addrs.len(), 1, "{name} has one address in the standard zone");
+    addrs[0]
+}
+
+/// allow_reserved_addresses = true lifts the reserved classes and nothing
+/// else: the spec's table stays the minimum.
+#[tokio::test]
+async fn allow_reserved_addresses_lifts_only_the_reserved_classes() {
+    let dns = dns::start(dns::standard_zone()).await.expect("dns");
+    let fanout = Fanout::start(EngineConfig {
+        allow_private_addresses: false,
+        dns_server: Some(dns.addr),
+        env: vec![(ALLOW_RESERVED.into(), "true".into())],
+        ..EngineConfig::default()
+    })
+    .await
+    .expect("start fanout");
+    let mut c = fanout.notifications().await.expect("client");
+    let mut ck = Check::default();
+
+    for label in dns::RESERVED_NAMES {
+        let url = format!("https://{label}.fanout.test/hook");
+        register(&mut ck, &mut c, "reserved name, reserved allowed", &url, &KEY, Code::Ok).await;
+    }
+    for literal in RESERVED_LITERALS {
+        let url = format!("https://{literal}/hook");
+        register(&mut ck, &mut c, "reserved literal, reserved allowed", &url, &KEY, Code::Ok).await;
+    }
+    for label in BLOCKED_NAMES.iter().filter(|l| **l != "nat64private") {
+        let url = format!("https://{label}.fanout.test/hook");
+        register(&mut ck, &mut c, "spec table, reserved allowed", &url, &KEY, Code::InvalidArgument).await;
+    }
+    // Without the reserved rules, NAT64 is not decoded: the spec's table
+    // alone does not list 64:ff9b::/96.
+    register(&mut ck, &mut c, "NAT64 of 10.0.0.1", "https://nat64private.fanout.test/hook", &KEY, Code::Ok).await;
+
+    ck.finish("issue 16 item 6, allow_reserved_addresses = true", &fanout.log());
 }

@@ -87,4 +87,39 @@ mod tests {
         assert_eq!(reason(b"not json"), None);
         assert_eq!(reason(b""), None);
     }
+
+    /// Issue 16 item 7: APNs answers, property-tested.
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            /// Any body: a reason no longer than the body, or none; a reason
+            /// APNs sends comes back as sent.
+            #[test]
+            fn any_body_gives_a_bounded_reason(
+                body in prop::collection::vec(any::<u8>(), 0..200),
+                sent in "\\PC{0,40}",
+            ) {
+                if let Some(reason) = reason(&body) {
+                    prop_assert!(reason.len() <= body.len());
+                }
+                let json = serde_json::json!({"reason": sent, "timestamp": 1}).to_string();
+                prop_assert_eq!(reason(json.as_bytes()), Some(sent));
+            }
+
+            /// Any status and reason: one row of the table; 200 alone delivers.
+            #[test]
+            fn any_answer_has_one_row(
+                status: u16,
+                reason in proptest::option::of("\\PC{0,30}|Unregistered|BadDeviceToken|ExpiredProviderToken"),
+            ) {
+                let classified = classify(status, reason.as_deref());
+                prop_assert_eq!(classified == Classified::Outcome(Outcome::Delivered), status == 200);
+                if let Classified::Outcome(Outcome::Transient { delay }) = classified {
+                    prop_assert_eq!(delay, RETRY_DELAY);
+                }
+            }
+        }
+    }
 }

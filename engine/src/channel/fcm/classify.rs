@@ -178,4 +178,74 @@ mod tests {
         headers.insert(http::header::RETRY_AFTER, HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"));
         assert_eq!(retry_after(&headers), None);
     }
+
+    /// Issue 16 item 7: FCM answers, property-tested.
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// One `details` entry: a QuotaFailure, an FcmError (with a code of
+        /// any JSON type), or anything else.
+        fn detail() -> impl Strategy<Value = serde_json::Value> {
+            prop_oneof![
+                Just(serde_json::json!({"@type": QUOTA_FAILURE_TYPE, "violations": []})),
+                "[A-Z_]{0,20}".prop_map(|code| serde_json::json!({"@type": FCM_ERROR_TYPE, "errorCode": code})),
+                any::<i64>().prop_map(|code| serde_json::json!({"@type": FCM_ERROR_TYPE, "errorCode": code})),
+                "\\PC{0,20}".prop_map(|t| serde_json::json!({"@type": t})),
+                Just(serde_json::json!([1, 2])),
+            ]
+        }
+
+        proptest! {
+            /// Any bytes: details or none, never a panic; a code no longer
+            /// than the body.
+            #[test]
+            fn any_body_gives_bounded_details(body in prop::collection::vec(any::<u8>(), 0..200)) {
+                let details = error_details(&body);
+                prop_assert!(details.fcm_error.as_ref().is_none_or(|c| c.len() <= body.len()));
+            }
+
+            /// A google.rpc error body says QuotaFailure when any detail is
+            /// one, and the first string code of an FcmError detail.
+            #[test]
+            fn details_are_read_from_rpc_errors(details in prop::collection::vec(detail(), 0..5)) {
+                let body = serde_json::json!({"error": {"code": 400, "status": "X", "details": details.clone()}});
+                let got = error_details(body.to_string().as_bytes());
+                let quota = details.iter().any(|d| d["@type"] == QUOTA_FAILURE_TYPE);
+                let code = details
+                    .iter()
+                    .filter(|d| d["@type"] == FCM_ERROR_TYPE)
+                    .find_map(|d| d["errorCode"].as_str())
+                    .map(str::to_owned);
+                prop_assert_eq!(got, ErrorDetails { quota_failure: quota, fcm_error: code });
+            }
+
+            /// Any status, Retry-After and body: a retried outcome waits at
+            /// most 300 s; Retry-After seconds are read as sent.
+            #[test]
+            fn any_answer_is_bounded(
+                status in 100u16..600,
+                retry_after in proptest::option::of("[0-9]{1,25}|\\PC{0,20}"),
+                body in "\\PC{0,40}|\\{\"error\":\\{\"details\":\\[\\]\\}\\}",
+            ) {
+                let mut headers = http::HeaderMap::new();
+                if let Some(value) = retry_after.as_deref().and_then(|v| HeaderValue::from_str(v).ok()) {
+                    headers.insert(http::header::RETRY_AFTER, value);
+                    if let Ok(secs) = value_secs(retry_after.as_deref().unwrap()) {
+                        prop_assert_eq!(super::retry_after(&headers), Some(Duration::from_secs(secs)));
+                    }
+                }
+                let status = http::StatusCode::from_u16(status).unwrap();
+                let outcome = classify_answer(status, &headers, body.as_bytes());
+                if let Some(delay) = outcome.retry_delay() {
+                    prop_assert!(delay <= MAX_RETRY_AFTER);
+                }
+                prop_assert_eq!(outcome == Outcome::Delivered, status == http::StatusCode::OK);
+            }
+        }
+
+        fn value_secs(text: &str) -> Result<u64, std::num::ParseIntError> {
+            text.trim().parse()
+        }
+    }
 }

@@ -200,6 +200,18 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_token_endpoint_answering_expires_in_u64_max_does_not_panic() {
+        // Issue 16: `Instant + Duration` overflowed on such an answer.
+        let lifetime = Duration::from_secs(u64::MAX);
+        let s = setup(MockFcmConfig { token_lifetime: lifetime, ..MockFcmConfig::default() }).await;
+        assert_eq!(send(&s, "reg-a").await, Outcome::Delivered);
+        assert_eq!(send(&s, "reg-b").await, Outcome::Delivered);
+        // The token is cached (for at most a day), not fetched per send.
+        assert_eq!(s.mock.token_request_count(), 1);
+        assert_eq!(count(&s.metrics.provider_token_failures), 0);
+    }
+
+    #[tokio::test]
     async fn sends_the_section_7_request_with_an_oauth_token() {
         let s = setup(MockFcmConfig::default()).await;
         // Concurrent first sends share one token fetch (single flight).

@@ -15,6 +15,10 @@ use crate::metrics::Metrics;
 
 /// An access token is replaced this long before it expires.
 const TOKEN_EXPIRY_MARGIN: Duration = Duration::from_secs(300);
+/// The longest `expires_in` believed. Google's tokens live an hour; a token
+/// endpoint that answers more (up to u64::MAX seconds, issue 16) costs a
+/// refresh a day instead of an `Instant` overflow.
+const MAX_TOKEN_LIFETIME: Duration = Duration::from_secs(86_400);
 /// The OAuth2 scope of the FCM HTTP v1 API.
 pub const FCM_SCOPE: &str = "https://www.googleapis.com/auth/firebase.messaging";
 const JWT_BEARER_GRANT: &str = "urn:ietf:params:oauth:grant-type:jwt-bearer";
@@ -168,15 +172,28 @@ impl AccessTokens {
         if answer.status != StatusCode::OK {
             return Err(TokenError::Status(answer.status));
         }
-        let parsed: TokenResponse = serde_json::from_slice(&answer.body).map_err(|_| TokenError::Body)?;
-        let mut authorization =
-            HeaderValue::try_from(format!("Bearer {}", parsed.access_token)).map_err(|_| TokenError::Body)?;
-        authorization.set_sensitive(true);
-        let lifetime = Duration::from_secs(parsed.expires_in);
-        // Replace it 5 minutes early; a short-lived token at half its life.
-        let margin = TOKEN_EXPIRY_MARGIN.min(lifetime / 2);
-        Ok(AccessToken { authorization, refresh_at: Instant::now() + lifetime - margin })
+        access_token(&answer.body, Instant::now())
     }
+}
+
+/// The token of a 200 answer's body, received at `now`.
+fn access_token(body: &[u8], now: Instant) -> Result<AccessToken, TokenError> {
+    let parsed: TokenResponse = serde_json::from_slice(body).map_err(|_| TokenError::Body)?;
+    let mut authorization =
+        HeaderValue::try_from(format!("Bearer {}", parsed.access_token)).map_err(|_| TokenError::Body)?;
+    authorization.set_sensitive(true);
+    Ok(AccessToken { authorization, refresh_at: refresh_at(now, parsed.expires_in) })
+}
+
+/// When a token that expires `expires_in` seconds after `now` is replaced:
+/// 5 minutes early, a short-lived one at half its life; never later than
+/// `MAX_TOKEN_LIFETIME` from now.
+fn refresh_at(now: Instant, expires_in: u64) -> Instant {
+    let lifetime = Duration::from_secs(expires_in).min(MAX_TOKEN_LIFETIME);
+    let margin = TOKEN_EXPIRY_MARGIN.min(lifetime / 2);
+    // Cannot overflow with the cap on any real clock; if it did, the token
+    // would be fetched again at its next use.
+    now.checked_add(lifetime - margin).unwrap_or(now)
 }
 
 /// application/x-www-form-urlencoded for one value: unreserved characters
@@ -188,6 +205,50 @@ fn form_encode(value: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_expires_in_near_u64_max_is_capped_not_an_overflow() {
+        let now = Instant::now();
+        for expires_in in [u64::MAX, u64::MAX - 1, u64::MAX / 2, 1 << 63, 86_401] {
+            let body = format!(r#"{{"access_token":"ya29.x","expires_in":{expires_in},"token_type":"Bearer"}}"#);
+            let token = access_token(body.as_bytes(), now).unwrap();
+            assert_eq!(token.refresh_at, now + MAX_TOKEN_LIFETIME - TOKEN_EXPIRY_MARGIN, "{expires_in}");
+        }
+        assert_eq!(refresh_at(now, 3600), now + Duration::from_secs(3300));
+        assert_eq!(refresh_at(now, 60), now + Duration::from_secs(30));
+        assert_eq!(refresh_at(now, 0), now);
+        // Past u64, negative or fractional: not a token.
+        for expires_in in ["18446744073709551616", "1e30", "-1", "3600.5", "\"3600\""] {
+            let body = format!(r#"{{"access_token":"ya29.x","expires_in":{expires_in}}}"#);
+            assert!(matches!(access_token(body.as_bytes(), now), Err(TokenError::Body)), "{expires_in}");
+        }
+    }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            /// Any body: a token or `Body`, never a panic; a token is
+            /// replaced after `now` by at most its capped lifetime.
+            #[test]
+            fn any_token_answer_gives_a_bounded_refresh_time(
+                body in "\\PC{0,60}|\\{\"access_token\":\"[ -~]{0,20}\",\"expires_in\":-?[0-9]{1,25}(\\.[0-9])?\\}",
+                expires_in: u64,
+            ) {
+                let now = Instant::now();
+                if let Ok(token) = access_token(body.as_bytes(), now) {
+                    prop_assert!(token.refresh_at <= now + MAX_TOKEN_LIFETIME);
+                    prop_assert!(token.authorization.is_sensitive());
+                }
+                let at = refresh_at(now, expires_in);
+                prop_assert!(at >= now && at <= now + MAX_TOKEN_LIFETIME);
+                if expires_in > 0 && expires_in <= MAX_TOKEN_LIFETIME.as_secs() {
+                    prop_assert!(at > now && at < now + Duration::from_secs(expires_in));
+                }
+            }
+        }
+    }
 
     #[test]
     fn form_values_are_encoded() {

@@ -81,6 +81,7 @@ mod tests {
             match host {
                 "public.example.com" => Ok(vec!["93.184.216.34".parse().unwrap()]),
                 "private.example.com" => Ok(vec!["10.1.2.3".parse().unwrap()]),
+                "reserved.example.com" => Ok(vec!["198.18.0.1".parse().unwrap(), "2002:a00:1::1".parse().unwrap()]),
                 _ => Err(ResolveError::NoRecords),
             }
         }
@@ -101,12 +102,20 @@ mod tests {
         assert_eq!(call(&mut r, "private.example.com").await, Err(SafetyError::BlockedAddress));
         assert_eq!(call(&mut r, "nowhere.example.com").await, Err(SafetyError::NoAddress));
 
-        let mut r = resolver(WebhookPolicy { allowed_domains: vec![], allow_private_addresses: true });
+        assert_eq!(call(&mut r, "reserved.example.com").await, Err(SafetyError::BlockedAddress));
+
+        let mut r = resolver(WebhookPolicy { allow_private_addresses: true, ..WebhookPolicy::default() });
         assert_eq!(call(&mut r, "private.example.com").await, Ok(vec!["10.1.2.3:0".parse().unwrap()]));
+        assert_eq!(call(&mut r, "reserved.example.com").await, Err(SafetyError::BlockedAddress));
+
+        let mut r = resolver(WebhookPolicy { allow_reserved_addresses: true, ..WebhookPolicy::default() });
+        assert_eq!(call(&mut r, "reserved.example.com").await.map(|a| a.len()), Ok(2));
+        assert_eq!(call(&mut r, "private.example.com").await, Err(SafetyError::BlockedAddress));
 
         let mut r = resolver(WebhookPolicy {
             allowed_domains: vec![DomainPattern::parse("hooks.example.com").unwrap()],
             allow_private_addresses: false,
+            allow_reserved_addresses: false,
         });
         assert_eq!(call(&mut r, "public.example.com").await, Err(SafetyError::DomainNotAllowed));
     }

@@ -3,7 +3,9 @@
 //!
 //! - `safety`: `WebhookUrl` (https, no userinfo, a valid host),
 //!   `DomainPattern` (allowed_domains), `WebhookPolicy::check` (resolve, then
-//!   the blocked address table), `is_blocked`.
+//!   the address tables).
+//! - `blocked`: the spec's blocked address table and the reserved classes
+//!   beyond it (`AddressRules`).
 //! - `resolve`: the `HostResolver` seam and `HickoryResolver`.
 //! - `connect`: `CheckedResolver`, the resolver of the channel's connections,
 //!   which re-applies the policy at every new connection.
@@ -14,6 +16,7 @@
 //! its resolver), and connects through `CheckedResolver`. No error or log line
 //! here names a URL, host, address or key (PUSH-254).
 
+mod blocked;
 mod body;
 mod classify;
 pub mod connect;
@@ -36,10 +39,11 @@ use crate::clock::unix_now_ns;
 use crate::domain::{Channel, DeliveryTarget};
 use crate::metrics::Metrics;
 
+pub use blocked::{AddressRules, is_blocked, is_reserved};
 pub use body::webhook_body;
 pub use connect::CheckedResolver;
 pub use resolve::{HickoryResolver, HostResolver, ResolveError};
-pub use safety::{DomainPattern, SafetyError, WebhookPolicy, WebhookUrl, is_blocked};
+pub use safety::{DomainPattern, SafetyError, WebhookPolicy, WebhookUrl};
 pub use settings::HttpSettings;
 pub use signing::{HEADER_ID, HEADER_SIGNATURE, HEADER_TIMESTAMP, WebhookHeaders, new_webhook_id, sign};
 
@@ -75,6 +79,7 @@ impl WebhookProvider {
         let policy = Arc::new(WebhookPolicy {
             allowed_domains: settings.allowed_domains.clone(),
             allow_private_addresses: settings.allow_private_addresses,
+            allow_reserved_addresses: settings.allow_reserved_addresses,
         });
         let tls = client_tls_config(&settings.extra_ca_files)
             .map_err(|e| BuildError::new("engine.channels.http.extra_ca_files", e))?;

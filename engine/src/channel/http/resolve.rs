@@ -209,4 +209,133 @@ mod tests {
             HickoryResolver::new(&[]).unwrap();
         }
     }
+
+    /// Issue 16 item 7: DNS answers, property-tested against a server that says anything.
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        use hickory_proto::rr::Name;
+        use hickory_proto::rr::rdata::CNAME;
+        use proptest::test_runner::{Config, TestRunner};
+
+        /// One record of an answer: for the asked name or another, of
+        /// either address type whatever was asked, or a CNAME.
+        #[derive(Debug, Clone)]
+        enum Answer {
+            Address { asked_name: bool, ip: IpAddr },
+            Alias { to_asked: bool },
+        }
+
+        fn answer() -> impl Strategy<Value = Answer> {
+            prop_oneof![
+                4 => (any::<bool>(), any::<IpAddr>()).prop_map(|(asked_name, ip)| Answer::Address { asked_name, ip }),
+                1 => any::<bool>().prop_map(|to_asked| Answer::Alias { to_asked }),
+            ]
+        }
+
+        fn code() -> impl Strategy<Value = ResponseCode> {
+            prop_oneof![
+                4 => Just(ResponseCode::NoError),
+                1 => Just(ResponseCode::NXDomain),
+                1 => Just(ResponseCode::ServFail),
+                1 => Just(ResponseCode::Refused),
+            ]
+        }
+
+        /// Answers every query with `code` and `records`, or with `garbage`
+        /// (after the query's id and a response header) when it is set.
+        async fn server(
+            code: ResponseCode,
+            records: Vec<Answer>,
+            garbage: Option<Vec<u8>>,
+        ) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+            let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+            let addr = socket.local_addr().unwrap();
+            let task = tokio::spawn(async move {
+                let mut buf = [0u8; 2048];
+                loop {
+                    let Ok((len, peer)) = socket.recv_from(&mut buf).await else { return };
+                    let request = Message::from_vec(&buf[..len]).unwrap();
+                    let wire = match &garbage {
+                        Some(bytes) => {
+                            let mut wire = request.metadata.id.to_be_bytes().to_vec();
+                            wire.extend_from_slice(&[0x81, 0x80]);
+                            wire.extend_from_slice(bytes);
+                            wire
+                        }
+                        None => {
+                            let query = request.queries[0].clone();
+                            let other = Name::from_ascii("other.test.").unwrap();
+                            let mut reply = Message::response(request.metadata.id, request.metadata.op_code);
+                            reply.metadata.recursion_available = true;
+                            reply.metadata.response_code = code;
+                            reply.queries = request.queries.clone();
+                            for record in &records {
+                                let rec = match record {
+                                    Answer::Address { asked_name, ip } => {
+                                        let name = if *asked_name { query.name().clone() } else { other.clone() };
+                                        Record::from_rdata(name, 0, RData::from(*ip))
+                                    }
+                                    Answer::Alias { to_asked } => {
+                                        let (from, to) = if *to_asked {
+                                            (other.clone(), query.name().clone())
+                                        } else {
+                                            (query.name().clone(), other.clone())
+                                        };
+                                        Record::from_rdata(from, 0, RData::CNAME(CNAME(to)))
+                                    }
+                                };
+                                reply.add_answer(rec);
+                            }
+                            reply.to_vec().unwrap()
+                        }
+                    };
+                    let _ = socket.send_to(&wire, peer).await;
+                }
+            });
+            (addr, task)
+        }
+
+        /// Whatever a nameserver answers, the lookup gives addresses it
+        /// named, once each, or an error; never a panic or a hang past the
+        /// lookup bound.
+        #[test]
+        fn any_answer_gives_named_addresses_or_an_error() {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let mut runner = TestRunner::new(Config { failure_persistence: None, ..Config::with_cases(48) });
+            let case = (
+                code(),
+                prop::collection::vec(answer(), 0..8),
+                proptest::option::weighted(0.1, prop::collection::vec(any::<u8>(), 0..60)),
+            );
+            runner
+                .run(&case, |(code, records, garbage)| {
+                    rt.block_on(async {
+                        let (addr, task) = server(code, records.clone(), garbage.clone()).await;
+                        let resolver = HickoryResolver::new(&[addr]).unwrap();
+                        let started = tokio::time::Instant::now();
+                        let result = resolver.resolve("asked.test").await;
+                        task.abort();
+                        prop_assert!(started.elapsed() <= LOOKUP_TIMEOUT + Duration::from_secs(1));
+                        if let Ok(addrs) = result {
+                            prop_assert!(!addrs.is_empty());
+                            let named: Vec<IpAddr> = records
+                                .iter()
+                                .filter_map(|r| match r {
+                                    Answer::Address { ip, .. } => Some(*ip),
+                                    Answer::Alias { .. } => None,
+                                })
+                                .collect();
+                            for (i, ip) in addrs.iter().enumerate() {
+                                prop_assert!(named.contains(ip), "{ip} was never in an answer");
+                                prop_assert!(!addrs[..i].contains(ip), "{ip} twice");
+                            }
+                        }
+                        Ok(())
+                    })
+                })
+                .unwrap();
+        }
+    }
 }

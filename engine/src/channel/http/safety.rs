@@ -9,6 +9,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use serde::Deserialize;
 
+use super::blocked::AddressRules;
 use super::resolve::{HostResolver, ResolveError};
 
 /// Why a webhook destination was refused. Messages name the rule only.
@@ -204,6 +205,8 @@ pub struct WebhookPolicy {
     pub allowed_domains: Vec<DomainPattern>,
     /// Development and test only: skip the blocked address table.
     pub allow_private_addresses: bool,
+    /// Skip the reserved classes beyond the spec's table (issue 16).
+    pub allow_reserved_addresses: bool,
 }
 
 impl WebhookPolicy {
@@ -249,13 +252,18 @@ impl WebhookPolicy {
         Ok(addrs)
     }
 
-    /// The address part of the check: at least one address, and, while
-    /// allow_private_addresses is false, none in the blocked table.
+    /// The address part of the check: at least one address, and none that
+    /// `AddressRules` blocks (the spec's table while allow_private_addresses
+    /// is false, the reserved classes while allow_reserved_addresses is).
     pub fn check_addresses(&self, addrs: &[IpAddr]) -> Result<(), SafetyError> {
         if addrs.is_empty() {
             return Err(SafetyError::NoAddress);
         }
-        if !self.allow_private_addresses && addrs.iter().any(|ip| is_blocked(*ip)) {
+        let rules = AddressRules {
+            allow_private_addresses: self.allow_private_addresses,
+            allow_reserved_addresses: self.allow_reserved_addresses,
+        };
+        if addrs.iter().any(|ip| rules.blocks(*ip)) {
             return Err(SafetyError::BlockedAddress);
         }
         Ok(())
@@ -268,45 +276,6 @@ fn parse_ip_host(host: &str) -> Option<IpAddr> {
     inner.parse().ok()
 }
 
-/// The blocked address table of spec 000 section 2 (PUSH-256).
-///
-/// One deliberate widening: the table lists only the single address 0.0.0.0,
-/// but the whole 0.0.0.0/8 ("this network") is blocked here, since a
-/// connect to 0.x.y.z can reach the local host on some systems.
-pub fn is_blocked(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(v4) => is_blocked_v4(v4),
-        IpAddr::V6(v6) => is_blocked_v6(v6),
-    }
-}
-
-fn is_blocked_v4(ip: Ipv4Addr) -> bool {
-    let [a, b, _, _] = ip.octets();
-    a == 10 // private 10.0.0.0/8
-        || (a == 172 && (b & 0xf0) == 16) // private 172.16.0.0/12
-        || (a == 192 && b == 168) // private 192.168.0.0/16
-        || (a == 100 && (b & 0xc0) == 64) // shared 100.64.0.0/10
-        || a == 127 // loopback 127.0.0.0/8
-        || (a == 169 && b == 254) // link-local 169.254.0.0/16
-        || a == 0 // unspecified 0.0.0.0 (widened to 0.0.0.0/8)
-        || ip == Ipv4Addr::BROADCAST // 255.255.255.255
-        || (a & 0xf0) == 224 // multicast 224.0.0.0/4
-}
-
-fn is_blocked_v6(ip: Ipv6Addr) -> bool {
-    if let Some(v4) = ip.to_ipv4_mapped() {
-        // ::ffff:0:0/96 mapping any blocked IPv4 address
-        return is_blocked_v4(v4);
-    }
-    let first = ip.segments()[0];
-    (first & 0xfe00) == 0xfc00 // private fc00::/7
-        || (first & 0xffc0) == 0xfec0 // site-local fec0::/10
-        || ip == Ipv6Addr::LOCALHOST // loopback ::1
-        || (first & 0xffc0) == 0xfe80 // link-local fe80::/10
-        || ip == Ipv6Addr::UNSPECIFIED // unspecified ::
-        || (first & 0xff00) == 0xff00 // multicast ff00::/8
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -315,98 +284,6 @@ mod tests {
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
-    }
-
-    #[test]
-    fn blocked_table_rows() {
-        // First and last address of every row of the table.
-        let inside = [
-            "10.0.0.0",
-            "10.255.255.255", // private
-            "172.16.0.0",
-            "172.31.255.255",
-            "192.168.0.0",
-            "192.168.255.255",
-            "fc00::",
-            "fdff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
-            "100.64.0.0",
-            "100.127.255.255", // shared
-            "fec0::",
-            "feff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", // site-local
-            "127.0.0.0",
-            "127.255.255.255", // loopback
-            "::1",
-            "169.254.0.0",
-            "169.254.255.255", // link-local
-            "fe80::",
-            "febf:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
-            "0.0.0.0",
-            "0.255.255.255",   // unspecified (0.0.0.0/8, see is_blocked)
-            "255.255.255.255", // broadcast
-            "224.0.0.0",
-            "239.255.255.255", // multicast
-            "::",
-            "ff00::",
-            "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
-        ];
-        for addr in inside {
-            assert!(is_blocked(ip(addr)), "{addr} should be blocked");
-        }
-        // The address just outside each edge, where that neighbour is not
-        // itself in another row (fec0::/10 sits between fe80::/10 and
-        // ff00::/8, so its neighbours are blocked by those rows).
-        let outside = [
-            "9.255.255.255",
-            "11.0.0.0",
-            "172.15.255.255",
-            "172.32.0.0",
-            "192.167.255.255",
-            "192.169.0.0",
-            "fbff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
-            "fe00::",
-            "100.63.255.255",
-            "100.128.0.0",
-            "126.255.255.255",
-            "128.0.0.0",
-            "::2",
-            "169.253.255.255",
-            "169.255.0.0",
-            "fe7f:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
-            "1.0.0.0",
-            "255.255.255.254",
-            "223.255.255.255",
-            "240.0.0.0",
-            "::1:0:0:0",        // just above ::ffff:0:0/96
-            "::fffe:ffff:ffff", // just below ::ffff:0:0/96
-        ];
-        for addr in outside {
-            assert!(!is_blocked(ip(addr)), "{addr} should not be blocked");
-        }
-        // Public addresses of both families.
-        for public in ["93.184.216.34", "8.8.8.8", "2606:2800:220:1:248:1893:25c8:1946", "2001:4860::8888"] {
-            assert!(!is_blocked(ip(public)), "{public}");
-        }
-    }
-
-    #[test]
-    fn blocked_ipv4_mapped() {
-        for mapped in [
-            "::ffff:10.0.0.1",
-            "::ffff:172.16.0.1",
-            "::ffff:192.168.1.1",
-            "::ffff:100.64.0.1",
-            "::ffff:127.0.0.1",
-            "::ffff:169.254.1.1",
-            "::ffff:0.0.0.0",
-            "::ffff:255.255.255.255",
-            "::ffff:224.0.0.1",
-            "::ffff:7f00:1",
-        ] {
-            assert!(is_blocked(ip(mapped)), "{mapped}");
-        }
-        for mapped in ["::ffff:93.184.216.34", "::ffff:11.0.0.0", "::ffff:172.32.0.0", "::ffff:100.128.0.0"] {
-            assert!(!is_blocked(ip(mapped)), "{mapped}");
-        }
     }
 
     #[test]
@@ -504,6 +381,7 @@ mod tests {
                 DomainPattern::parse("hooks.test").unwrap(),
             ],
             allow_private_addresses: false,
+            allow_reserved_addresses: false,
         };
         assert!(policy.host_allowed("x.example.com"));
         assert!(policy.host_allowed("HOOKS.test"));
@@ -535,6 +413,10 @@ mod tests {
             ("mixed.example.com", vec!["93.184.216.34", "192.168.1.1"]),
             ("empty.example.com", vec![]),
             ("other.test", vec!["93.184.216.34"]),
+            ("benchmark.example.com", vec!["93.184.216.34", "198.18.0.1"]),
+            ("teredo.example.com", vec!["2001:0:4136:e378:8000:63bf:3fff:fdd2"]),
+            ("nat64private.example.com", vec!["64:ff9b::10.0.0.1"]),
+            ("nat64public.example.com", vec!["64:ff9b::93.184.216.34"]),
         ];
         FakeResolver(zone.into_iter().map(|(n, a)| (n.to_owned(), a.into_iter().map(ip).collect())).collect())
     }
@@ -561,6 +443,26 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn policy_check_reserved_classes() {
+        let default = WebhookPolicy::default();
+        let private_allowed = WebhookPolicy { allow_private_addresses: true, ..WebhookPolicy::default() };
+        let reserved_allowed = WebhookPolicy { allow_reserved_addresses: true, ..WebhookPolicy::default() };
+        for policy in [&default, &private_allowed] {
+            for url in ["https://benchmark.example.com/", "https://teredo.example.com/", "https://[2001:db8::1]/"] {
+                assert_eq!(check(policy, url).await, Err(SafetyError::BlockedAddress), "{url} {policy:?}");
+            }
+            assert_eq!(check(policy, "https://203.0.113.9/").await, Err(SafetyError::BlockedAddress));
+            assert!(check(policy, "https://nat64public.example.com/").await.is_ok());
+        }
+        assert_eq!(check(&default, "https://nat64private.example.com/").await, Err(SafetyError::BlockedAddress));
+        assert!(check(&private_allowed, "https://nat64private.example.com/").await.is_ok());
+        // With the reserved classes lifted, only the spec's table is left.
+        assert_eq!(check(&reserved_allowed, "https://benchmark.example.com/").await.unwrap().len(), 2);
+        assert!(check(&reserved_allowed, "https://[2001:db8::1]/").await.is_ok());
+        assert_eq!(check(&reserved_allowed, "https://private.example.com/").await, Err(SafetyError::BlockedAddress));
+    }
+
+    #[tokio::test]
     async fn a_failed_lookup_is_temporary_and_says_nothing_of_the_host() {
         let policy = WebhookPolicy::default();
         for host in ["timeout.example.com", "servfail.example.com"] {
@@ -577,7 +479,7 @@ mod tests {
 
     #[tokio::test]
     async fn policy_check_private_allowed() {
-        let policy = WebhookPolicy { allowed_domains: vec![], allow_private_addresses: true };
+        let policy = WebhookPolicy { allow_private_addresses: true, ..WebhookPolicy::default() };
         assert_eq!(check(&policy, "https://private.example.com/").await, Ok(vec![ip("10.0.0.1")]));
         assert_eq!(check(&policy, "https://mixed.example.com/").await.unwrap().len(), 2);
         assert_eq!(check(&policy, "https://127.0.0.1/").await, Ok(vec![ip("127.0.0.1")]));
@@ -590,6 +492,7 @@ mod tests {
         let policy = WebhookPolicy {
             allowed_domains: vec![DomainPattern::parse("*.example.com").unwrap()],
             allow_private_addresses: false,
+            allow_reserved_addresses: false,
         };
         assert!(check(&policy, "https://public.example.com/").await.is_ok());
         assert_eq!(check(&policy, "https://other.test/").await, Err(SafetyError::DomainNotAllowed));
@@ -609,6 +512,87 @@ mod tests {
             SafetyError::BlockedAddress,
         ] {
             assert!(e.to_string().starts_with("webhook "));
+        }
+    }
+
+    /// Issue 16 item 7: webhook URLs and allowed_domains entries, property-tested.
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn label() -> impl Strategy<Value = String> {
+            "[a-zA-Z0-9_]([a-zA-Z0-9_-]{0,8}[a-zA-Z0-9_])?"
+        }
+
+        /// A host name whose last label is not all digits.
+        fn host_name() -> impl Strategy<Value = String> {
+            (prop::collection::vec(label(), 0..4), "[a-z][a-z0-9]{0,6}")
+                .prop_map(|(labels, tld)| labels.into_iter().chain([tld]).collect::<Vec<_>>().join("."))
+        }
+
+        proptest! {
+            /// Any text: parsed or refused, never a panic; what parses is an
+            /// https URL without user info, kept exactly as given, whose Debug
+            /// shows nothing of it.
+            #[test]
+            fn any_text_parses_or_is_refused(text in "\\PC{0,60}|https://[\\PC&&[^/]]{0,30}(/\\PC{0,10})?") {
+                if let Ok(url) = WebhookUrl::parse(&text) {
+                    prop_assert!(text.get(..8).is_some_and(|s| s.eq_ignore_ascii_case("https://")));
+                    prop_assert_eq!(url.as_str(), text.as_str());
+                    prop_assert!(url.port() != 0);
+                    prop_assert!(!url.host().is_empty());
+                    prop_assert!(!url.uri().authority().unwrap().as_str().contains('@'));
+                    prop_assert_eq!(format!("{url:?}"), "WebhookUrl(..)");
+                }
+            }
+
+            /// Round trip: a URL built from a host name (or an IP literal), a
+            /// port and a path gives them back.
+            #[test]
+            fn built_urls_give_back_their_parts(
+                name in host_name(),
+                ip: std::net::IpAddr,
+                literal: bool,
+                port in proptest::option::of(1u16..),
+                path in "(/[a-zA-Z0-9._~-]{0,8}){0,3}",
+            ) {
+                let host = match (literal, ip) {
+                    (false, _) => name.clone(),
+                    (true, IpAddr::V4(v4)) => v4.to_string(),
+                    (true, IpAddr::V6(v6)) => format!("[{v6}]"),
+                };
+                let authority = port.map_or(host.clone(), |p| format!("{host}:{p}"));
+                let url = WebhookUrl::parse(&format!("https://{authority}{path}")).unwrap();
+                prop_assert_eq!(url.port(), port.unwrap_or(443));
+                if literal {
+                    prop_assert_eq!(url.ip_literal(), Some(ip));
+                    prop_assert_eq!(url.host(), ip.to_string());
+                } else {
+                    prop_assert_eq!(url.ip_literal(), None);
+                    prop_assert_eq!(url.host(), name.to_ascii_lowercase());
+                }
+            }
+
+            /// Any entry text: parsed or refused; a parsed exact entry matches
+            /// its own name in any case, a wildcard one a name one label
+            /// deeper but never the bare suffix.
+            #[test]
+            fn domain_entries_match_what_they_say(entry in "\\PC{0,30}|(\\*\\.)?[a-zA-Z0-9.-]{0,20}", sub in label()) {
+                match DomainPattern::parse(&entry) {
+                    Ok(DomainPattern::Exact(name)) => {
+                        let deeper = format!("{sub}.{name}");
+                        prop_assert!(DomainPattern::Exact(name.clone()).matches(&name.to_ascii_uppercase()));
+                        prop_assert!(!DomainPattern::Exact(name.clone()).matches(&deeper));
+                    }
+                    Ok(DomainPattern::Wildcard(suffix)) => {
+                        let deeper = format!("{sub}.{suffix}");
+                        let p = DomainPattern::Wildcard(suffix.clone());
+                        prop_assert!(p.matches(&deeper));
+                        prop_assert!(!p.matches(&suffix));
+                    }
+                    Err(rule) => prop_assert!(!rule.is_empty()),
+                }
+            }
         }
     }
 }

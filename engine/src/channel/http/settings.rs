@@ -25,6 +25,10 @@ pub struct HttpSettings {
     pub allowed_domains: Vec<DomainPattern>,
     /// Development and test only: allow private, loopback and other blocked addresses.
     pub allow_private_addresses: bool,
+    /// Allow the reserved classes beyond PUSH-256's table (NAT64 local use,
+    /// 6to4, Teredo, IPv4-compatible, 192.0.0.0/24, benchmarking, TEST-NETs,
+    /// 240.0.0.0/4, documentation). Default false: they are refused.
+    pub allow_reserved_addresses: bool,
     /// DNS servers for webhook hosts; empty means the system configuration.
     pub dns_servers: Vec<SocketAddr>,
     /// Extra PEM CA certificates trusted for webhook TLS, besides the system roots.
@@ -45,6 +49,7 @@ impl Default for HttpSettings {
         Self {
             allowed_domains: Vec::new(),
             allow_private_addresses: false,
+            allow_reserved_addresses: false,
             dns_servers: Vec::new(),
             extra_ca_files: Vec::new(),
             max_in_flight: default_max_in_flight(),
@@ -66,6 +71,7 @@ mod tests {
     fn defaults_and_rules() {
         let s = parse(serde_json::json!({})).unwrap();
         assert!(s.allowed_domains.is_empty() && !s.allow_private_addresses && s.dns_servers.is_empty());
+        assert!(!s.allow_reserved_addresses, "the reserved classes are refused by default");
         assert_eq!((s.max_in_flight.get(), s.connections.get(), s.rate_limit_per_second), (1000, 4, 0));
         let s = parse(serde_json::json!({"allowed_domains": ["Hooks.Example.com", "*.example.net"]})).unwrap();
         assert_eq!(

@@ -118,4 +118,55 @@ mod tests {
         );
         assert_eq!(next_delay(5, parse_retry_after("1", now())), None, "five attempts in all");
     }
+
+    /// Issue 16 item 7: push server answers, property-tested.
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        use std::time::UNIX_EPOCH;
+
+        proptest! {
+            /// Any header text: no delay or one of at most 60 s.
+            #[test]
+            fn any_retry_after_is_capped(value in "\\PC{0,40}|[0-9 ]{0,25}", status: u16) {
+                if let Some(delay) = parse_retry_after(&value, now()) {
+                    prop_assert!(delay <= RETRY_AFTER_CAP);
+                }
+                if let Answer::Retry { retry_after: Some(delay) } = classify(status, Some(&value), now()) {
+                    prop_assert!(delay <= RETRY_AFTER_CAP);
+                }
+            }
+
+            /// Both forms give back the delay they say, capped: seconds as
+            /// digits, and an HTTP-date that far from now.
+            #[test]
+            fn both_forms_round_trip(secs: u64, ahead in 0u64..200, behind in 0u64..1_000_000) {
+                let want = Duration::from_secs(secs).min(RETRY_AFTER_CAP);
+                prop_assert_eq!(parse_retry_after(&secs.to_string(), now()), Some(want));
+                prop_assert_eq!(parse_retry_after(&format!(" {secs}\t"), now()), Some(want));
+                let date = httpdate::fmt_http_date(now() + Duration::from_secs(ahead));
+                prop_assert_eq!(parse_retry_after(&date, now()), Some(Duration::from_secs(ahead).min(RETRY_AFTER_CAP)));
+                let past = httpdate::fmt_http_date(now() - Duration::from_secs(behind));
+                prop_assert_eq!(parse_retry_after(&past, now()), Some(Duration::ZERO));
+                // Any clock, even before 1970's dates run out.
+                let _ = parse_retry_after(&date, UNIX_EPOCH);
+            }
+
+            /// The schedule never waits less than its backoff and never
+            /// goes past five attempts, whatever Retry-After said.
+            #[test]
+            fn the_schedule_is_bounded(attempts: u32, retry_after in proptest::option::of(0u64..100)) {
+                let retry_after = retry_after.map(Duration::from_secs);
+                match next_delay(attempts, retry_after) {
+                    Some(delay) => {
+                        prop_assert!((1..MAX_ATTEMPTS).contains(&attempts));
+                        prop_assert!(delay >= BACKOFF[attempts as usize - 1]);
+                        prop_assert!(delay <= BACKOFF[3].max(retry_after.unwrap_or_default()));
+                    }
+                    None => prop_assert!(attempts == 0 || attempts >= MAX_ATTEMPTS),
+                }
+            }
+        }
+    }
 }
