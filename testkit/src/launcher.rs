@@ -316,8 +316,15 @@ pub fn target_dir() -> PathBuf {
     if target.is_absolute() { target } else { workspace.join(target) }
 }
 
+/// The workspace: the parent of the running crate's manifest directory as
+/// cargo sets it at run time (every member lies one level down), else of
+/// testkit's at build time. Run time first: a target directory shared by
+/// several checkouts may hold a testkit built in one that is gone since.
 fn workspace_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("testkit lies in the workspace").to_path_buf()
+    let manifest = std::env::var_os("CARGO_MANIFEST_DIR").map(PathBuf::from);
+    let manifest = manifest.filter(|m| m.join("Cargo.toml").is_file());
+    let manifest = manifest.unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    manifest.parent().expect("a workspace member lies in the workspace").to_path_buf()
 }
 
 /// A minimal HTTP/1.1 request over plain TCP: (status, body).
