@@ -52,7 +52,7 @@ impl RelayStatements {
 
 /// Seconds from now to `expires_at_ms`, rounded up, at least one: the
 /// record's TTL.
-fn ttl_until(expires_at_ms: i64) -> i32 {
+pub(super) fn ttl_until(expires_at_ms: i64) -> i32 {
     let now_ms = unix_now_ns() / 1_000_000;
     let secs = (expires_at_ms.saturating_sub(now_ms) + 999) / 1000;
     i32::try_from(secs.max(1)).unwrap_or(i32::MAX)
