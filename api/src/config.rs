@@ -23,6 +23,9 @@ pub struct Config {
     pub store: StoreSettings,
     pub log: LogSettings,
     pub engine: EngineSettings,
+    /// Spec 002's Station role (`gateway.rs`): its tenant and session
+    /// verifier; needs `[engine.gateway]`.
+    pub station: Option<crate::gateway::StationSettings>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -37,21 +37,31 @@ pub struct ApiState {
     pub metrics: Arc<Metrics>,
     /// `Some` only when the debug endpoint is enabled.
     pub push_log: Option<Arc<PushLog>>,
+    /// Spec 002's routes (`gateway.rs`), with `[engine.gateway]`.
+    pub gateway: Option<crate::gateway::GatewayState>,
 }
 
 pub fn router(state: ApiState) -> Router {
-    Router::new()
+    let gateway = state.gateway.clone();
+    let router = Router::new()
         .route("/v2/push/registration", put(put_registration).delete(delete_registration))
         .route("/v2/debug/push-log", get(push_log))
         .fallback(|| async { Problem::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint").into_response() })
-        .with_state(state)
+        .with_state(state);
+    match gateway {
+        Some(g) => router.merge(crate::gateway::router(g)),
+        None => router,
+    }
 }
 
 pub async fn serve(listener: TcpListener, state: ApiState, mut shutdown: watch::Receiver<bool>) {
     let shutdown = async move {
         let _ = shutdown.changed().await;
     };
-    if let Err(e) = axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await {
+    // The peer address: the Station trusts its front proxy's header only
+    // from the configured addresses.
+    let app = router(state).into_make_service_with_connect_info::<std::net::SocketAddr>();
+    if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
         tracing::warn!(error = %e, "the API listener stopped");
     }
 }
@@ -59,16 +69,22 @@ pub async fn serve(listener: TcpListener, state: ApiState, mut shutdown: watch::
 /// An RFC 9457 problem: `code` is the stable error code (e.g.
 /// `validation_failed`), `field` names the body field at fault.
 #[derive(Debug)]
-struct Problem {
-    status: StatusCode,
-    code: &'static str,
+pub(crate) struct Problem {
+    pub(crate) status: StatusCode,
+    pub(crate) code: &'static str,
     detail: String,
     field: Option<&'static str>,
+    /// Retry-After, in seconds (429, 503).
+    retry_after_secs: Option<u64>,
 }
 
 impl Problem {
-    fn new(status: StatusCode, code: &'static str, detail: impl Into<String>) -> Self {
-        Self { status, code, detail: detail.into(), field: None }
+    pub(crate) fn new(status: StatusCode, code: &'static str, detail: impl Into<String>) -> Self {
+        Self { status, code, detail: detail.into(), field: None, retry_after_secs: None }
+    }
+
+    pub(crate) fn retry_after(self, secs: u64) -> Self {
+        Self { retry_after_secs: Some(secs), ..self }
     }
 
     fn invalid(field: &'static str, detail: impl Into<String>) -> Self {
@@ -92,6 +108,9 @@ impl IntoResponse for Problem {
             (self.status, [(header::CONTENT_TYPE, "application/problem+json")], body.to_string()).into_response();
         if self.status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+        }
+        if let Some(secs) = self.retry_after_secs {
+            response.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from(secs));
         }
         response
     }

@@ -16,6 +16,10 @@ pub mod jcs;
 pub mod schema;
 pub mod settings;
 
+// The stateful parts (gw-state): the service and the wakeup worker.
+pub mod delivery;
+pub mod service;
+
 pub use self::identity::{
     AccountId, CollapseKey, DeliveryWindowId, DeviceId, IdError, PushRouteId, PushSecret, PushTargetId, RegistrationId,
     SaltEpochId, SaltSecrets, SecretError, ServiceId,

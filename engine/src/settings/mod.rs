@@ -55,6 +55,8 @@ pub struct EngineSettings {
     pub channels: ChannelSettings,
     /// Spec 003 push-server endpoint (issue 13); absent: off.
     pub relay_ingress: Option<RelayIngressSettings>,
+    /// Spec 002's Station and Gateway roles (issue 14); absent: off.
+    pub gateway: Option<crate::gateway::GatewaySettings>,
 }
 
 impl Default for EngineSettings {
@@ -72,6 +74,7 @@ impl Default for EngineSettings {
             lease: LeaseSettings::default(),
             channels: ChannelSettings::https_only(),
             relay_ingress: None,
+            gateway: None,
         }
     }
 }
