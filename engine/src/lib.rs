@@ -9,6 +9,7 @@ pub mod clock;
 pub mod delivery;
 pub mod dispatch;
 pub mod engine;
+pub mod gateway;
 pub mod ingest;
 pub mod metrics;
 pub mod ownership;
