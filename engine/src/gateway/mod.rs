@@ -11,15 +11,19 @@
 //! `signature` (RFC 9421 / RFC 9530). The readings chosen where the spec is
 //! ambiguous are listed in docs/GATEWAY.md ("Readings").
 
+pub mod egress;
 pub mod identity;
 pub mod jcs;
+pub mod outcome;
 pub mod schema;
 pub mod settings;
 
+pub use self::egress::{DedupKey, Egress, EgressPolicy, ProviderWakeup, RateWindow, WakeupPayload};
 pub use self::identity::{
     AccountId, CollapseKey, DeliveryWindowId, DeviceId, IdError, PushRouteId, PushSecret, PushTargetId, RegistrationId,
     SaltEpochId, SaltSecrets, SecretError, ServiceId,
 };
+pub use self::outcome::{DeviceOutcome, GatewayStatus, NoFanout, NotifyResponse, ReasonCode, Rejection, TargetFailure};
 pub use self::schema::{
     NotifyHeaders, NotifyLimits, NotifyRequest, Operation, RegisterDevice, SchemaViolation, UnregisterDevice,
 };
