@@ -220,7 +220,8 @@ impl PushSecret {
         Self::new(bytes)
     }
 
-    fn mac(&self) -> Hmac<Sha256> {
+    /// A MAC keyed with the secret (the secret itself never leaves).
+    pub(super) fn mac(&self) -> Hmac<Sha256> {
         <Hmac<Sha256> as KeyInit>::new_from_slice(&self.0).expect("HMAC takes keys of any length")
     }
 }

@@ -11,8 +11,10 @@
 //! `signature` (RFC 9421 / RFC 9530). The readings chosen where the spec is
 //! ambiguous are listed in docs/GATEWAY.md ("Readings").
 
+pub mod egress;
 pub mod identity;
 pub mod jcs;
+pub mod outcome;
 pub mod schema;
 pub mod settings;
 
@@ -20,10 +22,12 @@ pub mod settings;
 pub mod delivery;
 pub mod service;
 
+pub use self::egress::{DedupKey, Egress, EgressPolicy, ProviderWakeup, RateWindow, WakeupPayload};
 pub use self::identity::{
     AccountId, CollapseKey, DeliveryWindowId, DeviceId, IdError, PushRouteId, PushSecret, PushTargetId, RegistrationId,
     SaltEpochId, SaltSecrets, SecretError, ServiceId,
 };
+pub use self::outcome::{DeviceOutcome, GatewayStatus, NoFanout, NotifyResponse, ReasonCode, Rejection, TargetFailure};
 pub use self::schema::{
     NotifyHeaders, NotifyLimits, NotifyRequest, Operation, RegisterDevice, SchemaViolation, UnregisterDevice,
 };

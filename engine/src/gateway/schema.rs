@@ -329,63 +329,21 @@ fn strict_json(body: &[u8]) -> Result<Value> {
 /// boundary, §6.2, checklist rule 7): content and payload containers,
 /// provider-private fields, rule/DND plaintext and timing hints.
 fn is_forbidden(name: &str) -> bool {
+    #[rustfmt::skip]
     const FORBIDDEN: &[&str] = &[
-        "content",
-        "body",
-        "preview",
-        "summary",
-        "extra",
-        "payload",
-        "data",
-        "provider_payload",
-        "kind",
+        "content", "body", "preview", "summary", "extra", "payload", "data", "provider_payload", "kind",
         // provider-private bodies and raw provider fields
-        "aps",
-        "apns",
-        "fcm",
-        "android",
-        "webpush",
-        "alert",
-        "sound",
-        "badge_count",
-        "collapse_key",
-        "collapse_id",
-        "apns_collapse_id",
-        "apns_topic",
-        "apns_priority",
-        "apns_push_type",
-        "token",
-        "provider",
-        "provider_token",
-        "provider_message_id",
-        "message",
+        "aps", "apns", "fcm", "android", "webpush", "alert", "sound", "badge_count", "collapse_key",
+        "collapse_id", "apns_collapse_id", "apns_topic", "apns_priority", "apns_push_type", "token",
+        "provider", "provider_token", "provider_message_id", "message",
         // rule / DND plaintext
-        "rules",
-        "push_rules",
-        "rule",
-        "rule_id",
-        "matched_rule",
-        "matched_keyword",
-        "keywords",
-        "dnd",
-        "dnd_schedule",
-        "snooze",
-        "quiet_hours",
+        "rules", "push_rules", "rule", "rule_id", "matched_rule", "matched_keyword", "keywords", "dnd",
+        "dnd_schedule", "snooze", "quiet_hours",
         // timing hints (§8: notify carries none)
-        "timing",
-        "timing_hint",
-        "delay",
-        "delay_ms",
-        "send_at",
-        "deliver_at",
-        "not_before",
-        "ttl",
-        "expiration",
-        "push_wakeup_mode",
+        "timing", "timing_hint", "delay", "delay_ms", "send_at", "deliver_at", "not_before", "ttl",
+        "expiration", "push_wakeup_mode",
         // mention routing (§4.5: any mention routing wire input is refused)
-        "mention_token",
-        "mention_recipients",
-        "audience",
+        "mention_token", "mention_recipients", "audience",
     ];
     FORBIDDEN.contains(&name) || name.starts_with("content_") || name.starts_with("encrypted_")
 }
@@ -1060,5 +1018,581 @@ impl NotifyRequest {
             .map(|v| token(v, "/audit_envelope/late_recovery_original_event_id", 255))
             .transpose()?;
         Ok(AuditEnvelope { access_kind: kind.to_owned(), late_recovery_original_event_id: original })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    const TARGET: &str = "ak:pseudonym:push:kosc9iQ4gVct1OB-b6X364WIFIsJFVbVzn7BMBs1sm8";
+    const D1: &str = "ak:device:0192f3a1-4c2b-7d5e-9f10-2a3b4c5d6e7f";
+    const D2: &str = "ak:device:0192f3a1-4c2b-7d5e-b021-3c4d5e6f7a8b";
+
+    /// The spec's §5.1 example request.
+    fn example() -> Value {
+        json!({"notification": {
+            "push_target_id": TARGET,
+            "wakeup_kind": "message",
+            "counts": {"badge": "2-5", "missed_call": false},
+            "devices": [{"device_id": D1}, {"device_id": D2}]
+        }})
+    }
+
+    fn parse(value: &Value) -> Result<NotifyRequest> {
+        let grid = CountGrid::default();
+        let limits = NotifyLimits { grid: &grid, max_unread_increment: 20, max_devices: 3 };
+        NotifyRequest::parse(value.to_string().as_bytes(), &limits)
+    }
+
+    /// `example()` with `f` applied.
+    fn edited(f: impl FnOnce(&mut Value)) -> Value {
+        let mut v = example();
+        f(&mut v);
+        v
+    }
+
+    fn refused(value: Value, pointer: &str, rule: Rule) {
+        let err = parse(&value).unwrap_err();
+        assert_eq!(err, SchemaViolation::body(pointer, rule), "{value}");
+        // The message names the place and the rule, never a value.
+        assert!(!err.to_string().contains("ak:device:0192") && !err.to_string().contains("kosc9"), "{err}");
+    }
+
+    #[test]
+    fn the_spec_example_parses() {
+        let r = parse(&example()).unwrap();
+        let n = &r.notification;
+        assert_eq!(n.push_target_id.to_string(), TARGET);
+        assert_eq!(n.wakeup_kind, WakeupKind::Message);
+        assert_eq!(n.push_hint, None);
+        assert!(!n.evaluation_locus_unresolved);
+        let counts = n.counts.unwrap();
+        assert_eq!(counts.badge, Some(CountValue::Bucket(BucketIndex(1))));
+        assert_eq!(counts.missed_call, Some(CountValue::Flag(false)));
+        assert_eq!(counts.unread_increment, None);
+        let devices: Vec<_> = n.devices.iter().map(DeviceId::as_str).collect();
+        assert_eq!(devices, [D1, D2]);
+        assert_eq!((r.event_kind.as_deref(), r.reason_code, r.audit_envelope.as_ref()), (None, None, None));
+    }
+
+    #[test]
+    fn every_optional_field_parses() {
+        let v = json!({
+            "notification": {
+                "push_target_id": TARGET, "wakeup_kind": "call_invite", "push_hint": "l10n_key",
+                "push_hint_l10n_key": "push.incoming_call", "evaluation_locus_unresolved": true,
+                "counts": {"badge": true, "missed_call": "21+", "unread_increment": 20},
+                "devices": [{"device_id": D1}],
+                "route_tokens": {"realm_route_token": "rt-1", "scope_route_token": "st-1"}
+            },
+            "event_kind": "ak.message.create",
+            "reason_code": "historical_only",
+            "audit_envelope": {"access_kind": "e2ee_late_recovery", "late_recovery_original_event_id": "ak:event:x"}
+        });
+        let r = parse(&v).unwrap();
+        let n = &r.notification;
+        assert_eq!(n.push_hint.as_ref().unwrap().l10n_key().unwrap().as_str(), "push.incoming_call");
+        assert_eq!(n.push_hint.as_ref().unwrap().as_str(), "l10n_key");
+        assert!(n.evaluation_locus_unresolved);
+        assert_eq!(n.counts.unwrap().missed_call, Some(CountValue::Bucket(BucketIndex(3))));
+        assert_eq!(n.counts.unwrap().unread_increment, Some(20));
+        assert_eq!(n.route_tokens.as_ref().unwrap().realm_route_token.as_deref(), Some("rt-1"));
+        assert_eq!(r.event_kind.as_deref(), Some("ak.message.create"));
+        assert_eq!(r.reason_code, Some(CallerReason::HistoricalOnly));
+        assert_eq!(r.audit_envelope.unwrap().access_kind, "e2ee_late_recovery");
+        for kind in WakeupKind::ALL {
+            let v = edited(|v| v["notification"]["wakeup_kind"] = kind.as_str().into());
+            assert_eq!(parse(&v).unwrap().notification.wakeup_kind, kind);
+        }
+        for hint in ["new_message", "incoming_call", "mention_self"] {
+            let v = edited(|v| v["notification"]["push_hint"] = hint.into());
+            assert_eq!(parse(&v).unwrap().notification.push_hint.unwrap().as_str(), hint);
+        }
+    }
+
+    #[test]
+    fn digests_tell_replays_from_other_bodies() {
+        let a = parse(&example()).unwrap();
+        // The same body with other whitespace and member order: same digest.
+        let text = format!(
+            r#"{{ "notification" : {{ "devices": [{{"device_id":"{D1}"}}, {{"device_id":"{D2}"}}],
+                "counts": {{"missed_call": false, "badge": "2-5"}}, "wakeup_kind": "message",
+                "push_target_id": "{TARGET}" }} }}"#
+        );
+        let grid = CountGrid::default();
+        let limits = NotifyLimits { grid: &grid, max_unread_increment: 20, max_devices: 3 };
+        let b = NotifyRequest::parse(text.as_bytes(), &limits).unwrap();
+        assert_eq!(a.digest, b.digest);
+        let c = parse(&edited(|v| v["notification"]["wakeup_kind"] = "mention".into())).unwrap();
+        assert_ne!(a.digest, c.digest);
+        assert_ne!(a.wakeup_digest, c.wakeup_digest);
+        // Other devices, same wake-up: the wake-up digest is the same.
+        let d = parse(&edited(|v| v["notification"]["devices"] = json!([{"device_id": D2}]))).unwrap();
+        assert_ne!(a.digest, d.digest);
+        assert_eq!(a.wakeup_digest, d.wakeup_digest);
+    }
+
+    #[test]
+    fn not_json_and_repeated_members() {
+        let grid = CountGrid::default();
+        let limits = NotifyLimits { grid: &grid, max_unread_increment: 20, max_devices: 3 };
+        for (body, rule) in [
+            (&b"not json"[..], Rule::NotJson),
+            (b"", Rule::NotJson),
+            (b"{} {}", Rule::NotJson),
+            (b"{\"notification\":{},\"notification\":{}}", Rule::DuplicateMember),
+        ] {
+            assert_eq!(NotifyRequest::parse(body, &limits).unwrap_err(), SchemaViolation::body("", rule));
+        }
+        let dup = format!(
+            r#"{{"notification":{{"push_target_id":"{TARGET}","wakeup_kind":"message","wakeup_kind":"mention","devices":[{{"device_id":"{D1}"}}]}}}}"#
+        );
+        assert_eq!(NotifyRequest::parse(dup.as_bytes(), &limits).unwrap_err().rule, Rule::DuplicateMember);
+        refused(json!([]), "", Rule::NotObject);
+        refused(json!({}), "/notification", Rule::Missing);
+        refused(json!({"notification": []}), "/notification", Rule::NotObject);
+    }
+
+    #[test]
+    fn service_headers_in_the_body_are_refused() {
+        for name in
+            ["idempotency_key", "Idempotency-Key", "source_service_id", "Destination-Service-ID", "arkret_operation"]
+        {
+            refused(edited(|v| v[name] = "x".into()), &format!("/{name}"), Rule::ServiceHeaderInBody);
+            refused(
+                edited(|v| v["notification"][name] = "x".into()),
+                &format!("/notification/{name}"),
+                Rule::ServiceHeaderInBody,
+            );
+        }
+    }
+
+    #[test]
+    fn forbidden_fields_are_refused_everywhere() {
+        for name in [
+            "content",
+            "body",
+            "preview",
+            "summary",
+            "extra",
+            "payload",
+            "data",
+            "provider_payload",
+            "kind",
+            "content_preview",
+            "content_title",
+            "encrypted_content",
+            "encrypted_metadata",
+            "encrypted_payload",
+            "aps",
+            "rules",
+            "dnd",
+            "send_at",
+            "delay_ms",
+            "collapse_key",
+            "token",
+        ] {
+            refused(edited(|v| v[name] = json!("x")), &format!("/{name}"), Rule::ForbiddenField);
+            refused(
+                edited(|v| v["notification"][name] = json!("x")),
+                &format!("/notification/{name}"),
+                Rule::ForbiddenField,
+            );
+        }
+        refused(
+            edited(|v| v["notification"]["counts"]["body"] = json!(1)),
+            "/notification/counts/body",
+            Rule::ForbiddenField,
+        );
+        refused(
+            edited(|v| v["notification"]["route_tokens"] = json!({"realm_id": "ak:realm:x"})),
+            "/notification/route_tokens/realm_id",
+            Rule::VisibleOnlyField,
+        );
+        refused(edited(|v| v["account_id"] = "ak:account:x".into()), "/account_id", Rule::AccountInBody);
+        refused(edited(|v| v["notification"]["other"] = json!(1)), "/notification/other", Rule::UnknownField);
+        refused(edited(|v| v["x/y~z"] = json!(1)), "/x~1y~0z", Rule::UnknownField);
+    }
+
+    #[test]
+    fn visible_only_fields_are_refused_in_blind_requests() {
+        for name in [
+            "event_id",
+            "realm_id",
+            "sender_actor_id",
+            "strand_id",
+            "message_id",
+            "sender_actor_display_name",
+            "strand_title",
+            "realm_title",
+            "user_is_target",
+            "priority",
+            "membership",
+        ] {
+            refused(
+                edited(|v| v["notification"][name] = json!("x")),
+                &format!("/notification/{name}"),
+                Rule::VisibleOnlyField,
+            );
+        }
+    }
+
+    #[test]
+    fn devices_are_non_empty_unique_and_device_id_only() {
+        refused(edited(|v| v["notification"]["devices"] = json!([])), "/notification/devices", Rule::NoDevices);
+        refused(
+            edited(|v| v["notification"]["devices"] = json!([{"device_id": D1}, {"device_id": D1}])),
+            "/notification/devices/1/device_id",
+            Rule::DuplicateDevice,
+        );
+        refused(
+            edited(|v| v["notification"]["devices"] = json!({"device_id": D1})),
+            "/notification/devices",
+            Rule::NotArray,
+        );
+        refused(edited(|v| v["notification"]["devices"] = json!([D1])), "/notification/devices/0", Rule::NotObject);
+        refused(
+            edited(|v| v["notification"]["devices"] = json!([{}])),
+            "/notification/devices/0/device_id",
+            Rule::Missing,
+        );
+        for name in ["push_key", "app_id", "platform", "visible_notification_opt_in"] {
+            refused(
+                edited(|v| v["notification"]["devices"][1][name] = json!("x")),
+                &format!("/notification/devices/1/{name}"),
+                Rule::RoutingFieldInDevice,
+            );
+        }
+        refused(
+            edited(|v| v["notification"]["devices"][0]["extra"] = json!("x")),
+            "/notification/devices/0/extra",
+            Rule::ForbiddenField,
+        );
+        let four: Vec<_> =
+            (0..4).map(|i| json!({"device_id": format!("ak:device:0192f3a1-4c2b-7d5e-9f10-2a3b4c5d6e7{i}")})).collect();
+        refused(edited(|v| v["notification"]["devices"] = json!(four)), "/notification/devices", Rule::TooManyDevices);
+        for bad in [
+            "ak:device:0192f3a1-4c2b-4d5e-9f10-2a3b4c5d6e7f", // v4
+            "ak:device:0192F3A1-4C2B-7D5E-9F10-2A3B4C5D6E7F", // uppercase
+            "device:0192f3a1-4c2b-7d5e-9f10-2a3b4c5d6e7f",
+            "ak:device:0192f3a14c2b7d5e9f102a3b4c5d6e7f",
+        ] {
+            refused(
+                edited(|v| v["notification"]["devices"][0]["device_id"] = bad.into()),
+                "/notification/devices/0/device_id",
+                Rule::BadDeviceId,
+            );
+        }
+        refused(
+            edited(|v| v["notification"]["devices"][0]["device_id"] = json!(7)),
+            "/notification/devices/0/device_id",
+            Rule::NotString,
+        );
+    }
+
+    #[test]
+    fn enums_are_closed() {
+        refused(
+            edited(|v| v["notification"]["wakeup_kind"] = "chat".into()),
+            "/notification/wakeup_kind",
+            Rule::NotInEnum,
+        );
+        refused(
+            edited(|v| v["notification"]["wakeup_kind"] = "Message".into()),
+            "/notification/wakeup_kind",
+            Rule::NotInEnum,
+        );
+        refused(
+            edited(|v| v["notification"].as_object_mut().unwrap().remove("wakeup_kind").map(drop).unwrap()),
+            "/notification/wakeup_kind",
+            Rule::Missing,
+        );
+        refused(
+            edited(|v| v["notification"]["push_hint"] = "matched_keyword".into()),
+            "/notification/push_hint",
+            Rule::NotInEnum,
+        );
+        refused(edited(|v| v["reason_code"] = "replay".into()), "/reason_code", Rule::NotInEnum);
+        refused(edited(|v| v["event_kind"] = "Ak.Message".into()), "/event_kind", Rule::BadText);
+        refused(edited(|v| v["event_kind"] = json!(1)), "/event_kind", Rule::NotString);
+        refused(
+            edited(|v| v["notification"]["evaluation_locus_unresolved"] = "true".into()),
+            "/notification/evaluation_locus_unresolved",
+            Rule::NotBool,
+        );
+    }
+
+    #[test]
+    fn push_hint_and_its_l10n_key_come_in_pairs() {
+        const KEY: &str = "/notification/push_hint_l10n_key";
+        refused(edited(|v| v["notification"]["push_hint"] = "l10n_key".into()), KEY, Rule::L10nKeyPairing);
+        refused(edited(|v| v["notification"]["push_hint_l10n_key"] = "push.x".into()), KEY, Rule::L10nKeyPairing);
+        refused(
+            edited(|v| {
+                v["notification"]["push_hint"] = "new_message".into();
+                v["notification"]["push_hint_l10n_key"] = "push.x".into();
+            }),
+            KEY,
+            Rule::L10nKeyPairing,
+        );
+        refused(
+            edited(|v| {
+                v["notification"]["push_hint"] = "l10n_key".into();
+                v["notification"]["push_hint_l10n_key"] = "Alice says hi".into();
+            }),
+            KEY,
+            Rule::BadText,
+        );
+    }
+
+    #[test]
+    fn counts_are_flags_buckets_or_a_bounded_increment() {
+        const C: &str = "/notification/counts";
+        refused(
+            edited(|v| v["notification"]["counts"]["badge"] = json!(3)),
+            &format!("{C}/badge"),
+            Rule::AbsoluteCount,
+        );
+        refused(
+            edited(|v| v["notification"]["counts"]["missed_call"] = json!(1)),
+            &format!("{C}/missed_call"),
+            Rule::AbsoluteCount,
+        );
+        refused(
+            edited(|v| v["notification"]["counts"]["badge"] = json!(null)),
+            &format!("{C}/badge"),
+            Rule::AbsoluteCount,
+        );
+        for bucket in ["3", "2-6", "21", "0", "22+", ""] {
+            refused(
+                edited(|v| v["notification"]["counts"]["badge"] = bucket.into()),
+                &format!("{C}/badge"),
+                Rule::BucketNotInGrid,
+            );
+        }
+        for n in [json!(0), json!(21), json!(-1), json!(1.5), json!("3")] {
+            refused(
+                edited(|v| v["notification"]["counts"]["unread_increment"] = n.clone()),
+                &format!("{C}/unread_increment"),
+                Rule::IncrementOutOfRange,
+            );
+        }
+        refused(
+            edited(|v| v["notification"]["counts"]["unread"] = json!(5)),
+            &format!("{C}/unread"),
+            Rule::UnknownField,
+        );
+        refused(edited(|v| v["notification"]["counts"] = json!(5)), C, Rule::NotObject);
+    }
+
+    #[test]
+    fn push_target_ids_are_strict() {
+        const AT: &str = "/notification/push_target_id";
+        for bad in [
+            format!("{TARGET}="),
+            TARGET.replace("sm8", "sm9"),
+            TARGET.replace('-', "+"),
+            TARGET.replace("b6X364", "b6X/64"),
+            TARGET[..TARGET.len() - 1].to_owned(),
+            format!("{TARGET}A"),
+            "ak:account:example".to_owned(),
+        ] {
+            refused(edited(|v| v["notification"]["push_target_id"] = bad.clone().into()), AT, Rule::BadPushTargetId);
+        }
+        refused(
+            edited(|v| v["notification"].as_object_mut().unwrap().remove("push_target_id").map(drop).unwrap()),
+            AT,
+            Rule::Missing,
+        );
+    }
+
+    #[test]
+    fn route_tokens_and_audit_envelopes_are_closed() {
+        refused(
+            edited(|v| v["notification"]["route_tokens"] = json!({"realm_route_token": "a b"})),
+            "/notification/route_tokens/realm_route_token",
+            Rule::BadText,
+        );
+        refused(
+            edited(|v| v["notification"]["route_tokens"] = json!({"mention_token": "x"})),
+            "/notification/route_tokens/mention_token",
+            Rule::ForbiddenField,
+        );
+        refused(edited(|v| v["audit_envelope"] = json!({})), "/audit_envelope/access_kind", Rule::Missing);
+        refused(
+            edited(|v| v["audit_envelope"] = json!({"access_kind": "x", "note": "y"})),
+            "/audit_envelope/note",
+            Rule::UnknownField,
+        );
+    }
+
+    fn headers(pairs: &[(&'static str, &str)]) -> http::HeaderMap {
+        let mut h = http::HeaderMap::new();
+        for (name, value) in pairs {
+            h.append(*name, http::HeaderValue::from_str(value).unwrap());
+        }
+        h
+    }
+
+    const NOTIFY_HEADERS: [(&str, &str); 4] = [
+        ("arkret-operation", "ak.edge.push.command.notify.v1"),
+        ("idempotency-key", "8e03978e-40d5-43e8-bc93-6894a57f9324"),
+        ("source-service-id", "did:web:station.example"),
+        ("destination-service-id", "did:web:push.example"),
+    ];
+
+    #[test]
+    fn notify_headers() {
+        let h = NotifyHeaders::parse(&headers(&NOTIFY_HEADERS)).unwrap();
+        assert_eq!(h.idempotency_key.as_str(), "8e03978e-40d5-43e8-bc93-6894a57f9324");
+        assert_eq!((h.source.as_str(), h.destination.as_str()), ("did:web:station.example", "did:web:push.example"));
+
+        let without = |name: &str| -> Vec<_> { NOTIFY_HEADERS.iter().copied().filter(|(n, _)| *n != name).collect() };
+        let err = |pairs: &[(&'static str, &str)]| NotifyHeaders::parse(&headers(pairs)).unwrap_err();
+        assert_eq!(err(&without("arkret-operation")), SchemaViolation::header("Arkret-Operation", Rule::MissingHeader));
+        assert_eq!(err(&without("idempotency-key")), SchemaViolation::header("Idempotency-Key", Rule::MissingHeader));
+        assert_eq!(
+            err(&without("source-service-id")),
+            SchemaViolation::header("Source-Service-ID", Rule::MissingHeader)
+        );
+        assert_eq!(
+            err(&without("destination-service-id")),
+            SchemaViolation::header("Destination-Service-ID", Rule::MissingHeader)
+        );
+        let mut wrong = without("arkret-operation");
+        wrong.push(("arkret-operation", "ak.edge.push.command.register_device.v1"));
+        assert_eq!(err(&wrong), SchemaViolation::header("Arkret-Operation", Rule::WrongOperation));
+        let mut twice = NOTIFY_HEADERS.to_vec();
+        twice.push(("idempotency-key", "other"));
+        assert_eq!(err(&twice), SchemaViolation::header("Idempotency-Key", Rule::RepeatedHeader));
+        let mut spaced = without("source-service-id");
+        spaced.push(("source-service-id", "did:web:a b"));
+        assert_eq!(err(&spaced), SchemaViolation::header("Source-Service-ID", Rule::BadHeaderValue));
+        let mut long = without("idempotency-key");
+        let key = "k".repeat(256);
+        long.push(("idempotency-key", &key));
+        assert_eq!(err(&long), SchemaViolation::header("Idempotency-Key", Rule::BadHeaderValue));
+    }
+
+    #[test]
+    fn station_operations_may_omit_their_selector() {
+        assert!(check_operation(&headers(&[]), Operation::RegisterDevice).is_ok());
+        let register = headers(&[("arkret-operation", "ak.edge.push.command.register_device.v1")]);
+        assert!(check_operation(&register, Operation::RegisterDevice).is_ok());
+        assert_eq!(
+            check_operation(&register, Operation::UnregisterDevice).unwrap_err(),
+            SchemaViolation::header("Arkret-Operation", Rule::WrongOperation)
+        );
+        assert_eq!(Operation::Notify.path(), "/_arkret/edge/push/notify");
+    }
+
+    /// §3.1's example body.
+    fn register_example() -> Value {
+        json!({
+            "device_id": "ak:device:01964137-0000-7000-8000-000000000000",
+            "push_gateway_url": "https://push.example.com/_arkret/edge/push/notify",
+            "push_key": "fcm:eJx9k2...",
+            "platform": "android",
+            "app_id": "com.arkret.client",
+            "display_name": "Alice's Pixel 9"
+        })
+    }
+
+    fn register(value: &Value) -> Result<RegisterDevice> {
+        RegisterDevice::parse(value.to_string().as_bytes())
+    }
+
+    #[test]
+    fn register_device_parses_the_spec_example() {
+        let r = register(&register_example()).unwrap();
+        assert_eq!(r.device_id.as_str(), "ak:device:01964137-0000-7000-8000-000000000000");
+        assert_eq!(r.push_key.route(), PushRouteId::FcmMain);
+        assert_eq!(r.push_key.provider_token(), "eJx9k2...");
+        assert_eq!(r.push_key.as_registered(), "fcm:eJx9k2...");
+        assert_eq!(r.platform, Some(Platform::Android));
+        assert_eq!(r.app_id.as_deref(), Some("com.arkret.client"));
+        assert_eq!(r.display_name.as_deref(), Some("Alice's Pixel 9"));
+        assert!(!r.visible_notification_opt_in);
+        assert!(!format!("{r:?}").contains("eJx9k2"), "Debug hides the push key");
+    }
+
+    #[test]
+    fn push_keys_name_their_route() {
+        let key =
+            |raw: &str, platform| PushKey::parse(raw, platform).map(|k| (k.route(), k.provider_token().to_owned()));
+        assert_eq!(key("apns:abcd", None), Ok((PushRouteId::ApnsMain, "abcd".into())));
+        assert_eq!(key("apns-sandbox:abcd", Some(Platform::Ios)), Ok((PushRouteId::ApnsSandbox, "abcd".into())));
+        assert_eq!(key("abcd", Some(Platform::Ios)), Ok((PushRouteId::ApnsMain, "abcd".into())));
+        assert_eq!(key("abcd", Some(Platform::Android)), Ok((PushRouteId::FcmMain, "abcd".into())));
+        assert_eq!(key("abcd", Some(Platform::Web)), Err(Rule::UnroutablePushKey));
+        assert_eq!(key("abcd", None), Err(Rule::UnroutablePushKey));
+        assert_eq!(key("fcm:", None), Err(Rule::BadText));
+        assert_eq!(key("fcm:a b", None), Err(Rule::BadText));
+        assert_eq!(key(&"a".repeat(4097), Some(Platform::Ios)), Err(Rule::BadText));
+    }
+
+    #[test]
+    fn register_device_refusals() {
+        let refused = |f: &dyn Fn(&mut Value), pointer: &str, rule: Rule| {
+            let mut v = register_example();
+            f(&mut v);
+            assert_eq!(register(&v).unwrap_err(), SchemaViolation::body(pointer, rule), "{v}");
+        };
+        for name in ["account_id", "principal_id", "recipient_id"] {
+            refused(&|v| v[name] = "ak:account:x".into(), &format!("/{name}"), Rule::AccountInBody);
+        }
+        refused(&|v| v["source_service_id"] = "x".into(), "/source_service_id", Rule::ServiceHeaderInBody);
+        refused(&|v| v["extra"] = json!({}), "/extra", Rule::ForbiddenField);
+        refused(&|v| v["sandbox"] = json!(true), "/sandbox", Rule::UnknownField);
+        for name in ["device_id", "push_gateway_url", "push_key"] {
+            refused(&|v| drop(v.as_object_mut().unwrap().remove(name)), &format!("/{name}"), Rule::Missing);
+        }
+        refused(&|v| v["device_id"] = "ak:device:1".into(), "/device_id", Rule::BadDeviceId);
+        refused(&|v| v["platform"] = "symbian".into(), "/platform", Rule::NotInEnum);
+        refused(
+            &|v| {
+                v["push_key"] = "eJx9k2".into();
+                v["platform"] = "web".into();
+            },
+            "/push_key",
+            Rule::UnroutablePushKey,
+        );
+        refused(&|v| v["push_key"] = json!(1), "/push_key", Rule::NotString);
+        refused(&|v| v["display_name"] = "a\nb".into(), "/display_name", Rule::BadText);
+        refused(&|v| v["display_name"] = "x".repeat(257).into(), "/display_name", Rule::BadText);
+        refused(&|v| v["visible_notification_opt_in"] = "yes".into(), "/visible_notification_opt_in", Rule::NotBool);
+        refused(&|v| v["app_id"] = "".into(), "/app_id", Rule::BadText);
+        let mut v = register_example();
+        v["visible_notification_opt_in"] = true.into();
+        v["push_key"] = "raw-apns-token".into();
+        v["platform"] = "ios".into();
+        let r = register(&v).unwrap();
+        assert!(r.visible_notification_opt_in);
+        assert_eq!(r.push_key.route(), PushRouteId::ApnsMain);
+    }
+
+    #[test]
+    fn unregister_device() {
+        let u = UnregisterDevice::parse(br#"{"device_id":"ak:device:01964137-0000-7000-8000-000000000000"}"#).unwrap();
+        assert_eq!((u.push_key, u.app_id), (None, None));
+        let u = UnregisterDevice::parse(
+            br#"{"device_id":"ak:device:01964137-0000-7000-8000-000000000000","push_key":"fcm:tok","app_id":"com.a"}"#,
+        )
+        .unwrap();
+        assert_eq!((u.push_key.as_deref(), u.app_id.as_deref()), (Some("fcm:tok"), Some("com.a")));
+        assert!(!format!("{u:?}").contains("tok"));
+        let err = |body: &[u8]| UnregisterDevice::parse(body).unwrap_err();
+        assert_eq!(err(b"{}"), SchemaViolation::body("/device_id", Rule::Missing));
+        assert_eq!(
+            err(br#"{"device_id":"ak:device:01964137-0000-7000-8000-000000000000","account_id":"x"}"#),
+            SchemaViolation::body("/account_id", Rule::AccountInBody)
+        );
+        assert_eq!(
+            err(br#"{"device_id":"AK:DEVICE:01964137-0000-7000-8000-000000000000"}"#),
+            SchemaViolation::body("/device_id", Rule::BadDeviceId)
+        );
     }
 }
