@@ -17,6 +17,7 @@ pub mod jcs;
 pub mod outcome;
 pub mod schema;
 pub mod settings;
+pub mod signature;
 
 pub use self::egress::{DedupKey, Egress, EgressPolicy, ProviderWakeup, RateWindow, WakeupPayload};
 pub use self::identity::{
@@ -28,3 +29,4 @@ pub use self::schema::{
     NotifyHeaders, NotifyLimits, NotifyRequest, Operation, RegisterDevice, SchemaViolation, UnregisterDevice,
 };
 pub use self::settings::GatewaySettings;
+pub use self::signature::{DigestError, SignatureError, SignaturePolicy, SignedRequest};
