@@ -17,6 +17,7 @@ pub mod jcs;
 pub mod outcome;
 pub mod schema;
 pub mod settings;
+pub mod signature;
 
 // The stateful parts (gw-state): the service and the wakeup worker.
 pub mod delivery;
@@ -32,3 +33,4 @@ pub use self::schema::{
     NotifyHeaders, NotifyLimits, NotifyRequest, Operation, RegisterDevice, SchemaViolation, UnregisterDevice,
 };
 pub use self::settings::GatewaySettings;
+pub use self::signature::{DigestError, SignatureError, SignaturePolicy, SignedRequest};

@@ -487,6 +487,34 @@ mod tests {
         assert_eq!(s.salt_secret_files().count(), 1);
     }
 
+    /// fanout.example.toml documents every key with its default.
+    #[test]
+    fn the_example_block_loads_with_the_defaults() {
+        let example = include_str!("../../../fanout.example.toml");
+        let start = example.find("# [engine.gateway]").unwrap();
+        let block: String =
+            example[start..].lines().map(|l| l.strip_prefix("# ").unwrap_or(l)).collect::<Vec<_>>().join("\n");
+        let table: toml::Table = block.parse().unwrap();
+        let s: GatewaySettings = table["engine"]["gateway"].clone().try_into().unwrap();
+        let d = parse(minimal()).unwrap();
+        assert_eq!(
+            (s.registration_ttl, s.window, s.aggressive_threshold, s.count_dwell, s.max_unread_increment),
+            (d.registration_ttl, d.window, d.aggressive_threshold, d.count_dwell, d.max_unread_increment)
+        );
+        assert_eq!((s.count_grid, s.hardened, s.hardened_bucket), (d.count_grid, d.hardened, d.hardened_bucket));
+        assert_eq!(
+            (s.idempotency_retention, s.no_fanout_event_kinds),
+            (d.idempotency_retention, d.no_fanout_event_kinds)
+        );
+        assert_eq!((s.signature_max_age, s.clock_skew), (d.signature_max_age, d.clock_skew));
+        assert_eq!(
+            (s.max_provider_payload_bytes, s.max_devices_per_notify),
+            (d.max_provider_payload_bytes, d.max_devices_per_notify)
+        );
+        assert_eq!(s.gateways.len(), 1);
+        assert_eq!(s.source_services[0].keys[0].public_key, URL_SAFE_NO_PAD.decode(RFC_KEY).unwrap()[..]);
+    }
+
     #[test]
     fn gateways_sources_and_keys() {
         let mut json = minimal();
