@@ -20,20 +20,24 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{ConnectInfo, DefaultBodyLimit, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use fanout_engine::gateway::identity::{AccountId, ServiceId};
+use fanout_engine::gateway::schema::NotifyHeaders;
 use fanout_engine::gateway::schema::{Operation, RegisterDevice, SchemaViolation, UnregisterDevice, check_operation};
-use fanout_engine::gateway::service::{GatewayService, StationError};
+use fanout_engine::gateway::service::{GatewayService, NotifyError, StationError};
+use fanout_engine::gateway::signature::{self, SignaturePolicy, SignedRequest};
 use fanout_engine::metrics::Metrics;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use crate::rest::Problem;
 
-/// A Station body is a few short fields; notify is bounded by its devices.
+/// A Station body is a few short fields.
 const MAX_STATION_BODY: usize = 16 * 1024;
+/// Notify is bounded by its devices (at most `max_devices_per_notify`).
+const MAX_NOTIFY_BODY: usize = 256 * 1024;
 
 /// `[station]`: the Station role of this deployment.
 #[derive(Debug, Clone, Deserialize)]
@@ -173,7 +177,8 @@ pub fn router(state: GatewayState) -> Router {
     Router::new()
         .route(Operation::RegisterDevice.path(), post(register_device))
         .route(Operation::UnregisterDevice.path(), post(unregister_device))
-        .layer(DefaultBodyLimit::max(MAX_STATION_BODY))
+        .route(Operation::Notify.path(), post(notify))
+        .layer(DefaultBodyLimit::max(MAX_NOTIFY_BODY))
         .with_state(state)
 }
 
@@ -258,6 +263,72 @@ async fn unregister_device(
     .await;
     // §3.2: 204 and no body, also when nothing was registered.
     counted(&state, "unregister_device", result.map(|()| StatusCode::NO_CONTENT.into_response()))
+}
+
+fn notify_problem(e: &NotifyError) -> Problem {
+    let status = match e {
+        NotifyError::Schema(v) => return schema_problem(v),
+        NotifyError::UnknownSource => StatusCode::UNAUTHORIZED,
+        NotifyError::WrongDestination => StatusCode::MISDIRECTED_REQUEST,
+        NotifyError::DuplicateConflict => StatusCode::CONFLICT,
+        NotifyError::Overloaded => StatusCode::TOO_MANY_REQUESTS,
+        NotifyError::InProgress | NotifyError::Storage => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    let problem = Problem::new(status, e.code(), e.to_string());
+    match e {
+        NotifyError::Overloaded | NotifyError::InProgress | NotifyError::Storage => problem.retry_after(1),
+        _ => problem,
+    }
+}
+
+fn now_unix_s() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
+}
+
+/// §5.1 notify: the headers, then the service's authentication (the body's
+/// Content-Digest and the RFC 9421 signature under a key of the named
+/// source service), then the service. Nothing of the body is read before
+/// the signature verified.
+async fn notify(
+    State(state): State<GatewayState>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let result = async {
+        let parsed = NotifyHeaders::parse(&headers).map_err(|v| schema_problem(&v))?;
+        let settings = state.service.settings();
+        let unauthorized = |detail: String| Problem::new(StatusCode::UNAUTHORIZED, "unauthorized", detail);
+        let source = settings
+            .source_service(&parsed.source)
+            .ok_or_else(|| unauthorized(NotifyError::UnknownSource.to_string()))?;
+        signature::verify_content_digest(&headers, &body).map_err(|e| unauthorized(e.to_string()))?;
+        let authority = uri
+            .authority()
+            .map(|a| a.as_str().to_owned())
+            .or_else(|| headers.get(header::HOST).and_then(|h| h.to_str().ok()).map(str::to_owned))
+            .unwrap_or_default();
+        let path_and_query = uri.path_and_query().map_or("/", |p| p.as_str());
+        // The listener is plain HTTP (TLS in front is a separate concern):
+        // signers cover `@path` or `@request-target`, which do not depend on it.
+        let request = SignedRequest {
+            method: method.as_str(),
+            scheme: "http",
+            authority: &authority,
+            path_and_query,
+            headers: &headers,
+        };
+        let policy = SignaturePolicy::notify(settings.signature_max_age, settings.clock_skew);
+        signature::verify(&request, source, &policy, now_unix_s()).map_err(|e| {
+            tracing::info!(reason = e.label(), "notify signature refused");
+            unauthorized(e.to_string())
+        })?;
+        let answer = state.service.notify(&parsed, &body).await.map_err(|e| notify_problem(&e))?;
+        Ok((StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], answer).into_response())
+    }
+    .await;
+    counted(&state, "notify", result)
 }
 
 /// Counts a request by route and result (`ok` or the problem's code).

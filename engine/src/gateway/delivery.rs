@@ -171,7 +171,8 @@ impl Delivery {
             // Configuration changed since the wakeup was accepted.
             return self.drop_wakeup(&leased).await;
         };
-        let payload: Map<String, Value> = match serde_json::from_slice(&w.payload) {
+        let held = super::service::held_batch(self.store.as_ref(), w, now).await;
+        let payload: Map<String, Value> = match serde_json::from_slice(held.as_deref().unwrap_or(&w.payload)) {
             Ok(p) => p,
             Err(_) => return self.drop_wakeup(&leased).await,
         };

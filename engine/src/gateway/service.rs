@@ -8,18 +8,29 @@
 //! work per request is bounded (devices per notify, one store transaction per
 //! step), so the slots bound the store and memory load.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use sha2::{Digest, Sha256};
 use tokio::sync::Semaphore;
 
 use super::delivery::{Delivery, route_channel};
-use super::identity::{AccountId, PushTargetId, RegistrationId, SaltSecrets, SecretError, ServiceId};
-use super::schema::{RegisterDevice, UnregisterDevice};
+use super::egress::{
+    BucketDwell, DedupKey, DedupScope, Egress, EgressCount, EgressPolicy, ProviderWakeup, RateWindow, WakeupPayload,
+};
+use super::identity::{
+    AccountId, DeliveryWindowId, DeviceId, PushRouteId, PushTargetId, RegistrationId, SaltEpochId, SaltSecrets,
+    SecretError, ServiceId,
+};
+use super::outcome::{DeviceOutcome, NoFanout, NotifyResponse, ReasonCode, Rejection, TargetFailure};
+use super::schema::{NotifyHeaders, NotifyLimits, NotifyRequest, RegisterDevice, SchemaViolation, UnregisterDevice};
 use super::settings::GatewaySettings;
 use crate::channel::Channels;
 use crate::clock::unix_now_ns;
-use crate::store::{GatewayRegistration, Revoke, RouteKey, Store};
+use crate::store::{GatewayRegistration, GatewayWakeup, NotifyClaim, NotifyKey, Revoke, RouteKey, Store, StoreError};
 
 /// Requests handled at once by default.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 256;
@@ -209,13 +220,382 @@ impl GatewayService {
         Ok(())
     }
 
-    /// The registration lease of a notify claim: three attempt bounds.
-    pub const CLAIM_LEASE: Duration = Duration::from_secs(30);
+    /// §5: one notify from `headers.source`, whose signature the HTTP edge
+    /// verified over these headers and the raw body. In order: the
+    /// destination is this gateway; the body's closed schema; the
+    /// Idempotency-Key (an exact replay gets the stored answer, another body
+    /// `duplicate_conflict`); the no-fanout branches; the target in the
+    /// source's tenant; the rebuilt payload's size; then per device its
+    /// registration, dedup, rate and bucket dwell. The answer and its
+    /// wakeups are stored in one step before it is returned (`accepted` is
+    /// a durable takeover), and the wakeup worker is nudged.
+    pub async fn notify(&self, headers: &NotifyHeaders, body: &[u8]) -> Result<Vec<u8>, NotifyError> {
+        let _slot = self.slot().ok_or(NotifyError::Overloaded)?;
+        if headers.destination != self.settings.service_id {
+            return Err(NotifyError::WrongDestination);
+        }
+        if self.settings.source_service(&headers.source).is_none() {
+            return Err(NotifyError::UnknownSource);
+        }
+        let limits = NotifyLimits {
+            grid: &self.settings.count_grid,
+            max_unread_increment: self.settings.max_unread_increment,
+            max_devices: self.settings.max_devices_per_notify,
+        };
+        let request = NotifyRequest::parse(body, &limits)?;
+        let key = NotifyKey {
+            tenant: headers.source.as_str().to_owned(),
+            idempotency_key: headers.idempotency_key.as_str().to_owned(),
+        };
+        let now = now_ms();
+        let lease_until = now + CLAIM_LEASE.as_millis() as i64;
+        let expires_at = now.saturating_add(self.settings.idempotency_retention.as_millis() as i64);
+        let claim = self.store.gateway_notify_claim(&key, &request.digest.0, now, lease_until, expires_at).await?;
+        match claim {
+            NotifyClaim::Claimed => {}
+            NotifyClaim::Replay(response) => return Ok(response),
+            NotifyClaim::Conflict => return Err(NotifyError::DuplicateConflict),
+            NotifyClaim::Busy { .. } => return Err(NotifyError::InProgress),
+        }
+        let decided = self.decide(&headers.source, &request, now).await;
+        let (response, wakeups) = match decided {
+            Ok(d) => d,
+            Err(e) => {
+                let _ = self.store.gateway_notify_release(&key, lease_until).await;
+                return Err(e.into());
+            }
+        };
+        let body = response.to_json();
+        if !self.store.gateway_notify_commit(&key, lease_until, &body, &wakeups, expires_at).await? {
+            // Our claim ran out and another request took it over: its
+            // answer stands; this caller retries and gets it.
+            return Err(NotifyError::InProgress);
+        }
+        if !wakeups.is_empty() {
+            self.delivery.nudge();
+        }
+        Ok(body)
+    }
+
+    /// The answer and the wakeups to store with it.
+    async fn decide(
+        &self,
+        source: &ServiceId,
+        request: &NotifyRequest,
+        now: i64,
+    ) -> Result<(NotifyResponse, Vec<GatewayWakeup>), StoreError> {
+        let n = &request.notification;
+        let target = n.push_target_id;
+        if let Some(branch) = NoFanout::of(request, &self.settings.no_fanout_event_kinds) {
+            if branch == NoFanout::Audit {
+                // The audit pipeline's record: the event's class only, no id.
+                let kind = request.audit_envelope.as_ref().map(|a| a.access_kind.as_str());
+                tracing::info!(target: "fanout::gateway::audit", access_kind = kind, "audit envelope received");
+            }
+            return Ok((NotifyResponse::no_fanout(target, &n.devices), Vec::new()));
+        }
+        // Registrations of a retired salt epoch no longer resolve (§2.2).
+        let registrations: Vec<_> = self
+            .store
+            .gateway_target(source.as_str(), &target.to_string(), now)
+            .await?
+            .into_iter()
+            .filter(|r| SaltEpochId::parse(&r.salt_epoch_id).is_ok_and(|e| self.secrets.get(&e).is_some()))
+            .collect();
+        if registrations.is_empty() {
+            return Ok((NotifyResponse::whole_target(target, &n.devices, TargetFailure::Unknown), Vec::new()));
+        }
+        let payload = WakeupPayload::rebuild(n, &self.settings.count_grid);
+        if payload.encoded_len() > self.settings.max_provider_payload_bytes {
+            return Ok((NotifyResponse::whole_target(target, &n.devices, TargetFailure::PayloadTooLarge), Vec::new()));
+        }
+        let mut outcomes = HashMap::new();
+        let mut wakeups = Vec::new();
+        for device in n.devices.iter() {
+            let registration = registrations.iter().find(|r| r.device_id == device.as_str());
+            let outcome = match registration {
+                None => DeviceOutcome::Rejected(Rejection::terminal(ReasonCode::PushTokenUnknown)),
+                Some(r) if r.token_invalid => {
+                    DeviceOutcome::Rejected(Rejection::terminal(ReasonCode::PushTokenInvalid))
+                }
+                Some(r) => self.take_over(source, request, r, device, payload.clone(), now, &mut wakeups).await?,
+            };
+            outcomes.insert(device.clone(), outcome);
+        }
+        let response = NotifyResponse::per_device(target, &n.devices, |d| outcomes[d]);
+        Ok((response, wakeups))
+    }
+
+    /// One registered device: dedup, rate and bucket dwell, and the wakeup.
+    #[allow(clippy::too_many_arguments)]
+    async fn take_over(
+        &self,
+        source: &ServiceId,
+        request: &NotifyRequest,
+        reg: &GatewayRegistration,
+        device: &DeviceId,
+        mut payload: WakeupPayload,
+        now: i64,
+        wakeups: &mut Vec<GatewayWakeup>,
+    ) -> Result<DeviceOutcome, StoreError> {
+        let tenant = source.as_str();
+        let (Some(route), Ok(epoch), Ok(account)) = (
+            PushRouteId::parse(&reg.push_route_id),
+            SaltEpochId::parse(&reg.salt_epoch_id),
+            AccountId::parse(&reg.account_id),
+        ) else {
+            return Ok(DeviceOutcome::Rejected(Rejection::terminal(ReasonCode::PushTokenUnknown)));
+        };
+        if !self.channels.is_configured(route_channel(route).0) {
+            // The operator removed the provider: retryable once it is back.
+            let rejection = Rejection::retry(ReasonCode::PushGatewayUnreachable, Duration::from_secs(60));
+            return Ok(DeviceOutcome::Rejected(rejection.expect("retryable")));
+        }
+        let secret = self.secrets.get(&epoch).expect("filtered to known epochs");
+        let window_secs = self.settings.window.as_secs().max(1);
+        let now_u = now.max(0) as u64;
+        let window = DeliveryWindowId::at(now_u, window_secs);
+        let window_end = window.end_ms(window_secs) as i64;
+
+        // §2.4: one wakeup per (account, device, route, source event) per
+        // window. The marker holds the request's digest, so a take-over of
+        // this very request (its claim's holder died) is not a duplicate.
+        let scope =
+            DedupScope { account: &account, device, route, epoch: &epoch, source_event: &request.wakeup_digest };
+        let dedup = DedupKey::derive(secret, scope, window);
+        let marker = [b"d".as_slice(), dedup.as_bytes()].concat();
+        let keep = window_end + self.settings.window.as_millis() as i64;
+        if !self.store.gateway_state_cas(tenant, &marker, None, &request.digest.0, now, keep).await?
+            && self.store.gateway_state(tenant, &marker, now).await?.as_deref() != Some(&request.digest.0[..])
+        {
+            return Ok(DeviceOutcome::Duplicate);
+        }
+
+        let route_key = route_state_key(reg);
+        // §5.1: a bucket badge keeps its bucket for the dwell.
+        if let Some(EgressCount::Bucket(label)) = payload.counts().badge.clone() {
+            let dwell = self.settings.count_dwell;
+            let keep = now + 2 * dwell.as_millis() as i64 + 1;
+            let shown = self
+                .update_state(tenant, &[b"c".as_slice(), &route_key].concat(), keep, now, |d: &mut BucketDwell| {
+                    d.observe(&label, dwell, now_u)
+                })
+                .await?;
+            payload.set_badge(Some(EgressCount::Bucket(shown)));
+        }
+
+        // §4.5 / §8: at once up to the threshold per window, else (or on a
+        // hardened route always) one batch wakeup at the bucket's end.
+        let policy = EgressPolicy {
+            window: self.settings.window,
+            aggressive_threshold: self.settings.aggressive_threshold.get(),
+            hardened_bucket: self.settings.is_hardened(source).then_some(self.settings.hardened_bucket),
+        };
+        let keep = window_end + self.settings.window.as_millis() as i64;
+        let egress = self
+            .update_state(tenant, &[b"r".as_slice(), &route_key].concat(), keep, now, |r: &mut RateWindow| {
+                r.admit(&policy, now_u)
+            })
+            .await?;
+        let expires_at_ms = now + WAKEUP_LIFETIME.as_millis() as i64;
+        let wakeup = match egress {
+            Egress::Now => {
+                let id = hex32(&[tenant.as_bytes(), request.digest.0.as_slice(), device.as_str().as_bytes()]);
+                let sent = ProviderWakeup::new(payload, secret, window);
+                self.wakeup(reg, id, sent, now, expires_at_ms)
+            }
+            Egress::Batch { flush_at_ms } => {
+                let id = batch_id(tenant, &route_key, flush_at_ms);
+                let flush_window = DeliveryWindowId::at(flush_at_ms, window_secs);
+                // Held wakeups of the bucket merge into one (§4.5).
+                let keep = flush_at_ms as i64 + WAKEUP_LIFETIME.as_millis() as i64;
+                let max = self.settings.max_unread_increment;
+                let merged = self
+                    .update_state(tenant, id.as_bytes(), keep, now, |held: &mut Option<WakeupPayload>| {
+                        let next = match held.take() {
+                            Some(h) => h.merge(payload.clone(), max),
+                            None => unresolved(&payload),
+                        };
+                        *held = Some(next.clone());
+                        next
+                    })
+                    .await?;
+                let sent = ProviderWakeup::new(merged, secret, flush_window);
+                self.wakeup(reg, id, sent, flush_at_ms as i64, expires_at_ms.max(keep))
+            }
+        };
+        wakeups.push(wakeup);
+        Ok(DeviceOutcome::Accepted)
+    }
+
+    fn wakeup(
+        &self,
+        reg: &GatewayRegistration,
+        id: String,
+        sent: ProviderWakeup,
+        not_before_ms: i64,
+        expires_at_ms: i64,
+    ) -> GatewayWakeup {
+        GatewayWakeup {
+            id,
+            route: reg.route_key(),
+            registration_id: reg.registration_id.clone(),
+            payload: serde_json::to_vec(&sent.payload).expect("a payload serializes"),
+            collapse_key: sent.collapse_key.as_str().to_owned(),
+            not_before_ms,
+            attempts: 0,
+            expires_at_ms,
+        }
+    }
+
+    /// Read-modify-write of a window state value by compare-and-set, tried
+    /// again when another request changed it in between.
+    async fn update_state<T, R>(
+        &self,
+        tenant: &str,
+        key: &[u8],
+        expires_at_ms: i64,
+        now: i64,
+        mut change: impl FnMut(&mut T) -> R,
+    ) -> Result<R, StoreError>
+    where
+        T: Serialize + DeserializeOwned + Default,
+    {
+        for _ in 0..STATE_ATTEMPTS {
+            let old = self.store.gateway_state(tenant, key, now).await?;
+            let mut value: T = old.as_deref().and_then(|b| serde_json::from_slice(b).ok()).unwrap_or_default();
+            let result = change(&mut value);
+            let new = serde_json::to_vec(&value).expect("state serializes");
+            if self.store.gateway_state_cas(tenant, key, old.as_deref(), &new, now, expires_at_ms).await? {
+                return Ok(result);
+            }
+        }
+        Err(StoreError::Backend("gateway state: too many concurrent changes".into()))
+    }
+}
+
+/// The payload of a batch wakeup as merged so far (`batch_id`): the worker
+/// sends it rather than the one stored with the bucket's first wakeup.
+/// `None` for any other wakeup.
+pub async fn held_batch(store: &dyn Store, wakeup: &GatewayWakeup, now: i64) -> Option<Vec<u8>> {
+    if !is_batch_id(&wakeup.id) {
+        return None;
+    }
+    let held = store.gateway_state(&wakeup.route.tenant, wakeup.id.as_bytes(), now).await.ok()??;
+    let payload: Option<WakeupPayload> = serde_json::from_slice(&held).ok()?;
+    payload.map(|p| serde_json::to_vec(&p).expect("a payload serializes"))
+}
+
+/// §4.5: a batch wakeup carries `evaluation_locus_unresolved = true`.
+fn unresolved(payload: &WakeupPayload) -> WakeupPayload {
+    let mut value = serde_json::to_value(payload).expect("a payload serializes");
+    value["evaluation_locus_unresolved"] = serde_json::Value::Bool(true);
+    serde_json::from_value(value).expect("the same payload, flagged")
+}
+
+/// A notify claim's lease: three attempt bounds.
+pub const CLAIM_LEASE: Duration = Duration::from_secs(30);
+
+/// How long an accepted wakeup is tried before it is given up.
+pub const WAKEUP_LIFETIME: Duration = Duration::from_secs(24 * 3600);
+
+/// Compare-and-set attempts of one state change.
+const STATE_ATTEMPTS: usize = 16;
+
+/// The state key of a device route (account, device, route), hashed so
+/// that no stored key spells an account or device id.
+fn route_state_key(reg: &GatewayRegistration) -> Vec<u8> {
+    let mut h = Sha256::new();
+    for part in [&reg.account_id, &reg.device_id, &reg.push_route_id] {
+        h.update((part.len() as u32).to_be_bytes());
+        h.update(part.as_bytes());
+    }
+    h.finalize().to_vec()
+}
+
+/// 32 hex characters of the SHA-256 of length-prefixed parts.
+fn hex32(parts: &[&[u8]]) -> String {
+    let mut h = Sha256::new();
+    for part in parts {
+        h.update((part.len() as u32).to_be_bytes());
+        h.update(part);
+    }
+    hex::encode(&h.finalize()[..16])
+}
+
+/// A batch wakeup's id: `B` (never in lowercase hex, so never a plain
+/// wakeup's) and 31 hex characters, one per route and flush time, so the
+/// wakeups held for it are one.
+fn batch_id(tenant: &str, route_key: &[u8], flush_at_ms: u64) -> String {
+    let h = hex32(&[tenant.as_bytes(), route_key, &flush_at_ms.to_be_bytes()]);
+    format!("B{}", &h[..31])
+}
+
+fn is_batch_id(id: &str) -> bool {
+    id.len() == 32 && id.starts_with('B')
+}
+
+/// Why a notify is not answered 200. Each maps to one status at the HTTP
+/// edge; messages name the rule, never a value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotifyError {
+    /// 400 `schema_violation`.
+    #[error(transparent)]
+    Schema(#[from] SchemaViolation),
+    /// 401: no `[[engine.gateway.source_services]]` entry for the source.
+    #[error("Source-Service-ID is not a service allowed to notify")]
+    UnknownSource,
+    /// 421: `Destination-Service-ID` is not this gateway.
+    #[error("Destination-Service-ID does not name this gateway")]
+    WrongDestination,
+    /// 409 `duplicate_conflict` (§5.2).
+    #[error("Idempotency-Key was used with another body")]
+    DuplicateConflict,
+    /// 503 + Retry-After: the same request is being handled now.
+    #[error("this request is being handled; retry")]
+    InProgress,
+    /// 429.
+    #[error("too many requests in flight")]
+    Overloaded,
+    /// 503 + Retry-After.
+    #[error("storage unavailable; retry")]
+    Storage,
+}
+
+impl From<StoreError> for NotifyError {
+    fn from(_: StoreError) -> Self {
+        Self::Storage
+    }
+}
+
+impl NotifyError {
+    /// The stable problem code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Schema(_) => SchemaViolation::CODE,
+            Self::UnknownSource => "unauthorized",
+            Self::WrongDestination => "wrong_destination",
+            Self::DuplicateConflict => "duplicate_conflict",
+            Self::InProgress => "in_progress",
+            Self::Overloaded => "rate_limited",
+            Self::Storage => "unavailable",
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn batch_ids_are_told_apart() {
+        let b = batch_id("station", b"route", 60_000);
+        assert_eq!(b.len(), 32);
+        assert!(is_batch_id(&b));
+        assert!((0..64u8).all(|i| !is_batch_id(&hex32(&[&[i]]))));
+        assert_ne!(b, batch_id("station", b"route", 120_000));
+        assert_ne!(b, batch_id("other", b"route", 60_000));
+    }
 
     #[test]
     fn rfc3339_dates() {

@@ -123,7 +123,7 @@ pub enum NotifyClaim {
 /// revoked or superseded registration is never used (§3.3).
 #[derive(Clone, PartialEq, Eq)]
 pub struct GatewayWakeup {
-    /// 32 lowercase hex characters; the same id stored twice is one wakeup
+    /// 32 characters; the same id stored twice is one wakeup
     /// (a batch wakeup's id is its device and window's, so later wakeups of
     /// the window merge into it).
     pub id: String,
