@@ -257,7 +257,14 @@ impl GatewayService {
             NotifyClaim::Conflict => return Err(NotifyError::DuplicateConflict),
             NotifyClaim::Busy { .. } => return Err(NotifyError::InProgress),
         }
-        let decided = self.decide(&headers.source, &request, now).await;
+        // This request, as distinct from another with the same body under
+        // another key (§2.4 dedup must see those as two).
+        let owner: [u8; 32] = Sha256::new()
+            .chain_update(headers.idempotency_key.as_str().as_bytes())
+            .chain_update(request.digest.0)
+            .finalize()
+            .into();
+        let decided = self.decide(&headers.source, &request, &owner, now).await;
         let (response, wakeups) = match decided {
             Ok(d) => d,
             Err(e) => {
@@ -282,6 +289,7 @@ impl GatewayService {
         &self,
         source: &ServiceId,
         request: &NotifyRequest,
+        owner: &[u8; 32],
         now: i64,
     ) -> Result<(NotifyResponse, Vec<GatewayWakeup>), StoreError> {
         let n = &request.notification;
@@ -318,7 +326,10 @@ impl GatewayService {
                 Some(r) if r.token_invalid => {
                     DeviceOutcome::Rejected(Rejection::terminal(ReasonCode::PushTokenInvalid))
                 }
-                Some(r) => self.take_over(source, request, r, device, payload.clone(), now, &mut wakeups).await?,
+                Some(r) => {
+                    let this = Request { source, request, owner };
+                    self.take_over(this, r, device, payload.clone(), now, &mut wakeups).await?
+                }
             };
             outcomes.insert(device.clone(), outcome);
         }
@@ -327,11 +338,9 @@ impl GatewayService {
     }
 
     /// One registered device: dedup, rate and bucket dwell, and the wakeup.
-    #[allow(clippy::too_many_arguments)]
     async fn take_over(
         &self,
-        source: &ServiceId,
-        request: &NotifyRequest,
+        Request { source, request, owner }: Request<'_>,
         reg: &GatewayRegistration,
         device: &DeviceId,
         mut payload: WakeupPayload,
@@ -358,15 +367,15 @@ impl GatewayService {
         let window_end = window.end_ms(window_secs) as i64;
 
         // §2.4: one wakeup per (account, device, route, source event) per
-        // window. The marker holds the request's digest, so a take-over of
+        // window. The marker holds the request's `owner`, so a take-over of
         // this very request (its claim's holder died) is not a duplicate.
         let scope =
             DedupScope { account: &account, device, route, epoch: &epoch, source_event: &request.wakeup_digest };
         let dedup = DedupKey::derive(secret, scope, window);
         let marker = [b"d".as_slice(), dedup.as_bytes()].concat();
         let keep = window_end + self.settings.window.as_millis() as i64;
-        if !self.store.gateway_state_cas(tenant, &marker, None, &request.digest.0, now, keep).await?
-            && self.store.gateway_state(tenant, &marker, now).await?.as_deref() != Some(&request.digest.0[..])
+        if !self.store.gateway_state_cas(tenant, &marker, None, owner, now, keep).await?
+            && self.store.gateway_state(tenant, &marker, now).await?.as_deref() != Some(&owner[..])
         {
             return Ok(DeviceOutcome::Duplicate);
         }
@@ -400,7 +409,7 @@ impl GatewayService {
         let expires_at_ms = now + WAKEUP_LIFETIME.as_millis() as i64;
         let wakeup = match egress {
             Egress::Now => {
-                let id = hex32(&[tenant.as_bytes(), request.digest.0.as_slice(), device.as_str().as_bytes()]);
+                let id = hex32(&[tenant.as_bytes(), owner.as_slice(), device.as_str().as_bytes()]);
                 let sent = ProviderWakeup::new(payload, secret, window);
                 self.wakeup(reg, id, sent, now, expires_at_ms)
             }
@@ -491,6 +500,15 @@ fn unresolved(payload: &WakeupPayload) -> WakeupPayload {
     let mut value = serde_json::to_value(payload).expect("a payload serializes");
     value["evaluation_locus_unresolved"] = serde_json::Value::Bool(true);
     serde_json::from_value(value).expect("the same payload, flagged")
+}
+
+/// One notify as `take_over` sees it.
+#[derive(Clone, Copy)]
+struct Request<'a> {
+    source: &'a ServiceId,
+    request: &'a NotifyRequest,
+    /// SHA-256 of the Idempotency-Key and the body digest.
+    owner: &'a [u8; 32],
 }
 
 /// A notify claim's lease: three attempt bounds.
