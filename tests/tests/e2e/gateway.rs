@@ -378,19 +378,25 @@ async fn whole_target_and_device_reasons() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(invalid, vec![one(&phone, "rejected", Some("push_token_invalid"))]);
-    // Registering again gives a fresh route (new token): accepted again.
+    // Registering again gives a fresh route (new token): accepted again
+    // (another wakeup: the same one would be this window's duplicate, §2.4).
     let target = registered_target(&s, &phone, "fcm:token-10b").await;
-    let answer = notify(&s, "k-fresh", &body(&target, &[&phone])).await;
+    let mut fresh = body(&target, &[&phone]);
+    fresh["notification"]["wakeup_kind"] = "assignment".into();
+    let answer = notify(&s, "k-fresh", &fresh).await;
     assert_eq!(outcomes(&answer), vec![one(&phone, "accepted", None)]);
     s.fcm.wait_for_token("token-10b", 1, T).await;
 
     // A transient provider answer after the takeover is the gateway's to
-    // retry: the caller already has `accepted`.
+    // retry (FCM's table: 503 → again after 10 s): the caller already has
+    // `accepted`.
     s.fcm.script("token-10b", vec![FcmReply::error(503, "UNAVAILABLE")]);
     let mut request = body(&target, &[&phone]);
     request["notification"]["wakeup_kind"] = "schedule".into();
     assert_eq!(outcomes(&notify(&s, "k-retry", &request).await), vec![one(&phone, "accepted", None)]);
-    assert_eq!(s.fcm.wait_for_token("token-10b", 3, T).await.len(), 3, "{}", s.fanout.log_tail(20));
+    let retried = s.fcm.wait_for_token("token-10b", 3, Duration::from_secs(30)).await;
+    assert_eq!(retried.len(), 3, "{}", s.fanout.log_tail(20));
+    assert_eq!(fcm_payload(&retried[1]), fcm_payload(&retried[2]), "the same wakeup, sent again");
 
     // The FCM channel removed: a registered FCM route is unreachable for
     // now (retryable, with retry_after_ms).
