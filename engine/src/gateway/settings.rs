@@ -14,7 +14,10 @@ use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde::Deserialize;
 
+use super::egress::EgressPolicy;
 use super::identity::{SaltEpochId, ServiceId};
+use super::schema::NotifyLimits;
+use super::signature::SignaturePolicy;
 use crate::settings::duration;
 
 /// §2.4: the delivery window when the policy names none.
@@ -98,6 +101,29 @@ impl GatewaySettings {
     /// The egress bucket of a route: the window, or the hardened bucket.
     pub fn egress_bucket(&self, source: &ServiceId) -> Duration {
         if self.is_hardened(source) { self.hardened_bucket } else { self.window }
+    }
+
+    /// The limits notify bodies are parsed under.
+    pub fn notify_limits(&self) -> NotifyLimits<'_> {
+        NotifyLimits {
+            grid: &self.count_grid,
+            max_unread_increment: self.max_unread_increment,
+            max_devices: self.max_devices_per_notify,
+        }
+    }
+
+    /// The egress timing of the routes of `source`.
+    pub fn egress_policy(&self, source: &ServiceId) -> EgressPolicy {
+        EgressPolicy {
+            window: self.window,
+            aggressive_threshold: self.aggressive_threshold.get(),
+            hardened_bucket: self.is_hardened(source).then_some(self.hardened_bucket),
+        }
+    }
+
+    /// The signature requirements of notify.
+    pub fn notify_signature_policy(&self) -> SignaturePolicy {
+        SignaturePolicy::notify(self.signature_max_age, self.clock_skew)
     }
 }
 
@@ -540,6 +566,11 @@ mod tests {
         assert!(s.is_hardened(&station) && !s.is_hardened(&other));
         assert_eq!(s.egress_bucket(&station), Duration::from_secs(300));
         assert_eq!(s.egress_bucket(&other), Duration::from_secs(60));
+        assert_eq!(s.egress_policy(&station).hardened_bucket, Some(Duration::from_secs(300)));
+        assert_eq!(s.egress_policy(&other).hardened_bucket, None);
+        assert_eq!(s.egress_policy(&other).aggressive_threshold, 30);
+        assert_eq!((s.notify_limits().max_devices, s.notify_limits().max_unread_increment), (100, 20));
+        assert_eq!(s.notify_signature_policy().max_age, Duration::from_secs(300));
         assert!(s.no_fanout_event_kinds.contains("ak.agent.lifecycle"));
     }
 
