@@ -208,22 +208,31 @@ fn unauthorized() -> Problem {
     Problem::new(StatusCode::UNAUTHORIZED, "unauthorized", "an authenticated session is required")
 }
 
-/// The Station's tenant and the session's account, or the refusal.
-fn station_account(
+/// A Station request as the routes share it: the session's account under
+/// the Station's tenant, the operation's selector, the body's size and its
+/// closed schema, in that order.
+struct StationRequest<T> {
+    tenant: ServiceId,
+    account: AccountId,
+    body: T,
+}
+
+fn station_request<T>(
     state: &GatewayState,
     headers: &HeaderMap,
     peer: SocketAddr,
-) -> Result<(ServiceId, AccountId), Problem> {
+    operation: Operation,
+    body: &Bytes,
+    parse: impl FnOnce(&[u8]) -> Result<T, SchemaViolation>,
+) -> Result<StationRequest<T>, Problem> {
     let Some(station) = &state.station else { return Err(not_found()) };
     let account = station.1.account(headers, Some(peer.ip())).ok_or_else(unauthorized)?;
-    Ok((station.0.service_id.clone(), account))
-}
-
-fn body_limit(body: &Bytes) -> Result<(), Problem> {
+    check_operation(headers, operation).map_err(|v| schema_problem(&v))?;
     if body.len() > MAX_STATION_BODY {
         return Err(Problem::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", "the body is too large"));
     }
-    Ok(())
+    let body = parse(body).map_err(|v| schema_problem(&v))?;
+    Ok(StationRequest { tenant: station.0.service_id.clone(), account, body })
 }
 
 async fn register_device(
@@ -233,18 +242,14 @@ async fn register_device(
     body: Bytes,
 ) -> Response {
     let result = async {
-        let (tenant, account) = station_account(&state, &headers, peer)?;
-        check_operation(&headers, Operation::RegisterDevice).map_err(|v| schema_problem(&v))?;
-        body_limit(&body)?;
-        let request = RegisterDevice::parse(&body).map_err(|v| schema_problem(&v))?;
-        state.service.register(&tenant, &account, &request).await.map_err(|e| station_problem(&e))
+        let r = station_request(&state, &headers, peer, Operation::RegisterDevice, &body, RegisterDevice::parse)?;
+        let registered =
+            state.service.register(&r.tenant, &r.account, &r.body).await.map_err(|e| station_problem(&e))?;
+        let body = registered.to_json().to_string();
+        Ok((StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], body).into_response())
     }
     .await;
-    let response = result.map(|registered| {
-        let body = registered.to_json().to_string();
-        (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], body).into_response()
-    });
-    counted(&state, "register_device", response)
+    counted(&state, "register_device", result)
 }
 
 async fn unregister_device(
@@ -254,15 +259,13 @@ async fn unregister_device(
     body: Bytes,
 ) -> Response {
     let result = async {
-        let (tenant, account) = station_account(&state, &headers, peer)?;
-        check_operation(&headers, Operation::UnregisterDevice).map_err(|v| schema_problem(&v))?;
-        body_limit(&body)?;
-        let request = UnregisterDevice::parse(&body).map_err(|v| schema_problem(&v))?;
-        state.service.unregister(&tenant, &account, &request).await.map_err(|e| station_problem(&e))
+        let r = station_request(&state, &headers, peer, Operation::UnregisterDevice, &body, UnregisterDevice::parse)?;
+        state.service.unregister(&r.tenant, &r.account, &r.body).await.map_err(|e| station_problem(&e))?;
+        // §3.2: 204 and no body, also when nothing was registered.
+        Ok(StatusCode::NO_CONTENT.into_response())
     }
     .await;
-    // §3.2: 204 and no body, also when nothing was registered.
-    counted(&state, "unregister_device", result.map(|()| StatusCode::NO_CONTENT.into_response()))
+    counted(&state, "unregister_device", result)
 }
 
 fn notify_problem(e: &NotifyError) -> Problem {

@@ -370,6 +370,27 @@ impl Lwt {
         }
     }
 
+    fn current_i64(&self, column: &str) -> Option<i64> {
+        match self.current.get(column) {
+            Some(Some(CqlValue::BigInt(v))) => Some(*v),
+            _ => None,
+        }
+    }
+
+    fn current_i8(&self, column: &str) -> Option<i8> {
+        match self.current.get(column) {
+            Some(Some(CqlValue::TinyInt(v))) => Some(*v),
+            _ => None,
+        }
+    }
+
+    fn current_blob(&self, column: &str) -> Option<&[u8]> {
+        match self.current.get(column) {
+            Some(Some(CqlValue::Blob(v))) => Some(v),
+            _ => None,
+        }
+    }
+
     fn current_u64(&self, column: &str) -> Option<u64> {
         match self.current.get(column) {
             Some(Some(CqlValue::BigInt(v))) => Some(from_db(*v)),

@@ -6,7 +6,6 @@
 //! signer) and RFC 9530 Content-Digest; the mocks show what the providers
 //! receive.
 
-use std::net::SocketAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::Engine as _;
@@ -15,6 +14,8 @@ use fanout_testkit::{
     ApnsTestKey, FcmReply, MockApns, MockApnsConfig, MockFcm, MockFcmConfig, TestPki, start_mock_apns, start_mock_fcm,
 };
 use fanout_tests::{EngineConfig, Fanout};
+
+use crate::common::{RawAnswer, post_raw as post};
 use ring::signature::{Ed25519KeyPair, KeyPair as _};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -110,39 +111,16 @@ async fn setup(threshold: u32) -> Setup {
     Setup { fanout, apns, fcm, dir }
 }
 
-struct Answer {
-    status: u16,
-    headers: String,
-    body: String,
+type Answer = RawAnswer;
+
+trait Json {
+    fn json(&self) -> Value;
 }
 
-impl Answer {
+impl Json for Answer {
     fn json(&self) -> Value {
         serde_json::from_str(&self.body).unwrap_or_else(|_| panic!("JSON body: {}", self.body))
     }
-}
-
-/// One POST over HTTP/1.1 with `headers`; the body goes out as given.
-async fn post(addr: SocketAddr, path: &str, headers: &[(String, String)], body: &[u8]) -> Answer {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let mut head = format!(
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
-         Connection: close\r\n",
-        body.len()
-    );
-    for (name, value) in headers {
-        head.push_str(&format!("{name}: {value}\r\n"));
-    }
-    head.push_str("\r\n");
-    stream.write_all(head.as_bytes()).await.unwrap();
-    stream.write_all(body).await.unwrap();
-    let mut buf = Vec::new();
-    tokio::time::timeout(T, stream.read_to_end(&mut buf)).await.expect("answer in time").unwrap();
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let (headers, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = headers.split(' ').nth(1).and_then(|s| s.parse().ok()).expect("status line");
-    Answer { status, headers: headers.to_ascii_lowercase(), body: body.to_owned() }
 }
 
 fn now_s() -> u64 {

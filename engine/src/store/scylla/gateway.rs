@@ -34,10 +34,9 @@ use futures::TryStreamExt;
 use scylla::client::session::Session;
 use scylla::statement::Consistency;
 use scylla::statement::prepared::PreparedStatement;
-use scylla::value::CqlValue;
 
 use super::relay::ttl_until;
-use super::{Lwt, MAX_LWT_ATTEMPTS, ScyllaStore, backoff, be, contention};
+use super::{MAX_LWT_ATTEMPTS, ScyllaStore, backoff, be, contention};
 use crate::store::{
     GatewayRegistration, GatewayWakeup, LeasedWakeup, NotifyClaim, NotifyKey, Revoke, RouteKey, StoreError,
     WAKEUP_QUEUES, wakeup_queue,
@@ -273,27 +272,6 @@ fn decode_wakeup(queue_row: WakeupRow) -> Result<Option<LeasedWakeup>, StoreErro
     }))
 }
 
-fn current_i64(lwt: &Lwt, column: &str) -> Option<i64> {
-    match lwt.current.get(column) {
-        Some(Some(CqlValue::BigInt(v))) => Some(*v),
-        _ => None,
-    }
-}
-
-fn current_i8(lwt: &Lwt, column: &str) -> Option<i8> {
-    match lwt.current.get(column) {
-        Some(Some(CqlValue::TinyInt(v))) => Some(*v),
-        _ => None,
-    }
-}
-
-fn current_blob<'a>(lwt: &'a Lwt, column: &str) -> Option<&'a [u8]> {
-    match lwt.current.get(column) {
-        Some(Some(CqlValue::Blob(v))) => Some(v),
-        _ => None,
-    }
-}
-
 fn queue_of(id: &str) -> i16 {
     wakeup_queue(id) as i16
 }
@@ -475,10 +453,10 @@ impl ScyllaStore {
                 return Ok(NotifyClaim::Claimed);
             }
             let read = (
-                current_i8(&insert, "state"),
-                current_i64(&insert, "lease_until"),
-                current_i64(&insert, "expires_at"),
-                current_blob(&insert, "digest"),
+                insert.current_i8("state"),
+                insert.current_i64("lease_until"),
+                insert.current_i64("expires_at"),
+                insert.current_blob("digest"),
             );
             // A row caught half expired: try again.
             let (Some(state), Some(lease), Some(expires), Some(stored_digest)) = read else {
@@ -490,7 +468,7 @@ impl ScyllaStore {
                     return Ok(NotifyClaim::Conflict);
                 }
                 if state == 1 {
-                    let response = current_blob(&insert, "response").unwrap_or_default().to_vec();
+                    let response = insert.current_blob("response").unwrap_or_default().to_vec();
                     return Ok(NotifyClaim::Replay(response));
                 }
                 if lease > now_ms {
