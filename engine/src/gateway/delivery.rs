@@ -257,7 +257,157 @@ impl Delivery {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::VecDeque;
+    use std::sync::Mutex;
+
+    use async_trait::async_trait;
+
     use super::*;
+    use crate::channel::{Provider, Push};
+    use crate::store::{GatewayWakeup, NotifyClaim, NotifyKey, RedbStore};
+
+    /// FCM answering from a script; records what it was asked to send.
+    struct Scripted {
+        answers: Mutex<VecDeque<Outcome>>,
+        sent: Mutex<Vec<(String, Map<String, Value>, Option<String>)>>,
+    }
+
+    #[async_trait]
+    impl Provider for Scripted {
+        fn channel(&self) -> Channel {
+            Channel::Fcm
+        }
+
+        async fn send(&self, _push: Push<'_>) -> Outcome {
+            unreachable!("the gateway sends relayed pushes only")
+        }
+
+        async fn send_relayed(&self, push: &RelayedPush<'_>) -> Result<Outcome, RelayRefusal> {
+            let sent = (push.token.to_owned(), push.payload.clone(), push.collapse_id.map(str::to_owned));
+            self.sent.lock().unwrap().push(sent);
+            Ok(self.answers.lock().unwrap().pop_front().unwrap_or(Outcome::Delivered))
+        }
+
+        fn timed_out(&self) -> Outcome {
+            Outcome::transient(Duration::from_secs(10))
+        }
+    }
+
+    struct Setup {
+        _dir: tempfile::TempDir,
+        store: Arc<dyn Store>,
+        provider: Arc<Scripted>,
+        delivery: Delivery,
+        registration: GatewayRegistration,
+    }
+
+    async fn setup(answers: Vec<Outcome>) -> Setup {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(RedbStore::open(dir.path(), 4).unwrap());
+        let provider = Arc::new(Scripted { answers: Mutex::new(answers.into()), sent: Mutex::default() });
+        let mut channels = Channels::default();
+        channels.insert(provider.clone());
+        let delivery = Delivery::new(store.clone(), channels, DeliverySettings::default());
+        let now = now_ms();
+        let registration = GatewayRegistration {
+            tenant: "station".into(),
+            account_id: "ak:account:a".into(),
+            device_id: "ak:device:01964137-0000-7000-8000-000000000001".into(),
+            registration_id: "reg-1".into(),
+            push_target_id: "ak:pseudonym:push:t".into(),
+            push_route_id: "fcm_main".into(),
+            salt_epoch_id: "e1".into(),
+            push_key: "fcm:the-token".into(),
+            platform: None,
+            app_id: Some("com.example".into()),
+            visible_opt_in: false,
+            created_at_ms: now,
+            expires_at_ms: now + 3_600_000,
+            token_invalid: false,
+        };
+        store.gateway_register(&registration).await.unwrap();
+        Setup { _dir: dir, store, provider, delivery, registration }
+    }
+
+    /// Stores one wakeup for the registration (as notify does) and leases it.
+    async fn leased(s: &Setup, registration_id: &str) -> LeasedWakeup {
+        let now = now_ms();
+        let key = NotifyKey { tenant: "station".into(), idempotency_key: format!("k-{now}-{registration_id}") };
+        let claim = s.store.gateway_notify_claim(&key, &[1; 32], now, now + 30_000, now + 60_000).await.unwrap();
+        assert_eq!(claim, NotifyClaim::Claimed);
+        let wakeup = GatewayWakeup {
+            id: format!("{:032x}", rand::random::<u128>()),
+            route: s.registration.route_key(),
+            registration_id: registration_id.into(),
+            payload: br#"{"push_target_id":"ak:pseudonym:push:t","wakeup_kind":"call_invite"}"#.to_vec(),
+            collapse_key: "c0llapse".into(),
+            not_before_ms: now,
+            attempts: 0,
+            expires_at_ms: now + 3_600_000,
+        };
+        assert!(s.store.gateway_notify_commit(&key, now + 30_000, b"{}", &[wakeup], now + 60_000).await.unwrap());
+        let mut due = s.store.gateway_wakeups_due(now, now + 30_000, 10).await.unwrap();
+        assert_eq!(due.len(), 1);
+        due.remove(0)
+    }
+
+    async fn nothing_due(s: &Setup, at_ms: i64) -> bool {
+        s.store.gateway_wakeups_due(at_ms, at_ms + 1, 10).await.unwrap().is_empty()
+    }
+
+    #[tokio::test]
+    async fn a_delivered_wakeup_is_deleted_and_went_out_as_stored() {
+        let s = setup(vec![Outcome::Delivered]).await;
+        let w = leased(&s, "reg-1").await;
+        assert_eq!(s.delivery.send(w).await, Sent::Delivered);
+        let sent = s.provider.sent.lock().unwrap().clone();
+        assert_eq!(sent.len(), 1);
+        // The provider token without its route prefix, the stored payload and collapse key.
+        assert_eq!(sent[0].0, "the-token");
+        assert_eq!(sent[0].1["wakeup_kind"], "call_invite");
+        assert_eq!(sent[0].2.as_deref(), Some("c0llapse"));
+        assert!(nothing_due(&s, now_ms() + 3_600_000).await);
+    }
+
+    #[tokio::test]
+    async fn a_dead_token_marks_the_registration_it_was_sent_for() {
+        let s = setup(vec![Outcome::Terminal]).await;
+        let w = leased(&s, "reg-1").await;
+        assert_eq!(s.delivery.send(w).await, Sent::DeadToken);
+        let route = s.store.gateway_route(&s.registration.route_key(), now_ms()).await.unwrap().unwrap();
+        assert!(route.token_invalid);
+        assert!(nothing_due(&s, now_ms() + 3_600_000).await);
+    }
+
+    #[tokio::test]
+    async fn a_transient_answer_is_retried_after_its_delay_and_then_given_up() {
+        let answers = vec![Outcome::transient(Duration::from_secs(5)); 8];
+        let s = setup(answers).await;
+        let w = leased(&s, "reg-1").await;
+        let before = now_ms();
+        assert_eq!(s.delivery.send(w).await, Sent::Retry);
+        assert!(nothing_due(&s, before + 4_000).await, "not before the provider's delay");
+        let mut due = s.store.gateway_wakeups_due(before + 6_000, before + 36_000, 10).await.unwrap();
+        assert_eq!(due.len(), 1);
+        assert_eq!(due[0].wakeup.attempts, 1);
+        // A wakeup at its last attempt is given up.
+        let mut last = due.remove(0);
+        last.wakeup.attempts = DeliverySettings::default().max_attempts - 1;
+        assert_eq!(s.delivery.send(last).await, Sent::Dropped);
+        assert!(nothing_due(&s, now_ms() + 3_600_000).await);
+    }
+
+    #[tokio::test]
+    async fn a_superseded_or_revoked_route_is_never_used() {
+        let s = setup(vec![]).await;
+        let stale = leased(&s, "reg-0").await;
+        assert_eq!(s.delivery.send(stale).await, Sent::Dropped);
+        let w = leased(&s, "reg-1").await;
+        let revoke = crate::store::Revoke { route: s.registration.route_key(), push_key: None, app_id: None };
+        assert!(s.store.gateway_unregister(&revoke).await.unwrap());
+        assert_eq!(s.delivery.send(w).await, Sent::Dropped);
+        assert!(s.provider.sent.lock().unwrap().is_empty());
+    }
 
     #[test]
     fn backoff_doubles_up_to_five_minutes() {
