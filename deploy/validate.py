@@ -187,6 +187,13 @@ def check_kubernetes():
         channels = config.get("engine", {}).get("channels", {})
         files = [config.get("store", {}).get("path")] if config.get("store", {}).get("backend", "redb") == "redb" else []
         files += [channels.get("apns", {}).get("key_file"), channels.get("fcm", {}).get("service_account_file")]
+        # Issue 16: a pod listens beyond loopback, so fanout itself requires
+        # TLS and authentication; their files must be mounted.
+        server = config.get("server", {})
+        if "tls" not in server or "auth" not in server:
+            problem(cm[0], "[server.tls] and [server.auth] are required when listening on 0.0.0.0")
+        files += [server.get("tls", {}).get("cert_file"), server.get("tls", {}).get("key_file")]
+        files += list(server.get("auth", {}).get("token_files", {}).values())
         for f in filter(None, files):
             if not any(f == m or f.startswith(m.rstrip("/") + "/") for m in mounts):
                 problem(cm[0], f"{f} is on no mounted volume")

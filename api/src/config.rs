@@ -12,6 +12,9 @@ use std::time::Duration;
 
 use fanout_engine::settings::{EngineSettings, duration};
 use fanout_engine::store::ScyllaSettings;
+
+use crate::auth::AuthSettings;
+use crate::tls::TlsSettings;
 use serde::Deserialize;
 
 const ENV_PREFIX: &str = "FANOUT__";
@@ -60,6 +63,32 @@ pub struct ServerSettings {
     /// ends a PublishStream whose publisher vanished (issue 11).
     #[serde(rename = "grpc_keepalive_interval_seconds", deserialize_with = "duration::seconds")]
     pub grpc_keepalive_interval: Duration,
+    /// Issue 16: TLS on all three listeners. Absent: plaintext, allowed only
+    /// on loopback unless `dangerous_allow_plaintext`.
+    pub tls: Option<TlsSettings>,
+    /// Issue 16: publishers and operators authenticate. Absent: nobody
+    /// does, allowed only while gRPC listens on loopback unless
+    /// `dangerous_allow_unauthenticated`.
+    pub auth: Option<AuthSettings>,
+    /// Issue 16: open connections per listener; the next one waits in the
+    /// kernel's backlog until one closes.
+    pub max_connections_per_listener: NonZeroUsize,
+    /// Issue 16: a TLS handshake that takes longer is dropped.
+    #[serde(rename = "tls_handshake_timeout_seconds", deserialize_with = "duration::seconds")]
+    pub tls_handshake_timeout: Duration,
+    /// Issue 16: an HTTP/1.1 client that has not sent its request headers
+    /// within this is disconnected (slow-loris).
+    #[serde(rename = "http_header_read_timeout_seconds", deserialize_with = "duration::seconds")]
+    pub http_header_read_timeout: Duration,
+    /// Issue 16: the largest request body the API listener reads (routes
+    /// have smaller limits of their own).
+    pub api_max_body_bytes: NonZeroUsize,
+    /// Serve plaintext on a non-loopback address (a mesh or proxy terminates
+    /// TLS in front). Off: such a configuration refuses to start.
+    pub dangerous_allow_plaintext: bool,
+    /// Serve gRPC on a non-loopback address with nobody authenticated. Off:
+    /// such a configuration refuses to start.
+    pub dangerous_allow_unauthenticated: bool,
 }
 
 /// `grpc_max_message_bytes`: 64 KiB to 64 MiB. A decoded message is held
@@ -95,6 +124,47 @@ impl ServerSettings {
     pub fn advertise_address(&self) -> String {
         self.advertise_address.clone().unwrap_or_else(|| self.grpc_listen.to_string())
     }
+
+    /// Issue 16, safe by default: what may listen beyond loopback. The
+    /// error names the key to set.
+    fn check_exposure(&self) -> Result<(), ConfigError> {
+        let exposed: Vec<(&str, SocketAddr)> = [
+            ("server.grpc_listen", self.grpc_listen),
+            ("server.http_listen", self.http_listen),
+            ("server.api_listen", self.api_listen),
+        ]
+        .into_iter()
+        .filter(|(_, a)| !a.ip().is_loopback())
+        .collect();
+        let refuse = |key: &'static str, reason: String| Err(ConfigError::Unsafe { key, reason });
+        if let Some((listener, _)) = exposed.first()
+            && self.tls.is_none()
+            && !self.dangerous_allow_plaintext
+        {
+            return refuse(
+                "server.tls",
+                format!(
+                    "required because {listener} is not a loopback address (or set server.dangerous_allow_plaintext = true when a proxy terminates TLS)"
+                ),
+            );
+        }
+        if !self.grpc_listen.ip().is_loopback() && self.auth.is_none() && !self.dangerous_allow_unauthenticated {
+            return refuse(
+                "server.auth",
+                "required because server.grpc_listen is not a loopback address: anyone who reaches it could publish (or set server.dangerous_allow_unauthenticated = true)".into(),
+            );
+        }
+        if let Some(auth) = &self.auth
+            && auth.certificate_identities.values().any(|ids| !ids.is_empty())
+            && self.tls.as_ref().is_none_or(|t| t.client_ca_file.is_none())
+        {
+            return refuse(
+                "server.auth.certificate_identities",
+                "needs server.tls.client_ca_file: without it no client certificate is verified".into(),
+            );
+        }
+        Ok(())
+    }
 }
 
 impl Default for ServerSettings {
@@ -110,6 +180,14 @@ impl Default for ServerSettings {
             // hyper's own default for HTTP/2 servers (tonic would leave it unlimited).
             grpc_max_concurrent_streams: NonZeroU32::new(200).unwrap(),
             grpc_keepalive_interval: Duration::from_secs(30),
+            tls: None,
+            auth: None,
+            max_connections_per_listener: NonZeroUsize::new(4096).unwrap(),
+            tls_handshake_timeout: Duration::from_secs(10),
+            http_header_read_timeout: Duration::from_secs(10),
+            api_max_body_bytes: NonZeroUsize::new(1 << 20).unwrap(),
+            dangerous_allow_plaintext: false,
+            dangerous_allow_unauthenticated: false,
         }
     }
 }
@@ -208,8 +286,10 @@ impl Config {
                 overrides.push(apply_env(&mut root, path, &value)?);
             }
         }
-        serde_path_to_error::deserialize(toml::Value::Table(root))
-            .map_err(|e| ConfigError::Invalid(Invalid::new(e, &overrides)))
+        let config: Config = serde_path_to_error::deserialize(toml::Value::Table(root))
+            .map_err(|e| ConfigError::Invalid(Invalid::new(e, &overrides)))?;
+        config.server.check_exposure()?;
+        Ok(config)
     }
 }
 
@@ -225,6 +305,8 @@ pub enum ConfigError {
     Environment { variable: String, reason: String },
     #[error("invalid configuration: {0}")]
     Invalid(Invalid),
+    #[error("unsafe configuration: {key}: {reason}")]
+    Unsafe { key: &'static str, reason: String },
 }
 
 /// A value that does not deserialize into its key's type.
@@ -330,6 +412,31 @@ mod tests {
         assert_eq!(c.server.grpc_keepalive_interval, Duration::from_secs(30));
         assert_eq!(c.server.grpc_request_timeout, Duration::from_secs(30));
         assert_eq!(c.engine.ingest.max_data_bytes.get(), 1 << 20);
+    }
+
+    #[test]
+    fn listening_beyond_loopback_needs_tls_and_auth() {
+        let public = "[server]\ngrpc_listen = \"0.0.0.0:50051\"\n";
+        let err = error(public, &[]);
+        assert!(err.starts_with("unsafe configuration: server.tls: required because server.grpc_listen"), "{err}");
+        let tls = "[server.tls]\ncert_file = \"/c.pem\"\nkey_file = \"/k.pem\"\n";
+        let err = error(&format!("{public}{tls}"), &[]);
+        assert!(err.starts_with("unsafe configuration: server.auth: required"), "{err}");
+        let auth = "[server.auth]\ntoken_files = { publisher = \"/p\", operator = \"/o\" }\n";
+        let c = layer(&format!("{public}{tls}{auth}"), &[]).unwrap();
+        assert_eq!(c.server.tls.unwrap().reload_interval, Duration::from_secs(60));
+        // The ops listener alone beyond loopback needs TLS, not auth.
+        let err = error("", &[("FANOUT__SERVER__HTTP_LISTEN", "0.0.0.0:9090")]);
+        assert!(err.contains("server.tls: required because server.http_listen"), "{err}");
+        // The dangerous switches say so.
+        layer(&format!("{public}dangerous_allow_plaintext = true\ndangerous_allow_unauthenticated = true\n"), &[])
+            .unwrap();
+        // Certificate identities need a client CA.
+        let ids = "[server.auth]\ncertificate_identities = { publisher = [\"uri:spiffe://x/p\"] }\n";
+        let err = error(&format!("{tls}{ids}"), &[]);
+        assert!(err.contains("server.auth.certificate_identities: needs server.tls.client_ca_file"), "{err}");
+        let err = error("[server.auth]\ncertificate_identities = { publisher = [\"spiffe://x\"] }\n", &[]);
+        assert!(err.contains("server.auth.certificate_identities") && err.contains("must start with uri:"), "{err}");
     }
 
     #[test]

@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{ConnectInfo, DefaultBodyLimit, State};
+use axum::extract::{ConnectInfo, State};
 use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -178,7 +178,6 @@ pub fn router(state: GatewayState) -> Router {
         .route(Operation::RegisterDevice.path(), post(register_device))
         .route(Operation::UnregisterDevice.path(), post(unregister_device))
         .route(Operation::Notify.path(), post(notify))
-        .layer(DefaultBodyLimit::max(MAX_NOTIFY_BODY))
         .with_state(state)
 }
 
@@ -300,6 +299,10 @@ async fn notify(
     body: Bytes,
 ) -> Response {
     let result = async {
+        // Within the listener's own cap (`server.api_max_body_bytes`).
+        if body.len() > MAX_NOTIFY_BODY {
+            return Err(Problem::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", "the body is too large"));
+        }
         let parsed = NotifyHeaders::parse(&headers).map_err(|v| schema_problem(&v))?;
         let settings = state.service.settings();
         let unauthorized = |detail: String| Problem::new(StatusCode::UNAUTHORIZED, "unauthorized", detail);

@@ -1,99 +1,93 @@
-//! The HTTP endpoints: /metrics (Prometheus text), /healthz, /readyz, and
-//! the spec 003 relay ingress on its configured path (`relay_ingress.rs`).
+//! The ops listener (`server.http_listen`): /metrics (Prometheus text),
+//! /healthz, /readyz. Product endpoints live on the API listener (`rest.rs`).
+//!
+//! With `[server.auth]`, `/metrics` needs the operator role (a bearer token,
+//! as Prometheus sends with `authorization.credentials_file`, or a client
+//! certificate); the two probes stay open for the kubelet and say nothing
+//! but "ok" / "ready" or why not.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use axum::Router;
+use axum::extract::{Extension, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
 use fanout_engine::Readiness;
 use fanout_engine::metrics::Metrics;
-use fanout_engine::relay_ingress::RelayIngress;
-use http::{Method, Request, Response, StatusCode};
-use http_body_util::Full;
-use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
-use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::Mutex;
+
+use crate::auth::{Authenticator, Denied, Peer, Role};
+
+/// Issue 16: `/readyz` answers from a check at most this old, so a probe
+/// storm costs the store one read per second at most.
+const READINESS_CACHE: Duration = Duration::from_secs(1);
 
 #[derive(Clone)]
 pub struct HttpState {
     pub metrics: Arc<Metrics>,
     pub readiness: Readiness,
-    /// `[engine.relay_ingress]`, when configured.
-    pub relay_ingress: Option<Arc<RelayIngress>>,
+    pub auth: Option<Arc<Authenticator>>,
+    last_check: Arc<Mutex<Option<(Instant, Result<(), String>)>>>,
 }
 
-pub async fn serve(listener: TcpListener, state: HttpState, mut shutdown: watch::Receiver<bool>) {
-    loop {
-        let (stream, _) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!(error = %e, "http accept failed");
-                    continue;
-                }
-            },
-            _ = shutdown.changed() => return,
-        };
-        let state = state.clone();
-        tokio::spawn(async move {
-            let service = service_fn(move |req| route(state.clone(), req));
-            let _ = auto::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-        });
+impl HttpState {
+    pub fn new(metrics: Arc<Metrics>, readiness: Readiness, auth: Option<Arc<Authenticator>>) -> Self {
+        Self { metrics, readiness, auth, last_check: Arc::new(Mutex::new(None)) }
+    }
+
+    /// The store is asked by one request at a time, and only when the last
+    /// answer is older than `READINESS_CACHE`.
+    async fn ready(&self) -> Result<(), String> {
+        let mut last = self.last_check.lock().await;
+        if let Some((at, result)) = last.as_ref()
+            && at.elapsed() < READINESS_CACHE
+        {
+            return result.clone();
+        }
+        let result = self.readiness.check().await.map_err(|e| e.to_string());
+        *last = Some((Instant::now(), result.clone()));
+        result
     }
 }
 
-async fn route(state: HttpState, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, std::convert::Infallible> {
-    if let Some(ingress) = &state.relay_ingress
-        && req.uri().path() == ingress.path()
-    {
-        let response = if req.method() == Method::POST {
-            crate::relay_ingress::handle(ingress, req).await
-        } else {
-            problem(StatusCode::METHOD_NOT_ALLOWED, "use POST")
-        };
-        return Ok(response.unwrap_or_else(|_| Response::new(Full::new(Bytes::new()))));
-    }
-    let response = match (req.method(), req.uri().path()) {
-        (&Method::GET, "/metrics") => text(StatusCode::OK, state.metrics.render())
-            .map(|mut r| {
-                r.headers_mut().insert(
-                    http::header::CONTENT_TYPE,
-                    http::HeaderValue::from_static("text/plain; version=0.0.4"),
-                );
-                r
-            }),
-        (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n".into()),
-        (&Method::GET, "/readyz") => match state.readiness.check().await {
-            Ok(()) => text(StatusCode::OK, "ready\n".into()),
-            Err(not_ready) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{not_ready}\n")),
-        },
-        _ => problem(StatusCode::NOT_FOUND, "no such endpoint"),
-    };
-    Ok(response.unwrap_or_else(|_| Response::new(Full::new(Bytes::new()))))
+pub fn router(state: HttpState) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .fallback(|| async { problem(StatusCode::NOT_FOUND, "no such endpoint") })
+        .with_state(state)
 }
 
-fn text(status: StatusCode, body: String) -> http::Result<Response<Full<Bytes>>> {
-    Response::builder().status(status).body(Full::new(Bytes::from(body)))
+async fn metrics(State(state): State<HttpState>, headers: HeaderMap, peer: Option<Extension<Peer>>) -> Response {
+    if let Some(auth) = &state.auth {
+        let authorization = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+        match auth.check(Role::Operator, authorization, peer.as_ref().map(|p| &p.0)) {
+            Ok(()) => {}
+            Err(Denied::Unauthenticated) => {
+                let mut r = problem(StatusCode::UNAUTHORIZED, "an operator token or certificate is required");
+                r.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+                return r;
+            }
+            Err(Denied::PermissionDenied) => {
+                return problem(StatusCode::FORBIDDEN, "these credentials do not grant the operator role");
+            }
+        }
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render()).into_response()
+}
+
+async fn readyz(State(state): State<HttpState>) -> Response {
+    match state.ready().await {
+        Ok(()) => "ready\n".into_response(),
+        Err(not_ready) => (StatusCode::SERVICE_UNAVAILABLE, format!("{not_ready}\n")).into_response(),
+    }
 }
 
 /// An RFC 9457 problem body.
-fn problem(status: StatusCode, title: &str) -> http::Result<Response<Full<Bytes>>> {
-    let body = serde_json_like_problem(status.as_u16(), title);
-    Response::builder()
-        .status(status)
-        .header(http::header::CONTENT_TYPE, "application/problem+json")
-        .body(Full::new(Bytes::from(body)))
-}
-
-fn serde_json_like_problem(status: u16, title: &str) -> String {
-    format!(r#"{{"type":"about:blank","title":"{title}","status":{status}}}"#)
-}
-
-pub async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
-    TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("cannot listen for HTTP on {addr}: {e}"))
+fn problem(status: StatusCode, title: &str) -> Response {
+    let body = serde_json::json!({"type": "about:blank", "title": title, "status": status.as_u16()});
+    (status, [(header::CONTENT_TYPE, "application/problem+json")], body.to_string()).into_response()
 }

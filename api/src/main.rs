@@ -1,11 +1,14 @@
 //! `fanout`: the push delivery engine's binary.
 
+mod accept;
+mod auth;
 mod config;
 mod gateway;
 mod grpc;
 mod http;
-mod rest;
 mod relay_ingress;
+mod rest;
+mod tls;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -18,8 +21,9 @@ use fanout_engine::{Engine, EngineOptions};
 use fanout_proto::v1::notification_service_server::NotificationServiceServer;
 use fanout_proto::v1::publish_service_server::PublishServiceServer;
 use tokio::sync::watch;
-use tokio_stream::wrappers::TcpListenerStream;
+use tonic::service::interceptor::InterceptedService;
 
+use crate::auth::Role;
 use crate::config::{Config, LogFormat, StoreBackend};
 
 #[derive(Parser)]
@@ -51,6 +55,10 @@ enum Command {
         #[arg(long, env = "FANOUT_CONFIG")]
         config: Option<PathBuf>,
     },
+    /// Read a bearer token from standard input and print the line a
+    /// `[server.auth] token_files` file holds for it (`sha256:<hex>`): the
+    /// token itself is never stored.
+    HashToken,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -68,6 +76,14 @@ fn main() -> anyhow::Result<()> {
                 std::process::exit(1);
             }
         },
+        Command::HashToken => {
+            let mut token = String::new();
+            std::io::stdin().read_line(&mut token).context("reading the token from standard input")?;
+            let token = token.trim_end_matches(['\r', '\n']);
+            anyhow::ensure!(token.len() >= 32, "a token needs at least 32 characters (e.g. openssl rand -hex 32)");
+            println!("{}", auth::hash_line(token));
+            Ok(())
+        }
         Command::Migrate { config } => {
             let config = Config::load(config.as_deref())?;
             init_logging(&config);
@@ -100,6 +116,10 @@ fn init_logging(config: &Config) {
 }
 
 async fn serve(config: Config) -> anyhow::Result<()> {
+    // Issue 16: certificates and token files are read before anything
+    // listens; a bad file stops the start, naming it.
+    let server_tls = config.server.tls.as_ref().map(tls::ServerTls::load).transpose()?;
+    let authenticator = config.server.auth.as_ref().map(auth::Authenticator::load).transpose()?;
     let store: Arc<dyn Store> = match config.store.backend {
         StoreBackend::Redb => Arc::new(open_redb(&config)?),
         StoreBackend::Scylla => {
@@ -119,14 +139,27 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     };
     let engine = Engine::start(config.engine.clone(), store.clone(), options).await?;
 
-    let grpc_listener = tokio::net::TcpListener::bind(config.server.grpc_listen)
-        .await
-        .with_context(|| format!("cannot listen for gRPC on {}", config.server.grpc_listen))?;
-    let http_listener = http::bind(config.server.http_listen).await?;
-    let api_listener = tokio::net::TcpListener::bind(config.server.api_listen)
-        .await
-        .with_context(|| format!("cannot listen for the HTTP API on {}", config.server.api_listen))?;
+    let limits = accept::Limits {
+        max_connections: config.server.max_connections_per_listener.get(),
+        handshake_timeout: config.server.tls_handshake_timeout,
+        header_read_timeout: config.server.http_header_read_timeout,
+    };
+    let grpc_listener = accept::bind(config.server.grpc_listen, "server.grpc_listen").await?;
+    let http_listener = accept::bind(config.server.http_listen, "server.http_listen").await?;
+    let api_listener = accept::bind(config.server.api_listen, "server.api_listen").await?;
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let tls_for = |pick: fn(&tls::ServerTls) -> Arc<rustls::ServerConfig>| {
+        server_tls.clone().map(|t| Arc::new(move || pick(&t)) as accept::TlsSource)
+    };
+    let mut reloadable: Vec<Arc<dyn tls::Reloadable>> = Vec::new();
+    if let Some(t) = &server_tls {
+        reloadable.push(t.clone());
+    }
+    if let Some(a) = &authenticator {
+        reloadable.push(a.clone());
+    }
+    let reload_interval = server_tls.as_ref().map_or(Duration::from_secs(60), |t| t.reload_interval());
+    tokio::spawn(tls::watch_files(reloadable, reload_interval, shutdown_rx.clone()));
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<NotificationServiceServer<grpc::NotificationApi>>().await;
@@ -148,36 +181,58 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         .max_concurrent_streams(config.server.grpc_max_concurrent_streams.get())
         .http2_keepalive_interval(Some(config.server.grpc_keepalive_interval))
         // Every RPC's log lines carry its method and a request id, nothing else.
-        .trace_fn(|request| {
-            tracing::info_span!("rpc", method = %request.uri().path(), request_id = %request_id())
-        })
+        .trace_fn(|request| tracing::info_span!("rpc", method = %request.uri().path(), request_id = %request_id()))
         .add_service(health_service)
-        .add_service(reflection)
-        .add_service(NotificationServiceServer::new(notification).max_decoding_message_size(max_message))
-        .add_service(PublishServiceServer::new(publish).max_decoding_message_size(max_message))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(grpc_listener), async move {
-            let _ = grpc_shutdown.changed().await;
-        });
+        .add_service(InterceptedService::new(reflection, grpc::Guard::new(authenticator.clone(), Role::Operator)))
+        .add_service(InterceptedService::new(
+            NotificationServiceServer::new(notification).max_decoding_message_size(max_message),
+            grpc::Guard::new(authenticator.clone(), Role::Recipient),
+        ))
+        .add_service(InterceptedService::new(
+            PublishServiceServer::new(publish).max_decoding_message_size(max_message),
+            grpc::Guard::new(authenticator.clone(), Role::Publisher),
+        ))
+        .serve_with_incoming_shutdown(
+            accept::GrpcConn::stream(accept::accept(
+                grpc_listener,
+                tls_for(tls::ServerTls::grpc),
+                limits,
+                shutdown_rx.clone(),
+            )),
+            async move {
+                let _ = grpc_shutdown.changed().await;
+            },
+        );
     let registry = engine.registry();
     let (gateway, delivery_task) = start_gateway(&config, &engine, shutdown_rx.clone())?;
-    let api_server = rest::serve(
-        api_listener,
-        rest::ApiState { push_log: registry.channels.push_log(), registry, metrics: engine.metrics(), gateway },
+    let api_router = rest::router(
+        rest::ApiState {
+            push_log: registry.channels.push_log(),
+            registry,
+            metrics: engine.metrics(),
+            relay_ingress: engine.relay_ingress(),
+            gateway,
+        },
+        config.server.api_max_body_bytes.get(),
+    );
+    let api_server = accept::serve_http(
+        accept::accept(api_listener, tls_for(tls::ServerTls::http), limits, shutdown_rx.clone()),
+        api_router,
+        limits,
         shutdown_rx.clone(),
     );
-    let http_server = http::serve(
-        http_listener,
-        http::HttpState {
-            metrics: engine.metrics(),
-            readiness: engine.readiness(),
-            relay_ingress: engine.relay_ingress(),
-        },
+    let http_server = accept::serve_http(
+        accept::accept(http_listener, tls_for(tls::ServerTls::http), limits, shutdown_rx.clone()),
+        http::router(http::HttpState::new(engine.metrics(), engine.readiness(), authenticator.clone())),
+        limits,
         shutdown_rx,
     );
     tracing::info!(
         grpc = %config.server.grpc_listen,
         http = %config.server.http_listen,
         api = %config.server.api_listen,
+        tls = server_tls.is_some(),
+        auth = authenticator.is_some(),
         store = store.backend_name(),
         "fanout is serving"
     );
@@ -277,8 +332,8 @@ async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("SIGTERM handler");
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}

@@ -1,18 +1,20 @@
-//! The HTTP edge of the spec 003 push-server endpoint (issue 13): reads the
-//! body within `max_body_bytes`, hands the raw bytes and the two headers to
+//! The HTTP edge of the spec 003 push-server endpoint (issue 13), a route
+//! of the product listener (`server.api_listen`, `rest.rs`): reads the body
+//! within `max_body_bytes`, hands the raw bytes and the two headers to
 //! `fanout_engine::relay_ingress`, and maps its answer to a status once.
 //! Errors are RFC 9457 problem bodies whose title names the rule, never a
 //! value (no token, payload or secret reaches a response or a log line).
 
 use std::sync::Arc;
 
-use bytes::Bytes;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use fanout_engine::relay_ingress::request::HEADER_DELIVERY;
 use fanout_engine::relay_ingress::signature::HEADER_SIGNATURE;
 use fanout_engine::relay_ingress::{Accepted, IngressError, RelayIngress};
-use http::{HeaderMap, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Incoming;
+use http_body_util::{BodyExt, Limited};
 
 /// §2.4 of spec 003, as the hub reads statuses: 2xx delivered; 404/410 the
 /// registration is deleted; 429/5xx retried; any other 4xx dropped, the
@@ -42,10 +44,9 @@ fn now_unix_s() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
 }
 
-pub async fn handle(ingress: &Arc<RelayIngress>, req: Request<Incoming>) -> http::Result<Response<Full<Bytes>>> {
-    let (parts, body) = req.into_parts();
+pub async fn handle(State(ingress): State<Arc<RelayIngress>>, headers: HeaderMap, body: Body) -> Response {
     let limit = ingress.max_body_bytes();
-    let declared = header(&parts.headers, "content-length").and_then(|v| v.parse::<u64>().ok());
+    let declared = header(&headers, "content-length").and_then(|v| v.parse::<u64>().ok());
     let body = if declared.is_some_and(|n| n > limit as u64) {
         None
     } else {
@@ -57,18 +58,16 @@ pub async fn handle(ingress: &Arc<RelayIngress>, req: Request<Incoming>) -> http
         ingress.count_rejected(&error);
         return problem(&error);
     };
-    let signature = header(&parts.headers, HEADER_SIGNATURE);
-    let delivery = header(&parts.headers, HEADER_DELIVERY);
+    let signature = header(&headers, HEADER_SIGNATURE);
+    let delivery = header(&headers, HEADER_DELIVERY);
     match ingress.handle(signature, delivery, body, now_unix_s()).await {
         Ok(accepted) => {
             let result = match accepted {
                 Accepted::Delivered => "delivered",
                 Accepted::Duplicate => "duplicate",
             };
-            Response::builder()
-                .status(StatusCode::OK)
-                .header(http::header::CONTENT_TYPE, "application/json")
-                .body(Full::new(Bytes::from(format!(r#"{{"result":"{result}"}}"#))))
+            let body = Bytes::from(format!(r#"{{"result":"{result}"}}"#));
+            (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], body).into_response()
         }
         Err(error) => {
             tracing::debug!(reason = error.label(), "relay webhook refused");
@@ -77,7 +76,7 @@ pub async fn handle(ingress: &Arc<RelayIngress>, req: Request<Incoming>) -> http
     }
 }
 
-fn problem(error: &IngressError) -> http::Result<Response<Full<Bytes>>> {
+fn problem(error: &IngressError) -> Response {
     let status = status(error);
     let body = serde_json::json!({
         "type": "about:blank",
@@ -85,12 +84,11 @@ fn problem(error: &IngressError) -> http::Result<Response<Full<Bytes>>> {
         "status": status.as_u16(),
         "reason": error.label(),
     });
-    let mut response =
-        Response::builder().status(status).header(http::header::CONTENT_TYPE, "application/problem+json");
+    let mut response = (status, [(header::CONTENT_TYPE, "application/problem+json")], body.to_string()).into_response();
     if let Some(secs) = error.retry_after_secs() {
-        response = response.header(http::header::RETRY_AFTER, secs);
+        response.headers_mut().insert(header::RETRY_AFTER, secs.into());
     }
-    response.body(Full::new(Bytes::from(body.to_string())))
+    response
 }
 
 #[cfg(test)]
@@ -108,9 +106,9 @@ mod tests {
         assert_eq!(status(&IngressError::UnsupportedProvider), 422);
         assert_eq!(status(&IngressError::Overloaded), 429);
         assert_eq!(status(&IngressError::Storage), 503);
-        let r = problem(&IngressError::ProviderUnavailable { retry_after_secs: 7 }).unwrap();
+        let r = problem(&IngressError::ProviderUnavailable { retry_after_secs: 7 });
         assert_eq!(r.status(), 503);
-        assert_eq!(r.headers()[http::header::RETRY_AFTER], "7");
-        assert_eq!(r.headers()[http::header::CONTENT_TYPE], "application/problem+json");
+        assert_eq!(r.headers()[header::RETRY_AFTER], "7");
+        assert_eq!(r.headers()[header::CONTENT_TYPE], "application/problem+json");
     }
 }

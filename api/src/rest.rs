@@ -5,6 +5,8 @@
 //! - `PUT /v2/push/registration`, `DELETE /v2/push/registration` (003 §1).
 //! - `GET /v2/debug/push-log` (003 §5), only with the relay's
 //!   `dangerous_push_log_endpoint`; 404 `not_found` otherwise.
+//! - `POST <engine.relay_ingress.path>`: the 003 push-server endpoint
+//!   (`relay_ingress.rs`), authenticated by the hub's signature instead.
 //!
 //! Authentication: `Authorization: Bearer <recipient_id>.<recipient_secret>`,
 //! each the 32 bytes of spec 000 in lowercase or uppercase hex (64
@@ -16,17 +18,16 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{RawQuery, State};
+use axum::extract::{DefaultBodyLimit, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, put};
+use axum::routing::{get, post, put};
 use fanout_engine::channel::relay::PushLog;
 use fanout_engine::domain::RegistrationInput;
 use fanout_engine::metrics::Metrics;
 use fanout_engine::registry::{AdmissionError, DeliveryInput, Registry};
+use fanout_engine::relay_ingress::RelayIngress;
 use serde_json::{Map, Value, json};
-use tokio::net::TcpListener;
-use tokio::sync::watch;
 
 /// A registration body is a few short fields and a token of at most 4096 bytes.
 const MAX_BODY: usize = 16 * 1024;
@@ -37,33 +38,33 @@ pub struct ApiState {
     pub metrics: Arc<Metrics>,
     /// `Some` only when the debug endpoint is enabled.
     pub push_log: Option<Arc<PushLog>>,
+    /// `[engine.relay_ingress]`, when configured.
+    pub relay_ingress: Option<Arc<RelayIngress>>,
     /// Spec 002's routes (`gateway.rs`), with `[engine.gateway]`.
     pub gateway: Option<crate::gateway::GatewayState>,
 }
 
-pub fn router(state: ApiState) -> Router {
-    let gateway = state.gateway.clone();
+pub fn router(state: ApiState, max_body_bytes: usize) -> Router {
+    // The ingress path cannot collide: its settings keep it out of /v2/ and /_arkret/.
+    let ingress = state
+        .relay_ingress
+        .clone()
+        .map(|ingress| Router::new().route(ingress.path(), post(crate::relay_ingress::handle)).with_state(ingress));
+    let gateway = state.gateway.clone().map(crate::gateway::router);
     let router = Router::new()
         .route("/v2/push/registration", put(put_registration).delete(delete_registration))
         .route("/v2/debug/push-log", get(push_log))
         .fallback(|| async { Problem::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint").into_response() })
         .with_state(state);
-    match gateway {
-        Some(g) => router.merge(crate::gateway::router(g)),
+    let router = match ingress {
+        Some(ingress) => router.merge(ingress),
         None => router,
-    }
-}
-
-pub async fn serve(listener: TcpListener, state: ApiState, mut shutdown: watch::Receiver<bool>) {
-    let shutdown = async move {
-        let _ = shutdown.changed().await;
     };
-    // The peer address: the Station trusts its front proxy's header only
-    // from the configured addresses.
-    let app = router(state).into_make_service_with_connect_info::<std::net::SocketAddr>();
-    if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
-        tracing::warn!(error = %e, "the API listener stopped");
-    }
+    let router = match gateway {
+        Some(gateway) => router.merge(gateway),
+        None => router,
+    };
+    router.layer(DefaultBodyLimit::max(max_body_bytes))
 }
 
 /// An RFC 9457 problem: `code` is the stable error code (e.g.

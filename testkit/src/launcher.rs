@@ -36,6 +36,9 @@ pub struct Launch {
     pub data_dir: Option<PathBuf>,
     /// How long the engine may take to answer /readyz.
     pub start_timeout: Duration,
+    /// When the engine's listeners speak TLS (`[server.tls]`): the client
+    /// configuration the launcher's own HTTP requests use.
+    pub tls: Option<std::sync::Arc<rustls::ClientConfig>>,
 }
 
 impl Launch {
@@ -49,6 +52,7 @@ impl Launch {
             drain_timeout_seconds: 5,
             data_dir: None,
             start_timeout: Duration::from_secs(30),
+            tls: None,
         }
     }
 }
@@ -136,7 +140,7 @@ impl Engine {
             {
                 bail!("fanout exited during start ({status}); log:\n{}", self.log_tail(LOG_TAIL_LINES));
             }
-            if http_get(self.http, "/readyz").await.is_ok_and(|(status, _)| status == 200) {
+            if self.http_get("/readyz").await.is_ok_and(|(status, _)| status == 200) {
                 return Ok(());
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -176,7 +180,10 @@ impl Engine {
 
     /// GET on the engine's HTTP port: (status, body).
     pub async fn http_get(&self, path: &str) -> anyhow::Result<(u16, String)> {
-        http_get(self.http, path).await
+        match &self.launch.tls {
+            Some(tls) => crate::tls_client::https_request(self.http, tls, "GET", path, &[], b"").await,
+            None => http_get(self.http, path).await,
+        }
     }
 
     /// A request to the engine's HTTP API port: (status, body).
@@ -187,7 +194,10 @@ impl Engine {
         headers: &[(&str, &str)],
         body: &[u8],
     ) -> anyhow::Result<(u16, String)> {
-        http_request(self.api, method, path, headers, body).await
+        match &self.launch.tls {
+            Some(tls) => crate::tls_client::https_request(self.api, tls, method, path, headers, body).await,
+            None => http_request(self.api, method, path, headers, body).await,
+        }
     }
 
     pub async fn notifications(&self) -> anyhow::Result<NotificationServiceClient<Channel>> {
@@ -318,35 +328,13 @@ pub async fn http_request(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> anyhow::Result<(u16, String)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(addr)).await??;
-    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
-    for (name, value) in headers {
-        head.push_str(&format!("{name}: {value}\r\n"));
-    }
-    head.push_str("\r\n");
-    stream.write_all(head.as_bytes()).await?;
-    stream.write_all(body).await?;
-    let mut buf = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut buf)).await??;
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let status = text.split(' ').nth(1).and_then(|s| s.parse().ok()).context("no status line")?;
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
-    Ok((status, body))
+    let stream = tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(addr)).await??;
+    crate::tls_client::exchange(stream, addr, method, path, headers, body).await
 }
 
 /// A minimal HTTP/1.1 GET over plain TCP: (status, body).
 pub async fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(addr)).await??;
-    stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes()).await?;
-    let mut buf = Vec::new();
-    // Generous: a loaded engine's /metrics can take a while.
-    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut buf)).await??;
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let status = text.split(' ').nth(1).and_then(|s| s.parse().ok()).context("no status line")?;
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
-    Ok((status, body))
+    http_request(addr, "GET", path, &[], b"").await
 }
 
 #[cfg(test)]

@@ -7,12 +7,14 @@
 //!   [`MockFcm`]), on the shared [`server`], [`recorder`] and [`request`].
 //! - [`launcher`]: the real `fanout` binary as a child process ([`Engine`]).
 
+pub mod issuer;
 pub mod launcher;
 pub mod mock;
 pub mod pki;
 pub mod recorder;
 pub mod request;
 pub mod server;
+pub mod tls_client;
 #[cfg(test)]
 mod test_client;
 

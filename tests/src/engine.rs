@@ -30,6 +30,9 @@ pub struct EngineConfig {
     /// Extra TOML tables appended at the end of the file.
     pub extra_tables: String,
     pub env: Vec<(String, String)>,
+    /// With `[server.tls]` in `extra_tables`: the client configuration the
+    /// launcher's readiness check and HTTP helpers use.
+    pub tls: Option<std::sync::Arc<rustls::ClientConfig>>,
 }
 
 impl Default for EngineConfig {
@@ -44,6 +47,7 @@ impl Default for EngineConfig {
             engine_extra: String::new(),
             extra_tables: String::new(),
             env: Vec::new(),
+            tls: None,
         }
     }
 }
@@ -72,7 +76,7 @@ impl EngineConfig {
         // Idle shards look for work every 100 ms, so tests need not wait a second.
         let mut env = vec![("FANOUT__ENGINE__DISPATCH__POLL_INTERVAL_MS".to_string(), "100".to_string())];
         env.extend(self.env.iter().cloned());
-        Launch { env, ..Launch::new(fanout_binary(), self.config_text()) }
+        Launch { env, tls: self.tls.clone(), ..Launch::new(fanout_binary(), self.config_text()) }
     }
 }
 

@@ -5,4 +5,4 @@ pub mod client;
 pub mod dns;
 pub mod engine;
 
-pub use engine::{EngineConfig, Fanout};
+pub use engine::{EngineConfig, Fanout, fanout_binary};

@@ -57,7 +57,10 @@ impl NotificationService for NotificationApi {
         result
     }
 
-    async fn unregister(&self, request: Request<pb::UnregisterRequest>) -> Result<Response<pb::UnregisterResponse>, Status> {
+    async fn unregister(
+        &self,
+        request: Request<pb::UnregisterRequest>,
+    ) -> Result<Response<pb::UnregisterResponse>, Status> {
         let r = request.into_inner();
         let result = self
             .registry

@@ -12,9 +12,7 @@ pub fn admission_status(e: AdmissionError) -> Status {
         AdmissionError::NotFound => Status::not_found("recipient not found"),
         AdmissionError::PermissionDenied => Status::permission_denied("recipient secret does not match"),
         AdmissionError::FailedPrecondition(msg) => Status::failed_precondition(msg),
-        AdmissionError::ResourceExhausted => {
-            Status::resource_exhausted("the request would exceed max_push_topics")
-        }
+        AdmissionError::ResourceExhausted => Status::resource_exhausted("the request would exceed max_push_topics"),
         AdmissionError::Unavailable(e) => store_status(e),
         AdmissionError::TryAgain(why) => Status::unavailable(why),
     }

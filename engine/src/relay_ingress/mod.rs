@@ -174,6 +174,9 @@ impl std::fmt::Debug for Secret {
     }
 }
 
+/// The `outcome` label of `fanout_relay_ingress_pushes_total`.
+const PUSH_OUTCOMES: [&str; 5] = ["delivered", "dead_token", "rejected", "payload_too_large", "transient"];
+
 /// The ingress: verifies, deduplicates and delivers one webhook at a time
 /// per call; shared by every connection of the HTTP listener.
 pub struct RelayIngress {
@@ -212,6 +215,13 @@ impl RelayIngress {
         }
         for reason in IngressError::LABELS {
             metrics.relay_ingress_rejected.with_label_values(&[reason]);
+        }
+        // Every outcome of every configured channel from the start, so rates
+        // and alerts see a zero rather than nothing.
+        for channel in [Channel::Apns, Channel::Fcm].into_iter().filter(|c| channels.get(*c).is_some()) {
+            for outcome in PUSH_OUTCOMES {
+                metrics.relay_ingress_pushes.with_label_values(&[channel.as_str(), outcome]);
+            }
         }
         Ok(Self {
             path: settings.path.as_str().to_owned(),

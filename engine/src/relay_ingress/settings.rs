@@ -60,8 +60,11 @@ fn default_max_in_flight() -> NonZeroUsize {
     NonZeroUsize::new(1000).expect("nonzero")
 }
 
-/// `path`: starts with `/`, no query or fragment, not one of the listener's
-/// own endpoints.
+const RESERVED_PREFIXES: [&str; 2] = ["/v2/", "/_arkret/"];
+
+/// `path`: starts with `/`, no query, fragment, spaces or route-pattern
+/// characters, and outside the product listener's own endpoints (`/v2/…`
+/// of spec 003 §1 and §5, `/_arkret/…` of spec 002).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(try_from = "String")]
 pub struct IngressPath(String);
@@ -76,11 +79,14 @@ impl TryFrom<String> for IngressPath {
     type Error = &'static str;
 
     fn try_from(path: String) -> Result<Self, Self::Error> {
-        if !path.starts_with('/') || path.contains(['?', '#']) || path.chars().any(|c| c.is_whitespace()) {
-            return Err("must be a path starting with '/' without query, fragment or spaces");
+        if !path.starts_with('/')
+            || path.contains(['?', '#', '{', '}', '*', ':'])
+            || path.chars().any(|c| c.is_whitespace() || c.is_control())
+        {
+            return Err("must be a path starting with '/' without query, fragment, spaces or any of {}*:");
         }
-        if ["/metrics", "/healthz", "/readyz"].contains(&path.as_str()) {
-            return Err("must not be one of the listener's own endpoints");
+        if RESERVED_PREFIXES.iter().any(|p| path.starts_with(p)) {
+            return Err("must not be under /v2/ or /_arkret/ (the listener's own endpoints)");
         }
         Ok(Self(path))
     }
@@ -164,7 +170,9 @@ mod tests {
         refused(serde_json::json!({"hubs": {"": "/s"}}), "1 to 255 bytes");
         refused(serde_json::json!({"hubs": {"h": ""}}), "secret file");
         refused(serde_json::json!({"hubs": {"h": "/s"}, "path": "push"}), "starting with '/'");
-        refused(serde_json::json!({"hubs": {"h": "/s"}, "path": "/metrics"}), "own endpoints");
+        refused(serde_json::json!({"hubs": {"h": "/s"}, "path": "/v2/push/registration"}), "own endpoints");
+        refused(serde_json::json!({"hubs": {"h": "/s"}, "path": "/_arkret/edge/push/notify"}), "own endpoints");
+        refused(serde_json::json!({"hubs": {"h": "/s"}, "path": "/push/{id}"}), "any of {}*:");
         refused(serde_json::json!({"hubs": {"h": "/s"}, "signature_window_seconds": 0}), "positive");
         refused(serde_json::json!({"hubs": {"h": "/s"}, "max_body_bytes": 100}), "between 1024");
         refused(serde_json::json!({"hubs": {"h": "/s"}, "secret": "x"}), "unknown field");

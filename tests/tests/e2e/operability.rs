@@ -198,15 +198,19 @@ fn provider_tables(dir: &std::path::Path) -> String {
     });
     let account_file = dir.join("fcm-test-only.json");
     std::fs::write(&account_file, account.to_string()).expect("write service account");
+    // The relay ingress too, so its families are exported (issue 13).
+    let hub_secret = dir.join("hub.secret");
+    std::fs::write(&hub_secret, "operability-hub-secret-0123456789").expect("write hub secret");
     format!(
         "[engine.channels.apns]\nkey_file = {:?}\nkey_id = \"TESTKEY001\"\nteam_id = \"TESTTEAM01\"\n\
          bundle_id = \"com.example.fanout\"\nenvironment = \"sandbox\"\nsandbox_url = \"https://127.0.0.1:{}\"\n\n\
          [engine.channels.fcm]\nservice_account_file = {:?}\nbase_url = \"https://127.0.0.1:{}\"\n\n\
-         [engine.channels.relay]\n\n",
+         [engine.channels.relay]\n\n[engine.relay_ingress]\nhubs = {{ operability = {:?} }}\n\n",
         apns_key.display().to_string(),
         free_port(),
         account_file.display().to_string(),
         free_port(),
+        hub_secret.display().to_string(),
     )
 }
 
@@ -240,7 +244,12 @@ async fn dashboards_and_rules_name_only_exported_metrics() {
     let relay = Recipient::random();
     let bearer = relay.bearer();
     let (status, _) = fanout
-        .api_request("PUT", "/v2/push/registration", &[("authorization", &bearer)], br#"{"provider":"log","token":"t"}"#)
+        .api_request(
+            "PUT",
+            "/v2/push/registration",
+            &[("authorization", &bearer)],
+            br#"{"provider":"log","token":"t"}"#,
+        )
         .await
         .expect("API request");
     assert_eq!(status, 204);
@@ -265,7 +274,11 @@ async fn dashboards_and_rules_name_only_exported_metrics() {
             pb::register_request::Delivery::Apns(pb::ApnsDelivery { token: apns_token.clone() }),
             &topic,
         ),
-        (Recipient::random(), pb::register_request::Delivery::Fcm(pb::FcmDelivery { token: fcm_token.into() }), &fcm_topic),
+        (
+            Recipient::random(),
+            pb::register_request::Delivery::Fcm(pb::FcmDelivery { token: fcm_token.into() }),
+            &fcm_topic,
+        ),
     ] {
         client.register(recipient.register(delivery)).await.expect("register a provider recipient");
         client.update_subscriptions(recipient.update(vec![subscription(topic)], vec![])).await.expect("subscribe");

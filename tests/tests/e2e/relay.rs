@@ -53,7 +53,7 @@ async fn relay_setup(relay_keys: &str, receiver: MockWebhookConfig) -> Relay {
     Relay { fanout, receiver, _pki: pki, _dir: dir }
 }
 
-async fn put(fanout: &Fanout, r: &Recipient, body: &Value) -> (u16, Value) {
+pub(crate) async fn put(fanout: &Fanout, r: &Recipient, body: &Value) -> (u16, Value) {
     let bearer = r.bearer();
     let headers = [("authorization", bearer.as_str()), ("content-type", "application/json")];
     let (status, text) =
@@ -74,7 +74,7 @@ async fn register(fanout: &Fanout, r: &Recipient, token: &str, topic: &[u8], inc
     client.update_subscriptions(r.update(vec![sub], vec![])).await.expect("subscribe");
 }
 
-async fn is_registered(fanout: &Fanout, r: &Recipient) -> bool {
+pub(crate) async fn is_registered(fanout: &Fanout, r: &Recipient) -> bool {
     let mut client = fanout.notifications().await.unwrap();
     match client.update_subscriptions(r.update(vec![], vec![])).await {
         Ok(_) => true,
@@ -91,18 +91,18 @@ fn to(received: &[ReceivedRequest], token: &str) -> Vec<ReceivedRequest> {
     received.iter().filter(|q| token_of(q) == token).cloned().collect()
 }
 
-async fn metric(fanout: &Fanout, event: &str) -> u64 {
+pub(crate) async fn metric(fanout: &Fanout, event: &str) -> u64 {
     let (_, text) = fanout.http_get("/metrics").await.unwrap();
     let prefix = format!("fanout_relay_pushes_total{{event=\"{event}\"}} ");
     text.lines().find_map(|l| l.strip_prefix(&prefix)).and_then(|v| v.parse().ok()).unwrap_or(0)
 }
 
 /// A group topic whose identifier is the UTF-8 `gid` (random suffix).
-fn named_group(gid: &str) -> Vec<u8> {
+pub(crate) fn named_group(gid: &str) -> Vec<u8> {
     [&[0u8][..], gid.as_bytes()].concat()
 }
 
-fn stand_in(gid: &str, seq: u64) -> String {
+pub(crate) fn stand_in(gid: &str, seq: u64) -> String {
     let mut h = Sha256::new();
     h.update(gid.as_bytes());
     h.update([0u8]);

@@ -17,17 +17,17 @@ use hmac::{Hmac, KeyInit, Mac};
 use rand::RngCore;
 use sha2::Sha256;
 
-const SECRET: &str = "example-secret-0123456789abcdef0123";
-const HUB: &str = "hubexample";
-const PATH: &str = "/v1/relay/push";
-const APP: &str = "im.g.apps";
+pub(crate) const SECRET: &str = "example-secret-0123456789abcdef0123";
+pub(crate) const HUB: &str = "hubexample";
+pub(crate) const PATH: &str = "/v1/relay/push";
+pub(crate) const APP: &str = "im.g.apps";
 const T: Duration = Duration::from_secs(10);
 
-struct Setup {
-    fanout: Fanout,
-    sandbox: MockApns,
-    production: MockApns,
-    fcm: MockFcm,
+pub(crate) struct Setup {
+    pub(crate) fanout: Fanout,
+    pub(crate) sandbox: MockApns,
+    pub(crate) production: MockApns,
+    pub(crate) fcm: MockFcm,
     _dir: tempfile::TempDir,
 }
 
@@ -35,7 +35,7 @@ fn quote(path: &std::path::Path) -> String {
     format!("{:?}", path.display().to_string())
 }
 
-async fn setup() -> Setup {
+pub(crate) async fn setup() -> Setup {
     let pki = TestPki::generate(&[]).expect("pki");
     let key = ApnsTestKey::generate().expect("key");
     let apns_config = || MockApnsConfig {
@@ -119,7 +119,7 @@ async fn post(addr: SocketAddr, signature: Option<&str>, delivery: &str, body: &
 }
 
 async fn send(s: &Setup, id: &str, body: &[u8]) -> RawAnswer {
-    post(s.fanout.http, Some(&sign(SECRET, now(), body)), id, body).await
+    post(s.fanout.api, Some(&sign(SECRET, now(), body)), id, body).await
 }
 
 async fn metric(s: &Setup, line: &str) -> u64 {
@@ -200,7 +200,7 @@ async fn unverified_webhooks_send_nothing() {
         ("wrong delivery header", Some(sign(SECRET, t, &body)), delivery_id(), body.clone(), 400),
     ];
     for (what, signature, delivery, sent, status) in cases {
-        let answer = post(s.fanout.http, signature.as_deref(), &delivery, &sent).await;
+        let answer = post(s.fanout.api, signature.as_deref(), &delivery, &sent).await;
         assert_eq!(answer.status, status, "{what}: {}", answer.body);
         assert!(answer.headers.contains("content-type: application/problem+json"), "{what}: {}", answer.headers);
         let problem: serde_json::Value = serde_json::from_str(&answer.body).expect("problem JSON");

@@ -2,7 +2,7 @@
 //! schedule (1, 2, 4, 8 s; five attempts; never before Retry-After, honoured
 //! up to 60 s). Pure functions, tested row by row.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 /// What an attempt's answer means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,20 +30,26 @@ pub const RETRY_AFTER_CAP: Duration = Duration::from_secs(60);
 pub const NO_ANSWER: Answer = Answer::Retry { retry_after: None };
 
 /// First match wins.
-pub fn classify(status: u16, retry_after: Option<&str>) -> Answer {
+pub fn classify(status: u16, retry_after: Option<&str>, now: SystemTime) -> Answer {
     match status {
         200..=299 => Answer::Delivered,
         404 | 410 => Answer::InvalidToken,
-        429 | 500..=599 => Answer::Retry { retry_after: retry_after.and_then(parse_retry_after) },
+        429 | 500..=599 => Answer::Retry { retry_after: retry_after.and_then(|v| parse_retry_after(v, now)) },
         _ => Answer::Permanent,
     }
 }
 
-/// Retry-After as delay-seconds (the form the spec names), capped at 60 s.
-/// An HTTP-date or anything else is ignored: the schedule alone applies.
-pub fn parse_retry_after(value: &str) -> Option<Duration> {
-    let secs: u64 = value.trim().parse().ok()?;
-    Some(Duration::from_secs(secs).min(RETRY_AFTER_CAP))
+/// Retry-After in either form of RFC 9110 §10.2.3: delay-seconds (the one
+/// the spec names) or an HTTP-date, read as the delay from `now` (a date in
+/// the past is no delay). Capped at 60 s; anything else is ignored and the
+/// schedule alone applies.
+pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    let delay = match value.parse::<u64>() {
+        Ok(secs) => Duration::from_secs(secs),
+        Err(_) => httpdate::parse_http_date(value).ok()?.duration_since(now).unwrap_or(Duration::ZERO),
+    };
+    Some(delay.min(RETRY_AFTER_CAP))
 }
 
 /// The wait before the next attempt after `attempts` attempts failed
@@ -60,18 +66,28 @@ pub fn next_delay(attempts: u32, retry_after: Option<Duration>) -> Option<Durati
 mod tests {
     use super::*;
 
+    /// Wed, 21 Oct 2015 07:28:00 GMT.
+    fn now() -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1_445_412_480)
+    }
+
     #[test]
     fn the_answer_table() {
-        assert_eq!(classify(200, None), Answer::Delivered);
-        assert_eq!(classify(202, None), Answer::Delivered);
-        assert_eq!(classify(404, None), Answer::InvalidToken);
-        assert_eq!(classify(410, None), Answer::InvalidToken);
-        assert_eq!(classify(429, None), Answer::Retry { retry_after: None });
-        assert_eq!(classify(500, Some("30")), Answer::Retry { retry_after: Some(Duration::from_secs(30)) });
-        assert_eq!(classify(503, Some("120")), Answer::Retry { retry_after: Some(Duration::from_secs(60)) });
-        assert_eq!(classify(429, Some("Wed, 21 Oct 2015 07:28:00 GMT")), Answer::Retry { retry_after: None });
+        assert_eq!(classify(200, None, now()), Answer::Delivered);
+        assert_eq!(classify(202, None, now()), Answer::Delivered);
+        assert_eq!(classify(404, None, now()), Answer::InvalidToken);
+        assert_eq!(classify(410, None, now()), Answer::InvalidToken);
+        assert_eq!(classify(429, None, now()), Answer::Retry { retry_after: None });
+        assert_eq!(classify(500, Some("30"), now()), Answer::Retry { retry_after: Some(Duration::from_secs(30)) });
+        assert_eq!(classify(503, Some("120"), now()), Answer::Retry { retry_after: Some(Duration::from_secs(60)) });
+        // An HTTP-date: the delay from now, none when it has passed, capped.
+        let at = |date: &str| classify(429, Some(date), now());
+        assert_eq!(at("Wed, 21 Oct 2015 07:28:30 GMT"), Answer::Retry { retry_after: Some(Duration::from_secs(30)) });
+        assert_eq!(at("Wed, 21 Oct 2015 07:27:00 GMT"), Answer::Retry { retry_after: Some(Duration::ZERO) });
+        assert_eq!(at("Wed, 21 Oct 2015 09:28:00 GMT"), Answer::Retry { retry_after: Some(Duration::from_secs(60)) });
+        assert_eq!(at("soon"), Answer::Retry { retry_after: None });
         for status in [301, 302, 307, 308, 400, 401, 403, 409, 413, 100] {
-            assert_eq!(classify(status, Some("5")), Answer::Permanent, "{status}");
+            assert_eq!(classify(status, Some("5"), now()), Answer::Permanent, "{status}");
         }
         assert_eq!(NO_ANSWER, Answer::Retry { retry_after: None });
     }
@@ -93,9 +109,13 @@ mod tests {
 
     #[test]
     fn retry_after_is_a_floor_capped_at_60_seconds() {
-        assert_eq!(next_delay(1, parse_retry_after("30")), Some(Duration::from_secs(30)));
-        assert_eq!(next_delay(1, parse_retry_after("120")), Some(Duration::from_secs(60)));
-        assert_eq!(next_delay(4, parse_retry_after("0")), Some(Duration::from_secs(8)), "never before the schedule");
-        assert_eq!(next_delay(5, parse_retry_after("1")), None, "five attempts in all");
+        assert_eq!(next_delay(1, parse_retry_after("30", now())), Some(Duration::from_secs(30)));
+        assert_eq!(next_delay(1, parse_retry_after("120", now())), Some(Duration::from_secs(60)));
+        assert_eq!(
+            next_delay(4, parse_retry_after("0", now())),
+            Some(Duration::from_secs(8)),
+            "never before the schedule"
+        );
+        assert_eq!(next_delay(5, parse_retry_after("1", now())), None, "five attempts in all");
     }
 }

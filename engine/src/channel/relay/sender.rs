@@ -3,7 +3,7 @@
 //! applies §2.4's answer; retries wait in one timer wheel, not a task each.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -119,7 +119,7 @@ impl Senders {
                 match answer {
                     Ok(Ok(a)) => {
                         let retry_after = a.headers.get(http::header::RETRY_AFTER).and_then(|v| v.to_str().ok());
-                        (classify(a.status.as_u16(), retry_after), Some(a.status.as_u16()))
+                        (classify(a.status.as_u16(), retry_after, SystemTime::now()), Some(a.status.as_u16()))
                     }
                     // 003 §2.4: a timeout or a transport error is retried.
                     Ok(Err(_)) | Err(_) => (NO_ANSWER, None),
