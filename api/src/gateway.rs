@@ -171,6 +171,9 @@ pub struct GatewayState {
     /// `None` without `[station]`: the Station routes answer 404.
     pub station: Option<Arc<(StationSettings, Session)>>,
     pub metrics: Arc<Metrics>,
+    /// The listener's scheme (`https` with `[server.tls]`): the value of a
+    /// covered `@target-uri` / `@scheme`.
+    pub scheme: &'static str,
 }
 
 pub fn router(state: GatewayState) -> Router {
@@ -316,11 +319,9 @@ async fn notify(
             .or_else(|| headers.get(header::HOST).and_then(|h| h.to_str().ok()).map(str::to_owned))
             .unwrap_or_default();
         let path_and_query = uri.path_and_query().map_or("/", |p| p.as_str());
-        // The listener is plain HTTP (TLS in front is a separate concern):
-        // signers cover `@path` or `@request-target`, which do not depend on it.
         let request = SignedRequest {
             method: method.as_str(),
-            scheme: "http",
+            scheme: state.scheme,
             authority: &authority,
             path_and_query,
             headers: &headers,

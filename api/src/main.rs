@@ -286,7 +286,8 @@ fn start_gateway(
         None => None,
     };
     let task = tokio::spawn(delivery.run(shutdown));
-    let state = gateway::GatewayState { service: Arc::new(service), station, metrics: engine.metrics() };
+    let scheme = if config.server.tls.is_some() { "https" } else { "http" };
+    let state = gateway::GatewayState { service: Arc::new(service), station, metrics: engine.metrics(), scheme };
     Ok((Some(state), Some(task)))
 }
 
