@@ -19,7 +19,7 @@ pub mod pool;
 pub mod relay;
 pub mod relayed;
 mod settings;
-mod tls;
+pub(crate) mod tls;
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -85,6 +85,7 @@ use futures::stream::{self, TryStreamExt};
 use futures::{FutureExt, StreamExt};
 use scylla::client::execution_profile::ExecutionProfile;
 use scylla::client::session::Session;
+use scylla::client::session::TlsContext;
 use scylla::client::session_builder::SessionBuilder;
 use scylla::response::query_result::QueryResult;
 use scylla::serialize::row::SerializeRow;
@@ -456,13 +457,19 @@ impl ScyllaStore {
             .request_timeout(Some(timeout))
             .build()
             .into_handle();
-        let session = SessionBuilder::new()
+        let mut builder = SessionBuilder::new()
             .known_nodes(settings.nodes.as_slice())
             .default_execution_profile_handle(profile)
-            .connection_timeout(timeout.min(Duration::from_secs(10)))
-            .build()
-            .await
-            .map_err(be("cannot connect"))?;
+            .connection_timeout(timeout.min(Duration::from_secs(10)));
+        // Issue 16: TLS and password authentication to the nodes.
+        if let Some(tls) = &settings.tls {
+            let config = crate::channel::tls::client_tls_config(&tls.ca_files).map_err(StoreError::Backend)?;
+            builder = builder.tls_context(Some(TlsContext::Rustls023(Arc::new(config))));
+        }
+        if let Some((user, password)) = settings.credentials().map_err(StoreError::Backend)? {
+            builder = builder.user(user, password);
+        }
+        let session = builder.build().await.map_err(be("cannot connect"))?;
         if settings.migrate {
             schema::migrate(&session, &settings.keyspace, &settings.replication).await?;
         } else {

@@ -14,9 +14,8 @@ use std::future::Future;
 pub use self::gateway::*;
 
 use fanout_engine::domain::{
-    Channel, DeliveryTarget, EnvelopeKind, KeyWindow, NewEnvelope, RecipientId, RecipientSecret,
-    SecretHash, SequenceRefusal, ShardId, SigningKey, StoredEnvelope, StoredSubscription, Subscription,
-    SubscriptionUpdate, Topic,
+    Channel, DeliveryTarget, EnvelopeKind, KeyWindow, NewEnvelope, RecipientId, RecipientSecret, SecretHash,
+    SequenceRefusal, ShardId, SigningKey, StoredEnvelope, StoredSubscription, Subscription, SubscriptionUpdate, Topic,
 };
 use fanout_engine::store::{
     Appended, Recipient, RecipientSummary, RelayClaim, RelayKey, RelaySettled, ShardPosition, Store, StoreError,
@@ -47,36 +46,36 @@ where
 macro_rules! for_each_case {
     ($m:ident) => {
         $m!(
-        register_creates_and_renews,
-        secret_mismatch_changes_nothing,
-        unknown_recipient_is_not_found,
-        unregister_deletes_subscriptions,
-        update_applies_adds_and_removes_together,
-        replace_keeps_start_position,
-        topic_limit_applies_nothing,
-        key_window_round_trip,
-        compare_and_delete,
-        delete_expired_boundary,
-        append_allocates_per_shard,
-        publisher_sequence_ids,
-        non_eligible_envelopes_only_move_the_boundary,
-        suppression_data_only_with_32_byte_hmac,
-        relay_metadata_round_trips,
-        relay_registration_round_trips_and_compare_and_deletes,
-        read_window_range_and_limit,
-        advance_checkpoint_forward_and_prunes,
-        subscribers_paging,
-        relay_claim_settle_and_release,
-        relay_claims_expire_and_are_taken_over,
-        relay_concurrent_claims_have_one_winner,
-        gateway_register_supersedes,
-        gateway_concurrent_registers_leave_one_route,
-        gateway_unregister_and_expiry,
-        gateway_dead_token_mark,
-        gateway_notify_records,
-        gateway_concurrent_notify_claims_have_one_winner,
-        gateway_wakeups_are_leased,
-        gateway_state_compare_and_set,
+            register_creates_and_renews,
+            secret_mismatch_changes_nothing,
+            unknown_recipient_is_not_found,
+            unregister_deletes_subscriptions,
+            update_applies_adds_and_removes_together,
+            replace_keeps_start_position,
+            topic_limit_applies_nothing,
+            key_window_round_trip,
+            compare_and_delete,
+            delete_expired_boundary,
+            append_allocates_per_shard,
+            publisher_sequence_ids,
+            non_eligible_envelopes_only_move_the_boundary,
+            suppression_data_only_with_32_byte_hmac,
+            relay_metadata_round_trips,
+            relay_registration_round_trips_and_compare_and_deletes,
+            read_window_range_and_limit,
+            advance_checkpoint_forward_and_prunes,
+            subscribers_paging,
+            relay_claim_settle_and_release,
+            relay_claims_expire_and_are_taken_over,
+            relay_concurrent_claims_have_one_winner,
+            gateway_register_supersedes,
+            gateway_concurrent_registers_leave_one_route,
+            gateway_unregister_and_expiry,
+            gateway_dead_token_mark,
+            gateway_notify_records,
+            gateway_concurrent_notify_claims_have_one_winner,
+            gateway_wakeups_are_leased,
+            gateway_state_compare_and_set,
         );
     };
 }
@@ -93,22 +92,15 @@ fn secret(n: u8) -> SecretHash {
 }
 
 fn apns(token: &str) -> DeliveryTarget {
-    DeliveryTarget::Apns {
-        token: token.into(),
-    }
+    DeliveryTarget::Apns { token: token.into() }
 }
 
 fn fcm(token: &str) -> DeliveryTarget {
-    DeliveryTarget::Fcm {
-        token: token.into(),
-    }
+    DeliveryTarget::Fcm { token: token.into() }
 }
 
 fn http(url: &str, key: u8) -> DeliveryTarget {
-    DeliveryTarget::Http {
-        url: url.into(),
-        signing_key: SigningKey::parse(&[key; 32]).unwrap(),
-    }
+    DeliveryTarget::Http { url: url.into(), signing_key: SigningKey::parse(&[key; 32]).unwrap() }
 }
 
 fn topic(bytes: &[u8]) -> Topic {
@@ -130,17 +122,11 @@ fn topic_in_shard(kind: u8, shard: u16, n: usize) -> Topic {
 }
 
 fn sub(topic: &Topic) -> Subscription {
-    Subscription {
-        topic: topic.clone(),
-        keys: None,
-        include_commits: false,
-    }
+    Subscription { topic: topic.clone(), keys: None, include_commits: false }
 }
 
 fn window(base: i64, fill: u8) -> KeyWindow {
-    KeyWindow::parse(base, &[vec![fill; 42], vec![fill.wrapping_add(1); 42]])
-        .unwrap()
-        .unwrap()
+    KeyWindow::parse(base, &[vec![fill; 42], vec![fill.wrapping_add(1); 42]]).unwrap().unwrap()
 }
 
 fn update(adds: Vec<Subscription>, removes: Vec<Topic>) -> SubscriptionUpdate {
@@ -155,16 +141,7 @@ fn envelope(
     data: Vec<u8>,
     sequence_id: Option<u64>,
 ) -> NewEnvelope {
-    NewEnvelope::new(
-        topic.clone(),
-        SHARD_COUNT,
-        kind,
-        should_push,
-        sender_hmac,
-        data,
-        sequence_id,
-    )
-    .unwrap()
+    NewEnvelope::new(topic.clone(), SHARD_COUNT, kind, should_push, sender_hmac, data, sequence_id).unwrap()
 }
 
 /// A push-eligible application message with a fanout-allocated id.
@@ -173,9 +150,7 @@ fn app(topic: &Topic) -> NewEnvelope {
 }
 
 fn stored(ids: impl IntoIterator<Item = u64>) -> Vec<Appended> {
-    ids.into_iter()
-        .map(|sequence_id| Appended::Stored { sequence_id })
-        .collect()
+    ids.into_iter().map(|sequence_id| Appended::Stored { sequence_id }).collect()
 }
 
 fn seq_ids(window: &[StoredEnvelope]) -> Vec<u64> {
@@ -193,10 +168,7 @@ async fn subscribe<S: Store>(
     adds: Vec<Subscription>,
     now_ns: i64,
 ) -> RecipientSummary {
-    store
-        .update_subscriptions(id, hash, &update(adds, vec![]), now_ns, NO_LIMIT)
-        .await
-        .unwrap()
+    store.update_subscriptions(id, hash, &update(adds, vec![]), now_ns, NO_LIMIT).await.unwrap()
 }
 
 /// Every subscriber id of a topic, in one large page.
@@ -209,19 +181,8 @@ async fn position<S: Store>(store: &S, shard: u16) -> ShardPosition {
     store.shard_position(ShardId(shard)).await.unwrap()
 }
 
-async fn window_ids<S: Store>(
-    store: &S,
-    shard: u16,
-    after: u64,
-    up_to: u64,
-    limit: usize,
-) -> Vec<u64> {
-    seq_ids(
-        &store
-            .read_window(ShardId(shard), after, up_to, limit)
-            .await
-            .unwrap(),
-    )
+async fn window_ids<S: Store>(store: &S, shard: u16, after: u64, up_to: u64, limit: usize) -> Vec<u64> {
+    seq_ids(&store.read_window(ShardId(shard), after, up_to, limit).await.unwrap())
 }
 
 // ---- recipients ----
@@ -234,91 +195,30 @@ pub async fn register_creates_and_renews<S: Store>(store: &S) {
     assert_eq!(store.recipient(&a).await.unwrap(), None);
 
     let s = store.register(&a, &h, &apns("t1"), 100).await.unwrap();
-    assert_eq!(
-        s,
-        RecipientSummary {
-            topic_count: 0,
-            channel: Channel::Apns,
-            renewed_at_ns: 100
-        }
-    );
+    assert_eq!(s, RecipientSummary { topic_count: 0, channel: Channel::Apns, renewed_at_ns: 100 });
     let r = store.recipient(&a).await.unwrap().expect("created");
-    assert_eq!(
-        r,
-        Recipient {
-            id: a,
-            secret_hash: h,
-            target: apns("t1"),
-            renewed_at_ns: 100,
-            topic_count: 0
-        }
-    );
+    assert_eq!(r, Recipient { id: a, secret_hash: h, target: apns("t1"), renewed_at_ns: 100, topic_count: 0 });
     assert!(store.subscriptions(&a).await.unwrap().is_empty());
 
     let s = subscribe(store, &a, &h, vec![sub(&group(1)), sub(&group(2))], 150).await;
-    assert_eq!(
-        s,
-        RecipientSummary {
-            topic_count: 2,
-            channel: Channel::Apns,
-            renewed_at_ns: 150
-        }
-    );
+    assert_eq!(s, RecipientSummary { topic_count: 2, channel: Channel::Apns, renewed_at_ns: 150 });
 
     // A token refresh keeps the subscriptions.
     let s = store.register(&a, &h, &fcm("t2"), 200).await.unwrap();
-    assert_eq!(
-        s,
-        RecipientSummary {
-            topic_count: 2,
-            channel: Channel::Fcm,
-            renewed_at_ns: 200
-        }
-    );
+    assert_eq!(s, RecipientSummary { topic_count: 2, channel: Channel::Fcm, renewed_at_ns: 200 });
     let r = store.recipient(&a).await.unwrap().unwrap();
-    assert_eq!(
-        r,
-        Recipient {
-            id: a,
-            secret_hash: h,
-            target: fcm("t2"),
-            renewed_at_ns: 200,
-            topic_count: 2
-        }
-    );
-    assert_eq!(
-        topics_of(&store.subscriptions(&a).await.unwrap()),
-        vec![group(1), group(2)]
-    );
+    assert_eq!(r, Recipient { id: a, secret_hash: h, target: fcm("t2"), renewed_at_ns: 200, topic_count: 2 });
+    assert_eq!(topics_of(&store.subscriptions(&a).await.unwrap()), vec![group(1), group(2)]);
     assert_eq!(subscriber_ids(store, &group(1)).await, vec![a]);
 
-    let s = store
-        .register(&a, &h, &http("https://example.com/hook", 3), 300)
-        .await
-        .unwrap();
-    assert_eq!(
-        s,
-        RecipientSummary {
-            topic_count: 2,
-            channel: Channel::Http,
-            renewed_at_ns: 300
-        }
-    );
-    assert_eq!(
-        store.recipient(&a).await.unwrap().unwrap().target,
-        http("https://example.com/hook", 3)
-    );
+    let s = store.register(&a, &h, &http("https://example.com/hook", 3), 300).await.unwrap();
+    assert_eq!(s, RecipientSummary { topic_count: 2, channel: Channel::Http, renewed_at_ns: 300 });
+    assert_eq!(store.recipient(&a).await.unwrap().unwrap().target, http("https://example.com/hook", 3));
 
     // Another recipient is independent.
-    let s = store
-        .register(&rid(2), &secret(2), &apns("t3"), 400)
-        .await
-        .unwrap();
+    let s = store.register(&rid(2), &secret(2), &apns("t3"), 400).await.unwrap();
     assert_eq!(s.topic_count, 0);
-    assert_eq!(
-        store.recipient(&a).await.unwrap().unwrap().renewed_at_ns,
-        300
-    );
+    assert_eq!(store.recipient(&a).await.unwrap().unwrap().renewed_at_ns, 300);
 }
 
 /// PUSH-253 check 3: a wrong secret fails every mutating call and changes nothing.
@@ -329,56 +229,26 @@ pub async fn secret_mismatch_changes_nothing<S: Store>(store: &S) {
     let before = store.recipient(&a).await.unwrap().unwrap();
 
     let r = store.register(&a, &wrong, &apns("evil"), 200).await;
-    assert!(
-        matches!(r, Err(StoreError::SecretMismatch)),
-        "register: {r:?}"
-    );
+    assert!(matches!(r, Err(StoreError::SecretMismatch)), "register: {r:?}");
     let r = store.unregister(&a, &wrong).await;
-    assert!(
-        matches!(r, Err(StoreError::SecretMismatch)),
-        "unregister: {r:?}"
-    );
-    let r = store
-        .update_subscriptions(
-            &a,
-            &wrong,
-            &update(vec![sub(&group(2))], vec![group(1)]),
-            300,
-            NO_LIMIT,
-        )
-        .await;
-    assert!(
-        matches!(r, Err(StoreError::SecretMismatch)),
-        "update: {r:?}"
-    );
+    assert!(matches!(r, Err(StoreError::SecretMismatch)), "unregister: {r:?}");
+    let r = store.update_subscriptions(&a, &wrong, &update(vec![sub(&group(2))], vec![group(1)]), 300, NO_LIMIT).await;
+    assert!(matches!(r, Err(StoreError::SecretMismatch)), "update: {r:?}");
 
     assert_eq!(store.recipient(&a).await.unwrap(), Some(before));
-    assert_eq!(
-        topics_of(&store.subscriptions(&a).await.unwrap()),
-        vec![group(1)]
-    );
+    assert_eq!(topics_of(&store.subscriptions(&a).await.unwrap()), vec![group(1)]);
     assert_eq!(subscriber_ids(store, &group(1)).await, vec![a]);
     assert!(subscriber_ids(store, &group(2)).await.is_empty());
 }
 
 /// PUSH-253: unknown recipients are NotFound and nothing is created.
 pub async fn unknown_recipient_is_not_found<S: Store>(store: &S) {
-    store
-        .register(&rid(1), &secret(1), &apns("t1"), 100)
-        .await
-        .unwrap();
+    store.register(&rid(1), &secret(1), &apns("t1"), 100).await.unwrap();
     let unknown = rid(7);
     let r = store.unregister(&unknown, &secret(7)).await;
     assert!(matches!(r, Err(StoreError::NotFound)), "unregister: {r:?}");
-    let r = store
-        .update_subscriptions(
-            &unknown,
-            &secret(7),
-            &update(vec![sub(&group(1))], vec![]),
-            200,
-            NO_LIMIT,
-        )
-        .await;
+    let r =
+        store.update_subscriptions(&unknown, &secret(7), &update(vec![sub(&group(1))], vec![]), 200, NO_LIMIT).await;
     assert!(matches!(r, Err(StoreError::NotFound)), "update: {r:?}");
     assert_eq!(store.recipient(&unknown).await.unwrap(), None);
     assert!(store.subscriptions(&unknown).await.unwrap().is_empty());
@@ -389,18 +259,8 @@ pub async fn unknown_recipient_is_not_found<S: Store>(store: &S) {
 pub async fn unregister_deletes_subscriptions<S: Store>(store: &S) {
     let (a, b) = (rid(1), rid(2));
     for (id, n) in [(a, 1), (b, 2)] {
-        store
-            .register(&id, &secret(n), &apns("t"), 100)
-            .await
-            .unwrap();
-        subscribe(
-            store,
-            &id,
-            &secret(n),
-            vec![sub(&group(1)), sub(&group(2))],
-            110,
-        )
-        .await;
+        store.register(&id, &secret(n), &apns("t"), 100).await.unwrap();
+        subscribe(store, &id, &secret(n), vec![sub(&group(1)), sub(&group(2))], 110).await;
     }
     assert_eq!(subscriber_ids(store, &group(1)).await, vec![a, b]);
 
@@ -409,16 +269,10 @@ pub async fn unregister_deletes_subscriptions<S: Store>(store: &S) {
     assert!(store.subscriptions(&a).await.unwrap().is_empty());
     assert_eq!(subscriber_ids(store, &group(1)).await, vec![b]);
     assert_eq!(subscriber_ids(store, &group(2)).await, vec![b]);
-    assert!(matches!(
-        store.unregister(&a, &secret(1)).await,
-        Err(StoreError::NotFound)
-    ));
+    assert!(matches!(store.unregister(&a, &secret(1)).await, Err(StoreError::NotFound)));
 
     // Registering again starts with no subscriptions.
-    let s = store
-        .register(&a, &secret(1), &apns("t"), 200)
-        .await
-        .unwrap();
+    let s = store.register(&a, &secret(1), &apns("t"), 200).await.unwrap();
     assert_eq!(s.topic_count, 0);
     assert!(store.subscriptions(&a).await.unwrap().is_empty());
 }
@@ -432,54 +286,19 @@ pub async fn update_applies_adds_and_removes_together<S: Store>(store: &S) {
     store.register(&a, &h, &apns("t"), 100).await.unwrap();
     let welcome = topic(&[1, 0]);
     let longer = topic(&[0, 2, 5]);
-    let adds = vec![
-        sub(&welcome),
-        sub(&group(3)),
-        sub(&group(1)),
-        sub(&longer),
-        sub(&group(2)),
-    ];
+    let adds = vec![sub(&welcome), sub(&group(3)), sub(&group(1)), sub(&longer), sub(&group(2))];
     let s = subscribe(store, &a, &h, adds, 110).await;
-    assert_eq!(
-        s,
-        RecipientSummary {
-            topic_count: 5,
-            channel: Channel::Apns,
-            renewed_at_ns: 110
-        }
-    );
+    assert_eq!(s, RecipientSummary { topic_count: 5, channel: Channel::Apns, renewed_at_ns: 110 });
     // In topic order (byte order).
     assert_eq!(
         topics_of(&store.subscriptions(&a).await.unwrap()),
-        vec![
-            group(1),
-            group(2),
-            longer.clone(),
-            group(3),
-            welcome.clone()
-        ]
+        vec![group(1), group(2), longer.clone(), group(3), welcome.clone()]
     );
 
-    let u = update(
-        vec![sub(&group(4))],
-        vec![group(1), group(9), welcome.clone()],
-    );
-    let s = store
-        .update_subscriptions(&a, &h, &u, 120, NO_LIMIT)
-        .await
-        .unwrap();
-    assert_eq!(
-        s,
-        RecipientSummary {
-            topic_count: 4,
-            channel: Channel::Apns,
-            renewed_at_ns: 120
-        }
-    );
-    assert_eq!(
-        topics_of(&store.subscriptions(&a).await.unwrap()),
-        vec![group(2), longer.clone(), group(3), group(4)]
-    );
+    let u = update(vec![sub(&group(4))], vec![group(1), group(9), welcome.clone()]);
+    let s = store.update_subscriptions(&a, &h, &u, 120, NO_LIMIT).await.unwrap();
+    assert_eq!(s, RecipientSummary { topic_count: 4, channel: Channel::Apns, renewed_at_ns: 120 });
+    assert_eq!(topics_of(&store.subscriptions(&a).await.unwrap()), vec![group(2), longer.clone(), group(3), group(4)]);
     let r = store.recipient(&a).await.unwrap().unwrap();
     assert_eq!((r.topic_count, r.renewed_at_ns), (4, 120));
     assert!(subscriber_ids(store, &group(1)).await.is_empty());
@@ -487,18 +306,8 @@ pub async fn update_applies_adds_and_removes_together<S: Store>(store: &S) {
     assert_eq!(subscriber_ids(store, &group(4)).await, vec![a]);
 
     // An empty update only renews.
-    let s = store
-        .update_subscriptions(&a, &h, &SubscriptionUpdate::default(), 130, NO_LIMIT)
-        .await
-        .unwrap();
-    assert_eq!(
-        s,
-        RecipientSummary {
-            topic_count: 4,
-            channel: Channel::Apns,
-            renewed_at_ns: 130
-        }
-    );
+    let s = store.update_subscriptions(&a, &h, &SubscriptionUpdate::default(), 130, NO_LIMIT).await.unwrap();
+    assert_eq!(s, RecipientSummary { topic_count: 4, channel: Channel::Apns, renewed_at_ns: 130 });
 }
 
 /// PUSH-216: a replaced topic keeps its start position and takes the new keys
@@ -516,65 +325,22 @@ pub async fn replace_keeps_start_position<S: Store>(store: &S) {
     store.append(&[app(&t_same), app(&t)], 2).await.unwrap();
     assert_eq!(position(store, 3).await.boundary, 5);
 
-    let replaced = Subscription {
-        topic: t.clone(),
-        keys: Some(window(10, 1)),
-        include_commits: true,
-    };
-    let s = subscribe(
-        store,
-        &a,
-        &h,
-        vec![replaced.clone(), sub(&t_same), sub(&t_other)],
-        120,
-    )
-    .await;
+    let replaced = Subscription { topic: t.clone(), keys: Some(window(10, 1)), include_commits: true };
+    let s = subscribe(store, &a, &h, vec![replaced.clone(), sub(&t_same), sub(&t_other)], 120).await;
     assert_eq!(s.topic_count, 3);
     let subs = store.subscriptions(&a).await.unwrap();
-    let find = |topic: &Topic| {
-        subs.iter()
-            .find(|s| s.subscription.topic == *topic)
-            .cloned()
-            .unwrap()
-    };
-    assert_eq!(
-        find(&t),
-        StoredSubscription {
-            subscription: replaced.clone(),
-            start_position: 3
-        }
-    );
-    assert_eq!(
-        find(&t_same),
-        StoredSubscription {
-            subscription: sub(&t_same),
-            start_position: 5
-        }
-    );
-    assert_eq!(
-        find(&t_other),
-        StoredSubscription {
-            subscription: sub(&t_other),
-            start_position: 0
-        }
-    );
+    let find = |topic: &Topic| subs.iter().find(|s| s.subscription.topic == *topic).cloned().unwrap();
+    assert_eq!(find(&t), StoredSubscription { subscription: replaced.clone(), start_position: 3 });
+    assert_eq!(find(&t_same), StoredSubscription { subscription: sub(&t_same), start_position: 5 });
+    assert_eq!(find(&t_other), StoredSubscription { subscription: sub(&t_other), start_position: 0 });
 
     // Dispatch sees the replaced subscription.
     let page = store.subscribers(&t, None, 10).await.unwrap();
     assert_eq!(page.len(), 1);
-    assert_eq!(
-        page[0].subscription,
-        StoredSubscription {
-            subscription: replaced,
-            start_position: 3
-        }
-    );
+    assert_eq!(page[0].subscription, StoredSubscription { subscription: replaced, start_position: 3 });
 
     // Removed and added again later: a new subscription, at the boundary of then.
-    store
-        .update_subscriptions(&a, &h, &update(vec![], vec![t.clone()]), 130, NO_LIMIT)
-        .await
-        .unwrap();
+    store.update_subscriptions(&a, &h, &update(vec![], vec![t.clone()]), 130, NO_LIMIT).await.unwrap();
     store.append(&[app(&t)], 3).await.unwrap();
     subscribe(store, &a, &h, vec![sub(&t)], 140).await;
     let subs = store.subscriptions(&a).await.unwrap();
@@ -593,48 +359,23 @@ pub async fn topic_limit_applies_nothing<S: Store>(store: &S) {
     let u = update(vec![sub(&group(4)), sub(&group(5))], vec![group(1)]);
     let r = store.update_subscriptions(&a, &h, &u, 30, 3).await;
     assert!(matches!(r, Err(StoreError::TopicLimit)), "{r:?}");
-    assert_eq!(
-        topics_of(&store.subscriptions(&a).await.unwrap()),
-        vec![group(1), group(2), group(3)]
-    );
+    assert_eq!(topics_of(&store.subscriptions(&a).await.unwrap()), vec![group(1), group(2), group(3)]);
     let r = store.recipient(&a).await.unwrap().unwrap();
-    assert_eq!(
-        (r.topic_count, r.renewed_at_ns),
-        (3, 20),
-        "no renewal on TopicLimit"
-    );
+    assert_eq!((r.topic_count, r.renewed_at_ns), (3, 20), "no renewal on TopicLimit");
     assert_eq!(subscriber_ids(store, &group(1)).await, vec![a]);
     assert!(subscriber_ids(store, &group(4)).await.is_empty());
 
     // Replacing does not count twice; a remove makes room for an add.
-    let replaced = Subscription {
-        topic: group(2),
-        keys: None,
-        include_commits: true,
-    };
-    let s = store
-        .update_subscriptions(&a, &h, &update(vec![replaced], vec![]), 40, 3)
-        .await
-        .unwrap();
+    let replaced = Subscription { topic: group(2), keys: None, include_commits: true };
+    let s = store.update_subscriptions(&a, &h, &update(vec![replaced], vec![]), 40, 3).await.unwrap();
     assert_eq!(s.topic_count, 3);
-    let s = store
-        .update_subscriptions(&a, &h, &update(vec![sub(&group(4))], vec![group(1)]), 50, 3)
-        .await
-        .unwrap();
+    let s = store.update_subscriptions(&a, &h, &update(vec![sub(&group(4))], vec![group(1)]), 50, 3).await.unwrap();
     assert_eq!((s.topic_count, s.renewed_at_ns), (3, 50));
-    assert_eq!(
-        topics_of(&store.subscriptions(&a).await.unwrap()),
-        vec![group(2), group(3), group(4)]
-    );
+    assert_eq!(topics_of(&store.subscriptions(&a).await.unwrap()), vec![group(2), group(3), group(4)]);
 
-    let r = store
-        .update_subscriptions(&a, &h, &update(vec![sub(&group(5))], vec![]), 60, 3)
-        .await;
+    let r = store.update_subscriptions(&a, &h, &update(vec![sub(&group(5))], vec![]), 60, 3).await;
     assert!(matches!(r, Err(StoreError::TopicLimit)), "{r:?}");
-    assert_eq!(
-        store.recipient(&a).await.unwrap().unwrap().renewed_at_ns,
-        50
-    );
+    assert_eq!(store.recipient(&a).await.unwrap().unwrap().renewed_at_ns, 50);
 }
 
 /// Section 3: a key window round-trips exactly; without keys none is stored.
@@ -642,14 +383,8 @@ pub async fn key_window_round_trip<S: Store>(store: &S) {
     let (a, h) = (rid(1), secret(1));
     store.register(&a, &h, &apns("t"), 100).await.unwrap();
     assert_eq!(KeyWindow::parse(7, &[]).unwrap(), None);
-    let three = KeyWindow::parse(7, &[vec![1; 42], vec![2; 42], vec![3; 42]])
-        .unwrap()
-        .unwrap();
-    let with_keys = Subscription {
-        topic: group(2),
-        keys: Some(three),
-        include_commits: true,
-    };
+    let three = KeyWindow::parse(7, &[vec![1; 42], vec![2; 42], vec![3; 42]]).unwrap().unwrap();
+    let with_keys = Subscription { topic: group(2), keys: Some(three), include_commits: true };
     subscribe(store, &a, &h, vec![sub(&group(1)), with_keys.clone()], 110).await;
     let subs = store.subscriptions(&a).await.unwrap();
     assert_eq!(subs[0].subscription, sub(&group(1)));
@@ -666,91 +401,36 @@ pub async fn key_window_round_trip<S: Store>(store: &S) {
 /// time and topic count do not matter.
 pub async fn compare_and_delete<S: Store>(store: &S) {
     let (a, h) = (rid(1), secret(1));
-    store
-        .register(&a, &h, &http("https://a.example/hook", 1), 100)
-        .await
-        .unwrap();
+    store.register(&a, &h, &http("https://a.example/hook", 1), 100).await.unwrap();
     subscribe(store, &a, &h, vec![sub(&group(1))], 110).await;
     let expected = store.recipient(&a).await.unwrap().unwrap();
 
-    store
-        .register(&a, &h, &http("https://b.example/hook", 1), 120)
-        .await
-        .unwrap();
-    assert!(
-        !store
-            .delete_recipient_if_unchanged(&expected)
-            .await
-            .unwrap(),
-        "changed url"
-    );
-    store
-        .register(&a, &h, &http("https://a.example/hook", 2), 130)
-        .await
-        .unwrap();
-    assert!(
-        !store
-            .delete_recipient_if_unchanged(&expected)
-            .await
-            .unwrap(),
-        "changed signing key"
-    );
+    store.register(&a, &h, &http("https://b.example/hook", 1), 120).await.unwrap();
+    assert!(!store.delete_recipient_if_unchanged(&expected).await.unwrap(), "changed url");
+    store.register(&a, &h, &http("https://a.example/hook", 2), 130).await.unwrap();
+    assert!(!store.delete_recipient_if_unchanged(&expected).await.unwrap(), "changed signing key");
     assert!(store.recipient(&a).await.unwrap().is_some());
 
-    store
-        .register(&a, &h, &http("https://a.example/hook", 1), 140)
-        .await
-        .unwrap();
-    let other_secret = Recipient {
-        secret_hash: secret(9),
-        ..expected.clone()
-    };
-    assert!(
-        !store
-            .delete_recipient_if_unchanged(&other_secret)
-            .await
-            .unwrap(),
-        "changed secret"
-    );
+    store.register(&a, &h, &http("https://a.example/hook", 1), 140).await.unwrap();
+    let other_secret = Recipient { secret_hash: secret(9), ..expected.clone() };
+    assert!(!store.delete_recipient_if_unchanged(&other_secret).await.unwrap(), "changed secret");
     assert_eq!(subscriber_ids(store, &group(1)).await, vec![a]);
 
     // Same token on another channel is a different target.
     let b = rid(2);
-    store
-        .register(&b, &secret(2), &apns("tok"), 100)
-        .await
-        .unwrap();
+    store.register(&b, &secret(2), &apns("tok"), 100).await.unwrap();
     let expected_b = store.recipient(&b).await.unwrap().unwrap();
-    store
-        .register(&b, &secret(2), &fcm("tok"), 110)
-        .await
-        .unwrap();
-    assert!(
-        !store
-            .delete_recipient_if_unchanged(&expected_b)
-            .await
-            .unwrap(),
-        "changed channel"
-    );
+    store.register(&b, &secret(2), &fcm("tok"), 110).await.unwrap();
+    assert!(!store.delete_recipient_if_unchanged(&expected_b).await.unwrap(), "changed channel");
     assert!(store.recipient(&b).await.unwrap().is_some());
 
     // Unchanged apart from renewal time and count: deleted with its subscriptions.
-    let stale = Recipient {
-        renewed_at_ns: 0,
-        topic_count: 99,
-        ..expected.clone()
-    };
+    let stale = Recipient { renewed_at_ns: 0, topic_count: 99, ..expected.clone() };
     assert!(store.delete_recipient_if_unchanged(&stale).await.unwrap());
     assert_eq!(store.recipient(&a).await.unwrap(), None);
     assert!(store.subscriptions(&a).await.unwrap().is_empty());
     assert!(subscriber_ids(store, &group(1)).await.is_empty());
-    assert!(
-        !store
-            .delete_recipient_if_unchanged(&expected)
-            .await
-            .unwrap(),
-        "already gone"
-    );
+    assert!(!store.delete_recipient_if_unchanged(&expected).await.unwrap(), "already gone");
 }
 
 /// PUSH-226: recipients renewed strictly before the cutoff go, with their
@@ -758,10 +438,7 @@ pub async fn compare_and_delete<S: Store>(store: &S) {
 pub async fn delete_expired_boundary<S: Store>(store: &S) {
     let (a, b, c) = (rid(1), rid(2), rid(3));
     for (id, n, t) in [(a, 1, 100), (b, 2, 200), (c, 3, 300)] {
-        store
-            .register(&id, &secret(n), &apns("t"), t - 50)
-            .await
-            .unwrap();
+        store.register(&id, &secret(n), &apns("t"), t - 50).await.unwrap();
         subscribe(store, &id, &secret(n), vec![sub(&group(1))], t).await;
     }
     assert_eq!(store.delete_expired(200).await.unwrap(), 1);
@@ -785,79 +462,32 @@ pub async fn append_allocates_per_shard<S: Store>(store: &S) {
     assert_eq!(position(store, 2).await, ShardPosition::default());
     assert!(store.append(&[], 1).await.unwrap().is_empty());
 
-    let r = store
-        .append(&[app(&x1), app(&y), app(&x2), app(&x1)], 1000)
-        .await
-        .unwrap();
+    let r = store.append(&[app(&x1), app(&y), app(&x2), app(&x1)], 1000).await.unwrap();
     assert_eq!(r, [stored([1]), stored([1]), stored([2, 3])].concat());
-    assert_eq!(
-        position(store, 2).await,
-        ShardPosition {
-            boundary: 3,
-            checkpoint: 0
-        }
-    );
-    assert_eq!(
-        position(store, 9).await,
-        ShardPosition {
-            boundary: 1,
-            checkpoint: 0
-        }
-    );
+    assert_eq!(position(store, 2).await, ShardPosition { boundary: 3, checkpoint: 0 });
+    assert_eq!(position(store, 9).await, ShardPosition { boundary: 1, checkpoint: 0 });
     assert_eq!(position(store, 4).await, ShardPosition::default());
 
     assert_eq!(store.append(&[app(&y)], 1001).await.unwrap(), stored([2]));
     let w = store.read_window(ShardId(2), 0, 3, 10).await.unwrap();
     assert_eq!(seq_ids(&w), vec![1, 2, 3]);
-    assert_eq!(
-        w.iter().map(|e| e.topic.clone()).collect::<Vec<_>>(),
-        vec![x1.clone(), x2, x1]
-    );
-    assert!(
-        w.iter()
-            .all(|e| e.shard == ShardId(2) && e.server_ts_ns == 1000)
-    );
+    assert_eq!(w.iter().map(|e| e.topic.clone()).collect::<Vec<_>>(), vec![x1.clone(), x2, x1]);
+    assert!(w.iter().all(|e| e.shard == ShardId(2) && e.server_ts_ns == 1000));
 }
 
 /// API-286..289 as DESIGN.md states them: a publisher id must exceed the
 /// shard's last id; a refused one does not stop the rest of the batch.
 pub async fn publisher_sequence_ids<S: Store>(store: &S) {
     let x = topic_in_shard(0, 4, 0);
-    let e = |seq: Option<u64>, tag: u8| {
-        envelope(
-            &x,
-            EnvelopeKind::Application,
-            true,
-            vec![0; 32],
-            vec![tag],
-            seq,
-        )
-    };
-    assert_eq!(
-        store.append(&[e(Some(5), 5)], 1).await.unwrap(),
-        stored([5])
-    );
+    let e = |seq: Option<u64>, tag: u8| envelope(&x, EnvelopeKind::Application, true, vec![0; 32], vec![tag], seq);
+    assert_eq!(store.append(&[e(Some(5), 5)], 1).await.unwrap(), stored([5]));
     assert_eq!(position(store, 4).await.boundary, 5);
     assert_eq!(
-        store
-            .append(&[e(Some(5), 50), e(Some(3), 30)], 2)
-            .await
-            .unwrap(),
+        store.append(&[e(Some(5), 50), e(Some(3), 30)], 2).await.unwrap(),
         vec![Appended::Refused(SequenceRefusal::NotIncreasing { last: 5 }); 2]
     );
-    let r = store
-        .append(
-            &[
-                e(Some(7), 7),
-                e(Some(6), 60),
-                e(None, 8),
-                e(Some(10), 10),
-                e(Some(10), 100),
-            ],
-            3,
-        )
-        .await
-        .unwrap();
+    let r =
+        store.append(&[e(Some(7), 7), e(Some(6), 60), e(None, 8), e(Some(10), 10), e(Some(10), 100)], 3).await.unwrap();
     assert_eq!(
         r,
         vec![
@@ -868,13 +498,7 @@ pub async fn publisher_sequence_ids<S: Store>(store: &S) {
             Appended::Refused(SequenceRefusal::NotIncreasing { last: 10 }),
         ]
     );
-    assert_eq!(
-        position(store, 4).await,
-        ShardPosition {
-            boundary: 10,
-            checkpoint: 0
-        }
-    );
+    assert_eq!(position(store, 4).await, ShardPosition { boundary: 10, checkpoint: 0 });
     let w = store.read_window(ShardId(4), 0, 100, 100).await.unwrap();
     assert_eq!(seq_ids(&w), vec![5, 7, 8, 10]);
     let mut tags = Vec::new();
@@ -919,10 +543,7 @@ pub async fn non_eligible_envelopes_only_move_the_boundary<S: Store>(store: &S) 
     assert_eq!(position(store, shard).await.boundary, 8);
     let window = store.read_window(ShardId(shard), 0, 8, 100).await.unwrap();
     assert_eq!(seq_ids(&window), vec![3, 6, 7, 8]);
-    assert_eq!(
-        window.iter().map(|e| e.kind).collect::<Vec<_>>(),
-        vec![Application, Welcome, Commit, Proposal]
-    );
+    assert_eq!(window.iter().map(|e| e.kind).collect::<Vec<_>>(), vec![Application, Welcome, Commit, Proposal]);
     assert_eq!(window[1].topic, w);
 }
 
@@ -934,38 +555,10 @@ pub async fn non_eligible_envelopes_only_move_the_boundary<S: Store>(store: &S) 
 pub async fn suppression_data_only_with_32_byte_hmac<S: Store>(store: &S) {
     let g = topic_in_shard(0, 11, 0);
     let batch = [
-        envelope(
-            &g,
-            EnvelopeKind::Application,
-            true,
-            vec![7; 32],
-            b"ciphertext".to_vec(),
-            None,
-        ),
-        envelope(
-            &g,
-            EnvelopeKind::Application,
-            true,
-            vec![7; 31],
-            b"x".to_vec(),
-            None,
-        ),
-        envelope(
-            &g,
-            EnvelopeKind::Application,
-            true,
-            vec![],
-            b"y".to_vec(),
-            None,
-        ),
-        envelope(
-            &g,
-            EnvelopeKind::Commit,
-            false,
-            vec![8; 32],
-            b"z".to_vec(),
-            None,
-        ),
+        envelope(&g, EnvelopeKind::Application, true, vec![7; 32], b"ciphertext".to_vec(), None),
+        envelope(&g, EnvelopeKind::Application, true, vec![7; 31], b"x".to_vec(), None),
+        envelope(&g, EnvelopeKind::Application, true, vec![], b"y".to_vec(), None),
+        envelope(&g, EnvelopeKind::Commit, false, vec![8; 32], b"z".to_vec(), None),
         envelope(
             &g,
             EnvelopeKind::Application,
@@ -997,17 +590,10 @@ pub async fn suppression_data_only_with_32_byte_hmac<S: Store>(store: &S) {
         assert_eq!(w[i].data, inline, "envelope {i}");
         assert_eq!(data(i as u64 + 1).await.unwrap(), None, "envelope {i} kept suppression data");
     }
-    assert_eq!(
-        (w[3].kind, w[3].sender_hmac.clone()),
-        (EnvelopeKind::Commit, vec![8; 32])
-    );
+    assert_eq!((w[3].kind, w[3].sender_hmac.clone()), (EnvelopeKind::Commit, vec![8; 32]));
     assert_eq!(data(4).await.unwrap(), Some(b"z".to_vec()));
     assert_eq!(data(99).await.unwrap(), None, "no such envelope");
-    assert_eq!(
-        store.envelope_data(ShardId(12), 1).await.unwrap(),
-        None,
-        "another shard's id"
-    );
+    assert_eq!(store.envelope_data(ShardId(12), 1).await.unwrap(), None, "another shard's id");
     store.advance_checkpoint(ShardId(11), 1).await.unwrap();
     assert_eq!(data(1).await.unwrap(), None, "pruned with the checkpoint");
     assert_eq!(data(4).await.unwrap(), Some(b"z".to_vec()));
@@ -1070,15 +656,9 @@ pub async fn read_window_range_and_limit<S: Store>(store: &S) {
     let y = topic_in_shard(0, 8, 0);
     store.append(&vec![app(&x); 10], 1).await.unwrap();
     store.append(&[app(&y), app(&y)], 1).await.unwrap();
-    assert_eq!(
-        window_ids(store, 7, 2, 8, 100).await,
-        (3..=8).collect::<Vec<_>>()
-    );
+    assert_eq!(window_ids(store, 7, 2, 8, 100).await, (3..=8).collect::<Vec<_>>());
     assert_eq!(window_ids(store, 7, 2, 8, 3).await, vec![3, 4, 5]);
-    assert_eq!(
-        window_ids(store, 7, 0, 100, 100).await,
-        (1..=10).collect::<Vec<_>>()
-    );
+    assert_eq!(window_ids(store, 7, 0, 100, 100).await, (1..=10).collect::<Vec<_>>());
     assert!(window_ids(store, 7, 5, 5, 10).await.is_empty());
     assert!(window_ids(store, 7, 8, 2, 10).await.is_empty());
     assert!(window_ids(store, 7, 0, 10, 0).await.is_empty());
@@ -1093,52 +673,22 @@ pub async fn advance_checkpoint_forward_and_prunes<S: Store>(store: &S) {
     store.append(&vec![app(&x); 5], 1).await.unwrap();
 
     store.advance_checkpoint(ShardId(1), 3).await.unwrap();
-    assert_eq!(
-        position(store, 1).await,
-        ShardPosition {
-            boundary: 5,
-            checkpoint: 3
-        }
-    );
+    assert_eq!(position(store, 1).await, ShardPosition { boundary: 5, checkpoint: 3 });
     assert_eq!(window_ids(store, 1, 0, 5, 10).await, vec![4, 5]);
 
     store.advance_checkpoint(ShardId(1), 2).await.unwrap();
-    assert_eq!(
-        position(store, 1).await,
-        ShardPosition {
-            boundary: 5,
-            checkpoint: 3
-        },
-        "never back"
-    );
+    assert_eq!(position(store, 1).await, ShardPosition { boundary: 5, checkpoint: 3 }, "never back");
 
     store.advance_checkpoint(ShardId(1), 100).await.unwrap();
-    assert_eq!(
-        position(store, 1).await,
-        ShardPosition {
-            boundary: 5,
-            checkpoint: 5
-        },
-        "clamped to boundary"
-    );
+    assert_eq!(position(store, 1).await, ShardPosition { boundary: 5, checkpoint: 5 }, "clamped to boundary");
     assert!(window_ids(store, 1, 0, 5, 10).await.is_empty());
 
     assert_eq!(store.append(&[app(&x)], 2).await.unwrap(), stored([6]));
-    assert_eq!(
-        position(store, 1).await,
-        ShardPosition {
-            boundary: 6,
-            checkpoint: 5
-        }
-    );
+    assert_eq!(position(store, 1).await, ShardPosition { boundary: 6, checkpoint: 5 });
     assert_eq!(window_ids(store, 1, 0, 6, 10).await, vec![6]);
 
     store.advance_checkpoint(ShardId(2), 4).await.unwrap();
-    assert_eq!(
-        position(store, 2).await,
-        ShardPosition::default(),
-        "empty shard stays at zero"
-    );
+    assert_eq!(position(store, 2).await, ShardPosition::default(), "empty shard stays at zero");
 }
 
 /// subscribers(): ordered by recipient id, each exactly once across pages,
@@ -1147,25 +697,16 @@ pub async fn subscribers_paging<S: Store>(store: &S) {
     let t = topic(&[0, 1]);
     // A longer topic whose bytes start with `t`'s must not leak into its pages.
     let t_longer = topic(&[0, 1, 1]);
-    let mut ids = [0x80, 0x01, 0xff, 0x00, 0x7f, 0x40]
-        .into_iter()
-        .map(|b| RecipientId([b; 32]))
-        .collect::<Vec<_>>();
+    let mut ids = [0x80, 0x01, 0xff, 0x00, 0x7f, 0x40].into_iter().map(|b| RecipientId([b; 32])).collect::<Vec<_>>();
     let mut last_differs = [0x40; 32];
     last_differs[31] = 0x41;
     ids.push(RecipientId(last_differs));
     for (i, id) in ids.iter().enumerate() {
-        store
-            .register(id, &secret(1), &apns(&format!("tok-{i}")), 100)
-            .await
-            .unwrap();
+        store.register(id, &secret(1), &apns(&format!("tok-{i}")), 100).await.unwrap();
         subscribe(store, id, &secret(1), vec![sub(&t)], 110).await;
     }
     let only_longer = RecipientId([0x50; 32]);
-    store
-        .register(&only_longer, &secret(1), &apns("x"), 100)
-        .await
-        .unwrap();
+    store.register(&only_longer, &secret(1), &apns("x"), 100).await.unwrap();
     subscribe(store, &only_longer, &secret(1), vec![sub(&t_longer)], 110).await;
     subscribe(store, &ids[0], &secret(1), vec![sub(&t_longer)], 120).await;
 
@@ -1184,10 +725,7 @@ pub async fn subscribers_paging<S: Store>(store: &S) {
         for s in &page {
             assert_eq!(s.subscription.subscription.topic, t);
             assert_eq!(s.subscription.start_position, 0);
-            assert_eq!(
-                Some(&s.recipient),
-                store.recipient(&s.recipient.id).await.unwrap().as_ref()
-            );
+            assert_eq!(Some(&s.recipient), store.recipient(&s.recipient.id).await.unwrap().as_ref());
             seen.push(s.recipient.id);
         }
         after = Some(page.last().unwrap().recipient.id);
@@ -1195,28 +733,12 @@ pub async fn subscribers_paging<S: Store>(store: &S) {
     assert_eq!(seen, expected, "every subscriber once, in id order");
     assert_eq!(pages, 3);
     assert!(store.subscribers(&t, None, 0).await.unwrap().is_empty());
-    assert!(
-        store
-            .subscribers(&t, Some(&RecipientId([0xff; 32])), 10)
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert!(store.subscribers(&t, Some(&RecipientId([0xff; 32])), 10).await.unwrap().is_empty());
 
     // `after` need not be a subscriber itself.
-    let page = store
-        .subscribers(&t, Some(&RecipientId([0x41; 32])), 10)
-        .await
-        .unwrap();
-    let tail: Vec<_> = expected
-        .iter()
-        .copied()
-        .filter(|id| id.0 > [0x41; 32])
-        .collect();
-    assert_eq!(
-        page.iter().map(|s| s.recipient.id).collect::<Vec<_>>(),
-        tail
-    );
+    let page = store.subscribers(&t, Some(&RecipientId([0x41; 32])), 10).await.unwrap();
+    let tail: Vec<_> = expected.iter().copied().filter(|id| id.0 > [0x41; 32]).collect();
+    assert_eq!(page.iter().map(|s| s.recipient.id).collect::<Vec<_>>(), tail);
 
     let mut longer = vec![only_longer, ids[0]];
     longer.sort();
@@ -1256,7 +778,10 @@ pub async fn relay_claim_settle_and_release<S: Store>(store: &S) {
     }
     // A settled record is not released.
     store.relay_release(&k, lease).await.unwrap();
-    assert_eq!(store.relay_claim(&k, now + 4, now + 40_000, expires).await.unwrap(), RelayClaim::Settled(RelaySettled::Delivered));
+    assert_eq!(
+        store.relay_claim(&k, now + 4, now + 40_000, expires).await.unwrap(),
+        RelayClaim::Settled(RelaySettled::Delivered)
+    );
 
     // Gone and Rejected are kept as such.
     for (n, settled) in [(2, RelaySettled::Gone), (3, RelaySettled::Rejected)] {
@@ -1289,11 +814,15 @@ pub async fn relay_claims_expire_and_are_taken_over<S: Store>(store: &S) {
     // The dead holder's settle or release no longer applies.
     store.relay_release(&k, lease).await.unwrap();
     store.relay_settle(&k, lease, RelaySettled::Gone, expires).await.unwrap();
-    assert_eq!(store.relay_claim(&k, later + 1, later + 60_000, expires).await.unwrap(), RelayClaim::Busy {
-        lease_until_ms: later + 30_000
-    });
+    assert_eq!(
+        store.relay_claim(&k, later + 1, later + 60_000, expires).await.unwrap(),
+        RelayClaim::Busy { lease_until_ms: later + 30_000 }
+    );
     store.relay_settle(&k, later + 30_000, RelaySettled::Delivered, expires).await.unwrap();
-    assert_eq!(store.relay_claim(&k, later + 2, later + 60_000, expires).await.unwrap(), RelayClaim::Settled(RelaySettled::Delivered));
+    assert_eq!(
+        store.relay_claim(&k, later + 2, later + 60_000, expires).await.unwrap(),
+        RelayClaim::Settled(RelaySettled::Delivered)
+    );
 
     // Past its ttl the record no longer counts, even before retention ran.
     let after = expires + 1;
@@ -1307,7 +836,10 @@ pub async fn relay_claims_expire_and_are_taken_over<S: Store>(store: &S) {
     store.relay_settle(&live, lease, RelaySettled::Delivered, now + 10 * HOUR_MS).await.unwrap();
     let deleted = store.delete_expired_relay(now + 5 * HOUR_MS).await.unwrap();
     assert!(deleted <= 2, "{deleted}");
-    assert_eq!(store.relay_claim(&live, now + 1, lease, now + 10 * HOUR_MS).await.unwrap(), RelayClaim::Settled(RelaySettled::Delivered));
+    assert_eq!(
+        store.relay_claim(&live, now + 1, lease, now + 10 * HOUR_MS).await.unwrap(),
+        RelayClaim::Settled(RelaySettled::Delivered)
+    );
 }
 
 pub async fn relay_concurrent_claims_have_one_winner<S: Store>(store: &S) {

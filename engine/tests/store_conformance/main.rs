@@ -67,3 +67,31 @@ mod scylla {
 
     cases::for_each_case!(conformance_cases);
 }
+
+/// Issue 16, only against a secure server (`scripts/cassandra.sh
+/// start-secure`): without TLS, or without the right password, the store
+/// does not connect, and says so.
+mod secure {
+    use fanout_engine::store::{ScyllaSettings, ScyllaStore};
+
+    use crate::test_keyspace::{SHARD_COUNT, fresh_keyspace, settings, test_nodes};
+
+    #[tokio::test]
+    async fn plaintext_or_a_wrong_password_does_not_connect() {
+        let (Some(nodes), Ok(_)) = (test_nodes(), std::env::var("FANOUT_TEST_CQL_PASSWORD_FILE")) else {
+            eprintln!("skipped: not a secure CQL server");
+            return;
+        };
+        let secure = settings(nodes, &fresh_keyspace());
+        let plaintext = ScyllaSettings { tls: None, ..secure.clone() };
+        assert!(ScyllaStore::connect(&plaintext, SHARD_COUNT).await.is_err(), "plaintext connected");
+        let dir = tempfile::tempdir().unwrap();
+        let wrong = dir.path().join("wrong");
+        std::fs::write(&wrong, "not-the-password").unwrap();
+        let guessed = ScyllaSettings { password_file: Some(wrong), ..secure.clone() };
+        let error = ScyllaStore::connect(&guessed, SHARD_COUNT).await.err().expect("a wrong password connected");
+        assert!(!error.to_string().contains("not-the-password"), "the password reached an error: {error}");
+        let anonymous = ScyllaSettings { username: None, password_file: None, ..secure };
+        assert!(ScyllaStore::connect(&anonymous, SHARD_COUNT).await.is_err(), "no credentials connected");
+    }
+}

@@ -30,15 +30,29 @@ pub fn test_nodes() -> Option<Vec<String>> {
     }
 }
 
-/// Settings for `keyspace` on `nodes`, creating the schema.
+/// Issue 16: a server with client encryption and password authentication
+/// (`scripts/cassandra.sh start-secure`): its CA file, and the role and
+/// password file to log in with.
+const TEST_CQL_CA_ENV: &str = "FANOUT_TEST_CQL_CA";
+const TEST_CQL_USER_ENV: &str = "FANOUT_TEST_CQL_USER";
+const TEST_CQL_PASSWORD_FILE_ENV: &str = "FANOUT_TEST_CQL_PASSWORD_FILE";
+
+/// Settings for `keyspace` on `nodes`, creating the schema; over TLS and
+/// with credentials when the environment names them.
 pub fn settings(nodes: Vec<String>, keyspace: &str) -> ScyllaSettings {
-    ScyllaSettings {
+    let mut settings = ScyllaSettings {
         nodes: nodes.try_into().expect("at least one CQL node"),
         keyspace: keyspace.to_owned().try_into().expect("a valid keyspace name"),
         migrate: true,
         request_timeout: Duration::from_secs(30),
         ..ScyllaSettings::default()
+    };
+    if let Ok(ca) = std::env::var(TEST_CQL_CA_ENV) {
+        settings.tls = Some(serde_json::from_value(serde_json::json!({"ca_files": [ca]})).expect("TLS settings"));
     }
+    settings.username = std::env::var(TEST_CQL_USER_ENV).ok();
+    settings.password_file = std::env::var(TEST_CQL_PASSWORD_FILE_ENV).ok().map(Into::into);
+    settings
 }
 
 /// A keyspace name no other test uses.

@@ -257,65 +257,49 @@ fn signal_hangup(fanout: &Fanout) {
     assert!(status.success());
 }
 
+/// Runs `fanout <command> --config <file with toml>` with nothing from the
+/// environment: (exit code, stderr).
+fn run(command: &str, dir: &Path, toml: &str) -> (Option<i32>, String) {
+    let file = dir.join("fanout.toml");
+    std::fs::write(&file, toml).unwrap();
+    let out = std::process::Command::new(fanout_binary())
+        .args([command, "--config"])
+        .arg(&file)
+        .env_clear()
+        .output()
+        .unwrap();
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
 #[tokio::test]
 async fn unsafe_configurations_refuse_to_start() {
     let dir = tempfile::tempdir().unwrap();
-    let check = |toml: &str| {
-        let file = dir.path().join("fanout.toml");
-        std::fs::write(&file, toml).unwrap();
-        let out = std::process::Command::new(fanout_binary())
-            .args(["check-config", "--config"])
-            .arg(&file)
-            .env_clear()
-            .output()
-            .unwrap();
-        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
-    };
-    let (code, err) = check("[server]\ngrpc_listen = \"0.0.0.0:50051\"\n");
+    let public = "[server]\ngrpc_listen = \"0.0.0.0:50051\"\n";
+    let (code, err) = run("check-config", dir.path(), public);
     assert_eq!(code, Some(1));
     assert!(err.contains("server.tls: required because server.grpc_listen"), "{err}");
     let tls = "[server.tls]\ncert_file = \"/c\"\nkey_file = \"/k\"\n";
-    let (code, err) = check(&format!("[server]\ngrpc_listen = \"0.0.0.0:50051\"\n{tls}"));
+    let (code, err) = run("check-config", dir.path(), &format!("{public}{tls}"));
     assert_eq!(code, Some(1));
     assert!(err.contains("server.auth: required"), "{err}");
-    let (code, _) =
-        check(&format!("[server]\ngrpc_listen = \"0.0.0.0:50051\"\ndangerous_allow_unauthenticated = true\n{tls}"));
-    assert_eq!(code, Some(0));
-    // `serve` refuses the same file before it listens, naming the key.
-    let file = dir.path().join("fanout.toml");
-    std::fs::write(&file, "[server]\napi_listen = \"0.0.0.0:0\"\n").unwrap();
-    let out = std::process::Command::new(fanout_binary())
-        .args(["serve", "--config"])
-        .arg(&file)
-        .env_clear()
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("server.tls: required because server.api_listen"));
+    let allowed = format!("{public}dangerous_allow_unauthenticated = true\n{tls}");
+    assert_eq!(run("check-config", dir.path(), &allowed).0, Some(0));
+    // `serve` refuses such a file before it listens, naming the key.
+    let (code, err) = run("serve", dir.path(), "[server]\napi_listen = \"0.0.0.0:0\"\n");
+    assert_ne!(code, Some(0));
+    assert!(err.contains("server.tls: required because server.api_listen"), "{err}");
     // A certificate file that does not parse stops the start.
-    std::fs::write(dir.path().join("bad.pem"), "nothing").unwrap();
-    std::fs::write(
-        &file,
-        format!(
-            "[store]\npath = {}\n[server.tls]\ncert_file = {}\nkey_file = {}\n",
-            quote(&dir.path().join("data")),
-            quote(&dir.path().join("bad.pem")),
-            quote(&dir.path().join("bad.pem"))
-        ),
-    )
-    .unwrap();
-    let out = std::process::Command::new(fanout_binary())
-        .args(["serve", "--config"])
-        .arg(&file)
-        .env_clear()
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("no certificate in the file"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let bad = dir.path().join("bad.pem");
+    std::fs::write(&bad, "nothing").unwrap();
+    let toml = format!(
+        "[store]\npath = {}\n[server.tls]\ncert_file = {}\nkey_file = {}\n",
+        quote(&dir.path().join("data")),
+        quote(&bad),
+        quote(&bad)
     );
+    let (code, err) = run("serve", dir.path(), &toml);
+    assert_ne!(code, Some(0));
+    assert!(err.contains("no certificate in the file"), "{err}");
 }
 
 #[tokio::test]

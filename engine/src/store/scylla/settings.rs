@@ -1,6 +1,7 @@
 //! `[store.scylla]` and the types that carry its rules.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -21,6 +22,42 @@ pub struct ScyllaSettings {
     /// Client-side bound on every request.
     #[serde(rename = "request_timeout_ms", deserialize_with = "duration::millis")]
     pub request_timeout: Duration,
+    /// Issue 16: TLS to every node (Cassandra's client_encryption_options,
+    /// ScyllaDB's client encryption). Absent: plaintext.
+    pub tls: Option<ScyllaTls>,
+    /// Issue 16: password authentication (PasswordAuthenticator): the role
+    /// name here, its password in `password_file` (never in the config).
+    pub username: Option<String>,
+    pub password_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScyllaTls {
+    /// PEM CAs the nodes' certificates are checked against (the system
+    /// roots too). The certificates must name the addresses in `nodes`.
+    #[serde(default)]
+    pub ca_files: Vec<PathBuf>,
+}
+
+impl ScyllaSettings {
+    /// The password, read from `password_file` (trailing whitespace
+    /// dropped), when `username` is set.
+    pub fn credentials(&self) -> Result<Option<(String, String)>, String> {
+        let (Some(user), Some(file)) = (&self.username, &self.password_file) else {
+            return match (&self.username, &self.password_file) {
+                (None, None) => Ok(None),
+                _ => Err("store.scylla: username and password_file go together".into()),
+            };
+        };
+        let password = std::fs::read_to_string(file)
+            .map_err(|e| format!("store.scylla.password_file: cannot read {}: {e}", file.display()))?;
+        let password = password.trim_end();
+        if password.is_empty() {
+            return Err(format!("store.scylla.password_file: {} is empty", file.display()));
+        }
+        Ok(Some((user.clone(), password.to_owned())))
+    }
 }
 
 impl Default for ScyllaSettings {
@@ -31,6 +68,9 @@ impl Default for ScyllaSettings {
             replication: "{'class': 'SimpleStrategy', 'replication_factor': 1}".into(),
             migrate: false,
             request_timeout: Duration::from_secs(10),
+            tls: None,
+            username: None,
+            password_file: None,
         }
     }
 }
@@ -102,5 +142,22 @@ mod tests {
         assert!(err.contains("must name at least one"), "{err}");
         let err = parse(serde_json::json!({"request_timeout_ms": 0})).unwrap_err();
         assert!(err.contains("positive number of milliseconds"), "{err}");
+        let err = parse(serde_json::json!({"tls": {"ca_file": "/x"}})).unwrap_err();
+        assert!(err.contains("unknown field"), "{err}");
+    }
+
+    #[test]
+    fn credentials_come_from_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("password");
+        std::fs::write(&file, "s3cret\n").unwrap();
+        let s = parse(serde_json::json!({"username": "fanout", "password_file": file})).unwrap();
+        assert_eq!(s.credentials().unwrap(), Some(("fanout".into(), "s3cret".into())));
+        assert_eq!(parse(serde_json::json!({})).unwrap().credentials().unwrap(), None);
+        let half = parse(serde_json::json!({"username": "fanout"})).unwrap();
+        assert!(half.credentials().unwrap_err().contains("go together"));
+        std::fs::write(&file, "\n").unwrap();
+        let empty = parse(serde_json::json!({"username": "fanout", "password_file": file})).unwrap();
+        assert!(empty.credentials().unwrap_err().contains("is empty"));
     }
 }
