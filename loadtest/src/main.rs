@@ -15,10 +15,7 @@ use fanout_testkit::{
 };
 
 #[derive(Parser)]
-#[command(
-    name = "fanout-loadtest",
-    about = "Load harness and mock providers for fanout"
-)]
+#[command(name = "fanout-loadtest", about = "Load harness and mock providers for fanout")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -139,18 +136,10 @@ struct WebhookArgs {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Command::Mock {
-            target: MockTarget::Webhook(args),
-        } => mock_webhook(args).await,
-        Command::Mock {
-            target: MockTarget::Apns(args),
-        } => mock_apns(args).await,
-        Command::Mock {
-            target: MockTarget::Fcm(args),
-        } => mock_fcm(args).await,
-        Command::Mock {
-            target: MockTarget::All(args),
-        } => mock_all(args).await,
+        Command::Mock { target: MockTarget::Webhook(args) } => mock_webhook(args).await,
+        Command::Mock { target: MockTarget::Apns(args) } => mock_apns(args).await,
+        Command::Mock { target: MockTarget::Fcm(args) } => mock_fcm(args).await,
+        Command::Mock { target: MockTarget::All(args) } => mock_all(args).await,
         Command::Run(args) => fanout_loadtest::run::run_command(args).await,
         Command::Ceiling(args) => fanout_loadtest::run::ceiling_command(args).await,
         Command::Gateway(args) => {
@@ -190,6 +179,7 @@ async fn mock_apns(args: ApnsArgs) -> anyhow::Result<()> {
         team_id: args.team_id.clone(),
         key_id: args.key_id.clone(),
         public_key_pem: Some(key.public_pem.clone()),
+        ..MockApnsConfig::default()
     };
     let mock = start_mock_apns(&pki, config).await?;
     println!("mock APNs listening on {}", mock.base_url());
@@ -201,6 +191,8 @@ async fn mock_apns(args: ApnsArgs) -> anyhow::Result<()> {
     println!("sandbox_url = {:?}", mock.base_url());
     println!("extra_ca_files = [{:?}]\n", args.ca_out.display().to_string());
     report_until_ctrl_c(|| mock.received_count()).await?;
+    let wire = fanout_loadtest::run::report::WireReport::from(mock.wire());
+    println!("on the wire: {}", wire.line());
     mock.shutdown().await;
     Ok(())
 }
@@ -266,11 +258,7 @@ async fn mock_webhook(args: WebhookArgs) -> anyhow::Result<()> {
     let pki = TestPki::generate(&dns_names).context("generating test PKI")?;
     pki.write_ca(&args.ca_out)?;
 
-    let mut config = if args.http1_only {
-        MockWebhookConfig::http1_only()
-    } else {
-        MockWebhookConfig::default()
-    };
+    let mut config = if args.http1_only { MockWebhookConfig::http1_only() } else { MockWebhookConfig::default() };
     config.bind = args.bind;
     config.latency = Duration::from_millis(args.latency_ms);
     config.default_status = args.status;

@@ -6,6 +6,7 @@
 //! - [`mock`]: in-process mock providers ([`MockWebhook`], [`MockApns`],
 //!   [`MockFcm`]), on the shared [`server`], [`recorder`] and [`request`].
 //! - [`launcher`]: the real `fanout` binary as a child process ([`Engine`]).
+//! - [`wire`]: what HTTP/2 clients send, counted as a mock server reads it.
 
 pub mod issuer;
 pub mod launcher;
@@ -17,6 +18,7 @@ pub mod server;
 pub mod tls_client;
 #[cfg(test)]
 mod test_client;
+pub mod wire;
 
 use std::sync::{Mutex, MutexGuard};
 

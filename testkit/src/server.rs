@@ -5,6 +5,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -20,6 +21,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio_rustls::TlsAcceptor;
 
 use crate::pki::{ALPN_H2, ALPN_HTTP1, TestPki};
+use crate::wire::{Tap, WireStats};
 
 /// How a server speaks HTTP.
 #[derive(Clone, Debug)]
@@ -30,6 +32,8 @@ pub struct Options {
     pub alpn: Vec<Vec<u8>>,
     /// HTTP/2 streams one connection may have open at once.
     pub max_concurrent_streams: u32,
+    /// Counts what clients send on the wire ([`crate::wire`]), when set.
+    pub wire: Option<Arc<WireStats>>,
 }
 
 /// The protocol a connection speaks.
@@ -209,7 +213,11 @@ where
         let handler = handler.clone();
         async move { Ok::<_, Infallible>(handler(req).await) }
     });
-    if let Err(error) = builder.serve_connection(TokioIo::new(tls), service).await {
+    let served = match options.wire {
+        Some(stats) => builder.serve_connection(TokioIo::new(Tap::new(tls, stats)), service).await,
+        None => builder.serve_connection(TokioIo::new(tls), service).await,
+    };
+    if let Err(error) = served {
         tracing::debug!(%error, "mock server connection ended with error");
     }
 }
@@ -219,7 +227,7 @@ mod tests {
     use super::*;
 
     fn options(alpn: &[&[u8]]) -> Options {
-        Options { alpn: alpn.iter().map(|p| p.to_vec()).collect(), max_concurrent_streams: 100 }
+        Options { alpn: alpn.iter().map(|p| p.to_vec()).collect(), max_concurrent_streams: 100, wire: None }
     }
 
     #[test]

@@ -28,7 +28,7 @@ use async_trait::async_trait;
 
 pub use outcome::Outcome;
 pub use relayed::{RelayPriority, RelayRefusal, RelayedPush};
-pub use settings::{ChannelSettings, Connections, HttpsBase};
+pub use settings::{ChannelSettings, Connections, HttpsBase, PushLifetime};
 pub use tls::client_tls_config;
 
 use crate::delivery::Delivery;

@@ -1,5 +1,6 @@
 //! `[engine.channels]` and the value types every channel table shares:
-//! `Connections`, `HttpsBase`, and the defaults of the pool keys.
+//! `Connections`, `HttpsBase`, `PushLifetime`, and the defaults of the pool
+//! keys.
 
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
@@ -114,6 +115,52 @@ impl TryFrom<String> for HttpsBase {
     }
 }
 
+/// How long a provider may keep a push for a device that is offline: APNs
+/// `expiration_seconds` (`apns-expiration`), FCM `ttl_seconds` (`android.ttl`
+/// and the APNs block's `apns-expiration`). 0 to 2,419,200 seconds (four
+/// weeks, FCM's documented maximum; Apple documents none); 0 means "now or
+/// never": the provider tries once and stores nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "u64")]
+pub struct PushLifetime(u32);
+
+impl PushLifetime {
+    pub const MAX_SECONDS: u32 = 28 * 24 * 3600;
+    /// One day (issue 19): see `fanout.example.toml` for why.
+    pub const DEFAULT: Self = Self(86_400);
+
+    pub const fn new(seconds: u32) -> Option<Self> {
+        if seconds <= Self::MAX_SECONDS { Some(Self(seconds)) } else { None }
+    }
+
+    pub const fn seconds(self) -> u32 {
+        self.0
+    }
+
+    /// APNs's `apns-expiration` for a push sent at `now_unix_s`: the Unix
+    /// second after which it is dropped, or 0 ("deliver once, store nothing").
+    pub fn expires_at(self, now_unix_s: u64) -> u64 {
+        if self.0 == 0 { 0 } else { now_unix_s.saturating_add(u64::from(self.0)) }
+    }
+}
+
+impl Default for PushLifetime {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+impl TryFrom<u64> for PushLifetime {
+    type Error = String;
+
+    fn try_from(seconds: u64) -> Result<Self, String> {
+        u32::try_from(seconds)
+            .ok()
+            .and_then(Self::new)
+            .ok_or_else(|| format!("must be between 0 and {} seconds (four weeks)", Self::MAX_SECONDS))
+    }
+}
+
 /// For a credential file key (`key_file`, `service_account_file`): the path
 /// must not be empty. The file itself is read when the channel is built.
 pub(crate) fn required_path<'de, D: Deserializer<'de>>(deserializer: D) -> Result<PathBuf, D::Error> {
@@ -122,6 +169,19 @@ pub(crate) fn required_path<'de, D: Deserializer<'de>>(deserializer: D) -> Resul
         return Err(D::Error::custom("must be set"));
     }
     Ok(path)
+}
+
+/// The `[engine.channels.<name>]` block of `fanout.example.toml`,
+/// uncommented: the settings tests check that it is the defaults.
+#[cfg(test)]
+pub(crate) fn example_table(name: &str) -> toml::Value {
+    let example = include_str!("../../../fanout.example.toml");
+    let header = format!("# [engine.channels.{name}]");
+    let start = example.find(&header).expect("the table is in the example");
+    let block: Vec<&str> =
+        example[start..].lines().take_while(|l| !l.is_empty()).map(|l| l.strip_prefix("# ").unwrap_or(l)).collect();
+    let parsed: toml::Table = toml::from_str(&block.join("\n")).expect("the example block is TOML");
+    parsed["engine"]["channels"][name].clone()
 }
 
 #[cfg(test)]
@@ -153,6 +213,20 @@ mod tests {
         assert_eq!(HttpsBase::parse("https://a b"), Err("must be a valid URL"));
         let err = serde_json::from_value::<HttpsBase>(serde_json::json!("http://user:secret@x/")).unwrap_err();
         assert!(!err.to_string().contains("secret"), "{err}");
+    }
+
+    #[test]
+    fn push_lifetimes_are_zero_to_four_weeks() {
+        assert_eq!(PushLifetime::default().seconds(), 86_400);
+        assert_eq!(PushLifetime::new(0).map(|l| l.expires_at(1_700_000_000)), Some(0), "0: store nothing");
+        assert_eq!(PushLifetime::new(60).map(|l| l.expires_at(1_700_000_000)), Some(1_700_000_060));
+        assert_eq!(PushLifetime::new(2_419_200).map(PushLifetime::seconds), Some(2_419_200));
+        assert!(PushLifetime::new(2_419_201).is_none());
+        for bad in [serde_json::json!(2_419_201), serde_json::json!(-1), serde_json::json!(1.5)] {
+            assert!(serde_json::from_value::<PushLifetime>(bad.clone()).is_err(), "{bad}");
+        }
+        let err = serde_json::from_value::<PushLifetime>(serde_json::json!(u64::MAX)).unwrap_err().to_string();
+        assert!(err.contains("must be between 0 and 2419200 seconds"), "{err}");
     }
 
     #[test]

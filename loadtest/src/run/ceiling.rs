@@ -1,7 +1,7 @@
-//! The ceiling: a bare HTTP/2 client sending the run's webhook requests
-//! straight to the same kind of mock receiver, with no engine in between.
-//! Same client stack as the engine (hyper-util's pooled client over
-//! hyper-rustls, h2 by ALPN), same signed body and headers, fixed
+//! The ceiling: a bare HTTP/2 client sending the run's webhook (or relay, or
+//! APNs) requests straight to the same kind of mock receiver, with no engine
+//! in between. Same client stack as the engine (hyper-util's pooled client
+//! over hyper-rustls, h2 by ALPN), same signed body and headers, fixed
 //! concurrency. Requests per second here is what this machine can do for
 //! this work; the engine's deliveries per second is compared against it.
 
@@ -15,16 +15,19 @@ use bytes::Bytes;
 use fanout_testkit::TestPki;
 use fanout_testkit::mock::webhook::standard_webhooks_signature;
 
-use super::collector::RELAY_SECRET;
+use fanout_engine::channel::PushLifetime;
+use fanout_engine::channel::apns::fit_collapse_id;
+use fanout_engine::channel::pool::{self, ClientOptions, HttpsClient, Protocols};
+use fanout_testkit::wire::WireCounts;
+use http::HeaderValue;
 use http_body_util::{BodyExt as _, Full};
 use serde::Serialize;
 
-use super::collector::{Collector, Percentiles, latency_histogram};
+use super::collector::{Collector, Percentiles, RELAY_SECRET, latency_histogram};
+use super::engine_process::APNS_BUNDLE_ID;
 use super::ids::RunIds;
 use super::progress::Progress;
-use super::scenario::Plan;
-
-use fanout_engine::channel::pool::{self, HttpsClient};
+use super::scenario::{Plan, ScenarioChannel};
 
 /// The engine's bound on one attempt; the ceiling uses the same.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -41,26 +44,45 @@ pub struct CeilingResult {
     pub requests_per_second: f64,
     /// Request round trips as the client saw them.
     pub latency: Percentiles,
+    /// What the mock read on the wire (apns scenarios).
+    pub wire: Option<WireCounts>,
 }
 
-/// The engine's webhook client, built by the engine's own constructor with
-/// the webhook channel's options, trusting the test CA. (The mocks listen on
-/// 127.0.0.1, so it resolves through the system resolver rather than the
-/// webhook safety check, which would refuse loopback.)
-pub fn client(pki: &TestPki) -> HttpsClient {
+/// Where the ceiling sends: the mocks' URLs, and for an apns scenario the
+/// provider token (`bearer <jwt>`) the mock verifies.
+pub struct Targets {
+    pub urls: Vec<String>,
+    pub apns_authorization: Option<HeaderValue>,
+}
+
+/// The engine's client for the scenario's channel, built by the engine's own
+/// constructor with that channel's options (APNs: HTTP/2 only), trusting the
+/// test CA. (The mocks listen on 127.0.0.1, so it resolves through the
+/// system resolver rather than the webhook safety check, which would refuse
+/// loopback.)
+pub fn client(pki: &TestPki, channel: ScenarioChannel) -> HttpsClient {
     let mut tls = (*pki.client_config()).clone();
     tls.alpn_protocols.clear(); // hyper-rustls sets ALPN itself
-    pool::https_client(tls, fanout_engine::channel::http::CLIENT_OPTIONS, pool::Resolver::system(), None)
+    let options = match channel {
+        ScenarioChannel::Apns => ClientOptions { protocols: Protocols::Http2, idle_timeout: Duration::from_secs(600) },
+        ScenarioChannel::Http | ScenarioChannel::Relay => fanout_engine::channel::http::CLIENT_OPTIONS,
+    };
+    pool::https_client(tls, options, pool::Resolver::system(), None)
 }
 
-/// One signed webhook request for delivery `index` of the plan, with the
-/// body and headers the engine would send (PUSH-235/259).
-fn request(plan: &Plan, ids: RunIds, urls: &[String], index: u64) -> http::Request<Full<Bytes>> {
+/// The request for delivery `index` of the plan, with the body and headers
+/// the engine would send.
+fn request(plan: &Plan, ids: RunIds, targets: &Targets, index: u64) -> http::Request<Full<Bytes>> {
     let (envelope, slot) = plan.delivery_at(index);
     let topic = plan.topic_of_envelope(envelope);
     let recipient = plan.subscriber(topic, slot);
-    if plan.relay {
-        return relay_request(ids, urls, topic, envelope + 1, recipient);
+    let urls = &targets.urls;
+    match (plan.channel, &targets.apns_authorization) {
+        (ScenarioChannel::Relay, _) => return relay_request(ids, urls, topic, envelope + 1, recipient),
+        (ScenarioChannel::Apns, Some(authorization)) => {
+            return apns_request(ids, &urls[0], authorization, topic, envelope + 1, recipient);
+        }
+        _ => {}
     }
     // Synthetic sequence ids: envelope e is sequence e + 1 (see `run`).
     let body = format!(
@@ -77,6 +99,31 @@ fn request(plan: &Plan, ids: RunIds, urls: &[String], index: u64) -> http::Reque
         .header("webhook-id", id)
         .header("webhook-timestamp", timestamp)
         .header("webhook-signature", signature)
+        .body(Full::new(Bytes::from(body)))
+        .expect("valid request")
+}
+
+/// The APNs request for the same delivery (spec 000 section 7, PUSH-259):
+/// the engine's headers in its order, its collapse id and a day's
+/// `apns-expiration` (the default), under the one provider token.
+fn apns_request(
+    ids: RunIds,
+    base: &str,
+    authorization: &HeaderValue,
+    topic: u32,
+    seq: u64,
+    recipient: u32,
+) -> http::Request<Full<Bytes>> {
+    let topic = BASE64.encode(ids.topic(topic));
+    let body = format!(r#"{{"aps":{{"content-available":1}},"topic":"{topic}","sequence_id":"{seq}"}}"#);
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    http::Request::post(format!("{base}/3/device/{}", hex::encode(ids.recipient_id(recipient))))
+        .header(http::header::AUTHORIZATION, authorization.clone())
+        .header("apns-topic", APNS_BUNDLE_ID)
+        .header("apns-push-type", "background")
+        .header("apns-priority", "5")
+        .header("apns-collapse-id", fit_collapse_id(&topic).as_ref())
+        .header("apns-expiration", PushLifetime::DEFAULT.expires_at(now))
         .body(Full::new(Bytes::from(body)))
         .expect("valid request")
 }
@@ -115,13 +162,13 @@ fn relay_request(ids: RunIds, urls: &[String], topic: u32, seq: u64, recipient: 
 
 /// Sends the first `requests` deliveries of the plan with `concurrency`
 /// requests in flight. `collector` (fault-free) must be the hook of the
-/// mocks behind `urls`; this registers the synthetic envelopes in it.
+/// mocks behind `targets`; this registers the synthetic envelopes in it.
 #[allow(clippy::too_many_arguments)]
 pub async fn run(
     pki: &TestPki,
     plan: &Arc<Plan>,
     ids: RunIds,
-    urls: &[String],
+    targets: Targets,
     collector: &Arc<Collector>,
     requests: u64,
     concurrency: usize,
@@ -133,16 +180,16 @@ pub async fn run(
         collector.envelope_published(plan.topic_of_envelope(e), e + 1, now);
     }
     progress.phase("ceiling", requests);
-    let client = client(pki);
+    let client = client(pki, plan.channel);
     let next = Arc::new(AtomicU64::new(0));
     let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let latency = Arc::new(std::sync::Mutex::new(latency_histogram()));
-    let urls: Arc<[String]> = urls.into();
+    let targets = Arc::new(targets);
     let started = Instant::now();
     collector.mark_start(started);
     let mut workers = tokio::task::JoinSet::new();
     for _ in 0..concurrency {
-        let (client, plan, urls, next) = (client.clone(), plan.clone(), urls.clone(), next.clone());
+        let (client, plan, targets, next) = (client.clone(), plan.clone(), targets.clone(), next.clone());
         let (ok, failed, latency, progress) = (ok.clone(), failed.clone(), latency.clone(), progress.clone());
         workers.spawn(async move {
             let mut local = latency_histogram();
@@ -153,7 +200,7 @@ pub async fn run(
                 }
                 let sent = Instant::now();
                 let answer = tokio::time::timeout(REQUEST_TIMEOUT, async {
-                    let response = client.request(request(&plan, ids, &urls, index)).await.ok()?;
+                    let response = client.request(request(&plan, ids, &targets, index)).await.ok()?;
                     let status = response.status();
                     // Drain the body so the stream is released, as the engine does.
                     let _ = response.into_body().collect().await;
@@ -182,5 +229,6 @@ pub async fn run(
         seconds,
         requests_per_second: ok as f64 / seconds.max(1e-9),
         latency,
+        wire: None,
     })
 }

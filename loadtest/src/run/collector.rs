@@ -1,6 +1,7 @@
-//! The receiver side of a run: parses and checks every webhook request the
-//! mocks get, decides the answer (the fault mix), and accounts for every
-//! expected (envelope, subscription) pair without keeping the requests.
+//! The receiver side of a run: parses and checks every webhook or APNs
+//! request the mocks get, decides the answer (the fault mix), and accounts
+//! for every expected (envelope, subscription) pair without keeping the
+//! requests.
 //!
 //! Per pair it keeps two bytes (attempts seen, 2xx answers given). A request
 //! can arrive before the Publish RPC that stored its envelope has returned;
@@ -13,6 +14,7 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use fanout_testkit::ScriptedResponse;
+use fanout_testkit::mock::apns::{ApnsHook, ApnsHookRequest, ApnsReply};
 use fanout_testkit::mock::webhook::{HookRequest, RequestHook, verify_gim_signature_now, verify_standard_webhooks};
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
@@ -28,10 +30,13 @@ pub struct Arrival {
     pub recipient: u32,
 }
 
+/// PUSH-259's body: the webhook's has `recipient_id`, APNs's does not (the
+/// device token names the recipient).
 #[derive(Deserialize)]
 struct Body<'a> {
     topic: &'a str,
     sequence_id: &'a str,
+    #[serde(default)]
     recipient_id: &'a str,
 }
 
@@ -188,7 +193,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Collector {
     pub fn new(plan: Arc<Plan>, ids: RunIds, faults: Faults) -> Arc<Collector> {
-        let gids = if plan.relay {
+        let gids = if plan.relay() {
             (0..plan.topics()).map(|t| (fanout_engine::channel::relay::gid(&ids.topic(t)[1..]), t)).collect()
         } else {
             HashMap::new()
@@ -232,31 +237,76 @@ impl Collector {
     /// Parses, checks the signature, accounts, and answers one request.
     pub fn on_request(&self, req: &HookRequest<'_>) -> ScriptedResponse {
         let now = Instant::now();
-        let Some((arrival, body_ok)) = self.parse(req) else {
-            let mut inner = lock(&self.inner);
-            inner.requests += 1;
-            inner.unexpected += 1;
-            *inner.statuses.entry(400).or_default() += 1;
-            return ScriptedResponse::status(400);
-        };
-        if !body_ok {
-            let mut inner = lock(&self.inner);
-            inner.requests += 1;
-            inner.bad_signatures += 1;
-            *inner.statuses.entry(400).or_default() += 1;
-            return ScriptedResponse::status(400);
+        match self.parse(req) {
+            Some((arrival, true)) => self.arrive(arrival, now),
+            Some((_, false)) => self.refused(true, 400),
+            None => self.refused(false, 400),
         }
-        self.arrive(arrival, now)
+    }
+
+    /// The hook to install on the mock APNs of an apns scenario.
+    pub fn apns_hook(self: &Arc<Self>) -> ApnsHook {
+        let me = self.clone();
+        ApnsHook::new(move |req| me.on_apns_request(req))
+    }
+
+    /// Accounts for one APNs request and answers it with the fault mix in
+    /// APNs's words. A request the mock refused (provider token, collapse id,
+    /// expiration) counts with the bad signatures: the run fails.
+    pub fn on_apns_request(&self, req: &ApnsHookRequest<'_>) -> Option<ApnsReply> {
+        if let Some(refusal) = req.refusal {
+            self.refused(true, refusal.status);
+            return None;
+        }
+        let answer = match self.parse_apns(req) {
+            Some(arrival) => self.arrive(arrival, Instant::now()),
+            None => self.refused(false, 400),
+        };
+        let reply = match answer.status {
+            200 => ApnsReply::ok(),
+            500 => ApnsReply::reason(500, "InternalServerError"),
+            503 => ApnsReply::reason(503, "ServiceUnavailable"),
+            400 => ApnsReply::reason(400, "BadDeviceToken"),
+            status => ApnsReply::status(status),
+        };
+        Some(reply.with_delay(answer.delay))
+    }
+
+    /// Counts a request that is no expected delivery (`bad`: its credential
+    /// or signature failed), answered `status`.
+    fn refused(&self, bad: bool, status: u16) -> ScriptedResponse {
+        let mut inner = lock(&self.inner);
+        inner.requests += 1;
+        if bad {
+            inner.bad_signatures += 1;
+        } else {
+            inner.unexpected += 1;
+        }
+        *inner.statuses.entry(status).or_default() += 1;
+        ScriptedResponse::status(status)
+    }
+
+    /// An APNs request (PUSH-259): the recipient from the device token (its
+    /// id in hex), the envelope from the body's topic and sequence id.
+    fn parse_apns(&self, req: &ApnsHookRequest<'_>) -> Option<Arrival> {
+        let body: Body<'_> = serde_json::from_slice(req.body).ok()?;
+        let (topic, seq) = self.envelope_of(&body)?;
+        let recipient = self.ids.recipient_index(&hex::decode(req.token).ok()?)?;
+        Some(Arrival { topic, seq, recipient })
+    }
+
+    /// The (topic index, sequence id) a PUSH-259 body names.
+    fn envelope_of(&self, body: &Body<'_>) -> Option<(u32, u64)> {
+        Some((self.ids.topic_index(&BASE64.decode(body.topic).ok()?)?, body.sequence_id.parse().ok()?))
     }
 
     /// The delivery a request is for, and whether its signature is valid.
     fn parse(&self, req: &HookRequest<'_>) -> Option<(Arrival, bool)> {
-        if self.plan.relay {
+        if self.plan.relay() {
             return self.parse_relay(req);
         }
         let body: Body<'_> = serde_json::from_slice(req.body).ok()?;
-        let topic = self.ids.topic_index(&BASE64.decode(body.topic).ok()?)?;
-        let seq: u64 = body.sequence_id.parse().ok()?;
+        let (topic, seq) = self.envelope_of(&body)?;
         let recipient = self.ids.recipient_index(&hex::decode(body.recipient_id).ok()?)?;
         let header = |name: &str| req.headers.get(name).and_then(|v| v.to_str().ok());
         let valid = match (header("webhook-id"), header("webhook-timestamp"), header("webhook-signature")) {

@@ -20,7 +20,7 @@ use tonic::transport::{Channel, Endpoint};
 use super::collector::{Collector, Percentiles, latency_histogram};
 use super::ids::RunIds;
 use super::progress::Progress;
-use super::scenario::{Envelopes, Plan, Setup};
+use super::scenario::{Envelopes, Plan, ScenarioChannel, Setup};
 
 /// A few gRPC connections to the engine, used round-robin.
 #[derive(Clone)]
@@ -116,16 +116,21 @@ pub async fn setup(
             let url = urls[r as usize % urls.len()].clone();
             async move {
                 let (id, secret) = (ids.recipient_id(r).to_vec(), ids.secret(r).to_vec());
-                // Relay scenarios: the token is the recipient id in hex, so the
-                // collector knows the device from the push server's body.
-                let delivery = if plan.relay {
-                    pb::register_request::Delivery::Relay(pb::RelayDelivery {
+                // Relay and APNs scenarios: the device token is the recipient
+                // id in hex, so the collector knows the device from the request.
+                let delivery = match plan.channel {
+                    ScenarioChannel::Relay => pb::register_request::Delivery::Relay(pb::RelayDelivery {
                         provider: "apns".into(),
                         token: hex::encode(&id),
                         ..Default::default()
-                    })
-                } else {
-                    pb::register_request::Delivery::Http(pb::HttpDelivery { url, signing_key: ids.signing_key(r).to_vec() })
+                    }),
+                    ScenarioChannel::Apns => {
+                        pb::register_request::Delivery::Apns(pb::ApnsDelivery { token: hex::encode(&id) })
+                    }
+                    ScenarioChannel::Http => pb::register_request::Delivery::Http(pb::HttpDelivery {
+                        url,
+                        signing_key: ids.signing_key(r).to_vec(),
+                    }),
                 };
                 let register = pb::RegisterRequest {
                     recipient_id: id.clone(),

@@ -34,28 +34,61 @@ pub fn find_binary(explicit: Option<&Path>, on_build: impl FnOnce()) -> anyhow::
     build_binary(true)
 }
 
+/// The APNs identities of an apns scenario: the mock expects them in the
+/// provider token, the engine sends the bundle id as `apns-topic`.
+pub const APNS_KEY_ID: &str = "KEY1234567";
+pub const APNS_TEAM_ID: &str = "TEAM123456";
+pub const APNS_BUNDLE_ID: &str = "com.example.fanout";
+
+/// Where a scenario's pushes go, besides the HTTPS channel every config has.
+#[derive(Debug, Clone, Copy)]
+pub enum PushTarget<'a> {
+    /// Signed webhooks to the mock receivers.
+    Webhooks,
+    /// `[engine.channels.relay]` posting to `url` (the mock push server)
+    /// with the secret in `secret_file`.
+    Relay { url: &'a str, secret_file: &'a Path },
+    /// `[engine.channels.apns]`, sandbox, both hosts at `url` (the mock
+    /// APNs), signing with the `.p8` in `key_file`.
+    Apns { url: &'a str, key_file: &'a Path },
+}
+
 /// The engine's `[engine]` table: the scenario's overrides, with the HTTPS
 /// channel allowed to reach 127.0.0.1 and trusting `ca_file` (the mocks' CA).
 /// The launcher writes the listen addresses, the store and the log level.
 pub fn engine_config(engine: &toml::Table, ca_file: &Path) -> anyhow::Result<String> {
-    engine_config_with_relay(engine, ca_file, None)
+    engine_config_for(engine, ca_file, PushTarget::Webhooks)
 }
 
-/// `engine_config`, plus for a relay scenario `[engine.channels.relay]`
-/// posting to `url` (the mock push server) with the secret in `secret_file`,
-/// trusting `ca_file`. Other relay keys (e.g. `senders`) come from the
-/// scenario's `[engine.channels.relay]`.
-pub fn engine_config_with_relay(
-    engine: &toml::Table,
-    ca_file: &Path,
-    relay: Option<(&str, &Path)>,
-) -> anyhow::Result<String> {
+/// `engine_config`, plus the channel table `target` needs, trusting
+/// `ca_file`. Its other keys (relay `senders`, APNs `expiration_seconds`,
+/// `connections` ...) come from the scenario's table of that channel.
+pub fn engine_config_for(engine: &toml::Table, ca_file: &Path, target: PushTarget<'_>) -> anyhow::Result<String> {
     let mut engine = engine.clone();
-    if let Some((url, secret_file)) = relay {
-        let relay = table_at(table_at(&mut engine, "channels")?, "relay")?;
-        relay.insert("url".into(), url.into());
-        relay.insert("secret_file".into(), secret_file.display().to_string().into());
-        relay.insert("extra_ca_files".into(), toml::Value::Array(vec![ca_file.display().to_string().into()]));
+    let ca_files = || toml::Value::Array(vec![ca_file.display().to_string().into()]);
+    match target {
+        PushTarget::Webhooks => {}
+        PushTarget::Relay { url, secret_file } => {
+            let relay = table_at(table_at(&mut engine, "channels")?, "relay")?;
+            relay.insert("url".into(), url.into());
+            relay.insert("secret_file".into(), secret_file.display().to_string().into());
+            relay.insert("extra_ca_files".into(), ca_files());
+        }
+        PushTarget::Apns { url, key_file } => {
+            let apns = table_at(table_at(&mut engine, "channels")?, "apns")?;
+            for (key, value) in [
+                ("key_file", key_file.display().to_string()),
+                ("key_id", APNS_KEY_ID.into()),
+                ("team_id", APNS_TEAM_ID.into()),
+                ("bundle_id", APNS_BUNDLE_ID.into()),
+                ("environment", "sandbox".into()),
+                ("sandbox_url", url.into()),
+                ("production_url", url.into()),
+            ] {
+                apns.insert(key.into(), value.into());
+            }
+            apns.insert("extra_ca_files".into(), ca_files());
+        }
     }
     let channels = table_at(&mut engine, "channels")?;
     let http_channel = table_at(channels, "http")?;
@@ -167,6 +200,23 @@ mod tests {
         assert_eq!(http["allow_private_addresses"].as_bool(), Some(true));
         assert_eq!(http["extra_ca_files"][0].as_str(), Some("/tmp/ca.pem"));
         assert_eq!(parsed.len(), 1, "only [engine]: the launcher writes the rest");
+
+        // An apns scenario: the channel at the mock, the scenario's own keys kept.
+        let overrides: toml::Table = toml::from_str("[channels.apns]\nexpiration_seconds = 60").unwrap();
+        let target = PushTarget::Apns { url: "https://127.0.0.1:8444", key_file: Path::new("/tmp/k.p8") };
+        let parsed: toml::Table =
+            toml::from_str(&engine_config_for(&overrides, Path::new("/tmp/ca.pem"), target).unwrap()).unwrap();
+        let apns = &parsed["engine"]["channels"]["apns"];
+        assert_eq!(apns["expiration_seconds"].as_integer(), Some(60));
+        assert_eq!(
+            (apns["sandbox_url"].as_str(), apns["environment"].as_str()),
+            (Some("https://127.0.0.1:8444"), Some("sandbox"))
+        );
+        assert_eq!(
+            (apns["key_file"].as_str(), apns["extra_ca_files"][0].as_str()),
+            (Some("/tmp/k.p8"), Some("/tmp/ca.pem"))
+        );
+        assert_eq!(apns["bundle_id"].as_str(), Some(APNS_BUNDLE_ID));
     }
 
     #[test]

@@ -29,14 +29,17 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{Context as _, bail};
 use fanout_testkit::TestPki;
 use fanout_testkit::launcher::{self, Launch};
+use fanout_testkit::mock::apns::{ApnsTestKey, MockApns, MockApnsConfig};
 use fanout_testkit::mock::webhook::{MockWebhook, MockWebhookConfig};
+use fanout_testkit::wire::WireCounts;
 
+use self::ceiling::Targets;
 use self::collector::Collector;
-use self::engine_process::proc_sample;
+use self::engine_process::{APNS_KEY_ID, APNS_TEAM_ID, PushTarget, proc_sample};
 use self::ids::RunIds;
 use self::progress::Progress;
-use self::report::{EngineInfo, Machine, PlanInfo, Report, Resources};
-use self::scenario::{Faults, Plan, Scenario};
+use self::report::{EngineInfo, Machine, PlanInfo, Report, Resources, WireReport};
+use self::scenario::{Faults, Plan, Scenario, ScenarioChannel};
 
 /// `fanout-loadtest run`.
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -154,27 +157,85 @@ fn ceiling_requests(scenario: &Scenario, plan: &Plan) -> u64 {
     scenario.ceiling.max_requests.map_or(all, |cap| all.min(cap))
 }
 
-/// Starts the scenario's mock receivers with `collector` as their hook.
-async fn start_mocks(
-    pki: &TestPki,
-    scenario: &Scenario,
-    collector: &Arc<Collector>,
-) -> anyhow::Result<Vec<MockWebhook>> {
-    let mut mocks = Vec::new();
-    for _ in 0..scenario.mock.receivers {
-        let config = MockWebhookConfig {
-            latency: Duration::from_millis(scenario.mock.latency_ms),
-            record_requests: false,
-            on_request: Some(collector.hook()),
-            ..MockWebhookConfig::default()
-        };
-        mocks.push(fanout_testkit::mock::webhook::start(pki, config).await?);
-    }
-    Ok(mocks)
+/// The scenario's mock receivers: webhook receivers (or the relay's push
+/// server), or one mock APNs with the provider key it verifies.
+enum Receivers {
+    Webhooks(Vec<MockWebhook>),
+    Apns { mock: MockApns, key: ApnsTestKey },
 }
 
-fn urls(mocks: &[MockWebhook]) -> Vec<String> {
-    mocks.iter().map(|m| m.url("/hook")).collect()
+impl Receivers {
+    /// Starts them with `collector` as their hook; they keep no requests.
+    async fn start(pki: &TestPki, scenario: &Scenario, collector: &Arc<Collector>) -> anyhow::Result<Receivers> {
+        let latency = Duration::from_millis(scenario.mock.latency_ms);
+        if scenario.channel == ScenarioChannel::Apns {
+            let key = ApnsTestKey::generate()?;
+            let config = MockApnsConfig {
+                latency,
+                team_id: APNS_TEAM_ID.into(),
+                key_id: APNS_KEY_ID.into(),
+                public_key_pem: Some(key.public_pem.clone()),
+                record_requests: false,
+                on_request: Some(collector.apns_hook()),
+                ..MockApnsConfig::default()
+            };
+            let mock = fanout_testkit::mock::apns::start(pki, config).await?;
+            return Ok(Receivers::Apns { mock, key });
+        }
+        let mut mocks = Vec::new();
+        for _ in 0..scenario.mock.receivers {
+            let config = MockWebhookConfig {
+                latency,
+                record_requests: false,
+                on_request: Some(collector.hook()),
+                ..MockWebhookConfig::default()
+            };
+            mocks.push(fanout_testkit::mock::webhook::start(pki, config).await?);
+        }
+        Ok(Receivers::Webhooks(mocks))
+    }
+
+    fn urls(&self) -> Vec<String> {
+        match self {
+            Receivers::Webhooks(mocks) => mocks.iter().map(|m| m.url("/hook")).collect(),
+            Receivers::Apns { mock, .. } => vec![mock.base_url()],
+        }
+    }
+
+    /// Where the ceiling sends: for APNs with a provider token of the key
+    /// (sensitive, as the engine's).
+    fn targets(&self) -> anyhow::Result<Targets> {
+        let apns_authorization = match self {
+            Receivers::Webhooks(_) => None,
+            Receivers::Apns { key, .. } => {
+                let iat = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+                let jwt = key.provider_token(APNS_KEY_ID, APNS_TEAM_ID, iat)?;
+                let mut value = http::HeaderValue::try_from(format!("bearer {jwt}"))?;
+                value.set_sensitive(true);
+                Some(value)
+            }
+        };
+        Ok(Targets { urls: self.urls(), apns_authorization })
+    }
+
+    /// What the mock APNs read on the wire.
+    fn wire(&self) -> Option<WireCounts> {
+        match self {
+            Receivers::Webhooks(_) => None,
+            Receivers::Apns { mock, .. } => Some(mock.wire()),
+        }
+    }
+
+    async fn shutdown(self) {
+        match self {
+            Receivers::Webhooks(mocks) => {
+                for m in mocks {
+                    m.shutdown().await;
+                }
+            }
+            Receivers::Apns { mock, .. } => mock.shutdown().await,
+        }
+    }
 }
 
 async fn measure_ceiling(
@@ -189,12 +250,12 @@ async fn measure_ceiling(
     // work at the receiver as in the engine run.
     let ids = RunIds::fresh();
     let collector = Collector::new(plan.clone(), ids, Faults::default());
-    let mocks = start_mocks(pki, scenario, &collector).await?;
-    let result = ceiling::run(pki, plan, ids, &urls(&mocks), &collector, requests, concurrency, progress).await;
-    for m in mocks {
-        m.shutdown().await;
-    }
-    result
+    let receivers = Receivers::start(pki, scenario, &collector).await?;
+    let targets = receivers.targets()?;
+    let result = ceiling::run(pki, plan, ids, targets, &collector, requests, concurrency, progress).await;
+    let wire = receivers.wire();
+    receivers.shutdown().await;
+    result.map(|r| ceiling::CeilingResult { wire, ..r })
 }
 
 /// The engine: started here, or already running elsewhere.
@@ -292,9 +353,12 @@ async fn execute_inner(
     // 2. Receivers and engine.
     let ids = RunIds::fresh();
     let collector = Collector::new(plan.clone(), ids, scenario.faults.clone());
-    let mocks = start_mocks(pki, scenario, &collector).await?;
-    let urls = urls(&mocks);
+    let receivers = Receivers::start(pki, scenario, &collector).await?;
+    let urls = receivers.urls();
     let engine = match args.engine_grpc {
+        Some(_) if scenario.channel == ScenarioChannel::Apns => {
+            bail!("an apns scenario signs with a key made for the run: let the harness start the engine")
+        }
         Some(grpc) => {
             progress.say(&format!(
                 "using the engine at {grpc}; it must trust {} and allow private addresses",
@@ -310,14 +374,23 @@ async fn execute_inner(
                 engine_process::find_binary(explicit.as_deref(), || building.phase("building the engine", 0))
             })
             .await??;
-            // A relay scenario: the mock is the push server, with its secret.
+            // A relay scenario: the mock is the push server, with its secret;
+            // an apns scenario: the mock APNs, with the run's provider key.
             let secret_file = ca_path.with_extension("relay-secret");
-            if plan.relay {
-                std::fs::write(&secret_file, collector::RELAY_SECRET)
-                    .with_context(|| format!("writing {}", secret_file.display()))?;
-            }
-            let relay = plan.relay.then(|| (urls[0].as_str(), secret_file.as_path()));
-            let config = engine_process::engine_config_with_relay(&scenario.engine, ca_path, relay)?;
+            let key_file = ca_path.with_extension("apns-key.p8");
+            let target = match &receivers {
+                Receivers::Apns { key, .. } => {
+                    key.write_p8(&key_file)?;
+                    PushTarget::Apns { url: &urls[0], key_file: &key_file }
+                }
+                Receivers::Webhooks(_) if plan.relay() => {
+                    std::fs::write(&secret_file, collector::RELAY_SECRET)
+                        .with_context(|| format!("writing {}", secret_file.display()))?;
+                    PushTarget::Relay { url: &urls[0], secret_file: &secret_file }
+                }
+                Receivers::Webhooks(_) => PushTarget::Webhooks,
+            };
+            let config = engine_process::engine_config_for(&scenario.engine, ca_path, target)?;
             let launch = Launch {
                 log_level: "warn".into(),
                 drain_timeout_seconds: 2,
@@ -402,9 +475,8 @@ async fn execute_inner(
         None => Default::default(),
     };
     let deliveries = collector.summary();
-    for m in mocks {
-        m.shutdown().await;
-    }
+    let wire = receivers.wire();
+    receivers.shutdown().await;
     let resources = end_sample.map(|s| {
         let during = cpu_before.map_or(0.0, |before| s.cpu_seconds - before);
         Resources {
@@ -466,6 +538,7 @@ async fn execute_inner(
         engine_metrics,
         ceiling,
         ratio,
+        wire: wire.map(WireReport::from),
     };
     Ok((report, engine))
 }
@@ -474,16 +547,12 @@ async fn execute_inner(
 mod tests {
     use super::*;
 
-    /// The smoke scenario end to end against the real `fanout` binary (built
-    /// in debug like the e2e tests; about 10 s here). Also checks that the
-    /// reports are written.
-    /// The relay scenario (spec 003) end to end: every device's push reaches
-    /// the mock push server signed with X-Gim-Signature, with a ceiling.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn relay_smoke_scenario_end_to_end() {
+    /// Runs a checked-in scenario with a ceiling against the debug engine
+    /// binary; every expected delivery arrived, properly signed.
+    async fn run_passing(scenario: &str) -> Report {
         let binary = tokio::task::spawn_blocking(|| launcher::build_binary(false)).await.unwrap().unwrap();
         let args = RunArgs {
-            scenario: Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/relay-smoke.toml"),
+            scenario: Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios").join(scenario),
             engine_bin: Some(binary),
             with_ceiling: true,
             ..RunArgs::default()
@@ -494,8 +563,43 @@ mod tests {
         assert_eq!(report.deliveries.delivered, report.plan.expected_deliveries);
         assert_eq!(report.deliveries.bad_signatures, 0);
         assert!(report.ratio.is_some_and(|r| r > 0.0));
+        report
     }
 
+    /// The relay scenario (spec 003) end to end: every device's push reaches
+    /// the mock push server signed with X-Gim-Signature, with a ceiling.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn relay_smoke_scenario_end_to_end() {
+        run_passing("relay-smoke.toml").await;
+    }
+
+    /// The APNs scenario end to end: every push reaches the mock APNs with a
+    /// provider token it verifies, and the report gives bytes per request
+    /// for the engine and the ceiling (issue 19).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn apns_smoke_scenario_end_to_end() {
+        let report = run_passing("apns-smoke.toml").await;
+        assert!(
+            report
+                .deliveries_by_outcome
+                .get("apns/delivered")
+                .is_some_and(|n| *n as u64 == report.plan.expected_deliveries)
+        );
+        let wire = report.wire.as_ref().expect("the mock APNs counts the wire");
+        assert_eq!(wire.counts.requests, report.deliveries.attempts);
+        // The body is PUSH-259's (about 80 bytes); the header block carries
+        // the provider token as a literal (an ES256 JWT, over 100 bytes).
+        assert!((80.0..120.0).contains(&wire.data_bytes_per_request), "{wire:?}");
+        assert!(wire.authorization_bytes_per_request > 100.0, "{wire:?}");
+        assert!(wire.header_block_bytes_per_request > wire.authorization_bytes_per_request, "{wire:?}");
+        let ceiling = report.ceiling.as_ref().unwrap();
+        assert_eq!(ceiling.wire.map(|w| w.requests), Some(ceiling.requests));
+        assert!(report.text().contains("bytes/request received"));
+    }
+
+    /// The smoke scenario end to end against the real `fanout` binary (built
+    /// in debug like the e2e tests; about 10 s here). Also checks that the
+    /// reports are written.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn smoke_scenario_end_to_end() {
         let binary = tokio::task::spawn_blocking(|| launcher::build_binary(false)).await.unwrap().unwrap();

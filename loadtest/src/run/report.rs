@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use fanout_testkit::wire::WireCounts;
 use serde::Serialize;
 
 use super::ceiling::CeilingResult;
@@ -38,6 +39,46 @@ pub struct Report {
     /// Engine deliveries/s ÷ ceiling requests/s.
     pub ratio: Option<f64>,
     pub windows: Windows,
+    /// What the mock APNs read on the wire from the engine (apns scenarios).
+    pub wire: Option<WireReport>,
+}
+
+/// Bytes per request as the mock APNs read them after TLS (issue 19):
+/// everything, the HPACK header blocks, the `authorization` literals inside
+/// them, the bodies.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct WireReport {
+    pub counts: WireCounts,
+    pub bytes_per_request: f64,
+    pub header_block_bytes_per_request: f64,
+    pub authorization_bytes_per_request: f64,
+    pub data_bytes_per_request: f64,
+}
+
+impl From<WireCounts> for WireReport {
+    fn from(c: WireCounts) -> Self {
+        WireReport {
+            counts: c,
+            bytes_per_request: c.per_request(c.bytes),
+            header_block_bytes_per_request: c.per_request(c.header_block_bytes),
+            authorization_bytes_per_request: c.per_request(c.authorization_bytes),
+            data_bytes_per_request: c.per_request(c.data_bytes),
+        }
+    }
+}
+
+impl WireReport {
+    /// One line for the summary.
+    pub fn line(&self) -> String {
+        format!(
+            "{} requests: {:.1} bytes/request received (header block {:.1}, of which authorization {:.1}; body {:.1})",
+            self.counts.requests,
+            self.bytes_per_request,
+            self.header_block_bytes_per_request,
+            self.authorization_bytes_per_request,
+            self.data_bytes_per_request
+        )
+    }
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -160,7 +201,10 @@ impl Report {
             ));
         }
         if d.bad_signatures > 0 {
-            failures.push(format!("{} requests had a bad webhook signature", d.bad_signatures));
+            failures.push(format!(
+                "{} requests had a bad webhook signature or were refused by the mock APNs",
+                d.bad_signatures
+            ));
         }
         if d.unexpected > 0 {
             failures.push(format!("{} requests were not for an expected delivery", d.unexpected));
@@ -245,12 +289,18 @@ impl Report {
             let outcomes: Vec<String> = self.deliveries_by_outcome.iter().map(|(k, v)| format!("{k}={v}")).collect();
             let _ = writeln!(s, "  outcomes    {}", outcomes.join(" "));
         }
+        if let Some(w) = &self.wire {
+            let _ = writeln!(s, "  wire        {}", w.line());
+        }
         if let Some(c) = &self.ceiling {
             let _ = writeln!(
                 s,
                 "  ceiling     {:.0} requests/s ({} requests, concurrency {}, {} failed, p99 {:.1} ms)",
                 c.requests_per_second, c.requests, c.concurrency, c.failed, c.latency.p99_ms
             );
+            if let Some(w) = c.wire {
+                let _ = writeln!(s, "  ceiling     wire {}", WireReport::from(w).line());
+            }
         }
         if let Some(ratio) = self.ratio {
             let _ = writeln!(s, "  ratio       {ratio:.2} (engine deliveries/s / ceiling requests/s)");
@@ -279,6 +329,25 @@ mod tests {
         assert_eq!(o.len(), 2);
         assert_eq!(o["http/delivered"], 10.0);
         assert_eq!(o["http/exhausted"], 2.0);
+    }
+
+    #[test]
+    fn wire_figures_per_request() {
+        let c = WireCounts {
+            bytes: 4_000,
+            requests: 10,
+            header_block_bytes: 2_000,
+            data_bytes: 900,
+            authorization_bytes: 1_500,
+        };
+        let w = WireReport::from(c);
+        assert_eq!((w.bytes_per_request, w.header_block_bytes_per_request), (400.0, 200.0));
+        assert_eq!((w.authorization_bytes_per_request, w.data_bytes_per_request), (150.0, 90.0));
+        assert_eq!(
+            w.line(),
+            "10 requests: 400.0 bytes/request received (header block 200.0, of which authorization 150.0; body 90.0)"
+        );
+        assert_eq!(WireReport::from(WireCounts::default()).bytes_per_request, 0.0);
     }
 
     #[test]

@@ -23,8 +23,10 @@ const ATTEMPT_TIMEOUT_MS: u64 = 10_000;
 pub struct Scenario {
     pub name: String,
     /// Which channel the recipients register on: `http` (spec 000's signed
-    /// webhooks, the default) or `relay` (spec 003: one push server, the
-    /// mock, receives every device's push signed with X-Gim-Signature).
+    /// webhooks, the default), `relay` (spec 003: one push server, the
+    /// mock, receives every device's push signed with X-Gim-Signature) or
+    /// `apns` (spec 000's APNs channel: the mock APNs verifies every provider
+    /// token and reports bytes per request).
     #[serde(default)]
     pub channel: ScenarioChannel,
     #[serde(default)]
@@ -59,6 +61,7 @@ pub enum ScenarioChannel {
     #[default]
     Http,
     Relay,
+    Apns,
 }
 
 fn default_max_duplicate_ratio() -> f64 {
@@ -280,6 +283,15 @@ impl Scenario {
                 bail!("a relay scenario has one push server: mock.receivers must be 1");
             }
         }
+        if self.channel == ScenarioChannel::Apns {
+            if self.mock.receivers != 1 {
+                bail!("an apns scenario has one APNs host: mock.receivers must be 1");
+            }
+            // APNs's 404 (BadPath) is rejected, not retried: it would lose deliveries.
+            if f.status_404 > 0.0 {
+                bail!("faults.status_404 does not apply to apns: APNs answers 503 or 500 for transient faults");
+            }
+        }
         let max_topics = self.engine_int("max_push_topics", 100_000) as u64;
         if plan.max_subscriptions_per_recipient() > max_topics {
             bail!(
@@ -325,11 +337,16 @@ pub struct Plan {
     pub envelopes: u64,
     /// Steady rate (envelopes/s), or `None` for a burst.
     pub rate: Option<f64>,
-    /// Recipients register on the relay channel (spec 003).
-    pub relay: bool,
+    /// The channel the recipients register on.
+    pub channel: ScenarioChannel,
 }
 
 impl Plan {
+    /// Recipients register on the relay channel (spec 003).
+    pub fn relay(&self) -> bool {
+        self.channel == ScenarioChannel::Relay
+    }
+
     pub fn new(scenario: &Scenario) -> Plan {
         let subscribers: Vec<u32> =
             scenario.topics.iter().flat_map(|g| std::iter::repeat_n(g.subscribers, g.count as usize)).collect();
@@ -354,7 +371,7 @@ impl Plan {
             total_subscriptions: sum,
             envelopes,
             rate,
-            relay: scenario.channel == ScenarioChannel::Relay,
+            channel: scenario.channel,
         }
     }
 
@@ -512,6 +529,20 @@ mod tests {
     }
 
     #[test]
+    fn apns_scenarios_have_one_host_and_retried_faults_only() {
+        let apns = SMOKE.replace("name = \"t\"", "name = \"t\"\nchannel = \"apns\"");
+        assert_eq!(Plan::new(&Scenario::parse(&apns).unwrap()).channel, ScenarioChannel::Apns);
+        let faults = format!("{apns}\n[faults]\nstatus_503 = 0.1\n").replace("[engine.delivery]\nworkers = 2", "");
+        assert!(Scenario::parse(&faults).is_ok());
+        for bad in [
+            format!("{apns}\n[faults]\nstatus_404 = 0.1\n").replace("[engine.delivery]\nworkers = 2", ""),
+            apns.replace("[envelopes]", "[mock]\nreceivers = 2\n[envelopes]"),
+        ] {
+            assert!(Scenario::parse(&bad).is_err(), "accepted:\n{bad}");
+        }
+    }
+
+    #[test]
     fn checked_in_scenarios_parse() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
         let mut names = Vec::new();
@@ -523,6 +554,19 @@ mod tests {
             }
         }
         names.sort();
-        assert_eq!(names, ["faults", "many-topics", "relay-smoke", "slow-receivers", "smoke", "soak", "window-1m"]);
+        assert_eq!(
+            names,
+            [
+                "apns-smoke",
+                "apns-throughput",
+                "faults",
+                "many-topics",
+                "relay-smoke",
+                "slow-receivers",
+                "smoke",
+                "soak",
+                "window-1m"
+            ]
+        );
     }
 }

@@ -241,6 +241,7 @@ mod tests {
             ceiling: Some(Default::default()),
             ratio: Some(0.5),
             windows: Default::default(),
+            wire: None,
         }
     }
 

@@ -1,7 +1,10 @@
 //! Mock APNs provider: HTTP/2 over TLS (ALPN `h2` only, as APNs), serving
 //! `POST /3/device/<token>`. It verifies the ES256 provider token against a
-//! configured public key, records every request, and answers from a script
-//! per device token (default: 200 with an `apns-id` header).
+//! configured public key, refuses what APNs refuses (a collapse id over 64
+//! bytes, an expiration that is not a number), records every request (or
+//! only counts them, for load runs), counts what arrives on the wire
+//! ([`crate::wire`]), and answers from a hook or a script per device token
+//! (default: 200 with an `apns-id` header).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -15,18 +18,23 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::Deserialize;
 
 use super::provider::{MAX_CONCURRENT_STREAMS, ProviderRequest, unix_now};
 use crate::lock;
 use crate::pki::{ALPN_H2, TestPki};
 use crate::recorder::Recorder;
-use crate::request::percent_decode;
+use crate::request::{bearer, percent_decode};
 use crate::server::{self, Server};
+use crate::wire::{WireCounts, WireStats};
 
 /// APNs refuses provider tokens older than this (ExpiredProviderToken).
 const PROVIDER_TOKEN_LIFETIME_SECS: u64 = 3600;
+/// APNs refuses a longer `apns-collapse-id` (BadCollapseId).
+pub const MAX_COLLAPSE_ID_BYTES: usize = 64;
+/// Verified provider tokens kept (the cache is emptied when full).
+const MAX_VERIFIED_TOKENS: usize = 1024;
 
 /// How the mock listens, authenticates and answers by default.
 #[derive(Clone, Debug)]
@@ -43,6 +51,11 @@ pub struct MockApnsConfig {
     /// token is verified and an invalid one is answered 403
     /// InvalidProviderToken; without it, `auth_valid` is `None`.
     pub public_key_pem: Option<String>,
+    /// Keep every request for [`MockApns::received`] (default). Load runs
+    /// turn it off: requests are then only counted.
+    pub record_requests: bool,
+    /// Sees every request; answers those APNs would accept.
+    pub on_request: Option<ApnsHook>,
 }
 
 impl Default for MockApnsConfig {
@@ -53,7 +66,41 @@ impl Default for MockApnsConfig {
             team_id: "TEAM123456".into(),
             key_id: "KEY1234567".into(),
             public_key_pem: None,
+            record_requests: true,
+            on_request: None,
         }
+    }
+}
+
+/// A request as an [`ApnsHook`] sees it (borrowed, nothing copied).
+pub struct ApnsHookRequest<'a> {
+    /// The device token, decoded from the path.
+    pub token: &'a str,
+    pub headers: &'a http::HeaderMap,
+    pub body: &'a [u8],
+    /// APNs's answer when the request breaks one of its rules (method,
+    /// path, provider token, collapse id, expiration); the hook's answer is
+    /// then not used.
+    pub refusal: Option<&'a ApnsReply>,
+}
+
+type ApnsHookFn = dyn Fn(&ApnsHookRequest<'_>) -> Option<ApnsReply> + Send + Sync;
+
+/// Callback for [`MockApnsConfig::on_request`], run on the connection's task
+/// for every request: `Some(reply)` answers an accepted request, `None`
+/// leaves it to the script (then 200).
+#[derive(Clone)]
+pub struct ApnsHook(pub Arc<ApnsHookFn>);
+
+impl ApnsHook {
+    pub fn new(f: impl Fn(&ApnsHookRequest<'_>) -> Option<ApnsReply> + Send + Sync + 'static) -> Self {
+        ApnsHook(Arc::new(f))
+    }
+}
+
+impl std::fmt::Debug for ApnsHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ApnsHook")
     }
 }
 
@@ -115,6 +162,17 @@ impl ApnsTestKey {
     pub fn write_p8(&self, path: &Path) -> anyhow::Result<()> {
         std::fs::write(path, &self.private_pem).with_context(|| format!("writing APNs key to {}", path.display()))
     }
+
+    /// A provider token as APNs expects it: ES256, `kid` = `key_id`, claims
+    /// `iss` = `team_id` and `iat`.
+    pub fn provider_token(&self, key_id: &str, team_id: &str, iat: u64) -> anyhow::Result<String> {
+        let mut header = Header::new(Algorithm::ES256);
+        header.typ = None;
+        header.kid = Some(key_id.into());
+        let key = EncodingKey::from_ec_pem(self.private_pem.as_bytes()).context("the test key is not an EC key")?;
+        let claims = serde_json::json!({"iss": team_id, "iat": iat});
+        jsonwebtoken::encode(&header, &claims, &key).context("signing a provider token")
+    }
 }
 
 #[derive(Deserialize)]
@@ -135,41 +193,83 @@ enum TokenCheck {
 /// Verifies an APNs provider token: ES256 under `key`, `kid` = `key_id`,
 /// `iss` = `team_id`, `iat` not in the future and at most an hour old.
 pub fn verify_provider_token(jwt: &str, key: &DecodingKey, team_id: &str, key_id: &str) -> bool {
-    check_provider_token(Some(jwt), key, team_id, key_id) == TokenCheck::Valid
+    signed_iat(jwt, key, team_id, key_id).is_some_and(|iat| token_age(iat) == TokenCheck::Valid)
 }
 
-fn check_provider_token(jwt: Option<&str>, key: &DecodingKey, team_id: &str, key_id: &str) -> TokenCheck {
-    let Some(jwt) = jwt else {
-        return TokenCheck::Missing;
-    };
+/// The `iat` of a token whose signature, `kid` and `iss` verify.
+fn signed_iat(jwt: &str, key: &DecodingKey, team_id: &str, key_id: &str) -> Option<u64> {
     let mut validation = Validation::new(Algorithm::ES256);
     validation.required_spec_claims.clear();
     validation.validate_exp = false;
-    let Ok(data) = jsonwebtoken::decode::<ProviderClaims>(jwt, key, &validation) else {
-        return TokenCheck::Invalid;
-    };
-    if data.header.kid.as_deref() != Some(key_id) || data.claims.iss != team_id {
-        return TokenCheck::Invalid;
-    }
+    let data = jsonwebtoken::decode::<ProviderClaims>(jwt, key, &validation).ok()?;
+    (data.header.kid.as_deref() == Some(key_id) && data.claims.iss == team_id).then_some(data.claims.iat)
+}
+
+/// A verified token issued at `iat`, judged now.
+fn token_age(iat: u64) -> TokenCheck {
     let now = unix_now();
-    if data.claims.iat > now + 60 {
-        return TokenCheck::Invalid;
+    if iat > now + 60 {
+        TokenCheck::Invalid
+    } else if now.saturating_sub(iat) > PROVIDER_TOKEN_LIFETIME_SECS {
+        TokenCheck::Expired
+    } else {
+        TokenCheck::Valid
     }
-    if now.saturating_sub(data.claims.iat) > PROVIDER_TOKEN_LIFETIME_SECS {
-        return TokenCheck::Expired;
+}
+
+/// Provider-token checks, each token's signature verified once: a client
+/// sends the same token for up to an hour, and verifying ES256 on every
+/// request would make the mock, not the client, the bottleneck of a load run.
+struct TokenVerifier {
+    key: DecodingKey,
+    team_id: String,
+    key_id: String,
+    /// Token → its `iat` when it verified, `None` when it did not.
+    verified: Mutex<HashMap<String, Option<u64>>>,
+}
+
+impl TokenVerifier {
+    fn check(&self, jwt: Option<&str>) -> TokenCheck {
+        let Some(jwt) = jwt else {
+            return TokenCheck::Missing;
+        };
+        let cached = lock(&self.verified).get(jwt).copied();
+        let iat = cached.unwrap_or_else(|| {
+            let iat = signed_iat(jwt, &self.key, &self.team_id, &self.key_id);
+            let mut verified = lock(&self.verified);
+            if verified.len() >= MAX_VERIFIED_TOKENS {
+                verified.clear();
+            }
+            verified.insert(jwt.to_owned(), iat);
+            iat
+        });
+        iat.map_or(TokenCheck::Invalid, token_age)
     }
-    TokenCheck::Valid
+}
+
+/// APNs's refusal of a request's headers: a collapse id over 64 bytes, an
+/// expiration that is not a Unix time in seconds.
+fn header_refusal(headers: &http::HeaderMap) -> Option<ApnsReply> {
+    if headers.get("apns-collapse-id").is_some_and(|v| v.len() > MAX_COLLAPSE_ID_BYTES) {
+        return Some(ApnsReply::reason(400, "BadCollapseId"));
+    }
+    let expiration = headers.get("apns-expiration").map(|v| v.to_str().ok().and_then(|t| t.parse::<u64>().ok()));
+    if expiration == Some(None) {
+        return Some(ApnsReply::reason(400, "BadExpirationDate"));
+    }
+    None
 }
 
 struct State {
     latency: Duration,
-    team_id: String,
-    key_id: String,
-    key: Option<DecodingKey>,
+    verifier: Option<TokenVerifier>,
     recorder: Recorder<ProviderRequest>,
+    record_requests: bool,
+    on_request: Option<ApnsHook>,
     scripts: Mutex<HashMap<String, VecDeque<ApnsReply>>>,
     seen_tokens: Mutex<HashSet<String>>,
     expired_tokens: Mutex<HashSet<String>>,
+    wire: Arc<WireStats>,
     next_id: AtomicU64,
 }
 
@@ -181,25 +281,34 @@ pub struct MockApns {
 
 /// Binds, then serves in a background task until the `MockApns` is dropped.
 pub async fn start(pki: &TestPki, config: MockApnsConfig) -> anyhow::Result<MockApns> {
-    let key = match &config.public_key_pem {
-        Some(pem) => {
-            Some(DecodingKey::from_ec_pem(pem.as_bytes()).context("the APNs public key is not an EC PEM key")?)
-        }
+    let verifier = match &config.public_key_pem {
+        Some(pem) => Some(TokenVerifier {
+            key: DecodingKey::from_ec_pem(pem.as_bytes()).context("the APNs public key is not an EC PEM key")?,
+            team_id: config.team_id,
+            key_id: config.key_id,
+            verified: Mutex::new(HashMap::new()),
+        }),
         None => None,
     };
     let listener = server::bind("mock APNs", config.bind).await?;
+    let wire = Arc::new(WireStats::default());
     let state = Arc::new(State {
         latency: config.latency,
-        team_id: config.team_id,
-        key_id: config.key_id,
-        key,
+        verifier,
         recorder: Recorder::new(),
+        record_requests: config.record_requests,
+        on_request: config.on_request,
         scripts: Mutex::new(HashMap::new()),
         seen_tokens: Mutex::new(HashSet::new()),
         expired_tokens: Mutex::new(HashSet::new()),
+        wire: wire.clone(),
         next_id: AtomicU64::new(1),
     });
-    let options = server::Options { alpn: vec![ALPN_H2.to_vec()], max_concurrent_streams: MAX_CONCURRENT_STREAMS };
+    let options = server::Options {
+        alpn: vec![ALPN_H2.to_vec()],
+        max_concurrent_streams: MAX_CONCURRENT_STREAMS,
+        wire: Some(wire),
+    };
     let handler_state = state.clone();
     let server = Server::serve(listener, pki, options, move |req| handle(req, handler_state.clone()))?;
     Ok(MockApns { server, state })
@@ -215,7 +324,7 @@ impl MockApns {
         self.server.base_url()
     }
 
-    /// Every request so far, in arrival order.
+    /// Every request so far, in arrival order (none when `record_requests` is off).
     pub fn received(&self) -> Vec<ProviderRequest> {
         self.state.recorder.all()
     }
@@ -227,6 +336,12 @@ impl MockApns {
 
     pub fn received_count(&self) -> usize {
         self.state.recorder.count()
+    }
+
+    /// What clients sent on the wire so far: bytes, requests, header-block
+    /// bytes, `authorization` literal bytes.
+    pub fn wire(&self) -> WireCounts {
+        self.state.wire.counts()
     }
 
     /// Waits until at least `n` requests arrived or `timeout` passed; returns all.
@@ -270,36 +385,54 @@ impl MockApns {
 async fn handle(req: Request<Incoming>, state: Arc<State>) -> Response<Full<Bytes>> {
     let received_at = SystemTime::now();
     let (parts, body) = req.into_parts();
-    let mut request = ProviderRequest::arrived(received_at, &parts, server::read_body(body).await);
-    let token = request.path.strip_prefix("/3/device/").map(|t| percent_decode(t, false));
-    let jwt = request.bearer().map(str::to_owned);
-    let check = state.key.as_ref().map(|key| check_provider_token(jwt.as_deref(), key, &state.team_id, &state.key_id));
-    let revoked = jwt.as_ref().is_some_and(|j| lock(&state.expired_tokens).contains(j));
-    if let Some(jwt) = &jwt {
-        lock(&state.seen_tokens).insert(jwt.clone());
+    let body = server::read_body(body).await;
+    let token = parts.uri.path().strip_prefix("/3/device/").map(|t| percent_decode(t, false));
+    let jwt = bearer(parts.headers.get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()));
+    let check = state.verifier.as_ref().map(|v| v.check(jwt));
+    let revoked = jwt.is_some_and(|j| lock(&state.expired_tokens).contains(j));
+    if let Some(jwt) = jwt {
+        let mut seen = lock(&state.seen_tokens);
+        if !seen.contains(jwt) {
+            seen.insert(jwt.to_owned());
+        }
     }
 
-    // As APNs: the path and method first, then the provider token, then the device.
-    let reply = if parts.method != http::Method::POST {
-        ApnsReply::reason(405, "MethodNotAllowed")
+    // As APNs: the path and method first, then the provider token, then the
+    // headers, then the device.
+    let refusal = if parts.method != http::Method::POST {
+        Some(ApnsReply::reason(405, "MethodNotAllowed"))
     } else if token.as_deref().is_none_or(str::is_empty) {
-        ApnsReply::reason(404, "BadPath")
+        Some(ApnsReply::reason(404, "BadPath"))
     } else if check == Some(TokenCheck::Missing) {
-        ApnsReply::reason(403, "MissingProviderToken")
+        Some(ApnsReply::reason(403, "MissingProviderToken"))
     } else if check == Some(TokenCheck::Invalid) {
-        ApnsReply::reason(403, "InvalidProviderToken")
+        Some(ApnsReply::reason(403, "InvalidProviderToken"))
     } else if revoked || check == Some(TokenCheck::Expired) {
-        ApnsReply::reason(403, "ExpiredProviderToken")
+        Some(ApnsReply::reason(403, "ExpiredProviderToken"))
     } else {
-        let token = token.as_deref().unwrap_or_default();
-        lock(&state.scripts).get_mut(token).and_then(VecDeque::pop_front).unwrap_or_else(ApnsReply::ok)
+        header_refusal(&parts.headers)
+    };
+    let token = token.unwrap_or_default();
+    let hooked = state.on_request.as_ref().and_then(|hook| {
+        (hook.0)(&ApnsHookRequest { token: &token, headers: &parts.headers, body: &body, refusal: refusal.as_ref() })
+    });
+    let reply = match refusal {
+        Some(refusal) => refusal,
+        None => hooked.unwrap_or_else(|| {
+            lock(&state.scripts).get_mut(&token).and_then(VecDeque::pop_front).unwrap_or_else(ApnsReply::ok)
+        }),
     };
 
     // Record before any delay so tests see requests whose answer is pending.
-    request.token = token.unwrap_or_default();
-    request.auth_valid = check.map(|c| c == TokenCheck::Valid);
-    request.status_sent = reply.status;
-    state.recorder.record(request);
+    if state.record_requests {
+        let mut request = ProviderRequest::arrived(received_at, &parts, body);
+        request.token = token;
+        request.auth_valid = check.map(|c| c == TokenCheck::Valid);
+        request.status_sent = reply.status;
+        state.recorder.record(request);
+    } else {
+        state.recorder.count_only();
+    }
 
     let delay = state.latency + reply.delay;
     if !delay.is_zero() {
@@ -322,23 +455,31 @@ async fn handle(req: Request<Incoming>, state: Arc<State>) -> Response<Full<Byte
 mod tests {
     use super::*;
     use http_body_util::BodyExt as _;
-    use jsonwebtoken::{EncodingKey, Header};
 
     use crate::test_client::{TestClient, Versions, client};
 
     const WAIT: Duration = Duration::from_secs(5);
 
     fn jwt(key: &ApnsTestKey, kid: &str, iss: &str, iat: u64) -> String {
-        let mut header = Header::new(Algorithm::ES256);
-        header.kid = Some(kid.into());
-        let claims = serde_json::json!({"iss": iss, "iat": iat});
-        jsonwebtoken::encode(&header, &claims, &EncodingKey::from_ec_pem(key.private_pem.as_bytes()).unwrap()).unwrap()
+        key.provider_token(kid, iss, iat).unwrap()
     }
 
     async fn post(client: &TestClient, url: &str, jwt: Option<&str>) -> (u16, http::HeaderMap, String) {
+        post_with(client, url, jwt, &[]).await
+    }
+
+    async fn post_with(
+        client: &TestClient,
+        url: &str,
+        jwt: Option<&str>,
+        headers: &[(&str, &str)],
+    ) -> (u16, http::HeaderMap, String) {
         let mut request = Request::post(url).header("apns-topic", "com.example");
         if let Some(jwt) = jwt {
             request = request.header("authorization", format!("bearer {jwt}"));
+        }
+        for (name, value) in headers {
+            request = request.header(*name, *value);
         }
         let response = client.request(request.body(Full::new(Bytes::from_static(b"{}"))).unwrap()).await.unwrap();
         let status = response.status().as_u16();
@@ -427,6 +568,79 @@ mod tests {
         assert_eq!(post(&client, &dead, Some(&fresh)).await.0, 200);
         assert_eq!(mock.received_for("dead").len(), 5);
         assert_eq!(mock.wait_for_token("dead", 5, WAIT).await.len(), 5);
+    }
+
+    #[tokio::test]
+    async fn refuses_collapse_ids_over_64_bytes_and_bad_expirations() {
+        let (pki, key, mock) = setup().await;
+        let client = client(&pki, Versions::Http2);
+        let token = jwt(&key, "KEY1234567", "TEAM123456", unix_now());
+        let url = format!("{}/3/device/abc", mock.base_url());
+        let post = |headers: Vec<(&'static str, String)>| {
+            let (client, url, token) = (&client, &url, &token);
+            async move {
+                let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+                let (status, _, body) = post_with(client, url, Some(token), &headers).await;
+                (status, body)
+            }
+        };
+        assert_eq!(post(vec![("apns-collapse-id", "c".repeat(64))]).await.0, 200);
+        assert_eq!(
+            post(vec![("apns-collapse-id", "c".repeat(65))]).await,
+            (400, r#"{"reason":"BadCollapseId"}"#.into())
+        );
+        assert_eq!(post(vec![("apns-expiration", "0".into())]).await.0, 200);
+        assert_eq!(post(vec![("apns-expiration", "1700000000".into())]).await.0, 200);
+        for bad in ["soon", "-1", "1.5", ""] {
+            let answer = post(vec![("apns-expiration", bad.into())]).await;
+            assert_eq!(answer, (400, r#"{"reason":"BadExpirationDate"}"#.into()), "{bad:?}");
+        }
+        // The request is recorded with the header as sent, and its answer.
+        let got = mock.received();
+        assert_eq!((got[1].header("apns-collapse-id").map(str::len), got[1].status_sent), (Some(65), 400));
+    }
+
+    /// Load runs: a hook answers, requests are only counted, and the wire
+    /// counts give bytes per request, the `authorization` literal included.
+    #[tokio::test]
+    async fn a_hook_answers_and_the_wire_is_counted() {
+        let pki = TestPki::generate(&[]).unwrap();
+        let key = ApnsTestKey::generate().unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let hook = {
+            let seen = seen.clone();
+            ApnsHook::new(move |r| {
+                lock(&seen).push((r.token.to_owned(), r.refusal.map(|x| x.status), r.body.len()));
+                (r.token == "busy").then(|| ApnsReply::reason(503, "ServiceUnavailable"))
+            })
+        };
+        let config = MockApnsConfig {
+            public_key_pem: Some(key.public_pem.clone()),
+            record_requests: false,
+            on_request: Some(hook),
+            ..Default::default()
+        };
+        let mock = start(&pki, config).await.unwrap();
+        let client = client(&pki, Versions::Http2);
+        let token = jwt(&key, "KEY1234567", "TEAM123456", unix_now());
+        let url = |device: &str| format!("{}/3/device/{device}", mock.base_url());
+        assert_eq!(post(&client, &url("ok"), Some(&token)).await.0, 200);
+        assert_eq!(post(&client, &url("busy"), Some(&token)).await.0, 503);
+        assert_eq!(post(&client, &url("busy"), None).await.0, 403, "a refusal is not the hook's to change");
+        assert_eq!(post(&client, &url("ok"), Some(&token)).await.0, 200);
+        assert_eq!(
+            *lock(&seen),
+            [("ok".into(), None, 2), ("busy".into(), None, 2), ("busy".into(), Some(403), 2), ("ok".into(), None, 2)]
+        );
+        assert_eq!((mock.received_count(), mock.received().len()), (4, 0), "counted, not kept");
+        let wire = mock.wire();
+        assert_eq!(wire.requests, 4);
+        assert_eq!(wire.data_bytes, 8, "four bodies of 2 bytes");
+        assert!(wire.bytes > wire.header_block_bytes + wire.data_bytes, "{wire:?}");
+        // Three requests carried `bearer <jwt>` as a literal: more than the
+        // token's Huffman-coded length each, less than its raw length.
+        let jwt_len = token.len() as u64 + 7;
+        assert!((3 * jwt_len * 5 / 8..=3 * (jwt_len + 4)).contains(&wire.authorization_bytes), "{wire:?}");
     }
 
     #[tokio::test]

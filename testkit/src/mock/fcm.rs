@@ -4,7 +4,9 @@
 //! - `POST /token`: the JWT-bearer grant. Verifies the RS256 assertion against
 //!   the service account's public key and issues an access token.
 //! - `POST /v1/projects/<project>/messages:send`: checks the bearer is a live
-//!   token it issued, records the request, and answers from a script per
+//!   token it issued, refuses what FCM refuses in the fields fanout sends
+//!   (`android.ttl`, the APNs block's `apns-expiration` and
+//!   `apns-collapse-id`), records the request, and answers from a script per
 //!   registration token (default: 200 with a message name).
 //!
 //! [`FcmServiceAccount`] writes the matching service-account key file, whose
@@ -276,6 +278,7 @@ pub async fn start(pki: &TestPki, config: MockFcmConfig) -> anyhow::Result<MockF
     let options = server::Options {
         alpn: vec![ALPN_H2.to_vec(), ALPN_HTTP1.to_vec()],
         max_concurrent_streams: MAX_CONCURRENT_STREAMS,
+        wire: None,
     };
     let handler_state = state.clone();
     let server = Server::serve(listener, pki, options, move |req| handle(req, handler_state.clone()))?;
@@ -395,6 +398,8 @@ async fn handle(req: Request<Incoming>, state: Arc<State>) -> Response<Full<Byte
         FcmReply::error(404, "NOT_FOUND")
     } else if !live {
         FcmReply::error(401, "UNAUTHENTICATED")
+    } else if request.json().is_none_or(|message| !valid_message(&message)) {
+        FcmReply::fcm_error(400, "INVALID_ARGUMENT", "INVALID_ARGUMENT")
     } else {
         lock(&state.scripts).get_mut(&request.token).and_then(VecDeque::pop_front).unwrap_or_else(FcmReply::ok)
     };
@@ -406,6 +411,30 @@ async fn handle(req: Request<Incoming>, state: Arc<State>) -> Response<Full<Byte
     }
     let headers: Vec<(&str, String)> = reply.retry_after.iter().map(|v| ("retry-after", v.clone())).collect();
     server::response(reply.status, reply.body(&state.project_id, id), &headers)
+}
+
+/// FCM's rules on the fields fanout sets: `android.ttl` a Duration in
+/// seconds (`"<n>s"`, optionally with up to nine decimals) of at most four
+/// weeks; in the APNs block, `apns-expiration` a Unix time in seconds and
+/// `apns-collapse-id` at most 64 bytes (APNs's limits, which FCM passes on).
+fn valid_message(json: &serde_json::Value) -> bool {
+    const MAX_TTL_SECONDS: u64 = 28 * 24 * 3600;
+    let message = &json["message"];
+    let ttl_ok = message["android"].get("ttl").is_none_or(|ttl| {
+        ttl.as_str().and_then(|t| t.strip_suffix('s')).is_some_and(|t| {
+            let (whole, fraction) = t.split_once('.').unwrap_or((t, ""));
+            whole.parse::<u64>().is_ok_and(|n| n <= MAX_TTL_SECONDS)
+                && fraction.len() <= 9
+                && fraction.bytes().all(|b| b.is_ascii_digit())
+        })
+    });
+    let headers = &message["apns"]["headers"];
+    let expiration_ok =
+        headers.get("apns-expiration").is_none_or(|e| e.as_str().is_some_and(|e| e.parse::<u64>().is_ok()));
+    let collapse_ok = headers
+        .get("apns-collapse-id")
+        .is_none_or(|c| c.as_str().is_some_and(|c| c.len() <= super::apns::MAX_COLLAPSE_ID_BYTES));
+    ttl_ok && expiration_ok && collapse_ok
 }
 
 fn token_endpoint(mut request: ProviderRequest, state: &State) -> Response<Full<Bytes>> {
@@ -572,6 +601,43 @@ mod tests {
         // Another project's path is not found.
         let other = format!("{}/v1/projects/other/messages:send", mock.base_url());
         assert_eq!(post(&client, &other, &[("authorization", &bearer)], message("r1")).await.0, 404);
+
+        // FCM's rules on ttl, apns-expiration and apns-collapse-id.
+        let with = |android: serde_json::Value, headers: serde_json::Value| {
+            serde_json::json!({"message": {"token": "r2", "android": android, "apns": {"headers": headers}}})
+                .to_string()
+        };
+        let good = with(
+            serde_json::json!({"ttl": "86400s"}),
+            serde_json::json!({"apns-expiration": "0", "apns-collapse-id": "c".repeat(64)}),
+        );
+        assert_eq!(post(&client, &url, &[("authorization", &bearer)], good).await.0, 200);
+        assert_eq!(
+            post(
+                &client,
+                &url,
+                &[("authorization", &bearer)],
+                with(serde_json::json!({"ttl": "1.5s"}), serde_json::json!({}))
+            )
+            .await
+            .0,
+            200
+        );
+        for (android, headers) in [
+            (serde_json::json!({"ttl": "86400"}), serde_json::json!({})),
+            (serde_json::json!({"ttl": "2419201s"}), serde_json::json!({})),
+            (serde_json::json!({"ttl": 60}), serde_json::json!({})),
+            (serde_json::json!({}), serde_json::json!({"apns-expiration": "tomorrow"})),
+            (serde_json::json!({}), serde_json::json!({"apns-collapse-id": "c".repeat(65)})),
+        ] {
+            let (status, _, body) =
+                post(&client, &url, &[("authorization", &bearer)], with(android.clone(), headers.clone())).await;
+            assert_eq!(
+                (status, body["error"]["status"].as_str()),
+                (400, Some("INVALID_ARGUMENT")),
+                "{android} {headers}"
+            );
+        }
 
         mock.revoke_access_tokens();
         assert_eq!(post(&client, &url, &[("authorization", &bearer)], message("r1")).await.0, 401);

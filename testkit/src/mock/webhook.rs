@@ -232,7 +232,7 @@ pub async fn start(pki: &TestPki, config: MockWebhookConfig) -> anyhow::Result<M
         signing_keys: Mutex::new(HashMap::new()),
         scripts: Mutex::new(HashMap::new()),
     });
-    let options = server::Options { alpn: config.alpn, max_concurrent_streams: MAX_CONCURRENT_STREAMS };
+    let options = server::Options { alpn: config.alpn, max_concurrent_streams: MAX_CONCURRENT_STREAMS, wire: None };
     let handler_state = state.clone();
     let server = Server::serve(listener, pki, options, move |req| handle(req, handler_state.clone()))?;
     Ok(MockWebhook { server, state })

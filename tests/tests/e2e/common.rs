@@ -2,9 +2,58 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use fanout_proto::v1 as pb;
-use fanout_testkit::{MockWebhook, MockWebhookConfig, TestPki, start_mock_webhook};
+use fanout_testkit::{
+    ApnsTestKey, MockApns, MockApnsConfig, MockWebhook, MockWebhookConfig, TestPki, start_mock_apns, start_mock_webhook,
+};
 use fanout_tests::client::Recipient;
 use fanout_tests::{EngineConfig, Fanout};
+
+pub const BUNDLE_ID: &str = "com.example.fanout";
+pub const TEAM_ID: &str = "TEAM123456";
+pub const KEY_ID: &str = "KEY1234567";
+
+/// A path as a TOML string.
+pub fn quote(path: &std::path::Path) -> String {
+    format!("{:?}", path.display().to_string())
+}
+
+/// A mock APNs that verifies the provider key's tokens, and an engine whose
+/// APNs channel (sandbox) sends to it, with `apns_keys` (TOML lines) added to
+/// `[engine.channels.apns]`.
+pub struct ApnsSetup {
+    pub fanout: Fanout,
+    pub mock: MockApns,
+    pub _dir: tempfile::TempDir,
+}
+
+pub async fn apns_setup(apns_keys: &str) -> ApnsSetup {
+    let pki = TestPki::generate(&[]).expect("pki");
+    let key = ApnsTestKey::generate().expect("key");
+    let config = MockApnsConfig {
+        team_id: TEAM_ID.into(),
+        key_id: KEY_ID.into(),
+        public_key_pem: Some(key.public_pem.clone()),
+        ..Default::default()
+    };
+    let mock = start_mock_apns(&pki, config).await.expect("mock APNs");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let key_file: PathBuf = dir.path().join("AuthKey.p8");
+    key.write_p8(&key_file).expect("write key");
+    let ca: PathBuf = dir.path().join("ca.pem");
+    pki.write_ca(&ca).expect("write ca");
+    // The sandbox environment is configured, so only the sandbox URL may be
+    // used; the production URL points at a closed port.
+    let table = format!(
+        "[engine.channels.apns]\nkey_file = {}\nkey_id = \"{KEY_ID}\"\nteam_id = \"{TEAM_ID}\"\nbundle_id = \"{BUNDLE_ID}\"\n\
+         environment = \"sandbox\"\nsandbox_url = \"{}\"\nproduction_url = \"https://127.0.0.1:1\"\nextra_ca_files = [{}]\n{apns_keys}\n",
+        quote(&key_file),
+        mock.base_url(),
+        quote(&ca),
+    );
+    let config = EngineConfig { engine_extra: "max_attempts = 3".into(), extra_tables: table, ..Default::default() };
+    let fanout = Fanout::start(config).await.expect("start fanout");
+    ApnsSetup { fanout, mock, _dir: dir }
+}
 
 /// A mock webhook receiver with its own CA, and an engine that trusts it.
 pub struct WebhookSetup {

@@ -3,6 +3,7 @@
 //! module per concern.
 
 mod admission;
+mod apns_requests;
 mod common;
 mod delivery;
 mod dispatch;

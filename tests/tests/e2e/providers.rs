@@ -13,20 +13,14 @@ use std::time::{Duration, Instant, SystemTime};
 
 use base64::Engine as _;
 use fanout_proto::v1 as pb;
-use fanout_testkit::{
-    ApnsReply, ApnsTestKey, FcmReply, MockApns, MockApnsConfig, MockFcm, MockFcmConfig, ProviderRequest, TestPki,
-    start_mock_apns, start_mock_fcm,
-};
+use fanout_testkit::{ApnsReply, FcmReply, MockFcm, MockFcmConfig, ProviderRequest, TestPki, start_mock_fcm};
 use fanout_tests::client::{Recipient, envelope, group_topic, subscription};
 use fanout_tests::{EngineConfig, Fanout};
 use rand::RngCore;
 use tonic::Code;
 
-use crate::common::{publish, sequence_id};
+use crate::common::{ApnsSetup, BUNDLE_ID, apns_setup, publish, quote, sequence_id};
 
-const BUNDLE_ID: &str = "com.example.fanout";
-const TEAM_ID: &str = "TEAM123456";
-const KEY_ID: &str = "KEY1234567";
 /// Longest any case here takes to settle (the slowest waits ~14 s).
 const SETTLE: Duration = Duration::from_secs(45);
 
@@ -227,45 +221,6 @@ async fn check_privacy(ck: &mut Check, fanout: &Fanout, cases: &[Case], credenti
     }
 }
 
-fn quote(path: &std::path::Path) -> String {
-    format!("{:?}", path.display().to_string())
-}
-
-struct ApnsSetup {
-    fanout: Fanout,
-    mock: MockApns,
-    _dir: tempfile::TempDir,
-}
-
-async fn apns_setup() -> ApnsSetup {
-    let pki = TestPki::generate(&[]).expect("pki");
-    let key = ApnsTestKey::generate().expect("key");
-    let config = MockApnsConfig {
-        team_id: TEAM_ID.into(),
-        key_id: KEY_ID.into(),
-        public_key_pem: Some(key.public_pem.clone()),
-        ..Default::default()
-    };
-    let mock = start_mock_apns(&pki, config).await.expect("mock APNs");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let key_file: PathBuf = dir.path().join("AuthKey.p8");
-    key.write_p8(&key_file).expect("write key");
-    let ca: PathBuf = dir.path().join("ca.pem");
-    pki.write_ca(&ca).expect("write ca");
-    // The sandbox environment is configured, so only the sandbox URL may be
-    // used; the production URL points at a closed port.
-    let table = format!(
-        "[engine.channels.apns]\nkey_file = {}\nkey_id = \"{KEY_ID}\"\nteam_id = \"{TEAM_ID}\"\nbundle_id = \"{BUNDLE_ID}\"\n\
-         environment = \"sandbox\"\nsandbox_url = \"{}\"\nproduction_url = \"https://127.0.0.1:1\"\nextra_ca_files = [{}]\n\n",
-        quote(&key_file),
-        mock.base_url(),
-        quote(&ca),
-    );
-    let config = EngineConfig { engine_extra: "max_attempts = 3".into(), extra_tables: table, ..Default::default() };
-    let fanout = Fanout::start(config).await.expect("start fanout");
-    ApnsSetup { fanout, mock, _dir: dir }
-}
-
 /// Every APNs request must be the Request column of section 7 for its case.
 fn check_apns_request(ck: &mut Check, c: &Case, r: &ProviderRequest) {
     let what = |s: &str| format!("{}: {s}", c.name);
@@ -281,13 +236,14 @@ fn check_apns_request(ck: &mut Check, c: &Case, r: &ProviderRequest) {
     ck.eq(what("apns-push-type"), r.header("apns-push-type"), Some("background"));
     ck.eq(what("apns-priority"), r.header("apns-priority"), Some("5"));
     ck.eq(what("apns-collapse-id"), r.header("apns-collapse-id").map(str::to_owned), Some(b64(&c.topic)));
+    check_a_day(ck, &what("apns-expiration"), r, r.header("apns-expiration"));
     let body = format!(r#"{{"aps":{{"content-available":1}},"topic":"{}","sequence_id":"{}"}}"#, b64(&c.topic), c.seq);
     ck.eq(what("body"), String::from_utf8_lossy(&r.body).into_owned(), body);
 }
 
 #[tokio::test]
 async fn apns_outcome_table_end_to_end() {
-    let ApnsSetup { fanout, mock, _dir } = apns_setup().await;
+    let ApnsSetup { fanout, mock, _dir } = apns_setup("").await;
     let one = Duration::from_secs(1);
     let (kept, deleted) = (Fate::Kept, Fate::Deleted);
     let mut cases = vec![
@@ -434,6 +390,17 @@ async fn fcm_setup() -> FcmSetup {
     FcmSetup { fanout, mock, _dir: dir }
 }
 
+/// Issue 19: `apns-expiration` is explicit, a day (the default) after the
+/// request left, in Unix seconds.
+fn check_a_day(ck: &mut Check, what: &str, r: &ProviderRequest, expiration: Option<&str>) {
+    let sent = r.received_at.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let expiration = expiration.and_then(|e| e.parse::<u64>().ok()).unwrap_or_default();
+    ck.truth(
+        format!("{what} {expiration} is a day after {sent}"),
+        (sent + 86_398..=sent + 86_400).contains(&expiration),
+    );
+}
+
 /// Every FCM request must be the Request column of section 7 for its case.
 fn check_fcm_request(ck: &mut Check, c: &Case, r: &ProviderRequest, project: &str) {
     let what = |s: &str| format!("{}: {s}", c.name);
@@ -445,14 +412,18 @@ fn check_fcm_request(ck: &mut Check, c: &Case, r: &ProviderRequest, project: &st
         what("authorization is `Bearer <token>`"),
         r.header("authorization").is_some_and(|a| a.starts_with("Bearer ")),
     );
+    // Issue 19: kept for ttl_seconds (default a day) on both platforms.
+    let mut json = r.json().unwrap_or_default();
+    let expiration = json["message"]["apns"]["headers"].as_object_mut().and_then(|h| h.remove("apns-expiration"));
+    check_a_day(ck, &what("apns-expiration"), r, expiration.as_ref().and_then(|e| e.as_str()));
     let expected = serde_json::json!({"message": {
         "token": c.token,
         "data": {"topic": b64(&c.topic), "sequence_id": c.seq.to_string()},
-        "android": {"priority": "HIGH"},
+        "android": {"priority": "HIGH", "ttl": "86400s"},
         "apns": {"headers": {"apns-priority": "5", "apns-push-type": "background"},
                  "payload": {"aps": {"content-available": 1}}},
     }});
-    ck.eq(what("body"), r.json(), Some(expected));
+    ck.eq(what("body"), json, expected);
     let body = String::from_utf8_lossy(&r.body).to_lowercase();
     ck.truth(
         what("no collapse key"),

@@ -3,6 +3,7 @@
 //! the configured environment, and the APNs row of the outcome table.
 
 mod classify;
+mod collapse;
 mod request;
 mod settings;
 mod token;
@@ -16,10 +17,13 @@ use jsonwebtoken::EncodingKey;
 use self::classify::{CONNECTION_ERROR, Classified, RETRY_DELAY, TIMED_OUT, classify, reason};
 use self::request::{ApnsRequest, relayed_apns_body};
 use self::token::{ProviderToken, ProviderTokens};
-use super::pool::{ClientOptions, Pool, PoolMetrics, PoolOptions, Protocols, Resolver, SendError};
-use super::{BuildError, ChannelContext, Outcome, Provider, Push, RelayRefusal, RelayedPush, client_tls_config};
+use super::pool::{ClientOptions, Pool, PoolMetrics, PoolOptions, Protocols, Resolver, SendError, unix_now_secs};
+use super::{
+    BuildError, ChannelContext, Outcome, Provider, Push, PushLifetime, RelayRefusal, RelayedPush, client_tls_config,
+};
 use crate::domain::{Channel, DeliveryTarget};
 
+pub use collapse::{MAX_COLLAPSE_ID_BYTES, fit_collapse_id};
 pub use request::apns_body;
 pub use settings::{ApnsEnvironment, ApnsSettings, AsciiId, DEFAULT_PRODUCTION_URL, DEFAULT_SANDBOX_URL};
 
@@ -37,6 +41,8 @@ pub struct ApnsProvider {
     sandbox: String,
     bundle_id: HeaderValue,
     tokens: ProviderTokens,
+    /// `apns-expiration` of spec 000 pushes (`expiration_seconds`).
+    lifetime: PushLifetime,
 }
 
 impl ApnsProvider {
@@ -72,7 +78,7 @@ impl ApnsProvider {
         let base = settings.base_url().without_trailing_slash().to_owned();
         let production = settings.production_url.without_trailing_slash().to_owned();
         let sandbox = settings.sandbox_url.without_trailing_slash().to_owned();
-        Ok(Self { pool, base, production, sandbox, bundle_id, tokens })
+        Ok(Self { pool, base, production, sandbox, bundle_id, tokens, lifetime: settings.expiration_seconds })
     }
 
     /// One request and its classification.
@@ -126,7 +132,8 @@ impl Provider for ApnsProvider {
         let DeliveryTarget::Apns { token: device } = &push.recipient.target else {
             return Outcome::Rejected;
         };
-        let Some(request) = ApnsRequest::new(&self.base, device, push.envelope) else {
+        let expires_at = self.lifetime.expires_at(unix_now_secs());
+        let Some(request) = ApnsRequest::new(&self.base, device, push.envelope, expires_at) else {
             return Outcome::Rejected;
         };
         self.attempt(&request).await
@@ -135,8 +142,7 @@ impl Provider for ApnsProvider {
     async fn send_relayed(&self, push: &RelayedPush<'_>) -> Result<Outcome, RelayRefusal> {
         let body = relayed_apns_body(push.payload)?;
         let base = if push.sandbox { &self.sandbox } else { &self.production };
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        let Some(request) = ApnsRequest::relayed(base, push, body.body, now) else {
+        let Some(request) = ApnsRequest::relayed(base, push, body.body, unix_now_secs()) else {
             return Ok(Outcome::Rejected);
         };
         Ok(self.attempt(&request).await)
@@ -155,6 +161,7 @@ mod tests {
     use std::time::Instant;
 
     use crate::channel::{Connections, HttpsBase};
+    use crate::domain::StoredEnvelope;
     use crate::metrics::Metrics;
     use crate::store::Recipient;
     use crate::testing::{self, envelope};
@@ -209,6 +216,7 @@ mod tests {
             max_in_flight: NonZeroUsize::new(max_in_flight).unwrap(),
             connections: Connections::new(2).unwrap(),
             rate_limit_per_second: rate,
+            expiration_seconds: PushLifetime::new(3600).unwrap(),
         };
         let metrics = Arc::new(Metrics::new());
         let provider = ApnsProvider::new(&settings, &ChannelContext::new(metrics.clone())).unwrap();
@@ -247,8 +255,33 @@ mod tests {
             assert_eq!(r.header("apns-push-type"), Some("background"));
             assert_eq!(r.header("apns-priority"), Some("5"));
             assert_eq!(r.header("apns-collapse-id"), Some("AAECAw=="));
+            // Issue 19: explicit, `expiration_seconds` (3600 here) from now.
+            let expiration: u64 = r.header("apns-expiration").unwrap().parse().unwrap();
+            let now = unix_now_secs();
+            assert!((now + 3590..=now + 3600).contains(&expiration), "{expiration} vs now {now}");
             assert_eq!(r.body, r#"{"aps":{"content-available":1},"topic":"AAECAw==","sequence_id":"42"}"#.as_bytes());
         }
+    }
+
+    /// Issue 19: a topic with a 64-byte identifier (base64 of 88 bytes) is
+    /// delivered under a 45-byte stand-in collapse id, the same for each of
+    /// its pushes; the mock refuses collapse ids over 64 bytes as APNs does.
+    #[tokio::test]
+    async fn long_topics_get_a_collapse_id_apns_accepts() {
+        let s = setup(ApnsEnvironment::Sandbox).await;
+        let mut topic = vec![0x00];
+        topic.extend((0..64u8).map(|i| i.wrapping_mul(7)));
+        let r = recipient("long");
+        for seq in [1, 2] {
+            let e = StoredEnvelope { topic: crate::domain::Topic::parse(&topic).unwrap(), ..envelope(seq) };
+            assert_eq!(s.provider.send(Push { recipient: &r, envelope: &e }).await, Outcome::Delivered);
+        }
+        let got = s.mock.wait_for(2, T).await;
+        let ids: Vec<&str> = got.iter().map(|r| r.header("apns-collapse-id").unwrap()).collect();
+        let spec = crate::domain::Topic::parse(&topic).unwrap().to_base64();
+        assert_eq!(ids[0], fit_collapse_id(&spec));
+        assert_eq!((ids[0].len(), ids[0] == ids[1]), (45, true));
+        assert!(got[0].body.starts_with(format!(r#"{{"aps":{{"content-available":1}},"topic":"{spec}""#).as_bytes()));
     }
 
     #[tokio::test]
@@ -277,7 +310,13 @@ mod tests {
         assert_eq!(refreshes(&s.metrics), 1);
     }
 
-    async fn relay(s: &Setup, token: &str, sandbox: bool, app_id: Option<&str>, payload: &serde_json::Value) -> Outcome {
+    async fn relay(
+        s: &Setup,
+        token: &str,
+        sandbox: bool,
+        app_id: Option<&str>,
+        payload: &serde_json::Value,
+    ) -> Outcome {
         let push = RelayedPush {
             token,
             app_id,
@@ -317,6 +356,22 @@ mod tests {
         // The table applies: a dead token is terminal.
         s.mock.script("dead", vec![ApnsReply::reason(410, "Unregistered")]);
         assert_eq!(relay(&s, "dead", true, None, &payload).await, Outcome::Terminal);
+        // A collapse id over 64 bytes gets its stand-in instead of BadCollapseId.
+        let long = "m".repeat(80);
+        let push = RelayedPush {
+            token: "dev4",
+            app_id: None,
+            sandbox: true,
+            collapse_id: Some(&long),
+            priority: crate::channel::RelayPriority::Normal,
+            payload: payload.as_object().unwrap(),
+            ttl: Duration::from_secs(60),
+        };
+        assert_eq!(s.provider.send_relayed(&push).await.unwrap(), Outcome::Delivered);
+        let r = s.mock.received_for("dev4").pop().unwrap();
+        assert_eq!(r.header("apns-collapse-id"), Some(fit_collapse_id(&long).as_ref()));
+        let expiration: u64 = r.header("apns-expiration").unwrap().parse().unwrap();
+        assert!((unix_now_secs() + 50..=unix_now_secs() + 60).contains(&expiration), "the relayed ttl: {expiration}");
     }
 
     #[tokio::test]
@@ -422,14 +477,13 @@ mod tests {
             max_in_flight: NonZeroUsize::MIN,
             connections: Connections::new(1).unwrap(),
             rate_limit_per_second: 0,
+            expiration_seconds: PushLifetime::DEFAULT,
         };
         let metrics = Arc::new(Metrics::new());
-        let missing =
-            ApnsProvider::new(&settings, &ChannelContext::new(metrics.clone())).err().unwrap().to_string();
+        let missing = ApnsProvider::new(&settings, &ChannelContext::new(metrics.clone())).err().unwrap().to_string();
         assert!(missing.contains("cannot read"), "{missing}");
         std::fs::write(&key_file, "not a key").unwrap();
-        let garbage =
-            ApnsProvider::new(&settings, &ChannelContext::new(metrics.clone())).err().unwrap().to_string();
+        let garbage = ApnsProvider::new(&settings, &ChannelContext::new(metrics.clone())).err().unwrap().to_string();
         assert!(garbage.contains("not a PEM PKCS#8 EC key"), "{garbage}");
         // A P-384 key is EC but not ES256.
         let p384 = rcgen_p384();

@@ -4,6 +4,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Request, Uri};
 use http_body_util::Full;
 
+use super::collapse::fit_collapse_id;
 use super::token::ProviderToken;
 use crate::channel::pool::encode_path_segment;
 use crate::channel::relayed::{Fitted, RelayRefusal, RelayedPush, fit};
@@ -11,8 +12,6 @@ use crate::domain::StoredEnvelope;
 
 /// APNs refuses a push whose body is over 4096 bytes (PayloadTooLarge).
 pub const MAX_BODY_BYTES: usize = 4096;
-/// APNs refuses an `apns-collapse-id` over 64 bytes (BadCollapseId).
-const MAX_COLLAPSE_ID_BYTES: usize = 64;
 
 /// Spec 003 §3 on APNs: a background push (`content-available`) whose
 /// `payload` key holds the relayed payload object unchanged, so the app
@@ -45,38 +44,41 @@ pub(super) struct ApnsRequest {
     /// push's `app_id`).
     topic: Option<HeaderValue>,
     collapse_id: Option<HeaderValue>,
-    /// `apns-expiration` (Unix seconds) of a relayed push with a ttl.
-    expiration: Option<HeaderValue>,
+    /// `apns-expiration`: Unix seconds, or 0 for "deliver once, store nothing".
+    expiration: HeaderValue,
     body: Bytes,
 }
 
 impl ApnsRequest {
-    /// `None` when the device token or topic cannot form a request.
-    pub(super) fn new(base: &str, device: &str, envelope: &StoredEnvelope) -> Option<Self> {
+    /// A spec 000 push (PUSH-259) that APNs may store until `expires_at`
+    /// (issue 19: sent explicitly, from `expiration_seconds`). `None` when
+    /// the device token or topic cannot form a request.
+    pub(super) fn new(base: &str, device: &str, envelope: &StoredEnvelope, expires_at: u64) -> Option<Self> {
         let uri = format!("{base}/3/device/{}", encode_path_segment(device)).parse().ok()?;
-        let collapse_id = HeaderValue::try_from(envelope.topic.to_base64()).ok()?;
+        // PUSH-259, fitted to APNs's 64 bytes (see `collapse`).
+        let collapse_id = HeaderValue::try_from(fit_collapse_id(&envelope.topic.to_base64()).as_ref()).ok()?;
         Some(Self {
             uri,
             topic: None,
             collapse_id: Some(collapse_id),
-            expiration: None,
+            expiration: HeaderValue::from(expires_at),
             body: Bytes::from(apns_body(envelope)),
         })
     }
 
     /// A relayed push (spec 003) to `base`, with `body` from
-    /// `relayed_apns_body`. `None` when a value cannot form a request. A
-    /// collapse id APNs would refuse (over 64 bytes) is left out rather than
-    /// failing the push: collapsing is an optimisation, the wake-up is not.
+    /// `relayed_apns_body`, kept for its ttl. `None` when a value cannot form
+    /// a request. A collapse id over APNs's 64 bytes is replaced by its
+    /// stand-in, as for topics: the push still collapses with its repeats.
     pub(super) fn relayed(base: &str, push: &RelayedPush<'_>, body: String, now_unix_s: u64) -> Option<Self> {
         let uri = format!("{base}/3/device/{}", encode_path_segment(push.token)).parse().ok()?;
         let topic = push.app_id.map(HeaderValue::try_from).transpose().ok()?;
         let collapse_id = match push.collapse_id {
-            Some(id) if id.len() <= MAX_COLLAPSE_ID_BYTES => Some(HeaderValue::try_from(id).ok()?),
-            _ => None,
+            Some(id) => Some(HeaderValue::try_from(fit_collapse_id(id).as_ref()).ok()?),
+            None => None,
         };
         let expiration = HeaderValue::from(now_unix_s.saturating_add(push.ttl.as_secs()));
-        Some(Self { uri, topic, collapse_id, expiration: Some(expiration), body: Bytes::from(body) })
+        Some(Self { uri, topic, collapse_id, expiration, body: Bytes::from(body) })
     }
 
     /// The request under `token` for `bundle_id` (apns-topic).
@@ -91,10 +93,7 @@ impl ApnsRequest {
         if let Some(collapse_id) = &self.collapse_id {
             request = request.header("apns-collapse-id", collapse_id.clone());
         }
-        if let Some(expiration) = &self.expiration {
-            request = request.header("apns-expiration", expiration.clone());
-        }
-        request.body(Full::new(self.body.clone())).ok()
+        request.header("apns-expiration", self.expiration.clone()).body(Full::new(self.body.clone())).ok()
     }
 }
 

@@ -4,7 +4,9 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use crate::channel::settings::{Connections, HttpsBase, default_connections, default_max_in_flight, required_path};
+use crate::channel::settings::{
+    Connections, HttpsBase, PushLifetime, default_connections, default_max_in_flight, required_path,
+};
 
 /// Default APNs hosts (section 7: the production or sandbox host for the
 /// configured environment).
@@ -61,6 +63,11 @@ pub struct ApnsSettings {
     /// Requests per second across all connections; 0 (the default) = no limit.
     #[serde(default)]
     pub rate_limit_per_second: u32,
+    /// `apns-expiration` of every push: how long APNs may keep it for an
+    /// offline device, 0 to 2,419,200 seconds; 0 = deliver once, store
+    /// nothing. Default 86400 (one day).
+    #[serde(default)]
+    pub expiration_seconds: PushLifetime,
 }
 
 impl ApnsSettings {
@@ -140,6 +147,8 @@ mod tests {
         assert_eq!(apns.sandbox_url.as_str(), DEFAULT_SANDBOX_URL);
         assert_eq!(apns.base_url().as_str(), DEFAULT_SANDBOX_URL);
         assert_eq!((apns.max_in_flight.get(), apns.connections.get(), apns.rate_limit_per_second), (1000, 2, 0));
+        assert_eq!(apns.expiration_seconds.seconds(), 86_400);
+        assert_eq!(parse(with("expiration_seconds", 0.into())).unwrap().expiration_seconds.seconds(), 0);
         assert_eq!((apns.key_id.as_str(), apns.team_id.as_str()), ("KEY1234567", "TEAM123456"));
         assert!(apns.extra_ca_files.is_empty());
 
@@ -148,6 +157,19 @@ mod tests {
         assert!(err.contains("missing field"), "{err}");
         let err = parse(with("environment", "staging".into())).unwrap_err();
         assert!(err.contains("staging"), "{err}");
+    }
+
+    /// fanout.example.toml documents every key with its default.
+    #[test]
+    fn the_example_table_is_the_defaults() {
+        let example = ApnsSettings::deserialize(crate::channel::settings::example_table("apns")).unwrap();
+        let defaults = parse(valid()).unwrap();
+        assert_eq!(example.environment, ApnsEnvironment::Production);
+        assert_eq!((&example.production_url, &example.sandbox_url), (&defaults.production_url, &defaults.sandbox_url));
+        assert!(example.extra_ca_files.is_empty());
+        assert_eq!((example.max_in_flight, example.connections), (defaults.max_in_flight, defaults.connections));
+        assert_eq!(example.rate_limit_per_second, defaults.rate_limit_per_second);
+        assert_eq!(example.expiration_seconds, defaults.expiration_seconds);
     }
 
     #[test]
@@ -165,5 +187,7 @@ mod tests {
         refused("max_in_flight", 0.into(), "nonzero");
         refused("connections", 0.into(), "must be between 1 and 64");
         refused("connections", 65.into(), "must be between 1 and 64");
+        refused("expiration_seconds", 2_419_201.into(), "must be between 0 and 2419200 seconds");
+        refused("expiration_seconds", (-1).into(), "invalid value");
     }
 }

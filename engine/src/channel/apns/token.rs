@@ -56,6 +56,17 @@ impl ProviderTokens {
         let jwt = jsonwebtoken::encode(&header, &claims, &self.key)?;
         let mut authorization = HeaderValue::try_from(format!("bearer {jwt}"))
             .map_err(|_| jsonwebtoken::errors::ErrorKind::InvalidToken)?;
+        // Sensitive: never printed, and sent as an HPACK never-indexed
+        // literal on every request. Issue 19 asked whether to let HPACK index
+        // it instead, as Pushy (Netty) and apns2 (Go) do. RFC 7541 §7.1.3
+        // would allow it: the value is a high-entropy signature, replaced
+        // within the hour, on connections only fanout writes to, so no
+        // guessing attack applies. It stays a literal because h2 (hyper's
+        // HTTP/2) never indexes an `authorization` value whatever this flag
+        // says (nghttp2's rule, `Header::skip_value_index`), and Apple's
+        // HPACK guidance asks for `authorization` as a literal without
+        // indexing (APNs keeps a small table). Its measured cost per request
+        // is in docs/BENCHMARKS.md ("APNs request size").
         authorization.set_sensitive(true);
         Ok(ProviderToken { authorization, issued: Instant::now(), generation })
     }

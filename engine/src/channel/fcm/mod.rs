@@ -18,11 +18,14 @@ use jsonwebtoken::EncodingKey;
 
 use self::classify::{CONNECTION_ERROR, RETRY_DELAY, TIMED_OUT, classify_answer};
 use self::token::{AccessTokens, ServiceAccount};
+use super::pool::unix_now_secs;
 use super::pool::{
     ClientOptions, Pool, PoolMetrics, PoolOptions, Protocols, Resolver, SendError, encode_path_segment, https_client,
 };
 use super::settings::HttpsBase;
-use super::{BuildError, ChannelContext, Outcome, Provider, Push, RelayRefusal, RelayedPush, client_tls_config};
+use super::{
+    BuildError, ChannelContext, Outcome, Provider, Push, PushLifetime, RelayRefusal, RelayedPush, client_tls_config,
+};
 use crate::domain::{Channel, DeliveryTarget};
 
 pub use request::{fcm_body, relayed_fcm_body};
@@ -36,6 +39,8 @@ pub struct FcmProvider {
     pool: Pool,
     send_uri: Uri,
     tokens: AccessTokens,
+    /// Android `ttl` and `apns-expiration` of spec 000 pushes (`ttl_seconds`).
+    lifetime: PushLifetime,
 }
 
 impl FcmProvider {
@@ -81,7 +86,7 @@ impl FcmProvider {
             Resolver::system(),
             PoolMetrics::new(&ctx.metrics, Channel::Fcm),
         );
-        Ok(Self { pool, send_uri, tokens })
+        Ok(Self { pool, send_uri, tokens, lifetime: settings.ttl_seconds })
     }
 
     /// One `messages:send` attempt with `body`, classified by the table.
@@ -122,11 +127,11 @@ impl Provider for FcmProvider {
         let DeliveryTarget::Fcm { token: device } = &push.recipient.target else {
             return Outcome::Rejected;
         };
-        self.attempt(fcm_body(push.envelope, device)).await
+        self.attempt(fcm_body(push.envelope, device, self.lifetime, unix_now_secs())).await
     }
 
     async fn send_relayed(&self, push: &RelayedPush<'_>) -> Result<Outcome, RelayRefusal> {
-        let body = relayed_fcm_body(push)?;
+        let body = relayed_fcm_body(push, unix_now_secs())?;
         Ok(self.attempt(body.body).await)
     }
 
@@ -173,6 +178,7 @@ mod tests {
             max_in_flight: NonZeroUsize::new(8).unwrap(),
             connections: Connections::new(2).unwrap(),
             rate_limit_per_second: 0,
+            ttl_seconds: PushLifetime::new(600).unwrap(),
         };
         let metrics = Arc::new(Metrics::new());
         let provider = FcmProvider::new(&settings, &ChannelContext::new(metrics.clone())).unwrap();
@@ -219,7 +225,9 @@ mod tests {
         let json = r.json().unwrap();
         assert_eq!(json["message"]["token"], "reg-0");
         assert_eq!(json["message"]["data"], serde_json::json!({"topic": "AAECAw==", "sequence_id": "42"}));
-        assert_eq!(json["message"]["android"], serde_json::json!({"priority": "HIGH"}));
+        assert_eq!(json["message"]["android"], serde_json::json!({"priority": "HIGH", "ttl": "600s"}));
+        let expiration: u64 = json["message"]["apns"]["headers"]["apns-expiration"].as_str().unwrap().parse().unwrap();
+        assert!((unix_now_secs() + 590..=unix_now_secs() + 600).contains(&expiration), "{expiration}");
         assert!(json["message"]["android"].get("collapse_key").is_none());
         assert!(json["message"]["apns"]["headers"].get("apns-collapse-id").is_none());
 
@@ -313,6 +321,7 @@ mod tests {
             max_in_flight: NonZeroUsize::MIN,
             connections: Connections::new(1).unwrap(),
             rate_limit_per_second: 0,
+            ttl_seconds: PushLifetime::DEFAULT,
         };
         let metrics = Arc::new(Metrics::new());
         let err = |text: &str| {
@@ -333,7 +342,11 @@ mod tests {
         FcmProvider::new(&settings, &ChannelContext::new(metrics.clone())).unwrap();
         std::fs::remove_file(&file).unwrap();
         assert!(
-            FcmProvider::new(&settings, &ChannelContext::new(metrics)).err().unwrap().to_string().contains("cannot read")
+            FcmProvider::new(&settings, &ChannelContext::new(metrics))
+                .err()
+                .unwrap()
+                .to_string()
+                .contains("cannot read")
         );
     }
 }

@@ -3,7 +3,9 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use crate::channel::settings::{Connections, HttpsBase, default_connections, default_max_in_flight, required_path};
+use crate::channel::settings::{
+    Connections, HttpsBase, PushLifetime, default_connections, default_max_in_flight, required_path,
+};
 
 /// Default host of the FCM HTTP v1 API.
 pub const DEFAULT_BASE_URL: &str = "https://fcm.googleapis.com";
@@ -38,6 +40,11 @@ pub struct FcmSettings {
     /// Requests per second across all connections; 0 (the default) = no limit.
     #[serde(default)]
     pub rate_limit_per_second: u32,
+    /// How long FCM may keep a push for an offline device: Android `ttl`,
+    /// and `apns-expiration` for Apple devices reached through FCM. 0 to
+    /// 2,419,200 seconds; 0 = deliver once, store nothing. Default 86400.
+    #[serde(default)]
+    pub ttl_seconds: PushLifetime,
 }
 
 #[cfg(test)]
@@ -48,11 +55,28 @@ mod tests {
         serde_json::from_value(json).map_err(|e| e.to_string())
     }
 
+    /// fanout.example.toml documents every key with its default.
+    #[test]
+    fn the_example_table_is_the_defaults() {
+        let example = FcmSettings::deserialize(crate::channel::settings::example_table("fcm")).unwrap();
+        let defaults = parse(serde_json::json!({"service_account_file": "/sa.json"})).unwrap();
+        assert_eq!(example.base_url, defaults.base_url);
+        assert!(example.extra_ca_files.is_empty());
+        assert_eq!((example.max_in_flight, example.connections), (defaults.max_in_flight, defaults.connections));
+        assert_eq!(example.rate_limit_per_second, defaults.rate_limit_per_second);
+        assert_eq!(example.ttl_seconds, defaults.ttl_seconds);
+    }
+
     #[test]
     fn defaults_unknown_keys_and_rules() {
         let fcm = parse(serde_json::json!({"service_account_file": "/sa.json"})).unwrap();
         assert_eq!(fcm.base_url.as_str(), DEFAULT_BASE_URL);
         assert_eq!((fcm.max_in_flight.get(), fcm.connections.get(), fcm.rate_limit_per_second), (1000, 2, 0));
+        assert_eq!(fcm.ttl_seconds.seconds(), 86_400);
+        let fcm = parse(serde_json::json!({"service_account_file": "/sa.json", "ttl_seconds": 600})).unwrap();
+        assert_eq!(fcm.ttl_seconds.seconds(), 600);
+        let err = parse(serde_json::json!({"service_account_file": "/sa.json", "ttl_seconds": 2_419_201})).unwrap_err();
+        assert!(err.contains("must be between 0 and 2419200 seconds"), "{err}");
         let err = parse(serde_json::json!({"service_account_file": "/sa.json", "project": "p"})).unwrap_err();
         assert!(err.contains("unknown field"), "{err}");
         let err =
