@@ -51,6 +51,9 @@ type Io = Either<TcpStream, TlsStream<TcpStream>>;
 pub struct Accepted {
     io: Io,
     peer: Peer,
+    /// The TCP peer's address (the Station trusts its front proxy's account
+    /// header only from configured addresses, spec 002).
+    remote: std::net::SocketAddr,
     _slot: OwnedSemaphorePermit,
 }
 
@@ -70,7 +73,7 @@ pub fn accept(
                 slot = slots.clone().acquire_owned() => match slot { Ok(s) => s, Err(_) => return },
                 _ = shutdown.changed() => return,
             };
-            let (stream, _) = tokio::select! {
+            let (stream, remote) = tokio::select! {
                 accepted = listener.accept() => match accepted {
                     Ok(a) => a,
                     Err(e) => {
@@ -87,7 +90,7 @@ pub fn accept(
             let tls = tls.clone();
             tokio::spawn(async move {
                 let accepted = match tls {
-                    None => Accepted { io: Either::Left(stream), peer: Peer::default(), _slot: slot },
+                    None => Accepted { io: Either::Left(stream), peer: Peer::default(), remote, _slot: slot },
                     Some(config) => {
                         let handshake = TlsAcceptor::from(config()).accept(stream);
                         let stream = match tokio::time::timeout(limits.handshake_timeout, handshake).await {
@@ -104,7 +107,7 @@ pub fn accept(
                             .and_then(|chain| chain.first())
                             .map(|leaf| Peer::from_certificate(leaf))
                             .unwrap_or_default();
-                        Accepted { io: Either::Right(stream), peer, _slot: slot }
+                        Accepted { io: Either::Right(stream), peer, remote, _slot: slot }
                     }
                 };
                 let _ = tx.send(accepted).await;
@@ -132,10 +135,11 @@ pub async fn serve_http(
             a = incoming.recv() => match a { Some(a) => a, None => break },
             _ = shutdown.changed() => break,
         };
-        let Accepted { io, peer, _slot } = accepted;
+        let Accepted { io, peer, remote, _slot } = accepted;
         let router = router.clone();
         let service = hyper::service::service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
             req.extensions_mut().insert(peer.clone());
+            req.extensions_mut().insert(axum::extract::ConnectInfo(remote));
             let mut router = router.clone();
             async move { router.call(req).await }
         });

@@ -26,6 +26,9 @@ pub struct Config {
     pub store: StoreSettings,
     pub log: LogSettings,
     pub engine: EngineSettings,
+    /// Spec 002's Station role (`gateway.rs`): its tenant and session
+    /// verifier; needs `[engine.gateway]`.
+    pub station: Option<crate::gateway::StationSettings>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -584,18 +587,35 @@ mod tests {
         assert_eq!(s.replication, "{'class': 'SimpleStrategy', 'replication_factor': 1}");
     }
 
+    /// A commented-out table of the example file, from its header to the
+    /// next blank line, uncommented.
+    fn example_block(header: &str) -> String {
+        let example = include_str!("../../fanout.example.toml");
+        let start = example.find(header).unwrap();
+        let block = example[start..].split("\n\n").next().unwrap();
+        block.lines().map(|l| l.strip_prefix("# ").unwrap_or(l)).collect::<Vec<_>>().join("\n")
+    }
+
     #[test]
     fn the_relay_ingress_example_loads_and_bad_keys_are_named() {
-        let example = include_str!("../../fanout.example.toml");
-        let start = example.find("# [engine.relay_ingress]").unwrap();
-        let block: String =
-            example[start..].lines().map(|l| l.strip_prefix("# ").unwrap_or(l)).collect::<Vec<_>>().join("\n");
-        let c = layer(&block, &[]).unwrap();
+        let c = layer(&example_block("# [engine.relay_ingress]"), &[]).unwrap();
         let ingress = c.engine.relay_ingress.unwrap();
         assert_eq!(ingress.path.as_str(), "/v1/relay/push");
         assert_eq!(ingress.signature_window, Duration::from_secs(300));
         let err = error("[engine.relay_ingress]\nhubs = {}", &[]);
         assert!(err.contains("engine.relay_ingress.hubs") && err.contains("at least one hub"), "{err}");
+    }
+
+    #[test]
+    fn the_gateway_and_station_examples_load() {
+        let block = format!("{}\n{}", example_block("# [engine.gateway]"), example_block("# [station]"));
+        let c = layer(&block, &[]).unwrap();
+        let station = c.station.unwrap();
+        assert_eq!(station.service_id.as_str(), "did:web:station.example");
+        assert_eq!(station.trusted_proxies, ["127.0.0.1".parse::<std::net::IpAddr>().unwrap()]);
+        assert!(c.engine.gateway.is_some());
+        let err = error("[station]\nservice_id = \"s\"", &[]);
+        assert!(err.contains("station") && err.contains("sessions need a verifier"), "{err}");
     }
 
     #[test]

@@ -3,6 +3,7 @@
 mod accept;
 mod auth;
 mod config;
+mod gateway;
 mod grpc;
 mod http;
 mod logging;
@@ -191,12 +192,14 @@ async fn serve(config: Config) -> anyhow::Result<()> {
             },
         );
     let registry = engine.registry();
+    let (gateway, delivery_task) = start_gateway(&config, &engine, shutdown_rx.clone())?;
     let api_router = rest::router(
         rest::ApiState {
             push_log: registry.channels.push_log(),
             registry,
             metrics: engine.metrics(),
             relay_ingress: engine.relay_ingress(),
+            gateway,
         },
         config.server.api_max_body_bytes.get(),
     );
@@ -235,9 +238,45 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     }
     let _ = tokio::time::timeout(drain, http_task).await;
     let _ = tokio::time::timeout(drain, api_task).await;
+    if let Some(task) = delivery_task {
+        let _ = tokio::time::timeout(drain, task).await;
+    }
     engine.shutdown(drain).await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Spec 002 with `[engine.gateway]`: the service on the engine's channels
+/// and store, and its wakeup worker (stopped by `shutdown`).
+fn start_gateway(
+    config: &Config,
+    engine: &Engine,
+    shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<(Option<gateway::GatewayState>, Option<tokio::task::JoinHandle<()>>)> {
+    use fanout_engine::gateway::delivery::{Delivery, DeliverySettings};
+    use fanout_engine::gateway::service::{DEFAULT_MAX_IN_FLIGHT, GatewayService};
+    let Some(settings) = &config.engine.gateway else {
+        anyhow::ensure!(config.station.is_none(), "[station] needs [engine.gateway]");
+        return Ok((None, None));
+    };
+    let registry = engine.registry();
+    let delivery = Delivery::new(registry.store.clone(), registry.channels.clone(), DeliverySettings::default());
+    let service = GatewayService::new(
+        settings.clone(),
+        registry.store.clone(),
+        registry.channels.clone(),
+        delivery.clone(),
+        DEFAULT_MAX_IN_FLIGHT,
+    )
+    .context("engine.gateway.salt_secrets")?;
+    let station = match &config.station {
+        Some(s) => Some(Arc::new((s.clone(), gateway::Session::load(s).context("station.session_tokens_file")?))),
+        None => None,
+    };
+    let task = tokio::spawn(delivery.run(shutdown));
+    let scheme = if config.server.tls.is_some() { "https" } else { "http" };
+    let state = gateway::GatewayState { service: Arc::new(service), station, metrics: engine.metrics(), scheme };
+    Ok((Some(state), Some(task)))
 }
 
 /// A process-unique id for correlating one request's log lines.

@@ -40,6 +40,8 @@ pub struct ApiState {
     pub push_log: Option<Arc<PushLog>>,
     /// `[engine.relay_ingress]`, when configured.
     pub relay_ingress: Option<Arc<RelayIngress>>,
+    /// Spec 002's routes (`gateway.rs`), with `[engine.gateway]`.
+    pub gateway: Option<crate::gateway::GatewayState>,
 }
 
 pub fn router(state: ApiState, max_body_bytes: usize) -> Router {
@@ -48,6 +50,7 @@ pub fn router(state: ApiState, max_body_bytes: usize) -> Router {
         .relay_ingress
         .clone()
         .map(|ingress| Router::new().route(ingress.path(), post(crate::relay_ingress::handle)).with_state(ingress));
+    let gateway = state.gateway.clone().map(crate::gateway::router);
     let router = Router::new()
         .route("/v2/push/registration", put(put_registration).delete(delete_registration))
         .route("/v2/debug/push-log", get(push_log))
@@ -57,22 +60,32 @@ pub fn router(state: ApiState, max_body_bytes: usize) -> Router {
         Some(ingress) => router.merge(ingress),
         None => router,
     };
+    let router = match gateway {
+        Some(gateway) => router.merge(gateway),
+        None => router,
+    };
     router.layer(DefaultBodyLimit::max(max_body_bytes))
 }
 
 /// An RFC 9457 problem: `code` is the stable error code (e.g.
 /// `validation_failed`), `field` names the body field at fault.
 #[derive(Debug)]
-struct Problem {
-    status: StatusCode,
-    code: &'static str,
+pub(crate) struct Problem {
+    pub(crate) status: StatusCode,
+    pub(crate) code: &'static str,
     detail: String,
     field: Option<&'static str>,
+    /// Retry-After, in seconds (429, 503).
+    retry_after_secs: Option<u64>,
 }
 
 impl Problem {
-    fn new(status: StatusCode, code: &'static str, detail: impl Into<String>) -> Self {
-        Self { status, code, detail: detail.into(), field: None }
+    pub(crate) fn new(status: StatusCode, code: &'static str, detail: impl Into<String>) -> Self {
+        Self { status, code, detail: detail.into(), field: None, retry_after_secs: None }
+    }
+
+    pub(crate) fn retry_after(self, secs: u64) -> Self {
+        Self { retry_after_secs: Some(secs), ..self }
     }
 
     fn invalid(field: &'static str, detail: impl Into<String>) -> Self {
@@ -96,6 +109,9 @@ impl IntoResponse for Problem {
             (self.status, [(header::CONTENT_TYPE, "application/problem+json")], body.to_string()).into_response();
         if self.status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+        }
+        if let Some(secs) = self.retry_after_secs {
+            response.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from(secs));
         }
         response
     }

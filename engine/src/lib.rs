@@ -2,13 +2,13 @@
 //! and the actors that ingest envelopes and dispatch deliveries. No gRPC or HTTP
 //! server code lives here; `fanout-api` maps this crate's errors to statuses.
 
-pub mod domain;
-pub mod store;
 pub mod channel;
 pub mod clock;
 pub mod delivery;
 pub mod dispatch;
+pub mod domain;
 pub mod engine;
+pub mod gateway;
 pub mod ingest;
 pub mod metrics;
 pub mod ownership;
@@ -16,6 +16,7 @@ pub mod registry;
 pub mod relay_ingress;
 pub mod retention;
 pub mod settings;
+pub mod store;
 pub mod supervisor;
 #[cfg(test)]
 mod testing;

@@ -78,6 +78,12 @@ pub async fn run_pass(args: &RetentionArgs) {
     if let Ok(n) = args.store.delete_expired_relay(unix_now_ns() / 1_000_000).await {
         args.metrics.relay_records_expired.inc_by(n);
     }
+    // Spec 002: expired registrations, notify records and window state.
+    if let Ok(n) = args.store.delete_expired_gateway(unix_now_ns() / 1_000_000).await
+        && n > 0
+    {
+        tracing::debug!(deleted = n, "retention pass deleted expired gateway records");
+    }
 }
 
 /// Runs the retention pass (PUSH-226) at start and then `interval` after the

@@ -1,4 +1,6 @@
-//! The load harness for fanout (`fanout-loadtest run` and `ceiling`). The
+//! The load harness for fanout (`fanout-loadtest run`, `ceiling` and
+//! `gateway`). The
 //! mock providers and the test PKI it drives are in `fanout-testkit`.
 
+pub mod gateway;
 pub mod run;

@@ -34,6 +34,10 @@ enum Command {
     /// Measure the ceiling: the scenario's webhook requests sent straight to
     /// the mock receiver by a bare HTTP/2 client, no engine in between.
     Ceiling(fanout_loadtest::run::CeilingArgs),
+    /// Spec 002's push gateway: signed notify requests in, FCM wake-ups out,
+    /// with --with-ceiling the same FCM requests sent by the engine's FCM
+    /// channel alone, and the ratio (see docs/BENCHMARKS.md).
+    Gateway(fanout_loadtest::gateway::GatewayArgs),
 }
 
 #[derive(Subcommand)]
@@ -138,6 +142,11 @@ async fn main() -> anyhow::Result<()> {
         Command::Mock { target: MockTarget::All(args) } => mock_all(args).await,
         Command::Run(args) => fanout_loadtest::run::run_command(args).await,
         Command::Ceiling(args) => fanout_loadtest::run::ceiling_command(args).await,
+        Command::Gateway(args) => {
+            let report = fanout_loadtest::gateway::run(args).await?;
+            println!("{}", serde_json::to_string_pretty(&report)?);
+            Ok(())
+        }
     }
 }
 

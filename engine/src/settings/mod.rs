@@ -17,6 +17,7 @@ use serde::Deserialize;
 pub use crate::channel::ChannelSettings;
 pub use crate::delivery::DeliverySettings;
 pub use crate::dispatch::DispatchSettings;
+pub use crate::gateway::GatewaySettings;
 pub use crate::ingest::IngestSettings;
 pub use crate::ownership::LeaseSettings;
 pub use crate::registry::SubscriptionChanges;
@@ -55,6 +56,8 @@ pub struct EngineSettings {
     pub channels: ChannelSettings,
     /// Spec 003 push-server endpoint (issue 13); absent: off.
     pub relay_ingress: Option<RelayIngressSettings>,
+    /// Spec 002 Station and Gateway roles (issue 14); absent: off.
+    pub gateway: Option<GatewaySettings>,
 }
 
 impl Default for EngineSettings {
@@ -72,6 +75,7 @@ impl Default for EngineSettings {
             lease: LeaseSettings::default(),
             channels: ChannelSettings::https_only(),
             relay_ingress: None,
+            gateway: None,
         }
     }
 }

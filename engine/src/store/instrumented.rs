@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 
 use super::{
-    Appended, NodeId, Recipient, RecipientSummary, RelayClaim, RelayKey, RelaySettled, ShardLeases, ShardPosition,
-    Store, StoreError, Subscriber,
+    Appended, GatewayRegistration, GatewayWakeup, LeasedWakeup, NodeId, NotifyClaim, NotifyKey, Recipient,
+    RecipientSummary, RelayClaim, RelayKey, RelaySettled, Revoke, RouteKey, ShardLeases, ShardPosition, Store,
+    StoreError, Subscriber,
 };
 use crate::domain::{
     DeliveryTarget, NewEnvelope, RecipientId, SecretHash, ShardId, StoredEnvelope, StoredSubscription,
@@ -36,6 +37,20 @@ pub const OPERATIONS: &[&str] = &[
     "relay_settle",
     "relay_release",
     "delete_expired_relay",
+    "gateway_register",
+    "gateway_unregister",
+    "gateway_route",
+    "gateway_target",
+    "gateway_mark_token_invalid",
+    "gateway_notify_claim",
+    "gateway_notify_commit",
+    "gateway_notify_release",
+    "gateway_wakeups_due",
+    "gateway_wakeup_reschedule",
+    "gateway_wakeup_delete",
+    "gateway_state",
+    "gateway_state_cas",
+    "delete_expired_gateway",
 ];
 
 /// The lease operations' names, reported only on a store that has leases.
@@ -227,6 +242,103 @@ impl Store for Instrumented {
 
     async fn delete_expired_relay(&self, now_ms: i64) -> Result<u64, StoreError> {
         self.observe("delete_expired_relay", self.inner.delete_expired_relay(now_ms)).await
+    }
+
+    async fn gateway_register(&self, registration: &GatewayRegistration) -> Result<Option<String>, StoreError> {
+        self.observe("gateway_register", self.inner.gateway_register(registration)).await
+    }
+
+    async fn gateway_unregister(&self, revoke: &Revoke) -> Result<bool, StoreError> {
+        self.observe("gateway_unregister", self.inner.gateway_unregister(revoke)).await
+    }
+
+    async fn gateway_route(&self, route: &RouteKey, now_ms: i64) -> Result<Option<GatewayRegistration>, StoreError> {
+        self.observe("gateway_route", self.inner.gateway_route(route, now_ms)).await
+    }
+
+    async fn gateway_target(
+        &self,
+        tenant: &str,
+        push_target_id: &str,
+        now_ms: i64,
+    ) -> Result<Vec<GatewayRegistration>, StoreError> {
+        self.observe("gateway_target", self.inner.gateway_target(tenant, push_target_id, now_ms)).await
+    }
+
+    async fn gateway_mark_token_invalid(&self, route: &RouteKey, registration_id: &str) -> Result<bool, StoreError> {
+        self.observe("gateway_mark_token_invalid", self.inner.gateway_mark_token_invalid(route, registration_id)).await
+    }
+
+    async fn gateway_notify_claim(
+        &self,
+        key: &NotifyKey,
+        digest: &[u8; 32],
+        now_ms: i64,
+        lease_until_ms: i64,
+        expires_at_ms: i64,
+    ) -> Result<NotifyClaim, StoreError> {
+        let call = self.inner.gateway_notify_claim(key, digest, now_ms, lease_until_ms, expires_at_ms);
+        self.observe("gateway_notify_claim", call).await
+    }
+
+    async fn gateway_notify_commit(
+        &self,
+        key: &NotifyKey,
+        lease_until_ms: i64,
+        response: &[u8],
+        wakeups: &[GatewayWakeup],
+        expires_at_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let call = self.inner.gateway_notify_commit(key, lease_until_ms, response, wakeups, expires_at_ms);
+        self.observe("gateway_notify_commit", call).await
+    }
+
+    async fn gateway_notify_release(&self, key: &NotifyKey, lease_until_ms: i64) -> Result<(), StoreError> {
+        self.observe("gateway_notify_release", self.inner.gateway_notify_release(key, lease_until_ms)).await
+    }
+
+    async fn gateway_wakeups_due(
+        &self,
+        now_ms: i64,
+        lease_until_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<LeasedWakeup>, StoreError> {
+        self.observe("gateway_wakeups_due", self.inner.gateway_wakeups_due(now_ms, lease_until_ms, limit)).await
+    }
+
+    async fn gateway_wakeup_reschedule(
+        &self,
+        leased: &LeasedWakeup,
+        not_before_ms: i64,
+        attempts: u32,
+    ) -> Result<bool, StoreError> {
+        let call = self.inner.gateway_wakeup_reschedule(leased, not_before_ms, attempts);
+        self.observe("gateway_wakeup_reschedule", call).await
+    }
+
+    async fn gateway_wakeup_delete(&self, leased: &LeasedWakeup) -> Result<bool, StoreError> {
+        self.observe("gateway_wakeup_delete", self.inner.gateway_wakeup_delete(leased)).await
+    }
+
+    async fn gateway_state(&self, tenant: &str, key: &[u8], now_ms: i64) -> Result<Option<Vec<u8>>, StoreError> {
+        self.observe("gateway_state", self.inner.gateway_state(tenant, key, now_ms)).await
+    }
+
+    async fn gateway_state_cas(
+        &self,
+        tenant: &str,
+        key: &[u8],
+        expected: Option<&[u8]>,
+        new: &[u8],
+        now_ms: i64,
+        expires_at_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let call = self.inner.gateway_state_cas(tenant, key, expected, new, now_ms, expires_at_ms);
+        self.observe("gateway_state_cas", call).await
+    }
+
+    async fn delete_expired_gateway(&self, now_ms: i64) -> Result<u64, StoreError> {
+        self.observe("delete_expired_gateway", self.inner.delete_expired_gateway(now_ms)).await
     }
     fn leases(self: Arc<Self>) -> Option<Arc<dyn ShardLeases>> {
         let inner = self.inner.clone().leases()?;

@@ -1,6 +1,7 @@
 //! Durable state. `Store` is the only way the engine touches it; every backend
 //! passes the same conformance suite (`engine/tests/store_conformance`).
 
+mod gateway;
 mod instrumented;
 mod redb;
 mod scylla;
@@ -10,6 +11,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+pub use self::gateway::{
+    GatewayRegistration, GatewayWakeup, LeasedWakeup, MAX_GATEWAY_TEXT, NotifyClaim, NotifyKey, Revoke, RouteKey,
+    WAKEUP_QUEUES, wakeup_queue,
+};
 pub use self::instrumented::Instrumented;
 pub use self::redb::RedbStore;
 pub use self::scylla::{Keyspace, MAX_SUBSCRIPTION_CHANGES, Nodes, ScyllaSettings, ScyllaStore};
@@ -276,6 +281,112 @@ pub trait Store: Send + Sync + 'static {
     /// how many it deleted; a backend whose records expire by themselves
     /// (ScyllaDB's TTL) answers 0.
     async fn delete_expired_relay(&self, now_ms: i64) -> Result<u64, StoreError>;
+
+    // ---- spec 002, the push gateway (`gateway.rs` says what each record is) ----
+
+    /// §3.1: stores `registration` as the current route of its (tenant,
+    /// account, device) in one atomic step, superseding the previous one,
+    /// whose push_target_id then no longer finds it: never two current
+    /// routes. Returns the superseded registration's id.
+    async fn gateway_register(&self, registration: &GatewayRegistration) -> Result<Option<String>, StoreError>;
+
+    /// §3.2: deletes the current route of `revoke.route` when it has the
+    /// push key and app id the request names (either may be left out).
+    /// Returns whether it deleted one.
+    async fn gateway_unregister(&self, revoke: &Revoke) -> Result<bool, StoreError>;
+
+    /// The current route of a device while `expires_at > now_ms`.
+    async fn gateway_route(&self, route: &RouteKey, now_ms: i64) -> Result<Option<GatewayRegistration>, StoreError>;
+
+    /// Every current registration of `push_target_id` in `tenant` with
+    /// `expires_at > now_ms`, dead-token marks included, in device id order.
+    async fn gateway_target(
+        &self,
+        tenant: &str,
+        push_target_id: &str,
+        now_ms: i64,
+    ) -> Result<Vec<GatewayRegistration>, StoreError>;
+
+    /// Marks the route's token dead when its current registration is still
+    /// `registration_id` (a device that registered again keeps its new
+    /// route). Returns whether it marked.
+    async fn gateway_mark_token_invalid(&self, route: &RouteKey, registration_id: &str) -> Result<bool, StoreError>;
+
+    /// §5.2 idempotency, in one atomic step: a live record (`expires_at >
+    /// now_ms`) with another digest answers `Conflict`; with this digest, its
+    /// response when committed (`Replay`) or `Busy` while its claim's lease
+    /// runs; otherwise (none, expired, or a dead claimant's) the caller gets
+    /// a pending claim until `lease_until_ms`, kept until `expires_at_ms`.
+    /// Of concurrent callers at most one gets `Claimed`.
+    async fn gateway_notify_claim(
+        &self,
+        key: &NotifyKey,
+        digest: &[u8; 32],
+        now_ms: i64,
+        lease_until_ms: i64,
+        expires_at_ms: i64,
+    ) -> Result<NotifyClaim, StoreError>;
+
+    /// Stores `wakeups` (a wakeup whose id is already stored is kept as it
+    /// is: the merge) and the claim's response, kept until `expires_at_ms`.
+    /// False, and the response not stored, when the record is no longer the
+    /// claim with `lease_until_ms`.
+    async fn gateway_notify_commit(
+        &self,
+        key: &NotifyKey,
+        lease_until_ms: i64,
+        response: &[u8],
+        wakeups: &[GatewayWakeup],
+        expires_at_ms: i64,
+    ) -> Result<bool, StoreError>;
+
+    /// Deletes the pending claim with `lease_until_ms` (nothing was decided:
+    /// a retry of the request starts again). Nothing when it is not that claim.
+    async fn gateway_notify_release(&self, key: &NotifyKey, lease_until_ms: i64) -> Result<(), StoreError>;
+
+    /// Leases at most `limit` wakeups that are due (`not_before <= now_ms`)
+    /// and not leased (a lease that ran out is taken over: its worker died),
+    /// until `lease_until_ms`. Of concurrent callers one gets each wakeup.
+    async fn gateway_wakeups_due(
+        &self,
+        now_ms: i64,
+        lease_until_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<LeasedWakeup>, StoreError>;
+
+    /// Gives a leased wakeup back for a later attempt. False, changing
+    /// nothing, when the lease is no longer the holder's.
+    async fn gateway_wakeup_reschedule(
+        &self,
+        leased: &LeasedWakeup,
+        not_before_ms: i64,
+        attempts: u32,
+    ) -> Result<bool, StoreError>;
+
+    /// Deletes a leased wakeup (sent, or given up). False, changing
+    /// nothing, when the lease is no longer the holder's.
+    async fn gateway_wakeup_delete(&self, leased: &LeasedWakeup) -> Result<bool, StoreError>;
+
+    /// A window state value while its `expires_at > now_ms`.
+    async fn gateway_state(&self, tenant: &str, key: &[u8], now_ms: i64) -> Result<Option<Vec<u8>>, StoreError>;
+
+    /// Compare-and-set of a window state value: sets `new` until
+    /// `expires_at_ms` when the live value is `expected` (`None`: absent or
+    /// expired). Returns whether it set.
+    async fn gateway_state_cas(
+        &self,
+        tenant: &str,
+        key: &[u8],
+        expected: Option<&[u8]>,
+        new: &[u8],
+        now_ms: i64,
+        expires_at_ms: i64,
+    ) -> Result<bool, StoreError>;
+
+    /// Retention: deletes expired registrations, notify records and window
+    /// state. Returns how many it deleted; 0 on a backend whose records
+    /// expire by themselves (ScyllaDB's TTL).
+    async fn delete_expired_gateway(&self, now_ms: i64) -> Result<u64, StoreError>;
 
     /// Shard leases when several nodes share this store (issue 7): `None` on
     /// a store that one node owns alone, which then owns every shard.

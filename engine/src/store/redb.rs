@@ -12,7 +12,9 @@
 //! - `shards`: shard → boundary, checkpoint, last id.
 //! - `envelopes`: (shard, sequence id) → push-eligible envelope.
 //! - `relay_deliveries`, `relay_expiry`: spec 003 §2.5 records (`relay.rs`).
+//! - `gw_*`: spec 002's push gateway records (`gateway.rs`).
 
+mod gateway;
 mod relay;
 
 use std::collections::BTreeMap;
@@ -25,8 +27,8 @@ use async_trait::async_trait;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 
 use super::{
-    Appended, Recipient, RecipientSummary, RelayClaim, RelayKey, RelaySettled, ShardLeases, ShardPosition, Store,
-    StoreError, Subscriber,
+    Appended, GatewayRegistration, GatewayWakeup, LeasedWakeup, NotifyClaim, NotifyKey, Recipient, RecipientSummary,
+    RelayClaim, RelayKey, RelaySettled, Revoke, RouteKey, ShardLeases, ShardPosition, Store, StoreError, Subscriber,
 };
 use crate::domain::{
     DeliveryTarget, NewEnvelope, next_sequence_id, RecipientId, SecretHash, ShardId, StoredEnvelope,
@@ -86,6 +88,9 @@ impl RedbStore {
             txn.open_table(ENVELOPES).be()?;
             txn.open_table(relay::RELAY).be()?;
             txn.open_table(relay::RELAY_EXPIRY).be()?;
+            for table in gateway::TABLES {
+                txn.open_table(table).be()?;
+            }
             let mut meta = txn.open_table(META).be()?;
             let stored = meta.get(META_SHARD_COUNT).be()?.map(|g| g.value().to_vec());
             match stored {
@@ -571,6 +576,120 @@ impl Store for RedbStore {
         }
     }
 
+    async fn gateway_register(&self, registration: &GatewayRegistration) -> Result<Option<String>, StoreError> {
+        let registration = registration.clone();
+        self.write(move |txn| gateway::register(txn, &registration)).await
+    }
+
+    async fn gateway_unregister(&self, revoke: &Revoke) -> Result<bool, StoreError> {
+        let revoke = revoke.clone();
+        self.write(move |txn| gateway::unregister(txn, &revoke)).await
+    }
+
+    async fn gateway_route(&self, route: &RouteKey, now_ms: i64) -> Result<Option<GatewayRegistration>, StoreError> {
+        let route = route.clone();
+        self.read(move |txn| gateway::route(txn, &route, now_ms)).await
+    }
+
+    async fn gateway_target(
+        &self,
+        tenant: &str,
+        push_target_id: &str,
+        now_ms: i64,
+    ) -> Result<Vec<GatewayRegistration>, StoreError> {
+        let (tenant, target) = (tenant.to_owned(), push_target_id.to_owned());
+        self.read(move |txn| gateway::target(txn, &tenant, &target, now_ms)).await
+    }
+
+    async fn gateway_mark_token_invalid(&self, route: &RouteKey, registration_id: &str) -> Result<bool, StoreError> {
+        let (route, id) = (route.clone(), registration_id.to_owned());
+        self.write(move |txn| gateway::mark_token_invalid(txn, &route, &id)).await
+    }
+
+    async fn gateway_notify_claim(
+        &self,
+        key: &NotifyKey,
+        digest: &[u8; 32],
+        now_ms: i64,
+        lease_until_ms: i64,
+        expires_at_ms: i64,
+    ) -> Result<NotifyClaim, StoreError> {
+        let (key, digest) = (key.clone(), *digest);
+        self.write(move |txn| gateway::notify_claim(txn, &key, &digest, now_ms, lease_until_ms, expires_at_ms)).await
+    }
+
+    async fn gateway_notify_commit(
+        &self,
+        key: &NotifyKey,
+        lease_until_ms: i64,
+        response: &[u8],
+        wakeups: &[GatewayWakeup],
+        expires_at_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let (key, response, wakeups) = (key.clone(), response.to_vec(), wakeups.to_vec());
+        self.write(move |txn| gateway::notify_commit(txn, &key, lease_until_ms, &response, &wakeups, expires_at_ms))
+            .await
+    }
+
+    async fn gateway_notify_release(&self, key: &NotifyKey, lease_until_ms: i64) -> Result<(), StoreError> {
+        let key = key.clone();
+        self.write(move |txn| gateway::notify_release(txn, &key, lease_until_ms)).await
+    }
+
+    async fn gateway_wakeups_due(
+        &self,
+        now_ms: i64,
+        lease_until_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<LeasedWakeup>, StoreError> {
+        self.write(move |txn| gateway::wakeups_due(txn, now_ms, lease_until_ms, limit)).await
+    }
+
+    async fn gateway_wakeup_reschedule(
+        &self,
+        leased: &LeasedWakeup,
+        not_before_ms: i64,
+        attempts: u32,
+    ) -> Result<bool, StoreError> {
+        let leased = leased.clone();
+        self.write(move |txn| gateway::wakeup_reschedule(txn, &leased, not_before_ms, attempts)).await
+    }
+
+    async fn gateway_wakeup_delete(&self, leased: &LeasedWakeup) -> Result<bool, StoreError> {
+        let leased = leased.clone();
+        self.write(move |txn| gateway::wakeup_delete(txn, &leased)).await
+    }
+
+    async fn gateway_state(&self, tenant: &str, key: &[u8], now_ms: i64) -> Result<Option<Vec<u8>>, StoreError> {
+        let (tenant, key) = (tenant.to_owned(), key.to_vec());
+        self.read(move |txn| gateway::state(txn, &tenant, &key, now_ms)).await
+    }
+
+    async fn gateway_state_cas(
+        &self,
+        tenant: &str,
+        key: &[u8],
+        expected: Option<&[u8]>,
+        new: &[u8],
+        now_ms: i64,
+        expires_at_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let (tenant, key, expected, new) = (tenant.to_owned(), key.to_vec(), expected.map(<[u8]>::to_vec), new.to_vec());
+        self.write(move |txn| gateway::state_cas(txn, &tenant, &key, expected.as_deref(), &new, now_ms, expires_at_ms))
+            .await
+    }
+
+    async fn delete_expired_gateway(&self, now_ms: i64) -> Result<u64, StoreError> {
+        let mut deleted = 0u64;
+        loop {
+            let n = self.write(move |txn| gateway::prune_batch(txn, now_ms)).await?;
+            deleted += n as u64;
+            if n < gateway::PRUNE_BATCH {
+                return Ok(deleted);
+            }
+        }
+    }
+
     async fn append(
         &self,
         envelopes: &[NewEnvelope],
@@ -771,45 +890,45 @@ mod codec {
 
     const VERSION: u8 = 1;
 
-    struct Writer(Vec<u8>);
+    pub(super) struct Writer(Vec<u8>);
 
     impl Writer {
-        fn new() -> Self {
+        pub(super) fn new() -> Self {
             Self(vec![VERSION])
         }
-        fn u8(&mut self, v: u8) -> &mut Self {
+        pub(super) fn u8(&mut self, v: u8) -> &mut Self {
             self.0.push(v);
             self
         }
-        fn u64(&mut self, v: u64) -> &mut Self {
+        pub(super) fn u64(&mut self, v: u64) -> &mut Self {
             self.0.extend_from_slice(&v.to_be_bytes());
             self
         }
-        fn i64(&mut self, v: i64) -> &mut Self {
+        pub(super) fn i64(&mut self, v: i64) -> &mut Self {
             self.0.extend_from_slice(&v.to_be_bytes());
             self
         }
-        fn raw(&mut self, v: &[u8]) -> &mut Self {
+        pub(super) fn raw(&mut self, v: &[u8]) -> &mut Self {
             self.0.extend_from_slice(v);
             self
         }
-        fn bytes(&mut self, v: &[u8]) -> &mut Self {
+        pub(super) fn bytes(&mut self, v: &[u8]) -> &mut Self {
             let len = u32::try_from(v.len()).expect("stored values are far below 4 GiB");
             self.0.extend_from_slice(&len.to_be_bytes());
             self.raw(v)
         }
-        fn finish(&mut self) -> Vec<u8> {
+        pub(super) fn finish(&mut self) -> Vec<u8> {
             std::mem::take(&mut self.0)
         }
     }
 
-    struct Reader<'a> {
+    pub(super) struct Reader<'a> {
         buf: &'a [u8],
         what: &'static str,
     }
 
     impl<'a> Reader<'a> {
-        fn new(buf: &'a [u8], what: &'static str) -> Result<Self, StoreError> {
+        pub(super) fn new(buf: &'a [u8], what: &'static str) -> Result<Self, StoreError> {
             let mut r = Self { buf, what };
             if r.u8()? != VERSION {
                 return Err(StoreError::Backend(format!(
@@ -818,7 +937,7 @@ mod codec {
             }
             Ok(r)
         }
-        fn take(&mut self, n: usize) -> Result<&'a [u8], StoreError> {
+        pub(super) fn take(&mut self, n: usize) -> Result<&'a [u8], StoreError> {
             if self.buf.len() < n {
                 return Err(corrupt(self.what));
             }
@@ -826,26 +945,26 @@ mod codec {
             self.buf = rest;
             Ok(head)
         }
-        fn array<const N: usize>(&mut self) -> Result<[u8; N], StoreError> {
+        pub(super) fn array<const N: usize>(&mut self) -> Result<[u8; N], StoreError> {
             Ok(self.take(N)?.try_into().expect("took N bytes"))
         }
-        fn u8(&mut self) -> Result<u8, StoreError> {
+        pub(super) fn u8(&mut self) -> Result<u8, StoreError> {
             Ok(self.take(1)?[0])
         }
-        fn u64(&mut self) -> Result<u64, StoreError> {
+        pub(super) fn u64(&mut self) -> Result<u64, StoreError> {
             self.array().map(u64::from_be_bytes)
         }
-        fn i64(&mut self) -> Result<i64, StoreError> {
+        pub(super) fn i64(&mut self) -> Result<i64, StoreError> {
             self.array().map(i64::from_be_bytes)
         }
-        fn bytes(&mut self) -> Result<&'a [u8], StoreError> {
+        pub(super) fn bytes(&mut self) -> Result<&'a [u8], StoreError> {
             let len = u32::from_be_bytes(self.array()?);
             self.take(len as usize)
         }
-        fn string(&mut self) -> Result<String, StoreError> {
+        pub(super) fn string(&mut self) -> Result<String, StoreError> {
             String::from_utf8(self.bytes()?.to_vec()).map_err(|_| corrupt(self.what))
         }
-        fn end(&self) -> Result<(), StoreError> {
+        pub(super) fn end(&self) -> Result<(), StoreError> {
             if self.buf.is_empty() {
                 Ok(())
             } else {

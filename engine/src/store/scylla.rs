@@ -1,7 +1,7 @@
 //! The ScyllaDB backend (DESIGN.md, storage): the `scylla` driver against
 //! ScyllaDB or Apache Cassandra, which speak the same CQL protocol.
 //!
-//! Schema: `engine/schema/scylla/NNN_*.cql` (001 to 003, and 005; 004 is on main), applied
+//! Schema: `engine/schema/scylla/NNN_*.cql` (001 to 006), applied
 //! in order (`schema.rs`) by [`ScyllaStore::connect`] when `migrate` is set, or
 //! by `fanout migrate`. Every statement is
 //! prepared once at connect; the driver's default load balancing is token
@@ -69,6 +69,7 @@
 //! CQL error texts name statements and tables, not bound values.
 
 mod codec;
+mod gateway;
 mod relay;
 mod schema;
 mod settings;
@@ -97,8 +98,9 @@ pub use self::settings::{Keyspace, Nodes, ScyllaSettings};
 
 use self::codec::{BUCKET_SIZE, EnvelopeRow, StaticRow, Versioned, bucket_of, corrupt, from_db, pos_of, to_db};
 use super::{
-    Appended, NodeId, Recipient, RecipientSummary, RelayClaim, RelayKey, RelaySettled, ShardLeases, ShardPosition,
-    Store, StoreError, Subscriber,
+    Appended, GatewayRegistration, GatewayWakeup, LeasedWakeup, NodeId, NotifyClaim, NotifyKey, Recipient,
+    RecipientSummary, RelayClaim, RelayKey, RelaySettled, Revoke, RouteKey, ShardLeases, ShardPosition, Store,
+    StoreError, Subscriber,
 };
 use crate::domain::{
     DeliveryTarget, NewEnvelope, next_sequence_id, RecipientId, SecretHash, ShardId, StoredEnvelope, StoredSubscription,
@@ -204,6 +206,7 @@ struct Statements {
     node_put: PreparedStatement,
     node_all: PreparedStatement,
     relay: relay::RelayStatements,
+    gateway: gateway::GatewayStatements,
 }
 
 const STATIC_COLS: &str = "version, secret_hash, channel, target, signing_key, renewed_at, topic_count";
@@ -336,6 +339,7 @@ impl Statements {
             .await?,
             node_all: p(format!("SELECT node FROM {ks}.nodes")).await?,
             relay: relay::RelayStatements::prepare(session, ks).await?,
+            gateway: gateway::GatewayStatements::prepare(session, ks).await?,
         })
     }
 }
@@ -363,6 +367,27 @@ impl Lwt {
     fn current_text(&self, column: &str) -> Option<&str> {
         match self.current.get(column) {
             Some(Some(CqlValue::Text(v))) => Some(v),
+            _ => None,
+        }
+    }
+
+    fn current_i64(&self, column: &str) -> Option<i64> {
+        match self.current.get(column) {
+            Some(Some(CqlValue::BigInt(v))) => Some(*v),
+            _ => None,
+        }
+    }
+
+    fn current_i8(&self, column: &str) -> Option<i8> {
+        match self.current.get(column) {
+            Some(Some(CqlValue::TinyInt(v))) => Some(*v),
+            _ => None,
+        }
+    }
+
+    fn current_blob(&self, column: &str) -> Option<&[u8]> {
+        match self.current.get(column) {
+            Some(Some(CqlValue::Blob(v))) => Some(v),
             _ => None,
         }
     }
@@ -1131,6 +1156,100 @@ impl Store for ScyllaStore {
 
     async fn delete_expired_relay(&self, _now_ms: i64) -> Result<u64, StoreError> {
         // Every record is written with a TTL ending at its expires_at.
+        Ok(0)
+    }
+
+    async fn gateway_register(&self, registration: &GatewayRegistration) -> Result<Option<String>, StoreError> {
+        self.gateway_register_cql(registration).await
+    }
+
+    async fn gateway_unregister(&self, revoke: &Revoke) -> Result<bool, StoreError> {
+        self.gateway_unregister_cql(revoke).await
+    }
+
+    async fn gateway_route(&self, route: &RouteKey, now_ms: i64) -> Result<Option<GatewayRegistration>, StoreError> {
+        self.gateway_route_cql(route, now_ms).await
+    }
+
+    async fn gateway_target(
+        &self,
+        tenant: &str,
+        push_target_id: &str,
+        now_ms: i64,
+    ) -> Result<Vec<GatewayRegistration>, StoreError> {
+        self.gateway_target_cql(tenant, push_target_id, now_ms).await
+    }
+
+    async fn gateway_mark_token_invalid(&self, route: &RouteKey, registration_id: &str) -> Result<bool, StoreError> {
+        self.gateway_mark_token_invalid_cql(route, registration_id).await
+    }
+
+    async fn gateway_notify_claim(
+        &self,
+        key: &NotifyKey,
+        digest: &[u8; 32],
+        now_ms: i64,
+        lease_until_ms: i64,
+        expires_at_ms: i64,
+    ) -> Result<NotifyClaim, StoreError> {
+        self.gateway_notify_claim_cql(key, digest, now_ms, lease_until_ms, expires_at_ms).await
+    }
+
+    async fn gateway_notify_commit(
+        &self,
+        key: &NotifyKey,
+        lease_until_ms: i64,
+        response: &[u8],
+        wakeups: &[GatewayWakeup],
+        expires_at_ms: i64,
+    ) -> Result<bool, StoreError> {
+        self.gateway_notify_commit_cql(key, lease_until_ms, response, wakeups, expires_at_ms).await
+    }
+
+    async fn gateway_notify_release(&self, key: &NotifyKey, lease_until_ms: i64) -> Result<(), StoreError> {
+        self.gateway_notify_release_cql(key, lease_until_ms).await
+    }
+
+    async fn gateway_wakeups_due(
+        &self,
+        now_ms: i64,
+        lease_until_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<LeasedWakeup>, StoreError> {
+        self.gateway_wakeups_due_cql(now_ms, lease_until_ms, limit).await
+    }
+
+    async fn gateway_wakeup_reschedule(
+        &self,
+        leased: &LeasedWakeup,
+        not_before_ms: i64,
+        attempts: u32,
+    ) -> Result<bool, StoreError> {
+        self.gateway_wakeup_reschedule_cql(leased, not_before_ms, attempts).await
+    }
+
+    async fn gateway_wakeup_delete(&self, leased: &LeasedWakeup) -> Result<bool, StoreError> {
+        self.gateway_wakeup_delete_cql(leased).await
+    }
+
+    async fn gateway_state(&self, tenant: &str, key: &[u8], now_ms: i64) -> Result<Option<Vec<u8>>, StoreError> {
+        self.gateway_state_cql(tenant, key, now_ms).await
+    }
+
+    async fn gateway_state_cas(
+        &self,
+        tenant: &str,
+        key: &[u8],
+        expected: Option<&[u8]>,
+        new: &[u8],
+        now_ms: i64,
+        expires_at_ms: i64,
+    ) -> Result<bool, StoreError> {
+        self.gateway_state_cas_cql(tenant, key, expected, new, now_ms, expires_at_ms).await
+    }
+
+    async fn delete_expired_gateway(&self, _now_ms: i64) -> Result<u64, StoreError> {
+        // Every row is written with a TTL ending at its expires_at.
         Ok(0)
     }
 

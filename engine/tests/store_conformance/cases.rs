@@ -7,7 +7,11 @@
 //! factory, or each case on its own for separate test names
 //! ([`for_each_case!`]).
 
+mod gateway;
+
 use std::future::Future;
+
+pub use self::gateway::*;
 
 use fanout_engine::domain::{
     Channel, DeliveryTarget, EnvelopeKind, KeyWindow, NewEnvelope, RecipientId, RecipientSecret, SecretHash,
@@ -64,6 +68,14 @@ macro_rules! for_each_case {
             relay_claim_settle_and_release,
             relay_claims_expire_and_are_taken_over,
             relay_concurrent_claims_have_one_winner,
+            gateway_register_supersedes,
+            gateway_concurrent_registers_leave_one_route,
+            gateway_unregister_and_expiry,
+            gateway_dead_token_mark,
+            gateway_notify_records,
+            gateway_concurrent_notify_claims_have_one_winner,
+            gateway_wakeups_are_leased,
+            gateway_state_compare_and_set,
         );
     };
 }

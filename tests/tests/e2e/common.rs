@@ -140,3 +140,34 @@ pub async fn still_registered(fanout: &Fanout, r: &Recipient) -> bool {
         Err(s) => panic!("unexpected status {s:?}"),
     }
 }
+
+/// An answer of `post_raw`: lowercase header block, body as text.
+pub struct RawAnswer {
+    pub status: u16,
+    pub headers: String,
+    pub body: String,
+}
+
+/// One POST over HTTP/1.1 with `headers` (name, value); the body goes out
+/// byte for byte as given (what a signature covers), the connection closes.
+pub async fn post_raw(addr: std::net::SocketAddr, path: &str, headers: &[(String, String)], body: &[u8]) -> RawAnswer {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let mut head = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+         Connection: close\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(body).await.unwrap();
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut buf)).await.expect("answer in time").unwrap();
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let (headers, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = headers.split(' ').nth(1).and_then(|s| s.parse().ok()).expect("status line");
+    RawAnswer { status, headers: headers.to_ascii_lowercase(), body: body.to_owned() }
+}

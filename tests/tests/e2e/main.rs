@@ -8,6 +8,7 @@ mod common;
 mod delivery;
 mod dispatch;
 mod dns_failures;
+mod gateway;
 mod hostile;
 mod multinode;
 mod operability;

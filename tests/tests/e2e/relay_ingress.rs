@@ -11,11 +11,12 @@ use fanout_testkit::{
     ApnsReply, ApnsTestKey, MockApns, MockApnsConfig, MockFcm, MockFcmConfig, TestPki, start_mock_apns, start_mock_fcm,
 };
 use fanout_tests::{EngineConfig, Fanout};
+
 use hmac::{Hmac, KeyInit, Mac};
 use rand::RngCore;
 use sha2::Sha256;
 
-use crate::common::quote;
+use crate::common::{RawAnswer, post_raw, quote};
 
 pub(crate) const SECRET: &str = "example-secret-0123456789abcdef0123";
 pub(crate) const HUB: &str = "hubexample";
@@ -111,36 +112,16 @@ fn webhook(id: &str, provider: &str, token: &str, sandbox: bool) -> Vec<u8> {
     .unwrap()
 }
 
-pub(crate) struct Answer {
-    pub(crate) status: u16,
-    pub(crate) headers: String,
-    pub(crate) body: String,
-}
-
 /// One POST over HTTP/1.1: the raw bytes go out exactly as signed.
-pub(crate) async fn post(addr: SocketAddr, signature: Option<&str>, delivery: &str, body: &[u8]) -> Answer {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let mut head = format!(
-        "POST {PATH} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
-         X-Gim-Delivery: {delivery}\r\nConnection: close\r\n",
-        body.len()
-    );
+pub(crate) async fn post(addr: SocketAddr, signature: Option<&str>, delivery: &str, body: &[u8]) -> RawAnswer {
+    let mut headers = vec![("X-Gim-Delivery".to_string(), delivery.to_string())];
     if let Some(signature) = signature {
-        head.push_str(&format!("X-Gim-Signature: {signature}\r\n"));
+        headers.push(("X-Gim-Signature".to_string(), signature.to_string()));
     }
-    head.push_str("\r\n");
-    stream.write_all(head.as_bytes()).await.unwrap();
-    stream.write_all(body).await.unwrap();
-    let mut buf = Vec::new();
-    tokio::time::timeout(T, stream.read_to_end(&mut buf)).await.expect("answer in time").unwrap();
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let (headers, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = headers.split(' ').nth(1).and_then(|s| s.parse().ok()).expect("status line");
-    Answer { status, headers: headers.to_ascii_lowercase(), body: body.to_owned() }
+    post_raw(addr, PATH, &headers, body).await
 }
 
-async fn send(s: &Setup, id: &str, body: &[u8]) -> Answer {
+async fn send(s: &Setup, id: &str, body: &[u8]) -> RawAnswer {
     post(s.fanout.api, Some(&sign(SECRET, now(), body)), id, body).await
 }
 

@@ -6,9 +6,8 @@
 
 use scylla::client::session::Session;
 use scylla::statement::prepared::PreparedStatement;
-use scylla::value::CqlValue;
 
-use super::{Lwt, MAX_LWT_ATTEMPTS, ScyllaStore, backoff, be, contention};
+use super::{MAX_LWT_ATTEMPTS, ScyllaStore, backoff, be, contention};
 use crate::clock::unix_now_ns;
 use crate::store::{RelayClaim, RelayKey, RelaySettled, StoreError};
 
@@ -52,24 +51,10 @@ impl RelayStatements {
 
 /// Seconds from now to `expires_at_ms`, rounded up, at least one: the
 /// record's TTL.
-fn ttl_until(expires_at_ms: i64) -> i32 {
+pub(super) fn ttl_until(expires_at_ms: i64) -> i32 {
     let now_ms = unix_now_ns() / 1_000_000;
     let secs = (expires_at_ms.saturating_sub(now_ms) + 999) / 1000;
     i32::try_from(secs.max(1)).unwrap_or(i32::MAX)
-}
-
-fn current_i8(lwt: &Lwt, column: &str) -> Option<i8> {
-    match lwt.current.get(column) {
-        Some(Some(CqlValue::TinyInt(v))) => Some(*v),
-        _ => None,
-    }
-}
-
-fn current_i64(lwt: &Lwt, column: &str) -> Option<i64> {
-    match lwt.current.get(column) {
-        Some(Some(CqlValue::BigInt(v))) => Some(*v),
-        _ => None,
-    }
 }
 
 impl ScyllaStore {
@@ -88,8 +73,7 @@ impl ScyllaStore {
             if insert.applied {
                 return Ok(RelayClaim::Claimed);
             }
-            let read =
-                (current_i8(&insert, "state"), current_i64(&insert, "lease_until"), current_i64(&insert, "expires_at"));
+            let read = (insert.current_i8("state"), insert.current_i64("lease_until"), insert.current_i64("expires_at"));
             // A row caught half expired (some cells gone): try again.
             let (Some(state), Some(lease), Some(expires)) = read else {
                 backoff(attempt).await;

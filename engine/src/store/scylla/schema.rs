@@ -15,6 +15,7 @@ pub(super) const MIGRATIONS: &[(i32, &str, &str)] = &[
     (3, "003_index_clocks", include_str!("../../../schema/scylla/003_index_clocks.cql")),
     (4, "004_relay", include_str!("../../../schema/scylla/004_relay.cql")),
     (5, "005_relay_deliveries", include_str!("../../../schema/scylla/005_relay_deliveries.cql")),
+    (6, "006_gateway", include_str!("../../../schema/scylla/006_gateway.cql")),
 ];
 
 /// The version a store of this binary needs.

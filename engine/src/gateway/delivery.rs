@@ -1,0 +1,425 @@
+//! §5.2 `accepted` is a durable takeover: the wakeups notify stored are sent
+//! here, by a worker that leases them from the `Store`, so a wakeup outlives
+//! the request and the process that accepted it.
+//!
+//! One loop per engine: it leases at most the free in-flight slots' worth of
+//! due wakeups (`max_in_flight` bounds the provider requests at once), sends
+//! each in its own task through the channel's `Provider::send_relayed` (the
+//! APNs/FCM request builders and outcome tables of the relay ingress, in the
+//! same pools), and applies the outcome:
+//!
+//! | outcome | then |
+//! | --- | --- |
+//! | delivered | the wakeup is deleted |
+//! | terminal (APNs 410 Unregistered, FCM UNREGISTERED) | the registration is marked `token_invalid` (only if it is still the one used), the wakeup deleted: the next notify answers `push_token_invalid` |
+//! | rejected, mismatch, too large | deleted (counted; the caller is not told: provider states never reach notify's answer) |
+//! | transient, 429, timeout, not sent | rescheduled after the provider's delay (Retry-After) or the backoff, whichever is later; given up after `max_attempts` attempts or at its `expires_at` |
+//!
+//! The route is read again before each attempt: a revoked, superseded,
+//! expired or dead registration is never used (§3.3 "旧注册不得因 worker、缓存
+//! 或延迟请求复活"); its wakeup is dropped. A lease is three attempt bounds,
+//! so a crashed worker's wakeups are taken over by the next poll after it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+use tokio::sync::{Notify, Semaphore, watch};
+use tokio::task::JoinSet;
+
+use super::identity::PushRouteId;
+use super::schema::PushKey;
+use crate::channel::{Channels, Outcome, RelayPriority, RelayRefusal, RelayedPush};
+use crate::clock::unix_now_ns;
+use crate::domain::Channel;
+use crate::settings::ATTEMPT_TIMEOUT;
+use crate::store::{GatewayRegistration, LeasedWakeup, Store};
+
+/// How long a leased wakeup stays with its worker: three attempt bounds.
+pub const LEASE: Duration = Duration::from_secs(3 * ATTEMPT_TIMEOUT.as_secs());
+
+/// How the worker runs.
+#[derive(Debug, Clone, Copy)]
+pub struct DeliverySettings {
+    /// Provider requests in flight at once.
+    pub max_in_flight: usize,
+    /// Attempts before a wakeup is given up.
+    pub max_attempts: u32,
+    /// How often the store is asked for due wakeups when nothing wakes the
+    /// worker sooner (a retry's time, another node's wakeups).
+    pub poll_interval: Duration,
+}
+
+impl Default for DeliverySettings {
+    fn default() -> Self {
+        Self { max_in_flight: 64, max_attempts: 8, poll_interval: Duration::from_millis(500) }
+    }
+}
+
+/// The provider channel and APNs host of a route.
+pub fn route_channel(route: PushRouteId) -> (Channel, bool) {
+    match route {
+        PushRouteId::FcmMain => (Channel::Fcm, false),
+        PushRouteId::ApnsMain => (Channel::Apns, false),
+        PushRouteId::ApnsSandbox => (Channel::Apns, true),
+    }
+}
+
+/// The backoff before attempt `attempts + 1`: 1, 2, 4, ... s, at most 5 min.
+fn backoff(attempts: u32) -> Duration {
+    Duration::from_secs(1u64 << attempts.min(8)).min(Duration::from_secs(300))
+}
+
+fn now_ms() -> i64 {
+    unix_now_ns() / 1_000_000
+}
+
+/// What became of one leased wakeup (for tests and counters).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sent {
+    Delivered,
+    /// The token is dead; the registration is marked.
+    DeadToken,
+    /// Refused for good, given up, or its route is gone.
+    Dropped,
+    /// Tried again later.
+    Retry,
+}
+
+/// The wakeup sender: cheap to clone, shared by the notify service (which
+/// nudges it after a commit) and its loop.
+#[derive(Clone)]
+pub struct Delivery {
+    store: Arc<dyn Store>,
+    channels: Channels,
+    settings: DeliverySettings,
+    wake: Arc<Notify>,
+}
+
+impl Delivery {
+    pub fn new(store: Arc<dyn Store>, channels: Channels, settings: DeliverySettings) -> Self {
+        Self { store, channels, settings, wake: Arc::new(Notify::new()) }
+    }
+
+    /// Says that wakeups were stored: the loop looks now, not at its next poll.
+    pub fn nudge(&self) {
+        self.wake.notify_one();
+    }
+
+    /// Runs until `shutdown` turns true, then lets the attempts in flight
+    /// finish (their leases cover them if the process stops first).
+    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        let slots = Arc::new(Semaphore::new(self.settings.max_in_flight.max(1)));
+        let mut tasks = JoinSet::new();
+        loop {
+            if *shutdown.borrow() {
+                break;
+            }
+            let free = slots.available_permits();
+            let mut taken = 0;
+            if free > 0 {
+                let now = now_ms();
+                let lease_until = now + LEASE.as_millis() as i64;
+                match self.store.gateway_wakeups_due(now, lease_until, free).await {
+                    Ok(due) => {
+                        taken = due.len();
+                        for leased in due {
+                            let Ok(permit) = slots.clone().try_acquire_owned() else { break };
+                            let this = self.clone();
+                            tasks.spawn(async move {
+                                let _permit = permit;
+                                this.send(leased).await
+                            });
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "cannot read the gateway's wakeups"),
+                }
+            }
+            while tasks.try_join_next().is_some() {}
+            // A full batch: there may be more due at once.
+            if taken > 0 && taken == free {
+                continue;
+            }
+            tokio::select! {
+                _ = self.wake.notified() => {}
+                _ = tokio::time::sleep(self.settings.poll_interval) => {}
+                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+                _ = shutdown.changed() => {}
+            }
+        }
+        while tasks.join_next().await.is_some() {}
+    }
+
+    /// One attempt of one leased wakeup, and what follows from its outcome.
+    pub async fn send(&self, leased: LeasedWakeup) -> Sent {
+        let now = now_ms();
+        let w = &leased.wakeup;
+        let route = match self.store.gateway_route(&w.route, now).await {
+            Ok(route) => route,
+            Err(_) => return self.retry(&leased, Duration::from_secs(1), false).await,
+        };
+        let Some(reg) = route.filter(|r| r.registration_id == w.registration_id && !r.token_invalid) else {
+            return self.drop_wakeup(&leased).await;
+        };
+        if w.expires_at_ms <= now {
+            return self.drop_wakeup(&leased).await;
+        }
+        let Some((channel, sandbox, token)) = self.route_of(&reg) else {
+            return self.drop_wakeup(&leased).await;
+        };
+        let Some(provider) = self.channels.get(channel).cloned() else {
+            // Configuration changed since the wakeup was accepted.
+            return self.drop_wakeup(&leased).await;
+        };
+        let held = super::service::held_batch(self.store.as_ref(), w, now).await;
+        let payload: Map<String, Value> = match serde_json::from_slice(held.as_deref().unwrap_or(&w.payload)) {
+            Ok(p) => p,
+            Err(_) => return self.drop_wakeup(&leased).await,
+        };
+        let priority = if payload.get("wakeup_kind").and_then(Value::as_str) == Some("call_invite") {
+            RelayPriority::High
+        } else {
+            RelayPriority::Normal
+        };
+        let ttl = Duration::from_millis((w.expires_at_ms - now).max(1000) as u64);
+        let push = RelayedPush {
+            token: &token,
+            // The channel's own topic / project: a device-chosen app_id is
+            // never an APNs topic here (docs/GATEWAY.md).
+            app_id: None,
+            sandbox,
+            collapse_id: Some(&w.collapse_key).filter(|c| !c.is_empty()).map(String::as_str),
+            priority,
+            payload: &payload,
+            ttl,
+        };
+        let outcome = match tokio::time::timeout(ATTEMPT_TIMEOUT, provider.send_relayed(&push)).await {
+            Ok(outcome) => outcome,
+            Err(_) => Ok(provider.timed_out()),
+        };
+        match outcome {
+            Ok(Outcome::Delivered) => {
+                self.delete(&leased).await;
+                Sent::Delivered
+            }
+            Ok(Outcome::Terminal) => {
+                if let Err(e) = self.store.gateway_mark_token_invalid(&w.route, &w.registration_id).await {
+                    tracing::warn!(error = %e, "cannot mark a dead push token");
+                }
+                self.delete(&leased).await;
+                Sent::DeadToken
+            }
+            Ok(Outcome::Rejected | Outcome::Mismatch) | Err(RelayRefusal::TooLarge | RelayRefusal::Unsupported) => {
+                self.drop_wakeup(&leased).await
+            }
+            Ok(Outcome::NotSent { delay }) => self.retry(&leased, delay, false).await,
+            Ok(Outcome::Transient { delay } | Outcome::Gone { delay }) => self.retry(&leased, delay, true).await,
+        }
+    }
+
+    /// The channel, APNs host and provider token of a registration.
+    fn route_of(&self, reg: &GatewayRegistration) -> Option<(Channel, bool, String)> {
+        let route = PushRouteId::parse(&reg.push_route_id)?;
+        let platform = reg.platform.as_deref().and_then(super::schema::Platform::parse);
+        let key = PushKey::parse(&reg.push_key, platform).ok()?;
+        let (channel, sandbox) = route_channel(route);
+        Some((channel, sandbox, key.provider_token().to_owned()))
+    }
+
+    async fn retry(&self, leased: &LeasedWakeup, delay: Duration, attempted: bool) -> Sent {
+        let attempts = leased.wakeup.attempts + u32::from(attempted);
+        if attempts >= self.settings.max_attempts {
+            return self.drop_wakeup(leased).await;
+        }
+        let wait = delay.max(backoff(attempts.saturating_sub(1)));
+        let not_before = now_ms() + wait.as_millis() as i64;
+        if not_before >= leased.wakeup.expires_at_ms {
+            return self.drop_wakeup(leased).await;
+        }
+        if let Err(e) = self.store.gateway_wakeup_reschedule(leased, not_before, attempts).await {
+            // The lease runs out and the wakeup is taken again.
+            tracing::warn!(error = %e, "cannot reschedule a wakeup");
+        }
+        Sent::Retry
+    }
+
+    async fn drop_wakeup(&self, leased: &LeasedWakeup) -> Sent {
+        self.delete(leased).await;
+        Sent::Dropped
+    }
+
+    async fn delete(&self, leased: &LeasedWakeup) {
+        if let Err(e) = self.store.gateway_wakeup_delete(leased).await {
+            tracing::warn!(error = %e, "cannot delete a sent wakeup; it may be sent again");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::sync::Mutex;
+
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::channel::{Provider, Push};
+    use crate::store::{GatewayWakeup, NotifyClaim, NotifyKey, RedbStore};
+
+    /// FCM answering from a script; records what it was asked to send.
+    struct Scripted {
+        answers: Mutex<VecDeque<Outcome>>,
+        sent: Mutex<Vec<(String, Map<String, Value>, Option<String>)>>,
+    }
+
+    #[async_trait]
+    impl Provider for Scripted {
+        fn channel(&self) -> Channel {
+            Channel::Fcm
+        }
+
+        async fn send(&self, _push: Push<'_>) -> Outcome {
+            unreachable!("the gateway sends relayed pushes only")
+        }
+
+        async fn send_relayed(&self, push: &RelayedPush<'_>) -> Result<Outcome, RelayRefusal> {
+            let sent = (push.token.to_owned(), push.payload.clone(), push.collapse_id.map(str::to_owned));
+            self.sent.lock().unwrap().push(sent);
+            Ok(self.answers.lock().unwrap().pop_front().unwrap_or(Outcome::Delivered))
+        }
+
+        fn timed_out(&self) -> Outcome {
+            Outcome::transient(Duration::from_secs(10))
+        }
+    }
+
+    struct Setup {
+        _dir: tempfile::TempDir,
+        store: Arc<dyn Store>,
+        provider: Arc<Scripted>,
+        delivery: Delivery,
+        registration: GatewayRegistration,
+    }
+
+    async fn setup(answers: Vec<Outcome>) -> Setup {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(RedbStore::open(dir.path(), 4).unwrap());
+        let provider = Arc::new(Scripted { answers: Mutex::new(answers.into()), sent: Mutex::default() });
+        let mut channels = Channels::default();
+        channels.insert(provider.clone());
+        let delivery = Delivery::new(store.clone(), channels, DeliverySettings::default());
+        let now = now_ms();
+        let registration = GatewayRegistration {
+            tenant: "station".into(),
+            account_id: "ak:account:a".into(),
+            device_id: "ak:device:01964137-0000-7000-8000-000000000001".into(),
+            registration_id: "reg-1".into(),
+            push_target_id: "ak:pseudonym:push:t".into(),
+            push_route_id: "fcm_main".into(),
+            salt_epoch_id: "e1".into(),
+            push_key: "fcm:the-token".into(),
+            platform: None,
+            app_id: Some("com.example".into()),
+            visible_opt_in: false,
+            created_at_ms: now,
+            expires_at_ms: now + 3_600_000,
+            token_invalid: false,
+        };
+        store.gateway_register(&registration).await.unwrap();
+        Setup { _dir: dir, store, provider, delivery, registration }
+    }
+
+    /// Stores one wakeup for the registration (as notify does) and leases it.
+    async fn leased(s: &Setup, registration_id: &str) -> LeasedWakeup {
+        let now = now_ms();
+        let key = NotifyKey { tenant: "station".into(), idempotency_key: format!("k-{now}-{registration_id}") };
+        let claim = s.store.gateway_notify_claim(&key, &[1; 32], now, now + 30_000, now + 60_000).await.unwrap();
+        assert_eq!(claim, NotifyClaim::Claimed);
+        let wakeup = GatewayWakeup {
+            id: format!("{:032x}", rand::random::<u128>()),
+            route: s.registration.route_key(),
+            registration_id: registration_id.into(),
+            payload: br#"{"push_target_id":"ak:pseudonym:push:t","wakeup_kind":"call_invite"}"#.to_vec(),
+            collapse_key: "c0llapse".into(),
+            not_before_ms: now,
+            attempts: 0,
+            expires_at_ms: now + 3_600_000,
+        };
+        assert!(s.store.gateway_notify_commit(&key, now + 30_000, b"{}", &[wakeup], now + 60_000).await.unwrap());
+        let mut due = s.store.gateway_wakeups_due(now, now + 30_000, 10).await.unwrap();
+        assert_eq!(due.len(), 1);
+        due.remove(0)
+    }
+
+    async fn nothing_due(s: &Setup, at_ms: i64) -> bool {
+        s.store.gateway_wakeups_due(at_ms, at_ms + 1, 10).await.unwrap().is_empty()
+    }
+
+    #[tokio::test]
+    async fn a_delivered_wakeup_is_deleted_and_went_out_as_stored() {
+        let s = setup(vec![Outcome::Delivered]).await;
+        let w = leased(&s, "reg-1").await;
+        assert_eq!(s.delivery.send(w).await, Sent::Delivered);
+        let sent = s.provider.sent.lock().unwrap().clone();
+        assert_eq!(sent.len(), 1);
+        // The provider token without its route prefix, the stored payload and collapse key.
+        assert_eq!(sent[0].0, "the-token");
+        assert_eq!(sent[0].1["wakeup_kind"], "call_invite");
+        assert_eq!(sent[0].2.as_deref(), Some("c0llapse"));
+        assert!(nothing_due(&s, now_ms() + 3_600_000).await);
+    }
+
+    #[tokio::test]
+    async fn a_dead_token_marks_the_registration_it_was_sent_for() {
+        let s = setup(vec![Outcome::Terminal]).await;
+        let w = leased(&s, "reg-1").await;
+        assert_eq!(s.delivery.send(w).await, Sent::DeadToken);
+        let route = s.store.gateway_route(&s.registration.route_key(), now_ms()).await.unwrap().unwrap();
+        assert!(route.token_invalid);
+        assert!(nothing_due(&s, now_ms() + 3_600_000).await);
+    }
+
+    #[tokio::test]
+    async fn a_transient_answer_is_retried_after_its_delay_and_then_given_up() {
+        let answers = vec![Outcome::transient(Duration::from_secs(5)); 8];
+        let s = setup(answers).await;
+        let w = leased(&s, "reg-1").await;
+        let before = now_ms();
+        assert_eq!(s.delivery.send(w).await, Sent::Retry);
+        assert!(nothing_due(&s, before + 4_000).await, "not before the provider's delay");
+        let mut due = s.store.gateway_wakeups_due(before + 6_000, before + 36_000, 10).await.unwrap();
+        assert_eq!(due.len(), 1);
+        assert_eq!(due[0].wakeup.attempts, 1);
+        // A wakeup at its last attempt is given up.
+        let mut last = due.remove(0);
+        last.wakeup.attempts = DeliverySettings::default().max_attempts - 1;
+        assert_eq!(s.delivery.send(last).await, Sent::Dropped);
+        assert!(nothing_due(&s, now_ms() + 3_600_000).await);
+    }
+
+    #[tokio::test]
+    async fn a_superseded_or_revoked_route_is_never_used() {
+        let s = setup(vec![]).await;
+        let stale = leased(&s, "reg-0").await;
+        assert_eq!(s.delivery.send(stale).await, Sent::Dropped);
+        let w = leased(&s, "reg-1").await;
+        let revoke = crate::store::Revoke { route: s.registration.route_key(), push_key: None, app_id: None };
+        assert!(s.store.gateway_unregister(&revoke).await.unwrap());
+        assert_eq!(s.delivery.send(w).await, Sent::Dropped);
+        assert!(s.provider.sent.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_five_minutes() {
+        assert_eq!(backoff(0), Duration::from_secs(1));
+        assert_eq!(backoff(3), Duration::from_secs(8));
+        assert_eq!(backoff(20), Duration::from_secs(256).min(Duration::from_secs(300)));
+    }
+
+    #[test]
+    fn routes_map_to_channels() {
+        assert_eq!(route_channel(PushRouteId::FcmMain), (Channel::Fcm, false));
+        assert_eq!(route_channel(PushRouteId::ApnsMain), (Channel::Apns, false));
+        assert_eq!(route_channel(PushRouteId::ApnsSandbox), (Channel::Apns, true));
+    }
+}

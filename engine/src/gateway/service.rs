@@ -1,0 +1,625 @@
+//! Spec 002's two roles on one shared, authoritative registration store
+//! (§3.3's first delivery path: "同一受信部署中的 Station 与 Gateway 访问同一
+//! 权威耐久注册状态"): the **Station** registers and revokes device routes
+//! for authenticated accounts (§3.1–3.2), the **Gateway** answers notify
+//! (§5) and hands accepted wakeups to `delivery`.
+//!
+//! Every request takes a slot among `max_in_flight` (else `Overloaded`): the
+//! work per request is bounded (devices per notify, one store transaction per
+//! step), so the slots bound the store and memory load.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use sha2::{Digest, Sha256};
+use tokio::sync::Semaphore;
+
+use super::delivery::{Delivery, route_channel};
+use super::egress::{
+    BucketDwell, DedupKey, DedupScope, Egress, EgressCount, EgressPolicy, ProviderWakeup, RateWindow, WakeupPayload,
+};
+use super::identity::{
+    AccountId, DeliveryWindowId, DeviceId, PushRouteId, PushTargetId, RegistrationId, SaltEpochId, SaltSecrets,
+    SecretError, ServiceId,
+};
+use super::outcome::{DeviceOutcome, NoFanout, NotifyResponse, ReasonCode, Rejection, TargetFailure};
+use super::schema::{NotifyHeaders, NotifyLimits, NotifyRequest, RegisterDevice, SchemaViolation, UnregisterDevice};
+use super::settings::GatewaySettings;
+use crate::channel::Channels;
+use crate::clock::unix_now_ns;
+use crate::store::{GatewayRegistration, GatewayWakeup, NotifyClaim, NotifyKey, Revoke, RouteKey, Store, StoreError};
+
+/// Requests handled at once by default.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 256;
+
+fn now_ms() -> i64 {
+    unix_now_ns() / 1_000_000
+}
+
+/// §3.1's answer.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Registered {
+    pub push_target_id: PushTargetId,
+    pub registration_id: RegistrationId,
+    pub expires_at_ms: i64,
+}
+
+impl std::fmt::Debug for Registered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registered").field("expires_at_ms", &self.expires_at_ms).finish_non_exhaustive()
+    }
+}
+
+impl Registered {
+    /// The 2xx body: `push_target_id`, `registration_id`, `expires_at`
+    /// (RFC 3339, UTC, whole seconds).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "push_target_id": self.push_target_id.to_string(),
+            "registration_id": self.registration_id.as_str(),
+            "expires_at": rfc3339(self.expires_at_ms),
+        })
+    }
+}
+
+/// `YYYY-MM-DDTHH:MM:SSZ` of a Unix time in ms (proleptic Gregorian, UTC).
+pub fn rfc3339(unix_ms: i64) -> String {
+    let secs = unix_ms.div_euclid(1000);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+/// Why a Station request is refused. Messages name the rule, never a value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StationError {
+    /// 400 `schema_violation`.
+    #[error(transparent)]
+    Schema(#[from] super::schema::SchemaViolation),
+    /// 422: §3.3 "仅填写 push_gateway_url 不建立信任": the URL is not,
+    /// byte for byte, an onboarded gateway that shares this store (a remote
+    /// gateway would need §3.4's handoff, which fanout does not offer).
+    #[error("push_gateway_url does not name a gateway onboarded with this Station")]
+    GatewayNotOnboarded,
+    /// 422: the push key's provider (APNs or FCM) is not configured here.
+    #[error("the push key's provider is not configured on this gateway")]
+    RouteNotConfigured,
+    /// 429.
+    #[error("too many requests in flight")]
+    Overloaded,
+    /// 503.
+    #[error("storage unavailable; retry")]
+    Storage,
+}
+
+impl StationError {
+    /// The stable problem code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Schema(_) => super::schema::SchemaViolation::CODE,
+            Self::GatewayNotOnboarded => "push_gateway_not_onboarded",
+            Self::RouteNotConfigured => "push_route_not_configured",
+            Self::Overloaded => "rate_limited",
+            Self::Storage => "unavailable",
+        }
+    }
+}
+
+/// Both roles: built once from `[engine.gateway]`, shared by every request.
+pub struct GatewayService {
+    settings: GatewaySettings,
+    secrets: SaltSecrets,
+    store: Arc<dyn Store>,
+    channels: Channels,
+    delivery: Delivery,
+    in_flight: Arc<Semaphore>,
+}
+
+impl GatewayService {
+    /// Reads the salt secrets. Fails on an unreadable or invalid file.
+    pub fn new(
+        settings: GatewaySettings,
+        store: Arc<dyn Store>,
+        channels: Channels,
+        delivery: Delivery,
+        max_in_flight: usize,
+    ) -> Result<Self, SecretError> {
+        let secrets = SaltSecrets::load(&settings.salt_epoch, settings.salt_secret_files())?;
+        Ok(Self { settings, secrets, store, channels, delivery, in_flight: Arc::new(Semaphore::new(max_in_flight)) })
+    }
+
+    pub fn settings(&self) -> &GatewaySettings {
+        &self.settings
+    }
+
+    pub fn delivery(&self) -> &Delivery {
+        &self.delivery
+    }
+
+    fn slot(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.in_flight.clone().try_acquire_owned().ok()
+    }
+
+    /// §3.1 for `account` of the Station whose notifying service is `tenant`:
+    /// derives the pseudonym under the current salt epoch, stores the route
+    /// with a fresh registration_id, atomically superseding the device's
+    /// previous one, and answers once it is stored.
+    pub async fn register(
+        &self,
+        tenant: &ServiceId,
+        account: &AccountId,
+        request: &RegisterDevice,
+    ) -> Result<Registered, StationError> {
+        let _slot = self.slot().ok_or(StationError::Overloaded)?;
+        let gateway =
+            self.settings.gateway_for_url(&request.push_gateway_url).ok_or(StationError::GatewayNotOnboarded)?;
+        if gateway.service_id != self.settings.service_id {
+            return Err(StationError::GatewayNotOnboarded);
+        }
+        let route = request.push_key.route();
+        if !self.channels.is_configured(route_channel(route).0) {
+            return Err(StationError::RouteNotConfigured);
+        }
+        let epoch = self.secrets.current_epoch();
+        let push_target_id = PushTargetId::derive(self.secrets.current(), epoch, account, &request.device_id, route);
+        let registration_id = RegistrationId::generate();
+        let now = now_ms();
+        let expires_at_ms = now.saturating_add(self.settings.registration_ttl.as_millis() as i64);
+        let registration = GatewayRegistration {
+            tenant: tenant.as_str().to_owned(),
+            account_id: account.as_str().to_owned(),
+            device_id: request.device_id.as_str().to_owned(),
+            registration_id: registration_id.as_str().to_owned(),
+            push_target_id: push_target_id.to_string(),
+            push_route_id: route.as_str().to_owned(),
+            salt_epoch_id: epoch.as_str().to_owned(),
+            push_key: request.push_key.as_registered().to_owned(),
+            platform: request.platform.map(|p| p.as_str().to_owned()),
+            app_id: request.app_id.clone(),
+            visible_opt_in: request.visible_notification_opt_in,
+            created_at_ms: now,
+            expires_at_ms,
+            token_invalid: false,
+        };
+        self.store.gateway_register(&registration).await.map_err(|_| StationError::Storage)?;
+        Ok(Registered { push_target_id, registration_id, expires_at_ms })
+    }
+
+    /// §3.2: revokes the device's current route (narrowed by push_key and
+    /// app_id when given). Success also when nothing was registered; the
+    /// revoke is committed before the answer.
+    pub async fn unregister(
+        &self,
+        tenant: &ServiceId,
+        account: &AccountId,
+        request: &UnregisterDevice,
+    ) -> Result<(), StationError> {
+        let _slot = self.slot().ok_or(StationError::Overloaded)?;
+        let revoke = Revoke {
+            route: RouteKey {
+                tenant: tenant.as_str().to_owned(),
+                account_id: account.as_str().to_owned(),
+                device_id: request.device_id.as_str().to_owned(),
+            },
+            push_key: request.push_key.clone(),
+            app_id: request.app_id.clone(),
+        };
+        self.store.gateway_unregister(&revoke).await.map_err(|_| StationError::Storage)?;
+        Ok(())
+    }
+
+    /// §5: one notify from `headers.source`, whose signature the HTTP edge
+    /// verified over these headers and the raw body. In order: the
+    /// destination is this gateway; the body's closed schema; the
+    /// Idempotency-Key (an exact replay gets the stored answer, another body
+    /// `duplicate_conflict`); the no-fanout branches; the target in the
+    /// source's tenant; the rebuilt payload's size; then per device its
+    /// registration, dedup, rate and bucket dwell. The answer and its
+    /// wakeups are stored in one step before it is returned (`accepted` is
+    /// a durable takeover), and the wakeup worker is nudged.
+    pub async fn notify(&self, headers: &NotifyHeaders, body: &[u8]) -> Result<Vec<u8>, NotifyError> {
+        let _slot = self.slot().ok_or(NotifyError::Overloaded)?;
+        if headers.destination != self.settings.service_id {
+            return Err(NotifyError::WrongDestination);
+        }
+        if self.settings.source_service(&headers.source).is_none() {
+            return Err(NotifyError::UnknownSource);
+        }
+        let limits = NotifyLimits {
+            grid: &self.settings.count_grid,
+            max_unread_increment: self.settings.max_unread_increment,
+            max_devices: self.settings.max_devices_per_notify,
+        };
+        let request = NotifyRequest::parse(body, &limits)?;
+        let key = NotifyKey {
+            tenant: headers.source.as_str().to_owned(),
+            idempotency_key: headers.idempotency_key.as_str().to_owned(),
+        };
+        let now = now_ms();
+        let lease_until = now + CLAIM_LEASE.as_millis() as i64;
+        let expires_at = now.saturating_add(self.settings.idempotency_retention.as_millis() as i64);
+        let claim = self.store.gateway_notify_claim(&key, &request.digest.0, now, lease_until, expires_at).await?;
+        match claim {
+            NotifyClaim::Claimed => {}
+            NotifyClaim::Replay(response) => return Ok(response),
+            NotifyClaim::Conflict => return Err(NotifyError::DuplicateConflict),
+            NotifyClaim::Busy { .. } => return Err(NotifyError::InProgress),
+        }
+        // This request, as distinct from another with the same body under
+        // another key (§2.4 dedup must see those as two).
+        let owner: [u8; 32] = Sha256::new()
+            .chain_update(headers.idempotency_key.as_str().as_bytes())
+            .chain_update(request.digest.0)
+            .finalize()
+            .into();
+        let decided = self.decide(&headers.source, &request, &owner, now).await;
+        let (response, wakeups) = match decided {
+            Ok(d) => d,
+            Err(e) => {
+                let _ = self.store.gateway_notify_release(&key, lease_until).await;
+                return Err(e.into());
+            }
+        };
+        let body = response.to_json();
+        if !self.store.gateway_notify_commit(&key, lease_until, &body, &wakeups, expires_at).await? {
+            // Our claim ran out and another request took it over: its
+            // answer stands; this caller retries and gets it.
+            return Err(NotifyError::InProgress);
+        }
+        if !wakeups.is_empty() {
+            self.delivery.nudge();
+        }
+        Ok(body)
+    }
+
+    /// The answer and the wakeups to store with it.
+    async fn decide(
+        &self,
+        source: &ServiceId,
+        request: &NotifyRequest,
+        owner: &[u8; 32],
+        now: i64,
+    ) -> Result<(NotifyResponse, Vec<GatewayWakeup>), StoreError> {
+        let n = &request.notification;
+        let target = n.push_target_id;
+        if let Some(branch) = NoFanout::of(request, &self.settings.no_fanout_event_kinds) {
+            if branch == NoFanout::Audit {
+                // The audit pipeline's record: the event's class only, no id.
+                let kind = request.audit_envelope.as_ref().map(|a| a.access_kind.as_str());
+                tracing::info!(target: "fanout::gateway::audit", access_kind = kind, "audit envelope received");
+            }
+            return Ok((NotifyResponse::no_fanout(target, &n.devices), Vec::new()));
+        }
+        // Registrations of a retired salt epoch no longer resolve (§2.2).
+        let registrations: Vec<_> = self
+            .store
+            .gateway_target(source.as_str(), &target.to_string(), now)
+            .await?
+            .into_iter()
+            .filter(|r| SaltEpochId::parse(&r.salt_epoch_id).is_ok_and(|e| self.secrets.get(&e).is_some()))
+            .collect();
+        if registrations.is_empty() {
+            return Ok((NotifyResponse::whole_target(target, &n.devices, TargetFailure::Unknown), Vec::new()));
+        }
+        let payload = WakeupPayload::rebuild(n, &self.settings.count_grid);
+        if payload.encoded_len() > self.settings.max_provider_payload_bytes {
+            return Ok((NotifyResponse::whole_target(target, &n.devices, TargetFailure::PayloadTooLarge), Vec::new()));
+        }
+        let mut outcomes = HashMap::new();
+        let mut wakeups = Vec::new();
+        for device in n.devices.iter() {
+            let registration = registrations.iter().find(|r| r.device_id == device.as_str());
+            let outcome = match registration {
+                None => DeviceOutcome::Rejected(Rejection::terminal(ReasonCode::PushTokenUnknown)),
+                Some(r) if r.token_invalid => {
+                    DeviceOutcome::Rejected(Rejection::terminal(ReasonCode::PushTokenInvalid))
+                }
+                Some(r) => {
+                    let this = Request { source, request, owner };
+                    self.take_over(this, r, device, payload.clone(), now, &mut wakeups).await?
+                }
+            };
+            outcomes.insert(device.clone(), outcome);
+        }
+        let response = NotifyResponse::per_device(target, &n.devices, |d| outcomes[d]);
+        Ok((response, wakeups))
+    }
+
+    /// One registered device: dedup, rate and bucket dwell, and the wakeup.
+    async fn take_over(
+        &self,
+        Request { source, request, owner }: Request<'_>,
+        reg: &GatewayRegistration,
+        device: &DeviceId,
+        mut payload: WakeupPayload,
+        now: i64,
+        wakeups: &mut Vec<GatewayWakeup>,
+    ) -> Result<DeviceOutcome, StoreError> {
+        let tenant = source.as_str();
+        let (Some(route), Ok(epoch), Ok(account)) = (
+            PushRouteId::parse(&reg.push_route_id),
+            SaltEpochId::parse(&reg.salt_epoch_id),
+            AccountId::parse(&reg.account_id),
+        ) else {
+            return Ok(DeviceOutcome::Rejected(Rejection::terminal(ReasonCode::PushTokenUnknown)));
+        };
+        if !self.channels.is_configured(route_channel(route).0) {
+            // The operator removed the provider: retryable once it is back.
+            let rejection = Rejection::retry(ReasonCode::PushGatewayUnreachable, Duration::from_secs(60));
+            return Ok(DeviceOutcome::Rejected(rejection.expect("retryable")));
+        }
+        let secret = self.secrets.get(&epoch).expect("filtered to known epochs");
+        let window_secs = self.settings.window.as_secs().max(1);
+        let now_u = now.max(0) as u64;
+        let window = DeliveryWindowId::at(now_u, window_secs);
+        let window_end = window.end_ms(window_secs) as i64;
+
+        // §2.4: one wakeup per (account, device, route, source event) per
+        // window. The marker holds the request's `owner`, so a take-over of
+        // this very request (its claim's holder died) is not a duplicate.
+        let scope =
+            DedupScope { account: &account, device, route, epoch: &epoch, source_event: &request.wakeup_digest };
+        let dedup = DedupKey::derive(secret, scope, window);
+        let marker = [b"d".as_slice(), dedup.as_bytes()].concat();
+        let keep = window_end + self.settings.window.as_millis() as i64;
+        if !self.store.gateway_state_cas(tenant, &marker, None, owner, now, keep).await?
+            && self.store.gateway_state(tenant, &marker, now).await?.as_deref() != Some(&owner[..])
+        {
+            return Ok(DeviceOutcome::Duplicate);
+        }
+
+        let route_key = route_state_key(reg);
+        // §5.1: a bucket badge keeps its bucket for the dwell.
+        if let Some(EgressCount::Bucket(label)) = payload.counts().badge.clone() {
+            let dwell = self.settings.count_dwell;
+            let keep = now + 2 * dwell.as_millis() as i64 + 1;
+            let shown = self
+                .update_state(tenant, &[b"c".as_slice(), &route_key].concat(), keep, now, |d: &mut BucketDwell| {
+                    d.observe(&label, dwell, now_u)
+                })
+                .await?;
+            payload.set_badge(Some(EgressCount::Bucket(shown)));
+        }
+
+        // §4.5 / §8: at once up to the threshold per window, else (or on a
+        // hardened route always) one batch wakeup at the bucket's end.
+        let policy = EgressPolicy {
+            window: self.settings.window,
+            aggressive_threshold: self.settings.aggressive_threshold.get(),
+            hardened_bucket: self.settings.is_hardened(source).then_some(self.settings.hardened_bucket),
+        };
+        let keep = window_end + self.settings.window.as_millis() as i64;
+        let egress = self
+            .update_state(tenant, &[b"r".as_slice(), &route_key].concat(), keep, now, |r: &mut RateWindow| {
+                r.admit(&policy, now_u)
+            })
+            .await?;
+        let expires_at_ms = now + WAKEUP_LIFETIME.as_millis() as i64;
+        let wakeup = match egress {
+            Egress::Now => {
+                let id = hex32(&[tenant.as_bytes(), owner.as_slice(), device.as_str().as_bytes()]);
+                let sent = ProviderWakeup::new(payload, secret, window);
+                self.wakeup(reg, id, sent, now, expires_at_ms)
+            }
+            Egress::Batch { flush_at_ms } => {
+                let id = batch_id(tenant, &route_key, flush_at_ms);
+                let flush_window = DeliveryWindowId::at(flush_at_ms, window_secs);
+                // Held wakeups of the bucket merge into one (§4.5).
+                let keep = flush_at_ms as i64 + WAKEUP_LIFETIME.as_millis() as i64;
+                let max = self.settings.max_unread_increment;
+                let merged = self
+                    .update_state(tenant, id.as_bytes(), keep, now, |held: &mut Option<WakeupPayload>| {
+                        let next = match held.take() {
+                            Some(h) => h.merge(payload.clone(), max),
+                            None => unresolved(&payload),
+                        };
+                        *held = Some(next.clone());
+                        next
+                    })
+                    .await?;
+                let sent = ProviderWakeup::new(merged, secret, flush_window);
+                self.wakeup(reg, id, sent, flush_at_ms as i64, expires_at_ms.max(keep))
+            }
+        };
+        wakeups.push(wakeup);
+        Ok(DeviceOutcome::Accepted)
+    }
+
+    fn wakeup(
+        &self,
+        reg: &GatewayRegistration,
+        id: String,
+        sent: ProviderWakeup,
+        not_before_ms: i64,
+        expires_at_ms: i64,
+    ) -> GatewayWakeup {
+        GatewayWakeup {
+            id,
+            route: reg.route_key(),
+            registration_id: reg.registration_id.clone(),
+            payload: serde_json::to_vec(&sent.payload).expect("a payload serializes"),
+            collapse_key: sent.collapse_key.as_str().to_owned(),
+            not_before_ms,
+            attempts: 0,
+            expires_at_ms,
+        }
+    }
+
+    /// Read-modify-write of a window state value by compare-and-set, tried
+    /// again when another request changed it in between.
+    async fn update_state<T, R>(
+        &self,
+        tenant: &str,
+        key: &[u8],
+        expires_at_ms: i64,
+        now: i64,
+        mut change: impl FnMut(&mut T) -> R,
+    ) -> Result<R, StoreError>
+    where
+        T: Serialize + DeserializeOwned + Default,
+    {
+        for _ in 0..STATE_ATTEMPTS {
+            let old = self.store.gateway_state(tenant, key, now).await?;
+            let mut value: T = old.as_deref().and_then(|b| serde_json::from_slice(b).ok()).unwrap_or_default();
+            let result = change(&mut value);
+            let new = serde_json::to_vec(&value).expect("state serializes");
+            if self.store.gateway_state_cas(tenant, key, old.as_deref(), &new, now, expires_at_ms).await? {
+                return Ok(result);
+            }
+        }
+        Err(StoreError::Backend("gateway state: too many concurrent changes".into()))
+    }
+}
+
+/// The payload of a batch wakeup as merged so far (`batch_id`): the worker
+/// sends it rather than the one stored with the bucket's first wakeup.
+/// `None` for any other wakeup.
+pub async fn held_batch(store: &dyn Store, wakeup: &GatewayWakeup, now: i64) -> Option<Vec<u8>> {
+    if !is_batch_id(&wakeup.id) {
+        return None;
+    }
+    let held = store.gateway_state(&wakeup.route.tenant, wakeup.id.as_bytes(), now).await.ok()??;
+    let payload: Option<WakeupPayload> = serde_json::from_slice(&held).ok()?;
+    payload.map(|p| serde_json::to_vec(&p).expect("a payload serializes"))
+}
+
+/// §4.5: a batch wakeup carries `evaluation_locus_unresolved = true`.
+fn unresolved(payload: &WakeupPayload) -> WakeupPayload {
+    let mut value = serde_json::to_value(payload).expect("a payload serializes");
+    value["evaluation_locus_unresolved"] = serde_json::Value::Bool(true);
+    serde_json::from_value(value).expect("the same payload, flagged")
+}
+
+/// One notify as `take_over` sees it.
+#[derive(Clone, Copy)]
+struct Request<'a> {
+    source: &'a ServiceId,
+    request: &'a NotifyRequest,
+    /// SHA-256 of the Idempotency-Key and the body digest.
+    owner: &'a [u8; 32],
+}
+
+/// A notify claim's lease: three attempt bounds.
+pub const CLAIM_LEASE: Duration = Duration::from_secs(30);
+
+/// How long an accepted wakeup is tried before it is given up.
+pub const WAKEUP_LIFETIME: Duration = Duration::from_secs(24 * 3600);
+
+/// Compare-and-set attempts of one state change.
+const STATE_ATTEMPTS: usize = 16;
+
+/// The state key of a device route (account, device, route), hashed so
+/// that no stored key spells an account or device id.
+fn route_state_key(reg: &GatewayRegistration) -> Vec<u8> {
+    let mut h = Sha256::new();
+    for part in [&reg.account_id, &reg.device_id, &reg.push_route_id] {
+        h.update((part.len() as u32).to_be_bytes());
+        h.update(part.as_bytes());
+    }
+    h.finalize().to_vec()
+}
+
+/// 32 hex characters of the SHA-256 of length-prefixed parts.
+fn hex32(parts: &[&[u8]]) -> String {
+    let mut h = Sha256::new();
+    for part in parts {
+        h.update((part.len() as u32).to_be_bytes());
+        h.update(part);
+    }
+    hex::encode(&h.finalize()[..16])
+}
+
+/// A batch wakeup's id: `B` (never in lowercase hex, so never a plain
+/// wakeup's) and 31 hex characters, one per route and flush time, so the
+/// wakeups held for it are one.
+fn batch_id(tenant: &str, route_key: &[u8], flush_at_ms: u64) -> String {
+    let h = hex32(&[tenant.as_bytes(), route_key, &flush_at_ms.to_be_bytes()]);
+    format!("B{}", &h[..31])
+}
+
+fn is_batch_id(id: &str) -> bool {
+    id.len() == 32 && id.starts_with('B')
+}
+
+/// Why a notify is not answered 200. Each maps to one status at the HTTP
+/// edge; messages name the rule, never a value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotifyError {
+    /// 400 `schema_violation`.
+    #[error(transparent)]
+    Schema(#[from] SchemaViolation),
+    /// 401: no `[[engine.gateway.source_services]]` entry for the source.
+    #[error("Source-Service-ID is not a service allowed to notify")]
+    UnknownSource,
+    /// 421: `Destination-Service-ID` is not this gateway.
+    #[error("Destination-Service-ID does not name this gateway")]
+    WrongDestination,
+    /// 409 `duplicate_conflict` (§5.2).
+    #[error("Idempotency-Key was used with another body")]
+    DuplicateConflict,
+    /// 503 + Retry-After: the same request is being handled now.
+    #[error("this request is being handled; retry")]
+    InProgress,
+    /// 429.
+    #[error("too many requests in flight")]
+    Overloaded,
+    /// 503 + Retry-After.
+    #[error("storage unavailable; retry")]
+    Storage,
+}
+
+impl From<StoreError> for NotifyError {
+    fn from(_: StoreError) -> Self {
+        Self::Storage
+    }
+}
+
+impl NotifyError {
+    /// The stable problem code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Schema(_) => SchemaViolation::CODE,
+            Self::UnknownSource => "unauthorized",
+            Self::WrongDestination => "wrong_destination",
+            Self::DuplicateConflict => "duplicate_conflict",
+            Self::InProgress => "in_progress",
+            Self::Overloaded => "rate_limited",
+            Self::Storage => "unavailable",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_ids_are_told_apart() {
+        let b = batch_id("station", b"route", 60_000);
+        assert_eq!(b.len(), 32);
+        assert!(is_batch_id(&b));
+        assert!((0..64u8).all(|i| !is_batch_id(&hex32(&[&[i]]))));
+        assert_ne!(b, batch_id("station", b"route", 120_000));
+        assert_ne!(b, batch_id("other", b"route", 60_000));
+    }
+
+    #[test]
+    fn rfc3339_dates() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(951_782_400_000), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339(1_764_555_296_789), "2025-12-01T02:14:56Z");
+        assert_eq!(rfc3339(4_102_444_799_000), "2099-12-31T23:59:59Z");
+    }
+}

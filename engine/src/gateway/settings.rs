@@ -1,0 +1,669 @@
+//! `[engine.gateway]`: spec 002's Station and Gateway roles. Absent, both are
+//! off (their paths answer 404 like any unknown one).
+//!
+//! The table deserializes through `RawGatewaySettings` and one `TryFrom`
+//! that checks the rules between keys (the current salt epoch has a secret,
+//! the dwell covers the window, ...): settings that deserialized are valid.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::num::NonZeroU32;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use serde::Deserialize;
+
+use super::egress::EgressPolicy;
+use super::identity::{SaltEpochId, ServiceId};
+use super::schema::NotifyLimits;
+use super::signature::SignaturePolicy;
+use crate::settings::duration;
+
+/// §2.4: the delivery window when the policy names none.
+pub const DEFAULT_WINDOW: Duration = Duration::from_secs(60);
+/// §4.5: `aggressive_wakeup_threshold`, at most 30 wake-ups per 60 s.
+pub const DEFAULT_AGGRESSIVE_THRESHOLD: u32 = 30;
+/// §4.5 / §8 `traffic_metadata_hardened`: egress buckets of 300 s or coarser.
+pub const MIN_HARDENED_BUCKET: Duration = Duration::from_secs(300);
+/// §5.1: the closed default grid.
+pub const DEFAULT_COUNT_GRID: [&str; 4] = ["1", "2-5", "6-20", "21+"];
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(try_from = "RawGatewaySettings")]
+pub struct GatewaySettings {
+    /// This gateway's service DID: a notify whose `Destination-Service-ID`
+    /// differs is refused (§5.1).
+    pub service_id: ServiceId,
+    /// §2.2: the epoch new pseudonyms are derived under.
+    pub salt_epoch: SaltEpochId,
+    /// §2.2: every epoch still resolving → the file of its secret (hex of at
+    /// least 32 bytes). Removing an epoch retires its registrations.
+    pub salt_secrets: BTreeMap<SaltEpochId, PathBuf>,
+    /// §3.1 `expires_at`: how long a registration is used after it is made.
+    pub registration_ttl: Duration,
+    /// §2.4: the delivery window (dedup, collapse key, wake-up rate).
+    pub window: Duration,
+    /// §4.5: wake-ups per route per window sent at once; beyond, they merge
+    /// into one batch wake-up at the window's end.
+    pub aggressive_threshold: NonZeroU32,
+    /// §5.1: the closed bucket grid of counts.
+    pub count_grid: CountGrid,
+    /// §5.1: a bucket, once switched, stays at least this long.
+    pub count_dwell: Duration,
+    /// §5.1: the largest `unread_increment` a notify may carry.
+    pub max_unread_increment: u32,
+    /// §4.5 / §8: every route is `traffic_metadata_hardened` (batch only, in
+    /// `hardened_bucket` buckets); a source service may also be marked alone.
+    pub hardened: bool,
+    pub hardened_bucket: Duration,
+    /// §5.2: how long an Idempotency-Key's record answers replays and
+    /// conflicts.
+    pub idempotency_retention: Duration,
+    /// §5.1: `event_kind` values answered with the no-fanout ack.
+    pub no_fanout_event_kinds: BTreeSet<String>,
+    /// §3.3: the pre-onboarded gateways a registration's `push_gateway_url`
+    /// must name exactly.
+    pub gateways: Vec<OnboardedGateway>,
+    /// §5.1: the Stations that may call notify, with their Ed25519 keys.
+    pub source_services: Vec<SourceService>,
+    /// RFC 9421 `created` older than this is refused.
+    pub signature_max_age: Duration,
+    /// Tolerance for clocks ahead (`created`) or behind (`expires`).
+    pub clock_skew: Duration,
+    /// §5.2 `push_payload_too_large`: the rebuilt provider payload's limit.
+    pub max_provider_payload_bytes: usize,
+    /// Devices one notify may name.
+    pub max_devices_per_notify: usize,
+}
+
+impl GatewaySettings {
+    /// The onboarded gateway `push_gateway_url` names, compared byte for
+    /// byte (§3.3: no redirect, no normalisation; anything else fails closed).
+    pub fn gateway_for_url(&self, url: &str) -> Option<&OnboardedGateway> {
+        self.gateways.iter().find(|g| g.url == url)
+    }
+
+    pub fn source_service(&self, id: &ServiceId) -> Option<&SourceService> {
+        self.source_services.iter().find(|s| &s.id == id)
+    }
+
+    /// The secret files as `SaltSecrets::load` takes them.
+    pub fn salt_secret_files(&self) -> impl Iterator<Item = (&SaltEpochId, &Path)> {
+        self.salt_secrets.iter().map(|(e, p)| (e, p.as_path()))
+    }
+
+    /// Whether a source's routes are `traffic_metadata_hardened`.
+    pub fn is_hardened(&self, source: &ServiceId) -> bool {
+        self.hardened || self.source_service(source).is_some_and(|s| s.hardened)
+    }
+
+    /// The egress bucket of a route: the window, or the hardened bucket.
+    pub fn egress_bucket(&self, source: &ServiceId) -> Duration {
+        if self.is_hardened(source) { self.hardened_bucket } else { self.window }
+    }
+
+    /// The limits notify bodies are parsed under.
+    pub fn notify_limits(&self) -> NotifyLimits<'_> {
+        NotifyLimits {
+            grid: &self.count_grid,
+            max_unread_increment: self.max_unread_increment,
+            max_devices: self.max_devices_per_notify,
+        }
+    }
+
+    /// The egress timing of the routes of `source`.
+    pub fn egress_policy(&self, source: &ServiceId) -> EgressPolicy {
+        EgressPolicy {
+            window: self.window,
+            aggressive_threshold: self.aggressive_threshold.get(),
+            hardened_bucket: self.is_hardened(source).then_some(self.hardened_bucket),
+        }
+    }
+
+    /// The signature requirements of notify.
+    pub fn notify_signature_policy(&self) -> SignaturePolicy {
+        SignaturePolicy::notify(self.signature_max_age, self.clock_skew)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OnboardedGateway {
+    /// The exact `push_gateway_url` clients register with (https).
+    pub url: String,
+    /// The gateway's service DID (the `Destination-Service-ID` of notify).
+    pub service_id: ServiceId,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceService {
+    /// The `Source-Service-ID` this Station sends.
+    pub id: ServiceId,
+    /// Its RFC 9421 keys; several let it rotate.
+    pub keys: Vec<ServiceKey>,
+    /// Its routes are `traffic_metadata_hardened`.
+    #[serde(default)]
+    pub hardened: bool,
+}
+
+impl SourceService {
+    pub fn key(&self, key_id: &str) -> Option<&ServiceKey> {
+        self.keys.iter().find(|k| k.key_id == key_id)
+    }
+}
+
+/// An Ed25519 public key, as the `x` of its JWK (unpadded base64url of the
+/// 32 raw bytes).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceKey {
+    /// The RFC 9421 `keyid` that names it.
+    pub key_id: String,
+    #[serde(deserialize_with = "ed25519_public_key")]
+    pub public_key: [u8; 32],
+}
+
+fn ed25519_public_key<'de, D: serde::Deserializer<'de>>(d: D) -> Result<[u8; 32], D::Error> {
+    let text = String::deserialize(d)?;
+    URL_SAFE_NO_PAD
+        .decode(text.as_bytes())
+        .ok()
+        .and_then(|b| <[u8; 32]>::try_from(b).ok())
+        .ok_or_else(|| serde::de::Error::custom("public_key must be the unpadded base64url of 32 bytes (a JWK x)"))
+}
+
+/// §5.1's closed bucket grid: ascending, contiguous finite buckets from 1 and
+/// one open last bucket (`"21+"`), so every count ≥ 1 has exactly one bucket
+/// and each boundary has finite neighbours for the hysteresis band.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "Vec<String>")]
+pub struct CountGrid {
+    labels: Vec<String>,
+    /// The lowest count of each bucket; the last bucket is open.
+    lowers: Vec<u32>,
+}
+
+/// A bucket of the grid, by position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BucketIndex(pub usize);
+
+impl CountGrid {
+    pub fn buckets(&self) -> usize {
+        self.labels.len()
+    }
+
+    /// `None`: not a label of this grid (§5.1: not conformant, refused).
+    pub fn parse_label(&self, label: &str) -> Option<BucketIndex> {
+        self.labels.iter().position(|l| l == label).map(BucketIndex)
+    }
+
+    pub fn label(&self, bucket: BucketIndex) -> &str {
+        &self.labels[bucket.0]
+    }
+
+    /// The bucket of a count; `None` for 0 (below the grid).
+    pub fn bucket_of(&self, count: u32) -> Option<BucketIndex> {
+        self.lowers.iter().rposition(|&lo| count >= lo).map(BucketIndex)
+    }
+
+    /// Lowest count of a bucket.
+    pub fn lower(&self, bucket: BucketIndex) -> u32 {
+        self.lowers[bucket.0]
+    }
+
+    /// Highest count of a bucket; `None` for the open last one.
+    pub fn upper(&self, bucket: BucketIndex) -> Option<u32> {
+        self.lowers.get(bucket.0 + 1).map(|next| next - 1)
+    }
+
+    /// §5.1 span, endpoints included (`upper − lower + 1`); the open bucket
+    /// takes the span of the finite bucket before it.
+    pub fn span(&self, bucket: BucketIndex) -> u32 {
+        match self.upper(bucket) {
+            Some(upper) => upper - self.lower(bucket) + 1,
+            None if bucket.0 == 0 => 1,
+            None => self.span(BucketIndex(bucket.0 - 1)),
+        }
+    }
+
+    /// §5.1 default band of the boundary between `lower` and the bucket
+    /// above it: `max(2, ceil(0.10 × smaller adjacent span))`.
+    pub fn default_band(&self, lower: BucketIndex) -> u32 {
+        let smaller = self.span(lower).min(self.span(BucketIndex(lower.0 + 1)));
+        smaller.div_ceil(10).max(2)
+    }
+}
+
+impl Default for CountGrid {
+    fn default() -> Self {
+        Self::try_from(DEFAULT_COUNT_GRID.map(String::from).to_vec()).expect("the default grid is valid")
+    }
+}
+
+impl TryFrom<Vec<String>> for CountGrid {
+    type Error = String;
+
+    fn try_from(labels: Vec<String>) -> Result<Self, String> {
+        const RULE: &str =
+            "count_grid must be ascending contiguous buckets \"1\", \"a-b\" ..., ending with one open \"n+\"";
+        if labels.len() < 2 {
+            return Err(RULE.into());
+        }
+        let mut lowers = Vec::with_capacity(labels.len());
+        let mut next = 1u32;
+        for (i, label) in labels.iter().enumerate() {
+            let last = i + 1 == labels.len();
+            let (lo, hi) = if last {
+                let lo = label.strip_suffix('+').ok_or(RULE)?;
+                (lo, None)
+            } else if let Some((lo, hi)) = label.split_once('-') {
+                (lo, Some(hi))
+            } else {
+                (label.as_str(), Some(label.as_str()))
+            };
+            let number = |s: &str| -> Result<u32, String> {
+                // Canonical decimal only: "01" would be a second label for 1.
+                if s.is_empty()
+                    || s.len() > 9
+                    || !s.bytes().all(|b| b.is_ascii_digit())
+                    || (s.len() > 1 && s.starts_with('0'))
+                {
+                    return Err(RULE.into());
+                }
+                s.parse().map_err(|_| RULE.to_string())
+            };
+            let lo = number(lo)?;
+            if lo != next {
+                return Err(RULE.into());
+            }
+            if let Some(hi) = hi {
+                let hi = number(hi)?;
+                // "a-a" is written "a".
+                if hi < lo || (hi == lo && label.contains('-')) {
+                    return Err(RULE.into());
+                }
+                next = hi + 1;
+            }
+            lowers.push(lo);
+        }
+        Ok(Self { labels, lowers })
+    }
+}
+
+/// An `event_kind` (§5.1): a coarse routing selector such as
+/// `ak.message.create`. Reading: 1 to 128 characters of a-z 0-9 . _ -.
+pub fn is_event_kind(s: &str) -> bool {
+    (1..=128).contains(&s.len())
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGatewaySettings {
+    service_id: ServiceId,
+    salt_epoch: SaltEpochId,
+    salt_secrets: BTreeMap<SaltEpochId, PathBuf>,
+    #[serde(default = "default_registration_ttl", deserialize_with = "duration::seconds")]
+    registration_ttl_seconds: Duration,
+    #[serde(default = "default_window", deserialize_with = "duration::seconds")]
+    window_seconds: Duration,
+    #[serde(default = "default_threshold")]
+    aggressive_threshold: NonZeroU32,
+    #[serde(default)]
+    count_grid: CountGrid,
+    /// Default: the window.
+    #[serde(default, deserialize_with = "optional_seconds")]
+    count_dwell_seconds: Option<Duration>,
+    #[serde(default = "default_max_unread_increment")]
+    max_unread_increment: u32,
+    #[serde(default)]
+    hardened: bool,
+    #[serde(default = "default_hardened_bucket", deserialize_with = "duration::seconds")]
+    hardened_bucket_seconds: Duration,
+    #[serde(default = "default_idempotency_retention", deserialize_with = "duration::seconds")]
+    idempotency_retention_seconds: Duration,
+    #[serde(default)]
+    no_fanout_event_kinds: BTreeSet<String>,
+    #[serde(default)]
+    gateways: Vec<OnboardedGateway>,
+    #[serde(default)]
+    source_services: Vec<SourceService>,
+    #[serde(default = "default_signature_max_age", deserialize_with = "duration::seconds")]
+    signature_max_age_seconds: Duration,
+    #[serde(default = "default_clock_skew")]
+    clock_skew_seconds: u64,
+    #[serde(default = "default_max_provider_payload_bytes")]
+    max_provider_payload_bytes: usize,
+    #[serde(default = "default_max_devices")]
+    max_devices_per_notify: usize,
+}
+
+fn optional_seconds<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    duration::seconds(d).map(Some)
+}
+
+fn default_registration_ttl() -> Duration {
+    Duration::from_secs(30 * 86_400)
+}
+fn default_window() -> Duration {
+    DEFAULT_WINDOW
+}
+fn default_threshold() -> NonZeroU32 {
+    NonZeroU32::new(DEFAULT_AGGRESSIVE_THRESHOLD).expect("nonzero")
+}
+fn default_max_unread_increment() -> u32 {
+    20
+}
+fn default_hardened_bucket() -> Duration {
+    MIN_HARDENED_BUCKET
+}
+fn default_idempotency_retention() -> Duration {
+    Duration::from_secs(86_400)
+}
+fn default_signature_max_age() -> Duration {
+    Duration::from_secs(300)
+}
+fn default_clock_skew() -> u64 {
+    30
+}
+fn default_max_provider_payload_bytes() -> usize {
+    4096
+}
+fn default_max_devices() -> usize {
+    100
+}
+
+impl TryFrom<RawGatewaySettings> for GatewaySettings {
+    type Error = String;
+
+    fn try_from(raw: RawGatewaySettings) -> Result<Self, String> {
+        if raw.salt_secrets.values().any(|p| p.as_os_str().is_empty()) {
+            return Err("salt_secrets: every epoch needs a secret file".into());
+        }
+        if !raw.salt_secrets.contains_key(&raw.salt_epoch) {
+            return Err("salt_secrets must name the file of the current salt_epoch".into());
+        }
+        if raw.window_seconds > Duration::from_secs(3600) {
+            return Err("window_seconds must be between 1 and 3600".into());
+        }
+        let count_dwell = raw.count_dwell_seconds.unwrap_or(raw.window_seconds);
+        // §5.1: dwell ≥ max(aggregation window, provider refresh interval).
+        if count_dwell < raw.window_seconds {
+            return Err("count_dwell_seconds must be at least window_seconds".into());
+        }
+        if !(1..=1000).contains(&raw.max_unread_increment) {
+            return Err("max_unread_increment must be between 1 and 1000".into());
+        }
+        if raw.hardened_bucket_seconds < MIN_HARDENED_BUCKET || raw.hardened_bucket_seconds < raw.window_seconds {
+            return Err("hardened_bucket_seconds must be at least 300 and at least window_seconds".into());
+        }
+        if raw.idempotency_retention_seconds < raw.window_seconds {
+            return Err("idempotency_retention_seconds must be at least window_seconds".into());
+        }
+        if !raw.no_fanout_event_kinds.iter().all(|k| is_event_kind(k)) {
+            return Err("no_fanout_event_kinds: each is 1 to 128 characters of a-z 0-9 . _ -".into());
+        }
+        let mut urls = BTreeSet::new();
+        for g in &raw.gateways {
+            let rest = g.url.strip_prefix("https://").unwrap_or("");
+            let host_end = rest.find('/').unwrap_or(rest.len());
+            if rest[..host_end].is_empty()
+                || rest.contains(['#', '@'])
+                || g.url.bytes().any(|b| !(0x21..=0x7e).contains(&b))
+            {
+                return Err("gateways: each url must be an https URL without userinfo or fragment".into());
+            }
+            if !urls.insert(g.url.as_str()) {
+                return Err("gateways: each url may be listed once".into());
+            }
+        }
+        let mut ids = BTreeSet::new();
+        for s in &raw.source_services {
+            if !ids.insert(&s.id) {
+                return Err("source_services: each id may be listed once".into());
+            }
+            if s.keys.is_empty() {
+                return Err("source_services: each needs at least one key".into());
+            }
+            let mut key_ids = BTreeSet::new();
+            for k in &s.keys {
+                if !crate::gateway::identity::visible_ascii(&k.key_id, 255) || !key_ids.insert(k.key_id.as_str()) {
+                    return Err(
+                        "source_services: key_id must be 1 to 255 visible ASCII characters, unique per service".into(),
+                    );
+                }
+            }
+        }
+        if raw.clock_skew_seconds > 300 {
+            return Err("clock_skew_seconds must be between 0 and 300".into());
+        }
+        if !(256..=65536).contains(&raw.max_provider_payload_bytes) {
+            return Err("max_provider_payload_bytes must be between 256 and 65536".into());
+        }
+        if !(1..=1000).contains(&raw.max_devices_per_notify) {
+            return Err("max_devices_per_notify must be between 1 and 1000".into());
+        }
+        Ok(Self {
+            service_id: raw.service_id,
+            salt_epoch: raw.salt_epoch,
+            salt_secrets: raw.salt_secrets,
+            registration_ttl: raw.registration_ttl_seconds,
+            window: raw.window_seconds,
+            aggressive_threshold: raw.aggressive_threshold,
+            count_grid: raw.count_grid,
+            count_dwell,
+            max_unread_increment: raw.max_unread_increment,
+            hardened: raw.hardened,
+            hardened_bucket: raw.hardened_bucket_seconds,
+            idempotency_retention: raw.idempotency_retention_seconds,
+            no_fanout_event_kinds: raw.no_fanout_event_kinds,
+            gateways: raw.gateways,
+            source_services: raw.source_services,
+            signature_max_age: raw.signature_max_age_seconds,
+            clock_skew: Duration::from_secs(raw.clock_skew_seconds),
+            max_provider_payload_bytes: raw.max_provider_payload_bytes,
+            max_devices_per_notify: raw.max_devices_per_notify,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// RFC 9421 B.1.4's Ed25519 test key, as a JWK `x`.
+    const RFC_KEY: &str = "JrQLj5P_89iXES9-vFgrIy29clF9CC_oPPsw3c5D0bs";
+
+    fn minimal() -> serde_json::Value {
+        serde_json::json!({
+            "service_id": "did:web:push.example",
+            "salt_epoch": "e1",
+            "salt_secrets": {"e1": "/etc/fanout/push-e1.secret"},
+        })
+    }
+
+    fn parse(json: serde_json::Value) -> Result<GatewaySettings, String> {
+        serde_json::from_value(json).map_err(|e| e.to_string())
+    }
+
+    fn with(key: &str, value: serde_json::Value) -> serde_json::Value {
+        let mut json = minimal();
+        json[key] = value;
+        json
+    }
+
+    #[test]
+    fn defaults_are_the_specs() {
+        let s = parse(minimal()).unwrap();
+        assert_eq!(s.service_id.as_str(), "did:web:push.example");
+        assert_eq!(s.salt_epoch.as_str(), "e1");
+        assert_eq!(s.window, Duration::from_secs(60));
+        assert_eq!(s.aggressive_threshold.get(), 30);
+        assert_eq!(s.count_grid, CountGrid::default());
+        assert_eq!(s.count_dwell, Duration::from_secs(60));
+        assert_eq!(s.hardened_bucket, Duration::from_secs(300));
+        assert!(!s.hardened);
+        assert_eq!(s.registration_ttl, Duration::from_secs(2_592_000));
+        assert_eq!(s.idempotency_retention, Duration::from_secs(86_400));
+        assert_eq!((s.signature_max_age, s.clock_skew), (Duration::from_secs(300), Duration::from_secs(30)));
+        assert_eq!((s.max_unread_increment, s.max_provider_payload_bytes, s.max_devices_per_notify), (20, 4096, 100));
+        assert!(s.no_fanout_event_kinds.is_empty() && s.gateways.is_empty() && s.source_services.is_empty());
+        assert_eq!(s.salt_secret_files().count(), 1);
+    }
+
+    /// fanout.example.toml documents every key with its default.
+    #[test]
+    fn the_example_block_loads_with_the_defaults() {
+        let example = include_str!("../../../fanout.example.toml");
+        let start = example.find("# [engine.gateway]").unwrap();
+        let block: String =
+            example[start..].lines().map(|l| l.strip_prefix("# ").unwrap_or(l)).collect::<Vec<_>>().join("\n");
+        let table: toml::Table = block.parse().unwrap();
+        let s: GatewaySettings = table["engine"]["gateway"].clone().try_into().unwrap();
+        let d = parse(minimal()).unwrap();
+        assert_eq!(
+            (s.registration_ttl, s.window, s.aggressive_threshold, s.count_dwell, s.max_unread_increment),
+            (d.registration_ttl, d.window, d.aggressive_threshold, d.count_dwell, d.max_unread_increment)
+        );
+        assert_eq!((s.count_grid, s.hardened, s.hardened_bucket), (d.count_grid, d.hardened, d.hardened_bucket));
+        assert_eq!(
+            (s.idempotency_retention, s.no_fanout_event_kinds),
+            (d.idempotency_retention, d.no_fanout_event_kinds)
+        );
+        assert_eq!((s.signature_max_age, s.clock_skew), (d.signature_max_age, d.clock_skew));
+        assert_eq!(
+            (s.max_provider_payload_bytes, s.max_devices_per_notify),
+            (d.max_provider_payload_bytes, d.max_devices_per_notify)
+        );
+        assert_eq!(s.gateways.len(), 1);
+        assert_eq!(s.source_services[0].keys[0].public_key, URL_SAFE_NO_PAD.decode(RFC_KEY).unwrap()[..]);
+    }
+
+    #[test]
+    fn gateways_sources_and_keys() {
+        let mut json = minimal();
+        json["gateways"] = serde_json::json!([
+            {"url": "https://push.example/_arkret/edge/push/notify", "service_id": "did:web:push.example"}
+        ]);
+        json["source_services"] = serde_json::json!([
+            {"id": "did:web:station.example", "keys": [{"key_id": "k1", "public_key": RFC_KEY}], "hardened": true},
+            {"id": "did:web:other.example", "keys": [{"key_id": "k1", "public_key": RFC_KEY}]}
+        ]);
+        json["no_fanout_event_kinds"] = serde_json::json!(["ak.agent.lifecycle"]);
+        let s = parse(json).unwrap();
+        let g = s.gateway_for_url("https://push.example/_arkret/edge/push/notify").unwrap();
+        assert_eq!(g.service_id.as_str(), "did:web:push.example");
+        // Byte for byte: no normalisation.
+        assert!(s.gateway_for_url("https://PUSH.example/_arkret/edge/push/notify").is_none());
+        assert!(s.gateway_for_url("https://push.example/_arkret/edge/push/notify/").is_none());
+        let station = ServiceId::parse("did:web:station.example").unwrap();
+        let other = ServiceId::parse("did:web:other.example").unwrap();
+        let source = s.source_service(&station).unwrap();
+        assert_eq!(source.key("k1").unwrap().public_key[..4], [0x26, 0xb4, 0x0b, 0x8f]);
+        assert!(source.key("k2").is_none());
+        assert!(s.is_hardened(&station) && !s.is_hardened(&other));
+        assert_eq!(s.egress_bucket(&station), Duration::from_secs(300));
+        assert_eq!(s.egress_bucket(&other), Duration::from_secs(60));
+        assert_eq!(s.egress_policy(&station).hardened_bucket, Some(Duration::from_secs(300)));
+        assert_eq!(s.egress_policy(&other).hardened_bucket, None);
+        assert_eq!(s.egress_policy(&other).aggressive_threshold, 30);
+        assert_eq!((s.notify_limits().max_devices, s.notify_limits().max_unread_increment), (100, 20));
+        assert_eq!(s.notify_signature_policy().max_age, Duration::from_secs(300));
+        assert!(s.no_fanout_event_kinds.contains("ak.agent.lifecycle"));
+    }
+
+    #[test]
+    fn rules_are_checked_once() {
+        let refused = |json: serde_json::Value, rule: &str| {
+            let err = parse(json.clone()).unwrap_err();
+            assert!(err.contains(rule), "{json}: {err}");
+        };
+        refused(serde_json::json!({}), "missing field `service_id`");
+        refused(with("salt_epoch", "e2".into()), "current salt_epoch");
+        refused(with("salt_epoch", "e 1".into()), "salt epoch ids");
+        refused(with("salt_secrets", serde_json::json!({"e1": ""})), "secret file");
+        refused(with("window_seconds", 0.into()), "positive number of seconds");
+        refused(with("window_seconds", 3601.into()), "between 1 and 3600");
+        refused(with("aggressive_threshold", 0.into()), "nonzero");
+        refused(with("count_dwell_seconds", 30.into()), "at least window_seconds");
+        refused(with("hardened_bucket_seconds", 299.into()), "at least 300");
+        refused(with("max_unread_increment", 0.into()), "between 1 and 1000");
+        refused(with("idempotency_retention_seconds", 59.into()), "at least window_seconds");
+        refused(with("no_fanout_event_kinds", serde_json::json!(["Ak.Upper"])), "no_fanout_event_kinds");
+        refused(with("clock_skew_seconds", 301.into()), "between 0 and 300");
+        refused(with("max_provider_payload_bytes", 100.into()), "between 256");
+        refused(with("max_devices_per_notify", 0.into()), "between 1 and 1000");
+        refused(with("gateways", serde_json::json!([{"url": "http://push.example/", "service_id": "did:x"}])), "https");
+        refused(
+            with("gateways", serde_json::json!([{"url": "https://u@push.example/", "service_id": "did:x"}])),
+            "https",
+        );
+        refused(
+            with(
+                "gateways",
+                serde_json::json!([{"url": "https://a/", "service_id": "did:x"}, {"url": "https://a/", "service_id": "did:y"}]),
+            ),
+            "listed once",
+        );
+        refused(with("source_services", serde_json::json!([{"id": "did:s", "keys": []}])), "at least one key");
+        refused(
+            with(
+                "source_services",
+                serde_json::json!([{"id": "did:s", "keys": [{"key_id": "k", "public_key": "AAAA"}]}]),
+            ),
+            "base64url of 32 bytes",
+        );
+        refused(
+            with(
+                "source_services",
+                serde_json::json!([{"id": "did:s", "keys": [
+                    {"key_id": "k", "public_key": RFC_KEY}, {"key_id": "k", "public_key": RFC_KEY}]}]),
+            ),
+            "unique per service",
+        );
+        refused(with("salt_secret", serde_json::json!({})), "unknown field");
+        refused(with("count_grid", serde_json::json!(["1", "2-5", "6-20"])), "count_grid");
+    }
+
+    #[test]
+    fn the_default_grid_and_its_bands() {
+        let g = CountGrid::default();
+        assert_eq!(g.buckets(), 4);
+        assert_eq!(g.parse_label("2-5"), Some(BucketIndex(1)));
+        assert_eq!(g.parse_label("2-6"), None);
+        assert_eq!(g.parse_label("21"), None);
+        assert_eq!(g.label(BucketIndex(3)), "21+");
+        let buckets: Vec<_> = [0, 1, 2, 5, 6, 20, 21, 10_000].iter().map(|&n| g.bucket_of(n).map(|b| b.0)).collect();
+        assert_eq!(buckets, [None, Some(0), Some(1), Some(1), Some(2), Some(2), Some(3), Some(3)]);
+        // §5.1: spans 1, 4, 15 and the open bucket's reference 15.
+        assert_eq!((0..4).map(|i| g.span(BucketIndex(i))).collect::<Vec<_>>(), [1, 4, 15, 15]);
+        // "default grid bands are all 2".
+        assert_eq!((0..3).map(|i| g.default_band(BucketIndex(i))).collect::<Vec<_>>(), [2, 2, 2]);
+    }
+
+    #[test]
+    fn custom_grids_are_closed_and_contiguous() {
+        let g = CountGrid::try_from(["1-10", "11-500", "501-2000", "2001+"].map(String::from).to_vec()).unwrap();
+        // §5.1's example: "501-2000" spans 1500.
+        assert_eq!(g.span(BucketIndex(2)), 1500);
+        // Boundary 500|501: smaller span 490 → ceil(49) = 49.
+        assert_eq!(g.default_band(BucketIndex(1)), 49);
+        assert_eq!(g.default_band(BucketIndex(2)), 150);
+        for bad in [
+            vec!["1"],
+            vec!["1", "2-5"],
+            vec!["2-5", "6+"],
+            vec!["1", "3-5", "6+"],
+            vec!["1", "2-5", "5-9", "10+"],
+            vec!["1", "2-2", "3+"],
+            vec!["1", "02-5", "6+"],
+            vec!["1", "5-2", "6+"],
+            vec!["1", "2+", "3+"],
+            vec!["1", "2-x", "6+"],
+        ] {
+            assert!(CountGrid::try_from(bad.iter().map(|s| s.to_string()).collect::<Vec<_>>()).is_err(), "{bad:?}");
+        }
+    }
+}

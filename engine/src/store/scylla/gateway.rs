@@ -1,0 +1,662 @@
+//! Spec 002 on ScyllaDB: the push gateway's records (schema version 6,
+//! `006_gateway.cql`; `store/gateway.rs` says what each is).
+//!
+//! - **Routes**: one partition per (tenant, account, device). Register reads
+//!   it with SERIAL consistency and writes the new route with
+//!   `IF NOT EXISTS` or `IF registration_id = <read>`: a supersede is one
+//!   lightweight transaction, so there are never two current routes.
+//!   Unregister and the dead-token mark are conditional on registration_id
+//!   too.
+//! - **Target index** (`gateway_targets`): another partition, so outside
+//!   the transaction, like the dispatch index of `topic_subscriptions`: the
+//!   new row is written before the route's transaction, the superseded or
+//!   revoked row deleted after it with a write timestamp taken before it
+//!   (so it cannot erase a later re-add of the same row). Lookups join
+//!   every row with its route partition and skip rows that do not match.
+//! - **Notify records**: one partition each; claim, take-over, commit and
+//!   release are lightweight transactions on (state, lease_until), as the
+//!   relay ingress's. A commit first reads the record (SERIAL) and stores
+//!   nothing when the claim is no longer its own; then inserts the wakeups
+//!   (`IF NOT EXISTS`: a wakeup already stored is kept, the merge), then
+//!   stores the response `IF state = 0 AND lease_until = <its lease>`. A
+//!   claim lost between the read and that last step (its lease ran out
+//!   meanwhile) leaves its wakeups stored: at worst a duplicate wakeup,
+//!   never a lost one.
+//! - **Wakeups**: `store::WAKEUP_QUEUES` partitions; a worker reads them,
+//!   and leases each due row with `IF lease_until = <read>`.
+//! - **Window state**: one partition per (tenant, key), compare-and-set by
+//!   lightweight transaction.
+//!
+//! Every row has a TTL ending at its `expires_at`, so retention has nothing
+//! to delete here.
+
+use futures::TryStreamExt;
+use scylla::client::session::Session;
+use scylla::statement::Consistency;
+use scylla::statement::prepared::PreparedStatement;
+
+use super::relay::ttl_until;
+use super::{MAX_LWT_ATTEMPTS, ScyllaStore, backoff, be, contention};
+use crate::store::{
+    GatewayRegistration, GatewayWakeup, LeasedWakeup, NotifyClaim, NotifyKey, Revoke, RouteKey, StoreError,
+    WAKEUP_QUEUES, wakeup_queue,
+};
+
+const ROUTE_COLS: &str = "registration_id, push_target_id, push_route_id, salt_epoch_id, push_key, platform, \
+                          app_id, visible_opt_in, created_at, expires_at, token_invalid";
+
+type RouteRow = (
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<bool>,
+    Option<i64>,
+    Option<i64>,
+    Option<bool>,
+);
+
+const WAKEUP_COLS: &str = "wakeup_id, tenant, account_id, device_id, registration_id, payload, collapse_key, \
+                           not_before, attempts, expires_at, lease_until";
+
+type WakeupRow = (
+    String,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<Vec<u8>>,
+    Option<String>,
+    Option<i64>,
+    Option<i32>,
+    Option<i64>,
+    Option<i64>,
+);
+
+pub(super) struct GatewayStatements {
+    route_read: PreparedStatement,
+    route_read_serial: PreparedStatement,
+    route_insert: PreparedStatement,
+    route_replace: PreparedStatement,
+    route_delete: PreparedStatement,
+    route_mark: PreparedStatement,
+    target_put: PreparedStatement,
+    target_del: PreparedStatement,
+    target_read: PreparedStatement,
+    notify_read_serial: PreparedStatement,
+    notify_insert: PreparedStatement,
+    notify_take_over: PreparedStatement,
+    notify_commit: PreparedStatement,
+    notify_release: PreparedStatement,
+    wakeup_insert: PreparedStatement,
+    wakeup_queue: PreparedStatement,
+    wakeup_lease: PreparedStatement,
+    wakeup_reschedule: PreparedStatement,
+    wakeup_delete: PreparedStatement,
+    state_read: PreparedStatement,
+    state_insert: PreparedStatement,
+    state_update: PreparedStatement,
+}
+
+impl GatewayStatements {
+    pub(super) async fn prepare(session: &Session, ks: &str) -> Result<Self, StoreError> {
+        let p = |cql: String| async move { session.prepare(cql).await.map_err(be("preparing a statement")) };
+        let serial = |mut st: PreparedStatement| {
+            st.set_consistency(Consistency::LocalSerial);
+            st
+        };
+        let route_read = p(format!(
+            "SELECT {ROUTE_COLS} FROM {ks}.gateway_routes WHERE tenant = ? AND account_id = ? AND device_id = ?"
+        ))
+        .await?;
+        let notify_read = p(format!(
+            "SELECT state, lease_until, expires_at, digest FROM {ks}.gateway_notify \
+             WHERE tenant = ? AND idempotency_key = ?"
+        ))
+        .await?;
+        let state_read =
+            p(format!("SELECT value, expires_at FROM {ks}.gateway_state WHERE tenant = ? AND key = ?")).await?;
+        Ok(Self {
+            route_read_serial: serial(route_read.clone()),
+            route_read,
+            route_insert: p(format!(
+                "INSERT INTO {ks}.gateway_routes (tenant, account_id, device_id, {ROUTE_COLS}) \
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS USING TTL ?"
+            ))
+            .await?,
+            route_replace: p(format!(
+                "UPDATE {ks}.gateway_routes USING TTL ? SET registration_id = ?, push_target_id = ?, \
+                 push_route_id = ?, salt_epoch_id = ?, push_key = ?, platform = ?, app_id = ?, visible_opt_in = ?, \
+                 created_at = ?, expires_at = ?, token_invalid = ? \
+                 WHERE tenant = ? AND account_id = ? AND device_id = ? IF registration_id = ?"
+            ))
+            .await?,
+            route_delete: p(format!(
+                "DELETE FROM {ks}.gateway_routes WHERE tenant = ? AND account_id = ? AND device_id = ? \
+                 IF registration_id = ?"
+            ))
+            .await?,
+            route_mark: p(format!(
+                "UPDATE {ks}.gateway_routes USING TTL ? SET token_invalid = true \
+                 WHERE tenant = ? AND account_id = ? AND device_id = ? IF registration_id = ?"
+            ))
+            .await?,
+            target_put: p(format!(
+                "INSERT INTO {ks}.gateway_targets (tenant, push_target_id, device_id, account_id) \
+                 VALUES (?, ?, ?, ?) USING TTL ? AND TIMESTAMP ?"
+            ))
+            .await?,
+            target_del: p(format!(
+                "DELETE FROM {ks}.gateway_targets USING TIMESTAMP ? \
+                 WHERE tenant = ? AND push_target_id = ? AND device_id = ?"
+            ))
+            .await?,
+            target_read: p(format!(
+                "SELECT device_id, account_id FROM {ks}.gateway_targets WHERE tenant = ? AND push_target_id = ?"
+            ))
+            .await?,
+            notify_read_serial: serial(notify_read),
+            notify_insert: p(format!(
+                "INSERT INTO {ks}.gateway_notify (tenant, idempotency_key, state, lease_until, expires_at, digest) \
+                 VALUES (?, ?, 0, ?, ?, ?) IF NOT EXISTS USING TTL ?"
+            ))
+            .await?,
+            notify_take_over: p(format!(
+                "UPDATE {ks}.gateway_notify USING TTL ? SET state = 0, lease_until = ?, expires_at = ?, digest = ?, \
+                 response = null WHERE tenant = ? AND idempotency_key = ? \
+                 IF state = ? AND lease_until = ? AND expires_at = ?"
+            ))
+            .await?,
+            // Every column is written again so that all of them get the new TTL.
+            notify_commit: p(format!(
+                "UPDATE {ks}.gateway_notify USING TTL ? SET state = 1, response = ?, lease_until = ?, \
+                 expires_at = ?, digest = ? WHERE tenant = ? AND idempotency_key = ? \
+                 IF state = 0 AND lease_until = ?"
+            ))
+            .await?,
+            notify_release: p(format!(
+                "DELETE FROM {ks}.gateway_notify WHERE tenant = ? AND idempotency_key = ? \
+                 IF state = 0 AND lease_until = ?"
+            ))
+            .await?,
+            wakeup_insert: p(format!(
+                "INSERT INTO {ks}.gateway_wakeups (queue, {WAKEUP_COLS}) \
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0) IF NOT EXISTS USING TTL ?"
+            ))
+            .await?,
+            wakeup_queue: p(format!("SELECT {WAKEUP_COLS} FROM {ks}.gateway_wakeups WHERE queue = ?")).await?,
+            wakeup_lease: p(format!(
+                "UPDATE {ks}.gateway_wakeups USING TTL ? SET lease_until = ? WHERE queue = ? AND wakeup_id = ? \
+                 IF lease_until = ?"
+            ))
+            .await?,
+            wakeup_reschedule: p(format!(
+                "UPDATE {ks}.gateway_wakeups USING TTL ? SET not_before = ?, attempts = ?, lease_until = 0 \
+                 WHERE queue = ? AND wakeup_id = ? IF lease_until = ?"
+            ))
+            .await?,
+            wakeup_delete: p(format!(
+                "DELETE FROM {ks}.gateway_wakeups WHERE queue = ? AND wakeup_id = ? IF lease_until = ?"
+            ))
+            .await?,
+            state_read: serial(state_read),
+            state_insert: p(format!(
+                "INSERT INTO {ks}.gateway_state (tenant, key, value, expires_at) VALUES (?, ?, ?, ?) \
+                 IF NOT EXISTS USING TTL ?"
+            ))
+            .await?,
+            state_update: p(format!(
+                "UPDATE {ks}.gateway_state USING TTL ? SET value = ?, expires_at = ? WHERE tenant = ? AND key = ? \
+                 IF value = ? AND expires_at = ?"
+            ))
+            .await?,
+        })
+    }
+}
+
+fn corrupt(what: &str) -> StoreError {
+    StoreError::Backend(format!("corrupt gateway {what} row"))
+}
+
+fn decode_route(key: &RouteKey, row: RouteRow) -> Result<Option<GatewayRegistration>, StoreError> {
+    let (registration_id, target, route, epoch, push_key, platform, app_id, visible, created, expires, invalid) = row;
+    // A row caught while its TTL runs out (or a lone mark) is no route.
+    let Some(registration_id) = registration_id else { return Ok(None) };
+    let (Some(push_target_id), Some(push_route_id), Some(salt_epoch_id), Some(push_key), Some(expires_at_ms)) =
+        (target, route, epoch, push_key, expires)
+    else {
+        return Err(corrupt("route"));
+    };
+    Ok(Some(GatewayRegistration {
+        tenant: key.tenant.clone(),
+        account_id: key.account_id.clone(),
+        device_id: key.device_id.clone(),
+        registration_id,
+        push_target_id,
+        push_route_id,
+        salt_epoch_id,
+        push_key,
+        platform,
+        app_id,
+        visible_opt_in: visible.unwrap_or(false),
+        created_at_ms: created.unwrap_or(0),
+        expires_at_ms,
+        token_invalid: invalid.unwrap_or(false),
+    }))
+}
+
+fn decode_wakeup(queue_row: WakeupRow) -> Result<Option<LeasedWakeup>, StoreError> {
+    let (id, tenant, account, device, registration, payload, collapse, not_before, attempts, expires, lease) =
+        queue_row;
+    let Some(tenant) = tenant else { return Ok(None) };
+    let (Some(account_id), Some(device_id), Some(registration_id), Some(expires_at_ms)) =
+        (account, device, registration, expires)
+    else {
+        return Err(corrupt("wakeup"));
+    };
+    Ok(Some(LeasedWakeup {
+        wakeup: GatewayWakeup {
+            id,
+            route: RouteKey { tenant, account_id, device_id },
+            registration_id,
+            payload: payload.unwrap_or_default(),
+            collapse_key: collapse.unwrap_or_default(),
+            not_before_ms: not_before.unwrap_or(0),
+            attempts: u32::try_from(attempts.unwrap_or(0)).unwrap_or(0),
+            expires_at_ms,
+        },
+        lease_until_ms: lease.unwrap_or(0),
+    }))
+}
+
+fn queue_of(id: &str) -> i16 {
+    wakeup_queue(id) as i16
+}
+
+impl ScyllaStore {
+    async fn read_route(&self, key: &RouteKey, serial: bool) -> Result<Option<GatewayRegistration>, StoreError> {
+        let st = &self.st.gateway;
+        let st = if serial { &st.route_read_serial } else { &st.route_read };
+        let rows = self
+            .session
+            .execute_unpaged(st, (&key.tenant, &key.account_id, &key.device_id))
+            .await
+            .map_err(be("reading a gateway route"))?
+            .into_rows_result()
+            .map_err(be("reading a gateway route"))?;
+        match rows.maybe_first_row::<RouteRow>().map_err(be("reading a gateway route"))? {
+            Some(row) => decode_route(key, row),
+            None => Ok(None),
+        }
+    }
+
+    async fn delete_target_row(&self, reg: &GatewayRegistration, timestamp: i64) -> Result<(), StoreError> {
+        let values = (timestamp, &reg.tenant, &reg.push_target_id, &reg.device_id);
+        self.write(&self.st.gateway.target_del, values).await
+    }
+
+    pub(super) async fn gateway_register_cql(&self, reg: &GatewayRegistration) -> Result<Option<String>, StoreError> {
+        let st = &self.st.gateway;
+        let key = reg.route_key();
+        let ttl = ttl_until(reg.expires_at_ms);
+        for attempt in 0..MAX_LWT_ATTEMPTS {
+            let old = self.read_route(&key, true).await?;
+            // The index row first: a route is never stored without it.
+            let put = (&reg.tenant, &reg.push_target_id, &reg.device_id, &reg.account_id, ttl, self.clock.next());
+            self.write(&st.target_put, put).await?;
+            let before = self.clock.next();
+            let fields = (
+                &reg.registration_id,
+                &reg.push_target_id,
+                &reg.push_route_id,
+                &reg.salt_epoch_id,
+                &reg.push_key,
+                &reg.platform,
+                &reg.app_id,
+                reg.visible_opt_in,
+                reg.created_at_ms,
+                reg.expires_at_ms,
+                reg.token_invalid,
+            );
+            let applied = match &old {
+                None => {
+                    let (a, b, c, d, e, f, g, h, i, j, k) = fields;
+                    let values = (&reg.tenant, &reg.account_id, &reg.device_id, a, b, c, d, e, f, g, h, i, j, k, ttl);
+                    self.lwt(&st.route_insert, values).await?.applied
+                }
+                Some(old) => {
+                    let (a, b, c, d, e, f, g, h, i, j, k) = fields;
+                    let values = (
+                        ttl,
+                        a,
+                        b,
+                        c,
+                        d,
+                        e,
+                        f,
+                        g,
+                        h,
+                        i,
+                        j,
+                        k,
+                        &reg.tenant,
+                        &reg.account_id,
+                        &reg.device_id,
+                        &old.registration_id,
+                    );
+                    self.lwt(&st.route_replace, values).await?.applied
+                }
+            };
+            if applied {
+                if let Some(old) = &old
+                    && old.push_target_id != reg.push_target_id
+                {
+                    self.delete_target_row(old, before).await?;
+                }
+                return Ok(old.map(|o| o.registration_id));
+            }
+            backoff(attempt).await;
+        }
+        Err(contention())
+    }
+
+    pub(super) async fn gateway_unregister_cql(&self, revoke: &Revoke) -> Result<bool, StoreError> {
+        for attempt in 0..MAX_LWT_ATTEMPTS {
+            let Some(old) = self.read_route(&revoke.route, true).await? else { return Ok(false) };
+            let matches = revoke.push_key.as_ref().is_none_or(|k| *k == old.push_key)
+                && revoke.app_id.as_ref().is_none_or(|a| old.app_id.as_ref() == Some(a));
+            if !matches {
+                return Ok(false);
+            }
+            let before = self.clock.next();
+            let r = &revoke.route;
+            let values = (&r.tenant, &r.account_id, &r.device_id, &old.registration_id);
+            if self.lwt(&self.st.gateway.route_delete, values).await?.applied {
+                self.delete_target_row(&old, before).await?;
+                return Ok(true);
+            }
+            backoff(attempt).await;
+        }
+        Err(contention())
+    }
+
+    pub(super) async fn gateway_route_cql(
+        &self,
+        route: &RouteKey,
+        now_ms: i64,
+    ) -> Result<Option<GatewayRegistration>, StoreError> {
+        Ok(self.read_route(route, false).await?.filter(|r| r.expires_at_ms > now_ms))
+    }
+
+    pub(super) async fn gateway_target_cql(
+        &self,
+        tenant: &str,
+        push_target_id: &str,
+        now_ms: i64,
+    ) -> Result<Vec<GatewayRegistration>, StoreError> {
+        let rows: Vec<(String, Option<String>)> = self
+            .session
+            .execute_iter(self.st.gateway.target_read.clone(), (tenant, push_target_id))
+            .await
+            .map_err(be("reading a gateway target"))?
+            .rows_stream::<(String, Option<String>)>()
+            .map_err(be("reading a gateway target"))?
+            .try_collect()
+            .await
+            .map_err(be("reading a gateway target"))?;
+        let mut out = Vec::with_capacity(rows.len());
+        for (device_id, account_id) in rows {
+            let Some(account_id) = account_id else { continue };
+            let key = RouteKey { tenant: tenant.to_owned(), account_id, device_id };
+            if let Some(reg) = self.read_route(&key, false).await?
+                && reg.push_target_id == push_target_id
+                && reg.expires_at_ms > now_ms
+            {
+                out.push(reg);
+            }
+        }
+        Ok(out)
+    }
+
+    pub(super) async fn gateway_mark_token_invalid_cql(
+        &self,
+        route: &RouteKey,
+        registration_id: &str,
+    ) -> Result<bool, StoreError> {
+        let Some(reg) = self.read_route(route, true).await? else { return Ok(false) };
+        if reg.registration_id != registration_id {
+            return Ok(false);
+        }
+        let values =
+            (ttl_until(reg.expires_at_ms), &route.tenant, &route.account_id, &route.device_id, registration_id);
+        Ok(self.lwt(&self.st.gateway.route_mark, values).await?.applied)
+    }
+
+    pub(super) async fn gateway_notify_claim_cql(
+        &self,
+        key: &NotifyKey,
+        digest: &[u8; 32],
+        now_ms: i64,
+        lease_until_ms: i64,
+        expires_at_ms: i64,
+    ) -> Result<NotifyClaim, StoreError> {
+        let st = &self.st.gateway;
+        let (tenant, idem) = (key.tenant.as_str(), key.idempotency_key.as_str());
+        for attempt in 0..MAX_LWT_ATTEMPTS {
+            let ttl = ttl_until(expires_at_ms);
+            let insert =
+                self.lwt(&st.notify_insert, (tenant, idem, lease_until_ms, expires_at_ms, &digest[..], ttl)).await?;
+            if insert.applied {
+                return Ok(NotifyClaim::Claimed);
+            }
+            let read = (
+                insert.current_i8("state"),
+                insert.current_i64("lease_until"),
+                insert.current_i64("expires_at"),
+                insert.current_blob("digest"),
+            );
+            // A row caught half expired: try again.
+            let (Some(state), Some(lease), Some(expires), Some(stored_digest)) = read else {
+                backoff(attempt).await;
+                continue;
+            };
+            if expires > now_ms {
+                if stored_digest != digest {
+                    return Ok(NotifyClaim::Conflict);
+                }
+                if state == 1 {
+                    let response = insert.current_blob("response").unwrap_or_default().to_vec();
+                    return Ok(NotifyClaim::Replay(response));
+                }
+                if lease > now_ms {
+                    return Ok(NotifyClaim::Busy { lease_until_ms: lease });
+                }
+            }
+            let values = (ttl, lease_until_ms, expires_at_ms, &digest[..], tenant, idem, state, lease, expires);
+            if self.lwt(&st.notify_take_over, values).await?.applied {
+                return Ok(NotifyClaim::Claimed);
+            }
+            backoff(attempt).await;
+        }
+        Err(contention())
+    }
+
+    pub(super) async fn gateway_notify_commit_cql(
+        &self,
+        key: &NotifyKey,
+        lease_until_ms: i64,
+        response: &[u8],
+        wakeups: &[GatewayWakeup],
+        expires_at_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let st = &self.st.gateway;
+        let (tenant, idem) = (key.tenant.as_str(), key.idempotency_key.as_str());
+        let rows = self
+            .session
+            .execute_unpaged(&st.notify_read_serial, (tenant, idem))
+            .await
+            .map_err(be("reading a notify record"))?
+            .into_rows_result()
+            .map_err(be("reading a notify record"))?;
+        let row = rows
+            .maybe_first_row::<(Option<i8>, Option<i64>, Option<i64>, Option<Vec<u8>>)>()
+            .map_err(be("reading a notify record"))?;
+        let Some((Some(0), Some(lease), _, Some(digest))) = row else { return Ok(false) };
+        if lease != lease_until_ms {
+            return Ok(false);
+        }
+        for w in wakeups {
+            let r = &w.route;
+            let values = (
+                queue_of(&w.id),
+                &w.id,
+                &r.tenant,
+                &r.account_id,
+                &r.device_id,
+                &w.registration_id,
+                &w.payload,
+                &w.collapse_key,
+                w.not_before_ms,
+                i32::try_from(w.attempts).unwrap_or(i32::MAX),
+                w.expires_at_ms,
+                ttl_until(w.expires_at_ms),
+            );
+            // Not applied: that wakeup is stored already (the merge).
+            self.lwt(&st.wakeup_insert, values).await?;
+        }
+        let values =
+            (ttl_until(expires_at_ms), response, lease_until_ms, expires_at_ms, digest, tenant, idem, lease_until_ms);
+        Ok(self.lwt(&st.notify_commit, values).await?.applied)
+    }
+
+    pub(super) async fn gateway_notify_release_cql(
+        &self,
+        key: &NotifyKey,
+        lease_until_ms: i64,
+    ) -> Result<(), StoreError> {
+        let values = (key.tenant.as_str(), key.idempotency_key.as_str(), lease_until_ms);
+        self.lwt(&self.st.gateway.notify_release, values).await?;
+        Ok(())
+    }
+
+    pub(super) async fn gateway_wakeups_due_cql(
+        &self,
+        now_ms: i64,
+        lease_until_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<LeasedWakeup>, StoreError> {
+        let st = &self.st.gateway;
+        let mut out = Vec::new();
+        // Start at a random queue so that concurrent workers spread out.
+        let first = rand::random_range(0..WAKEUP_QUEUES);
+        for i in 0..WAKEUP_QUEUES {
+            if out.len() >= limit {
+                break;
+            }
+            let queue = ((first + i) % WAKEUP_QUEUES) as i16;
+            let rows: Vec<WakeupRow> = self
+                .session
+                .execute_iter(st.wakeup_queue.clone(), (queue,))
+                .await
+                .map_err(be("reading the wakeups"))?
+                .rows_stream::<WakeupRow>()
+                .map_err(be("reading the wakeups"))?
+                .try_collect()
+                .await
+                .map_err(be("reading the wakeups"))?;
+            for row in rows {
+                if out.len() >= limit {
+                    break;
+                }
+                let Some(leased) = decode_wakeup(row)? else { continue };
+                if leased.wakeup.not_before_ms > now_ms || leased.lease_until_ms > now_ms {
+                    continue;
+                }
+                let w = &leased.wakeup;
+                let values = (ttl_until(w.expires_at_ms), lease_until_ms, queue, &w.id, leased.lease_until_ms);
+                if self.lwt(&st.wakeup_lease, values).await?.applied {
+                    out.push(LeasedWakeup { lease_until_ms, ..leased });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    pub(super) async fn gateway_wakeup_reschedule_cql(
+        &self,
+        leased: &LeasedWakeup,
+        not_before_ms: i64,
+        attempts: u32,
+    ) -> Result<bool, StoreError> {
+        let w = &leased.wakeup;
+        let values = (
+            ttl_until(w.expires_at_ms),
+            not_before_ms,
+            i32::try_from(attempts).unwrap_or(i32::MAX),
+            queue_of(&w.id),
+            &w.id,
+            leased.lease_until_ms,
+        );
+        Ok(self.lwt(&self.st.gateway.wakeup_reschedule, values).await?.applied)
+    }
+
+    pub(super) async fn gateway_wakeup_delete_cql(&self, leased: &LeasedWakeup) -> Result<bool, StoreError> {
+        let w = &leased.wakeup;
+        let values = (queue_of(&w.id), &w.id, leased.lease_until_ms);
+        Ok(self.lwt(&self.st.gateway.wakeup_delete, values).await?.applied)
+    }
+
+    async fn read_state(&self, tenant: &str, key: &[u8]) -> Result<Option<(Vec<u8>, i64)>, StoreError> {
+        let rows = self
+            .session
+            .execute_unpaged(&self.st.gateway.state_read, (tenant, key))
+            .await
+            .map_err(be("reading a gateway state"))?
+            .into_rows_result()
+            .map_err(be("reading a gateway state"))?;
+        let row = rows.maybe_first_row::<(Option<Vec<u8>>, Option<i64>)>().map_err(be("reading a gateway state"))?;
+        Ok(match row {
+            Some((Some(value), Some(expires))) => Some((value, expires)),
+            _ => None,
+        })
+    }
+
+    pub(super) async fn gateway_state_cql(
+        &self,
+        tenant: &str,
+        key: &[u8],
+        now_ms: i64,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.read_state(tenant, key).await?.filter(|(_, e)| *e > now_ms).map(|(v, _)| v))
+    }
+
+    pub(super) async fn gateway_state_cas_cql(
+        &self,
+        tenant: &str,
+        key: &[u8],
+        expected: Option<&[u8]>,
+        new: &[u8],
+        now_ms: i64,
+        expires_at_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let st = &self.st.gateway;
+        let ttl = ttl_until(expires_at_ms);
+        let current = self.read_state(tenant, key).await?;
+        let live = current.as_ref().filter(|(_, e)| *e > now_ms).map(|(v, _)| v.as_slice());
+        if live != expected {
+            return Ok(false);
+        }
+        match current {
+            None => Ok(self.lwt(&st.state_insert, (tenant, key, new, expires_at_ms, ttl)).await?.applied),
+            // Conditional on exactly what was read (an expired value is
+            // replaced too): of two writers, one wins.
+            Some((value, expires)) => {
+                let values = (ttl, new, expires_at_ms, tenant, key, value, expires);
+                Ok(self.lwt(&st.state_update, values).await?.applied)
+            }
+        }
+    }
+}

@@ -1,0 +1,342 @@
+//! `fanout-loadtest gateway`: spec 002's push gateway under load. The real
+//! `fanout` binary with `[engine.gateway]`, `[station]` and FCM pointed at
+//! the mock; `devices` devices registered on the Station route, then
+//! `notifies` signed notify requests (`concurrency` at once), each one new
+//! wake-up for one device; the mock FCM counts what arrives. Reported:
+//! notify answers per second, provider requests per second (first notify
+//! sent to last provider request received), notify-to-provider latency, and,
+//! with `--with-ceiling`, the ceiling: the same FCM requests (same payload
+//! shape, same collapse-key length) sent by the engine's own FCM channel,
+//! same pool and client stack, at the same concurrency, with no gateway,
+//! store or HTTP in between. `ratio` = provider requests/s ÷ ceiling.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context as _, bail};
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use fanout_engine::channel::fcm::{FcmProvider, FcmSettings};
+use fanout_engine::channel::{ChannelContext, Outcome, Provider, RelayPriority, RelayedPush};
+use fanout_engine::gateway::signature::{self, SignatureParams, SignedRequest};
+use fanout_engine::metrics::Metrics;
+use fanout_testkit::launcher::{self, Launch};
+use fanout_testkit::{MockFcmConfig, TestPki, start_mock_fcm};
+use serde::Serialize;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use crate::run::collector::{Percentiles, latency_histogram};
+
+const GATEWAY: &str = "did:web:push.loadtest";
+const GATEWAY_URL: &str = "https://push.loadtest/_arkret/edge/push/notify";
+const STATION: &str = "did:web:station.loadtest";
+const KEY_ID: &str = "loadtest";
+const SEED: [u8; 32] = [42; 32];
+const SESSION: &str = "loadtest-session";
+const NOTIFY: &str = "/_arkret/edge/push/notify";
+/// Distinct `unread_increment` values: a device gets at most this many
+/// distinct wake-ups per window (the same wake-up twice is §2.4's duplicate).
+const MAX_PER_DEVICE: u64 = 20;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct GatewayArgs {
+    /// Devices registered (each an FCM route of its own).
+    #[arg(long, default_value_t = 200)]
+    pub devices: u64,
+    /// Notify requests sent, one device each, round robin (at most 20 per device).
+    #[arg(long, default_value_t = 2000)]
+    pub notifies: u64,
+    /// Notify requests (and ceiling requests) in flight at once.
+    #[arg(long, default_value_t = 32)]
+    pub concurrency: usize,
+    /// Also measure the ceiling and report the ratio.
+    #[arg(long)]
+    pub with_ceiling: bool,
+    /// Use the release binary (built if missing).
+    #[arg(long)]
+    pub release: bool,
+    /// Write the JSON report here.
+    #[arg(long)]
+    pub json_out: Option<PathBuf>,
+    /// How long to wait for the last provider request.
+    #[arg(long, default_value_t = 120)]
+    pub drain_seconds: u64,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct GatewayReport {
+    pub devices: u64,
+    pub notifies: u64,
+    pub concurrency: usize,
+    /// Answers 200 with the device `accepted`.
+    pub accepted: u64,
+    pub notify_seconds: f64,
+    pub notifies_per_second: f64,
+    /// Provider requests the mock received (one per accepted notify).
+    pub provider_requests: u64,
+    pub provider_seconds: f64,
+    pub provider_requests_per_second: f64,
+    /// Notify sent → provider request received.
+    pub latency: Percentiles,
+    pub ceiling_requests_per_second: Option<f64>,
+    /// provider_requests_per_second ÷ ceiling.
+    pub ratio: Option<f64>,
+}
+
+fn quote(path: &Path) -> String {
+    format!("{:?}", path.display().to_string())
+}
+
+fn device(n: u64) -> String {
+    format!("ak:device:01964137-0000-7000-8000-{n:012x}")
+}
+
+fn fcm_table(dir: &Path, base_url: &str) -> String {
+    format!(
+        "[engine.channels.fcm]\nservice_account_file = {}\nbase_url = \"{base_url}\"\nextra_ca_files = [{}]\n",
+        quote(&dir.join("sa.json")),
+        quote(&dir.join("ca.pem")),
+    )
+}
+
+fn config(dir: &Path, base_url: &str) -> String {
+    let public_key = URL_SAFE_NO_PAD.encode(signature::public_key(&SEED));
+    format!(
+        "[engine]\nshard_count = 16\n\n{fcm}\n\
+         [engine.gateway]\nservice_id = \"{GATEWAY}\"\nsalt_epoch = \"e1\"\nsalt_secrets = {{ e1 = {salt} }}\n\
+         aggressive_threshold = 1000\n\n\
+         [[engine.gateway.gateways]]\nurl = \"{GATEWAY_URL}\"\nservice_id = \"{GATEWAY}\"\n\n\
+         [[engine.gateway.source_services]]\nid = \"{STATION}\"\nkeys = [{{ key_id = \"{KEY_ID}\", public_key = \"{public_key}\" }}]\n\n\
+         [station]\nservice_id = \"{STATION}\"\nsession_tokens_file = {sessions}\n",
+        fcm = fcm_table(dir, base_url),
+        salt = quote(&dir.join("salt.hex")),
+        sessions = quote(&dir.join("sessions")),
+    )
+}
+
+/// The notify body of request `i`: device `i mod devices`, a wake-up that
+/// device has not had yet in this run.
+fn notify_body(target: &str, device_id: &str, round: u64) -> Vec<u8> {
+    json!({"notification": {
+        "push_target_id": target,
+        "wakeup_kind": "message",
+        "counts": {"badge": "2-5", "unread_increment": round + 1},
+        "devices": [{"device_id": device_id}],
+    }})
+    .to_string()
+    .into_bytes()
+}
+
+/// The signed headers of one notify (RFC 9421 over the service headers and
+/// Content-Digest), with the engine's own signer: this is load, not a test
+/// of the signer.
+fn signed(key: &str, body: &[u8], authority: &str) -> anyhow::Result<Vec<(String, String)>> {
+    let mut headers = http::HeaderMap::new();
+    let pairs = [
+        ("arkret-operation", "ak.edge.push.command.notify.v1".to_owned()),
+        ("idempotency-key", key.to_owned()),
+        ("source-service-id", STATION.to_owned()),
+        ("destination-service-id", GATEWAY.to_owned()),
+        ("content-digest", signature::content_digest(body)),
+    ];
+    for (name, value) in &pairs {
+        headers.insert(*name, value.parse()?);
+    }
+    let request =
+        SignedRequest { method: "POST", scheme: "http", authority, path_and_query: NOTIFY, headers: &headers };
+    let covered = [
+        "@method",
+        "@path",
+        "arkret-operation",
+        "idempotency-key",
+        "source-service-id",
+        "destination-service-id",
+        "content-digest",
+    ];
+    let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs() as i64;
+    let params =
+        SignatureParams { created: now, expires: None, key_id: KEY_ID.into(), alg: true, nonce: None, tag: None };
+    let (input, sig) =
+        signature::sign(&request, &covered, &params, "sig1", &SEED).map_err(|e| anyhow::anyhow!("signing: {e}"))?;
+    let mut out: Vec<(String, String)> = pairs.into_iter().map(|(n, v)| (n.to_owned(), v)).collect();
+    out.push(("signature-input".into(), input));
+    out.push(("signature".into(), sig));
+    Ok(out)
+}
+
+pub async fn run(args: GatewayArgs) -> anyhow::Result<GatewayReport> {
+    if args.notifies > args.devices * MAX_PER_DEVICE {
+        bail!("--notifies is at most 20 × --devices (each device gets distinct wake-ups)");
+    }
+    let pki = TestPki::generate(&[])?;
+    let fcm = start_mock_fcm(&pki, MockFcmConfig::default()).await?;
+    let dir = tempfile::tempdir()?;
+    pki.write_ca(&dir.path().join("ca.pem"))?;
+    fcm.service_account().write(&dir.path().join("sa.json"))?;
+    std::fs::write(dir.path().join("salt.hex"), "22".repeat(32))?;
+    let hash = hex::encode(Sha256::digest(SESSION.as_bytes()));
+    std::fs::write(dir.path().join("sessions"), format!("{hash} ak:account:loadtest\n"))?;
+
+    let ceiling = if args.with_ceiling { Some(ceiling(&args, dir.path(), &fcm.base_url()).await?) } else { None };
+    fcm.clear_received();
+
+    let binary = launcher::build_binary(args.release)?;
+    let engine = Arc::new(launcher::Engine::start(Launch::new(binary, config(dir.path(), &fcm.base_url()))).await?);
+
+    // The Station: one registration per device.
+    let auth = format!("Bearer {SESSION}");
+    let mut targets = Vec::with_capacity(args.devices as usize);
+    for n in 0..args.devices {
+        let body = json!({"device_id": device(n), "push_gateway_url": GATEWAY_URL, "push_key": format!("fcm:lt-{n}")});
+        let (status, text) = engine
+            .api_request(
+                "POST",
+                "/_arkret/edge/push/register-device",
+                &[("authorization", &auth)],
+                body.to_string().as_bytes(),
+            )
+            .await?;
+        if status != 200 {
+            bail!("register-device answered {status}: {text}\n{}", engine.log_tail(20));
+        }
+        let answer: Value = serde_json::from_str(&text)?;
+        targets.push(answer["push_target_id"].as_str().context("push_target_id")?.to_owned());
+    }
+
+    // Notify: `concurrency` workers over the request indices.
+    let authority = engine.api.to_string();
+    let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let sent_at = Arc::new(std::sync::Mutex::new(HashMap::<(String, u64), Instant>::new()));
+    let started = Instant::now();
+    let mut workers = tokio::task::JoinSet::new();
+    for _ in 0..args.concurrency.max(1) {
+        let (engine, next, sent_at, targets, authority) =
+            (engine.clone(), next.clone(), sent_at.clone(), targets.clone(), authority.clone());
+        let (devices, notifies) = (args.devices, args.notifies);
+        workers.spawn(async move {
+            let mut accepted = 0u64;
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= notifies {
+                    return Ok::<u64, anyhow::Error>(accepted);
+                }
+                let (n, round) = (i % devices, i / devices);
+                let body = notify_body(&targets[n as usize], &device(n), round);
+                let headers = signed(&format!("lt-{i}"), &body, &authority)?;
+                let headers: Vec<(&str, &str)> = headers.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+                sent_at.lock().unwrap().insert((format!("lt-{n}"), round + 1), Instant::now());
+                let (status, text) = engine.api_request("POST", NOTIFY, &headers, &body).await?;
+                if status != 200 {
+                    bail!("notify answered {status}: {text}");
+                }
+                if text.contains("\"accepted\"") {
+                    accepted += 1;
+                }
+            }
+        });
+    }
+    let mut accepted = 0;
+    while let Some(done) = workers.join_next().await {
+        accepted += done??;
+    }
+    let notify_seconds = started.elapsed().as_secs_f64();
+
+    // Wait for every accepted wake-up at the mock.
+    let deadline = Instant::now() + Duration::from_secs(args.drain_seconds);
+    while (fcm.received_count() as u64) < accepted && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let received = fcm.received();
+    let sent_at = sent_at.lock().unwrap().clone();
+    let mut histogram = latency_histogram();
+    let mut last = started;
+    for r in &received {
+        let at = Instant::now() - SystemTime::now().duration_since(r.received_at).unwrap_or_default();
+        last = last.max(at);
+        let payload = r.json().and_then(|j| j["message"]["data"]["payload"].as_str().map(str::to_owned));
+        let increment = payload
+            .and_then(|p| serde_json::from_str::<Value>(&p).ok())
+            .and_then(|p| p["counts"]["unread_increment"].as_u64());
+        if let Some(sent) = increment.and_then(|k| sent_at.get(&(r.token.clone(), k))) {
+            let _ = histogram.record(at.saturating_duration_since(*sent).as_micros().max(1) as u64);
+        }
+    }
+    let provider_seconds = last.duration_since(started).as_secs_f64().max(1e-6);
+    let provider_requests = received.len() as u64;
+    let provider_rate = provider_requests as f64 / provider_seconds;
+    let report = GatewayReport {
+        devices: args.devices,
+        notifies: args.notifies,
+        concurrency: args.concurrency,
+        accepted,
+        notify_seconds,
+        notifies_per_second: args.notifies as f64 / notify_seconds.max(1e-6),
+        provider_requests,
+        provider_seconds,
+        provider_requests_per_second: provider_rate,
+        latency: Percentiles::from_histogram_us(&histogram),
+        ceiling_requests_per_second: ceiling,
+        ratio: ceiling.map(|c| provider_rate / c),
+    };
+    if provider_requests < accepted {
+        eprintln!("missing: {} accepted wake-ups did not reach the mock", accepted - provider_requests);
+    }
+    if let Some(path) = &args.json_out {
+        std::fs::write(path, serde_json::to_vec_pretty(&report)?)?;
+    }
+    Ok(report)
+}
+
+/// The same FCM requests through the engine's FCM channel alone.
+async fn ceiling(args: &GatewayArgs, dir: &Path, base_url: &str) -> anyhow::Result<f64> {
+    let table = fcm_table(dir, base_url);
+    let settings: FcmSettings = toml::from_str::<toml::Table>(&table)?
+        .get("engine")
+        .and_then(|e| e.get("channels"))
+        .and_then(|c| c.get("fcm"))
+        .cloned()
+        .context("the fcm table")?
+        .try_into()?;
+    let provider = Arc::new(FcmProvider::new(&settings, &ChannelContext::new(Arc::new(Metrics::new())))?);
+    let target = format!("ak:pseudonym:push:{}", URL_SAFE_NO_PAD.encode([7u8; 32]));
+    let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let started = Instant::now();
+    let mut workers = tokio::task::JoinSet::new();
+    for _ in 0..args.concurrency.max(1) {
+        let (provider, next, target) = (provider.clone(), next.clone(), target.clone());
+        let (devices, notifies) = (args.devices, args.notifies);
+        workers.spawn(async move {
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= notifies {
+                    return Ok::<(), anyhow::Error>(());
+                }
+                // The gateway's payload shape: target, kind, counts.
+                let payload = json!({"push_target_id": target, "wakeup_kind": "message",
+                                     "counts": {"badge": "2-5", "unread_increment": i / devices + 1}});
+                let payload = payload.as_object().cloned().unwrap_or_default();
+                let token = format!("lt-{}", i % devices);
+                let push = RelayedPush {
+                    token: &token,
+                    app_id: None,
+                    sandbox: false,
+                    collapse_id: Some("AAAAAAAAAAAAAAAAAAAAAA"),
+                    priority: RelayPriority::Normal,
+                    payload: &payload,
+                    ttl: Duration::from_secs(86_400),
+                };
+                match provider.send_relayed(&push).await {
+                    Ok(Outcome::Delivered) => {}
+                    other => bail!("ceiling request answered {other:?}"),
+                }
+            }
+        });
+    }
+    while let Some(done) = workers.join_next().await {
+        done??;
+    }
+    Ok(args.notifies as f64 / started.elapsed().as_secs_f64().max(1e-6))
+}

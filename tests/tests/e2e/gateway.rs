@@ -1,0 +1,505 @@
+//! Spec 002 (issue 14) end to end: the real `fanout` binary with
+//! `[engine.gateway]` and `[station]`, the real APNs and FCM mocks. Devices
+//! register on the Station routes with a bearer session; a Station service
+//! calls notify, signed here with RFC 9421 over Ed25519 (`ring`, building
+//! the signature base by hand from the RFC, independently of the engine's
+//! signer) and RFC 9530 Content-Digest; the mocks show what the providers
+//! receive.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use base64::Engine as _;
+use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+use fanout_testkit::{
+    ApnsTestKey, FcmReply, MockApns, MockApnsConfig, MockFcm, MockFcmConfig, TestPki, start_mock_apns, start_mock_fcm,
+};
+use fanout_tests::{EngineConfig, Fanout};
+
+use crate::common::{RawAnswer, post_raw as post};
+use ring::signature::{Ed25519KeyPair, KeyPair as _};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+const GATEWAY: &str = "did:web:push.example.test";
+const GATEWAY_URL: &str = "https://push.example.test/_arkret/edge/push/notify";
+const STATION: &str = "did:web:station.example.test";
+const KEY_ID: &str = "station-2026";
+const SEED: [u8; 32] = [7; 32];
+const SESSION: &str = "session-token-of-alice";
+const ACCOUNT: &str = "ak:account:alice@station.example.test";
+const NOTIFY: &str = "/_arkret/edge/push/notify";
+const T: Duration = Duration::from_secs(10);
+/// The delivery window of these tests (short, so windows pass quickly).
+const WINDOW_S: u64 = 2;
+
+/// The provider payload members §5.1 allows.
+const ALLOWED: [&str; 6] =
+    ["push_target_id", "wakeup_kind", "push_hint", "push_hint_l10n_key", "evaluation_locus_unresolved", "counts"];
+
+struct Setup {
+    fanout: Fanout,
+    apns: MockApns,
+    fcm: MockFcm,
+    dir: tempfile::TempDir,
+}
+
+fn quote(path: &std::path::Path) -> String {
+    format!("{:?}", path.display().to_string())
+}
+
+fn public_key() -> String {
+    let pair = Ed25519KeyPair::from_seed_unchecked(&SEED).unwrap();
+    URL_SAFE_NO_PAD.encode(pair.public_key().as_ref())
+}
+
+/// The configuration: APNs and FCM, the gateway, the Station. `fcm` false
+/// leaves the FCM channel out (a registered FCM route is then unreachable).
+fn tables(s_apns: &str, s_fcm: &str, dir: &std::path::Path, fcm: bool, threshold: u32) -> String {
+    let mut t = format!(
+        "[engine.channels.apns]\nkey_file = {key}\nkey_id = \"KEY1234567\"\nteam_id = \"TEAM123456\"\n\
+         bundle_id = \"com.example.fanout\"\nenvironment = \"production\"\nsandbox_url = \"{s_apns}\"\n\
+         production_url = \"{s_apns}\"\nextra_ca_files = [{ca}]\n\n",
+        key = quote(&dir.join("AuthKey.p8")),
+        ca = quote(&dir.join("ca.pem")),
+    );
+    if fcm {
+        t.push_str(&format!(
+            "[engine.channels.fcm]\nservice_account_file = {account}\nbase_url = \"{s_fcm}\"\nextra_ca_files = [{ca}]\n\n",
+            account = quote(&dir.join("sa.json")),
+            ca = quote(&dir.join("ca.pem")),
+        ));
+    }
+    t.push_str(&format!(
+        "[engine.gateway]\nservice_id = \"{GATEWAY}\"\nsalt_epoch = \"e1\"\nsalt_secrets = {{ e1 = {salt} }}\n\
+         window_seconds = {WINDOW_S}\naggressive_threshold = {threshold}\nmax_provider_payload_bytes = 256\n\
+         no_fanout_event_kinds = [\"ak.agent.lifecycle\"]\n\n\
+         [[engine.gateway.gateways]]\nurl = \"{GATEWAY_URL}\"\nservice_id = \"{GATEWAY}\"\n\n\
+         [[engine.gateway.source_services]]\nid = \"{STATION}\"\nkeys = [{{ key_id = \"{KEY_ID}\", public_key = \"{pk}\" }}]\n\n\
+         [station]\nservice_id = \"{STATION}\"\nsession_tokens_file = {sessions}\n\n",
+        salt = quote(&dir.join("salt-e1.hex")),
+        pk = public_key(),
+        sessions = quote(&dir.join("sessions")),
+    ));
+    t
+}
+
+async fn setup(threshold: u32) -> Setup {
+    let pki = TestPki::generate(&[]).expect("pki");
+    let key = ApnsTestKey::generate().expect("key");
+    let apns = start_mock_apns(
+        &pki,
+        MockApnsConfig {
+            team_id: "TEAM123456".into(),
+            key_id: "KEY1234567".into(),
+            public_key_pem: Some(key.public_pem.clone()),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("mock APNs");
+    let fcm = start_mock_fcm(&pki, MockFcmConfig::default()).await.expect("mock FCM");
+    let dir = tempfile::tempdir().expect("tempdir");
+    key.write_p8(&dir.path().join("AuthKey.p8")).expect("write key");
+    pki.write_ca(&dir.path().join("ca.pem")).expect("write ca");
+    fcm.service_account().write(&dir.path().join("sa.json")).expect("write service account");
+    std::fs::write(dir.path().join("salt-e1.hex"), format!("{}\n", "11".repeat(32))).unwrap();
+    let hash = hex::encode(Sha256::digest(SESSION.as_bytes()));
+    std::fs::write(dir.path().join("sessions"), format!("{hash} {ACCOUNT}\n")).unwrap();
+    let config = tables(&apns.base_url(), &fcm.base_url(), dir.path(), true, threshold);
+    let fanout =
+        Fanout::start(EngineConfig { extra_tables: config, ..Default::default() }).await.expect("start fanout");
+    Setup { fanout, apns, fcm, dir }
+}
+
+type Answer = RawAnswer;
+
+trait Json {
+    fn json(&self) -> Value;
+}
+
+impl Json for Answer {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|_| panic!("JSON body: {}", self.body))
+    }
+}
+
+fn now_s() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()
+}
+
+fn device(n: u32) -> String {
+    format!("ak:device:01964137-0000-7000-8000-{n:012x}")
+}
+
+async fn register(s: &Setup, device_id: &str, push_key: &str) -> Answer {
+    let body = json!({
+        "device_id": device_id, "push_gateway_url": GATEWAY_URL, "push_key": push_key,
+        "platform": "android", "app_id": "com.arkret.client", "display_name": "Alice's phone",
+    });
+    let auth = vec![("Authorization".to_string(), format!("Bearer {SESSION}"))];
+    post(s.fanout.api, "/_arkret/edge/push/register-device", &auth, body.to_string().as_bytes()).await
+}
+
+async fn registered_target(s: &Setup, device_id: &str, push_key: &str) -> String {
+    let answer = register(s, device_id, push_key).await;
+    assert_eq!(answer.status, 200, "{}\n{}", answer.body, s.fanout.log_tail(20));
+    answer.json()["push_target_id"].as_str().unwrap().to_owned()
+}
+
+/// RFC 9421 §2.5's signature base and RFC 9530's Content-Digest, written
+/// from the RFCs: the covered components in order, then `@signature-params`.
+fn signed_headers(key: &str, body: &[u8], seed: &[u8; 32], created: u64) -> Vec<(String, String)> {
+    let digest = format!("sha-256=:{}:", STANDARD.encode(Sha256::digest(body)));
+    let fields = [
+        ("arkret-operation", "ak.edge.push.command.notify.v1".to_string()),
+        ("idempotency-key", key.to_string()),
+        ("source-service-id", STATION.to_string()),
+        ("destination-service-id", GATEWAY.to_string()),
+        ("content-digest", digest),
+    ];
+    let covered: Vec<String> =
+        ["@method", "@path"].into_iter().chain(fields.iter().map(|(n, _)| *n)).map(|c| format!("\"{c}\"")).collect();
+    let params = format!("({});created={created};keyid=\"{KEY_ID}\";alg=\"ed25519\"", covered.join(" "));
+    let mut base = format!("\"@method\": POST\n\"@path\": {NOTIFY}\n");
+    for (name, value) in &fields {
+        base.push_str(&format!("\"{name}\": {value}\n"));
+    }
+    base.push_str(&format!("\"@signature-params\": {params}"));
+    let pair = Ed25519KeyPair::from_seed_unchecked(seed).unwrap();
+    let signature = STANDARD.encode(pair.sign(base.as_bytes()).as_ref());
+    let mut headers: Vec<(String, String)> = fields.iter().map(|(n, v)| (n.to_string(), v.clone())).collect();
+    headers.push(("signature-input".into(), format!("sig1={params}")));
+    headers.push(("signature".into(), format!("sig1=:{signature}:")));
+    headers
+}
+
+async fn notify(s: &Setup, key: &str, body: &Value) -> Answer {
+    let bytes = body.to_string().into_bytes();
+    post(s.fanout.api, NOTIFY, &signed_headers(key, &bytes, &SEED, now_s()), &bytes).await
+}
+
+fn body(target: &str, devices: &[&str]) -> Value {
+    json!({"notification": {
+        "push_target_id": target,
+        "wakeup_kind": "message",
+        "push_hint": "new_message",
+        "counts": {"badge": "2-5", "missed_call": false},
+        "devices": devices.iter().map(|d| json!({"device_id": d})).collect::<Vec<_>>(),
+        "route_tokens": {"realm_route_token": "opaque-realm-token-1"},
+    }})
+}
+
+fn outcomes(answer: &Answer) -> Vec<(String, String, Option<String>)> {
+    let json = answer.json();
+    json["outcomes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("outcomes: {}", answer.body))
+        .iter()
+        .map(|o| {
+            (
+                o["device_id"].as_str().unwrap().to_owned(),
+                o["gateway_status"].as_str().unwrap().to_owned(),
+                o["reason_code"].as_str().map(str::to_owned),
+            )
+        })
+        .collect()
+}
+
+fn one(device: &str, status: &str, reason: Option<&str>) -> (String, String, Option<String>) {
+    (device.to_owned(), status.to_owned(), reason.map(str::to_owned))
+}
+
+/// The FCM data payload of a received request.
+fn fcm_payload(r: &fanout_testkit::ProviderRequest) -> Value {
+    let message = &r.json().unwrap()["message"];
+    serde_json::from_str(message["data"]["payload"].as_str().unwrap()).unwrap()
+}
+
+fn only_allowed(payload: &Value) {
+    let object = payload.as_object().unwrap_or_else(|| panic!("payload object: {payload}"));
+    for key in object.keys() {
+        assert!(ALLOWED.contains(&key.as_str()), "{key} reached the provider: {payload}");
+    }
+}
+
+/// Waits until the current delivery window has at least `room` left.
+async fn window_with_room(room: Duration) {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64;
+    let left = WINDOW_S * 1000 - now % (WINDOW_S * 1000);
+    if left < room.as_millis() as u64 {
+        tokio::time::sleep(Duration::from_millis(left + 20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn register_notify_and_the_provider_sees_only_allowed_fields() {
+    let s = setup(30).await;
+    let (phone, tablet) = (device(1), device(2));
+    let answer = register(&s, &phone, "fcm:fcm-token-phone").await;
+    assert_eq!(answer.status, 200, "{}\n{}", answer.body, s.fanout.log_tail(20));
+    let registered = answer.json();
+    let target = registered["push_target_id"].as_str().unwrap().to_owned();
+    assert!(target.starts_with("ak:pseudonym:push:") && target.len() == 18 + 43, "{target}");
+    let registration_id = registered["registration_id"].as_str().unwrap();
+    assert!(registration_id.len() >= 22 && !registration_id.starts_with("ak:"));
+    assert!(registered["expires_at"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(registered.as_object().unwrap().len(), 3, "{registered}");
+
+    // The phone is the target's device; the tablet is not bound to it.
+    let request = body(&target, &[&phone, &tablet]);
+    let answer = notify(&s, "idem-1", &request).await;
+    assert_eq!(answer.status, 200, "{}\n{}", answer.body, s.fanout.log_tail(20));
+    assert_eq!(answer.json()["push_target_id"], target.as_str());
+    assert_eq!(
+        outcomes(&answer),
+        vec![one(&phone, "accepted", None), one(&tablet, "rejected", Some("push_token_unknown"))]
+    );
+    let got = s.fcm.wait_for_token("fcm-token-phone", 1, T).await;
+    assert_eq!(got.len(), 1, "{}", s.fanout.log_tail(20));
+    let payload = fcm_payload(&got[0]);
+    only_allowed(&payload);
+    assert_eq!(payload["push_target_id"], target.as_str());
+    assert_eq!(payload["wakeup_kind"], "message");
+    assert_eq!(payload["push_hint"], "new_message");
+    assert_eq!(payload["counts"], json!({"badge": "2-5", "missed_call": false}));
+    let collapse = got[0].json().unwrap()["message"]["android"]["collapse_key"].as_str().unwrap().to_owned();
+    assert_eq!(collapse.len(), 22, "{collapse}");
+    assert!(!String::from_utf8_lossy(&got[0].body).contains("opaque-realm-token-1"));
+
+    // §5.2: an exact replay answers the same bytes and sends nothing; the
+    // key with another body is duplicate_conflict and changes nothing.
+    let replay = notify(&s, "idem-1", &request).await;
+    assert_eq!((replay.status, &replay.body), (200, &answer.body));
+    let mut other = request.clone();
+    other["notification"]["wakeup_kind"] = "mention".into();
+    let conflict = notify(&s, "idem-1", &other).await;
+    assert_eq!(conflict.status, 409, "{}", conflict.body);
+    assert!(conflict.headers.contains("content-type: application/problem+json"));
+    assert_eq!(conflict.json()["code"], "duplicate_conflict");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(s.fcm.received_for("fcm-token-phone").len(), 1);
+
+    // APNs: the route named by the key's prefix; the payload rides under
+    // "payload" next to a background aps.
+    let ipad = device(3);
+    let ipad_target = registered_target(&s, &ipad, "apns:00aa11bb22").await;
+    let answer = notify(&s, "idem-apns", &body(&ipad_target, &[&ipad])).await;
+    assert_eq!(outcomes(&answer), vec![one(&ipad, "accepted", None)]);
+    let got = s.apns.wait_for_token("00aa11bb22", 1, T).await;
+    let json = got[0].json().unwrap();
+    assert_eq!(json["aps"], json!({"content-available": 1}));
+    only_allowed(&json["payload"]);
+    assert_eq!(json["payload"]["push_target_id"], ipad_target.as_str());
+    assert_eq!(got[0].header("apns-collapse-id").map(str::len), Some(22));
+
+    // Nothing private in the log.
+    let log = s.fanout.log();
+    for private in ["fcm-token-phone", "00aa11bb22", ACCOUNT, SESSION, &phone, &target, "opaque-realm-token-1"] {
+        assert!(!log.contains(private), "the log shows {private}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_target_and_device_reasons() {
+    let mut s = setup(30).await;
+    let phone = device(10);
+    let target = registered_target(&s, &phone, "fcm:token-10").await;
+
+    // An unknown (well-formed) target: every device rejected alike.
+    let unknown = format!("ak:pseudonym:push:{}", URL_SAFE_NO_PAD.encode([9u8; 32]));
+    let answer = notify(&s, "k-unknown", &body(&unknown, &[&phone, &device(11)])).await;
+    assert_eq!(
+        outcomes(&answer),
+        vec![
+            one(&phone, "rejected", Some("push_target_unknown")),
+            one(&device(11), "rejected", Some("push_target_unknown"))
+        ]
+    );
+    // A payload over max_provider_payload_bytes (256): expanded too.
+    let mut big = body(&target, &[&phone, &device(11)]);
+    big["notification"]["push_hint"] = "l10n_key".into();
+    big["notification"]["push_hint_l10n_key"] = "k".repeat(128).into();
+    big["notification"]["counts"] = json!({"badge": "21+", "missed_call": "6-20", "unread_increment": 20});
+    big["notification"]["evaluation_locus_unresolved"] = true.into();
+    big["notification"]["wakeup_kind"] = "expiry_invalidation".into();
+    let answer = notify(&s, "k-big", &big).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert!(outcomes(&answer).iter().all(|o| o.2.as_deref() == Some("push_payload_too_large")), "{}", answer.body);
+    // The no-fanout branches: every device duplicate, nothing sent.
+    for (key, extra) in [
+        ("k-hist", json!({"reason_code": "historical_only"})),
+        ("k-kind", json!({"event_kind": "ak.agent.lifecycle"})),
+        ("k-audit", json!({"audit_envelope": {"access_kind": "e2ee_late_recovery"}})),
+    ] {
+        let mut request = body(&target, &[&phone]);
+        request.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let answer = notify(&s, key, &request).await;
+        assert_eq!(outcomes(&answer), vec![one(&phone, "duplicate", None)], "{key}: {}", answer.body);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(s.fcm.received_count(), 0);
+
+    // A provider-invalidated token: accepted (durable takeover), the
+    // provider answers UNREGISTERED, and the next notify is push_token_invalid.
+    s.fcm.script("token-10", vec![FcmReply::fcm_error(404, "NOT_FOUND", "UNREGISTERED")]);
+    let answer = notify(&s, "k-dead-1", &body(&target, &[&phone])).await;
+    assert_eq!(outcomes(&answer), vec![one(&phone, "accepted", None)]);
+    s.fcm.wait_for_token("token-10", 1, T).await;
+    let mut invalid = Vec::new();
+    for i in 0..50 {
+        let mut request = body(&target, &[&phone]);
+        request["notification"]["wakeup_kind"] = "reaction".into();
+        invalid = outcomes(&notify(&s, &format!("k-dead-2-{i}"), &request).await);
+        if invalid[0].2.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(invalid, vec![one(&phone, "rejected", Some("push_token_invalid"))]);
+    // Registering again gives a fresh route (new token): accepted again
+    // (another wakeup: the same one would be this window's duplicate, §2.4).
+    let target = registered_target(&s, &phone, "fcm:token-10b").await;
+    let mut fresh = body(&target, &[&phone]);
+    fresh["notification"]["wakeup_kind"] = "assignment".into();
+    let answer = notify(&s, "k-fresh", &fresh).await;
+    assert_eq!(outcomes(&answer), vec![one(&phone, "accepted", None)]);
+    s.fcm.wait_for_token("token-10b", 1, T).await;
+
+    // A transient provider answer after the takeover is the gateway's to
+    // retry (FCM's table: 503 → again after 10 s): the caller already has
+    // `accepted`.
+    s.fcm.script("token-10b", vec![FcmReply::error(503, "UNAVAILABLE")]);
+    let mut request = body(&target, &[&phone]);
+    request["notification"]["wakeup_kind"] = "schedule".into();
+    assert_eq!(outcomes(&notify(&s, "k-retry", &request).await), vec![one(&phone, "accepted", None)]);
+    let retried = s.fcm.wait_for_token("token-10b", 3, Duration::from_secs(30)).await;
+    assert_eq!(retried.len(), 3, "{}", s.fanout.log_tail(20));
+    assert_eq!(fcm_payload(&retried[1]), fcm_payload(&retried[2]), "the same wakeup, sent again");
+
+    // The FCM channel removed: a registered FCM route is unreachable for
+    // now (retryable, with retry_after_ms).
+    let config = tables(&s.apns.base_url(), &s.fcm.base_url(), s.dir.path(), false, 30);
+    s.fanout.set_config(EngineConfig { extra_tables: config, ..Default::default() });
+    s.fanout.restart().await.expect("restart");
+    let answer = notify(&s, "k-unreachable", &body(&target, &[&phone])).await;
+    assert_eq!(outcomes(&answer), vec![one(&phone, "rejected", Some("push_gateway_unreachable"))]);
+    assert!(answer.json()["outcomes"][0]["retry_after_ms"].as_u64().is_some_and(|ms| ms > 0), "{}", answer.body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dedup_and_batching_per_window_and_unregister() {
+    let s = setup(2).await;
+    let phone = device(20);
+    let target = registered_target(&s, &phone, "fcm:token-20").await;
+
+    // §2.4: the same wakeup under another Idempotency-Key in the same window
+    // is a duplicate; in the next window it is a new wakeup.
+    window_with_room(Duration::from_millis(1500)).await;
+    let request = body(&target, &[&phone]);
+    assert_eq!(outcomes(&notify(&s, "d-1", &request).await), vec![one(&phone, "accepted", None)]);
+    assert_eq!(outcomes(&notify(&s, "d-2", &request).await), vec![one(&phone, "duplicate", None)]);
+    tokio::time::sleep(Duration::from_secs(WINDOW_S)).await;
+    assert_eq!(outcomes(&notify(&s, "d-3", &request).await), vec![one(&phone, "accepted", None)]);
+    let got = s.fcm.wait_for_token("token-20", 2, T).await;
+    assert_eq!(got.len(), 2);
+    // Unlinkable across windows: another collapse key.
+    let key = |r: &fanout_testkit::ProviderRequest| r.json().unwrap()["message"]["android"]["collapse_key"].clone();
+    assert_ne!(key(&got[0]), key(&got[1]));
+
+    // §4.5 with aggressive_threshold = 2: in one window two wakeups go at
+    // once, the next two are accepted and merge into one batch wakeup sent
+    // at the window's end, flagged evaluation_locus_unresolved.
+    tokio::time::sleep(Duration::from_secs(WINDOW_S)).await;
+    window_with_room(Duration::from_millis(1500)).await;
+    let tablet = device(21);
+    let tablet_target = registered_target(&s, &tablet, "fcm:token-21").await;
+    for (i, kind) in ["message", "mention", "reaction", "reminder"].into_iter().enumerate() {
+        let mut request = body(&tablet_target, &[&tablet]);
+        request["notification"]["wakeup_kind"] = kind.into();
+        let answer = notify(&s, &format!("b-{i}"), &request).await;
+        assert_eq!(outcomes(&answer), vec![one(&tablet, "accepted", None)], "{kind}");
+    }
+    let got = s.fcm.wait_for_token("token-21", 3, T).await;
+    assert_eq!(got.len(), 3, "{}", s.fanout.log_tail(20));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(s.fcm.received_for("token-21").len(), 3);
+    let batch = fcm_payload(&got[2]);
+    only_allowed(&batch);
+    assert_eq!(batch["evaluation_locus_unresolved"], true, "{batch}");
+    assert_eq!(batch["wakeup_kind"], "reminder", "the latest kind stands: {batch}");
+
+    // §3.2: unregister answers 204 without a body, also when repeated; the
+    // target is then unknown.
+    let auth = vec![("Authorization".to_string(), format!("Bearer {SESSION}"))];
+    let unregister = json!({"device_id": phone}).to_string();
+    for _ in 0..2 {
+        let answer = post(s.fanout.api, "/_arkret/edge/push/unregister-device", &auth, unregister.as_bytes()).await;
+        assert_eq!((answer.status, answer.body.as_str()), (204, ""), "{}", answer.headers);
+    }
+    let answer = notify(&s, "after-unregister", &body(&target, &[&phone])).await;
+    assert_eq!(outcomes(&answer), vec![one(&phone, "rejected", Some("push_target_unknown"))]);
+
+    // Re-registering supersedes: the old pseudonym of a device whose route
+    // changed (APNs now) no longer resolves; never two current routes.
+    let fcm_target = registered_target(&s, &tablet, "fcm:token-21b").await;
+    assert_eq!(fcm_target, tablet_target, "same account, device, route and epoch: same pseudonym");
+    let apns_target = registered_target(&s, &tablet, "apns:aabbcc21").await;
+    assert_ne!(apns_target, tablet_target);
+    let answer = notify(&s, "old-route", &body(&tablet_target, &[&tablet])).await;
+    assert_eq!(outcomes(&answer), vec![one(&tablet, "rejected", Some("push_target_unknown"))]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unauthenticated_and_malformed_requests_change_nothing() {
+    let s = setup(30).await;
+    let phone = device(30);
+    let target = registered_target(&s, &phone, "fcm:token-30").await;
+    let request = body(&target, &[&phone]);
+    let bytes = request.to_string().into_bytes();
+
+    // Notify: another key, a stale signature, a body changed after signing,
+    // no signature at all.
+    let other_key = signed_headers("s-1", &bytes, &[8; 32], now_s());
+    let stale = signed_headers("s-1", &bytes, &SEED, now_s() - 3600);
+    let tampered = signed_headers("s-1", b"{}", &SEED, now_s());
+    let unsigned: Vec<_> = signed_headers("s-1", &bytes, &SEED, now_s()).into_iter().take(5).collect();
+    for (what, headers) in [("other key", other_key), ("stale", stale), ("tampered", tampered), ("unsigned", unsigned)]
+    {
+        let answer = post(s.fanout.api, NOTIFY, &headers, &bytes).await;
+        assert_eq!(answer.status, 401, "{what}: {}", answer.body);
+        assert!(answer.headers.contains("application/problem+json"), "{what}");
+    }
+    // Schema: a forbidden field, a visible-only field, a duplicate device.
+    for (what, change) in [
+        ("content", json!({"content": "hello"})),
+        ("event_id", json!({"event_id": "ak:event:1"})),
+        ("devices", json!({"devices": [{"device_id": phone}, {"device_id": phone}]})),
+    ] {
+        let mut bad = request.clone();
+        bad["notification"].as_object_mut().unwrap().extend(change.as_object().unwrap().clone());
+        let answer = notify(&s, &format!("schema-{what}"), &bad).await;
+        assert_eq!(answer.status, 400, "{what}: {}", answer.body);
+        assert_eq!(answer.json()["code"], "schema_violation", "{what}");
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(s.fcm.received_count(), 0);
+    // The refused keys stored nothing: the genuine request under one is accepted.
+    let answer = notify(&s, "s-1", &request).await;
+    assert_eq!(outcomes(&answer), vec![one(&phone, "accepted", None)]);
+
+    // Station: no session, an unknown session, an account in the body, a
+    // gateway that is not onboarded.
+    let path = "/_arkret/edge/push/register-device";
+    let good = json!({"device_id": device(31), "push_gateway_url": GATEWAY_URL, "push_key": "fcm:t31"});
+    let auth = |token: &str| vec![("Authorization".to_string(), format!("Bearer {token}"))];
+    assert_eq!(post(s.fanout.api, path, &[], good.to_string().as_bytes()).await.status, 401);
+    assert_eq!(post(s.fanout.api, path, &auth("not-a-session"), good.to_string().as_bytes()).await.status, 401);
+    let mut with_account = good.clone();
+    with_account["account_id"] = ACCOUNT.into();
+    let answer = post(s.fanout.api, path, &auth(SESSION), with_account.to_string().as_bytes()).await;
+    assert_eq!((answer.status, answer.json()["code"].as_str()), (400, Some("schema_violation")));
+    let mut elsewhere = good.clone();
+    elsewhere["push_gateway_url"] = "https://push.example.test/_arkret/edge/push/notify/".into();
+    let answer = post(s.fanout.api, path, &auth(SESSION), elsewhere.to_string().as_bytes()).await;
+    assert_eq!((answer.status, answer.json()["code"].as_str()), (422, Some("push_gateway_not_onboarded")));
+}
