@@ -1,8 +1,10 @@
 //! The embedded backend: one redb file in a local directory (DESIGN.md, storage).
 //!
-//! redb is synchronous, so every call runs on tokio's blocking pool. Each trait
-//! method is one redb transaction. Records use a small hand-written binary
-//! encoding, version byte first (see `codec`).
+//! redb is synchronous: reads run on tokio's blocking pool, each in its own
+//! read transaction; writes run on one writer thread that commits the writes
+//! waiting together in one transaction (group commit, `commit.rs`), each
+//! trait method's writes all or nothing. Records use a small hand-written
+//! binary encoding, version byte first (see `codec`).
 //!
 //! Tables:
 //! - `meta`: `"shard_count"` → u16, fixed at first open.
@@ -14,6 +16,7 @@
 //! - `relay_deliveries`, `relay_expiry`: spec 003 §2.5 records (`relay.rs`).
 //! - `gw_*`: spec 002's push gateway records (`gateway.rs`).
 
+mod commit;
 mod gateway;
 mod relay;
 
@@ -53,6 +56,7 @@ type BytesTable<'t> = redb::Table<'t, &'static [u8], &'static [u8]>;
 /// The embedded `Store` on redb.
 pub struct RedbStore {
     db: Arc<Database>,
+    writer: commit::GroupCommit,
     shard_count: u16,
 }
 
@@ -116,8 +120,10 @@ impl RedbStore {
             }
             _ => {
                 txn.commit().be()?;
+                let db = Arc::new(db);
                 Ok(Self {
-                    db: Arc::new(db),
+                    writer: commit::GroupCommit::start(db.clone())?,
+                    db,
                     shard_count,
                 })
             }
@@ -138,28 +144,16 @@ impl RedbStore {
         blocking(move || f(&db.begin_read().be()?)).await
     }
 
-    /// Runs `f` in a write transaction on the blocking pool: commits when it
-    /// returns `Ok`, aborts (changing nothing) when it returns `Err`.
+    /// Runs `f` in a write transaction, shared with the writes queued with
+    /// it (group commit): answers once that transaction committed; `Err`
+    /// from `f` discards its writes and fails it alone. `f` may run more
+    /// than once (see `commit.rs`); only its last run counts.
     async fn write<T, F>(&self, f: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
-        F: FnOnce(&WriteTransaction) -> Result<T, StoreError> + Send + 'static,
+        F: Fn(&WriteTransaction) -> Result<T, StoreError> + Send + 'static,
     {
-        let db = self.db.clone();
-        blocking(move || {
-            let txn = db.begin_write().be()?;
-            match f(&txn) {
-                Ok(value) => {
-                    txn.commit().be()?;
-                    Ok(value)
-                }
-                Err(e) => {
-                    txn.abort().be()?;
-                    Err(e)
-                }
-            }
-        })
-        .await
+        self.writer.write(f).await
     }
 
     fn check_shard(&self, shard: ShardId) -> Result<(), StoreError> {
@@ -393,7 +387,7 @@ impl Store for RedbStore {
             let r = Recipient {
                 id,
                 secret_hash,
-                target,
+                target: target.clone(),
                 renewed_at_ns: now_ns,
                 topic_count,
             };

@@ -76,6 +76,8 @@ macro_rules! for_each_case {
             gateway_concurrent_notify_claims_have_one_winner,
             gateway_wakeups_are_leased,
             gateway_state_compare_and_set,
+            concurrent_writes_all_land,
+            a_refused_write_among_concurrent_ones_fails_alone,
         );
     };
 }
@@ -376,6 +378,84 @@ pub async fn topic_limit_applies_nothing<S: Store>(store: &S) {
     let r = store.update_subscriptions(&a, &h, &update(vec![sub(&group(5))], vec![]), 60, 3).await;
     assert!(matches!(r, Err(StoreError::TopicLimit)), "{r:?}");
     assert_eq!(store.recipient(&a).await.unwrap().unwrap().renewed_at_ns, 50);
+}
+
+/// Issue 18 (group commit): many writers at once, of every kind, each
+/// answered with its own result and all of them stored; appends to one
+/// shard from concurrent publishes get distinct, gap-free ids.
+pub async fn concurrent_writes_all_land<S: Store>(store: &S) {
+    const N: u8 = 120;
+    let registers =
+        (0..N).map(|n| async move { store.register(&rid(n), &secret(n), &apns(&format!("t{n}")), 10).await });
+    for summary in futures::future::join_all(registers).await {
+        assert_eq!(summary.unwrap().topic_count, 0);
+    }
+    let t = group(1);
+    let t = &t;
+    let updates = (0..N).map(|n| async move {
+        store.update_subscriptions(&rid(n), &secret(n), &update(vec![sub(t)], vec![]), 20, NO_LIMIT).await
+    });
+    let appends = (0..N).map(|_| async move { store.append(&[app(t)], 30).await });
+    let (updates, appends) =
+        futures::future::join(futures::future::join_all(updates), futures::future::join_all(appends)).await;
+    assert!(updates.iter().all(|s| s.as_ref().is_ok_and(|s| s.topic_count == 1)), "{updates:?}");
+    let mut ids: Vec<u64> = appends
+        .into_iter()
+        .map(|a| match a.unwrap()[..] {
+            [Appended::Stored { sequence_id }] => sequence_id,
+            ref other => panic!("{other:?}"),
+        })
+        .collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (1..=u64::from(N)).collect::<Vec<_>>(), "one id each, no gap");
+    let mut subscribers = subscriber_ids(store, &t).await;
+    subscribers.sort();
+    assert_eq!(subscribers, (0..N).map(rid).collect::<Vec<_>>());
+    assert_eq!(store.shard_position(t.shard(SHARD_COUNT)).await.unwrap().boundary, u64::from(N));
+}
+
+/// Issue 18 (group commit): a refused write among concurrent ones (a wrong
+/// secret, the topic limit) gets its own error, changes nothing, and fails
+/// none of the writes it may have shared a transaction with.
+pub async fn a_refused_write_among_concurrent_ones_fails_alone<S: Store>(store: &S) {
+    const N: u8 = 90;
+    for n in 0..N {
+        store.register(&rid(n), &secret(n), &apns("t"), 10).await.unwrap();
+    }
+    let two = || update(vec![sub(&group(1)), sub(&group(2))], vec![]);
+    let calls = (0..N).map(|n| {
+        let two = two();
+        async move {
+            match n % 3 {
+                0 => store.update_subscriptions(&rid(n), &secret(n.wrapping_add(1)), &two, 20, NO_LIMIT).await,
+                1 => store.update_subscriptions(&rid(n), &secret(n), &two, 20, 1).await,
+                _ => store.update_subscriptions(&rid(n), &secret(n), &two, 20, NO_LIMIT).await,
+            }
+        }
+    });
+    let results = futures::future::join_all(calls).await;
+    for (n, result) in (0..N).zip(results) {
+        let (topics, renewed) = match n % 3 {
+            0 => {
+                assert!(matches!(result, Err(StoreError::SecretMismatch)), "{n}: {result:?}");
+                (vec![], 10)
+            }
+            1 => {
+                assert!(matches!(result, Err(StoreError::TopicLimit)), "{n}: {result:?}");
+                (vec![], 10)
+            }
+            _ => {
+                assert_eq!(result.unwrap().topic_count, 2, "{n}");
+                (vec![group(1), group(2)], 20)
+            }
+        };
+        assert_eq!(topics_of(&store.subscriptions(&rid(n)).await.unwrap()), topics, "{n}");
+        let r = store.recipient(&rid(n)).await.unwrap().unwrap();
+        assert_eq!((r.topic_count, r.renewed_at_ns), (topics.len() as u64, renewed), "{n}");
+    }
+    let mut subscribers = subscriber_ids(store, &group(2)).await;
+    subscribers.sort();
+    assert_eq!(subscribers, (0..N).filter(|n| n % 3 == 2).map(rid).collect::<Vec<_>>());
 }
 
 /// Section 3: a key window round-trips exactly; without keys none is stored.
