@@ -561,6 +561,7 @@ mod tests {
                 "apns-throughput",
                 "faults",
                 "many-topics",
+                "registration",
                 "relay-smoke",
                 "slow-receivers",
                 "smoke",
