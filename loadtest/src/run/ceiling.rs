@@ -72,7 +72,7 @@ pub fn client(pki: &TestPki, channel: ScenarioChannel) -> HttpsClient {
 
 /// The request for delivery `index` of the plan, with the body and headers
 /// the engine would send.
-fn request(plan: &Plan, ids: RunIds, targets: &Targets, index: u64) -> http::Request<Full<Bytes>> {
+pub(super) fn request(plan: &Plan, ids: RunIds, targets: &Targets, index: u64) -> http::Request<Full<Bytes>> {
     let (envelope, slot) = plan.delivery_at(index);
     let topic = plan.topic_of_envelope(envelope);
     let recipient = plan.subscriber(topic, slot);

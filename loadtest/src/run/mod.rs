@@ -9,12 +9,14 @@
 //! - [`driver`]: registration, subscriptions and publishing over gRPC
 //! - [`collector`]: the receiver-side accounting (missing, duplicates, latency)
 //! - [`ceiling`]: the bare HTTP/2 client with no engine in between
+//! - [`h2load`]: the independent ceiling, nghttp2's h2load into the same receivers
 //! - [`report`], [`svg`], [`progress`]: the outputs
 
 pub mod ceiling;
 pub mod collector;
 pub mod driver;
 pub mod engine_process;
+pub mod h2load;
 pub mod ids;
 pub mod progress;
 pub mod report;
@@ -76,6 +78,15 @@ pub struct RunArgs {
     /// Also measure the ceiling (before the engine starts) and report the ratio.
     #[arg(long)]
     pub with_ceiling: bool,
+    /// Also measure the independent ceiling with nghttp2's h2load (Debian
+    /// package nghttp2-client) and report the ratio against it.
+    #[arg(long)]
+    pub with_h2load: bool,
+    /// With --with-h2load: HTTP/2 connections per receiver (the engine opens
+    /// one per receiver host); the scenario's ceiling concurrency is split
+    /// over them as streams.
+    #[arg(long, default_value_t = 1)]
+    pub h2load_connections: usize,
     /// Write the JSON report here.
     #[arg(long)]
     pub json_out: Option<PathBuf>,
@@ -258,6 +269,31 @@ async fn measure_ceiling(
     result.map(|r| ceiling::CeilingResult { wire, ..r })
 }
 
+/// The independent ceiling: h2load sends the run's first delivery, signed
+/// as the engine signs it, to fresh receivers of the scenario's kind, with
+/// the bare ceiling's concurrency split over `connections` per receiver.
+async fn measure_h2load(
+    pki: &TestPki,
+    scenario: &Scenario,
+    plan: &Arc<Plan>,
+    requests: u64,
+    connections: usize,
+    progress: &Arc<Progress>,
+) -> anyhow::Result<h2load::H2loadResult> {
+    let ids = RunIds::fresh();
+    let collector = Collector::new(plan.clone(), ids, Faults::default());
+    let receivers = Receivers::start(pki, scenario, &collector).await?;
+    let targets = receivers.targets()?;
+    collector.envelope_published(plan.topic_of_envelope(0), 1, Instant::now());
+    let connections = connections.max(1);
+    let streams = (scenario.ceiling.concurrency / (targets.urls.len() * connections)).max(1);
+    progress.phase("h2load", requests);
+    let request = ceiling::request(plan, ids, &targets, 0);
+    let result = h2load::run(request, &targets.urls, requests, connections, streams).await;
+    receivers.shutdown().await;
+    result
+}
+
 /// The engine: started here, or already running elsewhere.
 enum Engine {
     Started(launcher::Engine),
@@ -346,6 +382,15 @@ async fn execute_inner(
         let c = measure_ceiling(pki, scenario, plan, requests, scenario.ceiling.concurrency, progress).await?;
         progress.say(&format!("ceiling: {:.0} requests/s over {} requests", c.requests_per_second, c.requests));
         Some(c)
+    } else {
+        None
+    };
+
+    let h2load = if args.with_h2load {
+        let requests = ceiling_requests(scenario, plan);
+        let h = measure_h2load(pki, scenario, plan, requests, args.h2load_connections, progress).await?;
+        progress.say(&format!("h2load: {:.0} requests/s over {} requests", h.requests_per_second, h.requests));
+        Some(h)
     } else {
         None
     };
@@ -491,6 +536,10 @@ async fn execute_inner(
         .as_ref()
         .filter(|c| c.requests_per_second > 0.0)
         .map(|c| deliveries.deliveries_per_second / c.requests_per_second);
+    let ratio_h2load = h2load
+        .as_ref()
+        .filter(|h| h.requests_per_second > 0.0)
+        .map(|h| deliveries.deliveries_per_second / h.requests_per_second);
     let f = &scenario.faults;
     let report = Report {
         scenario: scenario.name.clone(),
@@ -538,6 +587,8 @@ async fn execute_inner(
         engine_metrics,
         ceiling,
         ratio,
+        h2load,
+        ratio_h2load,
         wire: wire.map(WireReport::from),
     };
     Ok((report, engine))
@@ -608,6 +659,9 @@ mod tests {
             scenario: Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/smoke.toml"),
             engine_bin: Some(binary),
             with_ceiling: true,
+            // The independent ceiling (issue 18): .ci/run installs h2load.
+            with_h2load: true,
+            h2load_connections: 1,
             json_out: Some(out.path().join("report.json")),
             svg_out: Some(out.path().join("report.svg")),
             ..RunArgs::default()
@@ -618,6 +672,9 @@ mod tests {
         assert_eq!(report.deliveries.missing, 0);
         assert_eq!(report.deliveries.delivered, report.plan.expected_deliveries);
         assert!(report.deliveries.deliveries_per_second > 0.0);
+        let h2load = report.h2load.as_ref().expect("h2load ran");
+        assert_eq!((h2load.ok, h2load.failed), (h2load.requests, 0), "{h2load:?}");
+        assert!(report.ratio_h2load.is_some_and(|r| r > 0.0));
         assert!(report.ratio.is_some_and(|r| r > 0.0));
         assert!(report.resources.as_ref().is_some_and(|r| r.peak_rss_mib > 0.0));
         assert!(

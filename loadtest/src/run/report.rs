@@ -10,6 +10,7 @@ use serde::Serialize;
 use super::ceiling::CeilingResult;
 use super::collector::Summary;
 use super::driver::{PublishStats, SetupStats};
+use super::h2load::H2loadResult;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
@@ -38,6 +39,11 @@ pub struct Report {
     pub ceiling: Option<CeilingResult>,
     /// Engine deliveries/s ÷ ceiling requests/s.
     pub ratio: Option<f64>,
+    /// The independent ceiling: h2load into the same kind of receivers.
+    pub h2load: Option<H2loadResult>,
+    /// Engine deliveries/s ÷ h2load requests/s: the headline ratio when
+    /// measured (the bare ceiling shares the engine's client stack).
+    pub ratio_h2load: Option<f64>,
     pub windows: Windows,
     /// What the mock APNs read on the wire from the engine (apns scenarios).
     pub wire: Option<WireReport>,
@@ -227,6 +233,11 @@ impl Report {
         {
             failures.push(format!("{} ceiling requests failed", c.failed));
         }
+        if let Some(h) = &self.h2load
+            && h.failed > 0
+        {
+            failures.push(format!("{} h2load requests failed", h.failed));
+        }
         self.passed = failures.is_empty();
         self.failures = failures;
     }
@@ -304,6 +315,16 @@ impl Report {
         }
         if let Some(ratio) = self.ratio {
             let _ = writeln!(s, "  ratio       {ratio:.2} (engine deliveries/s / ceiling requests/s)");
+        }
+        if let Some(h) = &self.h2load {
+            let _ = writeln!(
+                s,
+                "  h2load      {:.0} requests/s ({} requests, {} connection(s) x {} streams per receiver, {} failed; {})",
+                h.requests_per_second, h.requests, h.connections, h.streams, h.failed, h.version
+            );
+        }
+        if let Some(ratio) = self.ratio_h2load {
+            let _ = writeln!(s, "  ratio       {ratio:.2} (engine deliveries/s / h2load requests/s)");
         }
         let m = &self.machine;
         let _ = writeln!(

@@ -240,6 +240,8 @@ mod tests {
             deliveries_by_outcome: Default::default(),
             ceiling: Some(Default::default()),
             ratio: Some(0.5),
+            h2load: None,
+            ratio_h2load: None,
             windows: Default::default(),
             wire: None,
         }
