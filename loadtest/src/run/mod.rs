@@ -659,8 +659,9 @@ mod tests {
             scenario: Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/smoke.toml"),
             engine_bin: Some(binary),
             with_ceiling: true,
-            // The independent ceiling (issue 18): .ci/run installs h2load.
-            with_h2load: true,
+            // The independent ceiling (issue 18) where h2load is installed;
+            // CI (.ci/run installs it) must measure it.
+            with_h2load: h2load::available() || std::env::var_os("CI").is_some(),
             h2load_connections: 1,
             json_out: Some(out.path().join("report.json")),
             svg_out: Some(out.path().join("report.svg")),
@@ -672,9 +673,13 @@ mod tests {
         assert_eq!(report.deliveries.missing, 0);
         assert_eq!(report.deliveries.delivered, report.plan.expected_deliveries);
         assert!(report.deliveries.deliveries_per_second > 0.0);
-        let h2load = report.h2load.as_ref().expect("h2load ran");
-        assert_eq!((h2load.ok, h2load.failed), (h2load.requests, 0), "{h2load:?}");
-        assert!(report.ratio_h2load.is_some_and(|r| r > 0.0));
+        match report.h2load.as_ref() {
+            Some(h2load) => {
+                assert_eq!((h2load.ok, h2load.failed), (h2load.requests, 0), "{h2load:?}");
+                assert!(report.ratio_h2load.is_some_and(|r| r > 0.0));
+            }
+            None => eprintln!("h2load not measured: not installed (Debian package {})", h2load::PACKAGE),
+        }
         assert!(report.ratio.is_some_and(|r| r > 0.0));
         assert!(report.resources.as_ref().is_some_and(|r| r.peak_rss_mib > 0.0));
         assert!(
