@@ -18,16 +18,16 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{Context as _, bail};
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use fanout_engine::channel::fcm::{FcmProvider, FcmSettings};
-use fanout_engine::channel::{ChannelContext, Outcome, Provider, RelayPriority, RelayedPush};
+use fanout_engine::channel::RelayPriority;
+use fanout_engine::domain::Channel;
 use fanout_engine::gateway::signature::{self, SignatureParams, SignedRequest};
-use fanout_engine::metrics::Metrics;
 use fanout_testkit::launcher::{self, Launch};
 use fanout_testkit::{MockFcmConfig, TestPki, start_mock_fcm};
 use serde::Serialize;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
+use crate::platform_channels::{self, PlatformPush, fcm_table, quote};
 use crate::run::collector::{Percentiles, latency_histogram};
 
 const GATEWAY: &str = "did:web:push.loadtest";
@@ -86,20 +86,8 @@ pub struct GatewayReport {
     pub ratio: Option<f64>,
 }
 
-fn quote(path: &Path) -> String {
-    format!("{:?}", path.display().to_string())
-}
-
 fn device(n: u64) -> String {
     format!("ak:device:01964137-0000-7000-8000-{n:012x}")
-}
-
-fn fcm_table(dir: &Path, base_url: &str) -> String {
-    format!(
-        "[engine.channels.fcm]\nservice_account_file = {}\nbase_url = \"{base_url}\"\nextra_ca_files = [{}]\n",
-        quote(&dir.join("sa.json")),
-        quote(&dir.join("ca.pem")),
-    )
 }
 
 fn config(dir: &Path, base_url: &str) -> String {
@@ -254,7 +242,7 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<GatewayReport> {
     let mut histogram = latency_histogram();
     let mut last = started;
     for r in &received {
-        let at = Instant::now() - SystemTime::now().duration_since(r.received_at).unwrap_or_default();
+        let at = platform_channels::arrival(r.received_at);
         last = last.max(at);
         let payload = r.json().and_then(|j| j["message"]["data"]["payload"].as_str().map(str::to_owned));
         let increment = payload
@@ -292,51 +280,23 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<GatewayReport> {
 
 /// The same FCM requests through the engine's FCM channel alone.
 async fn ceiling(args: &GatewayArgs, dir: &Path, base_url: &str) -> anyhow::Result<f64> {
-    let table = fcm_table(dir, base_url);
-    let settings: FcmSettings = toml::from_str::<toml::Table>(&table)?
-        .get("engine")
-        .and_then(|e| e.get("channels"))
-        .and_then(|c| c.get("fcm"))
-        .cloned()
-        .context("the fcm table")?
-        .try_into()?;
-    let provider = Arc::new(FcmProvider::new(&settings, &ChannelContext::new(Arc::new(Metrics::new())))?);
+    let channels = platform_channels::channels(&fcm_table(dir, base_url))?;
     let target = format!("ak:pseudonym:push:{}", URL_SAFE_NO_PAD.encode([7u8; 32]));
-    let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let started = Instant::now();
-    let mut workers = tokio::task::JoinSet::new();
-    for _ in 0..args.concurrency.max(1) {
-        let (provider, next, target) = (provider.clone(), next.clone(), target.clone());
-        let (devices, notifies) = (args.devices, args.notifies);
-        workers.spawn(async move {
-            loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                if i >= notifies {
-                    return Ok::<(), anyhow::Error>(());
-                }
-                // The gateway's payload shape: target, kind, counts.
-                let payload = json!({"push_target_id": target, "wakeup_kind": "message",
-                                     "counts": {"badge": "2-5", "unread_increment": i / devices + 1}});
-                let payload = payload.as_object().cloned().unwrap_or_default();
-                let token = format!("lt-{}", i % devices);
-                let push = RelayedPush {
-                    token: &token,
-                    app_id: None,
-                    sandbox: false,
-                    collapse_id: Some("AAAAAAAAAAAAAAAAAAAAAA"),
-                    priority: RelayPriority::Normal,
-                    payload: &payload,
-                    ttl: Duration::from_secs(86_400),
-                };
-                match provider.send_relayed(&push).await {
-                    Ok(Outcome::Delivered) => {}
-                    other => bail!("ceiling request answered {other:?}"),
-                }
-            }
-        });
-    }
-    while let Some(done) = workers.join_next().await {
-        done??;
-    }
-    Ok(args.notifies as f64 / started.elapsed().as_secs_f64().max(1e-6))
+    let devices = args.devices;
+    platform_channels::ceiling(&channels, args.notifies, args.concurrency, move |i| {
+        // The gateway's payload shape: target, kind, counts.
+        let payload = json!({"push_target_id": target, "wakeup_kind": "message",
+                             "counts": {"badge": "2-5", "unread_increment": i / devices + 1}});
+        Ok(PlatformPush {
+            channel: Channel::Fcm,
+            token: format!("lt-{}", i % devices),
+            app_id: None,
+            sandbox: false,
+            collapse_id: Some("AAAAAAAAAAAAAAAAAAAAAA".into()),
+            priority: RelayPriority::Normal,
+            payload: payload.as_object().cloned().unwrap_or_default(),
+            ttl: Duration::from_secs(86_400),
+        })
+    })
+    .await
 }
