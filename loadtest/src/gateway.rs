@@ -11,7 +11,7 @@
 //! store or HTTP in between. `ratio` = provider requests/s ÷ ceiling.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -27,7 +27,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::platform_channels::{self, PlatformPush, fcm_table, quote};
+use crate::platform_channels::{self, PlatformPush, PlatformRunArgs, fcm_table, quote};
 use crate::run::collector::{Percentiles, latency_histogram};
 
 const GATEWAY: &str = "did:web:push.loadtest";
@@ -52,18 +52,8 @@ pub struct GatewayArgs {
     /// Notify requests (and ceiling requests) in flight at once.
     #[arg(long, default_value_t = 32)]
     pub concurrency: usize,
-    /// Also measure the ceiling and report the ratio.
-    #[arg(long)]
-    pub with_ceiling: bool,
-    /// Use the release binary (built if missing).
-    #[arg(long)]
-    pub release: bool,
-    /// Write the JSON report here.
-    #[arg(long)]
-    pub json_out: Option<PathBuf>,
-    /// How long to wait for the last provider request.
-    #[arg(long, default_value_t = 120)]
-    pub drain_seconds: u64,
+    #[command(flatten)]
+    pub run: PlatformRunArgs,
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -168,10 +158,10 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<GatewayReport> {
     let hash = hex::encode(Sha256::digest(SESSION.as_bytes()));
     std::fs::write(dir.path().join("sessions"), format!("{hash} ak:account:loadtest\n"))?;
 
-    let ceiling = if args.with_ceiling { Some(ceiling(&args, dir.path(), &fcm.base_url()).await?) } else { None };
+    let ceiling = if args.run.with_ceiling { Some(ceiling(&args, dir.path(), &fcm.base_url()).await?) } else { None };
     fcm.clear_received();
 
-    let binary = launcher::build_binary(args.release)?;
+    let binary = launcher::build_binary(args.run.release)?;
     let engine = Arc::new(launcher::Engine::start(Launch::new(binary, config(dir.path(), &fcm.base_url()))).await?);
 
     // The Station: one registration per device.
@@ -233,7 +223,7 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<GatewayReport> {
     let notify_seconds = started.elapsed().as_secs_f64();
 
     // Wait for every accepted wake-up at the mock.
-    let deadline = Instant::now() + Duration::from_secs(args.drain_seconds);
+    let deadline = Instant::now() + Duration::from_secs(args.run.drain_seconds);
     while (fcm.received_count() as u64) < accepted && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -272,7 +262,7 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<GatewayReport> {
     if provider_requests < accepted {
         eprintln!("missing: {} accepted wake-ups did not reach the mock", accepted - provider_requests);
     }
-    if let Some(path) = &args.json_out {
+    if let Some(path) = &args.run.json_out {
         std::fs::write(path, serde_json::to_vec_pretty(&report)?)?;
     }
     Ok(report)

@@ -5,7 +5,7 @@
 //! client stack), sending the run's pushes alone, with no HTTP edge,
 //! signature, store or worker in between.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
@@ -17,6 +17,23 @@ use fanout_engine::metrics::Metrics;
 use serde_json::{Map, Value};
 
 use crate::run::engine_process::{APNS_BUNDLE_ID, APNS_KEY_ID, APNS_TEAM_ID};
+
+/// The options of every run against the platform mocks.
+#[derive(clap::Args, Debug, Clone)]
+pub struct PlatformRunArgs {
+    /// Also measure the ceiling and report the ratio.
+    #[arg(long)]
+    pub with_ceiling: bool,
+    /// Use the release binary (built if missing).
+    #[arg(long)]
+    pub release: bool,
+    /// Write the JSON report here.
+    #[arg(long)]
+    pub json_out: Option<PathBuf>,
+    /// How long to wait for the last provider request.
+    #[arg(long, default_value_t = 120)]
+    pub drain_seconds: u64,
+}
 
 /// A path as a TOML string.
 pub fn quote(path: &Path) -> String {

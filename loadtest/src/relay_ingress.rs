@@ -17,7 +17,7 @@
 //! `ratio` = provider requests/s ÷ ceiling.
 
 use std::collections::{BTreeMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -38,7 +38,7 @@ use hyper_util::rt::TokioExecutor;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::platform_channels::{self, PlatformPush, apns_table, fcm_table, quote};
+use crate::platform_channels::{self, PlatformPush, PlatformRunArgs, apns_table, fcm_table, quote};
 use crate::run::collector::{Percentiles, latency_histogram};
 use crate::run::engine_process::{APNS_KEY_ID, APNS_TEAM_ID};
 
@@ -79,18 +79,8 @@ pub struct RelayIngressArgs {
     /// acknowledged without a second provider request).
     #[arg(long, default_value_t = 0.1)]
     pub replays: f64,
-    /// Also measure the ceiling and report the ratio.
-    #[arg(long)]
-    pub with_ceiling: bool,
-    /// Use the release binary (built if missing).
-    #[arg(long)]
-    pub release: bool,
-    /// Write the JSON report here.
-    #[arg(long)]
-    pub json_out: Option<PathBuf>,
-    /// How long to wait for the last provider request.
-    #[arg(long, default_value_t = 120)]
-    pub drain_seconds: u64,
+    #[command(flatten)]
+    pub run: PlatformRunArgs,
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -350,7 +340,7 @@ pub async fn run(args: RelayIngressArgs) -> anyhow::Result<RelayIngressReport> {
     fcm.service_account().write(&dir.path().join("sa.json"))?;
     std::fs::write(dir.path().join("hub.secret"), SECRET)?;
 
-    let ceiling = if args.with_ceiling {
+    let ceiling = if args.run.with_ceiling {
         let channels =
             platform_channels::channels(&channel_tables(dir.path(), &providers, &apns.base_url(), &fcm.base_url()))?;
         let plan = plan.clone();
@@ -363,7 +353,7 @@ pub async fn run(args: RelayIngressArgs) -> anyhow::Result<RelayIngressReport> {
     apns.clear_received();
     fcm.clear_received();
 
-    let binary = launcher::build_binary(args.release)?;
+    let binary = launcher::build_binary(args.run.release)?;
     let engine =
         launcher::Engine::start(Launch::new(binary, config(dir.path(), &providers, &apns.base_url(), &fcm.base_url())))
             .await?;
@@ -381,7 +371,7 @@ pub async fn run(args: RelayIngressArgs) -> anyhow::Result<RelayIngressReport> {
     // The ingress answers after the provider did; wait anyway, bounded, for
     // every delivered push at the mocks.
     let received = || apns.received_count() as u64 + fcm.received_count() as u64;
-    let deadline = Instant::now() + Duration::from_secs(args.drain_seconds);
+    let deadline = Instant::now() + Duration::from_secs(args.run.drain_seconds);
     while received() < first.delivered && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -463,7 +453,7 @@ pub async fn run(args: RelayIngressArgs) -> anyhow::Result<RelayIngressReport> {
         passed: failures.is_empty(),
         failures,
     };
-    if let Some(path) = &args.json_out {
+    if let Some(path) = &args.run.json_out {
         std::fs::write(path, serde_json::to_vec_pretty(&report)?).with_context(|| format!("{}", path.display()))?;
     }
     Ok(report)
