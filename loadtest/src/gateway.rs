@@ -11,23 +11,23 @@
 //! store or HTTP in between. `ratio` = provider requests/s ÷ ceiling.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, bail};
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use fanout_engine::channel::fcm::{FcmProvider, FcmSettings};
-use fanout_engine::channel::{ChannelContext, Outcome, Provider, RelayPriority, RelayedPush};
+use fanout_engine::channel::RelayPriority;
+use fanout_engine::domain::Channel;
 use fanout_engine::gateway::signature::{self, SignatureParams, SignedRequest};
-use fanout_engine::metrics::Metrics;
 use fanout_testkit::launcher::{self, Launch};
 use fanout_testkit::{MockFcmConfig, TestPki, start_mock_fcm};
 use serde::Serialize;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
+use crate::platform_channels::{self, PlatformPush, PlatformRunArgs, fcm_table, quote};
 use crate::run::collector::{Percentiles, latency_histogram};
 
 const GATEWAY: &str = "did:web:push.loadtest";
@@ -52,18 +52,8 @@ pub struct GatewayArgs {
     /// Notify requests (and ceiling requests) in flight at once.
     #[arg(long, default_value_t = 32)]
     pub concurrency: usize,
-    /// Also measure the ceiling and report the ratio.
-    #[arg(long)]
-    pub with_ceiling: bool,
-    /// Use the release binary (built if missing).
-    #[arg(long)]
-    pub release: bool,
-    /// Write the JSON report here.
-    #[arg(long)]
-    pub json_out: Option<PathBuf>,
-    /// How long to wait for the last provider request.
-    #[arg(long, default_value_t = 120)]
-    pub drain_seconds: u64,
+    #[command(flatten)]
+    pub run: PlatformRunArgs,
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -86,20 +76,8 @@ pub struct GatewayReport {
     pub ratio: Option<f64>,
 }
 
-fn quote(path: &Path) -> String {
-    format!("{:?}", path.display().to_string())
-}
-
 fn device(n: u64) -> String {
     format!("ak:device:01964137-0000-7000-8000-{n:012x}")
-}
-
-fn fcm_table(dir: &Path, base_url: &str) -> String {
-    format!(
-        "[engine.channels.fcm]\nservice_account_file = {}\nbase_url = \"{base_url}\"\nextra_ca_files = [{}]\n",
-        quote(&dir.join("sa.json")),
-        quote(&dir.join("ca.pem")),
-    )
 }
 
 fn config(dir: &Path, base_url: &str) -> String {
@@ -180,10 +158,10 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<GatewayReport> {
     let hash = hex::encode(Sha256::digest(SESSION.as_bytes()));
     std::fs::write(dir.path().join("sessions"), format!("{hash} ak:account:loadtest\n"))?;
 
-    let ceiling = if args.with_ceiling { Some(ceiling(&args, dir.path(), &fcm.base_url()).await?) } else { None };
+    let ceiling = if args.run.with_ceiling { Some(ceiling(&args, dir.path(), &fcm.base_url()).await?) } else { None };
     fcm.clear_received();
 
-    let binary = launcher::build_binary(args.release)?;
+    let binary = launcher::build_binary(args.run.release)?;
     let engine = Arc::new(launcher::Engine::start(Launch::new(binary, config(dir.path(), &fcm.base_url()))).await?);
 
     // The Station: one registration per device.
@@ -245,7 +223,7 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<GatewayReport> {
     let notify_seconds = started.elapsed().as_secs_f64();
 
     // Wait for every accepted wake-up at the mock.
-    let deadline = Instant::now() + Duration::from_secs(args.drain_seconds);
+    let deadline = Instant::now() + Duration::from_secs(args.run.drain_seconds);
     while (fcm.received_count() as u64) < accepted && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -254,7 +232,7 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<GatewayReport> {
     let mut histogram = latency_histogram();
     let mut last = started;
     for r in &received {
-        let at = Instant::now() - SystemTime::now().duration_since(r.received_at).unwrap_or_default();
+        let at = platform_channels::arrival(r.received_at);
         last = last.max(at);
         let payload = r.json().and_then(|j| j["message"]["data"]["payload"].as_str().map(str::to_owned));
         let increment = payload
@@ -284,7 +262,7 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<GatewayReport> {
     if provider_requests < accepted {
         eprintln!("missing: {} accepted wake-ups did not reach the mock", accepted - provider_requests);
     }
-    if let Some(path) = &args.json_out {
+    if let Some(path) = &args.run.json_out {
         std::fs::write(path, serde_json::to_vec_pretty(&report)?)?;
     }
     Ok(report)
@@ -292,51 +270,23 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<GatewayReport> {
 
 /// The same FCM requests through the engine's FCM channel alone.
 async fn ceiling(args: &GatewayArgs, dir: &Path, base_url: &str) -> anyhow::Result<f64> {
-    let table = fcm_table(dir, base_url);
-    let settings: FcmSettings = toml::from_str::<toml::Table>(&table)?
-        .get("engine")
-        .and_then(|e| e.get("channels"))
-        .and_then(|c| c.get("fcm"))
-        .cloned()
-        .context("the fcm table")?
-        .try_into()?;
-    let provider = Arc::new(FcmProvider::new(&settings, &ChannelContext::new(Arc::new(Metrics::new())))?);
+    let channels = platform_channels::channels(&fcm_table(dir, base_url))?;
     let target = format!("ak:pseudonym:push:{}", URL_SAFE_NO_PAD.encode([7u8; 32]));
-    let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let started = Instant::now();
-    let mut workers = tokio::task::JoinSet::new();
-    for _ in 0..args.concurrency.max(1) {
-        let (provider, next, target) = (provider.clone(), next.clone(), target.clone());
-        let (devices, notifies) = (args.devices, args.notifies);
-        workers.spawn(async move {
-            loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                if i >= notifies {
-                    return Ok::<(), anyhow::Error>(());
-                }
-                // The gateway's payload shape: target, kind, counts.
-                let payload = json!({"push_target_id": target, "wakeup_kind": "message",
-                                     "counts": {"badge": "2-5", "unread_increment": i / devices + 1}});
-                let payload = payload.as_object().cloned().unwrap_or_default();
-                let token = format!("lt-{}", i % devices);
-                let push = RelayedPush {
-                    token: &token,
-                    app_id: None,
-                    sandbox: false,
-                    collapse_id: Some("AAAAAAAAAAAAAAAAAAAAAA"),
-                    priority: RelayPriority::Normal,
-                    payload: &payload,
-                    ttl: Duration::from_secs(86_400),
-                };
-                match provider.send_relayed(&push).await {
-                    Ok(Outcome::Delivered) => {}
-                    other => bail!("ceiling request answered {other:?}"),
-                }
-            }
-        });
-    }
-    while let Some(done) = workers.join_next().await {
-        done??;
-    }
-    Ok(args.notifies as f64 / started.elapsed().as_secs_f64().max(1e-6))
+    let devices = args.devices;
+    platform_channels::ceiling(&channels, args.notifies, args.concurrency, move |i| {
+        // The gateway's payload shape: target, kind, counts.
+        let payload = json!({"push_target_id": target, "wakeup_kind": "message",
+                             "counts": {"badge": "2-5", "unread_increment": i / devices + 1}});
+        Ok(PlatformPush {
+            channel: Channel::Fcm,
+            token: format!("lt-{}", i % devices),
+            app_id: None,
+            sandbox: false,
+            collapse_id: Some("AAAAAAAAAAAAAAAAAAAAAA".into()),
+            priority: RelayPriority::Normal,
+            payload: payload.as_object().cloned().unwrap_or_default(),
+            ttl: Duration::from_secs(86_400),
+        })
+    })
+    .await
 }

@@ -1,7 +1,8 @@
 //! `fanout-loadtest`: load harness and standalone mock providers.
 //!
-//! `mock webhook|apns|fcm` run one mock provider; `run`, `ceiling` and
-//! `mock all` will be added as further subcommands.
+//! `mock webhook|apns|fcm|all` run mock providers; `run` and `ceiling`
+//! drive scenarios, `gateway` and `relay-ingress` the spec 002 and 003
+//! front ends.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -38,6 +39,12 @@ enum Command {
     /// with --with-ceiling the same FCM requests sent by the engine's FCM
     /// channel alone, and the ratio (see docs/BENCHMARKS.md).
     Gateway(fanout_loadtest::gateway::GatewayArgs),
+    /// Spec 003's push-server side: signed relay webhooks in, APNs and FCM
+    /// requests out, replayed delivery ids answered without a second
+    /// provider request; with --with-ceiling the same pushes sent by the
+    /// engine's APNs and FCM channels alone, and the ratio (see
+    /// docs/BENCHMARKS.md). Exits non-zero when the run failed.
+    RelayIngress(fanout_loadtest::relay_ingress::RelayIngressArgs),
 }
 
 #[derive(Subcommand)]
@@ -145,6 +152,14 @@ async fn main() -> anyhow::Result<()> {
         Command::Gateway(args) => {
             let report = fanout_loadtest::gateway::run(args).await?;
             println!("{}", serde_json::to_string_pretty(&report)?);
+            Ok(())
+        }
+        Command::RelayIngress(args) => {
+            let report = fanout_loadtest::relay_ingress::run(args).await?;
+            println!("{}", serde_json::to_string_pretty(&report)?);
+            if !report.passed {
+                anyhow::bail!("relay-ingress run failed: {}", report.failures.join("; "));
+            }
             Ok(())
         }
     }

@@ -1,0 +1,143 @@
+//! The platform channels (APNs, FCM) of the `gateway` and `relay-ingress`
+//! runs, pointed at the testkit mocks: their `[engine.channels]` tables for
+//! the engine under test, and the ceiling those runs compare against: the
+//! engine's own providers, built from the same tables (same pool, same
+//! client stack), sending the run's pushes alone, with no HTTP edge,
+//! signature, store or worker in between.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Context as _, bail};
+use fanout_engine::channel::{ChannelContext, ChannelSettings, Channels, Outcome, RelayPriority, RelayedPush};
+use fanout_engine::domain::Channel;
+use fanout_engine::metrics::Metrics;
+use serde_json::{Map, Value};
+
+use crate::run::engine_process::{APNS_BUNDLE_ID, APNS_KEY_ID, APNS_TEAM_ID};
+
+/// The options of every run against the platform mocks.
+#[derive(clap::Args, Debug, Clone)]
+pub struct PlatformRunArgs {
+    /// Also measure the ceiling and report the ratio.
+    #[arg(long)]
+    pub with_ceiling: bool,
+    /// Use the release binary (built if missing).
+    #[arg(long)]
+    pub release: bool,
+    /// Write the JSON report here.
+    #[arg(long)]
+    pub json_out: Option<PathBuf>,
+    /// How long to wait for the last provider request.
+    #[arg(long, default_value_t = 120)]
+    pub drain_seconds: u64,
+}
+
+/// A path as a TOML string.
+pub fn quote(path: &Path) -> String {
+    format!("{:?}", path.display().to_string())
+}
+
+/// `[engine.channels.fcm]` at the mock FCM; `dir` holds its service account
+/// (`sa.json`) and the mocks' CA (`ca.pem`).
+pub fn fcm_table(dir: &Path, base_url: &str) -> String {
+    format!(
+        "[engine.channels.fcm]\nservice_account_file = {}\nbase_url = \"{base_url}\"\nextra_ca_files = [{}]\n",
+        quote(&dir.join("sa.json")),
+        quote(&dir.join("ca.pem")),
+    )
+}
+
+/// `[engine.channels.apns]` with both hosts at the mock APNs; `dir` holds
+/// the provider key (`AuthKey.p8`) and the mocks' CA (`ca.pem`).
+pub fn apns_table(dir: &Path, base_url: &str) -> String {
+    format!(
+        "[engine.channels.apns]\nkey_file = {}\nkey_id = \"{APNS_KEY_ID}\"\nteam_id = \"{APNS_TEAM_ID}\"\n\
+         bundle_id = \"{APNS_BUNDLE_ID}\"\nenvironment = \"sandbox\"\nsandbox_url = \"{base_url}\"\n\
+         production_url = \"{base_url}\"\nextra_ca_files = [{}]\n",
+        quote(&dir.join("AuthKey.p8")),
+        quote(&dir.join("ca.pem")),
+    )
+}
+
+/// The engine's channels built from `tables` (`[engine.channels.*]` text,
+/// as the engine under test reads it).
+pub fn channels(tables: &str) -> anyhow::Result<Channels> {
+    let settings: ChannelSettings = toml::from_str::<toml::Table>(tables)?
+        .get("engine")
+        .and_then(|e| e.get("channels"))
+        .cloned()
+        .context("no [engine.channels] table")?
+        .try_into()?;
+    Ok(Channels::build(&settings, &ChannelContext::new(Arc::new(Metrics::new())))?)
+}
+
+/// One push for a platform channel: an owned [`RelayedPush`].
+#[derive(Debug, Clone)]
+pub struct PlatformPush {
+    pub channel: Channel,
+    pub token: String,
+    pub app_id: Option<String>,
+    pub sandbox: bool,
+    pub collapse_id: Option<String>,
+    pub priority: RelayPriority,
+    pub payload: Map<String, Value>,
+    pub ttl: Duration,
+}
+
+impl PlatformPush {
+    pub fn relayed(&self) -> RelayedPush<'_> {
+        RelayedPush {
+            token: &self.token,
+            app_id: self.app_id.as_deref(),
+            sandbox: self.sandbox,
+            collapse_id: self.collapse_id.as_deref(),
+            priority: self.priority,
+            payload: &self.payload,
+            ttl: self.ttl,
+        }
+    }
+}
+
+/// The ceiling: pushes `0..count` (`push(i)` makes the i-th) sent by the
+/// engine's own providers with `concurrency` in flight; provider requests
+/// per second. Every push must be delivered.
+pub async fn ceiling(
+    channels: &Channels,
+    count: u64,
+    concurrency: usize,
+    push: impl Fn(u64) -> anyhow::Result<PlatformPush> + Send + Sync + 'static,
+) -> anyhow::Result<f64> {
+    let push = Arc::new(push);
+    let next = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let mut workers = tokio::task::JoinSet::new();
+    for _ in 0..concurrency.max(1) {
+        let (channels, next, push) = (channels.clone(), next.clone(), push.clone());
+        workers.spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= count {
+                    return Ok::<(), anyhow::Error>(());
+                }
+                let push = push(i)?;
+                let provider = channels.get(push.channel).with_context(|| format!("no {:?} channel", push.channel))?;
+                match provider.send_relayed(&push.relayed()).await {
+                    Ok(Outcome::Delivered) => {}
+                    other => bail!("ceiling request answered {other:?}"),
+                }
+            }
+        });
+    }
+    while let Some(done) = workers.join_next().await {
+        done??;
+    }
+    Ok(count as f64 / started.elapsed().as_secs_f64().max(1e-6))
+}
+
+/// When a mock received a request, on this process's monotonic clock.
+pub fn arrival(received_at: SystemTime) -> Instant {
+    Instant::now() - SystemTime::now().duration_since(received_at).unwrap_or_default()
+}
