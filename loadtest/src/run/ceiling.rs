@@ -144,14 +144,9 @@ fn relay_request(ids: RunIds, urls: &[String], topic: u32, seq: u64, recipient: 
             "collapse_id": message_id, "mls_message": BASE64.encode(b"loadtest ciphertext")}
     })
     .to_string();
-    let t = now.as_secs() as i64;
-    let signature = {
-        use hmac::{Hmac, KeyInit as _, Mac as _};
-        let mut mac = Hmac::<sha2::Sha256>::new_from_slice(RELAY_SECRET).expect("any key length");
-        mac.update(format!("{t}.").as_bytes());
-        mac.update(body.as_bytes());
-        format!("t={t},v1={}", hex::encode(mac.finalize().into_bytes()))
-    };
+    // Spec 003 §2.2, with the ingress's own signer (the engine's hub side signs the same way).
+    let signature =
+        fanout_engine::relay_ingress::signature::header_value(RELAY_SECRET, now.as_secs() as i64, body.as_bytes());
     http::Request::post(&urls[0])
         .header(http::header::CONTENT_TYPE, "application/json")
         .header(HEADER_SIGNATURE, signature)
