@@ -288,7 +288,8 @@ impl Metrics {
 /// are the fixed symbols of `crate::gateway` (gateway status, reason code,
 /// wake-up outcome, refusal reason), never an id, pseudonym, token or
 /// service DID. Created with the registry; their children are created at
-/// zero by `GatewayService::new`, so they show only with `[engine.gateway]`.
+/// zero by `GatewayService::new` (the notify refusal reasons by the HTTP
+/// router, `api/src/gateway.rs`), so they show only with `[engine.gateway]`.
 pub struct GatewayMetrics {
     /// Per-device notify outcomes by `result` (§5.2 gateway_status).
     pub device_outcomes: IntCounterVec,
