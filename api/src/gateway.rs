@@ -27,7 +27,7 @@ use fanout_engine::gateway::identity::{AccountId, ServiceId};
 use fanout_engine::gateway::schema::NotifyHeaders;
 use fanout_engine::gateway::schema::{Operation, RegisterDevice, SchemaViolation, UnregisterDevice, check_operation};
 use fanout_engine::gateway::service::{GatewayService, NotifyError, StationError};
-use fanout_engine::gateway::signature::{self, SignaturePolicy, SignedRequest};
+use fanout_engine::gateway::signature::{self, SignatureError, SignaturePolicy, SignedRequest};
 use fanout_engine::metrics::Metrics;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -176,7 +176,51 @@ pub struct GatewayState {
     pub scheme: &'static str,
 }
 
+/// The problem codes each route can answer (`fanout_http_requests_total`'s
+/// `code`, besides `ok`), created at zero with the router.
+const STATION_CODES: [&str; 8] = [
+    SchemaViolation::CODE,
+    "unauthorized",
+    "not_found",
+    "payload_too_large",
+    "push_gateway_not_onboarded",
+    "push_route_not_configured",
+    "rate_limited",
+    "unavailable",
+];
+const NOTIFY_CODES: [&str; 8] = [
+    SchemaViolation::CODE,
+    "unauthorized",
+    "duplicate_conflict",
+    "payload_too_large",
+    "wrong_destination",
+    "rate_limited",
+    "in_progress",
+    "unavailable",
+];
+
+/// Why a notify answered 401 (`fanout_gateway_notify_unauthorized_total`):
+/// a source that is not configured, a Content-Digest that is missing or
+/// does not match, or the signature check's own reason.
+const UNKNOWN_SOURCE: &str = "unknown_source";
+const CONTENT_DIGEST: &str = "content_digest";
+
+fn initialise_metrics(metrics: &Metrics) {
+    for (route, codes) in
+        [("register_device", STATION_CODES), ("unregister_device", STATION_CODES), ("notify", NOTIFY_CODES)]
+    {
+        for code in std::iter::once("ok").chain(codes) {
+            metrics.http_requests.with_label_values(&[route, code]);
+        }
+    }
+    let refused = &metrics.gateway.notify_unauthorized;
+    for reason in [UNKNOWN_SOURCE, CONTENT_DIGEST].into_iter().chain(SignatureError::ALL.map(SignatureError::label)) {
+        refused.with_label_values(&[reason]);
+    }
+}
+
 pub fn router(state: GatewayState) -> Router {
+    initialise_metrics(&state.metrics);
     Router::new()
         .route(Operation::RegisterDevice.path(), post(register_device))
         .route(Operation::UnregisterDevice.path(), post(unregister_device))
@@ -308,11 +352,14 @@ async fn notify(
         }
         let parsed = NotifyHeaders::parse(&headers).map_err(|v| schema_problem(&v))?;
         let settings = state.service.settings();
-        let unauthorized = |detail: String| Problem::new(StatusCode::UNAUTHORIZED, "unauthorized", detail);
+        let unauthorized = |reason: &'static str, detail: String| {
+            state.metrics.gateway.notify_unauthorized.with_label_values(&[reason]).inc();
+            Problem::new(StatusCode::UNAUTHORIZED, "unauthorized", detail)
+        };
         let source = settings
             .source_service(&parsed.source)
-            .ok_or_else(|| unauthorized(NotifyError::UnknownSource.to_string()))?;
-        signature::verify_content_digest(&headers, &body).map_err(|e| unauthorized(e.to_string()))?;
+            .ok_or_else(|| unauthorized(UNKNOWN_SOURCE, NotifyError::UnknownSource.to_string()))?;
+        signature::verify_content_digest(&headers, &body).map_err(|e| unauthorized(CONTENT_DIGEST, e.to_string()))?;
         let authority = uri
             .authority()
             .map(|a| a.as_str().to_owned())
@@ -329,7 +376,7 @@ async fn notify(
         let policy = SignaturePolicy::notify(settings.signature_max_age, settings.clock_skew);
         signature::verify(&request, source, &policy, now_unix_s()).map_err(|e| {
             tracing::info!(reason = e.label(), "notify signature refused");
-            unauthorized(e.to_string())
+            unauthorized(e.label(), e.to_string())
         })?;
         let answer = state.service.notify(&parsed, &body).await.map_err(|e| notify_problem(&e))?;
         Ok((StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], answer).into_response())

@@ -260,15 +260,11 @@ fn start_gateway(
         return Ok((None, None));
     };
     let registry = engine.registry();
-    let delivery = Delivery::new(registry.store.clone(), registry.channels.clone(), DeliverySettings::default());
-    let service = GatewayService::new(
-        settings.clone(),
-        registry.store.clone(),
-        registry.channels.clone(),
-        delivery.clone(),
-        DEFAULT_MAX_IN_FLIGHT,
-    )
-    .context("engine.gateway.salt_secrets")?;
+    let (store, channels, metrics) = (registry.store.clone(), registry.channels.clone(), engine.metrics());
+    let delivery = Delivery::new(store.clone(), channels.clone(), DeliverySettings::default(), metrics.clone());
+    let service =
+        GatewayService::new(settings.clone(), store, channels, delivery.clone(), DEFAULT_MAX_IN_FLIGHT, metrics)
+            .context("engine.gateway.salt_secrets")?;
     let station = match &config.station {
         Some(s) => Some(Arc::new((s.clone(), gateway::Session::load(s).context("station.session_tokens_file")?))),
         None => None,

@@ -46,6 +46,8 @@ pub struct Metrics {
     pub relay_ingress_rejected: IntCounterVec,
     pub relay_ingress_pushes: IntCounterVec,
     pub relay_records_expired: IntCounter,
+    /// Spec 002's gateway (`GatewayMetrics` below).
+    pub gateway: GatewayMetrics,
 }
 
 /// A configured input limit (issue 11), as the `limit` label names it.
@@ -243,6 +245,7 @@ impl Metrics {
                 "fanout_relay_records_expired_total",
                 "Relay delivery records deleted by retention once their ttl ran out (embedded store)",
             ),
+            gateway: GatewayMetrics::register(&registry),
             registry,
         };
         for result in ["accepted", "duplicate"] {
@@ -276,6 +279,91 @@ impl Metrics {
         // Encoding into a String cannot fail for well-formed families.
         let _ = encoder.encode_utf8(&self.registry.gather(), &mut out);
         out
+    }
+}
+
+// ---- spec 002, the push gateway (issue 14 operability) ----
+
+/// The push gateway's families (docs/METRICS.md "Push gateway"). Label values
+/// are the fixed symbols of `crate::gateway` (gateway status, reason code,
+/// wake-up outcome, refusal reason), never an id, pseudonym, token or
+/// service DID. Created with the registry; their children are created at
+/// zero by `GatewayService::new` (the notify refusal reasons by the HTTP
+/// router, `api/src/gateway.rs`), so they show only with `[engine.gateway]`.
+pub struct GatewayMetrics {
+    /// Per-device notify outcomes by `result` (§5.2 gateway_status).
+    pub device_outcomes: IntCounterVec,
+    /// Rejected devices by `reason` (§5.2 reason_code).
+    pub device_rejections: IntCounterVec,
+    /// Notify requests answered 401, by `reason`.
+    pub notify_unauthorized: IntCounterVec,
+    /// Station route changes by `result`.
+    pub registrations: IntCounterVec,
+    /// What became of each leased wake-up, by `outcome`.
+    pub wakeups: IntCounterVec,
+    /// Wake-ups leased and being sent.
+    pub wakeups_in_flight: IntGauge,
+    /// How long past its due time the longest-waiting wake-up of the last
+    /// lease waited for a worker.
+    pub wakeup_lateness: prometheus::Gauge,
+    /// How long the worker has had work and finished none.
+    pub worker_stalled: prometheus::Gauge,
+}
+
+impl GatewayMetrics {
+    fn register(registry: &Registry) -> Self {
+        let counter_vec = |name: &str, help: &str, label: &str| {
+            let c = IntCounterVec::new(Opts::new(name, help), &[label]).expect("valid metric");
+            registry.register(Box::new(c.clone())).expect("unique metric");
+            c
+        };
+        let gauge = |name: &str, help: &str| {
+            let g = prometheus::Gauge::new(name, help).expect("valid metric");
+            registry.register(Box::new(g.clone())).expect("unique metric");
+            g
+        };
+        let wakeups_in_flight = IntGauge::new(
+            "fanout_gateway_wakeups_in_flight",
+            "Spec 002 wake-ups leased by this node's worker and being sent to APNs/FCM",
+        )
+        .expect("valid metric");
+        registry.register(Box::new(wakeups_in_flight.clone())).expect("unique metric");
+        Self {
+            device_outcomes: counter_vec(
+                "fanout_gateway_device_outcomes_total",
+                "Spec 002 notify outcomes per device, by gateway_status (replays not counted)",
+                "result",
+            ),
+            device_rejections: counter_vec(
+                "fanout_gateway_device_rejections_total",
+                "Spec 002 notify devices answered rejected, by reason_code",
+                "reason",
+            ),
+            notify_unauthorized: counter_vec(
+                "fanout_gateway_notify_unauthorized_total",
+                "Spec 002 notify requests answered 401, by reason (unknown source, Content-Digest, signature check)",
+                "reason",
+            ),
+            registrations: counter_vec(
+                "fanout_gateway_registrations_total",
+                "Spec 002 Station route changes: registered, superseded, revoked, not_registered",
+                "result",
+            ),
+            wakeups: counter_vec(
+                "fanout_gateway_wakeups_total",
+                "Spec 002 wake-up attempts by what followed: delivered, retried, dead_token, rejected, exhausted, revoked",
+                "outcome",
+            ),
+            wakeups_in_flight,
+            wakeup_lateness: gauge(
+                "fanout_gateway_wakeup_lateness_seconds",
+                "Spec 002: how long past its due time the longest-waiting wake-up of the worker's last lease waited",
+            ),
+            worker_stalled: gauge(
+                "fanout_gateway_worker_stalled_seconds",
+                "Spec 002: how long the wake-up worker has had work (or an unreadable store) without finishing any",
+            ),
+        }
     }
 }
 

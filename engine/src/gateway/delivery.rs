@@ -19,19 +19,29 @@
 //! expired or dead registration is never used (§3.3 "旧注册不得因 worker、缓存
 //! 或延迟请求复活"); its wakeup is dropped. A lease is three attempt bounds,
 //! so a crashed worker's wakeups are taken over by the next poll after it.
+//!
+//! Each wakeup is also an entry of its device's pending ledger (`pending`,
+//! the bound behind §5.2 `rate_limited`): a reschedule moves the entry's
+//! next attempt, a delete removes it. Operators see the worker through
+//! `fanout_gateway_wakeups_total` (what followed each attempt) and three
+//! gauges: wakeups in flight, how late the last lease's oldest wakeup was,
+//! and how long the worker has had work without finishing any.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value};
 use tokio::sync::{Notify, Semaphore, watch};
 use tokio::task::JoinSet;
 
 use super::identity::PushRouteId;
+use super::pending::ledger_key;
 use super::schema::PushKey;
+use super::service::update_ledger;
 use crate::channel::{Channels, Outcome, RelayPriority, RelayRefusal, RelayedPush};
 use crate::clock::unix_now_ns;
 use crate::domain::Channel;
+use crate::metrics::Metrics;
 use crate::settings::ATTEMPT_TIMEOUT;
 use crate::store::{GatewayRegistration, LeasedWakeup, Store};
 
@@ -74,16 +84,59 @@ fn now_ms() -> i64 {
     unix_now_ns() / 1_000_000
 }
 
-/// What became of one leased wakeup (for tests and counters).
+/// What became of one leased wakeup: the `outcome` of
+/// `fanout_gateway_wakeups_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Sent {
+    /// The provider took it; deleted.
     Delivered,
-    /// The token is dead; the registration is marked.
+    /// Tried again later (429, 5xx, timeout, no credential).
+    Retried,
+    /// The token is dead; the registration is marked, the wakeup deleted.
     DeadToken,
-    /// Refused for good, given up, or its route is gone.
-    Dropped,
-    /// Tried again later.
-    Retry,
+    /// Refused for good by the provider (bad topic, sender mismatch, too
+    /// large), or unsendable here (its channel no longer configured, an
+    /// unreadable route or payload); deleted.
+    Rejected,
+    /// Given up: `max_attempts` attempts, or its lifetime ran out.
+    Exhausted,
+    /// Its registration is revoked, superseded, expired or dead (§3.3):
+    /// never sent; deleted.
+    Revoked,
+}
+
+impl Sent {
+    pub const ALL: [Self; 6] =
+        [Self::Delivered, Self::Retried, Self::DeadToken, Self::Rejected, Self::Exhausted, Self::Revoked];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Delivered => "delivered",
+            Self::Retried => "retried",
+            Self::DeadToken => "dead_token",
+            Self::Rejected => "rejected",
+            Self::Exhausted => "exhausted",
+            Self::Revoked => "revoked",
+        }
+    }
+}
+
+/// What the worker loop knows of its progress, for the stalled gauge: it
+/// "has work" while attempts are in flight, its last lease found due
+/// wakeups, or the store could not be read; progress is an attempt
+/// finished, or a look that found nothing to do.
+struct Progress {
+    last: Instant,
+}
+
+impl Progress {
+    /// Seconds without progress, given whether the worker has work now.
+    fn stalled(&mut self, has_work: bool, now: Instant) -> f64 {
+        if !has_work {
+            self.last = now;
+        }
+        now.duration_since(self.last).as_secs_f64()
+    }
 }
 
 /// The wakeup sender: cheap to clone, shared by the notify service (which
@@ -94,11 +147,12 @@ pub struct Delivery {
     channels: Channels,
     settings: DeliverySettings,
     wake: Arc<Notify>,
+    metrics: Arc<Metrics>,
 }
 
 impl Delivery {
-    pub fn new(store: Arc<dyn Store>, channels: Channels, settings: DeliverySettings) -> Self {
-        Self { store, channels, settings, wake: Arc::new(Notify::new()) }
+    pub fn new(store: Arc<dyn Store>, channels: Channels, settings: DeliverySettings, metrics: Arc<Metrics>) -> Self {
+        Self { store, channels, settings, wake: Arc::new(Notify::new()), metrics }
     }
 
     /// Says that wakeups were stored: the loop looks now, not at its next poll.
@@ -109,20 +163,26 @@ impl Delivery {
     /// Runs until `shutdown` turns true, then lets the attempts in flight
     /// finish (their leases cover them if the process stops first).
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
-        let slots = Arc::new(Semaphore::new(self.settings.max_in_flight.max(1)));
+        let max_in_flight = self.settings.max_in_flight.max(1);
+        let slots = Arc::new(Semaphore::new(max_in_flight));
         let mut tasks = JoinSet::new();
+        let gauges = &self.metrics.gateway;
+        let mut progress = Progress { last: Instant::now() };
         loop {
             if *shutdown.borrow() {
                 break;
             }
             let free = slots.available_permits();
             let mut taken = 0;
+            let mut unreadable = false;
             if free > 0 {
                 let now = now_ms();
                 let lease_until = now + LEASE.as_millis() as i64;
                 match self.store.gateway_wakeups_due(now, lease_until, free).await {
                     Ok(due) => {
                         taken = due.len();
+                        let late_ms = due.iter().map(|l| now - l.wakeup.not_before_ms).max().unwrap_or(0);
+                        gauges.wakeup_lateness.set(late_ms.max(0) as f64 / 1000.0);
                         for leased in due {
                             let Ok(permit) = slots.clone().try_acquire_owned() else { break };
                             let this = self.clone();
@@ -132,10 +192,23 @@ impl Delivery {
                             });
                         }
                     }
-                    Err(e) => tracing::warn!(error = %e, "cannot read the gateway's wakeups"),
+                    Err(e) => {
+                        unreadable = true;
+                        tracing::warn!(error = %e, "cannot read the gateway's wakeups");
+                    }
                 }
             }
-            while tasks.try_join_next().is_some() {}
+            let mut finished = false;
+            while tasks.try_join_next().is_some() {
+                finished = true;
+            }
+            let at = Instant::now();
+            if finished {
+                progress.last = at;
+            }
+            let has_work = !tasks.is_empty() || taken > 0 || unreadable || free == 0;
+            gauges.worker_stalled.set(progress.stalled(has_work, at));
+            gauges.wakeups_in_flight.set((max_in_flight - slots.available_permits()) as i64);
             // A full batch: there may be more due at once.
             if taken > 0 && taken == free {
                 continue;
@@ -143,15 +216,23 @@ impl Delivery {
             tokio::select! {
                 _ = self.wake.notified() => {}
                 _ = tokio::time::sleep(self.settings.poll_interval) => {}
-                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+                Some(_) = tasks.join_next(), if !tasks.is_empty() => progress.last = Instant::now(),
                 _ = shutdown.changed() => {}
             }
         }
         while tasks.join_next().await.is_some() {}
+        gauges.wakeups_in_flight.set(0);
+    }
+
+    /// One attempt of one leased wakeup, counted by what followed.
+    pub async fn send(&self, leased: LeasedWakeup) -> Sent {
+        let sent = self.attempt(&leased).await;
+        self.metrics.gateway.wakeups.with_label_values(&[sent.as_str()]).inc();
+        sent
     }
 
     /// One attempt of one leased wakeup, and what follows from its outcome.
-    pub async fn send(&self, leased: LeasedWakeup) -> Sent {
+    async fn attempt(&self, leased: &LeasedWakeup) -> Sent {
         let now = now_ms();
         let w = &leased.wakeup;
         let route = match self.store.gateway_route(&w.route, now).await {
@@ -159,22 +240,22 @@ impl Delivery {
             Err(_) => return self.retry(&leased, Duration::from_secs(1), false).await,
         };
         let Some(reg) = route.filter(|r| r.registration_id == w.registration_id && !r.token_invalid) else {
-            return self.drop_wakeup(&leased).await;
+            return self.finish(&leased, Sent::Revoked).await;
         };
         if w.expires_at_ms <= now {
-            return self.drop_wakeup(&leased).await;
+            return self.finish(&leased, Sent::Exhausted).await;
         }
         let Some((channel, sandbox, token)) = self.route_of(&reg) else {
-            return self.drop_wakeup(&leased).await;
+            return self.finish(&leased, Sent::Rejected).await;
         };
         let Some(provider) = self.channels.get(channel).cloned() else {
             // Configuration changed since the wakeup was accepted.
-            return self.drop_wakeup(&leased).await;
+            return self.finish(&leased, Sent::Rejected).await;
         };
         let held = super::service::held_batch(self.store.as_ref(), w, now).await;
         let payload: Map<String, Value> = match serde_json::from_slice(held.as_deref().unwrap_or(&w.payload)) {
             Ok(p) => p,
-            Err(_) => return self.drop_wakeup(&leased).await,
+            Err(_) => return self.finish(&leased, Sent::Rejected).await,
         };
         let priority = if payload.get("wakeup_kind").and_then(Value::as_str) == Some("call_invite") {
             RelayPriority::High
@@ -198,19 +279,15 @@ impl Delivery {
             Err(_) => Ok(provider.timed_out()),
         };
         match outcome {
-            Ok(Outcome::Delivered) => {
-                self.delete(&leased).await;
-                Sent::Delivered
-            }
+            Ok(Outcome::Delivered) => self.finish(&leased, Sent::Delivered).await,
             Ok(Outcome::Terminal) => {
                 if let Err(e) = self.store.gateway_mark_token_invalid(&w.route, &w.registration_id).await {
                     tracing::warn!(error = %e, "cannot mark a dead push token");
                 }
-                self.delete(&leased).await;
-                Sent::DeadToken
+                self.finish(&leased, Sent::DeadToken).await
             }
             Ok(Outcome::Rejected | Outcome::Mismatch) | Err(RelayRefusal::TooLarge | RelayRefusal::Unsupported) => {
-                self.drop_wakeup(&leased).await
+                self.finish(&leased, Sent::Rejected).await
             }
             Ok(Outcome::NotSent { delay }) => self.retry(&leased, delay, false).await,
             Ok(Outcome::Transient { delay } | Outcome::Gone { delay }) => self.retry(&leased, delay, true).await,
@@ -229,28 +306,49 @@ impl Delivery {
     async fn retry(&self, leased: &LeasedWakeup, delay: Duration, attempted: bool) -> Sent {
         let attempts = leased.wakeup.attempts + u32::from(attempted);
         if attempts >= self.settings.max_attempts {
-            return self.drop_wakeup(leased).await;
+            return self.finish(leased, Sent::Exhausted).await;
         }
         let wait = delay.max(backoff(attempts.saturating_sub(1)));
-        let not_before = now_ms() + wait.as_millis() as i64;
+        let now = now_ms();
+        let not_before = now + wait.as_millis() as i64;
         if not_before >= leased.wakeup.expires_at_ms {
-            return self.drop_wakeup(leased).await;
+            return self.finish(leased, Sent::Exhausted).await;
         }
-        if let Err(e) = self.store.gateway_wakeup_reschedule(leased, not_before, attempts).await {
+        match self.store.gateway_wakeup_reschedule(leased, not_before, attempts).await {
+            Ok(true) => self.change_ledger(leased, now, |l| l.reschedule(&leased.wakeup.id, not_before, now)).await,
+            Ok(false) => {}
             // The lease runs out and the wakeup is taken again.
-            tracing::warn!(error = %e, "cannot reschedule a wakeup");
+            Err(e) => tracing::warn!(error = %e, "cannot reschedule a wakeup"),
         }
-        Sent::Retry
+        Sent::Retried
     }
 
-    async fn drop_wakeup(&self, leased: &LeasedWakeup) -> Sent {
-        self.delete(leased).await;
-        Sent::Dropped
+    /// Deletes a finished wakeup (and its ledger entry): `sent` says why.
+    async fn finish(&self, leased: &LeasedWakeup, sent: Sent) -> Sent {
+        match self.store.gateway_wakeup_delete(leased).await {
+            // Not ours any more (the lease ran out): its holder finishes it.
+            Ok(false) => {}
+            Ok(true) => {
+                let now = now_ms();
+                self.change_ledger(leased, now, |l| l.remove(&leased.wakeup.id, now)).await;
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot delete a sent wakeup; it may be sent again"),
+        }
+        sent
     }
 
-    async fn delete(&self, leased: &LeasedWakeup) {
-        if let Err(e) = self.store.gateway_wakeup_delete(leased).await {
-            tracing::warn!(error = %e, "cannot delete a sent wakeup; it may be sent again");
+    /// A change of the wakeup's device ledger. A failure leaves the entry
+    /// until it expires: the device's bound is then one lower meanwhile.
+    async fn change_ledger(
+        &self,
+        leased: &LeasedWakeup,
+        now: i64,
+        change: impl FnMut(&mut super::pending::PendingWakeups) -> bool,
+    ) {
+        let route = &leased.wakeup.route;
+        let key = ledger_key(&route.account_id, &route.device_id);
+        if let Err(e) = update_ledger(self.store.as_ref(), &route.tenant, &key, now, change).await {
+            tracing::warn!(error = %e, "cannot update a device's pending wakeups");
         }
     }
 }
@@ -264,6 +362,7 @@ mod tests {
 
     use super::*;
     use crate::channel::{Provider, Push};
+    use crate::gateway::pending::{Admission, PendingWakeups};
     use crate::store::{GatewayWakeup, NotifyClaim, NotifyKey, RedbStore};
 
     /// FCM answering from a script; records what it was asked to send.
@@ -299,6 +398,7 @@ mod tests {
         provider: Arc<Scripted>,
         delivery: Delivery,
         registration: GatewayRegistration,
+        metrics: Arc<Metrics>,
     }
 
     async fn setup(answers: Vec<Outcome>) -> Setup {
@@ -307,7 +407,8 @@ mod tests {
         let provider = Arc::new(Scripted { answers: Mutex::new(answers.into()), sent: Mutex::default() });
         let mut channels = Channels::default();
         channels.insert(provider.clone());
-        let delivery = Delivery::new(store.clone(), channels, DeliverySettings::default());
+        let metrics = Arc::new(Metrics::new());
+        let delivery = Delivery::new(store.clone(), channels, DeliverySettings::default(), metrics.clone());
         let now = now_ms();
         let registration = GatewayRegistration {
             tenant: "station".into(),
@@ -326,7 +427,7 @@ mod tests {
             token_invalid: false,
         };
         store.gateway_register(&registration).await.unwrap();
-        Setup { _dir: dir, store, provider, delivery, registration }
+        Setup { _dir: dir, store, provider, delivery, registration, metrics }
     }
 
     /// Stores one wakeup for the registration (as notify does) and leases it.
@@ -345,10 +446,28 @@ mod tests {
             attempts: 0,
             expires_at_ms: now + 3_600_000,
         };
+        let (id, expires) = (wakeup.id.clone(), wakeup.expires_at_ms);
+        update_ledger(s.store.as_ref(), "station", &ledger_key_of(s), now, |l| l.add(&id, now, expires, now))
+            .await
+            .unwrap();
         assert!(s.store.gateway_notify_commit(&key, now + 30_000, b"{}", &[wakeup], now + 60_000).await.unwrap());
         let mut due = s.store.gateway_wakeups_due(now, now + 30_000, 10).await.unwrap();
         assert_eq!(due.len(), 1);
         due.remove(0)
+    }
+
+    fn ledger_key_of(s: &Setup) -> Vec<u8> {
+        ledger_key(&s.registration.account_id, &s.registration.device_id)
+    }
+
+    /// The device's pending ledger as stored.
+    async fn ledger(s: &Setup) -> PendingWakeups {
+        let held = s.store.gateway_state("station", &ledger_key_of(s), now_ms()).await.unwrap();
+        held.map(|b| serde_json::from_slice(&b).unwrap()).unwrap_or_default()
+    }
+
+    fn counted(s: &Setup, sent: Sent) -> u64 {
+        s.metrics.gateway.wakeups.with_label_values(&[sent.as_str()]).get()
     }
 
     async fn nothing_due(s: &Setup, at_ms: i64) -> bool {
@@ -367,6 +486,9 @@ mod tests {
         assert_eq!(sent[0].1["wakeup_kind"], "call_invite");
         assert_eq!(sent[0].2.as_deref(), Some("c0llapse"));
         assert!(nothing_due(&s, now_ms() + 3_600_000).await);
+        // Its place in the device's ledger is free again; it was counted.
+        assert!(ledger(&s).await.is_empty(now_ms()));
+        assert_eq!((counted(&s, Sent::Delivered), counted(&s, Sent::Retried)), (1, 0));
     }
 
     #[tokio::test]
@@ -385,28 +507,48 @@ mod tests {
         let s = setup(answers).await;
         let w = leased(&s, "reg-1").await;
         let before = now_ms();
-        assert_eq!(s.delivery.send(w).await, Sent::Retry);
+        assert_eq!(s.delivery.send(w).await, Sent::Retried);
         assert!(nothing_due(&s, before + 4_000).await, "not before the provider's delay");
         let mut due = s.store.gateway_wakeups_due(before + 6_000, before + 36_000, 10).await.unwrap();
         assert_eq!(due.len(), 1);
         assert_eq!(due[0].wakeup.attempts, 1);
+        // Still pending for its device, next tried after the delay: a
+        // device at its bound is told to retry after that attempt.
+        let pending = ledger(&s).await;
+        assert_eq!(pending.len(now_ms()), 1);
+        let Admission::Full { retry_after } = pending.admit("another", 1, before) else { panic!("full") };
+        assert!(retry_after >= Duration::from_secs(15), "{retry_after:?}");
         // A wakeup at its last attempt is given up.
         let mut last = due.remove(0);
         last.wakeup.attempts = DeliverySettings::default().max_attempts - 1;
-        assert_eq!(s.delivery.send(last).await, Sent::Dropped);
+        assert_eq!(s.delivery.send(last).await, Sent::Exhausted);
         assert!(nothing_due(&s, now_ms() + 3_600_000).await);
+        assert!(ledger(&s).await.is_empty(now_ms()));
+        assert_eq!((counted(&s, Sent::Retried), counted(&s, Sent::Exhausted)), (1, 1));
     }
 
     #[tokio::test]
     async fn a_superseded_or_revoked_route_is_never_used() {
         let s = setup(vec![]).await;
         let stale = leased(&s, "reg-0").await;
-        assert_eq!(s.delivery.send(stale).await, Sent::Dropped);
+        assert_eq!(s.delivery.send(stale).await, Sent::Revoked);
         let w = leased(&s, "reg-1").await;
         let revoke = crate::store::Revoke { route: s.registration.route_key(), push_key: None, app_id: None };
         assert!(s.store.gateway_unregister(&revoke).await.unwrap());
-        assert_eq!(s.delivery.send(w).await, Sent::Dropped);
+        assert_eq!(s.delivery.send(w).await, Sent::Revoked);
         assert!(s.provider.sent.lock().unwrap().is_empty());
+        assert!(ledger(&s).await.is_empty(now_ms()));
+        assert_eq!(counted(&s, Sent::Revoked), 2);
+    }
+
+    #[test]
+    fn stalled_counts_only_while_there_is_work() {
+        let t0 = Instant::now();
+        let mut p = Progress { last: t0 };
+        assert_eq!(p.stalled(true, t0 + Duration::from_secs(5)), 5.0);
+        // Nothing to do is progress: the clock restarts.
+        assert_eq!(p.stalled(false, t0 + Duration::from_secs(6)), 0.0);
+        assert_eq!(p.stalled(true, t0 + Duration::from_secs(9)), 3.0);
     }
 
     #[test]

@@ -8,7 +8,8 @@
 //! `jcs` (RFC 8785), `identity` (ids, pseudonyms, collapse keys), `schema`
 //! (closed bodies and headers), `outcome` (§5.2 answers and conservation),
 //! `egress` (the provider payload allow-list, dedup, batching, hysteresis),
-//! `signature` (RFC 9421 / RFC 9530). The readings chosen where the spec is
+//! `signature` (RFC 9421 / RFC 9530), `pending` (the per-device bound
+//! behind `rate_limited`). The readings chosen where the spec is
 //! ambiguous are listed in docs/GATEWAY.md ("Readings").
 
 pub mod egress;
@@ -21,6 +22,7 @@ pub mod signature;
 
 // The stateful parts (gw-state): the service and the wakeup worker.
 pub mod delivery;
+pub mod pending;
 pub mod service;
 
 pub use self::egress::{DedupKey, Egress, EgressPolicy, ProviderWakeup, RateWindow, WakeupPayload};

@@ -28,6 +28,19 @@ pub enum GatewayStatus {
     Rejected,
 }
 
+impl GatewayStatus {
+    pub const ALL: [Self; 3] = [Self::Accepted, Self::Duplicate, Self::Rejected];
+
+    /// The wire value (also the metric label).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Accepted => "accepted",
+            Self::Duplicate => "duplicate",
+            Self::Rejected => "rejected",
+        }
+    }
+}
+
 /// §5.2's closed reason codes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

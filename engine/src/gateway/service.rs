@@ -25,11 +25,13 @@ use super::identity::{
     AccountId, DeliveryWindowId, DeviceId, PushRouteId, PushTargetId, RegistrationId, SaltEpochId, SaltSecrets,
     SecretError, ServiceId,
 };
-use super::outcome::{DeviceOutcome, NoFanout, NotifyResponse, ReasonCode, Rejection, TargetFailure};
+use super::outcome::{DeviceOutcome, GatewayStatus, NoFanout, NotifyResponse, ReasonCode, Rejection, TargetFailure};
+use super::pending::{Admission, PendingWakeups, ledger_key};
 use super::schema::{NotifyHeaders, NotifyLimits, NotifyRequest, RegisterDevice, SchemaViolation, UnregisterDevice};
 use super::settings::GatewaySettings;
 use crate::channel::Channels;
 use crate::clock::unix_now_ns;
+use crate::metrics::Metrics;
 use crate::store::{GatewayRegistration, GatewayWakeup, NotifyClaim, NotifyKey, Revoke, RouteKey, Store, StoreError};
 
 /// Requests handled at once by default.
@@ -117,6 +119,51 @@ impl StationError {
     }
 }
 
+/// What a Station request changed, as `fanout_gateway_registrations_total`
+/// counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StationChange {
+    /// A device's first current route (or its previous one had expired).
+    Registered,
+    /// A new route replaced the device's current one (§3.1 supersede).
+    Superseded,
+    /// §3.2: the current route was deleted.
+    Revoked,
+    /// §3.2: nothing matched (204 all the same).
+    NotRegistered,
+}
+
+impl StationChange {
+    pub const ALL: [Self; 4] = [Self::Registered, Self::Superseded, Self::Revoked, Self::NotRegistered];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Registered => "registered",
+            Self::Superseded => "superseded",
+            Self::Revoked => "revoked",
+            Self::NotRegistered => "not_registered",
+        }
+    }
+}
+
+/// The gateway's labelled families at zero, every value (docs/METRICS.md),
+/// so that rates and alerts see them before the first event.
+fn initialise_metrics(metrics: &Metrics) {
+    let g = &metrics.gateway;
+    for status in GatewayStatus::ALL {
+        g.device_outcomes.with_label_values(&[status.as_str()]);
+    }
+    for reason in ReasonCode::ALL {
+        g.device_rejections.with_label_values(&[reason.as_str()]);
+    }
+    for change in StationChange::ALL {
+        g.registrations.with_label_values(&[change.as_str()]);
+    }
+    for sent in super::delivery::Sent::ALL {
+        g.wakeups.with_label_values(&[sent.as_str()]);
+    }
+}
+
 /// Both roles: built once from `[engine.gateway]`, shared by every request.
 pub struct GatewayService {
     settings: GatewaySettings,
@@ -125,6 +172,7 @@ pub struct GatewayService {
     channels: Channels,
     delivery: Delivery,
     in_flight: Arc<Semaphore>,
+    metrics: Arc<Metrics>,
 }
 
 impl GatewayService {
@@ -135,9 +183,12 @@ impl GatewayService {
         channels: Channels,
         delivery: Delivery,
         max_in_flight: usize,
+        metrics: Arc<Metrics>,
     ) -> Result<Self, SecretError> {
         let secrets = SaltSecrets::load(&settings.salt_epoch, settings.salt_secret_files())?;
-        Ok(Self { settings, secrets, store, channels, delivery, in_flight: Arc::new(Semaphore::new(max_in_flight)) })
+        initialise_metrics(&metrics);
+        let in_flight = Arc::new(Semaphore::new(max_in_flight));
+        Ok(Self { settings, secrets, store, channels, delivery, in_flight, metrics })
     }
 
     pub fn settings(&self) -> &GatewaySettings {
@@ -193,7 +244,9 @@ impl GatewayService {
             expires_at_ms,
             token_invalid: false,
         };
-        self.store.gateway_register(&registration).await.map_err(|_| StationError::Storage)?;
+        let superseded = self.store.gateway_register(&registration).await.map_err(|_| StationError::Storage)?;
+        let change = if superseded.is_some() { StationChange::Superseded } else { StationChange::Registered };
+        self.metrics.gateway.registrations.with_label_values(&[change.as_str()]).inc();
         Ok(Registered { push_target_id, registration_id, expires_at_ms })
     }
 
@@ -216,7 +269,9 @@ impl GatewayService {
             push_key: request.push_key.clone(),
             app_id: request.app_id.clone(),
         };
-        self.store.gateway_unregister(&revoke).await.map_err(|_| StationError::Storage)?;
+        let revoked = self.store.gateway_unregister(&revoke).await.map_err(|_| StationError::Storage)?;
+        let change = if revoked { StationChange::Revoked } else { StationChange::NotRegistered };
+        self.metrics.gateway.registrations.with_label_values(&[change.as_str()]).inc();
         Ok(())
     }
 
@@ -275,13 +330,26 @@ impl GatewayService {
         let body = response.to_json();
         if !self.store.gateway_notify_commit(&key, lease_until, &body, &wakeups, expires_at).await? {
             // Our claim ran out and another request took it over: its
-            // answer stands; this caller retries and gets it.
+            // answer stands; this caller retries and gets it. (Its wakeups
+            // have this request's ids, so the ledger entries are its.)
             return Err(NotifyError::InProgress);
         }
         if !wakeups.is_empty() {
             self.delivery.nudge();
         }
+        self.count(&response);
         Ok(body)
+    }
+
+    /// Counts a decided answer's outcomes (a replay is not counted again).
+    fn count(&self, response: &NotifyResponse) {
+        let g = &self.metrics.gateway;
+        for outcome in response.outcomes() {
+            g.device_outcomes.with_label_values(&[outcome.gateway_status.as_str()]).inc();
+            if let Some(reason) = outcome.reason_code {
+                g.device_rejections.with_label_values(&[reason.as_str()]).inc();
+            }
+        }
     }
 
     /// The answer and the wakeups to store with it.
@@ -373,9 +441,28 @@ impl GatewayService {
             DedupScope { account: &account, device, route, epoch: &epoch, source_event: &request.wakeup_digest };
         let dedup = DedupKey::derive(secret, scope, window);
         let marker = [b"d".as_slice(), dedup.as_bytes()].concat();
+        let taken_by_other = |held: Option<Vec<u8>>| held.is_some_and(|h| h != owner[..]);
+        if taken_by_other(self.store.gateway_state(tenant, &marker, now).await?) {
+            return Ok(DeviceOutcome::Duplicate);
+        }
+
+        // §5.2 `rate_limited` (reading 26): at the device's bound of
+        // unfinished wakeups nothing more is stored for it; checked before
+        // the dedup marker is taken, so the caller's retry is not its own
+        // duplicate. This request's own wakeup (decided again after a lost
+        // claim) is already counted.
+        let ledger = ledger_key(&reg.account_id, &reg.device_id);
+        let pending: PendingWakeups = self.read_state(tenant, &ledger, now).await?;
+        let own_id = now_wakeup_id(tenant, owner, device);
+        let bound = self.settings.max_pending_wakeups_per_device;
+        if let Admission::Full { retry_after } = pending.admit(&own_id, bound, now) {
+            let rejection = Rejection::retry(ReasonCode::RateLimited, retry_after).expect("retryable");
+            return Ok(DeviceOutcome::Rejected(rejection));
+        }
+
         let keep = window_end + self.settings.window.as_millis() as i64;
         if !self.store.gateway_state_cas(tenant, &marker, None, owner, now, keep).await?
-            && self.store.gateway_state(tenant, &marker, now).await?.as_deref() != Some(&owner[..])
+            && taken_by_other(self.store.gateway_state(tenant, &marker, now).await?)
         {
             return Ok(DeviceOutcome::Duplicate);
         }
@@ -409,9 +496,8 @@ impl GatewayService {
         let expires_at_ms = now + WAKEUP_LIFETIME.as_millis() as i64;
         let wakeup = match egress {
             Egress::Now => {
-                let id = hex32(&[tenant.as_bytes(), owner.as_slice(), device.as_str().as_bytes()]);
                 let sent = ProviderWakeup::new(payload, secret, window);
-                self.wakeup(reg, id, sent, now, expires_at_ms)
+                self.wakeup(reg, own_id, sent, now, expires_at_ms)
             }
             Egress::Batch { flush_at_ms } => {
                 let id = batch_id(tenant, &route_key, flush_at_ms);
@@ -433,6 +519,11 @@ impl GatewayService {
                 self.wakeup(reg, id, sent, flush_at_ms as i64, expires_at_ms.max(keep))
             }
         };
+        // The ledger lists it before the answer commits it: a commit that
+        // never happens leaves an entry until this request is retried
+        // (same id) or the entry expires (docs/GATEWAY.md "Known limits").
+        let (id, next, expires) = (wakeup.id.clone(), wakeup.not_before_ms, wakeup.expires_at_ms);
+        update_ledger(self.store.as_ref(), tenant, &ledger, now, |l| l.add(&id, next, expires, now)).await?;
         wakeups.push(wakeup);
         Ok(DeviceOutcome::Accepted)
     }
@@ -457,6 +548,17 @@ impl GatewayService {
         }
     }
 
+    /// A window state value, or its default when absent or unreadable.
+    async fn read_state<T: DeserializeOwned + Default>(
+        &self,
+        tenant: &str,
+        key: &[u8],
+        now: i64,
+    ) -> Result<T, StoreError> {
+        let held = self.store.gateway_state(tenant, key, now).await?;
+        Ok(held.as_deref().and_then(|b| serde_json::from_slice(b).ok()).unwrap_or_default())
+    }
+
     /// Read-modify-write of a window state value by compare-and-set, tried
     /// again when another request changed it in between.
     async fn update_state<T, R>(
@@ -465,22 +567,59 @@ impl GatewayService {
         key: &[u8],
         expires_at_ms: i64,
         now: i64,
-        mut change: impl FnMut(&mut T) -> R,
+        change: impl FnMut(&mut T) -> R,
     ) -> Result<R, StoreError>
     where
         T: Serialize + DeserializeOwned + Default,
     {
-        for _ in 0..STATE_ATTEMPTS {
-            let old = self.store.gateway_state(tenant, key, now).await?;
-            let mut value: T = old.as_deref().and_then(|b| serde_json::from_slice(b).ok()).unwrap_or_default();
-            let result = change(&mut value);
-            let new = serde_json::to_vec(&value).expect("state serializes");
-            if self.store.gateway_state_cas(tenant, key, old.as_deref(), &new, now, expires_at_ms).await? {
-                return Ok(result);
-            }
-        }
-        Err(StoreError::Backend("gateway state: too many concurrent changes".into()))
+        update_state(self.store.as_ref(), tenant, key, |_: &T| expires_at_ms, now, change).await
     }
+}
+
+/// Read-modify-write of a window state value by compare-and-set, tried
+/// again when another writer changed it in between; kept until the
+/// `expires_at_ms` of the new value.
+async fn update_state<T, R>(
+    store: &dyn Store,
+    tenant: &str,
+    key: &[u8],
+    expires_at_ms: impl Fn(&T) -> i64,
+    now: i64,
+    mut change: impl FnMut(&mut T) -> R,
+) -> Result<R, StoreError>
+where
+    T: Serialize + DeserializeOwned + Default,
+{
+    for _ in 0..STATE_ATTEMPTS {
+        let old = store.gateway_state(tenant, key, now).await?;
+        let mut value: T = old.as_deref().and_then(|b| serde_json::from_slice(b).ok()).unwrap_or_default();
+        let result = change(&mut value);
+        let new = serde_json::to_vec(&value).expect("state serializes");
+        if store.gateway_state_cas(tenant, key, old.as_deref(), &new, now, expires_at_ms(&value)).await? {
+            return Ok(result);
+        }
+    }
+    Err(StoreError::Backend("gateway state: too many concurrent changes".into()))
+}
+
+/// A change of a device's pending-wakeup ledger (`pending`), shared by the
+/// notify service and the delivery worker; kept until its last entry
+/// expires.
+pub(crate) async fn update_ledger<R>(
+    store: &dyn Store,
+    tenant: &str,
+    key: &[u8],
+    now: i64,
+    change: impl FnMut(&mut PendingWakeups) -> R,
+) -> Result<R, StoreError> {
+    update_state(store, tenant, key, |l: &PendingWakeups| l.keep_until(now), now, change).await
+}
+
+/// The id of the wakeup a request stores for a device at once: the same for
+/// the same request (Idempotency-Key and body), so a request decided again
+/// stores, and lists, the same wakeup.
+fn now_wakeup_id(tenant: &str, owner: &[u8; 32], device: &DeviceId) -> String {
+    hex32(&[tenant.as_bytes(), owner.as_slice(), device.as_str().as_bytes()])
 }
 
 /// The payload of a batch wakeup as merged so far (`batch_id`): the worker

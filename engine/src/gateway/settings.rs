@@ -75,6 +75,10 @@ pub struct GatewaySettings {
     pub max_provider_payload_bytes: usize,
     /// Devices one notify may name.
     pub max_devices_per_notify: usize,
+    /// §5.2 `rate_limited` (reading 26): accepted wake-ups of one device
+    /// that may be stored and unfinished at once; beyond, the device is
+    /// `rate_limited` and nothing more is stored for it.
+    pub max_pending_wakeups_per_device: usize,
 }
 
 impl GatewaySettings {
@@ -338,6 +342,8 @@ struct RawGatewaySettings {
     max_provider_payload_bytes: usize,
     #[serde(default = "default_max_devices")]
     max_devices_per_notify: usize,
+    #[serde(default = "default_max_pending_wakeups")]
+    max_pending_wakeups_per_device: usize,
 }
 
 fn optional_seconds<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
@@ -373,6 +379,14 @@ fn default_max_provider_payload_bytes() -> usize {
 }
 fn default_max_devices() -> usize {
     100
+}
+/// Two windows' worth of wake-ups at the default §4.5 threshold (30) plus
+/// room for the batch wake-ups: a device whose provider takes its wake-ups
+/// never gets near it; one whose provider keeps failing reaches it within
+/// about two windows.
+pub const DEFAULT_MAX_PENDING_WAKEUPS: usize = 64;
+fn default_max_pending_wakeups() -> usize {
+    DEFAULT_MAX_PENDING_WAKEUPS
 }
 
 impl TryFrom<RawGatewaySettings> for GatewaySettings {
@@ -445,6 +459,10 @@ impl TryFrom<RawGatewaySettings> for GatewaySettings {
         if !(1..=1000).contains(&raw.max_devices_per_notify) {
             return Err("max_devices_per_notify must be between 1 and 1000".into());
         }
+        // The ledger is one stored value per device: keep it small.
+        if !(1..=1000).contains(&raw.max_pending_wakeups_per_device) {
+            return Err("max_pending_wakeups_per_device must be between 1 and 1000".into());
+        }
         Ok(Self {
             service_id: raw.service_id,
             salt_epoch: raw.salt_epoch,
@@ -465,6 +483,7 @@ impl TryFrom<RawGatewaySettings> for GatewaySettings {
             clock_skew: Duration::from_secs(raw.clock_skew_seconds),
             max_provider_payload_bytes: raw.max_provider_payload_bytes,
             max_devices_per_notify: raw.max_devices_per_notify,
+            max_pending_wakeups_per_device: raw.max_pending_wakeups_per_device,
         })
     }
 }
@@ -509,6 +528,7 @@ mod tests {
         assert_eq!(s.idempotency_retention, Duration::from_secs(86_400));
         assert_eq!((s.signature_max_age, s.clock_skew), (Duration::from_secs(300), Duration::from_secs(30)));
         assert_eq!((s.max_unread_increment, s.max_provider_payload_bytes, s.max_devices_per_notify), (20, 4096, 100));
+        assert_eq!(s.max_pending_wakeups_per_device, 64);
         assert!(s.no_fanout_event_kinds.is_empty() && s.gateways.is_empty() && s.source_services.is_empty());
         assert_eq!(s.salt_secret_files().count(), 1);
     }
@@ -537,6 +557,7 @@ mod tests {
             (s.max_provider_payload_bytes, s.max_devices_per_notify),
             (d.max_provider_payload_bytes, d.max_devices_per_notify)
         );
+        assert_eq!(s.max_pending_wakeups_per_device, d.max_pending_wakeups_per_device);
         assert_eq!(s.gateways.len(), 1);
         assert_eq!(s.source_services[0].keys[0].public_key, URL_SAFE_NO_PAD.decode(RFC_KEY).unwrap()[..]);
     }
@@ -595,6 +616,8 @@ mod tests {
         refused(with("clock_skew_seconds", 301.into()), "between 0 and 300");
         refused(with("max_provider_payload_bytes", 100.into()), "between 256");
         refused(with("max_devices_per_notify", 0.into()), "between 1 and 1000");
+        refused(with("max_pending_wakeups_per_device", 0.into()), "max_pending_wakeups_per_device must be between");
+        refused(with("max_pending_wakeups_per_device", 1001.into()), "max_pending_wakeups_per_device must be between");
         refused(with("gateways", serde_json::json!([{"url": "http://push.example/", "service_id": "did:x"}])), "https");
         refused(
             with("gateways", serde_json::json!([{"url": "https://u@push.example/", "service_id": "did:x"}])),

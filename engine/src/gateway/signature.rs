@@ -61,6 +61,19 @@ pub enum SignatureError {
 }
 
 impl SignatureError {
+    pub const ALL: [Self; 10] = [
+        Self::Missing,
+        Self::Malformed,
+        Self::UnsupportedComponent,
+        Self::ComponentAbsent,
+        Self::NotCovered,
+        Self::UnknownKey,
+        Self::UnsupportedAlgorithm,
+        Self::Stale,
+        Self::FromFuture,
+        Self::Mismatch,
+    ];
+
     pub fn label(self) -> &'static str {
         match self {
             Self::Missing => "signature_missing",

@@ -54,7 +54,8 @@ fn public_key() -> String {
 
 /// The configuration: APNs and FCM, the gateway, the Station. `fcm` false
 /// leaves the FCM channel out (a registered FCM route is then unreachable).
-fn tables(s_apns: &str, s_fcm: &str, dir: &std::path::Path, fcm: bool, threshold: u32) -> String {
+/// `extra` holds more `[engine.gateway]` keys.
+fn tables(s_apns: &str, s_fcm: &str, dir: &std::path::Path, fcm: bool, threshold: u32, extra: &str) -> String {
     let mut t = format!(
         "[engine.channels.apns]\nkey_file = {key}\nkey_id = \"KEY1234567\"\nteam_id = \"TEAM123456\"\n\
          bundle_id = \"com.example.fanout\"\nenvironment = \"production\"\nsandbox_url = \"{s_apns}\"\n\
@@ -72,7 +73,7 @@ fn tables(s_apns: &str, s_fcm: &str, dir: &std::path::Path, fcm: bool, threshold
     t.push_str(&format!(
         "[engine.gateway]\nservice_id = \"{GATEWAY}\"\nsalt_epoch = \"e1\"\nsalt_secrets = {{ e1 = {salt} }}\n\
          window_seconds = {WINDOW_S}\naggressive_threshold = {threshold}\nmax_provider_payload_bytes = 256\n\
-         no_fanout_event_kinds = [\"ak.agent.lifecycle\"]\n\n\
+         no_fanout_event_kinds = [\"ak.agent.lifecycle\"]\n{extra}\n\
          [[engine.gateway.gateways]]\nurl = \"{GATEWAY_URL}\"\nservice_id = \"{GATEWAY}\"\n\n\
          [[engine.gateway.source_services]]\nid = \"{STATION}\"\nkeys = [{{ key_id = \"{KEY_ID}\", public_key = \"{pk}\" }}]\n\n\
          [station]\nservice_id = \"{STATION}\"\nsession_tokens_file = {sessions}\n\n",
@@ -84,6 +85,10 @@ fn tables(s_apns: &str, s_fcm: &str, dir: &std::path::Path, fcm: bool, threshold
 }
 
 async fn setup(threshold: u32) -> Setup {
+    setup_with(threshold, "").await
+}
+
+async fn setup_with(threshold: u32, extra: &str) -> Setup {
     let pki = TestPki::generate(&[]).expect("pki");
     let key = ApnsTestKey::generate().expect("key");
     let apns = start_mock_apns(
@@ -105,7 +110,7 @@ async fn setup(threshold: u32) -> Setup {
     std::fs::write(dir.path().join("salt-e1.hex"), format!("{}\n", "11".repeat(32))).unwrap();
     let hash = hex::encode(Sha256::digest(SESSION.as_bytes()));
     std::fs::write(dir.path().join("sessions"), format!("{hash} {ACCOUNT}\n")).unwrap();
-    let config = tables(&apns.base_url(), &fcm.base_url(), dir.path(), true, threshold);
+    let config = tables(&apns.base_url(), &fcm.base_url(), dir.path(), true, threshold, extra);
     let fanout =
         Fanout::start(EngineConfig { extra_tables: config, ..Default::default() }).await.expect("start fanout");
     Setup { fanout, apns, fcm, dir }
@@ -378,7 +383,7 @@ async fn whole_target_and_device_reasons() {
 
     // The FCM channel removed: a registered FCM route is unreachable for
     // now (retryable, with retry_after_ms).
-    let config = tables(&s.apns.base_url(), &s.fcm.base_url(), s.dir.path(), false, 30);
+    let config = tables(&s.apns.base_url(), &s.fcm.base_url(), s.dir.path(), false, 30, "");
     s.fanout.set_config(EngineConfig { extra_tables: config, ..Default::default() });
     s.fanout.restart().await.expect("restart");
     let answer = notify(&s, "k-unreachable", &body(&target, &[&phone])).await;
@@ -502,4 +507,102 @@ async fn unauthenticated_and_malformed_requests_change_nothing() {
     elsewhere["push_gateway_url"] = "https://push.example.test/_arkret/edge/push/notify/".into();
     let answer = post(s.fanout.api, path, &auth(SESSION), elsewhere.to_string().as_bytes()).await;
     assert_eq!((answer.status, answer.json()["code"].as_str()), (422, Some("push_gateway_not_onboarded")));
+}
+
+/// The value of one sample of the exposition, named with its labels as
+/// written (`name{label="value"}`), or 0 when absent.
+fn sample(scrape: &str, series: &str) -> f64 {
+    scrape.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok()).unwrap_or(0.0)
+}
+
+/// §5.2 `rate_limited` (docs/GATEWAY.md reading 26): a device whose
+/// accepted wake-ups do not finish (FCM answers 503: each is retried after
+/// 10 s) reaches `max_pending_wakeups_per_device` and is answered
+/// rate_limited with retry_after_ms, nothing stored for it, while another
+/// device is accepted; once its wake-ups are delivered it is accepted again.
+/// The gateway's metrics show all of it, with no private value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_whose_wakeups_do_not_drain_is_rate_limited_and_metrics_show_it() {
+    let s = setup_with(30, "max_pending_wakeups_per_device = 2\n").await;
+    let (phone, tablet) = (device(40), device(41));
+    let phone_target = registered_target(&s, &phone, "fcm:token-40").await;
+    let tablet_target = registered_target(&s, &tablet, "fcm:token-41").await;
+    s.fcm.script("token-40", vec![FcmReply::error(503, "UNAVAILABLE"); 2]);
+    let kind = |target: &str, device: &str, kind: &str| {
+        let mut request = body(target, &[device]);
+        request["notification"]["wakeup_kind"] = kind.into();
+        request
+    };
+
+    // Two wake-ups taken over, both answered 503 by FCM: still the gateway's.
+    for (key, k) in [("r-1", "message"), ("r-2", "mention")] {
+        let answer = notify(&s, key, &kind(&phone_target, &phone, k)).await;
+        assert_eq!(outcomes(&answer), vec![one(&phone, "accepted", None)], "{key}: {}", answer.body);
+    }
+    // A third is not: rate_limited, caller-retryable with its back-off.
+    let limited_request = kind(&phone_target, &phone, "reaction");
+    let limited = notify(&s, "r-3", &limited_request).await;
+    assert_eq!(outcomes(&limited), vec![one(&phone, "rejected", Some("rate_limited"))], "{}", limited.body);
+    let retry_after = limited.json()["outcomes"][0]["retry_after_ms"].as_u64();
+    assert!(retry_after.is_some_and(|ms| (1_000..=300_000).contains(&ms)), "{}", limited.body);
+    // Another device is not held back by it.
+    let answer = notify(&s, "r-4", &kind(&tablet_target, &tablet, "reaction")).await;
+    assert_eq!(outcomes(&answer), vec![one(&tablet, "accepted", None)]);
+    s.fcm.wait_for_token("token-41", 1, T).await;
+    // The exact replay answers the same bytes (§5.2 idempotency).
+    let replay = notify(&s, "r-3", &limited_request).await;
+    assert_eq!((replay.status, &replay.body), (200, &limited.body));
+
+    // FCM recovers: both wake-ups leave on their retry (2 × 503, then 2 ×
+    // 200), nothing was stored for the rate-limited one, and the device is
+    // accepted again.
+    let got = s.fcm.wait_for_token("token-40", 4, Duration::from_secs(40)).await;
+    assert_eq!(got.len(), 4, "{}", s.fanout.log_tail(30));
+    let kinds: Vec<_> = got.iter().map(|r| fcm_payload(r)["wakeup_kind"].as_str().unwrap().to_owned()).collect();
+    assert!(!kinds.contains(&"reaction".to_owned()), "the rate-limited wake-up was sent: {kinds:?}");
+    let mut again = Vec::new();
+    for i in 0..50 {
+        again = outcomes(&notify(&s, &format!("r-5-{i}"), &kind(&phone_target, &phone, "reminder")).await);
+        if again[0].1 == "accepted" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(again, vec![one(&phone, "accepted", None)]);
+    s.fcm.wait_for_token("token-40", 5, T).await;
+
+    // A notify of the configured Station with a stale signature: counted by reason.
+    let bytes = body(&phone_target, &[&phone]).to_string().into_bytes();
+    let stale = post(s.fanout.api, NOTIFY, &signed_headers("r-6", &bytes, &SEED, now_s() - 3600), &bytes).await;
+    assert_eq!(stale.status, 401);
+
+    // The metrics, as an operator sees them.
+    let (_, scrape) = s.fanout.http_get("/metrics").await.expect("metrics");
+    let at_least = |series: &str, n: f64| {
+        let v = sample(&scrape, series);
+        assert!(v >= n, "{series} = {v}, expected at least {n}\n{scrape}");
+    };
+    at_least("fanout_gateway_device_rejections_total{reason=\"rate_limited\"}", 1.0);
+    assert_eq!(
+        sample(&scrape, "fanout_gateway_device_rejections_total{reason=\"rate_limited\"}"),
+        1.0,
+        "replays count once"
+    );
+    at_least("fanout_gateway_device_outcomes_total{result=\"accepted\"}", 4.0);
+    at_least("fanout_gateway_wakeups_total{outcome=\"retried\"}", 2.0);
+    at_least("fanout_gateway_wakeups_total{outcome=\"delivered\"}", 4.0);
+    at_least("fanout_gateway_registrations_total{result=\"registered\"}", 2.0);
+    at_least("fanout_gateway_notify_unauthorized_total{reason=\"signature_stale\"}", 1.0);
+    // Created at zero with the gateway, so rates and alerts see them.
+    for zero in [
+        "fanout_gateway_device_rejections_total{reason=\"push_gateway_unreachable\"}",
+        "fanout_gateway_wakeups_total{outcome=\"exhausted\"}",
+        "fanout_gateway_notify_unauthorized_total{reason=\"unknown_source\"}",
+    ] {
+        assert!(scrape.lines().any(|l| l == format!("{zero} 0")), "{zero} is not at zero\n{scrape}");
+    }
+    assert!(scrape.contains("fanout_gateway_worker_stalled_seconds "), "{scrape}");
+    for private in ["token-40", "token-41", ACCOUNT, &phone, &tablet, &phone_target, STATION, KEY_ID, "r-3"] {
+        assert!(!scrape.contains(private), "the exposition shows {private}");
+    }
 }

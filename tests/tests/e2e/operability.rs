@@ -201,16 +201,22 @@ fn provider_tables(dir: &std::path::Path) -> String {
     // The relay ingress too, so its families are exported (issue 13).
     let hub_secret = dir.join("hub.secret");
     std::fs::write(&hub_secret, "operability-hub-secret-0123456789").expect("write hub secret");
+    // And the spec 002 gateway, whose families are created with it.
+    let salt = dir.join("push-salt.hex");
+    std::fs::write(&salt, "22".repeat(32)).expect("write salt");
     format!(
         "[engine.channels.apns]\nkey_file = {:?}\nkey_id = \"TESTKEY001\"\nteam_id = \"TESTTEAM01\"\n\
          bundle_id = \"com.example.fanout\"\nenvironment = \"sandbox\"\nsandbox_url = \"https://127.0.0.1:{}\"\n\n\
          [engine.channels.fcm]\nservice_account_file = {:?}\nbase_url = \"https://127.0.0.1:{}\"\n\n\
-         [engine.channels.relay]\n\n[engine.relay_ingress]\nhubs = {{ operability = {:?} }}\n\n",
+         [engine.channels.relay]\n\n[engine.relay_ingress]\nhubs = {{ operability = {:?} }}\n\n\
+         [engine.gateway]\nservice_id = \"did:web:push.operability.test\"\nsalt_epoch = \"e1\"\n\
+         salt_secrets = {{ e1 = {:?} }}\n\n",
         apns_key.display().to_string(),
         free_port(),
         account_file.display().to_string(),
         free_port(),
         hub_secret.display().to_string(),
+        salt.display().to_string(),
     )
 }
 
