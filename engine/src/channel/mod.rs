@@ -20,6 +20,7 @@ pub mod relay;
 pub mod relayed;
 mod settings;
 pub(crate) mod tls;
+pub mod webpush;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -155,6 +156,9 @@ impl Channels {
         }
         if let Some(s) = &settings.http {
             channels.insert(Arc::new(http::WebhookProvider::new(s, ctx)?));
+        }
+        if let Some(s) = &settings.webpush {
+            channels.insert(Arc::new(webpush::WebPushProvider::new(s, ctx)?));
         }
         if let Some(s) = &settings.relay {
             let relay = relay::RelayProvider::new(s, ctx)?;
