@@ -191,26 +191,13 @@ impl Provider for WebPushProvider {
 
 #[cfg(test)]
 mod tests {
-    use std::net::IpAddr;
-
     use fanout_testkit::TestPki;
     use fanout_testkit::mock::webpush::{self as mock, MockSubscription, MockWebPush, WebPushReply};
     use fanout_testkit::webpush::VapidTestKey;
 
     use super::*;
-    use crate::channel::http::ResolveError;
     use crate::metrics::Metrics;
-    use crate::testing;
-
-    /// Endpoints are IP literals: nothing is ever resolved.
-    struct NoDns;
-
-    #[async_trait]
-    impl HostResolver for NoDns {
-        async fn resolve(&self, _host: &str) -> Result<Vec<IpAddr>, ResolveError> {
-            Err(ResolveError::NoRecords)
-        }
-    }
+    use crate::testing::{self, NoDns};
 
     struct Setup {
         mock: MockWebPush,
