@@ -78,6 +78,17 @@ pub trait Provider: Send + Sync + 'static {
         Err(RelayRefusal::Unsupported)
     }
 
+    /// Spec 003 ingress with provider `webpush`: like `send_relayed`, to
+    /// the subscription whose endpoint is `push.token` and whose keys are
+    /// the registration's `p256dh` and `auth`. Only the Web Push channel.
+    async fn send_relayed_web_push(
+        &self,
+        _push: &RelayedPush<'_>,
+        _keys: &crate::domain::WebPushKeys,
+    ) -> Result<Outcome, RelayRefusal> {
+        Err(RelayRefusal::Unsupported)
+    }
+
     /// The outcome of an attempt that ran out of time (the table's timeout row).
     fn timed_out(&self) -> Outcome;
 

@@ -15,6 +15,7 @@ use fanout_tests::{EngineConfig, Fanout};
 use tonic::Code;
 
 use crate::common::{DELIVERY_WAIT, publish, quote, sequence_id, still_registered, wait_for_metric};
+use crate::relay_ingress::{HUB, PATH, SECRET, delivery_id, now, post, sign};
 
 struct Setup {
     fanout: Fanout,
@@ -26,6 +27,11 @@ struct Setup {
 /// An engine with the webpush table; `private`: allow_private_addresses (the
 /// mock is on loopback).
 async fn setup(private: bool) -> Setup {
+    setup_with(private, |_| String::new()).await
+}
+
+/// `setup` with more tables, written with the temporary directory at hand.
+async fn setup_with(private: bool, more: impl Fn(&std::path::Path) -> String) -> Setup {
     let pki = TestPki::generate(&[]).expect("pki");
     let dir = tempfile::tempdir().expect("tempdir");
     let (ca, pem) = (dir.path().join("ca.pem"), dir.path().join("vapid.pem"));
@@ -36,9 +42,10 @@ async fn setup(private: bool) -> Setup {
     let config = EngineConfig {
         extra_tables: format!(
             "[engine.channels.webpush]\nvapid_key_file = {}\nsubject = \"mailto:ops@fanout.test\"\n\
-             ttl_seconds = 120\nallow_private_addresses = {private}\nextra_ca_files = [{}]\n\n",
+             ttl_seconds = 120\nallow_private_addresses = {private}\nextra_ca_files = [{}]\n\n{}",
             quote(&pem),
             quote(&ca),
+            more(dir.path()),
         ),
         ..EngineConfig::default()
     };
@@ -136,3 +143,57 @@ async fn bad_subscriptions_and_private_endpoints_are_refused_at_registration() {
     assert!(s.service.received().is_empty());
 }
 
+/// Spec 003 push-server side with provider `webpush`: a relayed
+/// registration's token is the endpoint, `p256dh` and `auth` its keys (as a
+/// browser gives them, base64url); the push service decrypts the relayed
+/// payload itself.
+#[tokio::test]
+async fn a_relayed_webpush_registration_is_delivered_through_the_ingress() {
+    use base64::Engine as _;
+    let s = setup_with(true, |dir| {
+        let secret = dir.join("hub.secret");
+        std::fs::write(&secret, SECRET).expect("hub secret");
+        format!("[engine.relay_ingress]\npath = \"{PATH}\"\nhubs = {{ {HUB} = {} }}\n\n", quote(&secret))
+    })
+    .await;
+    let sub = s.service.subscribe();
+    let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+    let collapse = "b76b4f49cf0d311f53af81576f61d459";
+    let payload = serde_json::json!({"v": 1, "type": "message", "gid": "Z3JvdXAtMQ", "seq": 42,
+                                     "collapse_id": collapse, "mls_message": "QUJD"});
+    let webhook = |id: &str, registration: serde_json::Value| {
+        serde_json::to_vec(&serde_json::json!({
+            "v": 1, "hub_id": HUB, "delivery_id": id, "sent_at": now() * 1000, "registration": registration,
+            "priority": "high", "collapse_id": collapse, "ttl": 3600, "payload": payload,
+        }))
+        .unwrap()
+    };
+    let send = |id: String, body: Vec<u8>| {
+        let api = s.fanout.api;
+        async move { post(api, Some(&sign(SECRET, now(), &body)), &id, &body).await }
+    };
+
+    let id = delivery_id();
+    let registration = serde_json::json!({"provider": "webpush", "token": sub.endpoint,
+                                          "p256dh": b64(&sub.p256dh), "auth": format!("{}==", b64(&sub.auth))});
+    let answer = send(id.clone(), webhook(&id, registration.clone())).await;
+    assert_eq!((answer.status, answer.body.as_str()), (200, r#"{"result":"delivered"}"#), "{}", s.fanout.log_tail(30));
+    let got = s.service.wait_for(&sub.id, 1, DELIVERY_WAIT).await;
+    let push = &got[0];
+    assert_eq!(push.json(), Some(payload.clone()), "the browser reads the relayed payload");
+    assert!(push.vapid.is_ok(), "{:?}", push.vapid);
+    assert_eq!((push.header("ttl"), push.header("urgency")), (Some("3600"), Some("high")));
+    let topic = push.header("topic").expect("a Topic for the collapse id");
+    assert!(topic.len() == 32 && !topic.contains(collapse));
+
+    // Keys that are not a subscription's: refused for good (422), nothing sent.
+    let id = delivery_id();
+    let mut bad = registration.clone();
+    bad["p256dh"] = b64(&[4; 65]).into();
+    assert_eq!(send(id.clone(), webhook(&id, bad)).await.status, 422);
+    // The subscription expired: 410, so the hub deletes the registration.
+    s.service.script(&sub.id, vec![WebPushReply::status(410)]);
+    let id = delivery_id();
+    assert_eq!(send(id.clone(), webhook(&id, registration)).await.status, 410);
+    assert_eq!(s.service.received().len(), 2);
+}

@@ -28,7 +28,10 @@ use http::StatusCode;
 use self::classify::{CONNECTION_ERROR, RETRY_DELAY, TIMED_OUT, classify_answer};
 use super::http::{CheckedResolver, HickoryResolver, HostResolver, SafetyError, WebhookPolicy, WebhookUrl};
 use super::pool::{ClientOptions, Pool, PoolMetrics, PoolOptions, Protocols, Resolver, SendError, unix_now_secs};
-use super::{BuildError, ChannelContext, Outcome, Provider, Push, PushLifetime, Refused, client_tls_config};
+use super::{
+    BuildError, ChannelContext, Outcome, Provider, Push, PushLifetime, Refused, RelayRefusal, RelayedPush,
+    client_tls_config,
+};
 use crate::domain::{Channel, DeliveryTarget, WebPushKeys};
 
 pub use encryption::{EncryptError, MAX_PLAINTEXT, encrypt};
@@ -184,6 +187,19 @@ impl Provider for WebPushProvider {
         self.attempt(endpoint, keys, wake_up(push.envelope).as_bytes(), &headers).await
     }
 
+    /// Spec 003 §3 over Web Push: the relayed payload (without
+    /// `mls_message` when over one record), `TTL` = the push's ttl,
+    /// `Urgency` from its priority, `Topic` from its collapse id.
+    async fn send_relayed_web_push(&self, push: &RelayedPush<'_>, keys: &WebPushKeys) -> Result<Outcome, RelayRefusal> {
+        let fitted = request::relayed_payload(push)?;
+        let headers = PushHeaders {
+            ttl: push.ttl.as_secs(),
+            urgency: push.priority.into(),
+            topic: push.collapse_id.map(topic_for),
+        };
+        Ok(self.attempt(push.token, keys, fitted.body.as_bytes(), &headers).await)
+    }
+
     fn timed_out(&self) -> Outcome {
         TIMED_OUT
     }
@@ -284,6 +300,31 @@ mod tests {
         // A subscription the service does not know: 404, terminal.
         let gone = MockSubscription { endpoint: format!("{}/push/unknown", s.mock.base_url()), ..sub.clone() };
         assert_eq!(send(&s, &gone, 1).await, Outcome::Terminal);
+    }
+
+    #[tokio::test]
+    async fn relayed_pushes_carry_their_payload_ttl_urgency_and_topic() {
+        use crate::channel::RelayPriority;
+        let s = setup().await;
+        let sub = s.mock.subscribe();
+        let keys = WebPushKeys::parse(&sub.p256dh, &sub.auth).unwrap();
+        let payload = serde_json::json!({"v": 1, "type": "message", "collapse_id": "c1", "mls_message": "QUJD"});
+        let push = RelayedPush {
+            token: &sub.endpoint,
+            app_id: None,
+            sandbox: false,
+            collapse_id: Some("c1"),
+            priority: RelayPriority::High,
+            payload: payload.as_object().unwrap(),
+            ttl: Duration::from_secs(3600),
+        };
+        assert_eq!(s.provider.send_relayed_web_push(&push, &keys).await, Ok(Outcome::Delivered));
+        let r = &s.mock.wait_for(&sub.id, 1, Duration::from_secs(5)).await[0];
+        assert_eq!(r.json(), Some(payload.clone()));
+        assert_eq!((r.header("ttl"), r.header("urgency")), (Some("3600"), Some("high")));
+        assert_eq!(r.header("topic"), Some(topic_for("c1").as_str()));
+        // Only the Web Push entry point delivers a relayed push here.
+        assert_eq!(s.provider.send_relayed(&push).await, Err(RelayRefusal::Unsupported));
     }
 
     #[tokio::test]
