@@ -20,14 +20,15 @@ mod settings;
 pub mod vapid;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use http::StatusCode;
 
 use self::classify::{CONNECTION_ERROR, RETRY_DELAY, TIMED_OUT, classify_answer};
-use super::http::{CheckedResolver, HickoryResolver, HostResolver, SafetyError, WebhookPolicy, WebhookUrl};
-use super::pool::{ClientOptions, Pool, PoolMetrics, PoolOptions, Protocols, Resolver, SendError, unix_now_secs};
+use super::http::{
+    CLIENT_OPTIONS, CheckedResolver, HickoryResolver, HostResolver, SafetyError, WebhookPolicy, WebhookUrl,
+};
+use super::pool::{Pool, PoolMetrics, PoolOptions, Resolver, SendError, unix_now_secs};
 use super::{
     BuildError, ChannelContext, Outcome, Provider, Push, PushLifetime, Refused, RelayRefusal, RelayedPush,
     client_tls_config,
@@ -38,12 +39,6 @@ pub use encryption::{EncryptError, MAX_PLAINTEXT, encrypt};
 pub use request::{PushHeaders, Urgency, topic_for, wake_up};
 pub use settings::WebPushSettings;
 pub use vapid::{Vapid, VapidKeyError, origin};
-
-/// Push services speak HTTP/2 or HTTP/1.1; idle connections close after
-/// 30 s, so a connection never outlives the address check that opened it
-/// by long (as the HTTPS channel's).
-const CLIENT_OPTIONS: ClientOptions =
-    ClientOptions { protocols: Protocols::Http1Or2, idle_timeout: Duration::from_secs(30) };
 
 pub struct WebPushProvider {
     pool: Pool,
@@ -92,6 +87,8 @@ impl WebPushProvider {
                 connections: settings.connections,
                 max_in_flight: settings.max_in_flight,
                 rate_limit_per_second: settings.rate_limit_per_second,
+                // As the HTTPS channel's: HTTP/2 or HTTP/1.1, idle connections
+                // closed after 30 s (never long past the check that opened them).
                 client: CLIENT_OPTIONS,
             },
             Resolver::Checked(CheckedResolver::new(resolver.clone(), policy.clone())),
@@ -207,6 +204,8 @@ impl Provider for WebPushProvider {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use fanout_testkit::TestPki;
     use fanout_testkit::mock::webpush::{self as mock, MockSubscription, MockWebPush, WebPushReply};
     use fanout_testkit::webpush::VapidTestKey;
