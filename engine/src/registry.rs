@@ -11,7 +11,7 @@ use crate::channel::{Channels, Refused};
 use crate::clock::unix_now_ns;
 use crate::domain::{
     Channel, DeliveryTarget, FieldError, KeyWindow, ParseError, RecipientId, RecipientSecret, RegistrationInput,
-    RelayRegistration, SigningKey, Subscription, SubscriptionUpdate, Topic,
+    RelayRegistration, SigningKey, Subscription, SubscriptionUpdate, Topic, WebPushKeys,
 };
 use crate::metrics::{Limit, Metrics};
 use crate::store::{MAX_SUBSCRIPTION_CHANGES, RecipientSummary, Store, StoreError};
@@ -63,6 +63,8 @@ pub enum DeliveryInput<'a> {
     Http { url: &'a str, signing_key: &'a [u8] },
     /// Spec 003 §1: a device's push route through the operator's push server.
     Relay(RegistrationInput<'a>),
+    /// A browser's Web Push subscription (RFC 8030, 8291).
+    WebPush { endpoint: &'a str, p256dh: &'a [u8], auth: &'a [u8] },
 }
 
 /// A Subscription as received, before PUSH-215.
@@ -200,13 +202,15 @@ impl Registry {
 
     /// Row 4 for Register: section 2 and the token/URL text rules.
     async fn parse_delivery(&self, delivery: Option<DeliveryInput<'_>>) -> Result<DeliveryTarget, AdmissionError> {
-        let delivery = delivery
-            .ok_or_else(|| AdmissionError::InvalidArgument("a delivery (apns, fcm, http or relay) is required".into()))?;
+        let delivery = delivery.ok_or_else(|| {
+            AdmissionError::InvalidArgument("a delivery (apns, fcm, http, relay or webpush) is required".into())
+        })?;
         let channel = match delivery {
             DeliveryInput::Apns { .. } => Channel::Apns,
             DeliveryInput::Fcm { .. } => Channel::Fcm,
             DeliveryInput::Http { .. } => Channel::Http,
             DeliveryInput::Relay(_) => Channel::Relay,
+            DeliveryInput::WebPush { .. } => Channel::WebPush,
         };
         let Some(provider) = self.channels.get(channel) else {
             // PUSH-210
@@ -228,6 +232,10 @@ impl Registry {
             }
             DeliveryInput::Relay(input) => {
                 DeliveryTarget::Relay(RelayRegistration::parse(input).map_err(AdmissionError::InvalidField)?)
+            }
+            DeliveryInput::WebPush { endpoint, p256dh, auth } => {
+                DeliveryTarget::check_url_text(endpoint)?;
+                DeliveryTarget::WebPush { endpoint: endpoint.to_owned(), keys: WebPushKeys::parse(p256dh, auth)? }
             }
         };
         // The channel's own rules (PUSH-256 for HTTPS).
@@ -293,6 +301,7 @@ mod tests {
                 DeliveryTarget::Http { url, .. } => url,
                 DeliveryTarget::Apns { token } | DeliveryTarget::Fcm { token } => token,
                 DeliveryTarget::Relay(r) => r.token(),
+                DeliveryTarget::WebPush { endpoint, .. } => endpoint,
             };
             if text.contains("blocked") {
                 Err(Refused::Invalid("webhook host does not resolve to an allowed address".into()))

@@ -14,6 +14,16 @@ use crate::domain::{DeliveryTarget, EnvelopeKind, RecipientId, SecretHash, Shard
 use crate::store::Recipient;
 use crate::store::{NodeId, ShardLeases, StoreError};
 
+/// A resolver for destinations reached by IP literal: it never resolves.
+pub struct NoDns;
+
+#[async_trait]
+impl crate::channel::http::HostResolver for NoDns {
+    async fn resolve(&self, _host: &str) -> Result<Vec<std::net::IpAddr>, crate::channel::http::ResolveError> {
+        Err(crate::channel::http::ResolveError::NoRecords)
+    }
+}
+
 /// An application envelope on topic `00 01 02 03` (base64 `AAECAw==`).
 pub fn envelope(sequence_id: u64) -> StoredEnvelope {
     StoredEnvelope {

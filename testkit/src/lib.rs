@@ -7,6 +7,8 @@
 //!   [`MockFcm`]), on the shared [`server`], [`recorder`] and [`request`].
 //! - [`launcher`]: the real `fanout` binary as a child process ([`Engine`]).
 //! - [`wire`]: what HTTP/2 clients send, counted as a mock server reads it.
+//! - [`webpush`]: a browser's side of Web Push (RFC 8291 decryption, RFC
+//!   8292 VAPID checks).
 
 pub mod issuer;
 pub mod launcher;
@@ -15,9 +17,10 @@ pub mod pki;
 pub mod recorder;
 pub mod request;
 pub mod server;
-pub mod tls_client;
 #[cfg(test)]
 mod test_client;
+pub mod tls_client;
+pub mod webpush;
 pub mod wire;
 
 use std::sync::{Mutex, MutexGuard};

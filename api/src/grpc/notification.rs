@@ -26,6 +26,7 @@ fn state(s: RecipientState) -> pb::RecipientState {
         Channel::Fcm => pb::Channel::Fcm,
         Channel::Http => pb::Channel::Http,
         Channel::Relay => pb::Channel::Relay,
+        Channel::WebPush => pb::Channel::Webpush,
     };
     pb::RecipientState { topic_count: s.topic_count, channel: channel as i32, expires_at_ns: s.expires_at_ns }
 }
@@ -46,6 +47,9 @@ impl NotificationService for NotificationApi {
                 p256dh: r.p256dh.as_deref(),
                 auth: r.auth.as_deref(),
             }),
+            pb::register_request::Delivery::Webpush(w) => {
+                DeliveryInput::WebPush { endpoint: &w.endpoint, p256dh: &w.p256dh, auth: &w.auth }
+            }
         });
         let result = self
             .registry

@@ -20,6 +20,7 @@ pub mod relay;
 pub mod relayed;
 mod settings;
 pub(crate) mod tls;
+pub mod webpush;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -74,6 +75,17 @@ pub trait Provider: Send + Sync + 'static {
     /// the channel's outcome table. Bounded by the caller like `send`.
     /// Only the platform channels (APNs, FCM) deliver relayed pushes.
     async fn send_relayed(&self, _push: &RelayedPush<'_>) -> Result<Outcome, RelayRefusal> {
+        Err(RelayRefusal::Unsupported)
+    }
+
+    /// Spec 003 ingress with provider `webpush`: like `send_relayed`, to
+    /// the subscription whose endpoint is `push.token` and whose keys are
+    /// the registration's `p256dh` and `auth`. Only the Web Push channel.
+    async fn send_relayed_web_push(
+        &self,
+        _push: &RelayedPush<'_>,
+        _keys: &crate::domain::WebPushKeys,
+    ) -> Result<Outcome, RelayRefusal> {
         Err(RelayRefusal::Unsupported)
     }
 
@@ -155,6 +167,9 @@ impl Channels {
         }
         if let Some(s) = &settings.http {
             channels.insert(Arc::new(http::WebhookProvider::new(s, ctx)?));
+        }
+        if let Some(s) = &settings.webpush {
+            channels.insert(Arc::new(webpush::WebPushProvider::new(s, ctx)?));
         }
         if let Some(s) = &settings.relay {
             let relay = relay::RelayProvider::new(s, ctx)?;

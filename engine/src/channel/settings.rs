@@ -12,6 +12,7 @@ use super::apns::ApnsSettings;
 use super::fcm::FcmSettings;
 use super::http::HttpSettings;
 use super::relay::RelaySettings;
+use super::webpush::WebPushSettings;
 
 /// `[engine.channels]`: one optional table per channel, named as the channel
 /// is everywhere else (`Channel::as_str`). A channel exists only when its table
@@ -28,6 +29,8 @@ pub struct ChannelSettings {
     pub fcm: Option<FcmSettings>,
     /// `[engine.channels.relay]` (spec 003); absent by default.
     pub relay: Option<RelaySettings>,
+    /// `[engine.channels.webpush]` (RFC 8030); absent by default.
+    pub webpush: Option<WebPushSettings>,
 }
 
 impl ChannelSettings {

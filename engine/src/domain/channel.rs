@@ -1,3 +1,5 @@
+use aws_lc_rs::agreement::{ECDH_P256, ParsedPublicKey, UnparsedPublicKey};
+
 use super::{ParseError, RelayRegistration};
 
 /// Longest token or URL a registration may carry (spec 000 section 1, check 4).
@@ -14,6 +16,8 @@ pub enum Channel {
     Http = 3,
     /// Spec 003's relay webhook to the operator's push server.
     Relay = 4,
+    /// Web Push (RFC 8030) to a browser subscription.
+    WebPush = 5,
 }
 
 impl Channel {
@@ -23,6 +27,7 @@ impl Channel {
             2 => Some(Self::Fcm),
             3 => Some(Self::Http),
             4 => Some(Self::Relay),
+            5 => Some(Self::WebPush),
             _ => None,
         }
     }
@@ -34,6 +39,7 @@ impl Channel {
             Self::Fcm => "fcm",
             Self::Http => "http",
             Self::Relay => "relay",
+            Self::WebPush => "webpush",
         }
     }
 }
@@ -61,15 +67,69 @@ impl std::fmt::Debug for SigningKey {
     }
 }
 
+/// A browser's Web Push subscription keys (RFC 8291 section 2): the user
+/// agent's ECDH public key `p256dh`, an uncompressed P-256 point on the
+/// curve, and its 16-byte authentication secret `auth`. Debug hides them.
+#[derive(Clone, PartialEq, Eq)]
+pub struct WebPushKeys {
+    p256dh: [u8; WebPushKeys::P256DH_LEN],
+    auth: [u8; WebPushKeys::AUTH_LEN],
+}
+
+impl WebPushKeys {
+    pub const P256DH_LEN: usize = 65;
+    pub const AUTH_LEN: usize = 16;
+
+    pub fn parse(p256dh: &[u8], auth: &[u8]) -> Result<Self, ParseError> {
+        const NOT_A_POINT: ParseError = ParseError("p256dh must be an uncompressed P-256 point of 65 bytes");
+        let p256dh: [u8; Self::P256DH_LEN] = p256dh.try_into().map_err(|_| NOT_A_POINT)?;
+        // 0x04: uncompressed (SEC 1 2.3.3); the parse checks the point is on the curve.
+        let on_curve = ParsedPublicKey::try_from(UnparsedPublicKey::new(&ECDH_P256, &p256dh)).is_ok();
+        if p256dh[0] != 0x04 || !on_curve {
+            return Err(NOT_A_POINT);
+        }
+        let auth = auth.try_into().map_err(|_| ParseError("auth must be 16 bytes"))?;
+        Ok(Self { p256dh, auth })
+    }
+
+    pub fn p256dh(&self) -> &[u8; Self::P256DH_LEN] {
+        &self.p256dh
+    }
+
+    pub fn auth(&self) -> &[u8; Self::AUTH_LEN] {
+        &self.auth
+    }
+}
+
+impl std::fmt::Debug for WebPushKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WebPushKeys(..)")
+    }
+}
+
 /// Where a recipient's pushes go. The URL of an `Http` target has passed the
 /// syntactic webhook checks (`webhook::safety`) when built through `Registry`.
 #[derive(Clone, PartialEq, Eq)]
 pub enum DeliveryTarget {
-    Apns { token: String },
-    Fcm { token: String },
-    Http { url: String, signing_key: SigningKey },
+    Apns {
+        token: String,
+    },
+    Fcm {
+        token: String,
+    },
+    Http {
+        url: String,
+        signing_key: SigningKey,
+    },
     /// A device's push route through the operator's push server (003 §1).
     Relay(RelayRegistration),
+    /// A browser's Web Push subscription: the push service's endpoint (an
+    /// https URL that passed the syntactic webhook checks, PUSH-256) and
+    /// its keys.
+    WebPush {
+        endpoint: String,
+        keys: WebPushKeys,
+    },
 }
 
 impl DeliveryTarget {
@@ -79,6 +139,7 @@ impl DeliveryTarget {
             Self::Fcm { .. } => Channel::Fcm,
             Self::Http { .. } => Channel::Http,
             Self::Relay(_) => Channel::Relay,
+            Self::WebPush { .. } => Channel::WebPush,
         }
     }
 
@@ -123,6 +184,29 @@ mod tests {
         assert!(SigningKey::parse(&[0; 16]).is_ok());
         assert!(SigningKey::parse(&[0; 64]).is_ok());
         assert!(SigningKey::parse(&[0; 65]).is_err());
+    }
+
+    #[test]
+    fn web_push_keys_are_a_point_on_the_curve_and_16_bytes() {
+        use base64::Engine as _;
+        let b64 = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(s).unwrap();
+        // RFC 8291 appendix A's user agent.
+        let p256dh = b64("BCVxsr7N_eNgVRqvHtD0zTZsEc6-VV-JvLexhqUzORcxaOzi6-AYWXvTBHm4bjyPjs7Vd8pZGH6SRpkNtoIAiw4");
+        let auth = b64("BTBZMqHH6r4Tts7J_aSIgg");
+        let keys = WebPushKeys::parse(&p256dh, &auth).unwrap();
+        assert_eq!((&keys.p256dh()[..], &keys.auth()[..]), (&p256dh[..], &auth[..]));
+        assert_eq!(format!("{keys:?}"), "WebPushKeys(..)");
+        let point = "p256dh must be an uncompressed P-256 point of 65 bytes";
+        assert_eq!(WebPushKeys::parse(&p256dh[..64], &auth), Err(ParseError(point)));
+        let mut off_curve = p256dh.clone();
+        off_curve[64] ^= 1;
+        assert_eq!(WebPushKeys::parse(&off_curve, &auth), Err(ParseError(point)));
+        let mut compressed_tag = p256dh.clone();
+        compressed_tag[0] = 0x02;
+        assert_eq!(WebPushKeys::parse(&compressed_tag, &auth), Err(ParseError(point)));
+        assert_eq!(WebPushKeys::parse(&[0; 65], &auth), Err(ParseError(point)));
+        assert_eq!(WebPushKeys::parse(&p256dh, &auth[..15]), Err(ParseError("auth must be 16 bytes")));
+        assert_eq!(WebPushKeys::parse(&p256dh, &[0; 17]), Err(ParseError("auth must be 16 bytes")));
     }
 
     #[test]

@@ -9,7 +9,7 @@ mod sequence;
 mod subscription;
 mod topic;
 
-pub use channel::{Channel, DeliveryTarget, SigningKey};
+pub use channel::{Channel, DeliveryTarget, SigningKey, WebPushKeys};
 pub use registration::{FieldError, LOG_PROVIDER, RegistrationInput, RelayRegistration};
 pub use envelope::{
     EnvelopeKind, MAX_INLINE_DATA, MAX_MESSAGE_ID_LEN, MembershipChange, MessageId, NewEnvelope, RelayMeta, StoredEnvelope,

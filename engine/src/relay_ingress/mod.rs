@@ -7,7 +7,7 @@
 //!    `hub_id` (unknown hub: 401), over the raw bytes, within the window;
 //! 3. the body (§2.3, `request.rs`): `v` = 1, `delivery_id` equal to
 //!    `X-Gim-Delivery`, the registration's shape (400 otherwise);
-//! 4. the provider and `app_id` this server delivers (422 otherwise);
+//! 4. the provider (apns, fcm, webpush) and `app_id` this server delivers (422 otherwise);
 //! 5. §2.5 idempotency through the `Store` (`idempotency.rs`): a delivery
 //!    settled within its ttl is answered as it was, with no provider request;
 //! 6. one provider attempt, answered by its outcome.
@@ -72,7 +72,7 @@ pub enum IngressError {
     /// 413: over `max_body_bytes` (decided by the HTTP edge while reading).
     #[error("the body exceeds the configured limit")]
     BodyTooLarge,
-    /// 422: a provider other than apns/fcm; the hub keeps the registration
+    /// 422: a provider other than apns/fcm/webpush; the hub keeps the registration
     /// and drops the push (§2.4 "any other 4xx").
     #[error("this push server does not deliver to that provider")]
     UnsupportedProvider,
@@ -174,6 +174,15 @@ impl std::fmt::Debug for Secret {
     }
 }
 
+/// §1's `p256dh` and `auth` (base64url, padding optional) as Web Push
+/// keys; `None` when either is missing or not a valid key.
+fn web_push_keys(webhook: &Webhook) -> Option<crate::domain::WebPushKeys> {
+    use base64::Engine as _;
+    let decode = |key: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(key.trim_end_matches('=')).ok();
+    let (p256dh, auth) = (decode(webhook.p256dh.as_deref()?)?, decode(webhook.auth.as_deref()?)?);
+    crate::domain::WebPushKeys::parse(&p256dh, &auth).ok()
+}
+
 /// The `outcome` label of `fanout_relay_ingress_pushes_total`.
 const PUSH_OUTCOMES: [&str; 5] = ["delivered", "dead_token", "rejected", "payload_too_large", "transient"];
 
@@ -218,7 +227,9 @@ impl RelayIngress {
         }
         // Every outcome of every configured channel from the start, so rates
         // and alerts see a zero rather than nothing.
-        for channel in [Channel::Apns, Channel::Fcm].into_iter().filter(|c| channels.get(*c).is_some()) {
+        let relayed = [Channel::Apns, Channel::Fcm, Channel::WebPush];
+        let configured = relayed.into_iter().filter(|c| channels.get(*c).is_some());
+        for channel in configured {
             for outcome in PUSH_OUTCOMES {
                 metrics.relay_ingress_pushes.with_label_values(&[channel.as_str(), outcome]);
             }
@@ -280,12 +291,14 @@ impl RelayIngress {
         let permit = self.in_flight.clone().try_acquire_owned().map_err(|_| IngressError::Overloaded)?;
         let webhook = self.verify(signature, delivery, &body, now_unix_s)?;
         let (channel, allowed) = match webhook.provider.as_str() {
-            "apns" => (Channel::Apns, &self.apns_app_ids),
-            "fcm" => (Channel::Fcm, &self.fcm_app_ids),
+            "apns" => (Channel::Apns, Some(&self.apns_app_ids)),
+            "fcm" => (Channel::Fcm, Some(&self.fcm_app_ids)),
+            // Web Push has no app ids: any app_id is one this server does not deliver.
+            "webpush" => (Channel::WebPush, None),
             _ => return Err(IngressError::UnsupportedProvider),
         };
         let provider = self.channels.get(channel).ok_or(IngressError::ProviderNotConfigured)?.clone();
-        if webhook.app_id.as_ref().is_some_and(|app| !allowed.contains(app)) {
+        if webhook.app_id.as_ref().is_some_and(|app| !allowed.is_some_and(|ids| ids.contains(app))) {
             return Err(IngressError::UnknownApp);
         }
         // Its own task: a hub that hangs up must not cancel a claimed
@@ -342,7 +355,17 @@ impl RelayIngress {
             payload: &webhook.payload,
             ttl: webhook.ttl,
         };
-        let outcome = match tokio::time::timeout(ATTEMPT_TIMEOUT, provider.send_relayed(&push)).await {
+        let attempt = async {
+            if channel != Channel::WebPush {
+                return provider.send_relayed(&push).await;
+            }
+            // §1's keys: a registration without valid ones can never be delivered.
+            match web_push_keys(webhook) {
+                Some(keys) => provider.send_relayed_web_push(&push, &keys).await,
+                None => Ok(Outcome::Rejected),
+            }
+        };
+        let outcome = match tokio::time::timeout(ATTEMPT_TIMEOUT, attempt).await {
             Ok(outcome) => outcome,
             Err(_) => Ok(provider.timed_out()),
         };

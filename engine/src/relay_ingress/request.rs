@@ -77,8 +77,8 @@ struct Body {
     payload: Map<String, Value>,
 }
 
-/// §1's registration; `p256dh` and `auth` are Web Push keys, not needed for
-/// APNs or FCM, and ignored like any unknown field.
+/// §1's registration; `p256dh` and `auth` are Web Push keys (base64url,
+/// padding optional), used by provider `webpush` only.
 #[derive(Deserialize)]
 struct Registration {
     provider: String,
@@ -87,6 +87,10 @@ struct Registration {
     app_id: Option<String>,
     #[serde(default)]
     sandbox: Option<bool>,
+    #[serde(default)]
+    p256dh: Option<String>,
+    #[serde(default)]
+    auth: Option<String>,
 }
 
 /// A verified webhook's content. Debug prints no token or payload.
@@ -101,6 +105,9 @@ pub struct Webhook {
     pub collapse_id: Option<String>,
     pub ttl: Duration,
     pub payload: Map<String, Value>,
+    /// `registration.p256dh` and `auth` as sent (base64url).
+    pub p256dh: Option<String>,
+    pub auth: Option<String>,
 }
 
 impl std::fmt::Debug for Webhook {
@@ -159,6 +166,8 @@ pub fn parse(body: &[u8], delivery_header: Option<&str>) -> Result<Webhook, Malf
         collapse_id: body.collapse_id,
         ttl,
         payload: body.payload,
+        p256dh: r.p256dh,
+        auth: r.auth,
     })
 }
 

@@ -878,7 +878,7 @@ mod codec {
     use crate::domain::{
         Channel, DeliveryTarget, EnvelopeKind, KeyWindow, MAX_INLINE_DATA, MembershipChange, MessageId, RecipientId,
         RegistrationInput, RelayMeta, RelayRegistration, SecretHash, ShardId, SigningKey,
-        StoredEnvelope, StoredSubscription, Subscription, Topic,
+        StoredEnvelope, WebPushKeys, StoredSubscription, Subscription, Topic,
     };
     use crate::store::{Recipient, StoreError};
 
@@ -980,6 +980,9 @@ mod codec {
             DeliveryTarget::Http { url, signing_key } => {
                 w.bytes(url.as_bytes()).bytes(signing_key.as_bytes())
             }
+            DeliveryTarget::WebPush { endpoint, keys } => {
+                w.bytes(endpoint.as_bytes()).bytes(keys.p256dh()).bytes(keys.auth())
+            }
             // Spec 003 §1: optional fields as 0 (absent) or 1 and the value.
             DeliveryTarget::Relay(r) => {
                 w.bytes(r.provider().as_bytes()).bytes(r.token().as_bytes());
@@ -1042,6 +1045,12 @@ mod codec {
                 signing_key: SigningKey::parse(r.bytes()?).map_err(|_| corrupt(WHAT))?,
             },
             Channel::Relay => DeliveryTarget::Relay(decode_relay(&mut r)?),
+            Channel::WebPush => {
+                let endpoint = r.string()?;
+                let p256dh = r.bytes()?;
+                let keys = WebPushKeys::parse(p256dh, r.bytes()?).map_err(|_| corrupt(WHAT))?;
+                DeliveryTarget::WebPush { endpoint, keys }
+            }
         };
         r.end()?;
         Ok(Recipient {

@@ -892,6 +892,7 @@ impl Store for ScyllaStore {
     ) -> Result<RecipientSummary, StoreError> {
         let (channel, text, signing_key) = codec::encode_target(target);
         let text = text.as_ref();
+        let signing_key = signing_key.as_deref();
         for attempt in 0..MAX_LWT_ATTEMPTS {
             let current = self.read_static(id, true).await?;
             // PUSH-255: create with no subscriptions, or replace the target and keep them.

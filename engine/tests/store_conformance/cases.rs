@@ -62,6 +62,7 @@ macro_rules! for_each_case {
             suppression_data_only_with_32_byte_hmac,
             relay_metadata_round_trips,
             relay_registration_round_trips_and_compare_and_deletes,
+            webpush_subscription_round_trips_and_compare_and_deletes,
             read_window_range_and_limit,
             advance_checkpoint_forward_and_prunes,
             subscribers_paging,
@@ -724,6 +725,32 @@ pub async fn relay_registration_round_trips_and_compare_and_deletes<S: Store>(st
     }
     let sent = store.recipient(&a).await.unwrap().unwrap();
     store.register(&a, &h, &relay("tok-2", false), 110).await.unwrap();
+    assert!(!store.delete_recipient_if_unchanged(&sent).await.unwrap(), "re-registered: kept");
+    let current = store.recipient(&a).await.unwrap().unwrap();
+    assert!(store.delete_recipient_if_unchanged(&current).await.unwrap());
+    assert!(store.recipient(&a).await.unwrap().is_none());
+}
+
+/// Issue 17: a Web Push subscription (endpoint, p256dh, auth) is stored
+/// whole, and a 404/410 deletes it only while it is unchanged.
+pub async fn webpush_subscription_round_trips_and_compare_and_deletes<S: Store>(store: &S) {
+    use base64::Engine as _;
+    use fanout_engine::domain::WebPushKeys;
+    // RFC 8291 appendix A's user agent key, and an auth secret per case.
+    let p256dh = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode("BCVxsr7N_eNgVRqvHtD0zTZsEc6-VV-JvLexhqUzORcxaOzi6-AYWXvTBHm4bjyPjs7Vd8pZGH6SRpkNtoIAiw4")
+        .unwrap();
+    let webpush = |endpoint: &str, auth: u8| DeliveryTarget::WebPush {
+        endpoint: endpoint.into(),
+        keys: WebPushKeys::parse(&p256dh, &[auth; 16]).unwrap(),
+    };
+    let (a, h) = (rid(32), secret(32));
+    store.register(&a, &h, &webpush("https://push.example.net/wpush/v2/a", 1), 100).await.unwrap();
+    let sent = store.recipient(&a).await.unwrap().unwrap();
+    assert_eq!(sent.target, webpush("https://push.example.net/wpush/v2/a", 1));
+    // The browser renewed its subscription: new keys, same endpoint.
+    store.register(&a, &h, &webpush("https://push.example.net/wpush/v2/a", 2), 110).await.unwrap();
+    assert_eq!(store.recipient(&a).await.unwrap().unwrap().target, webpush("https://push.example.net/wpush/v2/a", 2));
     assert!(!store.delete_recipient_if_unchanged(&sent).await.unwrap(), "re-registered: kept");
     let current = store.recipient(&a).await.unwrap().unwrap();
     assert!(store.delete_recipient_if_unchanged(&current).await.unwrap());

@@ -1,5 +1,6 @@
-//! In-process mock providers: the webhook receiver, APNs, and FCM with its
-//! OAuth2 token endpoint. Each holds only its protocol; the TLS server, the
+//! In-process mock providers: the webhook receiver, APNs, FCM with its
+//! OAuth2 token endpoint, and a Web Push service. Each holds only its
+//! protocol; the TLS server, the
 //! request recorder and request parsing are shared ([`crate::server`],
 //! [`crate::recorder`], [`crate::request`]).
 
@@ -7,6 +8,7 @@ pub mod apns;
 pub mod fcm;
 pub mod provider;
 pub mod webhook;
+pub mod webpush;
 
 pub use apns::{ApnsReply, ApnsTestKey, MockApns, MockApnsConfig};
 pub use fcm::{FcmReply, FcmServiceAccount, MockFcm, MockFcmConfig};

@@ -25,3 +25,4 @@ mod subscriptions;
 mod webhook_bodies;
 mod webhook_outcomes;
 mod webhook_safety;
+mod webpush;

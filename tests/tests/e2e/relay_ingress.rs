@@ -78,18 +78,18 @@ pub(crate) async fn setup_with(env: Vec<(String, String)>) -> Setup {
     Setup { fanout, sandbox, production, fcm, dir }
 }
 
-fn delivery_id() -> String {
+pub(crate) fn delivery_id() -> String {
     let mut bytes = [0u8; 16];
     rand::rng().fill_bytes(&mut bytes);
     hex::encode(bytes)
 }
 
-fn now() -> u64 {
+pub(crate) fn now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()
 }
 
 /// §2.2, written from the spec: hex(HMAC-SHA256(secret, "<t>." || body)).
-fn sign(secret: &str, t: u64, body: &[u8]) -> String {
+pub(crate) fn sign(secret: &str, t: u64, body: &[u8]) -> String {
     let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).unwrap();
     mac.update(format!("{t}.").as_bytes());
     mac.update(body);

@@ -12,7 +12,7 @@ pub(super) const QUOTA_DELAY: Duration = Duration::from_secs(60);
 /// delay 10 seconds; also a failed token fetch, which is part of the attempt.
 pub(super) const RETRY_DELAY: Duration = Duration::from_secs(10);
 /// A Retry-After longer than the delay is honoured up to this.
-pub(super) const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
+pub(in crate::channel) const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
 
 /// A timed-out attempt.
 pub(super) const TIMED_OUT: Outcome = Outcome::transient(RETRY_DELAY);
@@ -79,7 +79,7 @@ pub(super) fn classify(status: u16, details: &ErrorDetails) -> Outcome {
 
 /// A Retry-After longer than a transient outcome's delay is honoured up to
 /// 300 seconds: the delay becomes max(delay, min(retry_after, 300 s)).
-pub(super) fn honour_retry_after(outcome: Outcome, retry_after: Option<Duration>) -> Outcome {
+pub(in crate::channel) fn honour_retry_after(outcome: Outcome, retry_after: Option<Duration>) -> Outcome {
     match (outcome, retry_after) {
         (Outcome::Transient { delay }, Some(after)) => Outcome::transient(delay.max(after.min(MAX_RETRY_AFTER))),
         (outcome, _) => outcome,
@@ -87,7 +87,7 @@ pub(super) fn honour_retry_after(outcome: Outcome, retry_after: Option<Duration>
 }
 
 /// Retry-After as delay-seconds. (An HTTP-date is not used by FCM and is ignored.)
-pub(super) fn retry_after(headers: &http::HeaderMap) -> Option<Duration> {
+pub(in crate::channel) fn retry_after(headers: &http::HeaderMap) -> Option<Duration> {
     let value = headers.get(http::header::RETRY_AFTER)?.to_str().ok()?.trim();
     value.parse::<u64>().ok().map(Duration::from_secs)
 }

@@ -3,7 +3,7 @@
 //! account's `token_uri` (JWT-bearer grant, RS256), and the FCM row of the
 //! outcome table.
 
-mod classify;
+pub(super) mod classify;
 mod request;
 mod settings;
 mod token;

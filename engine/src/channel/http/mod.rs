@@ -168,7 +168,6 @@ impl Provider for WebhookProvider {
 
 #[cfg(test)]
 mod tests {
-    use std::net::IpAddr;
     use std::num::NonZeroUsize;
 
     use fanout_testkit::TestPki;
@@ -177,17 +176,7 @@ mod tests {
     use super::*;
     use crate::channel::Connections;
     use crate::domain::SigningKey;
-    use crate::testing;
-
-    /// Receivers are reached by IP literal: nothing is ever resolved.
-    struct NoDns;
-
-    #[async_trait]
-    impl HostResolver for NoDns {
-        async fn resolve(&self, _host: &str) -> Result<Vec<IpAddr>, ResolveError> {
-            Err(ResolveError::NoRecords)
-        }
-    }
+    use crate::testing::{self, NoDns};
 
     /// A provider with one in-flight slot, trusting `pki`.
     fn provider(pki: &TestPki, dir: &tempfile::TempDir) -> WebhookProvider {

@@ -7,7 +7,7 @@ use std::borrow::Cow;
 use crate::domain::{
     Channel, DeliveryTarget, EnvelopeKind, KeyWindow, MembershipChange, MessageId, RecipientId, RegistrationInput,
     RelayMeta, RelayRegistration, SecretHash, ShardId, SigningKey, StoredEnvelope, StoredSubscription, Subscription,
-    Topic,
+    Topic, WebPushKeys,
 };
 use crate::store::{Recipient, StoreError};
 
@@ -71,6 +71,15 @@ pub(super) fn decode_static(id: RecipientId, row: StaticRow) -> Result<Option<Ve
             signing_key: signing_key.as_deref().and_then(|k| SigningKey::parse(k).ok()).ok_or_else(|| corrupt(WHAT))?,
         },
         Channel::Relay => DeliveryTarget::Relay(decode_relay(&target_text).ok_or_else(|| corrupt(WHAT))?),
+        // The keys in the signing_key column: p256dh (65 bytes), then auth.
+        Channel::WebPush => DeliveryTarget::WebPush {
+            endpoint: target_text,
+            keys: signing_key
+                .as_deref()
+                .and_then(|k| k.split_at_checked(WebPushKeys::P256DH_LEN))
+                .and_then(|(p256dh, auth)| WebPushKeys::parse(p256dh, auth).ok())
+                .ok_or_else(|| corrupt(WHAT))?,
+        },
     };
     Ok(Some(Versioned {
         version,
@@ -84,14 +93,20 @@ pub(super) fn decode_static(id: RecipientId, row: StaticRow) -> Result<Option<Ve
     }))
 }
 
-/// The target's columns: channel, target text (token, URL, or a relay
-/// registration as a JSON object of its §1 fields), signing key.
-pub(super) fn encode_target(target: &DeliveryTarget) -> (i8, Cow<'_, str>, Option<&[u8]>) {
+/// The target's columns: channel, target text (token, URL, Web Push
+/// endpoint, or a relay registration as a JSON object of its §1 fields),
+/// signing key (a webhook's, or a Web Push subscription's p256dh || auth).
+pub(super) fn encode_target(target: &DeliveryTarget) -> (i8, Cow<'_, str>, Option<Cow<'_, [u8]>>) {
     let channel = target.channel() as u8 as i8;
     match target {
         DeliveryTarget::Apns { token } | DeliveryTarget::Fcm { token } => (channel, Cow::Borrowed(token), None),
-        DeliveryTarget::Http { url, signing_key } => (channel, Cow::Borrowed(url), Some(signing_key.as_bytes())),
+        DeliveryTarget::Http { url, signing_key } => {
+            (channel, Cow::Borrowed(url), Some(Cow::Borrowed(signing_key.as_bytes())))
+        }
         DeliveryTarget::Relay(r) => (channel, Cow::Owned(encode_relay(r)), None),
+        DeliveryTarget::WebPush { endpoint, keys } => {
+            (channel, Cow::Borrowed(endpoint), Some(Cow::Owned([&keys.p256dh()[..], keys.auth()].concat())))
+        }
     }
 }
 

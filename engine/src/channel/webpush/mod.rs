@@ -1,0 +1,377 @@
+//! The Web Push channel (RFC 8030, 8291, 8292): a browser subscription's
+//! endpoint, reached with an encrypted wake-up and a VAPID token.
+//!
+//! - `settings`: `[engine.channels.webpush]`.
+//! - `encryption`: RFC 8291 `aes128gcm` message encryption.
+//! - `vapid`: RFC 8292 ES256 tokens, cached per origin.
+//! - `request`: the payload and the RFC 8030 headers.
+//! - `classify`: the channel's row of the outcome table.
+//!
+//! An endpoint is a URL a recipient chose, so it passes the HTTPS channel's
+//! destination rules (PUSH-256): checked at registration, resolved and
+//! checked again before every attempt, and every new connection goes only
+//! to an address checked then (`http::CheckedResolver`). No error or log
+//! line names an endpoint, key or token (PUSH-254).
+
+mod classify;
+pub mod encryption;
+pub mod request;
+mod settings;
+pub mod vapid;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use http::StatusCode;
+
+use self::classify::{CONNECTION_ERROR, RETRY_DELAY, TIMED_OUT, classify_answer};
+use super::http::{
+    CLIENT_OPTIONS, CheckedResolver, HickoryResolver, HostResolver, SafetyError, WebhookPolicy, WebhookUrl,
+};
+use super::pool::{Pool, PoolMetrics, PoolOptions, Resolver, SendError, unix_now_secs};
+use super::{
+    BuildError, ChannelContext, Outcome, Provider, Push, PushLifetime, Refused, RelayRefusal, RelayedPush,
+    client_tls_config,
+};
+use crate::domain::{Channel, DeliveryTarget, WebPushKeys};
+
+pub use encryption::{EncryptError, MAX_PLAINTEXT, encrypt};
+pub use request::{PushHeaders, Urgency, topic_for, wake_up};
+pub use settings::WebPushSettings;
+pub use vapid::{Vapid, VapidKeyError, origin};
+
+pub struct WebPushProvider {
+    pool: Pool,
+    policy: Arc<WebhookPolicy>,
+    resolver: Arc<dyn HostResolver>,
+    vapid: Vapid,
+    lifetime: PushLifetime,
+}
+
+impl WebPushProvider {
+    /// Reads the VAPID key and builds the channel with a resolver of
+    /// `settings.dns_servers` (or the system's configuration).
+    pub fn new(settings: &WebPushSettings, ctx: &ChannelContext) -> Result<Self, BuildError> {
+        let resolver = HickoryResolver::new(&settings.dns_servers)
+            .map_err(|e| BuildError::new("engine.channels.webpush.dns_servers", e.to_string()))?;
+        Self::with_resolver(settings, Arc::new(resolver), ctx)
+    }
+
+    /// Builds the channel over any `HostResolver` (tests use fixed answers).
+    pub fn with_resolver(
+        settings: &WebPushSettings,
+        resolver: Arc<dyn HostResolver>,
+        ctx: &ChannelContext,
+    ) -> Result<Self, BuildError> {
+        const KEY: &str = "engine.channels.webpush.vapid_key_file";
+        let path = settings.vapid_key_file.display();
+        let pem = std::fs::read(&settings.vapid_key_file)
+            .map_err(|e| BuildError::new(KEY, format!("cannot read {path}: {e}")))?;
+        let vapid =
+            Vapid::from_pem(&pem, settings.subject.clone()).map_err(|e| BuildError::new(KEY, format!("{path} {e}")))?;
+        // Sign once now, so a key that cannot sign fails at start.
+        vapid
+            .authorization("https://start.invalid", 0)
+            .map_err(|_| BuildError::new(KEY, format!("{path} cannot sign ES256")))?;
+        vapid.forget("https://start.invalid");
+        let policy = Arc::new(WebhookPolicy {
+            allowed_domains: settings.allowed_domains.clone(),
+            allow_private_addresses: settings.allow_private_addresses,
+            allow_reserved_addresses: settings.allow_reserved_addresses,
+        });
+        let tls = client_tls_config(&settings.extra_ca_files)
+            .map_err(|e| BuildError::new("engine.channels.webpush.extra_ca_files", e))?;
+        let pool = Pool::new(
+            &tls,
+            PoolOptions {
+                connections: settings.connections,
+                max_in_flight: settings.max_in_flight,
+                rate_limit_per_second: settings.rate_limit_per_second,
+                // As the HTTPS channel's: HTTP/2 or HTTP/1.1, idle connections
+                // closed after 30 s (never long past the check that opened them).
+                client: CLIENT_OPTIONS,
+            },
+            Resolver::Checked(CheckedResolver::new(resolver.clone(), policy.clone())),
+            PoolMetrics::new(&ctx.metrics, Channel::WebPush),
+        );
+        Ok(Self { pool, policy, resolver, vapid, lifetime: settings.ttl_seconds })
+    }
+
+    /// The VAPID public key browsers subscribe with (`applicationServerKey`).
+    pub fn vapid_public_key(&self) -> &str {
+        self.vapid.public_key()
+    }
+
+    /// PUSH-256: parse, resolve, and check every address.
+    async fn check(&self, endpoint: &str) -> Result<WebhookUrl, SafetyError> {
+        let url = WebhookUrl::parse(endpoint)?;
+        self.policy.check(&url, self.resolver.as_ref()).await?;
+        Ok(url)
+    }
+
+    /// One attempt: check the endpoint again, encrypt, sign, send, classify.
+    async fn attempt(&self, endpoint: &str, keys: &WebPushKeys, plaintext: &[u8], headers: &PushHeaders) -> Outcome {
+        let url = match self.check(endpoint).await {
+            Ok(url) => url,
+            // A failed lookup is a connection error: transient.
+            Err(e) if e.is_temporary() => return CONNECTION_ERROR,
+            Err(_) => return Outcome::Rejected,
+        };
+        let origin = origin(url.host(), url.port());
+        // No request leaves without a token or a body: not an attempt.
+        let Ok(authorization) = self.vapid.authorization(&origin, unix_now_secs()) else {
+            return Outcome::NotSent { delay: RETRY_DELAY };
+        };
+        let body = match encrypt(plaintext, keys) {
+            Ok(body) => body,
+            Err(EncryptError::TooLarge) => return Outcome::Rejected,
+            Err(EncryptError::Crypto) => return Outcome::NotSent { delay: RETRY_DELAY },
+        };
+        let Ok(request) = request::request(url.uri(), authorization, headers, body) else {
+            return Outcome::Rejected;
+        };
+        match self.pool.send(request).await {
+            Ok(answer) => {
+                if matches!(answer.status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) {
+                    // Rejected per the table; the next push signs a new token.
+                    self.vapid.forget(&origin);
+                }
+                classify_answer(answer.status, &answer.headers)
+            }
+            Err(SendError::Timeout) => TIMED_OUT,
+            Err(SendError::Connection(_)) => CONNECTION_ERROR,
+        }
+    }
+}
+
+/// The rule an endpoint broke, in the channel's words (PUSH-254: never the URL).
+fn endpoint_refusal(e: SafetyError) -> &'static str {
+    match e {
+        SafetyError::NotHttps => "webpush endpoint must use https",
+        SafetyError::UserInfo => "webpush endpoint must not carry a username or password",
+        SafetyError::InvalidUrl => "webpush endpoint is not a valid absolute url with a host",
+        SafetyError::DomainNotAllowed => "webpush endpoint host matches no entry of allowed_domains",
+        SafetyError::NoAddress | SafetyError::BlockedAddress => {
+            "webpush endpoint host does not resolve to an allowed address"
+        }
+        SafetyError::DnsUnavailable => "webpush endpoint host cannot be resolved right now",
+    }
+}
+
+#[async_trait]
+impl Provider for WebPushProvider {
+    fn channel(&self) -> Channel {
+        Channel::WebPush
+    }
+
+    /// PUSH-256 at registration, as for a webhook URL.
+    async fn admit(&self, target: &DeliveryTarget) -> Result<(), Refused> {
+        let DeliveryTarget::WebPush { endpoint, .. } = target else {
+            return Ok(());
+        };
+        self.check(endpoint).await.map(|_| ()).map_err(|e| {
+            let rule = endpoint_refusal(e).to_owned();
+            if e.is_temporary() { Refused::Unavailable(rule) } else { Refused::Invalid(rule) }
+        })
+    }
+
+    async fn send(&self, push: Push<'_>) -> Outcome {
+        let DeliveryTarget::WebPush { endpoint, keys } = &push.recipient.target else {
+            return Outcome::Rejected;
+        };
+        // Spec 000 wake-ups carry no collapse key (PUSH-259), so no Topic.
+        let headers = PushHeaders { ttl: u64::from(self.lifetime.seconds()), urgency: Urgency::Normal, topic: None };
+        self.attempt(endpoint, keys, wake_up(push.envelope).as_bytes(), &headers).await
+    }
+
+    /// Spec 003 §3 over Web Push: the relayed payload (without
+    /// `mls_message` when over one record), `TTL` = the push's ttl,
+    /// `Urgency` from its priority, `Topic` from its collapse id.
+    async fn send_relayed_web_push(&self, push: &RelayedPush<'_>, keys: &WebPushKeys) -> Result<Outcome, RelayRefusal> {
+        let fitted = request::relayed_payload(push)?;
+        let headers = PushHeaders {
+            ttl: push.ttl.as_secs(),
+            urgency: push.priority.into(),
+            topic: push.collapse_id.map(topic_for),
+        };
+        Ok(self.attempt(push.token, keys, fitted.body.as_bytes(), &headers).await)
+    }
+
+    fn timed_out(&self) -> Outcome {
+        TIMED_OUT
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use fanout_testkit::TestPki;
+    use fanout_testkit::mock::webpush::{self as mock, MockSubscription, MockWebPush, WebPushReply};
+    use fanout_testkit::webpush::VapidTestKey;
+
+    use super::*;
+    use crate::metrics::Metrics;
+    use crate::testing::{self, NoDns};
+
+    struct Setup {
+        mock: MockWebPush,
+        provider: WebPushProvider,
+        key: VapidTestKey,
+        _dir: tempfile::TempDir,
+    }
+
+    fn settings(dir: &tempfile::TempDir, key: &VapidTestKey, pki: &TestPki, private: bool) -> WebPushSettings {
+        let (ca, pem) = (dir.path().join("ca.pem"), dir.path().join("vapid.pem"));
+        pki.write_ca(&ca).unwrap();
+        key.write(&pem).unwrap();
+        let mut s: WebPushSettings = serde_json::from_value(serde_json::json!({
+            "vapid_key_file": pem, "subject": "mailto:ops@example.com", "ttl_seconds": 600,
+        }))
+        .unwrap();
+        s.extra_ca_files = vec![ca];
+        s.allow_private_addresses = private;
+        s
+    }
+
+    async fn setup() -> Setup {
+        let pki = TestPki::generate(&[]).unwrap();
+        let key = VapidTestKey::generate();
+        let mock = mock::start(&pki, Some(key.public_key.clone())).await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = ChannelContext::new(Arc::new(Metrics::new()));
+        let provider =
+            WebPushProvider::with_resolver(&settings(&dir, &key, &pki, true), Arc::new(NoDns), &ctx).unwrap();
+        Setup { mock, provider, key, _dir: dir }
+    }
+
+    fn target(s: &MockSubscription) -> DeliveryTarget {
+        DeliveryTarget::WebPush { endpoint: s.endpoint.clone(), keys: WebPushKeys::parse(&s.p256dh, &s.auth).unwrap() }
+    }
+
+    async fn send(s: &Setup, sub: &MockSubscription, seq: u64) -> Outcome {
+        let recipient = testing::recipient(target(sub));
+        let envelope = testing::envelope(seq);
+        s.provider.send(Push { recipient: &recipient, envelope: &envelope }).await
+    }
+
+    #[tokio::test]
+    async fn the_push_service_decrypts_the_wake_up_and_verifies_vapid() {
+        let s = setup().await;
+        assert_eq!(s.provider.vapid_public_key(), s.key.public_key);
+        let sub = s.mock.subscribe();
+        assert_eq!(send(&s, &sub, 42).await, Outcome::Delivered);
+        assert_eq!(send(&s, &sub, 43).await, Outcome::Delivered);
+        let got = s.mock.wait_for(&sub.id, 2, Duration::from_secs(5)).await;
+        let r = &got[0];
+        assert_eq!(r.json(), Some(serde_json::json!({"topic": "AAECAw==", "sequence_id": "42"})));
+        let vapid = r.vapid.as_ref().unwrap();
+        assert_eq!(
+            (vapid.aud.as_str(), vapid.sub.as_deref()),
+            (s.mock.base_url().as_str(), Some("mailto:ops@example.com"))
+        );
+        assert_eq!((r.header("ttl"), r.header("urgency"), r.header("topic")), (Some("600"), Some("normal"), None));
+        assert_eq!(r.header("content-encoding"), Some("aes128gcm"));
+        assert_eq!(r.version, "HTTP/2.0");
+        assert_eq!(got[1].json().unwrap()["sequence_id"], "43");
+        assert_eq!(got[0].header("authorization"), got[1].header("authorization"), "the token is cached");
+    }
+
+    #[tokio::test]
+    async fn answers_are_classified_by_the_table() {
+        let s = setup().await;
+        let sub = s.mock.subscribe();
+        let cases = [
+            (WebPushReply::status(202), Outcome::Delivered),
+            (WebPushReply::status(410), Outcome::Terminal),
+            (WebPushReply::status(404), Outcome::Terminal),
+            (WebPushReply::status(413), Outcome::Rejected),
+            (WebPushReply::status(400), Outcome::Rejected),
+            (WebPushReply::status(500), Outcome::transient(Duration::from_secs(1))),
+            (WebPushReply::status(429), Outcome::transient(Duration::from_secs(10))),
+            (WebPushReply::status(429).with_retry_after("45"), Outcome::transient(Duration::from_secs(45))),
+            (WebPushReply::status(503).with_retry_after("9999"), Outcome::transient(Duration::from_secs(300))),
+        ];
+        for (reply, expected) in cases {
+            s.mock.script(&sub.id, vec![reply.clone()]);
+            assert_eq!(send(&s, &sub, 1).await, expected, "{reply:?}");
+        }
+        // A subscription the service does not know: 404, terminal.
+        let gone = MockSubscription { endpoint: format!("{}/push/unknown", s.mock.base_url()), ..sub.clone() };
+        assert_eq!(send(&s, &gone, 1).await, Outcome::Terminal);
+    }
+
+    #[tokio::test]
+    async fn relayed_pushes_carry_their_payload_ttl_urgency_and_topic() {
+        use crate::channel::RelayPriority;
+        let s = setup().await;
+        let sub = s.mock.subscribe();
+        let keys = WebPushKeys::parse(&sub.p256dh, &sub.auth).unwrap();
+        let payload = serde_json::json!({"v": 1, "type": "message", "collapse_id": "c1", "mls_message": "QUJD"});
+        let push = RelayedPush {
+            token: &sub.endpoint,
+            app_id: None,
+            sandbox: false,
+            collapse_id: Some("c1"),
+            priority: RelayPriority::High,
+            payload: payload.as_object().unwrap(),
+            ttl: Duration::from_secs(3600),
+        };
+        assert_eq!(s.provider.send_relayed_web_push(&push, &keys).await, Ok(Outcome::Delivered));
+        let r = &s.mock.wait_for(&sub.id, 1, Duration::from_secs(5)).await[0];
+        assert_eq!(r.json(), Some(payload.clone()));
+        assert_eq!((r.header("ttl"), r.header("urgency")), (Some("3600"), Some("high")));
+        assert_eq!(r.header("topic"), Some(topic_for("c1").as_str()));
+        // Only the Web Push entry point delivers a relayed push here.
+        assert_eq!(s.provider.send_relayed(&push).await, Err(RelayRefusal::Unsupported));
+    }
+
+    #[tokio::test]
+    async fn a_refused_token_is_signed_again() {
+        let s = setup().await;
+        let sub = s.mock.subscribe();
+        s.mock.script(&sub.id, vec![WebPushReply::status(403)]);
+        assert_eq!(send(&s, &sub, 1).await, Outcome::Rejected);
+        assert_eq!(send(&s, &sub, 2).await, Outcome::Delivered);
+        let got = s.mock.wait_for(&sub.id, 2, Duration::from_secs(5)).await;
+        assert_ne!(got[0].header("authorization"), got[1].header("authorization"));
+    }
+
+    #[tokio::test]
+    async fn endpoints_pass_the_webhook_destination_rules() {
+        let pki = TestPki::generate(&[]).unwrap();
+        let key = VapidTestKey::generate();
+        let mock = mock::start(&pki, None).await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = ChannelContext::new(Arc::new(Metrics::new()));
+        let strict = WebPushProvider::with_resolver(&settings(&dir, &key, &pki, false), Arc::new(NoDns), &ctx).unwrap();
+        let sub = mock.subscribe();
+        let refused = |rule: &str| Err(Refused::Invalid(rule.to_owned()));
+        assert_eq!(
+            strict.admit(&target(&sub)).await,
+            refused("webpush endpoint host does not resolve to an allowed address")
+        );
+        let plain = MockSubscription { endpoint: sub.endpoint.replace("https:", "http:"), ..sub.clone() };
+        assert_eq!(strict.admit(&target(&plain)).await, refused("webpush endpoint must use https"));
+        // At send too (the rules may have changed since registration): nothing leaves.
+        let recipient = testing::recipient(target(&sub));
+        let envelope = testing::envelope(1);
+        assert_eq!(strict.send(Push { recipient: &recipient, envelope: &envelope }).await, Outcome::Rejected);
+        assert!(mock.received().is_empty());
+    }
+
+    #[test]
+    fn bad_vapid_keys_fail_at_start() {
+        let pki = TestPki::generate(&[]).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = settings(&dir, &VapidTestKey::generate(), &pki, true);
+        std::fs::write(&s.vapid_key_file, "not a key").unwrap();
+        let ctx = ChannelContext::new(Arc::new(Metrics::new()));
+        let err = WebPushProvider::with_resolver(&s, Arc::new(NoDns), &ctx).err().unwrap();
+        assert_eq!(err.key, "engine.channels.webpush.vapid_key_file");
+        assert!(err.message.contains("holds no PEM private key"), "{}", err.message);
+        s.vapid_key_file = dir.path().join("missing.pem");
+        let err = WebPushProvider::with_resolver(&s, Arc::new(NoDns), &ctx).err().unwrap();
+        assert!(err.message.contains("cannot read"), "{}", err.message);
+    }
+}
