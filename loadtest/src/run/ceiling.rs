@@ -1,5 +1,5 @@
-//! The ceiling: a bare HTTP/2 client sending the run's webhook (or relay, or
-//! APNs) requests straight to the same kind of mock receiver, with no engine
+//! The ceiling: a bare HTTP/2 client sending the run's webhook (or relay,
+//! APNs or Web Push) requests straight to the same kind of mock receiver, with no engine
 //! in between. Same client stack as the engine (hyper-util's pooled client
 //! over hyper-rustls, h2 by ALPN), same signed body and headers, fixed
 //! concurrency. Requests per second here is what this machine can do for
@@ -18,13 +18,15 @@ use fanout_testkit::mock::webhook::standard_webhooks_signature;
 use fanout_engine::channel::PushLifetime;
 use fanout_engine::channel::apns::fit_collapse_id;
 use fanout_engine::channel::pool::{self, ClientOptions, HttpsClient, Protocols};
+use fanout_engine::channel::webpush::Vapid;
+use fanout_engine::domain::WebPushKeys;
 use fanout_testkit::wire::WireCounts;
 use http::HeaderValue;
 use http_body_util::{BodyExt as _, Full};
 use serde::Serialize;
 
-use super::collector::{Collector, Percentiles, RELAY_SECRET, latency_histogram};
-use super::engine_process::APNS_BUNDLE_ID;
+use super::collector::{Collector, Percentiles, RELAY_SECRET, latency_histogram, webpush_endpoint};
+use super::engine_process::{APNS_BUNDLE_ID, WEBPUSH_SUBJECT};
 use super::ids::RunIds;
 use super::progress::Progress;
 use super::scenario::{Plan, ScenarioChannel};
@@ -48,11 +50,35 @@ pub struct CeilingResult {
     pub wire: Option<WireCounts>,
 }
 
-/// Where the ceiling sends: the mocks' URLs, and for an apns scenario the
-/// provider token (`bearer <jwt>`) the mock verifies.
+/// Where the ceiling sends: the mocks' URLs, for an apns scenario the
+/// provider token (`bearer <jwt>`) the mock verifies, for a webpush scenario
+/// the run's VAPID key and every recipient's subscription keys.
 pub struct Targets {
     pub urls: Vec<String>,
     pub apns_authorization: Option<HeaderValue>,
+    pub webpush: Option<WebPushSender>,
+}
+
+/// The engine's side of Web Push for the ceiling: its VAPID signer (tokens
+/// cached per origin, as in the engine) and the keys each recipient
+/// registered, derived before the clock starts (the engine has them stored).
+pub struct WebPushSender {
+    pub vapid: Vapid,
+    pub keys: Vec<WebPushKeys>,
+}
+
+impl WebPushSender {
+    /// The run's VAPID key (PEM) and the keys of `plan`'s recipients.
+    pub fn new(vapid_pem: &[u8], plan: &Plan, ids: RunIds) -> anyhow::Result<WebPushSender> {
+        let vapid = Vapid::from_pem(vapid_pem, WEBPUSH_SUBJECT.into())?;
+        let keys = (0..plan.recipients)
+            .map(|r| {
+                let subscriber = ids.webpush_subscriber(r);
+                WebPushKeys::parse(&subscriber.p256dh(), subscriber.auth()).map_err(|e| anyhow::anyhow!("{e:?}"))
+            })
+            .collect::<anyhow::Result<_>>()?;
+        Ok(WebPushSender { vapid, keys })
+    }
 }
 
 /// The engine's client for the scenario's channel, built by the engine's own
@@ -65,7 +91,9 @@ pub fn client(pki: &TestPki, channel: ScenarioChannel) -> HttpsClient {
     tls.alpn_protocols.clear(); // hyper-rustls sets ALPN itself
     let options = match channel {
         ScenarioChannel::Apns => ClientOptions { protocols: Protocols::Http2, idle_timeout: Duration::from_secs(600) },
-        ScenarioChannel::Http | ScenarioChannel::Relay => fanout_engine::channel::http::CLIENT_OPTIONS,
+        ScenarioChannel::Http | ScenarioChannel::Relay | ScenarioChannel::WebPush => {
+            fanout_engine::channel::http::CLIENT_OPTIONS
+        }
     };
     pool::https_client(tls, options, pool::Resolver::system(), None)
 }
@@ -77,10 +105,13 @@ pub(super) fn request(plan: &Plan, ids: RunIds, targets: &Targets, index: u64) -
     let topic = plan.topic_of_envelope(envelope);
     let recipient = plan.subscriber(topic, slot);
     let urls = &targets.urls;
-    match (plan.channel, &targets.apns_authorization) {
-        (ScenarioChannel::Relay, _) => return relay_request(ids, urls, topic, envelope + 1, recipient),
-        (ScenarioChannel::Apns, Some(authorization)) => {
+    match (plan.channel, &targets.apns_authorization, &targets.webpush) {
+        (ScenarioChannel::Relay, _, _) => return relay_request(ids, urls, topic, envelope + 1, recipient),
+        (ScenarioChannel::Apns, Some(authorization), _) => {
             return apns_request(ids, &urls[0], authorization, topic, envelope + 1, recipient);
+        }
+        (ScenarioChannel::WebPush, _, Some(sender)) => {
+            return webpush_request(ids, &urls[0], sender, topic, envelope + 1, recipient);
         }
         _ => {}
     }
@@ -126,6 +157,41 @@ fn apns_request(
         .header("apns-expiration", PushLifetime::DEFAULT.expires_at(now))
         .body(Full::new(Bytes::from(body)))
         .expect("valid request")
+}
+
+/// The Web Push request for the same delivery, made by the engine's code
+/// (RFC 8030/8291/8292): the wake-up of the stored envelope, encrypted for
+/// the recipient's keys with a fresh sender key, the VAPID token for the
+/// push service's origin, the default TTL and `normal` urgency.
+fn webpush_request(
+    ids: RunIds,
+    base: &str,
+    sender: &WebPushSender,
+    topic: u32,
+    seq: u64,
+    recipient: u32,
+) -> http::Request<Full<Bytes>> {
+    use fanout_engine::channel::webpush::{PushHeaders, Urgency, encrypt, origin, request::request, wake_up};
+    use fanout_engine::domain::{EnvelopeKind, ShardId, StoredEnvelope, Topic};
+    let envelope = StoredEnvelope {
+        shard: ShardId(0),
+        sequence_id: seq,
+        topic: Topic::parse(&ids.topic(topic)).expect("the run's topics are group topics"),
+        kind: EnvelopeKind::Application,
+        server_ts_ns: 0,
+        sender_hmac: Vec::new(),
+        data: Vec::new(),
+        relay: Default::default(),
+    };
+    let endpoint: http::Uri =
+        webpush_endpoint(base, &ids.recipient_id(recipient)).parse().expect("the mock's endpoint is a URI");
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let audience = origin(endpoint.host().unwrap_or_default(), endpoint.port_u16().unwrap_or(443));
+    let authorization = sender.vapid.authorization(&audience, now).expect("the run's VAPID key signs");
+    let body = encrypt(wake_up(&envelope).as_bytes(), &sender.keys[recipient as usize]).expect("a wake-up fits");
+    let headers =
+        PushHeaders { ttl: u64::from(PushLifetime::DEFAULT.seconds()), urgency: Urgency::Normal, topic: None };
+    request(&endpoint, authorization, &headers, body).expect("valid request")
 }
 
 /// The relay channel's request for the same delivery (spec 003 §2): the

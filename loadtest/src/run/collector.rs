@@ -1,5 +1,5 @@
-//! The receiver side of a run: parses and checks every webhook or APNs
-//! request the mocks get, decides the answer (the fault mix), and accounts
+//! The receiver side of a run: parses and checks every webhook, APNs or Web
+//! Push request the mocks get, decides the answer (the fault mix), and accounts
 //! for every expected (envelope, subscription) pair without keeping the
 //! requests.
 //!
@@ -8,7 +8,7 @@
 //! such arrivals wait in `pending` until the envelope is known.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
@@ -16,11 +16,13 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use fanout_testkit::ScriptedResponse;
 use fanout_testkit::mock::apns::{ApnsHook, ApnsHookRequest, ApnsReply};
 use fanout_testkit::mock::webhook::{HookRequest, RequestHook, verify_gim_signature_now, verify_standard_webhooks};
+use fanout_testkit::mock::webpush::{WebPushHook, WebPushHookRequest, WebPushReply};
+use fanout_testkit::webpush::{Subscriber, decrypt};
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
 use super::ids::RunIds;
-use super::scenario::{Faults, Plan};
+use super::scenario::{Faults, Plan, ScenarioChannel};
 
 /// What one request is about, read from its body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +44,12 @@ struct Body<'a> {
 
 /// The secret of the relay channel's X-Gim-Signature in relay scenarios.
 pub const RELAY_SECRET: &[u8] = b"fanout-loadtest-relay-secret-0123";
+
+/// Recipient `id`'s endpoint at the mock push service `base`: the
+/// subscription id in the path is the recipient id in hex.
+pub fn webpush_endpoint(base: &str, id: &[u8]) -> String {
+    format!("{base}/push/{}", hex::encode(id))
+}
 
 /// Spec 003 §2.3's body, the parts that name the delivery: the device by its
 /// registration token (its recipient id in hex), the envelope by gid and seq.
@@ -111,6 +119,9 @@ pub struct Collector {
     faults: Faults,
     /// Relay scenarios: gid → topic index.
     gids: HashMap<String, u32>,
+    /// Web Push scenarios: each recipient's subscription (its private key),
+    /// derived from the ids on its first push.
+    subscribers: Vec<OnceLock<Subscriber>>,
     inner: Mutex<Inner>,
 }
 
@@ -198,11 +209,16 @@ impl Collector {
         } else {
             HashMap::new()
         };
+        let subscribers = match plan.channel {
+            ScenarioChannel::WebPush => (0..plan.recipients).map(|_| OnceLock::new()).collect(),
+            _ => Vec::new(),
+        };
         Arc::new(Collector {
             plan,
             ids,
             faults,
             gids,
+            subscribers,
             inner: Mutex::new(Inner {
                 by_key: HashMap::new(),
                 envelopes: Vec::new(),
@@ -270,6 +286,51 @@ impl Collector {
             status => ApnsReply::status(status),
         };
         Some(reply.with_delay(answer.delay))
+    }
+
+    /// The hook to install on the mock push service of a webpush scenario,
+    /// answering `latency` later than the accounting says.
+    pub fn webpush_hook(self: &Arc<Self>, latency: Duration) -> WebPushHook {
+        let me = self.clone();
+        WebPushHook::new(move |req| {
+            let reply = me.on_webpush_request(req);
+            let delay = reply.delay + latency;
+            reply.with_delay(delay)
+        })
+    }
+
+    /// Accounts for one push to the mock push service (RFC 8030): the
+    /// recipient from the endpoint path (its id in hex), the envelope from
+    /// the body decrypted with the recipient's key (RFC 8291). A VAPID token
+    /// the mock refused (RFC 8292) or a body that does not decrypt counts
+    /// with the bad signatures: the run fails.
+    pub fn on_webpush_request(&self, req: &WebPushHookRequest<'_>) -> WebPushReply {
+        let recipient = hex::decode(req.subscription).ok().and_then(|id| self.ids.recipient_index(&id));
+        let Some(subscriber) = recipient.and_then(|r| self.webpush_subscriber(r)) else {
+            return WebPushReply::status(self.refused(false, 404).status);
+        };
+        if req.vapid.is_err() {
+            return WebPushReply::status(self.refused(true, 401).status);
+        }
+        let plaintext = match req.header("content-encoding") {
+            Some("aes128gcm") => decrypt(subscriber, req.body).ok(),
+            _ => None,
+        };
+        let Some(plaintext) = plaintext else {
+            return WebPushReply::status(self.refused(true, 400).status);
+        };
+        let envelope = serde_json::from_slice::<Body<'_>>(&plaintext).ok().and_then(|b| self.envelope_of(&b));
+        let answer = match (envelope, recipient) {
+            (Some((topic, seq)), Some(recipient)) => self.arrive(Arrival { topic, seq, recipient }, Instant::now()),
+            _ => self.refused(false, 400),
+        };
+        WebPushReply::status(answer.status).with_delay(answer.delay)
+    }
+
+    /// Recipient `index`'s subscription, derived once.
+    fn webpush_subscriber(&self, index: u32) -> Option<&Subscriber> {
+        let slot = self.subscribers.get(index as usize)?;
+        Some(slot.get_or_init(|| self.ids.webpush_subscriber(index)))
     }
 
     /// Counts a request that is no expected delivery (`bad`: its credential
@@ -648,5 +709,40 @@ mod tests {
         assert_eq!(c.on_request(&junk).status, 400);
         let s = c.summary();
         assert_eq!((s.delivered, s.bad_signatures, s.unexpected, s.attempts), (1, 1, 1, 3));
+    }
+
+    #[test]
+    fn decrypts_web_pushes_and_refuses_bad_tokens_and_bodies() {
+        use fanout_engine::channel::webpush::encrypt;
+        use fanout_engine::domain::WebPushKeys;
+        use fanout_testkit::webpush::Vapid;
+        let s = Scenario::parse(
+            "name = \"t\"\nchannel = \"webpush\"\nrecipients = 5\ntopics = [{ count = 2, subscribers = 3 }]\n\
+             [envelopes]\nper_topic = 1\n",
+        )
+        .unwrap();
+        let ids = RunIds::from_seed(13);
+        let c = Collector::new(Arc::new(Plan::new(&s)), ids, Faults::default());
+        c.envelope_published(0, 42, Instant::now());
+        let subscriber = ids.webpush_subscriber(1);
+        let keys = WebPushKeys::parse(&subscriber.p256dh(), subscriber.auth()).unwrap();
+        let wake_up = format!(r#"{{"topic":"{}","sequence_id":"42"}}"#, BASE64.encode(ids.topic(0)));
+        let body = encrypt(wake_up.as_bytes(), &keys).unwrap();
+        let headers = vec![("content-encoding".to_owned(), "aes128gcm".to_owned())];
+        let good: Result<Vapid, String> =
+            Ok(Vapid { aud: "https://127.0.0.1".into(), exp: u64::MAX, sub: None, key: "k".into() });
+        let refused: Result<Vapid, String> = Err("the JWT signature does not verify with k".into());
+        let id = hex::encode(ids.recipient_id(1));
+        let other = hex::encode(ids.recipient_id(2));
+        let push = |subscription: &str, body: &[u8], vapid: &Result<Vapid, String>| {
+            c.on_webpush_request(&WebPushHookRequest { subscription, headers: &headers, body, vapid }).status
+        };
+        assert_eq!(push(&id, &body, &refused), 401, "a bad token");
+        assert_eq!(push(&other, &body, &good), 400, "another recipient's key does not decrypt it");
+        assert_eq!(push(&id, b"not encrypted", &good), 400);
+        assert_eq!(push("00ff", &body, &good), 404, "no such subscription");
+        assert_eq!(push(&id, &body, &good), 200, "decrypted and accounted");
+        let s = c.summary();
+        assert_eq!((s.delivered, s.bad_signatures, s.unexpected, s.attempts), (1, 3, 1, 5));
     }
 }

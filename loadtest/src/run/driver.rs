@@ -17,7 +17,7 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 use tonic::transport::{Channel, Endpoint};
 
-use super::collector::{Collector, Percentiles, latency_histogram};
+use super::collector::{Collector, Percentiles, latency_histogram, webpush_endpoint};
 use super::ids::RunIds;
 use super::progress::Progress;
 use super::scenario::{Envelopes, Plan, ScenarioChannel, Setup};
@@ -96,7 +96,8 @@ where
 }
 
 /// Registers every recipient (webhook URL `urls[r % urls.len()]`, its derived
-/// signing key) and subscribes it to its topics.
+/// signing key; or its device token, or its Web Push subscription) and
+/// subscribes it to its topics.
 pub async fn setup(
     grpc: &Grpc,
     plan: &Arc<Plan>,
@@ -126,6 +127,16 @@ pub async fn setup(
                     }),
                     ScenarioChannel::Apns => {
                         pb::register_request::Delivery::Apns(pb::ApnsDelivery { token: hex::encode(&id) })
+                    }
+                    // Web Push: the endpoint names the recipient, and the keys
+                    // are derived from the run's ids so the receiver decrypts.
+                    ScenarioChannel::WebPush => {
+                        let subscriber = ids.webpush_subscriber(r);
+                        pb::register_request::Delivery::Webpush(pb::WebPushDelivery {
+                            endpoint: webpush_endpoint(&url, &id),
+                            p256dh: subscriber.p256dh(),
+                            auth: subscriber.auth().to_vec(),
+                        })
                     }
                     ScenarioChannel::Http => pb::register_request::Delivery::Http(pb::HttpDelivery {
                         url,

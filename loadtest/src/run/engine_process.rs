@@ -40,6 +40,9 @@ pub const APNS_KEY_ID: &str = "KEY1234567";
 pub const APNS_TEAM_ID: &str = "TEAM123456";
 pub const APNS_BUNDLE_ID: &str = "com.example.fanout";
 
+/// The VAPID `sub` the engine signs in webpush scenarios (RFC 8292 section 2.1).
+pub const WEBPUSH_SUBJECT: &str = "mailto:loadtest@fanout.test";
+
 /// Where a scenario's pushes go, besides the HTTPS channel every config has.
 #[derive(Debug, Clone, Copy)]
 pub enum PushTarget<'a> {
@@ -51,6 +54,9 @@ pub enum PushTarget<'a> {
     /// `[engine.channels.apns]`, sandbox, both hosts at `url` (the mock
     /// APNs), signing with the `.p8` in `key_file`.
     Apns { url: &'a str, key_file: &'a Path },
+    /// `[engine.channels.webpush]` signing VAPID tokens with the PEM in
+    /// `vapid_key_file`, allowed to reach the mock push service on 127.0.0.1.
+    WebPush { vapid_key_file: &'a Path },
 }
 
 /// The engine's `[engine]` table: the scenario's overrides, with the HTTPS
@@ -88,6 +94,13 @@ pub fn engine_config_for(engine: &toml::Table, ca_file: &Path, target: PushTarge
                 apns.insert(key.into(), value.into());
             }
             apns.insert("extra_ca_files".into(), ca_files());
+        }
+        PushTarget::WebPush { vapid_key_file } => {
+            let webpush = table_at(table_at(&mut engine, "channels")?, "webpush")?;
+            webpush.insert("vapid_key_file".into(), vapid_key_file.display().to_string().into());
+            webpush.insert("subject".into(), WEBPUSH_SUBJECT.into());
+            webpush.insert("allow_private_addresses".into(), true.into());
+            webpush.insert("extra_ca_files".into(), ca_files());
         }
     }
     let channels = table_at(&mut engine, "channels")?;
@@ -217,6 +230,22 @@ mod tests {
             (Some("/tmp/k.p8"), Some("/tmp/ca.pem"))
         );
         assert_eq!(apns["bundle_id"].as_str(), Some(APNS_BUNDLE_ID));
+
+        // A webpush scenario: the VAPID key, loopback allowed, the mock's CA.
+        let overrides: toml::Table = toml::from_str("[channels.webpush]\nttl_seconds = 60").unwrap();
+        let target = PushTarget::WebPush { vapid_key_file: Path::new("/tmp/vapid.pem") };
+        let parsed: toml::Table =
+            toml::from_str(&engine_config_for(&overrides, Path::new("/tmp/ca.pem"), target).unwrap()).unwrap();
+        let webpush = &parsed["engine"]["channels"]["webpush"];
+        assert_eq!(webpush["ttl_seconds"].as_integer(), Some(60));
+        assert_eq!(
+            (webpush["vapid_key_file"].as_str(), webpush["subject"].as_str()),
+            (Some("/tmp/vapid.pem"), Some(WEBPUSH_SUBJECT))
+        );
+        assert_eq!(
+            (webpush["allow_private_addresses"].as_bool(), webpush["extra_ca_files"][0].as_str()),
+            (Some(true), Some("/tmp/ca.pem"))
+        );
     }
 
     #[test]

@@ -3,12 +3,15 @@
 //! its id, and recomputes its signing key to check the signature.
 //!
 //! - recipient id (32 bytes): run nonce (8) ‖ index (u32 BE) ‖ 20 derived bytes
+//! - Web Push keys: a P-256 scalar and an `auth` secret per recipient
 //! - topic (13 bytes): 0x00 (group-message kind) ‖ run nonce (8) ‖ index (u32 BE)
 //!
 //! Secrets and keys are derived with splitmix64: fine for a benchmark on
 //! 127.0.0.1, not for anything real.
 
 use std::time::{SystemTime, UNIX_EPOCH};
+
+use fanout_testkit::webpush::Subscriber;
 
 /// Per-run identity space. Two runs against one engine never collide.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,6 +23,8 @@ pub struct RunIds {
 const TAG_ID: u64 = 0x1d;
 const TAG_SECRET: u64 = 0x5e;
 const TAG_KEY: u64 = 0x4b;
+const TAG_PUSH_KEY: u64 = 0x70;
+const TAG_PUSH_AUTH: u64 = 0x61;
 
 impl RunIds {
     pub fn from_seed(seed: u64) -> Self {
@@ -55,6 +60,22 @@ impl RunIds {
     /// The webhook signing key registered for recipient `index` (32 bytes).
     pub fn signing_key(&self, index: u32) -> [u8; 32] {
         derive32(self.seed, TAG_KEY, index)
+    }
+
+    /// Recipient `index`'s Web Push subscription as its browser holds it:
+    /// the P-256 private key behind `p256dh` and the `auth` secret (RFC
+    /// 8291), so the receiver can decrypt without storing keys.
+    pub fn webpush_subscriber(&self, index: u32) -> Subscriber {
+        let mut auth = [0u8; 16];
+        auth.copy_from_slice(&derive32(self.seed, TAG_PUSH_AUTH, index)[..16]);
+        // A derived scalar is at or above the group order about once in 2^32:
+        // derive again from the next tag until it is a key.
+        (0u64..)
+            .find_map(|i| {
+                let scalar = derive32(self.seed ^ splitmix64(i), TAG_PUSH_KEY, index);
+                Subscriber::from_private_key(&scalar, auth).ok()
+            })
+            .expect("some derived scalar is a P-256 key")
     }
 
     pub fn topic(&self, index: u32) -> Vec<u8> {
@@ -117,5 +138,11 @@ mod tests {
         let mut forged = a.recipient_id(5);
         forged[31] ^= 1;
         assert_eq!(a.recipient_index(&forged), None);
+        // Web Push keys: stable per recipient, distinct across recipients.
+        let (k1, k2) = (a.webpush_subscriber(1), a.webpush_subscriber(2));
+        assert_eq!((k1.p256dh(), k1.auth()), (a.webpush_subscriber(1).p256dh(), a.webpush_subscriber(1).auth()));
+        assert_ne!(k1.p256dh(), k2.p256dh());
+        assert_ne!(k1.auth(), k2.auth());
+        assert_eq!(k1.p256dh().len(), 65);
     }
 }

@@ -33,9 +33,11 @@ use fanout_testkit::TestPki;
 use fanout_testkit::launcher::{self, Launch};
 use fanout_testkit::mock::apns::{ApnsTestKey, MockApns, MockApnsConfig};
 use fanout_testkit::mock::webhook::{MockWebhook, MockWebhookConfig};
+use fanout_testkit::mock::webpush::MockWebPush;
+use fanout_testkit::webpush::VapidTestKey;
 use fanout_testkit::wire::WireCounts;
 
-use self::ceiling::Targets;
+use self::ceiling::{Targets, WebPushSender};
 use self::collector::Collector;
 use self::engine_process::{APNS_KEY_ID, APNS_TEAM_ID, PushTarget, proc_sample};
 use self::ids::RunIds;
@@ -169,10 +171,12 @@ fn ceiling_requests(scenario: &Scenario, plan: &Plan) -> u64 {
 }
 
 /// The scenario's mock receivers: webhook receivers (or the relay's push
-/// server), or one mock APNs with the provider key it verifies.
+/// server), one mock APNs with the provider key it verifies, or one mock
+/// Web Push service with the VAPID key it expects.
 enum Receivers {
     Webhooks(Vec<MockWebhook>),
     Apns { mock: MockApns, key: ApnsTestKey },
+    WebPush { mock: MockWebPush, key: VapidTestKey },
 }
 
 impl Receivers {
@@ -193,6 +197,14 @@ impl Receivers {
             let mock = fanout_testkit::mock::apns::start(pki, config).await?;
             return Ok(Receivers::Apns { mock, key });
         }
+        if scenario.channel == ScenarioChannel::WebPush {
+            // The mock checks every token against the run's VAPID key; the
+            // collector decrypts every body with the recipient's key.
+            let key = VapidTestKey::generate();
+            let hook = collector.webpush_hook(latency);
+            let mock = fanout_testkit::mock::webpush::start_with_hook(pki, Some(key.public_key.clone()), hook).await?;
+            return Ok(Receivers::WebPush { mock, key });
+        }
         let mut mocks = Vec::new();
         for _ in 0..scenario.mock.receivers {
             let config = MockWebhookConfig {
@@ -210,14 +222,20 @@ impl Receivers {
         match self {
             Receivers::Webhooks(mocks) => mocks.iter().map(|m| m.url("/hook")).collect(),
             Receivers::Apns { mock, .. } => vec![mock.base_url()],
+            Receivers::WebPush { mock, .. } => vec![mock.base_url()],
         }
     }
 
     /// Where the ceiling sends: for APNs with a provider token of the key
-    /// (sensitive, as the engine's).
-    fn targets(&self) -> anyhow::Result<Targets> {
+    /// (sensitive, as the engine's); for Web Push with the VAPID key and
+    /// the keys of `plan`'s recipients under `ids`.
+    fn targets(&self, plan: &Plan, ids: RunIds) -> anyhow::Result<Targets> {
+        let webpush = match self {
+            Receivers::WebPush { key, .. } => Some(WebPushSender::new(key.pem.as_bytes(), plan, ids)?),
+            _ => None,
+        };
         let apns_authorization = match self {
-            Receivers::Webhooks(_) => None,
+            Receivers::Webhooks(_) | Receivers::WebPush { .. } => None,
             Receivers::Apns { key, .. } => {
                 let iat = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
                 let jwt = key.provider_token(APNS_KEY_ID, APNS_TEAM_ID, iat)?;
@@ -226,13 +244,13 @@ impl Receivers {
                 Some(value)
             }
         };
-        Ok(Targets { urls: self.urls(), apns_authorization })
+        Ok(Targets { urls: self.urls(), apns_authorization, webpush })
     }
 
     /// What the mock APNs read on the wire.
     fn wire(&self) -> Option<WireCounts> {
         match self {
-            Receivers::Webhooks(_) => None,
+            Receivers::Webhooks(_) | Receivers::WebPush { .. } => None,
             Receivers::Apns { mock, .. } => Some(mock.wire()),
         }
     }
@@ -245,6 +263,7 @@ impl Receivers {
                 }
             }
             Receivers::Apns { mock, .. } => mock.shutdown().await,
+            Receivers::WebPush { mock, .. } => mock.shutdown().await,
         }
     }
 }
@@ -262,7 +281,7 @@ async fn measure_ceiling(
     let ids = RunIds::fresh();
     let collector = Collector::new(plan.clone(), ids, Faults::default());
     let receivers = Receivers::start(pki, scenario, &collector).await?;
-    let targets = receivers.targets()?;
+    let targets = receivers.targets(plan, ids)?;
     let result = ceiling::run(pki, plan, ids, targets, &collector, requests, concurrency, progress).await;
     let wire = receivers.wire();
     receivers.shutdown().await;
@@ -283,7 +302,7 @@ async fn measure_h2load(
     let ids = RunIds::fresh();
     let collector = Collector::new(plan.clone(), ids, Faults::default());
     let receivers = Receivers::start(pki, scenario, &collector).await?;
-    let targets = receivers.targets()?;
+    let targets = receivers.targets(plan, ids)?;
     collector.envelope_published(plan.topic_of_envelope(0), 1, Instant::now());
     let connections = connections.max(1);
     let streams = (scenario.ceiling.concurrency / (targets.urls.len() * connections)).max(1);
@@ -401,8 +420,8 @@ async fn execute_inner(
     let receivers = Receivers::start(pki, scenario, &collector).await?;
     let urls = receivers.urls();
     let engine = match args.engine_grpc {
-        Some(_) if scenario.channel == ScenarioChannel::Apns => {
-            bail!("an apns scenario signs with a key made for the run: let the harness start the engine")
+        Some(_) if matches!(scenario.channel, ScenarioChannel::Apns | ScenarioChannel::WebPush) => {
+            bail!("apns and webpush scenarios sign with a key made for the run: let the harness start the engine")
         }
         Some(grpc) => {
             progress.say(&format!(
@@ -420,10 +439,16 @@ async fn execute_inner(
             })
             .await??;
             // A relay scenario: the mock is the push server, with its secret;
-            // an apns scenario: the mock APNs, with the run's provider key.
+            // an apns scenario: the mock APNs, with the run's provider key;
+            // a webpush scenario: the run's VAPID key.
             let secret_file = ca_path.with_extension("relay-secret");
             let key_file = ca_path.with_extension("apns-key.p8");
+            let vapid_key_file = ca_path.with_extension("vapid.pem");
             let target = match &receivers {
+                Receivers::WebPush { key, .. } => {
+                    key.write(&vapid_key_file).with_context(|| format!("writing {}", vapid_key_file.display()))?;
+                    PushTarget::WebPush { vapid_key_file: &vapid_key_file }
+                }
                 Receivers::Apns { key, .. } => {
                     key.write_p8(&key_file)?;
                     PushTarget::Apns { url: &urls[0], key_file: &key_file }
@@ -622,6 +647,23 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn relay_smoke_scenario_end_to_end() {
         run_passing("relay-smoke.toml").await;
+    }
+
+    /// The Web Push scenario end to end (issue 17): every push reaches the
+    /// mock push service with a VAPID token it verifies, and every body
+    /// decrypts with the recipient's key (RFC 8291), with a ceiling made of
+    /// the same encrypted, signed requests.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn webpush_smoke_scenario_end_to_end() {
+        let report = run_passing("webpush-smoke.toml").await;
+        assert!(
+            report
+                .deliveries_by_outcome
+                .get("webpush/delivered")
+                .is_some_and(|n| *n as u64 == report.plan.expected_deliveries)
+        );
+        let ceiling = report.ceiling.as_ref().unwrap();
+        assert_eq!((ceiling.ok, ceiling.failed), (ceiling.requests, 0));
     }
 
     /// The APNs scenario end to end: every push reaches the mock APNs with a

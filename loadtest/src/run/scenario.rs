@@ -26,7 +26,9 @@ pub struct Scenario {
     /// webhooks, the default), `relay` (spec 003: one push server, the
     /// mock, receives every device's push signed with X-Gim-Signature) or
     /// `apns` (spec 000's APNs channel: the mock APNs verifies every provider
-    /// token and reports bytes per request).
+    /// token and reports bytes per request) or `webpush` (RFC 8030: the mock
+    /// push service checks every VAPID token and the receiver decrypts every
+    /// body with the recipient's subscription key).
     #[serde(default)]
     pub channel: ScenarioChannel,
     #[serde(default)]
@@ -62,6 +64,7 @@ pub enum ScenarioChannel {
     Http,
     Relay,
     Apns,
+    WebPush,
 }
 
 fn default_max_duplicate_ratio() -> f64 {
@@ -290,6 +293,17 @@ impl Scenario {
             // APNs's 404 (BadPath) is rejected, not retried: it would lose deliveries.
             if f.status_404 > 0.0 {
                 bail!("faults.status_404 does not apply to apns: APNs answers 503 or 500 for transient faults");
+            }
+        }
+        if self.channel == ScenarioChannel::WebPush {
+            if self.mock.receivers != 1 {
+                bail!("a webpush scenario has one push service: mock.receivers must be 1");
+            }
+            // 404 means the subscription is gone (terminal): it would lose deliveries.
+            if f.status_404 > 0.0 {
+                bail!(
+                    "faults.status_404 does not apply to webpush: a push service answers 404 for an expired subscription"
+                );
             }
         }
         let max_topics = self.engine_int("max_push_topics", 100_000) as u64;
@@ -529,16 +543,18 @@ mod tests {
     }
 
     #[test]
-    fn apns_scenarios_have_one_host_and_retried_faults_only() {
-        let apns = SMOKE.replace("name = \"t\"", "name = \"t\"\nchannel = \"apns\"");
-        assert_eq!(Plan::new(&Scenario::parse(&apns).unwrap()).channel, ScenarioChannel::Apns);
-        let faults = format!("{apns}\n[faults]\nstatus_503 = 0.1\n").replace("[engine.delivery]\nworkers = 2", "");
-        assert!(Scenario::parse(&faults).is_ok());
-        for bad in [
-            format!("{apns}\n[faults]\nstatus_404 = 0.1\n").replace("[engine.delivery]\nworkers = 2", ""),
-            apns.replace("[envelopes]", "[mock]\nreceivers = 2\n[envelopes]"),
-        ] {
-            assert!(Scenario::parse(&bad).is_err(), "accepted:\n{bad}");
+    fn apns_and_webpush_scenarios_have_one_host_and_retried_faults_only() {
+        for (name, channel) in [("apns", ScenarioChannel::Apns), ("webpush", ScenarioChannel::WebPush)] {
+            let text = SMOKE.replace("name = \"t\"", &format!("name = \"t\"\nchannel = \"{name}\""));
+            assert_eq!(Plan::new(&Scenario::parse(&text).unwrap()).channel, channel);
+            let faults = format!("{text}\n[faults]\nstatus_503 = 0.1\n").replace("[engine.delivery]\nworkers = 2", "");
+            assert!(Scenario::parse(&faults).is_ok());
+            for bad in [
+                format!("{text}\n[faults]\nstatus_404 = 0.1\n").replace("[engine.delivery]\nworkers = 2", ""),
+                text.replace("[envelopes]", "[mock]\nreceivers = 2\n[envelopes]"),
+            ] {
+                assert!(Scenario::parse(&bad).is_err(), "accepted:\n{bad}");
+            }
         }
     }
 
@@ -566,6 +582,7 @@ mod tests {
                 "slow-receivers",
                 "smoke",
                 "soak",
+                "webpush-smoke",
                 "window-1m"
             ]
         );

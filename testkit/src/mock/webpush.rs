@@ -5,6 +5,10 @@
 //! decrypts the body with the subscription's private key (RFC 8291),
 //! recording what arrived. Answers 201 unless scripted; 404 for an unknown
 //! subscription, 401 for a bad token, 400 for a body that does not decrypt.
+//!
+//! For load runs, [`start_with_hook`] hands every push (token checked) to a
+//! [`WebPushHook`] that decrypts with its own subscriptions and answers;
+//! nothing is recorded.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -67,11 +71,18 @@ impl WebPushRequest {
 pub struct WebPushReply {
     pub status: u16,
     pub retry_after: Option<String>,
+    /// Wait before answering.
+    pub delay: Duration,
 }
 
 impl WebPushReply {
     pub fn status(status: u16) -> Self {
-        Self { status, retry_after: None }
+        Self { status, retry_after: None, delay: Duration::ZERO }
+    }
+
+    pub fn with_delay(mut self, delay: Duration) -> Self {
+        self.delay = delay;
+        self
     }
 
     pub fn with_retry_after(mut self, value: &str) -> Self {
@@ -80,8 +91,41 @@ impl WebPushReply {
     }
 }
 
+/// A push as a [`WebPushHook`] sees it (borrowed, nothing copied).
+pub struct WebPushHookRequest<'a> {
+    /// The subscription id from the path `/push/<id>`.
+    pub subscription: &'a str,
+    /// Names lowercase.
+    pub headers: &'a [(String, String)],
+    /// The encrypted body.
+    pub body: &'a [u8],
+    /// The VAPID token checked as for any push (signature, `aud`, `exp`,
+    /// `k`), or why it failed.
+    pub vapid: &'a Result<Vapid, String>,
+}
+
+impl WebPushHookRequest<'_> {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        header(self.headers, name)
+    }
+}
+
+type WebPushHookFn = dyn Fn(&WebPushHookRequest<'_>) -> WebPushReply + Send + Sync;
+
+/// Answers every POST in place of the mock's subscriptions, scripts and
+/// recording (the load harness accounts for pushes itself).
+#[derive(Clone)]
+pub struct WebPushHook(pub Arc<WebPushHookFn>);
+
+impl WebPushHook {
+    pub fn new(f: impl Fn(&WebPushHookRequest<'_>) -> WebPushReply + Send + Sync + 'static) -> Self {
+        WebPushHook(Arc::new(f))
+    }
+}
+
 struct State {
     origin: String,
+    on_request: Option<WebPushHook>,
     /// `k` every token must carry, when set (RFC 8292 section 4: the key
     /// the browser subscribed with).
     expected_key: Option<String>,
@@ -100,10 +144,28 @@ pub struct MockWebPush {
 /// HTTP/1.1 by ALPN. `expected_key`: the VAPID public key every token must
 /// carry, or `None` to accept any key whose signature verifies.
 pub async fn start(pki: &TestPki, expected_key: Option<String>) -> anyhow::Result<MockWebPush> {
+    start_inner(pki, expected_key, None).await
+}
+
+/// `start`, with every push answered by `hook` after the token check.
+pub async fn start_with_hook(
+    pki: &TestPki,
+    expected_key: Option<String>,
+    hook: WebPushHook,
+) -> anyhow::Result<MockWebPush> {
+    start_inner(pki, expected_key, Some(hook)).await
+}
+
+async fn start_inner(
+    pki: &TestPki,
+    expected_key: Option<String>,
+    on_request: Option<WebPushHook>,
+) -> anyhow::Result<MockWebPush> {
     let listener = server::bind("mock Web Push", SocketAddr::from(([127, 0, 0, 1], 0))).await?;
     let state = Arc::new(State {
         origin: server::base_url(listener.local_addr()?),
         expected_key,
+        on_request,
         subscribers: Mutex::new(HashMap::new()),
         scripts: Mutex::new(HashMap::new()),
         received: Recorder::new(),
@@ -123,6 +185,11 @@ impl MockWebPush {
     /// `https://127.0.0.1:<port>`: also the `aud` every token must name.
     pub fn base_url(&self) -> String {
         self.server.base_url()
+    }
+
+    /// Stops accepting and aborts open connections; waits for the listener to close.
+    pub async fn shutdown(self) {
+        self.server.stop().await;
     }
 
     /// A new subscription with fresh browser keys.
@@ -169,6 +236,14 @@ async fn handle(req: Request<Incoming>, state: Arc<State>) -> Response<Full<Byte
     let vapid = check_vapid(header(&headers, "authorization").unwrap_or_default())
         .map_err(|e| e.to_string())
         .and_then(|v| check_claims(&state, v));
+    if let Some(hook) = &state.on_request {
+        let reply = if parts.method == http::Method::POST {
+            (hook.0)(&WebPushHookRequest { subscription: &id, headers: &headers, body: &body, vapid: &vapid })
+        } else {
+            WebPushReply::status(405)
+        };
+        return answer(reply).await;
+    }
     let subscriber = lock(&state.subscribers).get(&id).cloned();
     let plaintext = match (&subscriber, header(&headers, "content-encoding")) {
         (None, _) => Err("no such subscription".to_owned()),
@@ -195,6 +270,13 @@ async fn handle(req: Request<Incoming>, state: Arc<State>) -> Response<Full<Byte
         plaintext,
         status_sent: reply.status,
     });
+    answer(reply).await
+}
+
+async fn answer(reply: WebPushReply) -> Response<Full<Bytes>> {
+    if !reply.delay.is_zero() {
+        tokio::time::sleep(reply.delay).await;
+    }
     let extra: Vec<(&str, String)> = reply.retry_after.iter().map(|v| ("retry-after", v.clone())).collect();
     server::response(reply.status, String::new(), &extra)
 }
