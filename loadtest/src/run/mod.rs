@@ -642,6 +642,12 @@ mod tests {
         report
     }
 
+    /// The engine's metrics count every expected delivery as delivered on `channel`.
+    fn assert_all_delivered_on(report: &Report, channel: &str) {
+        let delivered = report.deliveries_by_outcome.get(&format!("{channel}/delivered"));
+        assert_eq!(delivered.map(|n| *n as u64), Some(report.plan.expected_deliveries), "{channel}");
+    }
+
     /// The relay scenario (spec 003) end to end: every device's push reaches
     /// the mock push server signed with X-Gim-Signature, with a ceiling.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -656,12 +662,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn webpush_smoke_scenario_end_to_end() {
         let report = run_passing("webpush-smoke.toml").await;
-        assert!(
-            report
-                .deliveries_by_outcome
-                .get("webpush/delivered")
-                .is_some_and(|n| *n as u64 == report.plan.expected_deliveries)
-        );
+        assert_all_delivered_on(&report, "webpush");
         let ceiling = report.ceiling.as_ref().unwrap();
         assert_eq!((ceiling.ok, ceiling.failed), (ceiling.requests, 0));
     }
@@ -672,12 +673,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn apns_smoke_scenario_end_to_end() {
         let report = run_passing("apns-smoke.toml").await;
-        assert!(
-            report
-                .deliveries_by_outcome
-                .get("apns/delivered")
-                .is_some_and(|n| *n as u64 == report.plan.expected_deliveries)
-        );
+        assert_all_delivered_on(&report, "apns");
         let wire = report.wire.as_ref().expect("the mock APNs counts the wire");
         assert_eq!(wire.counts.requests, report.deliveries.attempts);
         // The body is PUSH-259's (about 80 bytes); the header block carries
@@ -724,12 +720,7 @@ mod tests {
         }
         assert!(report.ratio.is_some_and(|r| r > 0.0));
         assert!(report.resources.as_ref().is_some_and(|r| r.peak_rss_mib > 0.0));
-        assert!(
-            report
-                .deliveries_by_outcome
-                .get("http/delivered")
-                .is_some_and(|n| *n as u64 == report.plan.expected_deliveries)
-        );
+        assert_all_delivered_on(&report, "http");
         let json: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(out.path().join("report.json")).unwrap()).unwrap();
         assert_eq!(json["deliveries"]["missing"], 0);
