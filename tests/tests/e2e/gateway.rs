@@ -560,12 +560,17 @@ async fn a_device_whose_wakeups_do_not_drain_is_rate_limited_and_metrics_show_it
     assert_eq!(got.len(), 4, "{}", s.fanout.log_tail(30));
     let kinds: Vec<_> = got.iter().map(|r| fcm_payload(r)["wakeup_kind"].as_str().unwrap().to_owned()).collect();
     assert!(!kinds.contains(&"reaction".to_owned()), "the rate-limited wake-up was sent: {kinds:?}");
+    // The worker frees a device's entries just after the provider's answer,
+    // so a notify right after it may still be rate_limited: counted below.
     let mut again = Vec::new();
+    let mut limited_again = 0.0;
     for i in 0..50 {
         again = outcomes(&notify(&s, &format!("r-5-{i}"), &kind(&phone_target, &phone, "reminder")).await);
         if again[0].1 == "accepted" {
             break;
         }
+        assert_eq!(again[0].2.as_deref(), Some("rate_limited"), "{again:?}");
+        limited_again += 1.0;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(again, vec![one(&phone, "accepted", None)]);
@@ -585,7 +590,7 @@ async fn a_device_whose_wakeups_do_not_drain_is_rate_limited_and_metrics_show_it
     at_least("fanout_gateway_device_rejections_total{reason=\"rate_limited\"}", 1.0);
     assert_eq!(
         sample(&scrape, "fanout_gateway_device_rejections_total{reason=\"rate_limited\"}"),
-        1.0,
+        1.0 + limited_again,
         "replays count once"
     );
     at_least("fanout_gateway_device_outcomes_total{result=\"accepted\"}", 4.0);

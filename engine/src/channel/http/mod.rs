@@ -20,6 +20,7 @@ mod blocked;
 mod body;
 mod classify;
 pub mod connect;
+mod destinations;
 pub mod resolve;
 pub mod safety;
 mod settings;
@@ -33,8 +34,8 @@ use bytes::Bytes;
 use http_body_util::Full;
 
 use self::classify::{CONNECTION_ERROR, TIMED_OUT, classify};
-use super::pool::{ClientOptions, Pool, PoolMetrics, PoolOptions, Protocols, Resolver, SendError};
-use super::{BuildError, ChannelContext, Outcome, Provider, Push, Refused, client_tls_config};
+use super::pool::{ClientOptions, Protocols, SendError};
+use super::{BuildError, ChannelContext, Outcome, Provider, Push, Refused};
 use crate::clock::unix_now_ns;
 use crate::domain::{Channel, DeliveryTarget};
 use crate::metrics::Metrics;
@@ -42,6 +43,7 @@ use crate::metrics::Metrics;
 pub use blocked::{AddressRules, is_blocked, is_reserved};
 pub use body::webhook_body;
 pub use connect::CheckedResolver;
+pub use destinations::{CheckedDestinations, DestinationSettings};
 pub use resolve::{HickoryResolver, HostResolver, ResolveError};
 pub use safety::{DomainPattern, SafetyError, WebhookPolicy, WebhookUrl};
 pub use settings::HttpSettings;
@@ -55,9 +57,7 @@ pub const CLIENT_OPTIONS: ClientOptions =
     ClientOptions { protocols: Protocols::Http1Or2, idle_timeout: Duration::from_secs(30) };
 
 pub struct WebhookProvider {
-    pool: Pool,
-    policy: Arc<WebhookPolicy>,
-    resolver: Arc<dyn HostResolver>,
+    destinations: CheckedDestinations,
     metrics: Arc<Metrics>,
 }
 
@@ -76,32 +76,21 @@ impl WebhookProvider {
         resolver: Arc<dyn HostResolver>,
         ctx: &ChannelContext,
     ) -> Result<Self, BuildError> {
-        let policy = Arc::new(WebhookPolicy {
-            allowed_domains: settings.allowed_domains.clone(),
-            allow_private_addresses: settings.allow_private_addresses,
-            allow_reserved_addresses: settings.allow_reserved_addresses,
-        });
-        let tls = client_tls_config(&settings.extra_ca_files)
-            .map_err(|e| BuildError::new("engine.channels.http.extra_ca_files", e))?;
-        let pool = Pool::new(
-            &tls,
-            PoolOptions {
+        let destinations = CheckedDestinations::new(
+            DestinationSettings {
+                channel: Channel::Http,
+                allowed_domains: &settings.allowed_domains,
+                allow_private_addresses: settings.allow_private_addresses,
+                allow_reserved_addresses: settings.allow_reserved_addresses,
+                extra_ca_files: &settings.extra_ca_files,
                 connections: settings.connections,
                 max_in_flight: settings.max_in_flight,
                 rate_limit_per_second: settings.rate_limit_per_second,
-                client: CLIENT_OPTIONS,
             },
-            Resolver::Checked(CheckedResolver::new(resolver.clone(), policy.clone())),
-            PoolMetrics::new(&ctx.metrics, Channel::Http),
-        );
-        Ok(Self { pool, policy, resolver, metrics: ctx.metrics.clone() })
-    }
-
-    /// PUSH-256: parse, resolve, and check every address.
-    async fn check(&self, url: &str) -> Result<WebhookUrl, SafetyError> {
-        let url = WebhookUrl::parse(url)?;
-        self.policy.check(&url, self.resolver.as_ref()).await?;
-        Ok(url)
+            resolver,
+            ctx,
+        )?;
+        Ok(Self { destinations, metrics: ctx.metrics.clone() })
     }
 }
 
@@ -116,7 +105,7 @@ impl Provider for WebhookProvider {
         let DeliveryTarget::Http { url, .. } = target else {
             return Ok(());
         };
-        self.check(url).await.map(|_| ()).map_err(|e| {
+        self.destinations.check(url).await.map(|_| ()).map_err(|e| {
             if e.is_temporary() {
                 return Refused::Unavailable(e.to_string());
             }
@@ -131,7 +120,7 @@ impl Provider for WebhookProvider {
         };
         // PUSH-256: resolve again and check before every attempt; the list of
         // allowed domains binds at send time too.
-        let url = match self.check(url).await {
+        let url = match self.destinations.check(url).await {
             Ok(url) => url,
             // A failed lookup is a connection error of the table: transient.
             Err(e) if e.is_temporary() => return CONNECTION_ERROR,
@@ -154,7 +143,7 @@ impl Provider for WebhookProvider {
         };
         // The outcome is decided on the status line (section 7's HTTPS row
         // names statuses only); the body is drained in the background.
-        match self.pool.send_for_status(request).await {
+        match self.destinations.pool.send_for_status(request).await {
             Ok(status) => classify(status.as_u16()),
             Err(SendError::Timeout) => TIMED_OUT,
             Err(SendError::Connection(_)) => CONNECTION_ERROR,
@@ -218,10 +207,10 @@ mod tests {
                 let outcome =
                     tokio::time::timeout(Duration::from_secs(5), send(&provider, &mock.url("/trickle"))).await;
                 assert_eq!(outcome, Ok(Outcome::Delivered), "a send waited for a body's slot");
-                assert_eq!(provider.pool.available_slots(), 1);
+                assert_eq!(provider.destinations.pool.available_slots(), 1);
             }
             // One body drains (the room of one slot); the others were dropped.
-            assert_eq!(provider.pool.drain_room(), 0);
+            assert_eq!(provider.destinations.pool.drain_room(), 0);
             assert_eq!(mock.wait_for_open_bodies_at_most(1, Duration::from_secs(5)).await, 1);
             assert_eq!(mock.received_count(), 5);
         }
@@ -238,11 +227,11 @@ mod tests {
         assert_eq!(mock.wait_for_open_bodies_at_most(0, Duration::from_secs(5)).await, 0);
         // The drain gave its room back.
         for _ in 0..50 {
-            if provider.pool.drain_room() == 1 {
+            if provider.destinations.pool.drain_room() == 1 {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        assert_eq!(provider.pool.drain_room(), 1);
+        assert_eq!(provider.destinations.pool.drain_room(), 1);
     }
 }

@@ -25,14 +25,9 @@ use async_trait::async_trait;
 use http::StatusCode;
 
 use self::classify::{CONNECTION_ERROR, RETRY_DELAY, TIMED_OUT, classify_answer};
-use super::http::{
-    CLIENT_OPTIONS, CheckedResolver, HickoryResolver, HostResolver, SafetyError, WebhookPolicy, WebhookUrl,
-};
-use super::pool::{Pool, PoolMetrics, PoolOptions, Resolver, SendError, unix_now_secs};
-use super::{
-    BuildError, ChannelContext, Outcome, Provider, Push, PushLifetime, Refused, RelayRefusal, RelayedPush,
-    client_tls_config,
-};
+use super::http::{CheckedDestinations, DestinationSettings, HickoryResolver, HostResolver, SafetyError};
+use super::pool::{SendError, unix_now_secs};
+use super::{BuildError, ChannelContext, Outcome, Provider, Push, PushLifetime, Refused, RelayRefusal, RelayedPush};
 use crate::domain::{Channel, DeliveryTarget, WebPushKeys};
 
 pub use encryption::{EncryptError, MAX_PLAINTEXT, encrypt};
@@ -41,9 +36,7 @@ pub use settings::WebPushSettings;
 pub use vapid::{Vapid, VapidKeyError, origin};
 
 pub struct WebPushProvider {
-    pool: Pool,
-    policy: Arc<WebhookPolicy>,
-    resolver: Arc<dyn HostResolver>,
+    destinations: CheckedDestinations,
     vapid: Vapid,
     lifetime: PushLifetime,
 }
@@ -74,27 +67,22 @@ impl WebPushProvider {
             .authorization("https://start.invalid", 0)
             .map_err(|_| BuildError::new(KEY, format!("{path} cannot sign ES256")))?;
         vapid.forget("https://start.invalid");
-        let policy = Arc::new(WebhookPolicy {
-            allowed_domains: settings.allowed_domains.clone(),
-            allow_private_addresses: settings.allow_private_addresses,
-            allow_reserved_addresses: settings.allow_reserved_addresses,
-        });
-        let tls = client_tls_config(&settings.extra_ca_files)
-            .map_err(|e| BuildError::new("engine.channels.webpush.extra_ca_files", e))?;
-        let pool = Pool::new(
-            &tls,
-            PoolOptions {
+        // The same checked destinations as the HTTPS channel's (PUSH-256).
+        let destinations = CheckedDestinations::new(
+            DestinationSettings {
+                channel: Channel::WebPush,
+                allowed_domains: &settings.allowed_domains,
+                allow_private_addresses: settings.allow_private_addresses,
+                allow_reserved_addresses: settings.allow_reserved_addresses,
+                extra_ca_files: &settings.extra_ca_files,
                 connections: settings.connections,
                 max_in_flight: settings.max_in_flight,
                 rate_limit_per_second: settings.rate_limit_per_second,
-                // As the HTTPS channel's: HTTP/2 or HTTP/1.1, idle connections
-                // closed after 30 s (never long past the check that opened them).
-                client: CLIENT_OPTIONS,
             },
-            Resolver::Checked(CheckedResolver::new(resolver.clone(), policy.clone())),
-            PoolMetrics::new(&ctx.metrics, Channel::WebPush),
-        );
-        Ok(Self { pool, policy, resolver, vapid, lifetime: settings.ttl_seconds })
+            resolver,
+            ctx,
+        )?;
+        Ok(Self { destinations, vapid, lifetime: settings.ttl_seconds })
     }
 
     /// The VAPID public key browsers subscribe with (`applicationServerKey`).
@@ -102,16 +90,9 @@ impl WebPushProvider {
         self.vapid.public_key()
     }
 
-    /// PUSH-256: parse, resolve, and check every address.
-    async fn check(&self, endpoint: &str) -> Result<WebhookUrl, SafetyError> {
-        let url = WebhookUrl::parse(endpoint)?;
-        self.policy.check(&url, self.resolver.as_ref()).await?;
-        Ok(url)
-    }
-
     /// One attempt: check the endpoint again, encrypt, sign, send, classify.
     async fn attempt(&self, endpoint: &str, keys: &WebPushKeys, plaintext: &[u8], headers: &PushHeaders) -> Outcome {
-        let url = match self.check(endpoint).await {
+        let url = match self.destinations.check(endpoint).await {
             Ok(url) => url,
             // A failed lookup is a connection error: transient.
             Err(e) if e.is_temporary() => return CONNECTION_ERROR,
@@ -130,7 +111,7 @@ impl WebPushProvider {
         let Ok(request) = request::request(url.uri(), authorization, headers, body) else {
             return Outcome::Rejected;
         };
-        match self.pool.send(request).await {
+        match self.destinations.pool.send(request).await {
             Ok(answer) => {
                 if matches!(answer.status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) {
                     // Rejected per the table; the next push signs a new token.
@@ -169,7 +150,7 @@ impl Provider for WebPushProvider {
         let DeliveryTarget::WebPush { endpoint, .. } = target else {
             return Ok(());
         };
-        self.check(endpoint).await.map(|_| ()).map_err(|e| {
+        self.destinations.check(endpoint).await.map(|_| ()).map_err(|e| {
             let rule = endpoint_refusal(e).to_owned();
             if e.is_temporary() { Refused::Unavailable(rule) } else { Refused::Invalid(rule) }
         })

@@ -164,7 +164,7 @@ fn answer_all(batch: Vec<Box<dyn Job>>, commit: Result<(), &str>) {
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    use redb::{ReadableDatabase, ReadableTable, TableDefinition};
+    use redb::{ReadableDatabase, TableDefinition};
 
     use super::*;
 
