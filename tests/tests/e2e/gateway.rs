@@ -581,8 +581,17 @@ async fn a_device_whose_wakeups_do_not_drain_is_rate_limited_and_metrics_show_it
     let stale = post(s.fanout.api, NOTIFY, &signed_headers("r-6", &bytes, &SEED, now_s() - 3600), &bytes).await;
     assert_eq!(stale.status, 401);
 
-    // The metrics, as an operator sees them.
-    let (_, scrape) = s.fanout.http_get("/metrics").await.expect("metrics");
+    // The metrics, as an operator sees them. The worker counts a wake-up
+    // after the provider's answer reached it, a moment after the mock saw
+    // the request: wait (bounded) for the fifth delivery to be counted.
+    let mut scrape = String::new();
+    for _ in 0..50 {
+        scrape = s.fanout.http_get("/metrics").await.expect("metrics").1;
+        if sample(&scrape, "fanout_gateway_wakeups_total{outcome=\"delivered\"}") >= 5.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let at_least = |series: &str, n: f64| {
         let v = sample(&scrape, series);
         assert!(v >= n, "{series} = {v}, expected at least {n}\n{scrape}");
