@@ -3,8 +3,9 @@
 //! PUSH-259 (spec 000 section 7) sets it to the standard base64 of the
 //! topic. APNs refuses a collapse id over 64 bytes (400 BadCollapseId, which
 //! the table classifies as rejected), and TOPIC-001 allows a 64-byte
-//! identifier: every topic of 48 bytes or more has a longer base64, so every
-//! push on it would be lost. **Deviation from PUSH-259 (issue 19):** a value
+//! identifier: a topic whose identifier is 48 bytes or more (49 topic bytes
+//! with the kind byte) has a base64 of 68 characters or more, so every push
+//! on it would be lost. **Deviation from PUSH-259 (issue 19):** a value
 //! that fits is sent as the spec says; one that does not is replaced by
 //! `~` followed by the standard base64 of SHA-256(`TAG` ‖ value). That is 45
 //! bytes, the same for every push of the topic (APNs still collapses per
@@ -70,6 +71,11 @@ mod tests {
         h.update(b"fanout/apns-collapse-id/v1\0");
         h.update(sa.as_bytes());
         assert_eq!(fa, format!("~{}", STANDARD.encode(h.finalize())));
+        // A 48-byte identifier is the shortest whose spec value (68
+        // characters) does not fit.
+        let first = topic(48, 3).to_base64();
+        assert_eq!(first.len(), 68);
+        assert_eq!(fit_collapse_id(&first).len(), 45);
         // The first value that does not fit (65 bytes) is replaced too.
         assert!(fit_collapse_id(&"x".repeat(65)).starts_with('~'));
     }

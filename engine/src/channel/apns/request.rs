@@ -102,6 +102,59 @@ mod tests {
     use super::*;
     use crate::testing::envelope;
 
+    use std::sync::Arc;
+
+    use super::super::token::ProviderTokens;
+    use crate::domain::Topic;
+    use fanout_testkit::mock::apns::ApnsTestKey;
+
+    fn provider_token() -> ProviderToken {
+        let key = ApnsTestKey::generate().unwrap();
+        let key = jsonwebtoken::EncodingKey::from_ec_pem(key.private_pem.as_bytes()).unwrap();
+        let metrics = Arc::new(crate::metrics::Metrics::new());
+        ProviderTokens::new(key, "KEY1234567".into(), "TEAM123456".into(), metrics).sign(0).unwrap()
+    }
+
+    /// A group topic whose identifier is `identifier_len` bytes.
+    fn on_topic(identifier_len: usize) -> StoredEnvelope {
+        let mut bytes = vec![0x00];
+        bytes.extend((0..identifier_len).map(|i| i as u8));
+        StoredEnvelope { topic: Topic::parse(&bytes).unwrap(), ..envelope(5) }
+    }
+
+    /// PUSH-259's headers, the collapse id fitted to 64 bytes (issue 19):
+    /// a 47-byte identifier keeps the spec's value (64 characters), 48 and
+    /// 64 get the stand-in; `apns-expiration` is the value given.
+    #[test]
+    fn request_headers_for_47_48_and_64_byte_identifiers() {
+        let token = provider_token();
+        let bundle = HeaderValue::from_static("com.example.app");
+        for (len, spec_len, kept) in [(47, 64, true), (48, 68, false), (64, 88, false)] {
+            let e = on_topic(len);
+            let spec = e.topic.to_base64();
+            assert_eq!(spec.len(), spec_len, "identifier of {len} bytes");
+            let request = ApnsRequest::new("https://apns.test", "dev1", &e, 1_700_086_400).unwrap();
+            let request = request.build(&token, &bundle).unwrap();
+            let h = request.headers();
+            let collapse = h["apns-collapse-id"].to_str().unwrap();
+            assert!(collapse.len() <= 64, "{len}: {collapse}");
+            if kept {
+                assert_eq!(collapse, spec);
+            } else {
+                assert_eq!((collapse, collapse.len()), (fit_collapse_id(&spec).as_ref(), 45));
+            }
+            assert_eq!(h["apns-expiration"], "1700086400");
+            assert_eq!(h["apns-topic"], "com.example.app");
+            assert_eq!(h["apns-push-type"], "background");
+            assert_eq!(h["apns-priority"], "5");
+            assert!(h["authorization"].is_sensitive());
+            assert_eq!(request.uri(), "https://apns.test/3/device/dev1");
+        }
+        // 0: deliver once, store nothing.
+        let request = ApnsRequest::new("https://apns.test", "dev1", &on_topic(3), 0).unwrap();
+        assert_eq!(request.build(&token, &bundle).unwrap().headers()["apns-expiration"], "0");
+    }
+
     #[test]
     fn body_is_a_content_free_background_push() {
         let body = apns_body(&envelope(9_007_199_254_740_993));
