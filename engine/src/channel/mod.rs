@@ -11,6 +11,7 @@
 //! bound, rate limit, response-body cap). `docs/ARCHITECTURE.md` walks
 //! through adding a channel.
 
+mod alpn;
 pub mod apns;
 pub mod fcm;
 pub mod http;

@@ -24,6 +24,7 @@ use prometheus::{IntCounter, IntGauge};
 use tokio::sync::Semaphore;
 
 use super::Connections;
+use super::alpn::{HostProtocols, Route};
 use super::http::CheckedResolver;
 use crate::settings::ATTEMPT_TIMEOUT;
 
@@ -197,11 +198,15 @@ pub async fn bounded<T>(request: impl Future<Output = Result<T, SendError>>) -> 
 
 /// Sends a request and reads the whole (capped) answer.
 pub async fn request(client: &HttpsClient, request: Request<Full<Bytes>>) -> Result<Answer, SendError> {
-    let response = client.request(request).await?;
+    Ok(read_answer(client.request(request).await?).await)
+}
+
+/// Status, headers and the (capped) body of `response`.
+async fn read_answer(response: hyper::Response<hyper::body::Incoming>) -> Answer {
     let (parts, body) = response.into_parts();
     // A body that is too long or cut off is classified on its status alone.
     let body = Limited::new(body, MAX_RESPONSE_BODY).collect().await.map(|b| b.to_bytes()).unwrap_or_default();
-    Ok(Answer { status: parts.status, headers: parts.headers, body })
+    Answer { status: parts.status, headers: parts.headers, body }
 }
 
 /// The metric series of one channel's pool.
@@ -235,10 +240,20 @@ pub struct PoolOptions {
     pub client: ClientOptions,
 }
 
-/// `connections` clients used round-robin; at most `max_in_flight` requests
+/// One of a pool's `connections` independent clients: HTTP/2 only, or for
+/// `Protocols::Http1Or2` an HTTP/2-only client and an ALPN one, picked per
+/// host by what the host spoke (`alpn`).
+struct Lane {
+    http2: HttpsClient,
+    alpn: Option<HttpsClient>,
+}
+
+/// `connections` lanes used round-robin; at most `max_in_flight` requests
 /// at once, at most `rate_limit_per_second`.
 pub struct Pool {
-    clients: Vec<HttpsClient>,
+    lanes: Vec<Lane>,
+    /// What each host spoke, for pools whose lanes have an ALPN client.
+    hosts: Option<HostProtocols>,
     next: AtomicUsize,
     in_flight: Arc<Semaphore>,
     /// Answer bodies read and thrown away after their status decided the
@@ -273,14 +288,21 @@ impl Pool {
         allow_plain_http: bool,
     ) -> Self {
         let opened = Some(metrics.connections_opened.clone());
-        let clients = (0..options.connections.get())
-            .map(|_| client(tls.clone(), options.client, resolver.clone(), opened.clone(), allow_plain_http))
+        let with_alpn = options.client.protocols == Protocols::Http1Or2;
+        let http2_only = ClientOptions { protocols: Protocols::Http2, ..options.client };
+        let lanes = (0..options.connections.get())
+            .map(|_| Lane {
+                http2: client(tls.clone(), http2_only, resolver.clone(), opened.clone(), allow_plain_http),
+                alpn: with_alpn
+                    .then(|| client(tls.clone(), options.client, resolver.clone(), opened.clone(), allow_plain_http)),
+            })
             .collect();
+        let hosts = with_alpn.then(HostProtocols::default);
         let limiter = NonZeroU32::new(options.rate_limit_per_second)
             .map(|rate| governor::RateLimiter::direct(governor::Quota::per_second(rate)));
         let in_flight = Arc::new(Semaphore::new(options.max_in_flight.get()));
         let draining = Arc::new(Semaphore::new(options.max_in_flight.get()));
-        Self { clients, next: AtomicUsize::new(0), in_flight, draining, limiter, metrics }
+        Self { lanes, hosts, next: AtomicUsize::new(0), in_flight, draining, limiter, metrics }
     }
 
     /// Waits for an in-flight slot and the rate limit (not part of the
@@ -288,7 +310,7 @@ impl Pool {
     /// `ATTEMPT_TIMEOUT` (spec 000 section 7: every attempt is bounded).
     pub async fn send(&self, req: Request<Full<Bytes>>) -> Result<Answer, SendError> {
         let _permit = self.slot().await;
-        bounded(request(self.client(), req)).await
+        bounded(async { Ok(read_answer(self.request(req).await?).await) }).await
     }
 
     /// Like `send`, but the answer is decided on the status line, and the
@@ -304,7 +326,7 @@ impl Pool {
     /// HTTP/1.1 closes its connection).
     pub async fn send_for_status(&self, req: Request<Full<Bytes>>) -> Result<StatusCode, SendError> {
         let permit = self.slot().await;
-        let response = bounded(async { Ok(self.client().request(req).await?) }).await?;
+        let response = bounded(self.request(req)).await?;
         drop(permit);
         let status = response.status();
         let body = response.into_body();
@@ -331,8 +353,30 @@ impl Pool {
         permit
     }
 
-    fn client(&self) -> &HttpsClient {
-        &self.clients[self.next.fetch_add(1, Ordering::Relaxed) % self.clients.len()]
+    /// Sends on the next lane: to an HTTP/2 host through its HTTP/2-only
+    /// client (one connection per host, opened once), to an HTTP/1.1 host
+    /// through its ALPN client, and the first request to an unknown host
+    /// alone (`alpn`).
+    async fn request(&self, req: Request<Full<Bytes>>) -> Result<hyper::Response<hyper::body::Incoming>, SendError> {
+        let lane = &self.lanes[self.next.fetch_add(1, Ordering::Relaxed) % self.lanes.len()];
+        let (Some(hosts), Some(alpn), Some(host)) = (&self.hosts, &lane.alpn, req.uri().authority().cloned()) else {
+            return Ok(lane.http2.request(req).await?);
+        };
+        match hosts.route(&host).await {
+            Route::Http2 => {
+                let response = lane.http2.request(req).await;
+                if response.is_err() {
+                    hosts.forget(&host);
+                }
+                Ok(response?)
+            }
+            Route::Alpn => Ok(alpn.request(req).await?),
+            Route::Learn(first) => {
+                let response = alpn.request(req).await?;
+                first.learned(response.version());
+                Ok(response)
+            }
+        }
     }
 
     #[cfg(test)]
@@ -438,11 +482,64 @@ mod tests {
         };
         let resolver = || Resolver::System(GaiResolver::new());
         let pool = Pool::new(&tls, options(3, 7, 0), resolver(), metrics.clone());
-        assert_eq!(pool.clients.len(), 3);
+        assert_eq!(pool.lanes.len(), 3);
+        assert!(pool.hosts.is_none() && pool.lanes.iter().all(|lane| lane.alpn.is_none()));
         assert_eq!(pool.available_slots(), 7);
         assert_eq!(pool.drain_room(), 7);
         assert!(pool.limiter.is_none());
         let limited = Pool::new(&tls, options(1, 1, 5), resolver(), metrics);
         assert!(limited.limiter.is_some());
+    }
+
+    /// A pool of one lane with the webhook channel's client options,
+    /// trusting `pki`; counts the connections it opens.
+    fn webhook_pool(pki: &fanout_testkit::TestPki, dir: &tempfile::TempDir) -> (Pool, IntCounter) {
+        let ca = dir.path().join("ca.pem");
+        pki.write_ca(&ca).unwrap();
+        let tls = crate::channel::client_tls_config(&[ca]).unwrap();
+        let metrics = PoolMetrics::new(&crate::metrics::Metrics::new(), crate::domain::Channel::Http);
+        let options = PoolOptions {
+            connections: Connections::new(1).unwrap(),
+            max_in_flight: NonZeroUsize::new(256).unwrap(),
+            rate_limit_per_second: 0,
+            client: crate::channel::http::CLIENT_OPTIONS,
+        };
+        let opened = metrics.connections_opened.clone();
+        (Pool::new(&tls, options, Resolver::system(), metrics), opened)
+    }
+
+    fn post(url: &str) -> Request<Full<Bytes>> {
+        Request::post(url).body(Full::new(Bytes::from_static(b"{}"))).unwrap()
+    }
+
+    /// A burst of 200 requests to a new host opens one connection to learn
+    /// its protocol and, for an HTTP/2 host, one more that all the others
+    /// share (hyper-util's ALPN client alone opened one per request).
+    #[tokio::test]
+    async fn a_burst_to_a_new_host_opens_connections_by_protocol_not_by_request() {
+        use fanout_testkit::mock::webhook::{self as mock, MockWebhookConfig};
+        for (receiver, version) in [
+            (MockWebhookConfig::default(), http::Version::HTTP_2),
+            (MockWebhookConfig::http1_only(), http::Version::HTTP_11),
+        ] {
+            let pki = fanout_testkit::TestPki::generate(&[]).unwrap();
+            let dir = tempfile::tempdir().unwrap();
+            let receiver = mock::start(&pki, receiver).await.unwrap();
+            let (pool, opened) = webhook_pool(&pki, &dir);
+            let url = receiver.url("/burst");
+            let sends = (0..200).map(|_| pool.send_for_status(post(&url)));
+            for status in futures::future::join_all(sends).await {
+                assert_eq!(status.unwrap(), StatusCode::OK);
+            }
+            assert_eq!(receiver.received_count(), 200);
+            let host = http::Uri::try_from(url.as_str()).unwrap().authority().cloned().unwrap();
+            assert_eq!(pool.hosts.as_ref().unwrap().knows(&host), Some(version));
+            if version == http::Version::HTTP_2 {
+                assert_eq!(opened.get(), 2, "the learning request's connection and the shared HTTP/2 one");
+            } else {
+                // HTTP/1.1: one connection per request in flight, reused.
+                assert!(opened.get() >= 1 && opened.get() <= 200, "{}", opened.get());
+            }
+        }
     }
 }

@@ -81,20 +81,16 @@ impl WebPushSender {
     }
 }
 
-/// The engine's client for the scenario's channel, built by the engine's own
-/// constructor with that channel's options (APNs: HTTP/2 only), trusting the
-/// test CA. (The mocks listen on 127.0.0.1, so it resolves through the
-/// system resolver rather than the webhook safety check, which would refuse
-/// loopback.)
-pub fn client(pki: &TestPki, channel: ScenarioChannel) -> HttpsClient {
+/// The engine's client, built by the engine's own constructor, trusting the
+/// test CA. HTTP/2 only for every channel: every receiver of the harness
+/// speaks HTTP/2, and the engine's pool sends to a host that answered over
+/// HTTP/2 through an HTTP/2-only client (`channel::alpn`). (The mocks listen
+/// on 127.0.0.1, so it resolves through the system resolver rather than the
+/// webhook safety check, which would refuse loopback.)
+pub fn client(pki: &TestPki) -> HttpsClient {
     let mut tls = (*pki.client_config()).clone();
     tls.alpn_protocols.clear(); // hyper-rustls sets ALPN itself
-    let options = match channel {
-        ScenarioChannel::Apns => ClientOptions { protocols: Protocols::Http2, idle_timeout: Duration::from_secs(600) },
-        ScenarioChannel::Http | ScenarioChannel::Relay | ScenarioChannel::WebPush => {
-            fanout_engine::channel::http::CLIENT_OPTIONS
-        }
-    };
+    let options = ClientOptions { protocols: Protocols::Http2, idle_timeout: Duration::from_secs(600) };
     pool::https_client(tls, options, pool::Resolver::system(), None)
 }
 
@@ -241,7 +237,7 @@ pub async fn run(
         collector.envelope_published(plan.topic_of_envelope(e), e + 1, now);
     }
     progress.phase("ceiling", requests);
-    let client = client(pki, plan.channel);
+    let client = client(pki);
     let next = Arc::new(AtomicU64::new(0));
     let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let latency = Arc::new(std::sync::Mutex::new(latency_histogram()));
