@@ -10,11 +10,11 @@ use serde::Deserialize;
 use crate::channel::{Channels, Refused};
 use crate::clock::unix_now_ns;
 use crate::domain::{
-    Channel, DeliveryTarget, FieldError, KeyWindow, ParseError, RecipientId, RecipientSecret, RegistrationInput,
-    RelayRegistration, SigningKey, Subscription, SubscriptionUpdate, Topic, WebPushKeys,
+    Channel, DeliveryTarget, FieldError, KeyWindow, ParseError, RecipientId, RecipientSecret, RecipientSummary,
+    RegistrationInput, RelayRegistration, SigningKey, Subscription, SubscriptionUpdate, Topic, WebPushKeys,
 };
 use crate::metrics::{Limit, Metrics};
-use crate::store::{MAX_SUBSCRIPTION_CHANGES, RecipientSummary, Store, StoreError};
+use crate::store::{MAX_SUBSCRIPTION_CHANGES, Store, StoreError};
 
 /// `engine.max_subscription_changes`: the most adds plus removes one
 /// UpdateSubscriptions may carry (issue 11), 1000 to 65534, default 2000.
@@ -58,13 +58,24 @@ impl TryFrom<u64> for SubscriptionChanges {
 
 /// Register's delivery as received, before admission check 4.
 pub enum DeliveryInput<'a> {
-    Apns { token: &'a str },
-    Fcm { token: &'a str },
-    Http { url: &'a str, signing_key: &'a [u8] },
+    Apns {
+        token: &'a str,
+    },
+    Fcm {
+        token: &'a str,
+    },
+    Http {
+        url: &'a str,
+        signing_key: &'a [u8],
+    },
     /// Spec 003 §1: a device's push route through the operator's push server.
     Relay(RegistrationInput<'a>),
     /// A browser's Web Push subscription (RFC 8030, 8291).
-    WebPush { endpoint: &'a str, p256dh: &'a [u8], auth: &'a [u8] },
+    WebPush {
+        endpoint: &'a str,
+        p256dh: &'a [u8],
+        auth: &'a [u8],
+    },
 }
 
 /// A Subscription as received, before PUSH-215.
@@ -184,10 +195,8 @@ impl Registry {
             )));
         }
         let update = parse_update(adds, removes)?;
-        let summary = self
-            .store
-            .update_subscriptions(&id, &secret.hash(), &update, unix_now_ns(), self.max_push_topics)
-            .await?;
+        let summary =
+            self.store.update_subscriptions(&id, &secret.hash(), &update, unix_now_ns(), self.max_push_topics).await?;
         Ok(self.state(summary))
     }
 
@@ -391,7 +400,8 @@ mod tests {
     async fn relay_registrations_follow_section_1_and_replace_the_target() {
         let dir = tempfile::tempdir().unwrap();
         let r = registry(&dir, &[Channel::Relay, Channel::Apns], 2);
-        let relay = |provider, token| Some(DeliveryInput::Relay(RegistrationInput { provider, token, ..Default::default() }));
+        let relay =
+            |provider, token| Some(DeliveryInput::Relay(RegistrationInput { provider, token, ..Default::default() }));
         match r.register(&ID, &SECRET, relay("APNS", "t")).await {
             Err(AdmissionError::InvalidField(e)) => assert_eq!(e.field, "provider"),
             other => panic!("expected the provider rule, got {other:?}"),
@@ -419,7 +429,10 @@ mod tests {
         assert!(r.store.subscriptions(&RecipientId(ID)).await.unwrap().is_empty());
         // PUSH-217: over max_push_topics, nothing changes.
         let three = [add(&[0, 1]), add(&[0, 2]), add(&[1, 3])];
-        assert!(matches!(r.update_subscriptions(&ID, &SECRET, &three, &[]).await, Err(AdmissionError::ResourceExhausted)));
+        assert!(matches!(
+            r.update_subscriptions(&ID, &SECRET, &three, &[]).await,
+            Err(AdmissionError::ResourceExhausted)
+        ));
         assert!(r.store.subscriptions(&RecipientId(ID)).await.unwrap().is_empty());
         let two = &three[..2];
         assert_eq!(r.update_subscriptions(&ID, &SECRET, two, &[]).await.unwrap().topic_count, 2);
@@ -435,7 +448,10 @@ mod tests {
         let adds: Vec<SubscriptionInput<'_>> = topics.iter().map(|t| add(t)).collect();
         assert!(matches!(r.update_subscriptions(&ID, &SECRET, &adds, &[]).await, Err(AdmissionError::NotFound)));
         r.register(&ID, &SECRET, Some(DeliveryInput::Apns { token: "t" })).await.unwrap();
-        assert!(matches!(r.update_subscriptions(&ID, &[3; 32], &adds, &[]).await, Err(AdmissionError::PermissionDenied)));
+        assert!(matches!(
+            r.update_subscriptions(&ID, &[3; 32], &adds, &[]).await,
+            Err(AdmissionError::PermissionDenied)
+        ));
 
         // One over: refused, whatever else is wrong, and nothing stored.
         let message = invalid(r.update_subscriptions(&ID, &SECRET, &adds, &[]).await);

@@ -10,8 +10,8 @@ use async_trait::async_trait;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::time::Instant;
 
+use crate::domain::Recipient;
 use crate::domain::{DeliveryTarget, EnvelopeKind, RecipientId, SecretHash, ShardId, StoredEnvelope, Topic};
-use crate::store::Recipient;
 use crate::store::{NodeId, ShardLeases, StoreError};
 
 /// A resolver for destinations reached by IP literal: it never resolves.

@@ -202,9 +202,9 @@ mod tests {
     use crate::channel::Provider;
     use crate::delivery::{DeliveryWorkers, FirstAttemptLatch};
     use crate::domain::{
-        Channel, DeliveryTarget, EnvelopeKind, RecipientId, SecretHash, ShardId, StoredEnvelope, Topic,
+        Channel, DeliveryTarget, EnvelopeKind, Recipient, RecipientId, SecretHash, ShardId, StoredEnvelope, Topic,
     };
-    use crate::store::{Recipient, RedbStore};
+    use crate::store::RedbStore;
 
     /// A channel that answers from a script (then `Delivered`); its first
     /// `hang` sends never answer, and it records how many sends overlap.

@@ -1,6 +1,6 @@
 use crate::channel::Channels;
+use crate::domain::Subscriber;
 use crate::domain::{HmacKey, StoredEnvelope, hmac_epoch};
-use crate::store::Subscriber;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision<'a> {
@@ -55,11 +55,11 @@ mod tests {
     use super::*;
     use crate::channel::{Outcome, Provider, Push};
     use crate::dispatch::suppression::is_senders_own;
+    use crate::domain::Recipient;
     use crate::domain::{
         Channel, DeliveryTarget, EnvelopeKind, HMAC_EPOCH_SECONDS, KeyWindow, RecipientId, SecretHash, ShardId,
         SigningKey, StoredSubscription, Subscription, Topic,
     };
-    use crate::store::Recipient;
 
     struct NullProvider;
     #[async_trait]

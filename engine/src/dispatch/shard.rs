@@ -8,8 +8,8 @@ use tokio::time::Instant;
 use super::{Decision, DispatchContext, decide, suppression};
 use crate::channel::{Channels, QueueBatch};
 use crate::delivery::{Delivery, FirstAttempt, FirstAttemptLatch};
+use crate::domain::Recipient;
 use crate::domain::{Channel, HmacKey, RecipientId, ShardId, StoredEnvelope};
-use crate::store::Recipient;
 use crate::ticker::spawn_ticker;
 
 pub enum ShardMsg {

@@ -98,13 +98,12 @@ pub use self::settings::{Keyspace, Nodes, ScyllaSettings};
 
 use self::codec::{BUCKET_SIZE, EnvelopeRow, StaticRow, Versioned, bucket_of, corrupt, from_db, pos_of, to_db};
 use super::{
-    Appended, GatewayRegistration, GatewayWakeup, LeasedWakeup, NodeId, NotifyClaim, NotifyKey, Recipient,
-    RecipientSummary, RelayClaim, RelayKey, RelaySettled, Revoke, RouteKey, ShardLeases, ShardPosition, Store,
-    StoreError, Subscriber,
+    Appended, GatewayRegistration, GatewayWakeup, LeasedWakeup, NodeId, NotifyClaim, NotifyKey, RelayClaim, RelayKey,
+    RelaySettled, Revoke, RouteKey, ShardLeases, ShardPosition, Store, StoreError,
 };
 use crate::domain::{
-    DeliveryTarget, NewEnvelope, next_sequence_id, RecipientId, SecretHash, ShardId, StoredEnvelope, StoredSubscription,
-    SubscriptionUpdate, Topic,
+    DeliveryTarget, NewEnvelope, Recipient, RecipientId, RecipientSummary, SecretHash, ShardId, StoredEnvelope,
+    StoredSubscription, Subscriber, SubscriptionUpdate, Topic, next_sequence_id,
 };
 
 /// How often a conditional write is tried against concurrent changes.
@@ -149,8 +148,9 @@ struct WriteClock {
 
 impl WriteClock {
     fn next(&self) -> i64 {
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64)
-            + self.skew_micros;
+        let now =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64)
+                + self.skew_micros;
         let mut prev = self.last.load(Ordering::Relaxed);
         loop {
             let ts = now.max(prev + 1);
@@ -758,8 +758,7 @@ impl ScyllaStore {
         let mut expected = reservation.boundary;
         let mut attempt = 0;
         loop {
-            let moved =
-                self.lwt(&self.st.shard_boundary, (to_db(reservation.last), db_shard, to_db(expected))).await?;
+            let moved = self.lwt(&self.st.shard_boundary, (to_db(reservation.last), db_shard, to_db(expected))).await?;
             if moved.applied {
                 return Ok(());
             }
@@ -877,7 +876,6 @@ impl Store for ScyllaStore {
     fn leases(self: Arc<Self>) -> Option<Arc<dyn ShardLeases>> {
         Some(self)
     }
-
 
     async fn recipient(&self, id: &RecipientId) -> Result<Option<Recipient>, StoreError> {
         Ok(self.read_static(id, false).await?.map(|v| v.recipient))
@@ -1504,7 +1502,9 @@ mod test_keyspace;
 mod tests {
     use futures::FutureExt;
 
-    use super::test_keyspace::{SHARD_COUNT, drop_keyspace_then_resume, fresh_keyspace, settings, test_nodes, with_store};
+    use super::test_keyspace::{
+        SHARD_COUNT, drop_keyspace_then_resume, fresh_keyspace, settings, test_nodes, with_store,
+    };
     use super::*;
     use crate::domain::{EnvelopeKind, RecipientSecret, Subscription};
 
@@ -1576,7 +1576,11 @@ mod tests {
             ahead.update_subscriptions(&id, &hash, &remove, 2, 10).await.unwrap();
             assert_eq!(listed(&behind, &topic).await, vec![], "removed");
             behind.update_subscriptions(&id, &hash, &add, 3, 10).await.unwrap();
-            assert_eq!(listed(&behind, &topic).await, vec![id], "re-added behind the remover's clock: still dispatched");
+            assert_eq!(
+                listed(&behind, &topic).await,
+                vec![id],
+                "re-added behind the remover's clock: still dispatched"
+            );
 
             ahead.unregister(&id, &hash).await.unwrap();
             behind.register(&id, &hash, &target, 4).await.unwrap();
@@ -1599,7 +1603,8 @@ mod tests {
             let nodes = test_nodes().unwrap();
             let stale = ScyllaStore::connect(&settings(nodes, owner.keyspace()), SHARD_COUNT).await.unwrap();
             let topic = Topic::parse(&[0, 5]).unwrap();
-            let new = || NewEnvelope::new(topic.clone(), SHARD_COUNT, EnvelopeKind::Application, true, vec![], vec![], None);
+            let new =
+                || NewEnvelope::new(topic.clone(), SHARD_COUNT, EnvelopeKind::Application, true, vec![], vec![], None);
             let shard = new().unwrap().shard;
             owner.append(&[new().unwrap()], 1).await.unwrap();
 

@@ -14,13 +14,11 @@ use std::future::Future;
 pub use self::gateway::*;
 
 use fanout_engine::domain::{
-    Channel, DeliveryTarget, EnvelopeKind, KeyWindow, NewEnvelope, RecipientId, RecipientSecret, SecretHash,
-    SequenceRefusal, ShardId, SigningKey, StoredEnvelope, StoredSubscription, Subscription, SubscriptionUpdate, Topic,
+    Channel, DeliveryTarget, EnvelopeKind, KeyWindow, NewEnvelope, Recipient, RecipientId, RecipientSecret,
+    RecipientSummary, SecretHash, SequenceRefusal, ShardId, SigningKey, StoredEnvelope, StoredSubscription, Subscriber,
+    Subscription, SubscriptionUpdate, Topic,
 };
-use fanout_engine::store::{
-    Appended, Recipient, RecipientSummary, RelayClaim, RelayKey, RelaySettled, ShardPosition, Store, StoreError,
-    Subscriber,
-};
+use fanout_engine::store::{Appended, RelayClaim, RelayKey, RelaySettled, ShardPosition, Store, StoreError};
 
 /// The shard count the factory given to the suite must use.
 pub const SHARD_COUNT: u16 = 16;

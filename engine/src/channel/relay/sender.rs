@@ -164,7 +164,7 @@ impl Senders {
     /// has the one that was sent (a re-registration keeps the new one). The
     /// recipient is the device, so its subscriptions go with it, as for a
     /// dead APNs or FCM token.
-    fn delete_if_unchanged(&self, recipient: Arc<crate::store::Recipient>) {
+    fn delete_if_unchanged(&self, recipient: Arc<crate::domain::Recipient>) {
         let Some(store) = self.store.clone() else { return };
         let metrics = self.metrics.clone();
         tokio::spawn(async move {
