@@ -378,12 +378,12 @@ mod tests {
         assert_eq!(refused, "webhook host does not resolve to an allowed address", "the rule, never the URL");
         let later = r.register(&ID, &SECRET, http("https://dns-down.example/")).await;
         assert!(matches!(later, Err(AdmissionError::TryAgain(_))), "a failed lookup is not the client's fault");
-        assert!(r.store.recipient(&RecipientId(ID)).await.unwrap().is_none(), "nothing stored");
+        assert!(r.store.recipient(&RecipientId::from_bytes(ID)).await.unwrap().is_none(), "nothing stored");
 
         // Stored once admitted; the state carries the channel and the TTL.
         let state = r.register(&ID, &SECRET, http("https://a.example/")).await.unwrap();
         assert_eq!((state.channel, state.topic_count), (Channel::Http, 0));
-        let stored = r.store.recipient(&RecipientId(ID)).await.unwrap().unwrap();
+        let stored = r.store.recipient(&RecipientId::from_bytes(ID)).await.unwrap().unwrap();
         assert_eq!(state.expires_at_ns, stored.renewed_at_ns + 60_000_000_000);
 
         // Row 3: another secret for an existing recipient, before the payload rules.
@@ -406,12 +406,12 @@ mod tests {
             Err(AdmissionError::InvalidField(e)) => assert_eq!(e.field, "provider"),
             other => panic!("expected the provider rule, got {other:?}"),
         }
-        assert!(r.store.recipient(&RecipientId(ID)).await.unwrap().is_none(), "nothing stored");
+        assert!(r.store.recipient(&RecipientId::from_bytes(ID)).await.unwrap().is_none(), "nothing stored");
         r.register(&ID, &SECRET, Some(DeliveryInput::Apns { token: "t" })).await.unwrap();
         r.update_subscriptions(&ID, &SECRET, &[add(&[0, 1])], &[]).await.unwrap();
         let state = r.register(&ID, &SECRET, relay("fcm", "device-token")).await.unwrap();
         assert_eq!((state.channel, state.topic_count), (Channel::Relay, 1), "replaced, subscriptions kept");
-        let stored = r.store.recipient(&RecipientId(ID)).await.unwrap().unwrap();
+        let stored = r.store.recipient(&RecipientId::from_bytes(ID)).await.unwrap().unwrap();
         let DeliveryTarget::Relay(reg) = stored.target else { panic!("a relay target") };
         assert_eq!((reg.provider(), reg.token(), reg.app_id()), ("fcm", "device-token", None));
     }
@@ -426,14 +426,14 @@ mod tests {
         invalid(r.update_subscriptions(&ID, &SECRET, &bad, &[]).await);
         let twice = [add(&[0, 1])];
         invalid(r.update_subscriptions(&ID, &SECRET, &twice, &[vec![0, 1]]).await);
-        assert!(r.store.subscriptions(&RecipientId(ID)).await.unwrap().is_empty());
+        assert!(r.store.subscriptions(&RecipientId::from_bytes(ID)).await.unwrap().is_empty());
         // PUSH-217: over max_push_topics, nothing changes.
         let three = [add(&[0, 1]), add(&[0, 2]), add(&[1, 3])];
         assert!(matches!(
             r.update_subscriptions(&ID, &SECRET, &three, &[]).await,
             Err(AdmissionError::ResourceExhausted)
         ));
-        assert!(r.store.subscriptions(&RecipientId(ID)).await.unwrap().is_empty());
+        assert!(r.store.subscriptions(&RecipientId::from_bytes(ID)).await.unwrap().is_empty());
         let two = &three[..2];
         assert_eq!(r.update_subscriptions(&ID, &SECRET, two, &[]).await.unwrap().topic_count, 2);
     }
@@ -462,7 +462,7 @@ mod tests {
         );
         let (some_adds, removes) = (&adds[..600], &topics[600..]);
         invalid(r.update_subscriptions(&ID, &SECRET, some_adds, removes).await);
-        assert!(r.store.subscriptions(&RecipientId(ID)).await.unwrap().is_empty());
+        assert!(r.store.subscriptions(&RecipientId::from_bytes(ID)).await.unwrap().is_empty());
         assert!(r.metrics.render().contains("fanout_limit_refusals_total{limit=\"subscription_changes\"} 2"));
         // At the limit: applied.
         assert_eq!(r.update_subscriptions(&ID, &SECRET, &adds[..limit], &[]).await.unwrap().topic_count, limit as u64);

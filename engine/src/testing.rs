@@ -27,7 +27,7 @@ impl crate::channel::http::HostResolver for NoDns {
 /// An application envelope on topic `00 01 02 03` (base64 `AAECAw==`).
 pub fn envelope(sequence_id: u64) -> StoredEnvelope {
     StoredEnvelope {
-        shard: ShardId(0),
+        shard: ShardId::FIRST,
         sequence_id,
         topic: Topic::parse(&[0, 1, 2, 3]).expect("a group topic"),
         kind: EnvelopeKind::Application,
@@ -41,7 +41,7 @@ pub fn envelope(sequence_id: u64) -> StoredEnvelope {
 /// A stored recipient reached at `target`.
 pub fn recipient(target: DeliveryTarget) -> Recipient {
     Recipient {
-        id: RecipientId([1u8; 32]),
+        id: RecipientId::from_bytes([1u8; 32]),
         secret_hash: SecretHash([2u8; 32]),
         target,
         renewed_at_ns: 0,

@@ -267,7 +267,7 @@ mod tests {
 
     fn recipient(target: DeliveryTarget) -> Recipient {
         Recipient {
-            id: RecipientId([3; 32]),
+            id: RecipientId::from_bytes([3; 32]),
             secret_hash: SecretHash([4; 32]),
             target,
             renewed_at_ns: 1,
@@ -277,7 +277,7 @@ mod tests {
 
     fn envelope() -> StoredEnvelope {
         StoredEnvelope {
-            shard: ShardId(0),
+            shard: ShardId::FIRST,
             sequence_id: 1,
             topic: Topic::parse(&[0, 9]).unwrap(),
             kind: EnvelopeKind::Application,
@@ -346,7 +346,7 @@ mod tests {
         let t = Outcome::transient(Duration::from_secs(1));
         let p = Scripted::build(Channel::Apns, &[t; 100], 0, Duration::from_millis(200));
         let r = recipient(DeliveryTarget::Apns { token: "t".into() });
-        let many = (0..100u8).map(|i| Recipient { id: RecipientId([i; 32]), ..r.clone() }).collect();
+        let many = (0..100u8).map(|i| Recipient { id: RecipientId::from_bytes([i; 32]), ..r.clone() }).collect();
         let settings = DeliverySettings {
             workers: NonZeroUsize::MIN,
             max_in_flight_per_worker: NonZeroUsize::new(4).unwrap(),

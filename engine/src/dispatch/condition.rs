@@ -86,7 +86,7 @@ mod tests {
 
     fn envelope(seq: u64, kind: EnvelopeKind, ts_ns: i64, hmac: Vec<u8>) -> StoredEnvelope {
         StoredEnvelope {
-            shard: ShardId(0),
+            shard: ShardId::FIRST,
             sequence_id: seq,
             topic: Topic::parse(&[0, 1]).unwrap(),
             kind,
@@ -117,7 +117,7 @@ mod tests {
     fn subscriber(start: u64, include_commits: bool, keys: Option<KeyWindow>, target: DeliveryTarget) -> Subscriber {
         Subscriber {
             recipient: Recipient {
-                id: RecipientId([1; 32]),
+                id: RecipientId::from_bytes([1; 32]),
                 secret_hash: SecretHash([2; 32]),
                 target,
                 renewed_at_ns: 0,

@@ -89,7 +89,7 @@ mod tests {
         let mac = hmac(sender, &data);
         let new = NewEnvelope::new(topic, 1, EnvelopeKind::Application, true, mac, data, None).unwrap();
         assert_eq!(store.append(&[new], 1).await.unwrap(), vec![Appended::Stored { sequence_id: 1 }]);
-        let envelope = store.read_window(ShardId(0), 0, 1, 1).await.unwrap().remove(0);
+        let envelope = store.read_window(ShardId::FIRST, 0, 1, 1).await.unwrap().remove(0);
         (store, envelope, dir)
     }
 
@@ -121,8 +121,8 @@ mod tests {
         let (store, envelope, _dir) = stored(b"ciphertext".to_vec(), &sender).await;
         assert!(own_keys(&store, &envelope, HashSet::new()).await.unwrap().is_empty());
         // Pruned below the checkpoint (or never kept): nothing is suppressed.
-        store.advance_checkpoint(ShardId(0), 1).await.unwrap();
-        assert_eq!(store.envelope_data(ShardId(0), 1).await.unwrap(), None);
+        store.advance_checkpoint(ShardId::FIRST, 1).await.unwrap();
+        assert_eq!(store.envelope_data(ShardId::FIRST, 1).await.unwrap(), None);
         assert!(own_keys(&store, &envelope, HashSet::from([sender])).await.unwrap().is_empty());
     }
 }

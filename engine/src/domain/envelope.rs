@@ -36,9 +36,7 @@ impl EnvelopeKind {
     /// The only topic kind this envelope kind may be published on.
     fn topic_kind(self) -> TopicKind {
         match self {
-            Self::Application | Self::Commit | Self::Proposal | Self::CommitLog => {
-                TopicKind::GroupMessage
-            }
+            Self::Application | Self::Commit | Self::Proposal | Self::CommitLog => TopicKind::GroupMessage,
             Self::Welcome => TopicKind::Welcome,
             Self::IdentityUpdate => TopicKind::IdentityUpdates,
             Self::KeyPackage => TopicKind::KeyPackages,
@@ -103,12 +101,14 @@ pub struct RelayMeta {
 /// inlined, so it is not stored for that.
 pub const MAX_INLINE_DATA: usize = 3072;
 
-/// A validated envelope on its way into storage.
+/// A validated envelope on its way into storage. Topic, shard and kind are
+/// private: `new` derives the shard from the topic and checks the kind
+/// against it, and nothing can change one without the others.
 #[derive(Debug, Clone)]
 pub struct NewEnvelope {
-    pub topic: Topic,
-    pub shard: ShardId,
-    pub kind: EnvelopeKind,
+    topic: Topic,
+    shard: ShardId,
+    kind: EnvelopeKind,
     pub should_push: bool,
     pub sender_hmac: Vec<u8>,
     pub data: Vec<u8>,
@@ -143,6 +143,19 @@ impl NewEnvelope {
         })
     }
 
+    pub fn topic(&self) -> &Topic {
+        &self.topic
+    }
+
+    /// `topic.shard(shard_count)` for the shard count given to `new`.
+    pub fn shard(&self) -> ShardId {
+        self.shard
+    }
+
+    pub fn kind(&self) -> EnvelopeKind {
+        self.kind
+    }
+
     /// PUSH-219: a Welcome, or a group message that asked for a push or is a
     /// commit or a proposal. Nothing else is ever pushed.
     pub fn is_push_eligible(&self) -> bool {
@@ -150,9 +163,7 @@ impl NewEnvelope {
             EnvelopeKind::Welcome => true,
             EnvelopeKind::Application => self.should_push,
             EnvelopeKind::Commit | EnvelopeKind::Proposal => true,
-            EnvelopeKind::KeyPackage | EnvelopeKind::IdentityUpdate | EnvelopeKind::CommitLog => {
-                false
-            }
+            EnvelopeKind::KeyPackage | EnvelopeKind::IdentityUpdate | EnvelopeKind::CommitLog => false,
         }
     }
 

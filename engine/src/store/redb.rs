@@ -149,7 +149,11 @@ impl RedbStore {
     }
 
     fn check_shard(&self, shard: ShardId) -> Result<(), StoreError> {
-        if shard.0 < self.shard_count { Ok(()) } else { Err(StoreError::Backend("shard id is out of range".into())) }
+        if shard.index() < self.shard_count {
+            Ok(())
+        } else {
+            Err(StoreError::Backend("shard id is out of range".into()))
+        }
     }
 }
 
@@ -182,11 +186,11 @@ fn get_recipient(
     table: &impl ReadableTable<&'static [u8; 32], &'static [u8]>,
     id: &RecipientId,
 ) -> Result<Option<Recipient>, StoreError> {
-    table.get(&id.0).be()?.map(|g| codec::decode_recipient(*id, g.value())).transpose()
+    table.get(id.as_bytes()).be()?.map(|g| codec::decode_recipient(*id, g.value())).transpose()
 }
 
 fn put_recipient(table: &mut RecipientsTable<'_>, r: &Recipient) -> Result<(), StoreError> {
-    table.insert(&r.id.0, codec::encode_recipient(r).as_slice()).be()?;
+    table.insert(r.id.as_bytes(), codec::encode_recipient(r).as_slice()).be()?;
     Ok(())
 }
 
@@ -201,7 +205,7 @@ fn authorized(table: &RecipientsTable<'_>, id: &RecipientId, hash: &SecretHash) 
 }
 
 fn get_shard(table: &impl ReadableTable<u16, &'static [u8]>, shard: ShardId) -> Result<ShardRow, StoreError> {
-    table.get(shard.0).be()?.map(|g| codec::decode_shard(g.value())).transpose().map(Option::unwrap_or_default)
+    table.get(shard.index()).be()?.map(|g| codec::decode_shard(g.value())).transpose().map(Option::unwrap_or_default)
 }
 
 /// A shard's row. `last` is the largest id handed out; since an append stores
@@ -216,13 +220,13 @@ struct ShardRow {
 // ---- keys ----
 
 fn recipient_sub_key(id: &RecipientId, topic: &[u8]) -> Vec<u8> {
-    [id.0.as_slice(), topic].concat()
+    [id.as_bytes().as_slice(), topic].concat()
 }
 
 /// Bounds covering every `recipient_subs` key of `id`: a topic is at most 65
 /// bytes and starts with a kind byte below 0xff.
 fn recipient_sub_bounds(id: &RecipientId) -> (Vec<u8>, Vec<u8>) {
-    (id.0.to_vec(), [id.0.as_slice(), &[0xff; 66]].concat())
+    (id.as_bytes().to_vec(), [id.as_bytes().as_slice(), &[0xff; 66]].concat())
 }
 
 fn topic_sub_prefix(topic: &[u8]) -> Vec<u8> {
@@ -231,7 +235,7 @@ fn topic_sub_prefix(topic: &[u8]) -> Vec<u8> {
 }
 
 fn topic_sub_key(topic: &[u8], id: &RecipientId) -> Vec<u8> {
-    [topic_sub_prefix(topic).as_slice(), &id.0].concat()
+    [topic_sub_prefix(topic).as_slice(), id.as_bytes()].concat()
 }
 
 /// Both subscription tables of a write transaction, kept in step.
@@ -292,7 +296,7 @@ impl<'t> Subs<'t> {
 
 /// Deletes a recipient and every subscription it holds (PUSH-207/226/234).
 fn delete_recipient(txn: &WriteTransaction, id: &RecipientId) -> Result<(), StoreError> {
-    txn.open_table(RECIPIENTS).be()?.remove(&id.0).be()?;
+    txn.open_table(RECIPIENTS).be()?.remove(id.as_bytes()).be()?;
     Subs::open(txn)?.remove_all(id)
 }
 
@@ -446,7 +450,7 @@ impl Store for RedbStore {
                 let mut expired = Vec::new();
                 for row in recipients.iter().be()? {
                     let (k, v) = row.be()?;
-                    let id = RecipientId(*k.value());
+                    let id = RecipientId::from_bytes(*k.value());
                     if codec::decode_recipient(id, v.value())?.renewed_at_ns < renewed_before_ns {
                         expired.push(id);
                     }
@@ -616,7 +620,7 @@ impl Store for RedbStore {
 
     async fn append(&self, envelopes: &[NewEnvelope], now_ns: i64) -> Result<Vec<Appended>, StoreError> {
         for e in envelopes {
-            if e.shard != e.topic.shard(self.shard_count) {
+            if e.shard() != e.topic().shard(self.shard_count) {
                 return Err(StoreError::Backend("envelope shard does not match the store's shard count".into()));
             }
         }
@@ -627,9 +631,9 @@ impl Store for RedbStore {
             let mut touched: BTreeMap<u16, ShardRow> = BTreeMap::new();
             let mut results = Vec::with_capacity(envelopes.len());
             for e in &envelopes {
-                let row = match touched.entry(e.shard.0) {
+                let row = match touched.entry(e.shard().index()) {
                     Entry::Occupied(row) => row.into_mut(),
-                    Entry::Vacant(slot) => slot.insert(get_shard(&shards, e.shard)?),
+                    Entry::Vacant(slot) => slot.insert(get_shard(&shards, e.shard())?),
                 };
                 // A refused id fails its own envelope; the rest of the batch goes on.
                 let sequence_id = match next_sequence_id(row.last, e.sequence_id) {
@@ -645,17 +649,17 @@ impl Store for RedbStore {
                     // PUSH-230 and 003 §3: see `stored_hmac_and_data`.
                     let (sender_hmac, data) = e.stored_hmac_and_data();
                     let envelope = StoredEnvelope {
-                        shard: e.shard,
+                        shard: e.shard(),
                         sequence_id,
-                        topic: e.topic.clone(),
-                        kind: e.kind,
+                        topic: e.topic().clone(),
+                        kind: e.kind(),
                         server_ts_ns: now_ns,
                         sender_hmac,
                         data: e.inline_data().to_vec(),
                         relay: e.relay.clone(),
                     };
                     stored
-                        .insert((e.shard.0, sequence_id), codec::encode_envelope(&envelope, &data).as_slice())
+                        .insert((e.shard().index(), sequence_id), codec::encode_envelope(&envelope, &data).as_slice())
                         .be()?;
                 }
                 results.push(Appended::Stored { sequence_id });
@@ -691,7 +695,7 @@ impl Store for RedbStore {
         }
         self.read(move |txn| {
             let table = txn.open_table(ENVELOPES).be()?;
-            let range = (Bound::Excluded((shard.0, after)), Bound::Included((shard.0, up_to)));
+            let range = (Bound::Excluded((shard.index(), after)), Bound::Included((shard.index(), up_to)));
             let mut out = Vec::new();
             for row in table.range(range).be()?.take(limit) {
                 let (k, v) = row.be()?;
@@ -705,7 +709,7 @@ impl Store for RedbStore {
     async fn envelope_data(&self, shard: ShardId, sequence_id: u64) -> Result<Option<Vec<u8>>, StoreError> {
         self.read(move |txn| {
             let table = txn.open_table(ENVELOPES).be()?;
-            let Some(value) = table.get((shard.0, sequence_id)).be()? else {
+            let Some(value) = table.get((shard.index(), sequence_id)).be()? else {
                 return Ok(None);
             };
             let data = codec::decode_envelope_data(value.value())?;
@@ -723,11 +727,11 @@ impl Store for RedbStore {
             let new = row.checkpoint.max(checkpoint.min(row.boundary));
             if new != row.checkpoint {
                 row.checkpoint = new;
-                shards.insert(shard.0, codec::encode_shard(&row).as_slice()).be()?;
+                shards.insert(shard.index(), codec::encode_shard(&row).as_slice()).be()?;
             }
             // Every delivery at or below the checkpoint had its first attempt: drop them.
             let mut envelopes = txn.open_table(ENVELOPES).be()?;
-            envelopes.retain_in((shard.0, 0)..=(shard.0, new), |_, _| false).be()?;
+            envelopes.retain_in((shard.index(), 0)..=(shard.index(), new), |_, _| false).be()?;
             Ok(())
         })
         .await
@@ -739,7 +743,7 @@ impl Store for RedbStore {
         after: Option<&RecipientId>,
         limit: usize,
     ) -> Result<Vec<Subscriber>, StoreError> {
-        if limit == 0 || after.is_some_and(|a| a.0 == [0xff; 32]) {
+        if limit == 0 || after.is_some_and(|a| a.as_bytes() == &[0xff; 32]) {
             return Ok(Vec::new());
         }
         let (topic, after) = (topic.clone(), after.copied());
@@ -748,7 +752,7 @@ impl Store for RedbStore {
             let recipients = txn.open_table(RECIPIENTS).be()?;
             let prefix = topic_sub_prefix(topic.as_bytes());
             let lo = match &after {
-                Some(a) => Bound::Excluded([prefix.as_slice(), &a.0].concat()),
+                Some(a) => Bound::Excluded([prefix.as_slice(), a.as_bytes()].concat()),
                 None => Bound::Included(prefix.clone()),
             };
             let hi = [prefix.as_slice(), &[0xff; 32]].concat();
@@ -1013,7 +1017,7 @@ mod codec {
     /// empty unless the envelope kept a 32-byte sender HMAC (a small data
     /// kept only for the relay's mls_message is not one).
     pub(super) fn decode_envelope_data(buf: &[u8]) -> Result<&[u8], StoreError> {
-        let (envelope, data) = decode_envelope_parts(ShardId(0), 0, buf)?;
+        let (envelope, data) = decode_envelope_parts(ShardId::FIRST, 0, buf)?;
         Ok(if envelope.sender_hmac.len() == 32 { data } else { &[] })
     }
 
@@ -1078,7 +1082,7 @@ mod tests {
     #[tokio::test]
     async fn data_survives_reopen_and_shard_count_is_fixed() {
         let dir = tempfile::tempdir().unwrap();
-        let id = RecipientId([9; 32]);
+        let id = RecipientId::from_bytes([9; 32]);
         let hash = RecipientSecret::parse(&[1; 32]).unwrap().hash();
         let topic = Topic::parse(&[0, 42]).unwrap();
         let target = DeliveryTarget::Fcm { token: "tok".into() };
@@ -1093,7 +1097,7 @@ mod tests {
             None,
         )
         .unwrap();
-        let shard = envelope.shard;
+        let shard = envelope.shard();
         {
             let store = RedbStore::open(dir.path(), SHARD_COUNT).unwrap();
             store.register(&id, &hash, &target, 5).await.unwrap();
