@@ -11,7 +11,8 @@ use serde::Deserialize;
 use crate::clock::unix_now_ns;
 
 use crate::domain::{
-    EnvelopeKind, MembershipChange, MessageId, NewEnvelope, ParseError, RelayMeta, SequenceRefusal, ShardId, Topic,
+    EnvelopeKind, MembershipChange, MessageId, NewEnvelope, ParseError, RelayMeta, SenderHmac, SequenceRefusal,
+    ShardId, Topic,
 };
 use crate::metrics::{Limit, Metrics};
 use crate::ownership::ShardOwnership;
@@ -215,16 +216,12 @@ impl Ingest {
         } else {
             Some(MessageId::parse(&input.message_id).map_err(invalid)?)
         };
-        let mut envelope = NewEnvelope::new(
-            topic,
-            self.shard_count,
-            kind,
-            input.should_push,
-            input.sender_hmac,
-            input.data,
-            sequence_id,
-        )
-        .map_err(invalid)?;
+        // PUSH-230 fails open: a sender_hmac of another length than 32 is
+        // no HMAC (the envelope is delivered), not an invalid envelope.
+        let sender_hmac = SenderHmac::parse(&input.sender_hmac);
+        let mut envelope =
+            NewEnvelope::new(topic, self.shard_count, kind, input.should_push, sender_hmac, input.data, sequence_id)
+                .map_err(invalid)?;
         // 003 §3: a membership change only means something on a Commit.
         let membership = membership.filter(|_| kind == EnvelopeKind::Commit);
         envelope.relay = RelayMeta { message_id, membership };
@@ -483,7 +480,7 @@ mod tests {
                         membership == 0 || u8::try_from(membership).ok().and_then(MembershipChange::from_u8).is_some();
                     let message_id_ok = message_id.is_empty() || MessageId::parse(&message_id).is_ok();
                     let matches_topic = match (Topic::parse(&topic), parsed_kind) {
-                        (Ok(t), Some(k)) => NewEnvelope::new(t, SHARDS, k, false, vec![], vec![], None).is_ok(),
+                        (Ok(t), Some(k)) => NewEnvelope::new(t, SHARDS, k, false, None, vec![], None).is_ok(),
                         _ => false,
                     };
                     let valid = data.len() <= 16 && matches_topic && membership_ok && message_id_ok;
@@ -494,7 +491,7 @@ mod tests {
                             prop_assert_eq!(envelope.shard(), envelope.topic().shard(SHARDS));
                             prop_assert_eq!(Some(envelope.kind()), parsed_kind);
                             prop_assert_eq!(envelope.should_push, should_push);
-                            prop_assert_eq!(envelope.sender_hmac, sender_hmac);
+                            prop_assert_eq!(envelope.sender_hmac, SenderHmac::parse(&sender_hmac));
                             prop_assert_eq!(envelope.data, data);
                             prop_assert_eq!(envelope.sequence_id, (sequence_id != 0).then_some(sequence_id));
                             prop_assert_eq!(

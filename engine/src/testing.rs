@@ -32,7 +32,7 @@ pub fn envelope(sequence_id: u64) -> StoredEnvelope {
         topic: Topic::parse(&[0, 1, 2, 3]).expect("a group topic"),
         kind: EnvelopeKind::Application,
         server_ts_ns: 0,
-        sender_hmac: vec![],
+        sender_hmac: None,
         data: b"secret payload".to_vec(),
         relay: Default::default(),
     }

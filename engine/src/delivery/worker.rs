@@ -282,7 +282,7 @@ mod tests {
             topic: Topic::parse(&[0, 9]).unwrap(),
             kind: EnvelopeKind::Application,
             server_ts_ns: unix_now_ns(),
-            sender_hmac: vec![],
+            sender_hmac: None,
             data: vec![],
             relay: Default::default(),
         }

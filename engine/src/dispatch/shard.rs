@@ -553,8 +553,7 @@ mod tests {
                 store.update_subscriptions(&id, &hash, &update, 1, 100).await.unwrap();
                 ids.push(id);
             }
-            let new =
-                |_| NewEnvelope::new(topic.clone(), SHARDS, EnvelopeKind::Application, true, vec![], vec![], None);
+            let new = |_| NewEnvelope::new(topic.clone(), SHARDS, EnvelopeKind::Application, true, None, vec![], None);
             let batch: Vec<NewEnvelope> = (0..envelopes).map(|i| new(i).unwrap()).collect();
             store.append(&batch, 2).await.unwrap();
 

@@ -1,4 +1,4 @@
-use super::{ParseError, ShardId, Topic, TopicKind};
+use super::{ParseError, SenderHmac, ShardId, Topic, TopicKind};
 
 /// The kinds of envelope a network publishes (API-210 stand-in, DESIGN.md).
 /// Numbers match the wire enum.
@@ -110,7 +110,8 @@ pub struct NewEnvelope {
     shard: ShardId,
     kind: EnvelopeKind,
     pub should_push: bool,
-    pub sender_hmac: Vec<u8>,
+    /// `None` when the publisher sent no 32-byte HMAC: never suppressed (PUSH-230).
+    pub sender_hmac: Option<SenderHmac>,
     pub data: Vec<u8>,
     /// The publisher's own sequence id for the shard, or `None` to let fanout allocate.
     pub sequence_id: Option<u64>,
@@ -124,7 +125,7 @@ impl NewEnvelope {
         shard_count: u16,
         kind: EnvelopeKind,
         should_push: bool,
-        sender_hmac: Vec<u8>,
+        sender_hmac: Option<SenderHmac>,
         data: Vec<u8>,
         sequence_id: Option<u64>,
     ) -> Result<Self, ParseError> {
@@ -168,9 +169,9 @@ impl NewEnvelope {
     }
 
     /// The HMAC input is kept only where suppression can use it (PUSH-230):
-    /// a 32-byte sender_hmac. Otherwise no ciphertext is stored at all.
-    pub fn suppression_data(&self) -> Option<(&[u8], &[u8])> {
-        (self.sender_hmac.len() == 32).then_some((&self.sender_hmac, &self.data))
+    /// a sender HMAC. Otherwise no ciphertext is stored for it.
+    pub fn suppression_data(&self) -> Option<(&SenderHmac, &[u8])> {
+        self.sender_hmac.as_ref().map(|h| (h, self.data.as_slice()))
     }
 
     /// The data a window keeps for the relay channel (003 §3): all of it when
@@ -182,11 +183,11 @@ impl NewEnvelope {
     /// What is stored of the envelope: the sender HMAC only where suppression
     /// can use it (PUSH-230), and the data then, or when it is small enough
     /// to be inlined as the relay channel's `mls_message` (003 §3).
-    pub fn stored_hmac_and_data(&self) -> (Vec<u8>, Vec<u8>) {
+    pub fn stored_hmac_and_data(&self) -> (Option<SenderHmac>, Vec<u8>) {
         match self.suppression_data() {
-            Some((h, d)) => (h.to_vec(), d.to_vec()),
-            None if self.data.len() <= MAX_INLINE_DATA => (Vec::new(), self.data.clone()),
-            None => (Vec::new(), Vec::new()),
+            Some((h, d)) => (Some(*h), d.to_vec()),
+            None if self.data.len() <= MAX_INLINE_DATA => (None, self.data.clone()),
+            None => (None, Vec::new()),
         }
     }
 }
@@ -204,9 +205,8 @@ pub struct StoredEnvelope {
     pub kind: EnvelopeKind,
     /// Server timestamp stamped at storage, Unix nanoseconds.
     pub server_ts_ns: i64,
-    /// Exactly 32 bytes when suppression may apply (the store then keeps the
-    /// data too); else empty.
-    pub sender_hmac: Vec<u8>,
+    /// Present when suppression may apply (the store then keeps the data too).
+    pub sender_hmac: Option<SenderHmac>,
     /// The data itself only when at most `MAX_INLINE_DATA` bytes: the relay
     /// channel's `mls_message` (003 §3). Larger data stays in the store and
     /// is read per page for suppression only (issue 11: windows hold what
@@ -220,7 +220,7 @@ mod tests {
     use super::*;
 
     fn env(kind: EnvelopeKind, topic: &[u8], should_push: bool) -> Result<NewEnvelope, ParseError> {
-        NewEnvelope::new(Topic::parse(topic).unwrap(), 16, kind, should_push, vec![], vec![], None)
+        NewEnvelope::new(Topic::parse(topic).unwrap(), 16, kind, should_push, None, vec![], None)
     }
 
     #[test]
@@ -238,14 +238,15 @@ mod tests {
 
     #[test]
     fn data_is_kept_for_suppression_or_when_small_enough_to_inline() {
-        let with = |hmac: Vec<u8>, data: Vec<u8>| {
+        let hmac = SenderHmac::parse(&[1; 32]);
+        let with = |hmac: Option<SenderHmac>, data: Vec<u8>| {
             NewEnvelope::new(Topic::parse(&[0, 1]).unwrap(), 16, EnvelopeKind::Application, true, hmac, data, None)
                 .unwrap()
                 .stored_hmac_and_data()
         };
-        assert_eq!(with(vec![1; 32], vec![2; 5000]), (vec![1; 32], vec![2; 5000]));
-        assert_eq!(with(vec![1; 31], vec![2; MAX_INLINE_DATA]), (vec![], vec![2; MAX_INLINE_DATA]));
-        assert_eq!(with(vec![], vec![2; MAX_INLINE_DATA + 1]), (vec![], vec![]));
+        assert_eq!(with(hmac, vec![2; 5000]), (hmac, vec![2; 5000]));
+        assert_eq!(with(None, vec![2; MAX_INLINE_DATA]), (None, vec![2; MAX_INLINE_DATA]));
+        assert_eq!(with(None, vec![2; MAX_INLINE_DATA + 1]), (None, vec![]));
     }
 
     #[test]

@@ -6,6 +6,7 @@ mod epoch;
 mod ids;
 mod recipient;
 mod registration;
+mod sender_hmac;
 mod sequence;
 mod subscription;
 mod topic;
@@ -19,6 +20,7 @@ pub use epoch::{HMAC_EPOCH_SECONDS, hmac_epoch};
 pub use ids::{RecipientId, RecipientSecret, SecretHash};
 pub use recipient::{Recipient, RecipientSummary, Subscriber};
 pub use registration::{FieldError, LOG_PROVIDER, RegistrationInput, RelayRegistration};
+pub use sender_hmac::SenderHmac;
 pub use sequence::{MAX_SEQUENCE_GAP, MAX_SEQUENCE_ID, SequenceRefusal, next_sequence_id};
 pub use subscription::{
     HMAC_KEY_LEN, HmacKey, KeyWindow, MAX_HMAC_KEYS, StoredSubscription, Subscription, SubscriptionUpdate,

@@ -783,8 +783,8 @@ mod codec {
     use super::{ShardRow, corrupt};
     use crate::domain::{
         Channel, DeliveryTarget, EnvelopeKind, KeyWindow, MAX_INLINE_DATA, MembershipChange, MessageId, Recipient,
-        RecipientId, RegistrationInput, RelayMeta, RelayRegistration, SecretHash, ShardId, SigningKey, StoredEnvelope,
-        StoredSubscription, Subscription, Topic, WebPushKeys,
+        RecipientId, RegistrationInput, RelayMeta, RelayRegistration, SecretHash, SenderHmac, ShardId, SigningKey,
+        StoredEnvelope, StoredSubscription, Subscription, Topic, WebPushKeys,
     };
     use crate::store::StoreError;
 
@@ -999,7 +999,8 @@ mod codec {
             .bytes(e.topic.as_bytes())
             .u8(e.kind as u8)
             .i64(e.server_ts_ns)
-            .bytes(&e.sender_hmac)
+            // Empty without an HMAC: the format kept from before `SenderHmac`.
+            .bytes(e.sender_hmac.as_ref().map_or(&[][..], |h| h.as_bytes()))
             .bytes(data)
             // Spec 003's metadata; records written before it end after data.
             .bytes(e.relay.message_id.as_ref().map_or(&b""[..], |m| m.as_str().as_bytes()))
@@ -1018,7 +1019,7 @@ mod codec {
     /// kept only for the relay's mls_message is not one).
     pub(super) fn decode_envelope_data(buf: &[u8]) -> Result<&[u8], StoreError> {
         let (envelope, data) = decode_envelope_parts(ShardId::FIRST, 0, buf)?;
-        Ok(if envelope.sender_hmac.len() == 32 { data } else { &[] })
+        Ok(if envelope.sender_hmac.is_some() { data } else { &[] })
     }
 
     fn decode_envelope_parts(
@@ -1031,7 +1032,10 @@ mod codec {
         let topic = Topic::parse(r.bytes()?).map_err(|_| corrupt(WHAT))?;
         let kind = EnvelopeKind::from_u8(r.u8()?).ok_or_else(|| corrupt(WHAT))?;
         let server_ts_ns = r.i64()?;
-        let sender_hmac = r.bytes()?.to_vec();
+        let sender_hmac = match r.bytes()? {
+            [] => None,
+            hmac => Some(SenderHmac::parse(hmac).ok_or_else(|| corrupt(WHAT))?),
+        };
         let data = r.bytes()?;
         let mut relay = RelayMeta::default();
         if !r.buf.is_empty() {
@@ -1092,7 +1096,7 @@ mod tests {
             SHARD_COUNT,
             crate::domain::EnvelopeKind::Commit,
             false,
-            vec![],
+            None,
             vec![],
             None,
         )

@@ -795,7 +795,7 @@ impl ScyllaStore {
         let mut values: Vec<Values> = Vec::with_capacity(rows.len());
         for (seq, e) in rows {
             // PUSH-230: keep the HMAC input only where suppression can use it.
-            let (hmac, data) = e.suppression_data().unwrap_or_default();
+            let (hmac, data) = e.suppression_data().map_or((&[][..], &[][..]), |(h, d)| (h.as_bytes(), d));
             batch.append_statement(self.st.env_put.clone());
             values.push(Box::new((
                 shard,
@@ -1621,7 +1621,7 @@ mod tests {
             let stale = ScyllaStore::connect(&settings(nodes, owner.keyspace()), SHARD_COUNT).await.unwrap();
             let topic = Topic::parse(&[0, 5]).unwrap();
             let new =
-                || NewEnvelope::new(topic.clone(), SHARD_COUNT, EnvelopeKind::Application, true, vec![], vec![], None);
+                || NewEnvelope::new(topic.clone(), SHARD_COUNT, EnvelopeKind::Application, true, None, vec![], None);
             let shard = new().unwrap().shard();
             owner.append(&[new().unwrap()], 1).await.unwrap();
 
@@ -1658,7 +1658,7 @@ mod tests {
         let target = DeliveryTarget::Fcm { token: "tok".into() };
         let sub = Subscription { topic: topic.clone(), keys: None, include_commits: true };
         let envelope =
-            NewEnvelope::new(topic.clone(), SHARD_COUNT, EnvelopeKind::Commit, false, vec![], vec![], None).unwrap();
+            NewEnvelope::new(topic.clone(), SHARD_COUNT, EnvelopeKind::Commit, false, None, vec![], None).unwrap();
         let shard = envelope.shard();
 
         // Without migrate, a keyspace with no schema is refused.
@@ -1706,7 +1706,7 @@ mod tests {
         with_store(|store| async move {
             let topic = Topic::parse(&[0, 7]).unwrap();
             let e = |seq: Option<u64>| {
-                NewEnvelope::new(topic.clone(), SHARD_COUNT, EnvelopeKind::Application, true, vec![], vec![], seq)
+                NewEnvelope::new(topic.clone(), SHARD_COUNT, EnvelopeKind::Application, true, None, vec![], seq)
                     .unwrap()
             };
             let shard = e(None).shard();
@@ -1832,8 +1832,7 @@ mod tests {
     async fn concurrent_appends_get_distinct_ids() {
         with_store(|store| async move {
             let topic = Topic::parse(&[0, 9]).unwrap();
-            let e =
-                NewEnvelope::new(topic, SHARD_COUNT, EnvelopeKind::Application, true, vec![], vec![], None).unwrap();
+            let e = NewEnvelope::new(topic, SHARD_COUNT, EnvelopeKind::Application, true, None, vec![], None).unwrap();
             let shard = e.shard();
             let batches = futures::future::join_all((0..8).map(|_| store.append(std::slice::from_ref(&e), 1))).await;
             let mut ids: Vec<u64> = batches

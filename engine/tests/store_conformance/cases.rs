@@ -15,8 +15,8 @@ pub use self::gateway::*;
 
 use fanout_engine::domain::{
     Channel, DeliveryTarget, EnvelopeKind, KeyWindow, NewEnvelope, Recipient, RecipientId, RecipientSecret,
-    RecipientSummary, SecretHash, SequenceRefusal, ShardId, SigningKey, StoredEnvelope, StoredSubscription, Subscriber,
-    Subscription, SubscriptionUpdate, Topic,
+    RecipientSummary, SecretHash, SenderHmac, SequenceRefusal, ShardId, SigningKey, StoredEnvelope, StoredSubscription,
+    Subscriber, Subscription, SubscriptionUpdate, Topic,
 };
 use fanout_engine::store::{Appended, RelayClaim, RelayKey, RelaySettled, ShardPosition, Store, StoreError};
 
@@ -147,6 +147,7 @@ fn envelope(
     data: Vec<u8>,
     sequence_id: Option<u64>,
 ) -> NewEnvelope {
+    let sender_hmac = SenderHmac::parse(&sender_hmac);
     NewEnvelope::new(topic.clone(), SHARD_COUNT, kind, should_push, sender_hmac, data, sequence_id).unwrap()
 }
 
@@ -662,7 +663,7 @@ pub async fn suppression_data_only_with_32_byte_hmac<S: Store>(store: &S) {
             topic: g.clone(),
             kind: EnvelopeKind::Application,
             server_ts_ns: 12_345,
-            sender_hmac: vec![7; 32],
+            sender_hmac: SenderHmac::parse(&[7; 32]),
             data: b"ciphertext".to_vec(),
             relay: Default::default(),
         }
@@ -670,11 +671,11 @@ pub async fn suppression_data_only_with_32_byte_hmac<S: Store>(store: &S) {
     let data = |seq: u64| store.envelope_data(shard_id(11), seq);
     assert_eq!(data(1).await.unwrap(), Some(b"ciphertext".to_vec()));
     for (i, inline) in [(1, &b"x"[..]), (2, b"y"), (4, b"")] {
-        assert!(w[i].sender_hmac.is_empty(), "envelope {i} kept its hmac");
+        assert!(w[i].sender_hmac.is_none(), "envelope {i} kept its hmac");
         assert_eq!(w[i].data, inline, "envelope {i}");
         assert_eq!(data(i as u64 + 1).await.unwrap(), None, "envelope {i} kept suppression data");
     }
-    assert_eq!((w[3].kind, w[3].sender_hmac.clone()), (EnvelopeKind::Commit, vec![8; 32]));
+    assert_eq!((w[3].kind, w[3].sender_hmac), (EnvelopeKind::Commit, SenderHmac::parse(&[8; 32])));
     assert_eq!(data(4).await.unwrap(), Some(b"z".to_vec()));
     assert_eq!(data(99).await.unwrap(), None, "no such envelope");
     assert_eq!(store.envelope_data(shard_id(12), 1).await.unwrap(), None, "another shard's id");

@@ -179,7 +179,7 @@ fn webpush_request(
         topic: Topic::parse(&ids.topic(topic)).expect("the run's topics are group topics"),
         kind: EnvelopeKind::Application,
         server_ts_ns: 0,
-        sender_hmac: Vec::new(),
+        sender_hmac: None,
         data: Vec::new(),
         relay: Default::default(),
     };

@@ -146,7 +146,7 @@ mod tests {
             topic: Topic::parse(&topic).unwrap(),
             kind,
             server_ts_ns: 0,
-            sender_hmac: vec![],
+            sender_hmac: None,
             data: b"ciphertext".to_vec(),
             relay,
         }

@@ -6,7 +6,7 @@ use std::borrow::Cow;
 
 use crate::domain::{
     Channel, DeliveryTarget, EnvelopeKind, KeyWindow, MembershipChange, MessageId, Recipient, RecipientId,
-    RegistrationInput, RelayMeta, RelayRegistration, SecretHash, ShardId, SigningKey, StoredEnvelope,
+    RegistrationInput, RelayMeta, RelayRegistration, SecretHash, SenderHmac, ShardId, SigningKey, StoredEnvelope,
     StoredSubscription, Subscription, Topic, WebPushKeys,
 };
 use crate::store::StoreError;
@@ -191,7 +191,11 @@ pub(super) fn decode_envelope(shard: ShardId, bucket: i64, row: EnvelopeRow) -> 
         topic: Topic::parse(&topic).map_err(|_| corrupt(WHAT))?,
         kind: u8::try_from(kind).ok().and_then(EnvelopeKind::from_u8).ok_or_else(|| corrupt(WHAT))?,
         server_ts_ns: server_ts,
-        sender_hmac: sender_hmac.unwrap_or_default(),
+        // Empty or null without an HMAC: the format kept from before `SenderHmac`.
+        sender_hmac: match sender_hmac.as_deref() {
+            None | Some([]) => None,
+            Some(hmac) => Some(SenderHmac::parse(hmac).ok_or_else(|| corrupt(WHAT))?),
+        },
         data: data.unwrap_or_default(),
         relay,
     })
