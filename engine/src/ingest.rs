@@ -8,7 +8,7 @@ use std::sync::Arc;
 use ractor::ActorRef;
 use serde::Deserialize;
 
-use crate::clock::unix_now_ns;
+use crate::domain::Timestamp;
 
 use crate::domain::{
     EnvelopeKind, MembershipChange, MessageId, NewEnvelope, ParseError, RelayMeta, SenderHmac, SequenceRefusal,
@@ -126,7 +126,11 @@ impl Ingest {
         }
         let parsed = self.redirect_unowned(parsed).await?;
         let valid: Vec<NewEnvelope> = parsed.iter().filter_map(|p| p.as_ref().ok().cloned()).collect();
-        let appended = if valid.is_empty() { Vec::new() } else { self.store.append(&valid, unix_now_ns()).await? };
+        let appended = if valid.is_empty() {
+            Vec::new()
+        } else {
+            self.store.append(&valid, Timestamp::now().as_unix_nanos()).await?
+        };
         let mut appended = appended.into_iter().zip(valid.iter().map(|e| e.shard()));
         let mut woken = BTreeSet::new();
         let results = parsed

@@ -4,11 +4,12 @@
 //! gRPC statuses once.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde::Deserialize;
 
 use crate::channel::{Channels, Refused};
-use crate::clock::unix_now_ns;
+use crate::domain::Timestamp;
 use crate::domain::{
     Channel, DeliveryTarget, FieldError, KeyWindow, ParseError, RecipientId, RecipientSecret, RecipientSummary,
     RegistrationInput, RelayRegistration, SigningKey, Subscription, SubscriptionUpdate, Topic, WebPushKeys,
@@ -162,7 +163,7 @@ impl Registry {
             }
         }
         let target = self.parse_delivery(delivery).await?;
-        let summary = self.store.register(&id, &hash, &target, unix_now_ns()).await?;
+        let summary = self.store.register(&id, &hash, &target, Timestamp::now().as_unix_nanos()).await?;
         Ok(self.state(summary))
     }
 
@@ -195,8 +196,10 @@ impl Registry {
             )));
         }
         let update = parse_update(adds, removes)?;
-        let summary =
-            self.store.update_subscriptions(&id, &secret.hash(), &update, unix_now_ns(), self.max_push_topics).await?;
+        let summary = self
+            .store
+            .update_subscriptions(&id, &secret.hash(), &update, Timestamp::now().as_unix_nanos(), self.max_push_topics)
+            .await?;
         Ok(self.state(summary))
     }
 
@@ -256,11 +259,12 @@ impl Registry {
     }
 
     fn state(&self, summary: RecipientSummary) -> RecipientState {
-        let ttl_ns = (self.recipient_ttl_seconds as i64).saturating_mul(1_000_000_000);
         RecipientState {
             topic_count: summary.topic_count,
             channel: summary.channel,
-            expires_at_ns: summary.renewed_at_ns.saturating_add(ttl_ns),
+            expires_at_ns: Timestamp::from_unix_nanos(summary.renewed_at_ns)
+                .saturating_add(Duration::from_secs(self.recipient_ttl_seconds))
+                .as_unix_nanos(),
         }
     }
 }

@@ -8,7 +8,7 @@ use tokio_util::time::DelayQueue;
 
 use super::{Delivery, DeliverySettings, FirstAttempt};
 use crate::channel::{Channels, Outcome, Push};
-use crate::clock::unix_now_ns;
+use crate::domain::Timestamp;
 use crate::metrics::Metrics;
 use crate::store::Store;
 
@@ -147,7 +147,8 @@ fn settle(
     ctx.metrics.attempts.with_label_values(&[channel, outcome.label()]).inc();
     if let Some(first) = delivery.first_attempt.take() {
         first.settle();
-        let waited = (unix_now_ns() - delivery.envelope.server_ts_ns).max(0) as f64 / 1e9;
+        let stored = Timestamp::from_unix_nanos(delivery.envelope.server_ts_ns);
+        let waited = Timestamp::now().saturating_duration_since(stored).as_secs_f64();
         ctx.metrics.publish_to_attempt.with_label_values(&[channel]).observe(waited);
     }
     let final_outcome = match outcome.retry_delay() {
@@ -281,7 +282,7 @@ mod tests {
             sequence_id: 1,
             topic: Topic::parse(&[0, 9]).unwrap(),
             kind: EnvelopeKind::Application,
-            server_ts_ns: unix_now_ns(),
+            server_ts_ns: Timestamp::now().as_unix_nanos(),
             sender_hmac: None,
             data: vec![],
             relay: Default::default(),

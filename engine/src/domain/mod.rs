@@ -9,6 +9,7 @@ mod registration;
 mod sender_hmac;
 mod sequence;
 mod subscription;
+mod time;
 mod topic;
 
 pub use channel::{Channel, DeliveryTarget, SigningKey, WebPushKeys};
@@ -25,6 +26,7 @@ pub use sequence::{MAX_SEQUENCE_GAP, MAX_SEQUENCE_ID, SequenceRefusal, next_sequ
 pub use subscription::{
     HMAC_KEY_LEN, HmacKey, KeyWindow, MAX_HMAC_KEYS, StoredSubscription, Subscription, SubscriptionUpdate,
 };
+pub use time::Timestamp;
 pub use topic::{ShardId, Topic, TopicKind};
 
 /// Why a value from outside failed to parse. Messages never echo the value
