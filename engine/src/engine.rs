@@ -63,7 +63,7 @@ pub struct Readiness {
 
 impl Readiness {
     pub async fn check(&self) -> Result<(), NotReady> {
-        let store = tokio::time::timeout(READY_TIMEOUT, self.store.shard_position(ShardId(0))).await;
+        let store = tokio::time::timeout(READY_TIMEOUT, self.store.shard_position(ShardId::FIRST)).await;
         if !matches!(store, Ok(Ok(_))) {
             return Err(NotReady::StoreUnreachable);
         }
@@ -97,8 +97,11 @@ impl Engine {
         let shard_count = settings.shard_count.get();
         let metrics = Arc::new(Metrics::new());
         let store: Arc<dyn Store> = Arc::new(Instrumented::new(store, metrics.clone()));
-        let channels = Channels::build(&settings.channels, &ChannelContext { metrics: metrics.clone(), store: Some(store.clone()) })
-            .map_err(|e| EngineError::Config(e.to_string()))?;
+        let channels = Channels::build(
+            &settings.channels,
+            &ChannelContext { metrics: metrics.clone(), store: Some(store.clone()) },
+        )
+        .map_err(|e| EngineError::Config(e.to_string()))?;
         let relay_ingress = match &settings.relay_ingress {
             Some(s) => Some(Arc::new(
                 RelayIngress::new(s, channels.clone(), store.clone(), metrics.clone())
@@ -142,7 +145,7 @@ impl Engine {
         });
         let args = SupervisorArgs {
             ctx,
-            shards: if lease.is_some() { Vec::new() } else { (0..shard_count).map(ShardId).collect() },
+            shards: if lease.is_some() { Vec::new() } else { ShardId::all(shard_count).collect() },
             lease,
             retention: RetentionArgs {
                 store: store.clone(),

@@ -8,10 +8,11 @@ use std::sync::Arc;
 use ractor::ActorRef;
 use serde::Deserialize;
 
-use crate::clock::unix_now_ns;
+use crate::domain::Timestamp;
 
 use crate::domain::{
-    EnvelopeKind, MembershipChange, MessageId, NewEnvelope, ParseError, RelayMeta, SequenceRefusal, ShardId, Topic,
+    EnvelopeKind, MembershipChange, MessageId, NewEnvelope, ParseError, RelayMeta, SenderHmac, SequenceRefusal,
+    ShardId, Topic,
 };
 use crate::metrics::{Limit, Metrics};
 use crate::ownership::ShardOwnership;
@@ -125,8 +126,12 @@ impl Ingest {
         }
         let parsed = self.redirect_unowned(parsed).await?;
         let valid: Vec<NewEnvelope> = parsed.iter().filter_map(|p| p.as_ref().ok().cloned()).collect();
-        let appended = if valid.is_empty() { Vec::new() } else { self.store.append(&valid, unix_now_ns()).await? };
-        let mut appended = appended.into_iter().zip(valid.iter().map(|e| e.shard));
+        let appended = if valid.is_empty() {
+            Vec::new()
+        } else {
+            self.store.append(&valid, Timestamp::now().as_unix_nanos()).await?
+        };
+        let mut appended = appended.into_iter().zip(valid.iter().map(|e| e.shard()));
         let mut woken = BTreeSet::new();
         let results = parsed
             .into_iter()
@@ -166,16 +171,16 @@ impl Ingest {
         let mut out = Vec::with_capacity(parsed.len());
         for p in parsed {
             match p {
-                Ok(e) if !owned.holds(e.shard, now) => {
-                    let shard = e.shard;
+                Ok(e) if !owned.holds(e.shard(), now) => {
+                    let shard = e.shard();
                     let rejection = match owners.get(&shard) {
                         Some(r) => r.clone(),
                         None => {
                             let r = match ownership.leases.lease_owner(shard).await? {
                                 Some((_, address)) if !address.is_empty() && address != self.advertise_address => {
-                                    EnvelopeRejection::OwnedElsewhere { shard: shard.0, address }
+                                    EnvelopeRejection::OwnedElsewhere { shard: shard.index(), address }
                                 }
-                                _ => EnvelopeRejection::NoOwner { shard: shard.0 },
+                                _ => EnvelopeRejection::NoOwner { shard: shard.index() },
                             };
                             owners.insert(shard, r.clone());
                             r
@@ -210,10 +215,16 @@ impl Ingest {
                     .ok_or(EnvelopeRejection::Invalid("membership_change is unknown"))?,
             ),
         };
-        let message_id =
-            if input.message_id.is_empty() { None } else { Some(MessageId::parse(&input.message_id).map_err(invalid)?) };
+        let message_id = if input.message_id.is_empty() {
+            None
+        } else {
+            Some(MessageId::parse(&input.message_id).map_err(invalid)?)
+        };
+        // PUSH-230 fails open: a sender_hmac of another length than 32 is
+        // no HMAC (the envelope is delivered), not an invalid envelope.
+        let sender_hmac = SenderHmac::parse(&input.sender_hmac);
         let mut envelope =
-            NewEnvelope::new(topic, self.shard_count, kind, input.should_push, input.sender_hmac, input.data, sequence_id)
+            NewEnvelope::new(topic, self.shard_count, kind, input.should_push, sender_hmac, input.data, sequence_id)
                 .map_err(invalid)?;
         // 003 §3: a membership change only means something on a Commit.
         let membership = membership.filter(|_| kind == EnvelopeKind::Commit);
@@ -381,15 +392,18 @@ mod tests {
         let shard = Topic::parse(&topic).unwrap().shard(SHARDS);
         let ttl = Duration::from_secs(60);
         let results = f.ingest.publish(vec![input(&topic, EnvelopeKind::Application, 0)]).await.unwrap();
-        assert_eq!(results[0].1, Err(EnvelopeRejection::NoOwner { shard: shard.0 }));
+        assert_eq!(results[0].1, Err(EnvelopeRejection::NoOwner { shard: shard.index() }));
         // A lease naming this node's own address but not owned: a dead predecessor's.
         assert!(leases.acquire_lease(shard, &NodeId("old".into()), "me:1", ttl).await.unwrap());
         let results = f.ingest.publish(vec![input(&topic, EnvelopeKind::Application, 0)]).await.unwrap();
-        assert_eq!(results[0].1, Err(EnvelopeRejection::NoOwner { shard: shard.0 }));
+        assert_eq!(results[0].1, Err(EnvelopeRejection::NoOwner { shard: shard.index() }));
         leases.release_lease(shard, &NodeId("old".into())).await.unwrap();
         assert!(leases.acquire_lease(shard, &NodeId("b".into()), "b:1", ttl).await.unwrap());
         let results = f.ingest.publish(vec![input(&topic, EnvelopeKind::Application, 0)]).await.unwrap();
-        assert_eq!(results[0].1, Err(EnvelopeRejection::OwnedElsewhere { shard: shard.0, address: "b:1".into() }));
+        assert_eq!(
+            results[0].1,
+            Err(EnvelopeRejection::OwnedElsewhere { shard: shard.index(), address: "b:1".into() })
+        );
         assert_eq!(f.ingest.store.shard_position(shard).await.unwrap().boundary, 0, "nothing appended");
     }
 
@@ -406,7 +420,7 @@ mod tests {
         // No renewal came: past the deadline the shard is fenced off.
         tokio::time::advance(Duration::from_secs(5)).await;
         let results = f.ingest.publish(vec![input(&topic, EnvelopeKind::Application, 0)]).await.unwrap();
-        assert_eq!(results[0].1, Err(EnvelopeRejection::NoOwner { shard: shard.0 }));
+        assert_eq!(results[0].1, Err(EnvelopeRejection::NoOwner { shard: shard.index() }));
         assert_eq!(f.ingest.store.shard_position(shard).await.unwrap().boundary, 1, "nothing appended");
         // A late renewal moves the deadline: publishing works again.
         tx.send_modify(|o| {
@@ -470,18 +484,18 @@ mod tests {
                         membership == 0 || u8::try_from(membership).ok().and_then(MembershipChange::from_u8).is_some();
                     let message_id_ok = message_id.is_empty() || MessageId::parse(&message_id).is_ok();
                     let matches_topic = match (Topic::parse(&topic), parsed_kind) {
-                        (Ok(t), Some(k)) => NewEnvelope::new(t, SHARDS, k, false, vec![], vec![], None).is_ok(),
+                        (Ok(t), Some(k)) => NewEnvelope::new(t, SHARDS, k, false, None, vec![], None).is_ok(),
                         _ => false,
                     };
                     let valid = data.len() <= 16 && matches_topic && membership_ok && message_id_ok;
                     match f.ingest.parse(input) {
                         Ok(envelope) => {
                             prop_assert!(valid);
-                            prop_assert_eq!(envelope.topic.as_bytes(), &topic[..]);
-                            prop_assert_eq!(envelope.shard, envelope.topic.shard(SHARDS));
-                            prop_assert_eq!(Some(envelope.kind), parsed_kind);
+                            prop_assert_eq!(envelope.topic().as_bytes(), &topic[..]);
+                            prop_assert_eq!(envelope.shard(), envelope.topic().shard(SHARDS));
+                            prop_assert_eq!(Some(envelope.kind()), parsed_kind);
                             prop_assert_eq!(envelope.should_push, should_push);
-                            prop_assert_eq!(envelope.sender_hmac, sender_hmac);
+                            prop_assert_eq!(envelope.sender_hmac, SenderHmac::parse(&sender_hmac));
                             prop_assert_eq!(envelope.data, data);
                             prop_assert_eq!(envelope.sequence_id, (sequence_id != 0).then_some(sequence_id));
                             prop_assert_eq!(

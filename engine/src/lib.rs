@@ -3,7 +3,6 @@
 //! server code lives here; `fanout-api` maps this crate's errors to statuses.
 
 pub mod channel;
-pub mod clock;
 pub mod delivery;
 pub mod dispatch;
 pub mod domain;

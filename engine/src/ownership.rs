@@ -208,7 +208,7 @@ impl LeaseState {
             .into_iter()
             .filter(|(_, outcome)| !matches!(outcome, Ok(true)))
             .map(|(shard, outcome)| {
-                tracing::warn!(shard = shard.0, ?outcome, "shard lease lost; stopping its dispatch");
+                tracing::warn!(shard = shard.index(), ?outcome, "shard lease lost; stopping its dispatch");
                 shard
             })
             .collect();
@@ -221,8 +221,11 @@ impl LeaseState {
         if self.owned().len() < target {
             let taken: HashSet<ShardId> = c.leases.lease_owners().await?.into_iter().map(|(s, _)| s).collect();
             let start = rand::random_range(0..c.shard_count);
-            let mut free =
-                (0..c.shard_count).map(|i| ShardId((start + i) % c.shard_count)).filter(|s| !taken.contains(s));
+            let mut free = ShardId::all(c.shard_count)
+                .cycle()
+                .skip(usize::from(start))
+                .take(usize::from(c.shard_count))
+                .filter(|s| !taken.contains(s));
             while self.owned().len() < target && started.elapsed() < budget {
                 let want = (target - self.owned().len()).min(RENEW_CONCURRENCY);
                 let batch: Vec<ShardId> = free.by_ref().take(want).collect();
@@ -231,7 +234,7 @@ impl LeaseState {
                 }
                 for (shard, outcome) in self.request_leases(batch).await {
                     if outcome? {
-                        tracing::info!(shard = shard.0, node = %c.node, "shard lease acquired");
+                        tracing::info!(shard = shard.index(), node = %c.node, "shard lease acquired");
                         let _ = self.supervisor.cast(SupervisorMsg::Own(shard));
                     }
                 }
@@ -242,7 +245,7 @@ impl LeaseState {
         let extra = self.owned().len().saturating_sub(target);
         let released: Vec<ShardId> = self.owned().into_iter().rev().take(extra).collect();
         for shard in &released {
-            tracing::info!(shard = shard.0, node = %c.node, "releasing a shard above the fair share");
+            tracing::info!(shard = shard.index(), node = %c.node, "releasing a shard above the fair share");
         }
         self.disown_all(&released, true).await;
         let releases = stream::iter(released)
@@ -365,10 +368,10 @@ mod tests {
         a.round().await.unwrap();
         assert_eq!(a.owned().len(), 2);
         // Another node holds shard 0 now (a's lease expired meanwhile).
-        leases.leases.lock().unwrap().insert(ShardId(0), (NodeId("other".into()), Instant::now() + TTL));
+        leases.leases.lock().unwrap().insert(ShardId::FIRST, (NodeId("other".into()), Instant::now() + TTL));
         a.round().await.unwrap();
-        assert!(!a.owned().contains(&ShardId(0)), "lost, so disowned");
-        assert!(a.owned().contains(&ShardId(1)));
+        assert!(!a.owned().contains(&ShardId::FIRST), "lost, so disowned");
+        assert!(a.owned().contains(&ShardId::parse(1, 2).unwrap()));
     }
 
     #[tokio::test(start_paused = true)]
@@ -382,7 +385,7 @@ mod tests {
         // Past the first lease's TTL, within the renewal's: still a's.
         tokio::time::advance(TTL / 2 + Duration::from_secs(1)).await;
         let other = NodeId("other".into());
-        assert!(!leases.acquire_lease(ShardId(0), &other, "o:1", TTL).await.unwrap());
+        assert!(!leases.acquire_lease(ShardId::FIRST, &other, "o:1", TTL).await.unwrap());
         assert_eq!(a.owned().len(), 2);
     }
 
@@ -392,23 +395,23 @@ mod tests {
         let mut a = node(&leases, 1).await;
         let fence = Fence::leased(a.config.owned.subscribe());
         a.round().await.unwrap();
-        assert!(fence.holds(ShardId(0)));
+        assert!(fence.holds(ShardId::FIRST));
         // The deadline is before the store's expiry: 9 s TTL, 1.9 s margin.
-        let deadline = a.config.owned.borrow().shards[&ShardId(0)];
+        let deadline = a.config.owned.borrow().shards[&ShardId::FIRST];
         assert_eq!(deadline - Instant::now(), Duration::from_millis(7100));
         // A round every third of the TTL keeps it held.
         for _ in 0..5 {
             tokio::time::advance(TTL / 3).await;
             a.round().await.unwrap();
-            assert!(fence.holds(ShardId(0)));
+            assert!(fence.holds(ShardId::FIRST));
         }
         // No round (a paused process, a hung store): fenced before the lease
         // can expire on the store and another node take the shard.
         tokio::time::advance(Duration::from_millis(7100)).await;
-        assert!(!fence.holds(ShardId(0)));
+        assert!(!fence.holds(ShardId::FIRST));
         let other = NodeId("other".into());
-        assert!(!leases.acquire_lease(ShardId(0), &other, "o:1", TTL).await.unwrap(), "still a's on the store");
-        assert!(Fence::default().holds(ShardId(0)), "one node: always held");
+        assert!(!leases.acquire_lease(ShardId::FIRST, &other, "o:1", TTL).await.unwrap(), "still a's on the store");
+        assert!(Fence::default().holds(ShardId::FIRST), "one node: always held");
     }
 
     #[tokio::test(start_paused = true)]

@@ -4,17 +4,18 @@
 //! gRPC statuses once.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde::Deserialize;
 
 use crate::channel::{Channels, Refused};
-use crate::clock::unix_now_ns;
+use crate::domain::Timestamp;
 use crate::domain::{
-    Channel, DeliveryTarget, FieldError, KeyWindow, ParseError, RecipientId, RecipientSecret, RegistrationInput,
-    RelayRegistration, SigningKey, Subscription, SubscriptionUpdate, Topic, WebPushKeys,
+    Channel, DeliveryTarget, FieldError, KeyWindow, ParseError, RecipientId, RecipientSecret, RecipientSummary,
+    RegistrationInput, RelayRegistration, SigningKey, Subscription, SubscriptionUpdate, Topic, WebPushKeys,
 };
 use crate::metrics::{Limit, Metrics};
-use crate::store::{MAX_SUBSCRIPTION_CHANGES, RecipientSummary, Store, StoreError};
+use crate::store::{MAX_SUBSCRIPTION_CHANGES, Store, StoreError};
 
 /// `engine.max_subscription_changes`: the most adds plus removes one
 /// UpdateSubscriptions may carry (issue 11), 1000 to 65534, default 2000.
@@ -58,13 +59,24 @@ impl TryFrom<u64> for SubscriptionChanges {
 
 /// Register's delivery as received, before admission check 4.
 pub enum DeliveryInput<'a> {
-    Apns { token: &'a str },
-    Fcm { token: &'a str },
-    Http { url: &'a str, signing_key: &'a [u8] },
+    Apns {
+        token: &'a str,
+    },
+    Fcm {
+        token: &'a str,
+    },
+    Http {
+        url: &'a str,
+        signing_key: &'a [u8],
+    },
     /// Spec 003 §1: a device's push route through the operator's push server.
     Relay(RegistrationInput<'a>),
     /// A browser's Web Push subscription (RFC 8030, 8291).
-    WebPush { endpoint: &'a str, p256dh: &'a [u8], auth: &'a [u8] },
+    WebPush {
+        endpoint: &'a str,
+        p256dh: &'a [u8],
+        auth: &'a [u8],
+    },
 }
 
 /// A Subscription as received, before PUSH-215.
@@ -151,7 +163,7 @@ impl Registry {
             }
         }
         let target = self.parse_delivery(delivery).await?;
-        let summary = self.store.register(&id, &hash, &target, unix_now_ns()).await?;
+        let summary = self.store.register(&id, &hash, &target, Timestamp::now().as_unix_nanos()).await?;
         Ok(self.state(summary))
     }
 
@@ -186,7 +198,7 @@ impl Registry {
         let update = parse_update(adds, removes)?;
         let summary = self
             .store
-            .update_subscriptions(&id, &secret.hash(), &update, unix_now_ns(), self.max_push_topics)
+            .update_subscriptions(&id, &secret.hash(), &update, Timestamp::now().as_unix_nanos(), self.max_push_topics)
             .await?;
         Ok(self.state(summary))
     }
@@ -247,11 +259,12 @@ impl Registry {
     }
 
     fn state(&self, summary: RecipientSummary) -> RecipientState {
-        let ttl_ns = (self.recipient_ttl_seconds as i64).saturating_mul(1_000_000_000);
         RecipientState {
             topic_count: summary.topic_count,
             channel: summary.channel,
-            expires_at_ns: summary.renewed_at_ns.saturating_add(ttl_ns),
+            expires_at_ns: Timestamp::from_unix_nanos(summary.renewed_at_ns)
+                .saturating_add(Duration::from_secs(self.recipient_ttl_seconds))
+                .as_unix_nanos(),
         }
     }
 }
@@ -369,12 +382,12 @@ mod tests {
         assert_eq!(refused, "webhook host does not resolve to an allowed address", "the rule, never the URL");
         let later = r.register(&ID, &SECRET, http("https://dns-down.example/")).await;
         assert!(matches!(later, Err(AdmissionError::TryAgain(_))), "a failed lookup is not the client's fault");
-        assert!(r.store.recipient(&RecipientId(ID)).await.unwrap().is_none(), "nothing stored");
+        assert!(r.store.recipient(&RecipientId::from_bytes(ID)).await.unwrap().is_none(), "nothing stored");
 
         // Stored once admitted; the state carries the channel and the TTL.
         let state = r.register(&ID, &SECRET, http("https://a.example/")).await.unwrap();
         assert_eq!((state.channel, state.topic_count), (Channel::Http, 0));
-        let stored = r.store.recipient(&RecipientId(ID)).await.unwrap().unwrap();
+        let stored = r.store.recipient(&RecipientId::from_bytes(ID)).await.unwrap().unwrap();
         assert_eq!(state.expires_at_ns, stored.renewed_at_ns + 60_000_000_000);
 
         // Row 3: another secret for an existing recipient, before the payload rules.
@@ -391,17 +404,18 @@ mod tests {
     async fn relay_registrations_follow_section_1_and_replace_the_target() {
         let dir = tempfile::tempdir().unwrap();
         let r = registry(&dir, &[Channel::Relay, Channel::Apns], 2);
-        let relay = |provider, token| Some(DeliveryInput::Relay(RegistrationInput { provider, token, ..Default::default() }));
+        let relay =
+            |provider, token| Some(DeliveryInput::Relay(RegistrationInput { provider, token, ..Default::default() }));
         match r.register(&ID, &SECRET, relay("APNS", "t")).await {
             Err(AdmissionError::InvalidField(e)) => assert_eq!(e.field, "provider"),
             other => panic!("expected the provider rule, got {other:?}"),
         }
-        assert!(r.store.recipient(&RecipientId(ID)).await.unwrap().is_none(), "nothing stored");
+        assert!(r.store.recipient(&RecipientId::from_bytes(ID)).await.unwrap().is_none(), "nothing stored");
         r.register(&ID, &SECRET, Some(DeliveryInput::Apns { token: "t" })).await.unwrap();
         r.update_subscriptions(&ID, &SECRET, &[add(&[0, 1])], &[]).await.unwrap();
         let state = r.register(&ID, &SECRET, relay("fcm", "device-token")).await.unwrap();
         assert_eq!((state.channel, state.topic_count), (Channel::Relay, 1), "replaced, subscriptions kept");
-        let stored = r.store.recipient(&RecipientId(ID)).await.unwrap().unwrap();
+        let stored = r.store.recipient(&RecipientId::from_bytes(ID)).await.unwrap().unwrap();
         let DeliveryTarget::Relay(reg) = stored.target else { panic!("a relay target") };
         assert_eq!((reg.provider(), reg.token(), reg.app_id()), ("fcm", "device-token", None));
     }
@@ -416,11 +430,14 @@ mod tests {
         invalid(r.update_subscriptions(&ID, &SECRET, &bad, &[]).await);
         let twice = [add(&[0, 1])];
         invalid(r.update_subscriptions(&ID, &SECRET, &twice, &[vec![0, 1]]).await);
-        assert!(r.store.subscriptions(&RecipientId(ID)).await.unwrap().is_empty());
+        assert!(r.store.subscriptions(&RecipientId::from_bytes(ID)).await.unwrap().is_empty());
         // PUSH-217: over max_push_topics, nothing changes.
         let three = [add(&[0, 1]), add(&[0, 2]), add(&[1, 3])];
-        assert!(matches!(r.update_subscriptions(&ID, &SECRET, &three, &[]).await, Err(AdmissionError::ResourceExhausted)));
-        assert!(r.store.subscriptions(&RecipientId(ID)).await.unwrap().is_empty());
+        assert!(matches!(
+            r.update_subscriptions(&ID, &SECRET, &three, &[]).await,
+            Err(AdmissionError::ResourceExhausted)
+        ));
+        assert!(r.store.subscriptions(&RecipientId::from_bytes(ID)).await.unwrap().is_empty());
         let two = &three[..2];
         assert_eq!(r.update_subscriptions(&ID, &SECRET, two, &[]).await.unwrap().topic_count, 2);
     }
@@ -435,7 +452,10 @@ mod tests {
         let adds: Vec<SubscriptionInput<'_>> = topics.iter().map(|t| add(t)).collect();
         assert!(matches!(r.update_subscriptions(&ID, &SECRET, &adds, &[]).await, Err(AdmissionError::NotFound)));
         r.register(&ID, &SECRET, Some(DeliveryInput::Apns { token: "t" })).await.unwrap();
-        assert!(matches!(r.update_subscriptions(&ID, &[3; 32], &adds, &[]).await, Err(AdmissionError::PermissionDenied)));
+        assert!(matches!(
+            r.update_subscriptions(&ID, &[3; 32], &adds, &[]).await,
+            Err(AdmissionError::PermissionDenied)
+        ));
 
         // One over: refused, whatever else is wrong, and nothing stored.
         let message = invalid(r.update_subscriptions(&ID, &SECRET, &adds, &[]).await);
@@ -446,7 +466,7 @@ mod tests {
         );
         let (some_adds, removes) = (&adds[..600], &topics[600..]);
         invalid(r.update_subscriptions(&ID, &SECRET, some_adds, removes).await);
-        assert!(r.store.subscriptions(&RecipientId(ID)).await.unwrap().is_empty());
+        assert!(r.store.subscriptions(&RecipientId::from_bytes(ID)).await.unwrap().is_empty());
         assert!(r.metrics.render().contains("fanout_limit_refusals_total{limit=\"subscription_changes\"} 2"));
         // At the limit: applied.
         assert_eq!(r.update_subscriptions(&ID, &SECRET, &adds[..limit], &[]).await.unwrap().topic_count, limit as u64);

@@ -10,7 +10,7 @@ use std::time::Duration;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use serde::Deserialize;
 
-use crate::clock::unix_now_ns;
+use crate::domain::Timestamp;
 use crate::metrics::Metrics;
 use crate::store::Store;
 
@@ -66,8 +66,8 @@ pub struct RetentionArgs {
 
 /// One pass. A failure is logged and retried at the next pass.
 pub async fn run_pass(args: &RetentionArgs) {
-    let ttl_ns = i64::try_from(args.ttl.as_nanos()).unwrap_or(i64::MAX);
-    let cutoff = unix_now_ns().saturating_sub(ttl_ns);
+    let now = Timestamp::now();
+    let cutoff = now.saturating_sub(args.ttl).as_unix_nanos();
     // A failure is counted and logged by the instrumented store; the next pass retries.
     if let Ok(n) = args.store.delete_expired(cutoff).await {
         args.metrics.recipients_deleted.with_label_values(&["expired"]).inc_by(n);
@@ -75,11 +75,11 @@ pub async fn run_pass(args: &RetentionArgs) {
             tracing::info!(deleted = n, "retention pass deleted expired recipients");
         }
     }
-    if let Ok(n) = args.store.delete_expired_relay(unix_now_ns() / 1_000_000).await {
+    if let Ok(n) = args.store.delete_expired_relay(now.as_millis()).await {
         args.metrics.relay_records_expired.inc_by(n);
     }
     // Spec 002: expired registrations, notify records and window state.
-    if let Ok(n) = args.store.delete_expired_gateway(unix_now_ns() / 1_000_000).await
+    if let Ok(n) = args.store.delete_expired_gateway(now.as_millis()).await
         && n > 0
     {
         tracing::debug!(deleted = n, "retention pass deleted expired gateway records");
@@ -99,12 +99,21 @@ impl Actor for RetentionActor {
     type State = RetentionArgs;
     type Arguments = RetentionArgs;
 
-    async fn pre_start(&self, myself: ActorRef<RetentionMsg>, args: RetentionArgs) -> Result<RetentionArgs, ActorProcessingErr> {
+    async fn pre_start(
+        &self,
+        myself: ActorRef<RetentionMsg>,
+        args: RetentionArgs,
+    ) -> Result<RetentionArgs, ActorProcessingErr> {
         let _ = myself.cast(RetentionMsg::Pass);
         Ok(args)
     }
 
-    async fn handle(&self, myself: ActorRef<RetentionMsg>, _: RetentionMsg, args: &mut RetentionArgs) -> Result<(), ActorProcessingErr> {
+    async fn handle(
+        &self,
+        myself: ActorRef<RetentionMsg>,
+        _: RetentionMsg,
+        args: &mut RetentionArgs,
+    ) -> Result<(), ActorProcessingErr> {
         run_pass(args).await;
         let me = myself.clone();
         let interval = args.interval.get();

@@ -10,8 +10,8 @@ use async_trait::async_trait;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::time::Instant;
 
+use crate::domain::Recipient;
 use crate::domain::{DeliveryTarget, EnvelopeKind, RecipientId, SecretHash, ShardId, StoredEnvelope, Topic};
-use crate::store::Recipient;
 use crate::store::{NodeId, ShardLeases, StoreError};
 
 /// A resolver for destinations reached by IP literal: it never resolves.
@@ -27,12 +27,12 @@ impl crate::channel::http::HostResolver for NoDns {
 /// An application envelope on topic `00 01 02 03` (base64 `AAECAw==`).
 pub fn envelope(sequence_id: u64) -> StoredEnvelope {
     StoredEnvelope {
-        shard: ShardId(0),
+        shard: ShardId::FIRST,
         sequence_id,
         topic: Topic::parse(&[0, 1, 2, 3]).expect("a group topic"),
         kind: EnvelopeKind::Application,
         server_ts_ns: 0,
-        sender_hmac: vec![],
+        sender_hmac: None,
         data: b"secret payload".to_vec(),
         relay: Default::default(),
     }
@@ -41,7 +41,7 @@ pub fn envelope(sequence_id: u64) -> StoredEnvelope {
 /// A stored recipient reached at `target`.
 pub fn recipient(target: DeliveryTarget) -> Recipient {
     Recipient {
-        id: RecipientId([1u8; 32]),
+        id: RecipientId::from_bytes([1u8; 32]),
         secret_hash: SecretHash([2u8; 32]),
         target,
         renewed_at_ns: 0,

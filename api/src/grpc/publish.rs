@@ -42,7 +42,7 @@ pub(super) async fn publish_batch(
     Ok(results
         .into_iter()
         .map(|(shard, r)| pb::PublishResult {
-            shard: shard.map_or(0, |s| u32::from(s.0)),
+            shard: shard.map_or(0, |s| u32::from(s.index())),
             result: Some(match r {
                 Ok(seq) => pb::publish_result::Result::SequenceId(seq),
                 Err(e) => pb::publish_result::Result::Error(rejection(e)),

@@ -34,9 +34,9 @@ pub use settings::{ChannelSettings, Connections, HttpsBase, PushLifetime};
 pub use tls::client_tls_config;
 
 use crate::delivery::Delivery;
-use crate::domain::{Channel, DeliveryTarget, StoredEnvelope};
+use crate::domain::{Channel, DeliveryTarget, Recipient, StoredEnvelope};
 use crate::metrics::Metrics;
-use crate::store::{Recipient, Store};
+use crate::store::Store;
 
 /// One attempt's input: the envelope and the recipient as loaded for the window.
 #[derive(Debug, Clone, Copy)]

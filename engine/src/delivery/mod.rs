@@ -14,8 +14,8 @@ pub use latch::{FirstAttempt, FirstAttemptLatch};
 pub use settings::DeliverySettings;
 pub use worker::WorkerContext;
 
+use crate::domain::Recipient;
 use crate::domain::StoredEnvelope;
-use crate::store::Recipient;
 
 /// One (envelope, subscription) send and its state.
 pub struct Delivery {

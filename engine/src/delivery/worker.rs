@@ -8,7 +8,7 @@ use tokio_util::time::DelayQueue;
 
 use super::{Delivery, DeliverySettings, FirstAttempt};
 use crate::channel::{Channels, Outcome, Push};
-use crate::clock::unix_now_ns;
+use crate::domain::Timestamp;
 use crate::metrics::Metrics;
 use crate::store::Store;
 
@@ -147,7 +147,8 @@ fn settle(
     ctx.metrics.attempts.with_label_values(&[channel, outcome.label()]).inc();
     if let Some(first) = delivery.first_attempt.take() {
         first.settle();
-        let waited = (unix_now_ns() - delivery.envelope.server_ts_ns).max(0) as f64 / 1e9;
+        let stored = Timestamp::from_unix_nanos(delivery.envelope.server_ts_ns);
+        let waited = Timestamp::now().saturating_duration_since(stored).as_secs_f64();
         ctx.metrics.publish_to_attempt.with_label_values(&[channel]).observe(waited);
     }
     let final_outcome = match outcome.retry_delay() {
@@ -202,9 +203,9 @@ mod tests {
     use crate::channel::Provider;
     use crate::delivery::{DeliveryWorkers, FirstAttemptLatch};
     use crate::domain::{
-        Channel, DeliveryTarget, EnvelopeKind, RecipientId, SecretHash, ShardId, StoredEnvelope, Topic,
+        Channel, DeliveryTarget, EnvelopeKind, Recipient, RecipientId, SecretHash, ShardId, StoredEnvelope, Topic,
     };
-    use crate::store::{Recipient, RedbStore};
+    use crate::store::RedbStore;
 
     /// A channel that answers from a script (then `Delivered`); its first
     /// `hang` sends never answer, and it records how many sends overlap.
@@ -267,7 +268,7 @@ mod tests {
 
     fn recipient(target: DeliveryTarget) -> Recipient {
         Recipient {
-            id: RecipientId([3; 32]),
+            id: RecipientId::from_bytes([3; 32]),
             secret_hash: SecretHash([4; 32]),
             target,
             renewed_at_ns: 1,
@@ -277,12 +278,12 @@ mod tests {
 
     fn envelope() -> StoredEnvelope {
         StoredEnvelope {
-            shard: ShardId(0),
+            shard: ShardId::FIRST,
             sequence_id: 1,
             topic: Topic::parse(&[0, 9]).unwrap(),
             kind: EnvelopeKind::Application,
-            server_ts_ns: unix_now_ns(),
-            sender_hmac: vec![],
+            server_ts_ns: Timestamp::now().as_unix_nanos(),
+            sender_hmac: None,
             data: vec![],
             relay: Default::default(),
         }
@@ -346,7 +347,7 @@ mod tests {
         let t = Outcome::transient(Duration::from_secs(1));
         let p = Scripted::build(Channel::Apns, &[t; 100], 0, Duration::from_millis(200));
         let r = recipient(DeliveryTarget::Apns { token: "t".into() });
-        let many = (0..100u8).map(|i| Recipient { id: RecipientId([i; 32]), ..r.clone() }).collect();
+        let many = (0..100u8).map(|i| Recipient { id: RecipientId::from_bytes([i; 32]), ..r.clone() }).collect();
         let settings = DeliverySettings {
             workers: NonZeroUsize::MIN,
             max_in_flight_per_worker: NonZeroUsize::new(4).unwrap(),

@@ -1,6 +1,6 @@
 use crate::channel::Channels;
+use crate::domain::Subscriber;
 use crate::domain::{HmacKey, StoredEnvelope, hmac_epoch};
-use crate::store::Subscriber;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision<'a> {
@@ -33,13 +33,11 @@ pub fn decide<'a>(envelope: &StoredEnvelope, subscriber: &'a Subscriber, channel
     }
 }
 
-/// PUSH-230's preconditions, failing open: a 32-byte sender_hmac and a key
+/// PUSH-230's preconditions, failing open: a sender HMAC and a key
 /// at index (epoch of the server timestamp − base) of the subscription's
 /// window. Without both, the delivery is never suppressed.
 fn suppression_key<'a>(envelope: &StoredEnvelope, subscriber: &'a Subscriber) -> Option<&'a HmacKey> {
-    if envelope.sender_hmac.len() != 32 {
-        return None;
-    }
+    envelope.sender_hmac?;
     let window = subscriber.subscription.subscription.keys.as_ref()?;
     window.key_for_epoch(hmac_epoch(envelope.server_ts_ns))
 }
@@ -59,7 +57,7 @@ mod tests {
         Channel, DeliveryTarget, EnvelopeKind, HMAC_EPOCH_SECONDS, KeyWindow, RecipientId, SecretHash, ShardId,
         SigningKey, StoredSubscription, Subscription, Topic,
     };
-    use crate::store::Recipient;
+    use crate::domain::{Recipient, SenderHmac};
 
     struct NullProvider;
     #[async_trait]
@@ -86,12 +84,12 @@ mod tests {
 
     fn envelope(seq: u64, kind: EnvelopeKind, ts_ns: i64, hmac: Vec<u8>) -> StoredEnvelope {
         StoredEnvelope {
-            shard: ShardId(0),
+            shard: ShardId::FIRST,
             sequence_id: seq,
             topic: Topic::parse(&[0, 1]).unwrap(),
             kind,
             server_ts_ns: ts_ns,
-            sender_hmac: hmac,
+            sender_hmac: SenderHmac::parse(&hmac),
             data: vec![],
             relay: Default::default(),
         }
@@ -109,7 +107,9 @@ mod tests {
         match decide(envelope, subscriber, channels) {
             Decision::Excluded => Verdict::Excluded,
             Decision::Deliver => Verdict::Deliver,
-            Decision::DeliverUnlessOwn(key) if is_senders_own(data, &envelope.sender_hmac, key) => Verdict::Suppressed,
+            Decision::DeliverUnlessOwn(key) if envelope.sender_hmac.is_some_and(|h| is_senders_own(data, &h, key)) => {
+                Verdict::Suppressed
+            }
             Decision::DeliverUnlessOwn(_) => Verdict::Deliver,
         }
     }
@@ -117,7 +117,7 @@ mod tests {
     fn subscriber(start: u64, include_commits: bool, keys: Option<KeyWindow>, target: DeliveryTarget) -> Subscriber {
         Subscriber {
             recipient: Recipient {
-                id: RecipientId([1; 32]),
+                id: RecipientId::from_bytes([1; 32]),
                 secret_hash: SecretHash([2; 32]),
                 target,
                 renewed_at_ns: 0,

@@ -8,8 +8,8 @@ use tokio::time::Instant;
 use super::{Decision, DispatchContext, decide, suppression};
 use crate::channel::{Channels, QueueBatch};
 use crate::delivery::{Delivery, FirstAttempt, FirstAttemptLatch};
+use crate::domain::Recipient;
 use crate::domain::{Channel, HmacKey, RecipientId, ShardId, StoredEnvelope};
-use crate::store::Recipient;
 use crate::ticker::spawn_ticker;
 
 pub enum ShardMsg {
@@ -203,7 +203,7 @@ impl Actor for ShardActor {
         }
         if let Err(e) = result {
             // Drop the window; the next tick replays it from the durable checkpoint.
-            tracing::warn!(shard = state.shard.0, error = %e, "dispatch step failed; window will be replayed");
+            tracing::warn!(shard = state.shard.index(), error = %e, "dispatch step failed; window will be replayed");
             state.drop_window();
         }
         Ok(())
@@ -227,7 +227,7 @@ impl ShardState {
     fn fenced(&mut self) -> bool {
         let fenced = !self.ctx.fence.holds(self.shard);
         if fenced && !self.fenced {
-            tracing::warn!(shard = self.shard.0, "shard lease not renewed in time; dispatch paused");
+            tracing::warn!(shard = self.shard.index(), "shard lease not renewed in time; dispatch paused");
         }
         self.fenced = fenced;
         fenced
@@ -425,7 +425,7 @@ impl ShardState {
             return Ok(());
         }
         self.ctx.metrics.window_replays.inc();
-        tracing::warn!(shard = self.shard.0, "window made no progress; re-sending its lost deliveries");
+        tracing::warn!(shard = self.shard.index(), "window made no progress; re-sending its lost deliveries");
         let batch = w.route(&self.ctx.channels, batch);
         w.release_queued();
         if !batch.is_empty() && self.ctx.workers.submit(batch).await.is_err() {
@@ -544,7 +544,7 @@ mod tests {
             let topic = Topic::parse(&[0, 42]).unwrap();
             let mut ids = Vec::new();
             for i in 0..recipients {
-                let id = RecipientId([i + 1; 32]);
+                let id = RecipientId::from_bytes([i + 1; 32]);
                 let hash = RecipientSecret::parse(&[i + 1; 32]).unwrap().hash();
                 let target = DeliveryTarget::Apns { token: format!("t{i}") };
                 store.register(&id, &hash, &target, 1).await.unwrap();
@@ -553,8 +553,7 @@ mod tests {
                 store.update_subscriptions(&id, &hash, &update, 1, 100).await.unwrap();
                 ids.push(id);
             }
-            let new =
-                |_| NewEnvelope::new(topic.clone(), SHARDS, EnvelopeKind::Application, true, vec![], vec![], None);
+            let new = |_| NewEnvelope::new(topic.clone(), SHARDS, EnvelopeKind::Application, true, None, vec![], None);
             let batch: Vec<NewEnvelope> = (0..envelopes).map(|i| new(i).unwrap()).collect();
             store.append(&batch, 2).await.unwrap();
 
@@ -584,13 +583,13 @@ mod tests {
                 fence,
                 panic_hook: PanicHook::default(),
             });
-            let (actor, _) = Actor::spawn(None, ShardActor, (ShardId(0), ctx, Arc::default())).await.unwrap();
+            let (actor, _) = Actor::spawn(None, ShardActor, (ShardId::FIRST, ctx, Arc::default())).await.unwrap();
             let _ = actor.cast(ShardMsg::Wake);
             Self { store, gate, metrics, actor, recipients: ids, _dir: dir }
         }
 
         async fn position(&self) -> ShardPosition {
-            self.store.shard_position(ShardId(0)).await.unwrap()
+            self.store.shard_position(ShardId::FIRST).await.unwrap()
         }
 
         /// Lets the paused clock run until `done` holds (or fails after a
@@ -730,7 +729,7 @@ mod tests {
     async fn a_fenced_shard_dispatches_nothing_until_its_lease_is_renewed() {
         // The lease deadline is 2 s away and no renewal comes.
         let deadline = Instant::now() + Duration::from_secs(2);
-        let owned = OwnedShards { shards: [(ShardId(0), deadline)].into(), settled: true };
+        let owned = OwnedShards { shards: [(ShardId::FIRST, deadline)].into(), settled: true };
         let (tx, rx) = tokio::sync::watch::channel(owned);
         let s = settings(1, 1); // one subscriber per page, one page at a time
         let delivery = DeliverySettings::default();
@@ -743,7 +742,7 @@ mod tests {
         assert_eq!(f.position().await.checkpoint, 0);
         // A late renewal lifts the fence: the window goes on from where it was.
         tx.send_modify(|o| {
-            o.shards.insert(ShardId(0), Instant::now() + Duration::from_secs(60));
+            o.shards.insert(ShardId::FIRST, Instant::now() + Duration::from_secs(60));
         });
         f.until_checkpoint(1).await;
         let sends = f.sends();

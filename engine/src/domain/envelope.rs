@@ -1,4 +1,4 @@
-use super::{ParseError, ShardId, Topic, TopicKind};
+use super::{ParseError, SenderHmac, ShardId, Topic, TopicKind};
 
 /// The kinds of envelope a network publishes (API-210 stand-in, DESIGN.md).
 /// Numbers match the wire enum.
@@ -36,9 +36,7 @@ impl EnvelopeKind {
     /// The only topic kind this envelope kind may be published on.
     fn topic_kind(self) -> TopicKind {
         match self {
-            Self::Application | Self::Commit | Self::Proposal | Self::CommitLog => {
-                TopicKind::GroupMessage
-            }
+            Self::Application | Self::Commit | Self::Proposal | Self::CommitLog => TopicKind::GroupMessage,
             Self::Welcome => TopicKind::Welcome,
             Self::IdentityUpdate => TopicKind::IdentityUpdates,
             Self::KeyPackage => TopicKind::KeyPackages,
@@ -103,14 +101,17 @@ pub struct RelayMeta {
 /// inlined, so it is not stored for that.
 pub const MAX_INLINE_DATA: usize = 3072;
 
-/// A validated envelope on its way into storage.
+/// A validated envelope on its way into storage. Topic, shard and kind are
+/// private: `new` derives the shard from the topic and checks the kind
+/// against it, and nothing can change one without the others.
 #[derive(Debug, Clone)]
 pub struct NewEnvelope {
-    pub topic: Topic,
-    pub shard: ShardId,
-    pub kind: EnvelopeKind,
+    topic: Topic,
+    shard: ShardId,
+    kind: EnvelopeKind,
     pub should_push: bool,
-    pub sender_hmac: Vec<u8>,
+    /// `None` when the publisher sent no 32-byte HMAC: never suppressed (PUSH-230).
+    pub sender_hmac: Option<SenderHmac>,
     pub data: Vec<u8>,
     /// The publisher's own sequence id for the shard, or `None` to let fanout allocate.
     pub sequence_id: Option<u64>,
@@ -124,7 +125,7 @@ impl NewEnvelope {
         shard_count: u16,
         kind: EnvelopeKind,
         should_push: bool,
-        sender_hmac: Vec<u8>,
+        sender_hmac: Option<SenderHmac>,
         data: Vec<u8>,
         sequence_id: Option<u64>,
     ) -> Result<Self, ParseError> {
@@ -143,6 +144,19 @@ impl NewEnvelope {
         })
     }
 
+    pub fn topic(&self) -> &Topic {
+        &self.topic
+    }
+
+    /// `topic.shard(shard_count)` for the shard count given to `new`.
+    pub fn shard(&self) -> ShardId {
+        self.shard
+    }
+
+    pub fn kind(&self) -> EnvelopeKind {
+        self.kind
+    }
+
     /// PUSH-219: a Welcome, or a group message that asked for a push or is a
     /// commit or a proposal. Nothing else is ever pushed.
     pub fn is_push_eligible(&self) -> bool {
@@ -150,16 +164,14 @@ impl NewEnvelope {
             EnvelopeKind::Welcome => true,
             EnvelopeKind::Application => self.should_push,
             EnvelopeKind::Commit | EnvelopeKind::Proposal => true,
-            EnvelopeKind::KeyPackage | EnvelopeKind::IdentityUpdate | EnvelopeKind::CommitLog => {
-                false
-            }
+            EnvelopeKind::KeyPackage | EnvelopeKind::IdentityUpdate | EnvelopeKind::CommitLog => false,
         }
     }
 
     /// The HMAC input is kept only where suppression can use it (PUSH-230):
-    /// a 32-byte sender_hmac. Otherwise no ciphertext is stored at all.
-    pub fn suppression_data(&self) -> Option<(&[u8], &[u8])> {
-        (self.sender_hmac.len() == 32).then_some((&self.sender_hmac, &self.data))
+    /// a sender HMAC. Otherwise no ciphertext is stored for it.
+    pub fn suppression_data(&self) -> Option<(&SenderHmac, &[u8])> {
+        self.sender_hmac.as_ref().map(|h| (h, self.data.as_slice()))
     }
 
     /// The data a window keeps for the relay channel (003 §3): all of it when
@@ -171,11 +183,11 @@ impl NewEnvelope {
     /// What is stored of the envelope: the sender HMAC only where suppression
     /// can use it (PUSH-230), and the data then, or when it is small enough
     /// to be inlined as the relay channel's `mls_message` (003 §3).
-    pub fn stored_hmac_and_data(&self) -> (Vec<u8>, Vec<u8>) {
+    pub fn stored_hmac_and_data(&self) -> (Option<SenderHmac>, Vec<u8>) {
         match self.suppression_data() {
-            Some((h, d)) => (h.to_vec(), d.to_vec()),
-            None if self.data.len() <= MAX_INLINE_DATA => (Vec::new(), self.data.clone()),
-            None => (Vec::new(), Vec::new()),
+            Some((h, d)) => (Some(*h), d.to_vec()),
+            None if self.data.len() <= MAX_INLINE_DATA => (None, self.data.clone()),
+            None => (None, Vec::new()),
         }
     }
 }
@@ -193,9 +205,8 @@ pub struct StoredEnvelope {
     pub kind: EnvelopeKind,
     /// Server timestamp stamped at storage, Unix nanoseconds.
     pub server_ts_ns: i64,
-    /// Exactly 32 bytes when suppression may apply (the store then keeps the
-    /// data too); else empty.
-    pub sender_hmac: Vec<u8>,
+    /// Present when suppression may apply (the store then keeps the data too).
+    pub sender_hmac: Option<SenderHmac>,
     /// The data itself only when at most `MAX_INLINE_DATA` bytes: the relay
     /// channel's `mls_message` (003 §3). Larger data stays in the store and
     /// is read per page for suppression only (issue 11: windows hold what
@@ -209,7 +220,7 @@ mod tests {
     use super::*;
 
     fn env(kind: EnvelopeKind, topic: &[u8], should_push: bool) -> Result<NewEnvelope, ParseError> {
-        NewEnvelope::new(Topic::parse(topic).unwrap(), 16, kind, should_push, vec![], vec![], None)
+        NewEnvelope::new(Topic::parse(topic).unwrap(), 16, kind, should_push, None, vec![], None)
     }
 
     #[test]
@@ -227,14 +238,15 @@ mod tests {
 
     #[test]
     fn data_is_kept_for_suppression_or_when_small_enough_to_inline() {
-        let with = |hmac: Vec<u8>, data: Vec<u8>| {
+        let hmac = SenderHmac::parse(&[1; 32]);
+        let with = |hmac: Option<SenderHmac>, data: Vec<u8>| {
             NewEnvelope::new(Topic::parse(&[0, 1]).unwrap(), 16, EnvelopeKind::Application, true, hmac, data, None)
                 .unwrap()
                 .stored_hmac_and_data()
         };
-        assert_eq!(with(vec![1; 32], vec![2; 5000]), (vec![1; 32], vec![2; 5000]));
-        assert_eq!(with(vec![1; 31], vec![2; MAX_INLINE_DATA]), (vec![], vec![2; MAX_INLINE_DATA]));
-        assert_eq!(with(vec![], vec![2; MAX_INLINE_DATA + 1]), (vec![], vec![]));
+        assert_eq!(with(hmac, vec![2; 5000]), (hmac, vec![2; 5000]));
+        assert_eq!(with(None, vec![2; MAX_INLINE_DATA]), (None, vec![2; MAX_INLINE_DATA]));
+        assert_eq!(with(None, vec![2; MAX_INLINE_DATA + 1]), (None, vec![]));
     }
 
     #[test]

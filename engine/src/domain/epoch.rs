@@ -1,9 +1,11 @@
+use super::Timestamp;
+
 /// An HMAC epoch is 30 days (spec 000, Terms).
 pub const HMAC_EPOCH_SECONDS: i64 = 2_592_000;
 
 /// The HMAC epoch of a Unix time in nanoseconds: seconds / 2592000, rounded down.
 pub fn hmac_epoch(unix_ns: i64) -> i64 {
-    unix_ns.div_euclid(1_000_000_000).div_euclid(HMAC_EPOCH_SECONDS)
+    Timestamp::from_unix_nanos(unix_ns).as_secs().div_euclid(HMAC_EPOCH_SECONDS)
 }
 
 #[cfg(test)]

@@ -4,15 +4,23 @@ use subtle::ConstantTimeEq;
 use super::ParseError;
 
 /// 32 random bytes naming a push endpoint. Debug never prints the bytes.
+/// The field is private: an id is built from exactly 32 bytes, never from
+/// a slice of another length.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RecipientId(pub [u8; 32]);
+pub struct RecipientId([u8; 32]);
 
 impl RecipientId {
     pub fn parse(bytes: &[u8]) -> Result<Self, ParseError> {
-        bytes
-            .try_into()
-            .map(Self)
-            .map_err(|_| ParseError("recipient_id must be exactly 32 bytes"))
+        bytes.try_into().map(Self).map_err(|_| ParseError("recipient_id must be exactly 32 bytes"))
+    }
+
+    /// Any 32 bytes name a recipient: e.g. a key read back from storage.
+    pub const fn from_bytes(bytes: [u8; 32]) -> Self {
+        Self(bytes)
+    }
+
+    pub const fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
     }
 
     /// Lowercase hex, as the webhook body carries it (PUSH-259).
@@ -47,10 +55,7 @@ pub struct RecipientSecret([u8; 32]);
 
 impl RecipientSecret {
     pub fn parse(bytes: &[u8]) -> Result<Self, ParseError> {
-        bytes
-            .try_into()
-            .map(Self)
-            .map_err(|_| ParseError("recipient_secret must be exactly 32 bytes"))
+        bytes.try_into().map(Self).map_err(|_| ParseError("recipient_secret must be exactly 32 bytes"))
     }
 
     pub fn hash(&self) -> SecretHash {
@@ -91,10 +96,10 @@ mod tests {
         for i in 0..8000u32 {
             let mut id = [7u8; 32];
             id[8..12].copy_from_slice(&i.to_be_bytes());
-            counts[RecipientId(id).partition(8)] += 1;
+            counts[RecipientId::from_bytes(id).partition(8)] += 1;
         }
         assert!(counts.iter().all(|&c| (800..1200).contains(&c)), "{counts:?}");
-        let id = RecipientId([9; 32]);
+        let id = RecipientId::from_bytes([9; 32]);
         assert_eq!(id.partition(8), id.partition(8), "stable");
     }
 
@@ -102,18 +107,15 @@ mod tests {
     fn ids_must_be_32_bytes() {
         assert!(RecipientId::parse(&[1; 31]).is_err());
         assert!(RecipientId::parse(&[1; 33]).is_err());
-        assert_eq!(RecipientId::parse(&[1; 32]).unwrap().0, [1; 32]);
+        assert_eq!(RecipientId::parse(&[1; 32]).unwrap().as_bytes(), &[1; 32]);
         assert!(RecipientSecret::parse(&[]).is_err());
     }
 
     #[test]
     fn secret_hash_is_sha256_and_debug_hides_values() {
         let s = RecipientSecret::parse(&[0; 32]).unwrap();
-        assert_eq!(
-            hex::encode(s.hash().0),
-            "66687aadf862bd776c8fc18b8e9f8e20089714856ee233b3902a591d0d5f2925"
-        );
+        assert_eq!(hex::encode(s.hash().0), "66687aadf862bd776c8fc18b8e9f8e20089714856ee233b3902a591d0d5f2925");
         assert_eq!(format!("{:?}", s.hash()), "SecretHash(..)");
-        assert_eq!(format!("{:?}", RecipientId([7; 32])), "RecipientId(..)");
+        assert_eq!(format!("{:?}", RecipientId::from_bytes([7; 32])), "RecipientId(..)");
     }
 }

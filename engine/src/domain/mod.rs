@@ -4,23 +4,29 @@ mod channel;
 mod envelope;
 mod epoch;
 mod ids;
+mod recipient;
 mod registration;
+mod sender_hmac;
 mod sequence;
 mod subscription;
+mod time;
 mod topic;
 
 pub use channel::{Channel, DeliveryTarget, SigningKey, WebPushKeys};
-pub use registration::{FieldError, LOG_PROVIDER, RegistrationInput, RelayRegistration};
 pub use envelope::{
-    EnvelopeKind, MAX_INLINE_DATA, MAX_MESSAGE_ID_LEN, MembershipChange, MessageId, NewEnvelope, RelayMeta, StoredEnvelope,
+    EnvelopeKind, MAX_INLINE_DATA, MAX_MESSAGE_ID_LEN, MembershipChange, MessageId, NewEnvelope, RelayMeta,
+    StoredEnvelope,
 };
 pub use epoch::{HMAC_EPOCH_SECONDS, hmac_epoch};
 pub use ids::{RecipientId, RecipientSecret, SecretHash};
+pub use recipient::{Recipient, RecipientSummary, Subscriber};
+pub use registration::{FieldError, LOG_PROVIDER, RegistrationInput, RelayRegistration};
+pub use sender_hmac::SenderHmac;
 pub use sequence::{MAX_SEQUENCE_GAP, MAX_SEQUENCE_ID, SequenceRefusal, next_sequence_id};
 pub use subscription::{
-    HMAC_KEY_LEN, HmacKey, KeyWindow, MAX_HMAC_KEYS, StoredSubscription, Subscription,
-    SubscriptionUpdate,
+    HMAC_KEY_LEN, HmacKey, KeyWindow, MAX_HMAC_KEYS, StoredSubscription, Subscription, SubscriptionUpdate,
 };
+pub use time::Timestamp;
 pub use topic::{ShardId, Topic, TopicKind};
 
 /// Why a value from outside failed to parse. Messages never echo the value

@@ -94,9 +94,34 @@ impl std::fmt::Debug for Topic {
     }
 }
 
-/// One topic shard: its own sequence ids, boundary and checkpoint.
+/// One topic shard: its own sequence ids, boundary and checkpoint. The
+/// index is private: a shard id comes from a topic (`Topic::shard`), from
+/// the shard count (`ShardId::all`) or is checked against it (`parse`), so
+/// none is out of range for the count it was made with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ShardId(pub u16);
+pub struct ShardId(u16);
+
+impl ShardId {
+    /// Shard 0, which every shard count (at least 1) has.
+    pub const FIRST: Self = Self(0);
+
+    /// The shard with `index` of `shard_count` shards, e.g. one read back
+    /// from storage.
+    pub fn parse(index: u16, shard_count: u16) -> Result<Self, ParseError> {
+        if index < shard_count { Ok(Self(index)) } else { Err(ParseError("shard id is out of range")) }
+    }
+
+    /// Every shard of `shard_count`, in index order.
+    pub fn all(shard_count: u16) -> impl DoubleEndedIterator<Item = Self> + Clone {
+        (0..shard_count).map(Self)
+    }
+
+    /// The shard's number, 0 to the shard count − 1: for storage keys, logs
+    /// and the publish answer.
+    pub const fn index(self) -> u16 {
+        self.0
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -122,11 +147,20 @@ mod tests {
         let t = Topic::parse(&[0, 1, 2, 3]).unwrap();
         assert_eq!(t.shard(256), t.shard(256));
         // Pinned: changing the hash would strand every stored envelope.
-        assert_eq!(t.shard(256), ShardId(FNV_0123_MOD_256));
+        assert_eq!(t.shard(256).index(), FNV_0123_MOD_256);
         for i in 0..=255u8 {
-            assert!(Topic::parse(&[0, i]).unwrap().shard(7).0 < 7);
+            assert!(Topic::parse(&[0, i]).unwrap().shard(7).index() < 7);
         }
         assert_eq!(Topic::parse(&[1, 2, 3]).unwrap().to_base64(), "AQID");
+    }
+
+    #[test]
+    fn shard_ids_stay_below_their_count() {
+        assert_eq!(ShardId::parse(3, 4).map(ShardId::index), Ok(3));
+        assert!(ShardId::parse(4, 4).is_err());
+        assert!(ShardId::parse(0, 0).is_err());
+        assert_eq!(ShardId::all(3).map(ShardId::index).collect::<Vec<_>>(), [0, 1, 2]);
+        assert_eq!(ShardId::all(0).count(), 0);
     }
 
     /// Issue 16 item 7: outside bytes, property-tested.
@@ -150,7 +184,7 @@ mod tests {
                     prop_assert_eq!(topic.kind() as u8, bytes[0]);
                     let decoded = base64::engine::general_purpose::STANDARD.decode(topic.to_base64()).unwrap();
                     prop_assert_eq!(&decoded, &bytes);
-                    prop_assert!(topic.shard(shards).0 < shards.max(1));
+                    prop_assert!(topic.shard(shards).index() < shards.max(1));
                     prop_assert_eq!(Topic::from_stored(bytes.clone()), topic);
                 }
             }

@@ -39,8 +39,8 @@ use super::pending::ledger_key;
 use super::schema::PushKey;
 use super::service::update_ledger;
 use crate::channel::{Channels, Outcome, RelayPriority, RelayRefusal, RelayedPush};
-use crate::clock::unix_now_ns;
 use crate::domain::Channel;
+use crate::domain::Timestamp;
 use crate::metrics::Metrics;
 use crate::settings::ATTEMPT_TIMEOUT;
 use crate::store::{GatewayRegistration, LeasedWakeup, Store};
@@ -81,7 +81,7 @@ fn backoff(attempts: u32) -> Duration {
 }
 
 fn now_ms() -> i64 {
-    unix_now_ns() / 1_000_000
+    Timestamp::now().as_millis()
 }
 
 /// What became of one leased wakeup: the `outcome` of

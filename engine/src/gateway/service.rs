@@ -30,7 +30,7 @@ use super::pending::{Admission, PendingWakeups, ledger_key};
 use super::schema::{NotifyHeaders, NotifyLimits, NotifyRequest, RegisterDevice, SchemaViolation, UnregisterDevice};
 use super::settings::GatewaySettings;
 use crate::channel::Channels;
-use crate::clock::unix_now_ns;
+use crate::domain::Timestamp;
 use crate::metrics::Metrics;
 use crate::store::{GatewayRegistration, GatewayWakeup, NotifyClaim, NotifyKey, Revoke, RouteKey, Store, StoreError};
 
@@ -38,7 +38,7 @@ use crate::store::{GatewayRegistration, GatewayWakeup, NotifyClaim, NotifyKey, R
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 256;
 
 fn now_ms() -> i64 {
-    unix_now_ns() / 1_000_000
+    Timestamp::now().as_millis()
 }
 
 /// §3.1's answer.

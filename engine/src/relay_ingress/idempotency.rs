@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use super::IngressError;
 use super::request::Webhook;
-use crate::clock::unix_now_ns;
+use crate::domain::Timestamp;
 use crate::settings::ATTEMPT_TIMEOUT;
 use crate::store::{RelayClaim, RelayKey, RelaySettled, Store};
 
@@ -44,7 +44,7 @@ pub(super) enum Claimed {
 }
 
 fn now_ms() -> i64 {
-    unix_now_ns() / 1_000_000
+    Timestamp::now().as_millis()
 }
 
 fn millis(d: Duration) -> i64 {

@@ -19,35 +19,9 @@ pub use self::instrumented::Instrumented;
 pub use self::redb::RedbStore;
 pub use self::scylla::{Keyspace, MAX_SUBSCRIPTION_CHANGES, Nodes, ScyllaSettings, ScyllaStore};
 use crate::domain::{
-    Channel, DeliveryTarget, SequenceRefusal, NewEnvelope, RecipientId, SecretHash, ShardId, StoredEnvelope, StoredSubscription,
-    SubscriptionUpdate, Topic,
+    DeliveryTarget, NewEnvelope, Recipient, RecipientId, RecipientSummary, SecretHash, SequenceRefusal, ShardId,
+    StoredEnvelope, StoredSubscription, Subscriber, SubscriptionUpdate, Topic,
 };
-
-/// A stored recipient: what delivery needs and the SHA-256 of its secret (PUSH-254).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Recipient {
-    pub id: RecipientId,
-    pub secret_hash: SecretHash,
-    pub target: DeliveryTarget,
-    /// Time of the last successful Register or UpdateSubscriptions, Unix ns (PUSH-255).
-    pub renewed_at_ns: i64,
-    pub topic_count: u64,
-}
-
-/// What the backend reports after a mutating call (PUSH-255), before the TTL is added.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RecipientSummary {
-    pub topic_count: u64,
-    pub channel: Channel,
-    pub renewed_at_ns: i64,
-}
-
-/// One subscriber of a topic, joined with its recipient, as dispatch reads it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Subscriber {
-    pub recipient: Recipient,
-    pub subscription: StoredSubscription,
-}
 
 /// A shard's durable positions. `checkpoint <= boundary` always.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -399,8 +373,13 @@ pub trait Store: Send + Sync + 'static {
 pub trait ShardLeases: Send + Sync + 'static {
     /// Takes or renews the lease of `shard` for `ttl`. True when `node` owns
     /// it now (newly acquired or already its own); false when another does.
-    async fn acquire_lease(&self, shard: ShardId, node: &NodeId, address: &str, ttl: Duration)
-    -> Result<bool, StoreError>;
+    async fn acquire_lease(
+        &self,
+        shard: ShardId,
+        node: &NodeId,
+        address: &str,
+        ttl: Duration,
+    ) -> Result<bool, StoreError>;
 
     /// Gives the lease up, when `node` still holds it.
     async fn release_lease(&self, shard: ShardId, node: &NodeId) -> Result<(), StoreError>;

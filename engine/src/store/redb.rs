@@ -30,12 +30,12 @@ use async_trait::async_trait;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 
 use super::{
-    Appended, GatewayRegistration, GatewayWakeup, LeasedWakeup, NotifyClaim, NotifyKey, Recipient, RecipientSummary,
-    RelayClaim, RelayKey, RelaySettled, Revoke, RouteKey, ShardLeases, ShardPosition, Store, StoreError, Subscriber,
+    Appended, GatewayRegistration, GatewayWakeup, LeasedWakeup, NotifyClaim, NotifyKey, RelayClaim, RelayKey,
+    RelaySettled, Revoke, RouteKey, ShardLeases, ShardPosition, Store, StoreError,
 };
 use crate::domain::{
-    DeliveryTarget, NewEnvelope, next_sequence_id, RecipientId, SecretHash, ShardId, StoredEnvelope,
-    StoredSubscription, SubscriptionUpdate, Topic,
+    DeliveryTarget, NewEnvelope, Recipient, RecipientId, RecipientSummary, SecretHash, ShardId, StoredEnvelope,
+    StoredSubscription, Subscriber, SubscriptionUpdate, Topic, next_sequence_id,
 };
 
 /// The database file inside the configured directory.
@@ -77,9 +77,8 @@ impl RedbStore {
         if shard_count == 0 {
             return Err(StoreError::Backend("shard count must be at least 1".into()));
         }
-        std::fs::create_dir_all(dir).map_err(|e| {
-            StoreError::Backend(format!("cannot create the storage directory: {e}"))
-        })?;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| StoreError::Backend(format!("cannot create the storage directory: {e}")))?;
         let db = redb::Builder::new().set_cache_size(cache_bytes).create(dir.join(DB_FILE_NAME)).be()?;
 
         let txn = db.begin_write().be()?;
@@ -98,14 +97,11 @@ impl RedbStore {
             let mut meta = txn.open_table(META).be()?;
             let stored = meta.get(META_SHARD_COUNT).be()?.map(|g| g.value().to_vec());
             match stored {
-                Some(bytes) => Some(
-                    <[u8; 2]>::try_from(bytes.as_slice())
-                        .map(u16::from_be_bytes)
-                        .map_err(|_| corrupt("meta"))?,
-                ),
+                Some(bytes) => {
+                    Some(<[u8; 2]>::try_from(bytes.as_slice()).map(u16::from_be_bytes).map_err(|_| corrupt("meta"))?)
+                }
                 None => {
-                    meta.insert(META_SHARD_COUNT, shard_count.to_be_bytes().as_slice())
-                        .be()?;
+                    meta.insert(META_SHARD_COUNT, shard_count.to_be_bytes().as_slice()).be()?;
                     None
                 }
             }
@@ -121,11 +117,7 @@ impl RedbStore {
             _ => {
                 txn.commit().be()?;
                 let db = Arc::new(db);
-                Ok(Self {
-                    writer: commit::GroupCommit::start(db.clone())?,
-                    db,
-                    shard_count,
-                })
+                Ok(Self { writer: commit::GroupCommit::start(db.clone())?, db, shard_count })
             }
         }
     }
@@ -157,7 +149,7 @@ impl RedbStore {
     }
 
     fn check_shard(&self, shard: ShardId) -> Result<(), StoreError> {
-        if shard.0 < self.shard_count {
+        if shard.index() < self.shard_count {
             Ok(())
         } else {
             Err(StoreError::Backend("shard id is out of range".into()))
@@ -168,9 +160,7 @@ impl RedbStore {
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
 ) -> Result<T, StoreError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| StoreError::Backend(format!("storage task failed: {e}")))?
+    tokio::task::spawn_blocking(f).await.map_err(|e| StoreError::Backend(format!("storage task failed: {e}")))?
 }
 
 /// redb errors carry no user data, so their text is safe in `Backend`.
@@ -189,38 +179,24 @@ fn corrupt(what: &str) -> StoreError {
 }
 
 fn summary(r: &Recipient) -> RecipientSummary {
-    RecipientSummary {
-        topic_count: r.topic_count,
-        channel: r.target.channel(),
-        renewed_at_ns: r.renewed_at_ns,
-    }
+    RecipientSummary { topic_count: r.topic_count, channel: r.target.channel(), renewed_at_ns: r.renewed_at_ns }
 }
 
 fn get_recipient(
     table: &impl ReadableTable<&'static [u8; 32], &'static [u8]>,
     id: &RecipientId,
 ) -> Result<Option<Recipient>, StoreError> {
-    table
-        .get(&id.0)
-        .be()?
-        .map(|g| codec::decode_recipient(*id, g.value()))
-        .transpose()
+    table.get(id.as_bytes()).be()?.map(|g| codec::decode_recipient(*id, g.value())).transpose()
 }
 
 fn put_recipient(table: &mut RecipientsTable<'_>, r: &Recipient) -> Result<(), StoreError> {
-    table
-        .insert(&r.id.0, codec::encode_recipient(r).as_slice())
-        .be()?;
+    table.insert(r.id.as_bytes(), codec::encode_recipient(r).as_slice()).be()?;
     Ok(())
 }
 
 /// PUSH-253 check 3 as the store sees it: the recipient must exist and its
 /// hash must match (constant-time, `SecretHash`'s ==).
-fn authorized(
-    table: &RecipientsTable<'_>,
-    id: &RecipientId,
-    hash: &SecretHash,
-) -> Result<Recipient, StoreError> {
+fn authorized(table: &RecipientsTable<'_>, id: &RecipientId, hash: &SecretHash) -> Result<Recipient, StoreError> {
     let r = get_recipient(table, id)?.ok_or(StoreError::NotFound)?;
     if r.secret_hash != *hash {
         return Err(StoreError::SecretMismatch);
@@ -228,16 +204,8 @@ fn authorized(
     Ok(r)
 }
 
-fn get_shard(
-    table: &impl ReadableTable<u16, &'static [u8]>,
-    shard: ShardId,
-) -> Result<ShardRow, StoreError> {
-    table
-        .get(shard.0)
-        .be()?
-        .map(|g| codec::decode_shard(g.value()))
-        .transpose()
-        .map(Option::unwrap_or_default)
+fn get_shard(table: &impl ReadableTable<u16, &'static [u8]>, shard: ShardId) -> Result<ShardRow, StoreError> {
+    table.get(shard.index()).be()?.map(|g| codec::decode_shard(g.value())).transpose().map(Option::unwrap_or_default)
 }
 
 /// A shard's row. `last` is the largest id handed out; since an append stores
@@ -252,13 +220,13 @@ struct ShardRow {
 // ---- keys ----
 
 fn recipient_sub_key(id: &RecipientId, topic: &[u8]) -> Vec<u8> {
-    [id.0.as_slice(), topic].concat()
+    [id.as_bytes().as_slice(), topic].concat()
 }
 
 /// Bounds covering every `recipient_subs` key of `id`: a topic is at most 65
 /// bytes and starts with a kind byte below 0xff.
 fn recipient_sub_bounds(id: &RecipientId) -> (Vec<u8>, Vec<u8>) {
-    (id.0.to_vec(), [id.0.as_slice(), &[0xff; 66]].concat())
+    (id.as_bytes().to_vec(), [id.as_bytes().as_slice(), &[0xff; 66]].concat())
 }
 
 fn topic_sub_prefix(topic: &[u8]) -> Vec<u8> {
@@ -267,7 +235,7 @@ fn topic_sub_prefix(topic: &[u8]) -> Vec<u8> {
 }
 
 fn topic_sub_key(topic: &[u8], id: &RecipientId) -> Vec<u8> {
-    [topic_sub_prefix(topic).as_slice(), &id.0].concat()
+    [topic_sub_prefix(topic).as_slice(), id.as_bytes()].concat()
 }
 
 /// Both subscription tables of a write transaction, kept in step.
@@ -278,17 +246,10 @@ struct Subs<'t> {
 
 impl<'t> Subs<'t> {
     fn open(txn: &'t WriteTransaction) -> Result<Self, StoreError> {
-        Ok(Self {
-            by_recipient: txn.open_table(RECIPIENT_SUBS).be()?,
-            by_topic: txn.open_table(TOPIC_SUBS).be()?,
-        })
+        Ok(Self { by_recipient: txn.open_table(RECIPIENT_SUBS).be()?, by_topic: txn.open_table(TOPIC_SUBS).be()? })
     }
 
-    fn get(
-        &self,
-        id: &RecipientId,
-        topic: &Topic,
-    ) -> Result<Option<StoredSubscription>, StoreError> {
+    fn get(&self, id: &RecipientId, topic: &Topic) -> Result<Option<StoredSubscription>, StoreError> {
         let key = recipient_sub_key(id, topic.as_bytes());
         self.by_recipient
             .get(key.as_slice())
@@ -305,25 +266,15 @@ impl<'t> Subs<'t> {
     fn put(&mut self, id: &RecipientId, sub: &StoredSubscription) -> Result<(), StoreError> {
         let topic = sub.subscription.topic.as_bytes();
         let value = codec::encode_subscription(sub);
-        self.by_recipient
-            .insert(recipient_sub_key(id, topic).as_slice(), value.as_slice())
-            .be()?;
-        self.by_topic
-            .insert(topic_sub_key(topic, id).as_slice(), value.as_slice())
-            .be()?;
+        self.by_recipient.insert(recipient_sub_key(id, topic).as_slice(), value.as_slice()).be()?;
+        self.by_topic.insert(topic_sub_key(topic, id).as_slice(), value.as_slice()).be()?;
         Ok(())
     }
 
     /// Returns whether the subscription was stored.
     fn remove(&mut self, id: &RecipientId, topic: &[u8]) -> Result<bool, StoreError> {
-        let existed = self
-            .by_recipient
-            .remove(recipient_sub_key(id, topic).as_slice())
-            .be()?
-            .is_some();
-        self.by_topic
-            .remove(topic_sub_key(topic, id).as_slice())
-            .be()?;
+        let existed = self.by_recipient.remove(recipient_sub_key(id, topic).as_slice()).be()?.is_some();
+        self.by_topic.remove(topic_sub_key(topic, id).as_slice()).be()?;
         Ok(existed)
     }
 
@@ -345,7 +296,7 @@ impl<'t> Subs<'t> {
 
 /// Deletes a recipient and every subscription it holds (PUSH-207/226/234).
 fn delete_recipient(txn: &WriteTransaction, id: &RecipientId) -> Result<(), StoreError> {
-    txn.open_table(RECIPIENTS).be()?.remove(&id.0).be()?;
+    txn.open_table(RECIPIENTS).be()?.remove(id.as_bytes()).be()?;
     Subs::open(txn)?.remove_all(id)
 }
 
@@ -362,8 +313,7 @@ impl Store for RedbStore {
 
     async fn recipient(&self, id: &RecipientId) -> Result<Option<Recipient>, StoreError> {
         let id = *id;
-        self.read(move |txn| get_recipient(&txn.open_table(RECIPIENTS).be()?, &id))
-            .await
+        self.read(move |txn| get_recipient(&txn.open_table(RECIPIENTS).be()?, &id)).await
     }
 
     async fn register(
@@ -384,24 +334,14 @@ impl Store for RedbStore {
                 Some(existing) => existing.topic_count,
                 None => 0,
             };
-            let r = Recipient {
-                id,
-                secret_hash,
-                target: target.clone(),
-                renewed_at_ns: now_ns,
-                topic_count,
-            };
+            let r = Recipient { id, secret_hash, target: target.clone(), renewed_at_ns: now_ns, topic_count };
             put_recipient(&mut recipients, &r)?;
             Ok(summary(&r))
         })
         .await
     }
 
-    async fn unregister(
-        &self,
-        id: &RecipientId,
-        secret_hash: &SecretHash,
-    ) -> Result<(), StoreError> {
+    async fn unregister(&self, id: &RecipientId, secret_hash: &SecretHash) -> Result<(), StoreError> {
         let (id, secret_hash) = (*id, *secret_hash);
         self.write(move |txn| {
             authorized(&txn.open_table(RECIPIENTS).be()?, &id, &secret_hash)?;
@@ -450,10 +390,7 @@ impl Store for RedbStore {
                         get_shard(&shards, sub.topic.shard(shard_count))?.boundary
                     }
                 };
-                stored.push(StoredSubscription {
-                    subscription: sub.clone(),
-                    start_position,
-                });
+                stored.push(StoredSubscription { subscription: sub.clone(), start_position });
             }
             // PUSH-217: over the limit, nothing is written.
             if count > max_topics {
@@ -490,17 +427,13 @@ impl Store for RedbStore {
         .await
     }
 
-    async fn delete_recipient_if_unchanged(
-        &self,
-        expected: &Recipient,
-    ) -> Result<bool, StoreError> {
+    async fn delete_recipient_if_unchanged(&self, expected: &Recipient) -> Result<bool, StoreError> {
         let expected = expected.clone();
         self.write(move |txn| {
             let stored = get_recipient(&txn.open_table(RECIPIENTS).be()?, &expected.id)?;
             // PUSH-234: channel, token or URL, signing key and secret hash must all still match.
-            let unchanged = stored.is_some_and(|s| {
-                s.target == expected.target && s.secret_hash == expected.secret_hash
-            });
+            let unchanged =
+                stored.is_some_and(|s| s.target == expected.target && s.secret_hash == expected.secret_hash);
             if unchanged {
                 delete_recipient(txn, &expected.id)?;
             }
@@ -517,7 +450,7 @@ impl Store for RedbStore {
                 let mut expired = Vec::new();
                 for row in recipients.iter().be()? {
                     let (k, v) = row.be()?;
-                    let id = RecipientId(*k.value());
+                    let id = RecipientId::from_bytes(*k.value());
                     if codec::decode_recipient(id, v.value())?.renewed_at_ns < renewed_before_ns {
                         expired.push(id);
                     }
@@ -668,7 +601,8 @@ impl Store for RedbStore {
         now_ms: i64,
         expires_at_ms: i64,
     ) -> Result<bool, StoreError> {
-        let (tenant, key, expected, new) = (tenant.to_owned(), key.to_vec(), expected.map(<[u8]>::to_vec), new.to_vec());
+        let (tenant, key, expected, new) =
+            (tenant.to_owned(), key.to_vec(), expected.map(<[u8]>::to_vec), new.to_vec());
         self.write(move |txn| gateway::state_cas(txn, &tenant, &key, expected.as_deref(), &new, now_ms, expires_at_ms))
             .await
     }
@@ -684,16 +618,10 @@ impl Store for RedbStore {
         }
     }
 
-    async fn append(
-        &self,
-        envelopes: &[NewEnvelope],
-        now_ns: i64,
-    ) -> Result<Vec<Appended>, StoreError> {
+    async fn append(&self, envelopes: &[NewEnvelope], now_ns: i64) -> Result<Vec<Appended>, StoreError> {
         for e in envelopes {
-            if e.shard != e.topic.shard(self.shard_count) {
-                return Err(StoreError::Backend(
-                    "envelope shard does not match the store's shard count".into(),
-                ));
+            if e.shard() != e.topic().shard(self.shard_count) {
+                return Err(StoreError::Backend("envelope shard does not match the store's shard count".into()));
             }
         }
         let envelopes = envelopes.to_vec();
@@ -703,9 +631,9 @@ impl Store for RedbStore {
             let mut touched: BTreeMap<u16, ShardRow> = BTreeMap::new();
             let mut results = Vec::with_capacity(envelopes.len());
             for e in &envelopes {
-                let row = match touched.entry(e.shard.0) {
+                let row = match touched.entry(e.shard().index()) {
                     Entry::Occupied(row) => row.into_mut(),
-                    Entry::Vacant(slot) => slot.insert(get_shard(&shards, e.shard)?),
+                    Entry::Vacant(slot) => slot.insert(get_shard(&shards, e.shard())?),
                 };
                 // A refused id fails its own envelope; the rest of the batch goes on.
                 let sequence_id = match next_sequence_id(row.last, e.sequence_id) {
@@ -721,20 +649,17 @@ impl Store for RedbStore {
                     // PUSH-230 and 003 §3: see `stored_hmac_and_data`.
                     let (sender_hmac, data) = e.stored_hmac_and_data();
                     let envelope = StoredEnvelope {
-                        shard: e.shard,
+                        shard: e.shard(),
                         sequence_id,
-                        topic: e.topic.clone(),
-                        kind: e.kind,
+                        topic: e.topic().clone(),
+                        kind: e.kind(),
                         server_ts_ns: now_ns,
                         sender_hmac,
                         data: e.inline_data().to_vec(),
                         relay: e.relay.clone(),
                     };
                     stored
-                        .insert(
-                            (e.shard.0, sequence_id),
-                            codec::encode_envelope(&envelope, &data).as_slice(),
-                        )
+                        .insert((e.shard().index(), sequence_id), codec::encode_envelope(&envelope, &data).as_slice())
                         .be()?;
                 }
                 results.push(Appended::Stored { sequence_id });
@@ -743,9 +668,7 @@ impl Store for RedbStore {
             // (API-203) is its last id; ids only grow, so it never decreases (API-291).
             for (shard, mut row) in touched {
                 row.boundary = row.boundary.max(row.last);
-                shards
-                    .insert(shard, codec::encode_shard(&row).as_slice())
-                    .be()?;
+                shards.insert(shard, codec::encode_shard(&row).as_slice()).be()?;
             }
             Ok(results)
         })
@@ -755,10 +678,7 @@ impl Store for RedbStore {
     async fn shard_position(&self, shard: ShardId) -> Result<ShardPosition, StoreError> {
         self.read(move |txn| {
             let row = get_shard(&txn.open_table(SHARDS).be()?, shard)?;
-            Ok(ShardPosition {
-                boundary: row.boundary,
-                checkpoint: row.checkpoint,
-            })
+            Ok(ShardPosition { boundary: row.boundary, checkpoint: row.checkpoint })
         })
         .await
     }
@@ -775,10 +695,7 @@ impl Store for RedbStore {
         }
         self.read(move |txn| {
             let table = txn.open_table(ENVELOPES).be()?;
-            let range = (
-                Bound::Excluded((shard.0, after)),
-                Bound::Included((shard.0, up_to)),
-            );
+            let range = (Bound::Excluded((shard.index(), after)), Bound::Included((shard.index(), up_to)));
             let mut out = Vec::new();
             for row in table.range(range).be()?.take(limit) {
                 let (k, v) = row.be()?;
@@ -792,7 +709,7 @@ impl Store for RedbStore {
     async fn envelope_data(&self, shard: ShardId, sequence_id: u64) -> Result<Option<Vec<u8>>, StoreError> {
         self.read(move |txn| {
             let table = txn.open_table(ENVELOPES).be()?;
-            let Some(value) = table.get((shard.0, sequence_id)).be()? else {
+            let Some(value) = table.get((shard.index(), sequence_id)).be()? else {
                 return Ok(None);
             };
             let data = codec::decode_envelope_data(value.value())?;
@@ -810,15 +727,11 @@ impl Store for RedbStore {
             let new = row.checkpoint.max(checkpoint.min(row.boundary));
             if new != row.checkpoint {
                 row.checkpoint = new;
-                shards
-                    .insert(shard.0, codec::encode_shard(&row).as_slice())
-                    .be()?;
+                shards.insert(shard.index(), codec::encode_shard(&row).as_slice()).be()?;
             }
             // Every delivery at or below the checkpoint had its first attempt: drop them.
             let mut envelopes = txn.open_table(ENVELOPES).be()?;
-            envelopes
-                .retain_in((shard.0, 0)..=(shard.0, new), |_, _| false)
-                .be()?;
+            envelopes.retain_in((shard.index(), 0)..=(shard.index(), new), |_, _| false).be()?;
             Ok(())
         })
         .await
@@ -830,7 +743,7 @@ impl Store for RedbStore {
         after: Option<&RecipientId>,
         limit: usize,
     ) -> Result<Vec<Subscriber>, StoreError> {
-        if limit == 0 || after.is_some_and(|a| a.0 == [0xff; 32]) {
+        if limit == 0 || after.is_some_and(|a| a.as_bytes() == &[0xff; 32]) {
             return Ok(Vec::new());
         }
         let (topic, after) = (topic.clone(), after.copied());
@@ -839,31 +752,24 @@ impl Store for RedbStore {
             let recipients = txn.open_table(RECIPIENTS).be()?;
             let prefix = topic_sub_prefix(topic.as_bytes());
             let lo = match &after {
-                Some(a) => Bound::Excluded([prefix.as_slice(), &a.0].concat()),
+                Some(a) => Bound::Excluded([prefix.as_slice(), a.as_bytes()].concat()),
                 None => Bound::Included(prefix.clone()),
             };
             let hi = [prefix.as_slice(), &[0xff; 32]].concat();
-            let range = (
-                lo.as_ref().map(Vec::as_slice),
-                Bound::Included(hi.as_slice()),
-            );
+            let range = (lo.as_ref().map(Vec::as_slice), Bound::Included(hi.as_slice()));
             let mut out = Vec::new();
             for row in subs.range::<&[u8]>(range).be()? {
                 if out.len() == limit {
                     break;
                 }
                 let (k, v) = row.be()?;
-                let id = RecipientId::parse(&k.value()[prefix.len()..])
-                    .map_err(|_| corrupt("topic subscription"))?;
+                let id = RecipientId::parse(&k.value()[prefix.len()..]).map_err(|_| corrupt("topic subscription"))?;
                 // A row without its recipient should not exist; skip it if it does.
                 let Some(recipient) = get_recipient(&recipients, &id)? else {
                     continue;
                 };
                 let subscription = codec::decode_subscription(topic.clone(), v.value())?;
-                out.push(Subscriber {
-                    recipient,
-                    subscription,
-                });
+                out.push(Subscriber { recipient, subscription });
             }
             Ok(out)
         })
@@ -876,11 +782,11 @@ impl Store for RedbStore {
 mod codec {
     use super::{ShardRow, corrupt};
     use crate::domain::{
-        Channel, DeliveryTarget, EnvelopeKind, KeyWindow, MAX_INLINE_DATA, MembershipChange, MessageId, RecipientId,
-        RegistrationInput, RelayMeta, RelayRegistration, SecretHash, ShardId, SigningKey,
-        StoredEnvelope, WebPushKeys, StoredSubscription, Subscription, Topic,
+        Channel, DeliveryTarget, EnvelopeKind, KeyWindow, MAX_INLINE_DATA, MembershipChange, MessageId, Recipient,
+        RecipientId, RegistrationInput, RelayMeta, RelayRegistration, SecretHash, SenderHmac, ShardId, SigningKey,
+        StoredEnvelope, StoredSubscription, Subscription, Topic, WebPushKeys,
     };
-    use crate::store::{Recipient, StoreError};
+    use crate::store::StoreError;
 
     const VERSION: u8 = 1;
 
@@ -925,9 +831,7 @@ mod codec {
         pub(super) fn new(buf: &'a [u8], what: &'static str) -> Result<Self, StoreError> {
             let mut r = Self { buf, what };
             if r.u8()? != VERSION {
-                return Err(StoreError::Backend(format!(
-                    "unknown {what} record version"
-                )));
+                return Err(StoreError::Backend(format!("unknown {what} record version")));
             }
             Ok(r)
         }
@@ -959,27 +863,16 @@ mod codec {
             String::from_utf8(self.bytes()?.to_vec()).map_err(|_| corrupt(self.what))
         }
         pub(super) fn end(&self) -> Result<(), StoreError> {
-            if self.buf.is_empty() {
-                Ok(())
-            } else {
-                Err(corrupt(self.what))
-            }
+            if self.buf.is_empty() { Ok(()) } else { Err(corrupt(self.what)) }
         }
     }
 
     pub(super) fn encode_recipient(r: &Recipient) -> Vec<u8> {
         let mut w = Writer::new();
-        w.raw(&r.secret_hash.0)
-            .i64(r.renewed_at_ns)
-            .u64(r.topic_count)
-            .u8(r.target.channel() as u8);
+        w.raw(&r.secret_hash.0).i64(r.renewed_at_ns).u64(r.topic_count).u8(r.target.channel() as u8);
         match &r.target {
-            DeliveryTarget::Apns { token } | DeliveryTarget::Fcm { token } => {
-                w.bytes(token.as_bytes())
-            }
-            DeliveryTarget::Http { url, signing_key } => {
-                w.bytes(url.as_bytes()).bytes(signing_key.as_bytes())
-            }
+            DeliveryTarget::Apns { token } | DeliveryTarget::Fcm { token } => w.bytes(token.as_bytes()),
+            DeliveryTarget::Http { url, signing_key } => w.bytes(url.as_bytes()).bytes(signing_key.as_bytes()),
             DeliveryTarget::WebPush { endpoint, keys } => {
                 w.bytes(endpoint.as_bytes()).bytes(keys.p256dh()).bytes(keys.auth())
             }
@@ -1053,27 +946,19 @@ mod codec {
             }
         };
         r.end()?;
-        Ok(Recipient {
-            id,
-            secret_hash,
-            target,
-            renewed_at_ns,
-            topic_count,
-        })
+        Ok(Recipient { id, secret_hash, target, renewed_at_ns, topic_count })
     }
 
     /// The topic is part of both keys, so the value leaves it out.
     pub(super) fn encode_subscription(s: &StoredSubscription) -> Vec<u8> {
         let mut w = Writer::new();
-        w.u64(s.start_position)
-            .u8(u8::from(s.subscription.include_commits));
+        w.u64(s.start_position).u8(u8::from(s.subscription.include_commits));
         // Section 3: no epoch base is stored without keys.
         match &s.subscription.keys {
             None => w.u8(0),
             Some(window) => {
                 let keys = window.keys();
-                w.u8(u8::try_from(keys.len()).expect("at most 3 keys"))
-                    .i64(window.epoch_base());
+                w.u8(u8::try_from(keys.len()).expect("at most 3 keys")).i64(window.epoch_base());
                 for key in keys {
                     w.raw(&key.0);
                 }
@@ -1083,10 +968,7 @@ mod codec {
         w.finish()
     }
 
-    pub(super) fn decode_subscription(
-        topic: Topic,
-        buf: &[u8],
-    ) -> Result<StoredSubscription, StoreError> {
+    pub(super) fn decode_subscription(topic: Topic, buf: &[u8]) -> Result<StoredSubscription, StoreError> {
         const WHAT: &str = "subscription";
         let mut r = Reader::new(buf, WHAT)?;
         let start_position = r.u64()?;
@@ -1100,23 +982,13 @@ mod codec {
             n => {
                 let base = r.i64()?;
                 let keys = (0..n)
-                    .map(|_| {
-                        r.array::<{ crate::domain::HMAC_KEY_LEN }>()
-                            .map(|k| k.to_vec())
-                    })
+                    .map(|_| r.array::<{ crate::domain::HMAC_KEY_LEN }>().map(|k| k.to_vec()))
                     .collect::<Result<Vec<_>, _>>()?;
                 KeyWindow::parse(base, &keys).map_err(|_| corrupt(WHAT))?
             }
         };
         r.end()?;
-        Ok(StoredSubscription {
-            subscription: Subscription {
-                topic,
-                keys,
-                include_commits,
-            },
-            start_position,
-        })
+        Ok(StoredSubscription { subscription: Subscription { topic, keys, include_commits }, start_position })
     }
 
     /// Shard and sequence id are the key, so the value leaves them out. The
@@ -1127,7 +999,8 @@ mod codec {
             .bytes(e.topic.as_bytes())
             .u8(e.kind as u8)
             .i64(e.server_ts_ns)
-            .bytes(&e.sender_hmac)
+            // Empty without an HMAC: the format kept from before `SenderHmac`.
+            .bytes(e.sender_hmac.as_ref().map_or(&[][..], |h| h.as_bytes()))
             .bytes(data)
             // Spec 003's metadata; records written before it end after data.
             .bytes(e.relay.message_id.as_ref().map_or(&b""[..], |m| m.as_str().as_bytes()))
@@ -1136,11 +1009,7 @@ mod codec {
     }
 
     /// The envelope without its data (issue 11: windows do not hold it).
-    pub(super) fn decode_envelope(
-        shard: ShardId,
-        sequence_id: u64,
-        buf: &[u8],
-    ) -> Result<StoredEnvelope, StoreError> {
+    pub(super) fn decode_envelope(shard: ShardId, sequence_id: u64, buf: &[u8]) -> Result<StoredEnvelope, StoreError> {
         let (envelope, _data) = decode_envelope_parts(shard, sequence_id, buf)?;
         Ok(envelope)
     }
@@ -1149,8 +1018,8 @@ mod codec {
     /// empty unless the envelope kept a 32-byte sender HMAC (a small data
     /// kept only for the relay's mls_message is not one).
     pub(super) fn decode_envelope_data(buf: &[u8]) -> Result<&[u8], StoreError> {
-        let (envelope, data) = decode_envelope_parts(ShardId(0), 0, buf)?;
-        Ok(if envelope.sender_hmac.len() == 32 { data } else { &[] })
+        let (envelope, data) = decode_envelope_parts(ShardId::FIRST, 0, buf)?;
+        Ok(if envelope.sender_hmac.is_some() { data } else { &[] })
     }
 
     fn decode_envelope_parts(
@@ -1163,7 +1032,10 @@ mod codec {
         let topic = Topic::parse(r.bytes()?).map_err(|_| corrupt(WHAT))?;
         let kind = EnvelopeKind::from_u8(r.u8()?).ok_or_else(|| corrupt(WHAT))?;
         let server_ts_ns = r.i64()?;
-        let sender_hmac = r.bytes()?.to_vec();
+        let sender_hmac = match r.bytes()? {
+            [] => None,
+            hmac => Some(SenderHmac::parse(hmac).ok_or_else(|| corrupt(WHAT))?),
+        };
         let data = r.bytes()?;
         let mut relay = RelayMeta::default();
         if !r.buf.is_empty() {
@@ -1192,20 +1064,12 @@ mod codec {
     }
 
     pub(super) fn encode_shard(s: &ShardRow) -> Vec<u8> {
-        Writer::new()
-            .u64(s.boundary)
-            .u64(s.checkpoint)
-            .u64(s.last)
-            .finish()
+        Writer::new().u64(s.boundary).u64(s.checkpoint).u64(s.last).finish()
     }
 
     pub(super) fn decode_shard(buf: &[u8]) -> Result<ShardRow, StoreError> {
         let mut r = Reader::new(buf, "shard")?;
-        let row = ShardRow {
-            boundary: r.u64()?,
-            checkpoint: r.u64()?,
-            last: r.u64()?,
-        };
+        let row = ShardRow { boundary: r.u64()?, checkpoint: r.u64()?, last: r.u64()? };
         r.end()?;
         Ok(row)
     }
@@ -1222,84 +1086,45 @@ mod tests {
     #[tokio::test]
     async fn data_survives_reopen_and_shard_count_is_fixed() {
         let dir = tempfile::tempdir().unwrap();
-        let id = RecipientId([9; 32]);
+        let id = RecipientId::from_bytes([9; 32]);
         let hash = RecipientSecret::parse(&[1; 32]).unwrap().hash();
         let topic = Topic::parse(&[0, 42]).unwrap();
-        let target = DeliveryTarget::Fcm {
-            token: "tok".into(),
-        };
-        let sub = Subscription {
-            topic: topic.clone(),
-            keys: None,
-            include_commits: true,
-        };
+        let target = DeliveryTarget::Fcm { token: "tok".into() };
+        let sub = Subscription { topic: topic.clone(), keys: None, include_commits: true };
         let envelope = NewEnvelope::new(
             topic.clone(),
             SHARD_COUNT,
             crate::domain::EnvelopeKind::Commit,
             false,
-            vec![],
+            None,
             vec![],
             None,
         )
         .unwrap();
-        let shard = envelope.shard;
+        let shard = envelope.shard();
         {
             let store = RedbStore::open(dir.path(), SHARD_COUNT).unwrap();
             store.register(&id, &hash, &target, 5).await.unwrap();
-            store
-                .append(&[envelope.clone(), envelope.clone()], 7)
-                .await
-                .unwrap();
+            store.append(&[envelope.clone(), envelope.clone()], 7).await.unwrap();
             let update = SubscriptionUpdate::new(vec![sub.clone()], vec![]).unwrap();
-            store
-                .update_subscriptions(&id, &hash, &update, 6, 10)
-                .await
-                .unwrap();
+            store.update_subscriptions(&id, &hash, &update, 6, 10).await.unwrap();
             store.advance_checkpoint(shard, 1).await.unwrap();
         }
 
-        let err = RedbStore::open(dir.path(), SHARD_COUNT + 1)
-            .err()
-            .expect("another shard count must fail");
-        assert!(
-            matches!(&err, StoreError::Backend(m) if m.contains("shard count")),
-            "{err}"
-        );
+        let err = RedbStore::open(dir.path(), SHARD_COUNT + 1).err().expect("another shard count must fail");
+        assert!(matches!(&err, StoreError::Backend(m) if m.contains("shard count")), "{err}");
 
         let store = RedbStore::open(dir.path(), SHARD_COUNT).unwrap();
-        let r = store
-            .recipient(&id)
-            .await
-            .unwrap()
-            .expect("recipient persisted");
+        let r = store.recipient(&id).await.unwrap().expect("recipient persisted");
         assert_eq!((r.target, r.renewed_at_ns, r.topic_count), (target, 6, 1));
         assert!(r.secret_hash == hash);
         let subs = store.subscriptions(&id).await.unwrap();
-        assert_eq!(
-            subs,
-            vec![StoredSubscription {
-                subscription: sub,
-                start_position: 2
-            }]
-        );
-        assert_eq!(
-            store.shard_position(shard).await.unwrap(),
-            ShardPosition {
-                boundary: 2,
-                checkpoint: 1
-            }
-        );
+        assert_eq!(subs, vec![StoredSubscription { subscription: sub, start_position: 2 }]);
+        assert_eq!(store.shard_position(shard).await.unwrap(), ShardPosition { boundary: 2, checkpoint: 1 });
         let window = store.read_window(shard, 0, 2, 10).await.unwrap();
-        assert_eq!(
-            window.iter().map(|e| e.sequence_id).collect::<Vec<_>>(),
-            vec![2]
-        );
+        assert_eq!(window.iter().map(|e| e.sequence_id).collect::<Vec<_>>(), vec![2]);
         assert_eq!(window[0].server_ts_ns, 7);
-        assert_eq!(
-            store.append(&[envelope], 8).await.unwrap(),
-            vec![Appended::Stored { sequence_id: 3 }]
-        );
+        assert_eq!(store.append(&[envelope], 8).await.unwrap(), vec![Appended::Stored { sequence_id: 3 }]);
     }
 
     #[test]

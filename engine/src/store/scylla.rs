@@ -98,13 +98,12 @@ pub use self::settings::{Keyspace, Nodes, ScyllaSettings};
 
 use self::codec::{BUCKET_SIZE, EnvelopeRow, StaticRow, Versioned, bucket_of, corrupt, from_db, pos_of, to_db};
 use super::{
-    Appended, GatewayRegistration, GatewayWakeup, LeasedWakeup, NodeId, NotifyClaim, NotifyKey, Recipient,
-    RecipientSummary, RelayClaim, RelayKey, RelaySettled, Revoke, RouteKey, ShardLeases, ShardPosition, Store,
-    StoreError, Subscriber,
+    Appended, GatewayRegistration, GatewayWakeup, LeasedWakeup, NodeId, NotifyClaim, NotifyKey, RelayClaim, RelayKey,
+    RelaySettled, Revoke, RouteKey, ShardLeases, ShardPosition, Store, StoreError,
 };
 use crate::domain::{
-    DeliveryTarget, NewEnvelope, next_sequence_id, RecipientId, SecretHash, ShardId, StoredEnvelope, StoredSubscription,
-    SubscriptionUpdate, Topic,
+    DeliveryTarget, NewEnvelope, Recipient, RecipientId, RecipientSummary, SecretHash, ShardId, StoredEnvelope,
+    StoredSubscription, Subscriber, SubscriptionUpdate, Topic, next_sequence_id,
 };
 
 /// How often a conditional write is tried against concurrent changes.
@@ -149,8 +148,9 @@ struct WriteClock {
 
 impl WriteClock {
     fn next(&self) -> i64 {
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64)
-            + self.skew_micros;
+        let now =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64)
+                + self.skew_micros;
         let mut prev = self.last.load(Ordering::Relaxed);
         loop {
             let ts = now.max(prev + 1);
@@ -511,7 +511,11 @@ impl ScyllaStore {
     }
 
     fn check_shard(&self, shard: ShardId) -> Result<(), StoreError> {
-        if shard.0 < self.shard_count { Ok(()) } else { Err(StoreError::Backend("shard id is out of range".into())) }
+        if shard.index() < self.shard_count {
+            Ok(())
+        } else {
+            Err(StoreError::Backend("shard id is out of range".into()))
+        }
     }
 
     async fn lwt(&self, st: &PreparedStatement, values: impl SerializeRow) -> Result<Lwt, StoreError> {
@@ -530,7 +534,7 @@ impl ScyllaStore {
         let st = if serial { &self.st.static_read_serial } else { &self.st.static_read };
         let rows = self
             .session
-            .execute_unpaged(st, (id.0.as_slice(),))
+            .execute_unpaged(st, (id.as_bytes().as_slice(),))
             .await
             .map_err(be("reading a recipient"))?
             .into_rows_result()
@@ -544,7 +548,7 @@ impl ScyllaStore {
     /// Every topic stored in a recipient's partition.
     async fn read_topics(&self, id: &RecipientId) -> Result<Vec<Vec<u8>>, StoreError> {
         self.session
-            .execute_iter(self.st.topics_read.clone(), (id.0.as_slice(),))
+            .execute_iter(self.st.topics_read.clone(), (id.as_bytes().as_slice(),))
             .await
             .map_err(be("reading subscriptions"))?
             .rows_stream::<(Option<Vec<u8>>,)>()
@@ -562,7 +566,7 @@ impl ScyllaStore {
             let list: Vec<&[u8]> = chunk.iter().map(|t| t.as_bytes()).collect();
             let mut rows = self
                 .session
-                .execute_iter(self.st.subs_in.clone(), (id.0.as_slice(), list))
+                .execute_iter(self.st.subs_in.clone(), (id.as_bytes().as_slice(), list))
                 .await
                 .map_err(be("reading subscriptions"))?
                 .rows_stream::<(Vec<u8>, Option<i64>)>()
@@ -585,20 +589,22 @@ impl ScyllaStore {
     async fn index_timestamp(&self, id: &RecipientId) -> Result<i64, StoreError> {
         let rows = self
             .session
-            .execute_unpaged(&self.st.clock_read, (id.0.as_slice(),))
+            .execute_unpaged(&self.st.clock_read, (id.as_bytes().as_slice(),))
             .await
             .map_err(be("reading an index clock"))?
             .into_rows_result()
             .map_err(be("reading an index clock"))?;
         let stored = rows.maybe_first_row::<(Option<i64>,)>().map_err(be("reading an index clock"))?.and_then(|r| r.0);
         let ts = self.clock.next().max(stored.map_or(i64::MIN, |c| c.saturating_add(1)));
-        self.write(&self.st.clock_put, (id.0.as_slice(), ts, ts)).await?;
+        self.write(&self.st.clock_put, (id.as_bytes().as_slice(), ts, ts)).await?;
         Ok(ts)
     }
 
     async fn put_topic_rows(&self, id: &RecipientId, topics: &[&[u8]], ts: i64) -> Result<(), StoreError> {
-        let writes: Vec<BoxFuture<'_, Result<(), StoreError>>> =
-            topics.iter().map(|t| self.write(&self.st.topic_row_put, (*t, id.0.as_slice(), ts)).boxed()).collect();
+        let writes: Vec<BoxFuture<'_, Result<(), StoreError>>> = topics
+            .iter()
+            .map(|t| self.write(&self.st.topic_row_put, (*t, id.as_bytes().as_slice(), ts)).boxed())
+            .collect();
         all_ok(writes, JOIN_CONCURRENCY).await
     }
 
@@ -608,7 +614,7 @@ impl ScyllaStore {
     async fn del_topic_rows(&self, id: &RecipientId, topics: &[Vec<u8>], ts: i64) {
         let writes: Vec<BoxFuture<'_, Result<(), StoreError>>> = topics
             .iter()
-            .map(|t| self.write(&self.st.topic_row_del, (ts, t.as_slice(), id.0.as_slice())).boxed())
+            .map(|t| self.write(&self.st.topic_row_del, (ts, t.as_slice(), id.as_bytes().as_slice())).boxed())
             .collect();
         let result = all_ok(writes, JOIN_CONCURRENCY).await;
         if let Err(e) = result {
@@ -625,7 +631,8 @@ impl ScyllaStore {
         let mut batch = Batch::new(BatchType::Logged);
         batch.append_statement(self.st.delete_statics.clone());
         batch.append_statement(self.st.delete_rows.clone());
-        let values: Vec<Values> = vec![Box::new((id.0.to_vec(), v.version)), Box::new((id.0.to_vec(),))];
+        let values: Vec<Values> =
+            vec![Box::new((id.as_bytes().to_vec(), v.version)), Box::new((id.as_bytes().to_vec(),))];
         let result = self.session.batch(&batch, values).await.map_err(be("conditional batch"))?;
         if !Lwt::from_result(result)?.applied {
             return Ok(false);
@@ -640,7 +647,7 @@ impl ScyllaStore {
         let st = if serial { &self.st.shard_read_serial } else { &self.st.shard_read };
         let rows = self
             .session
-            .execute_unpaged(st, (i32::from(shard.0),))
+            .execute_unpaged(st, (i32::from(shard.index()),))
             .await
             .map_err(be("reading a shard"))?
             .into_rows_result()
@@ -663,7 +670,7 @@ impl ScyllaStore {
         indices: &[usize],
         now_ns: i64,
     ) -> Result<Vec<(usize, Appended)>, StoreError> {
-        let _serialised = self.shard_locks[usize::from(shard.0)].lock().await;
+        let _serialised = self.shard_locks[usize::from(shard.index())].lock().await;
         let (reservation, results, rows) = self.reserve_ids(shard, envelopes, indices).await?;
         let Some(reservation) = reservation else {
             return Ok(results); // every envelope was refused
@@ -681,7 +688,7 @@ impl ScyllaStore {
         envelopes: &'e [NewEnvelope],
         indices: &[usize],
     ) -> Result<(Option<Reservation>, Vec<(usize, Appended)>, Vec<(u64, &'e NewEnvelope)>), StoreError> {
-        let db_shard = i32::from(shard.0);
+        let db_shard = i32::from(shard.index());
         let mut attempt = 0;
         loop {
             let row = self.read_shard(shard, true).await?;
@@ -729,7 +736,7 @@ impl ScyllaStore {
         if rows.is_empty() {
             return Ok(());
         }
-        let db_shard = i32::from(shard.0);
+        let db_shard = i32::from(shard.index());
         let buckets: BTreeSet<i64> = rows.iter().map(|(seq, _)| bucket_of(*seq)).collect();
         let writes: Vec<BoxFuture<'_, Result<(), StoreError>>> =
             buckets.iter().map(|b| self.write(&self.st.bucket_put, (db_shard, *b)).boxed()).collect();
@@ -754,12 +761,11 @@ impl ScyllaStore {
     ///    these rows were written and read by dispatch: the append must not
     ///    be acknowledged, so it is an error and its publisher retries.
     async fn cover(&self, shard: ShardId, reservation: Reservation) -> Result<(), StoreError> {
-        let db_shard = i32::from(shard.0);
+        let db_shard = i32::from(shard.index());
         let mut expected = reservation.boundary;
         let mut attempt = 0;
         loop {
-            let moved =
-                self.lwt(&self.st.shard_boundary, (to_db(reservation.last), db_shard, to_db(expected))).await?;
+            let moved = self.lwt(&self.st.shard_boundary, (to_db(reservation.last), db_shard, to_db(expected))).await?;
             if moved.applied {
                 return Ok(());
             }
@@ -789,14 +795,14 @@ impl ScyllaStore {
         let mut values: Vec<Values> = Vec::with_capacity(rows.len());
         for (seq, e) in rows {
             // PUSH-230: keep the HMAC input only where suppression can use it.
-            let (hmac, data) = e.suppression_data().unwrap_or_default();
+            let (hmac, data) = e.suppression_data().map_or((&[][..], &[][..]), |(h, d)| (h.as_bytes(), d));
             batch.append_statement(self.st.env_put.clone());
             values.push(Box::new((
                 shard,
                 bucket,
                 pos_of(*seq),
-                e.topic.as_bytes().to_vec(),
-                e.kind as u8 as i8,
+                e.topic().as_bytes().to_vec(),
+                e.kind() as u8 as i8,
                 now_ns,
                 hmac.to_vec(),
                 data.to_vec(),
@@ -827,7 +833,7 @@ impl ScyllaStore {
         );
         let rows = self
             .session
-            .execute_unpaged(&self.st.join_read, (id.0.as_slice(), topic.as_bytes()))
+            .execute_unpaged(&self.st.join_read, (id.as_bytes().as_slice(), topic.as_bytes()))
             .await
             .map_err(be("reading a subscriber"))?
             .into_rows_result()
@@ -878,7 +884,6 @@ impl Store for ScyllaStore {
         Some(self)
     }
 
-
     async fn recipient(&self, id: &RecipientId) -> Result<Option<Recipient>, StoreError> {
         Ok(self.read_static(id, false).await?.map(|v| v.recipient))
     }
@@ -898,13 +903,21 @@ impl Store for ScyllaStore {
             // PUSH-255: create with no subscriptions, or replace the target and keep them.
             let (done, topic_count) = match &current {
                 None => {
-                    let values =
-                        (new_version(), secret_hash.0.as_slice(), channel, text, signing_key, now_ns, id.0.as_slice());
+                    let values = (
+                        new_version(),
+                        secret_hash.0.as_slice(),
+                        channel,
+                        text,
+                        signing_key,
+                        now_ns,
+                        id.as_bytes().as_slice(),
+                    );
                     (self.lwt(&self.st.create_recipient, values).await?.applied, 0)
                 }
                 Some(v) if v.recipient.secret_hash != *secret_hash => return Err(StoreError::SecretMismatch),
                 Some(v) => {
-                    let values = (new_version(), channel, text, signing_key, now_ns, id.0.as_slice(), v.version);
+                    let values =
+                        (new_version(), channel, text, signing_key, now_ns, id.as_bytes().as_slice(), v.version);
                     (self.lwt(&self.st.renew_recipient, values).await?.applied, v.recipient.topic_count)
                 }
             };
@@ -1000,16 +1013,16 @@ impl Store for ScyllaStore {
             let mut batch = Batch::new(BatchType::Logged);
             let mut values: Vec<Values> = Vec::with_capacity(1 + removed.len() + stored.len());
             batch.append_statement(self.st.update_statics.clone());
-            values.push(Box::new((new_version(), now_ns, to_db(count), id.0.to_vec(), v.version)));
+            values.push(Box::new((new_version(), now_ns, to_db(count), id.as_bytes().to_vec(), v.version)));
             for topic in &removed {
                 batch.append_statement(self.st.del_sub.clone());
-                values.push(Box::new((id.0.to_vec(), topic.clone())));
+                values.push(Box::new((id.as_bytes().to_vec(), topic.clone())));
             }
             for s in &stored {
                 let (start, include_commits, base, keys) = codec::encode_subscription(s);
                 batch.append_statement(self.st.put_sub.clone());
                 values.push(Box::new((
-                    id.0.to_vec(),
+                    id.as_bytes().to_vec(),
                     s.subscription.topic.as_bytes().to_vec(),
                     start,
                     include_commits,
@@ -1035,7 +1048,7 @@ impl Store for ScyllaStore {
     async fn subscriptions(&self, id: &RecipientId) -> Result<Vec<StoredSubscription>, StoreError> {
         let mut rows = self
             .session
-            .execute_iter(self.st.subs_read.clone(), (id.0.as_slice(),))
+            .execute_iter(self.st.subs_read.clone(), (id.as_bytes().as_slice(),))
             .await
             .map_err(be("reading subscriptions"))?
             .rows_stream::<(Option<Vec<u8>>, Option<i64>, Option<bool>, Option<i64>, Option<Vec<Vec<u8>>>)>()
@@ -1115,10 +1128,10 @@ impl Store for ScyllaStore {
     async fn append(&self, envelopes: &[NewEnvelope], now_ns: i64) -> Result<Vec<Appended>, StoreError> {
         let mut by_shard: BTreeMap<ShardId, Vec<usize>> = BTreeMap::new();
         for (i, e) in envelopes.iter().enumerate() {
-            if e.shard != e.topic.shard(self.shard_count) {
+            if e.shard() != e.topic().shard(self.shard_count) {
                 return Err(StoreError::Backend("envelope shard does not match the store's shard count".into()));
             }
-            by_shard.entry(e.shard).or_default().push(i);
+            by_shard.entry(e.shard()).or_default().push(i);
         }
         let per_shard = futures::future::try_join_all(
             by_shard.iter().map(|(shard, indices)| self.append_shard(*shard, envelopes, indices, now_ns)),
@@ -1269,7 +1282,7 @@ impl Store for ScyllaStore {
         if after >= up_to || limit == 0 {
             return Ok(Vec::new());
         }
-        let db_shard = i32::from(shard.0);
+        let db_shard = i32::from(shard.index());
         let first = after + 1;
         let (first_bucket, last_bucket) = (bucket_of(first), bucket_of(up_to));
         let buckets: Vec<i64> = self
@@ -1307,7 +1320,7 @@ impl Store for ScyllaStore {
     }
 
     async fn envelope_data(&self, shard: ShardId, sequence_id: u64) -> Result<Option<Vec<u8>>, StoreError> {
-        let key = (i32::from(shard.0), bucket_of(sequence_id), pos_of(sequence_id));
+        let key = (i32::from(shard.index()), bucket_of(sequence_id), pos_of(sequence_id));
         let rows = self
             .session
             .execute_unpaged(&self.st.env_data, key)
@@ -1321,7 +1334,7 @@ impl Store for ScyllaStore {
 
     async fn advance_checkpoint(&self, shard: ShardId, checkpoint: u64) -> Result<(), StoreError> {
         self.check_shard(shard)?;
-        let db_shard = i32::from(shard.0);
+        let db_shard = i32::from(shard.index());
         let mut attempt = 0;
         let new = loop {
             let Some(row) = self.read_shard(shard, true).await? else {
@@ -1375,7 +1388,7 @@ impl Store for ScyllaStore {
         after: Option<&RecipientId>,
         limit: usize,
     ) -> Result<Vec<Subscriber>, StoreError> {
-        if limit == 0 || after.is_some_and(|a| a.0 == [0xff; 32]) {
+        if limit == 0 || after.is_some_and(|a| a.as_bytes() == &[0xff; 32]) {
             return Ok(Vec::new());
         }
         let page_rows = i32::try_from(limit).unwrap_or(PAGE_ROWS).min(PAGE_ROWS);
@@ -1383,7 +1396,7 @@ impl Store for ScyllaStore {
             Some(a) => {
                 let mut st = self.st.topic_page_after.clone();
                 st.set_page_size(page_rows);
-                self.session.execute_iter(st, (topic.as_bytes(), a.0.as_slice())).await
+                self.session.execute_iter(st, (topic.as_bytes(), a.as_bytes().as_slice())).await
             }
             None => {
                 let mut st = self.st.topic_page.clone();
@@ -1428,7 +1441,7 @@ impl ShardLeases for ScyllaStore {
     ) -> Result<bool, StoreError> {
         self.check_shard(shard)?;
         let ttl = ttl_secs(ttl);
-        let key = i32::from(shard.0);
+        let key = i32::from(shard.index());
         let insert = self.lwt(&self.st.lease_insert, (key, &node.0, address, ttl)).await?;
         if insert.applied {
             return Ok(true);
@@ -1442,7 +1455,7 @@ impl ShardLeases for ScyllaStore {
 
     async fn release_lease(&self, shard: ShardId, node: &NodeId) -> Result<(), StoreError> {
         self.check_shard(shard)?;
-        self.lwt(&self.st.lease_release, (i32::from(shard.0), &node.0)).await?;
+        self.lwt(&self.st.lease_release, (i32::from(shard.index()), &node.0)).await?;
         Ok(())
     }
 
@@ -1450,7 +1463,7 @@ impl ShardLeases for ScyllaStore {
         self.check_shard(shard)?;
         let rows = self
             .session
-            .execute_unpaged(&self.st.lease_read, (i32::from(shard.0),))
+            .execute_unpaged(&self.st.lease_read, (i32::from(shard.index()),))
             .await
             .map_err(be("reading a lease"))?
             .into_rows_result()
@@ -1472,7 +1485,9 @@ impl ShardLeases for ScyllaStore {
             .map_err(be("reading the leases"))?;
         Ok(rows
             .into_iter()
-            .filter_map(|(shard, owner)| Some((ShardId(u16::try_from(shard).ok()?), NodeId(owner?))))
+            .filter_map(|(shard, owner)| {
+                Some((ShardId::parse(u16::try_from(shard).ok()?, self.shard_count).ok()?, NodeId(owner?)))
+            })
             .collect())
     }
 
@@ -1504,7 +1519,9 @@ mod test_keyspace;
 mod tests {
     use futures::FutureExt;
 
-    use super::test_keyspace::{SHARD_COUNT, drop_keyspace_then_resume, fresh_keyspace, settings, test_nodes, with_store};
+    use super::test_keyspace::{
+        SHARD_COUNT, drop_keyspace_then_resume, fresh_keyspace, settings, test_nodes, with_store,
+    };
     use super::*;
     use crate::domain::{EnvelopeKind, RecipientSecret, Subscription};
 
@@ -1516,7 +1533,7 @@ mod tests {
     async fn shard_leases_are_exclusive_and_expire() {
         with_store(|store| async move {
             let (a, b) = (NodeId::random(), NodeId::random());
-            let shard = ShardId(1);
+            let shard = ShardId::parse(1, SHARD_COUNT).unwrap();
             let ttl = Duration::from_secs(2);
             assert_eq!(store.lease_owner(shard).await.unwrap(), None);
             let (won_a, won_b) =
@@ -1559,7 +1576,7 @@ mod tests {
             let nodes = test_nodes().unwrap();
             let mut ahead = ScyllaStore::connect(&settings(nodes, behind.keyspace()), SHARD_COUNT).await.unwrap();
             ahead.clock.skew_micros = 3_600_000_000;
-            let id = RecipientId([3; 32]);
+            let id = RecipientId::from_bytes([3; 32]);
             let hash = RecipientSecret::parse(&[4; 32]).unwrap().hash();
             let target = DeliveryTarget::Fcm { token: "tok".into() };
             let topic = Topic::parse(&[0, 9]).unwrap();
@@ -1576,7 +1593,11 @@ mod tests {
             ahead.update_subscriptions(&id, &hash, &remove, 2, 10).await.unwrap();
             assert_eq!(listed(&behind, &topic).await, vec![], "removed");
             behind.update_subscriptions(&id, &hash, &add, 3, 10).await.unwrap();
-            assert_eq!(listed(&behind, &topic).await, vec![id], "re-added behind the remover's clock: still dispatched");
+            assert_eq!(
+                listed(&behind, &topic).await,
+                vec![id],
+                "re-added behind the remover's clock: still dispatched"
+            );
 
             ahead.unregister(&id, &hash).await.unwrap();
             behind.register(&id, &hash, &target, 4).await.unwrap();
@@ -1599,8 +1620,9 @@ mod tests {
             let nodes = test_nodes().unwrap();
             let stale = ScyllaStore::connect(&settings(nodes, owner.keyspace()), SHARD_COUNT).await.unwrap();
             let topic = Topic::parse(&[0, 5]).unwrap();
-            let new = || NewEnvelope::new(topic.clone(), SHARD_COUNT, EnvelopeKind::Application, true, vec![], vec![], None);
-            let shard = new().unwrap().shard;
+            let new =
+                || NewEnvelope::new(topic.clone(), SHARD_COUNT, EnvelopeKind::Application, true, None, vec![], None);
+            let shard = new().unwrap().shard();
             owner.append(&[new().unwrap()], 1).await.unwrap();
 
             // The stale writer reserves ids 2..=3, then stalls.
@@ -1630,14 +1652,14 @@ mod tests {
     async fn data_survives_reconnect_and_shard_count_is_fixed() {
         let Some(nodes) = test_nodes() else { return };
         let keyspace = fresh_keyspace();
-        let id = RecipientId([9; 32]);
+        let id = RecipientId::from_bytes([9; 32]);
         let hash = RecipientSecret::parse(&[1; 32]).unwrap().hash();
         let topic = Topic::parse(&[0, 42]).unwrap();
         let target = DeliveryTarget::Fcm { token: "tok".into() };
         let sub = Subscription { topic: topic.clone(), keys: None, include_commits: true };
         let envelope =
-            NewEnvelope::new(topic.clone(), SHARD_COUNT, EnvelopeKind::Commit, false, vec![], vec![], None).unwrap();
-        let shard = envelope.shard;
+            NewEnvelope::new(topic.clone(), SHARD_COUNT, EnvelopeKind::Commit, false, None, vec![], None).unwrap();
+        let shard = envelope.shard();
 
         // Without migrate, a keyspace with no schema is refused.
         let no_migrate = ScyllaSettings { migrate: false, ..settings(nodes.clone(), &keyspace) };
@@ -1684,10 +1706,10 @@ mod tests {
         with_store(|store| async move {
             let topic = Topic::parse(&[0, 7]).unwrap();
             let e = |seq: Option<u64>| {
-                NewEnvelope::new(topic.clone(), SHARD_COUNT, EnvelopeKind::Application, true, vec![], vec![], seq)
+                NewEnvelope::new(topic.clone(), SHARD_COUNT, EnvelopeKind::Application, true, None, vec![], seq)
                     .unwrap()
             };
-            let shard = e(None).shard;
+            let shard = e(None).shard();
             let far = 5 * BUCKET_SIZE + 17;
             let ids = [BUCKET_SIZE - 2, BUCKET_SIZE - 1, BUCKET_SIZE, BUCKET_SIZE + 1, far, far + 1];
             let r = store.append(&ids.iter().map(|&s| e(Some(s))).collect::<Vec<_>>(), 1).await.unwrap();
@@ -1711,7 +1733,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_large_update_applies_in_one_batch() {
         with_store(|store| async move {
-            let (id, hash) = (RecipientId([3; 32]), RecipientSecret::parse(&[3; 32]).unwrap().hash());
+            let (id, hash) = (RecipientId::from_bytes([3; 32]), RecipientSecret::parse(&[3; 32]).unwrap().hash());
             store.register(&id, &hash, &DeliveryTarget::Fcm { token: "t".into() }, 1).await.unwrap();
             let window = crate::domain::KeyWindow::parse(9, &[vec![1; 42], vec![2; 42], vec![3; 42]]).unwrap();
             let adds: Vec<Subscription> = (0..3000u32)
@@ -1742,7 +1764,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn concurrent_updates_of_one_recipient_all_apply() {
         with_store(|store| async move {
-            let (id, hash) = (RecipientId([4; 32]), RecipientSecret::parse(&[4; 32]).unwrap().hash());
+            let (id, hash) = (RecipientId::from_bytes([4; 32]), RecipientSecret::parse(&[4; 32]).unwrap().hash());
             store.register(&id, &hash, &DeliveryTarget::Fcm { token: "t".into() }, 1).await.unwrap();
             let updates: Vec<SubscriptionUpdate> = (0..8u8)
                 .map(|i| {
@@ -1778,22 +1800,26 @@ mod tests {
             let target = DeliveryTarget::Apns { token: "t".into() };
             let sub = Subscription { topic: topic.clone(), keys: None, include_commits: false };
             for n in [2u8, 4, 6] {
-                store.register(&RecipientId([n; 32]), &hash, &target, 1).await.unwrap();
+                store.register(&RecipientId::from_bytes([n; 32]), &hash, &target, 1).await.unwrap();
                 let update = SubscriptionUpdate::new(vec![sub.clone()], vec![]).unwrap();
-                store.update_subscriptions(&RecipientId([n; 32]), &hash, &update, 1, 10).await.unwrap();
+                store.update_subscriptions(&RecipientId::from_bytes([n; 32]), &hash, &update, 1, 10).await.unwrap();
             }
             // Index rows with no subscription behind them: no recipient (1, 3),
             // a recipient without that subscription (5).
-            store.register(&RecipientId([5; 32]), &hash, &target, 1).await.unwrap();
+            store.register(&RecipientId::from_bytes([5; 32]), &hash, &target, 1).await.unwrap();
             for n in [1u8, 3, 5] {
                 store
                     .write(&store.st.topic_row_put, (topic.as_bytes(), [n; 32].as_slice(), store.clock.next()))
                     .await
                     .unwrap();
             }
-            let ids = |page: Vec<Subscriber>| page.into_iter().map(|s| s.recipient.id.0[0]).collect::<Vec<_>>();
+            let ids =
+                |page: Vec<Subscriber>| page.into_iter().map(|s| s.recipient.id.as_bytes()[0]).collect::<Vec<_>>();
             assert_eq!(ids(store.subscribers(&topic, None, 2).await.unwrap()), vec![2, 4]);
-            assert_eq!(ids(store.subscribers(&topic, Some(&RecipientId([4; 32])), 2).await.unwrap()), vec![6]);
+            assert_eq!(
+                ids(store.subscribers(&topic, Some(&RecipientId::from_bytes([4; 32])), 2).await.unwrap()),
+                vec![6]
+            );
             assert_eq!(ids(store.subscribers(&topic, None, 10).await.unwrap()), vec![2, 4, 6]);
             store
         })
@@ -1806,9 +1832,8 @@ mod tests {
     async fn concurrent_appends_get_distinct_ids() {
         with_store(|store| async move {
             let topic = Topic::parse(&[0, 9]).unwrap();
-            let e =
-                NewEnvelope::new(topic, SHARD_COUNT, EnvelopeKind::Application, true, vec![], vec![], None).unwrap();
-            let shard = e.shard;
+            let e = NewEnvelope::new(topic, SHARD_COUNT, EnvelopeKind::Application, true, None, vec![], None).unwrap();
+            let shard = e.shard();
             let batches = futures::future::join_all((0..8).map(|_| store.append(std::slice::from_ref(&e), 1))).await;
             let mut ids: Vec<u64> = batches
                 .into_iter()

@@ -14,13 +14,11 @@ use std::future::Future;
 pub use self::gateway::*;
 
 use fanout_engine::domain::{
-    Channel, DeliveryTarget, EnvelopeKind, KeyWindow, NewEnvelope, RecipientId, RecipientSecret, SecretHash,
-    SequenceRefusal, ShardId, SigningKey, StoredEnvelope, StoredSubscription, Subscription, SubscriptionUpdate, Topic,
+    Channel, DeliveryTarget, EnvelopeKind, KeyWindow, NewEnvelope, Recipient, RecipientId, RecipientSecret,
+    RecipientSummary, SecretHash, SenderHmac, SequenceRefusal, ShardId, SigningKey, StoredEnvelope, StoredSubscription,
+    Subscriber, Subscription, SubscriptionUpdate, Topic,
 };
-use fanout_engine::store::{
-    Appended, Recipient, RecipientSummary, RelayClaim, RelayKey, RelaySettled, ShardPosition, Store, StoreError,
-    Subscriber,
-};
+use fanout_engine::store::{Appended, RelayClaim, RelayKey, RelaySettled, ShardPosition, Store, StoreError};
 
 /// The shard count the factory given to the suite must use.
 pub const SHARD_COUNT: u16 = 16;
@@ -87,7 +85,7 @@ pub(crate) use for_each_case;
 // ---- helpers ----
 
 fn rid(n: u8) -> RecipientId {
-    RecipientId([n; 32])
+    RecipientId::from_bytes([n; 32])
 }
 
 fn secret(n: u8) -> SecretHash {
@@ -110,6 +108,11 @@ fn topic(bytes: &[u8]) -> Topic {
     Topic::parse(bytes).unwrap()
 }
 
+/// Shard `n` of `SHARD_COUNT`.
+fn shard_id(n: u16) -> ShardId {
+    ShardId::parse(n, SHARD_COUNT).expect("below SHARD_COUNT")
+}
+
 /// A group-message topic.
 fn group(n: u8) -> Topic {
     topic(&[0, n])
@@ -119,7 +122,7 @@ fn group(n: u8) -> Topic {
 fn topic_in_shard(kind: u8, shard: u16, n: usize) -> Topic {
     (0..=u16::MAX)
         .map(|i| topic(&[kind, (i >> 8) as u8, i as u8]))
-        .filter(|t| t.shard(SHARD_COUNT) == ShardId(shard))
+        .filter(|t| t.shard(SHARD_COUNT) == shard_id(shard))
         .nth(n)
         .expect("enough topics in every shard")
 }
@@ -144,6 +147,7 @@ fn envelope(
     data: Vec<u8>,
     sequence_id: Option<u64>,
 ) -> NewEnvelope {
+    let sender_hmac = SenderHmac::parse(&sender_hmac);
     NewEnvelope::new(topic.clone(), SHARD_COUNT, kind, should_push, sender_hmac, data, sequence_id).unwrap()
 }
 
@@ -181,11 +185,11 @@ async fn subscriber_ids<S: Store>(store: &S, topic: &Topic) -> Vec<RecipientId> 
 }
 
 async fn position<S: Store>(store: &S, shard: u16) -> ShardPosition {
-    store.shard_position(ShardId(shard)).await.unwrap()
+    store.shard_position(shard_id(shard)).await.unwrap()
 }
 
 async fn window_ids<S: Store>(store: &S, shard: u16, after: u64, up_to: u64, limit: usize) -> Vec<u64> {
-    seq_ids(&store.read_window(ShardId(shard), after, up_to, limit).await.unwrap())
+    seq_ids(&store.read_window(shard_id(shard), after, up_to, limit).await.unwrap())
 }
 
 // ---- recipients ----
@@ -550,10 +554,10 @@ pub async fn append_allocates_per_shard<S: Store>(store: &S) {
     assert_eq!(position(store, 4).await, ShardPosition::default());
 
     assert_eq!(store.append(&[app(&y)], 1001).await.unwrap(), stored([2]));
-    let w = store.read_window(ShardId(2), 0, 3, 10).await.unwrap();
+    let w = store.read_window(shard_id(2), 0, 3, 10).await.unwrap();
     assert_eq!(seq_ids(&w), vec![1, 2, 3]);
     assert_eq!(w.iter().map(|e| e.topic.clone()).collect::<Vec<_>>(), vec![x1.clone(), x2, x1]);
-    assert!(w.iter().all(|e| e.shard == ShardId(2) && e.server_ts_ns == 1000));
+    assert!(w.iter().all(|e| e.shard == shard_id(2) && e.server_ts_ns == 1000));
 }
 
 /// API-286..289 as DESIGN.md states them: a publisher id must exceed the
@@ -580,11 +584,11 @@ pub async fn publisher_sequence_ids<S: Store>(store: &S) {
         ]
     );
     assert_eq!(position(store, 4).await, ShardPosition { boundary: 10, checkpoint: 0 });
-    let w = store.read_window(ShardId(4), 0, 100, 100).await.unwrap();
+    let w = store.read_window(shard_id(4), 0, 100, 100).await.unwrap();
     assert_eq!(seq_ids(&w), vec![5, 7, 8, 10]);
     let mut tags = Vec::new();
     for e in &w {
-        tags.push(store.envelope_data(ShardId(4), e.sequence_id).await.unwrap().unwrap()[0]);
+        tags.push(store.envelope_data(shard_id(4), e.sequence_id).await.unwrap().unwrap()[0]);
     }
     assert_eq!(tags, vec![5, 7, 8, 10], "refused ones not stored");
     // Issue 11: an id too far ahead fails alone and leaves the shard usable.
@@ -622,7 +626,7 @@ pub async fn non_eligible_envelopes_only_move_the_boundary<S: Store>(store: &S) 
     ];
     assert_eq!(store.append(&batch, 5).await.unwrap(), stored(1..=8));
     assert_eq!(position(store, shard).await.boundary, 8);
-    let window = store.read_window(ShardId(shard), 0, 8, 100).await.unwrap();
+    let window = store.read_window(shard_id(shard), 0, 8, 100).await.unwrap();
     assert_eq!(seq_ids(&window), vec![3, 6, 7, 8]);
     assert_eq!(window.iter().map(|e| e.kind).collect::<Vec<_>>(), vec![Application, Welcome, Commit, Proposal]);
     assert_eq!(window[1].topic, w);
@@ -650,32 +654,32 @@ pub async fn suppression_data_only_with_32_byte_hmac<S: Store>(store: &S) {
         ),
     ];
     store.append(&batch, 12_345).await.unwrap();
-    let w = store.read_window(ShardId(11), 0, 5, 10).await.unwrap();
+    let w = store.read_window(shard_id(11), 0, 5, 10).await.unwrap();
     assert_eq!(
         w[0],
         StoredEnvelope {
-            shard: ShardId(11),
+            shard: shard_id(11),
             sequence_id: 1,
             topic: g.clone(),
             kind: EnvelopeKind::Application,
             server_ts_ns: 12_345,
-            sender_hmac: vec![7; 32],
+            sender_hmac: SenderHmac::parse(&[7; 32]),
             data: b"ciphertext".to_vec(),
             relay: Default::default(),
         }
     );
-    let data = |seq: u64| store.envelope_data(ShardId(11), seq);
+    let data = |seq: u64| store.envelope_data(shard_id(11), seq);
     assert_eq!(data(1).await.unwrap(), Some(b"ciphertext".to_vec()));
     for (i, inline) in [(1, &b"x"[..]), (2, b"y"), (4, b"")] {
-        assert!(w[i].sender_hmac.is_empty(), "envelope {i} kept its hmac");
+        assert!(w[i].sender_hmac.is_none(), "envelope {i} kept its hmac");
         assert_eq!(w[i].data, inline, "envelope {i}");
         assert_eq!(data(i as u64 + 1).await.unwrap(), None, "envelope {i} kept suppression data");
     }
-    assert_eq!((w[3].kind, w[3].sender_hmac.clone()), (EnvelopeKind::Commit, vec![8; 32]));
+    assert_eq!((w[3].kind, w[3].sender_hmac), (EnvelopeKind::Commit, SenderHmac::parse(&[8; 32])));
     assert_eq!(data(4).await.unwrap(), Some(b"z".to_vec()));
     assert_eq!(data(99).await.unwrap(), None, "no such envelope");
-    assert_eq!(store.envelope_data(ShardId(12), 1).await.unwrap(), None, "another shard's id");
-    store.advance_checkpoint(ShardId(11), 1).await.unwrap();
+    assert_eq!(store.envelope_data(shard_id(12), 1).await.unwrap(), None, "another shard's id");
+    store.advance_checkpoint(shard_id(11), 1).await.unwrap();
     assert_eq!(data(1).await.unwrap(), None, "pruned with the checkpoint");
     assert_eq!(data(4).await.unwrap(), Some(b"z".to_vec()));
 }
@@ -693,7 +697,7 @@ pub async fn relay_metadata_round_trips<S: Store>(store: &S) {
     commit.relay = meta.clone();
     let plain = envelope(&g, EnvelopeKind::Application, true, vec![], b"a".to_vec(), None);
     store.append(&[commit, plain], 1).await.unwrap();
-    let w = store.read_window(ShardId(12), 0, 5, 10).await.unwrap();
+    let w = store.read_window(shard_id(12), 0, 5, 10).await.unwrap();
     assert_eq!(w.len(), 2);
     assert_eq!(w[0].relay, meta);
     assert_eq!(w[1].relay, RelayMeta::default());
@@ -779,14 +783,14 @@ pub async fn advance_checkpoint_forward_and_prunes<S: Store>(store: &S) {
     let x = topic_in_shard(0, 1, 0);
     store.append(&vec![app(&x); 5], 1).await.unwrap();
 
-    store.advance_checkpoint(ShardId(1), 3).await.unwrap();
+    store.advance_checkpoint(shard_id(1), 3).await.unwrap();
     assert_eq!(position(store, 1).await, ShardPosition { boundary: 5, checkpoint: 3 });
     assert_eq!(window_ids(store, 1, 0, 5, 10).await, vec![4, 5]);
 
-    store.advance_checkpoint(ShardId(1), 2).await.unwrap();
+    store.advance_checkpoint(shard_id(1), 2).await.unwrap();
     assert_eq!(position(store, 1).await, ShardPosition { boundary: 5, checkpoint: 3 }, "never back");
 
-    store.advance_checkpoint(ShardId(1), 100).await.unwrap();
+    store.advance_checkpoint(shard_id(1), 100).await.unwrap();
     assert_eq!(position(store, 1).await, ShardPosition { boundary: 5, checkpoint: 5 }, "clamped to boundary");
     assert!(window_ids(store, 1, 0, 5, 10).await.is_empty());
 
@@ -794,7 +798,7 @@ pub async fn advance_checkpoint_forward_and_prunes<S: Store>(store: &S) {
     assert_eq!(position(store, 1).await, ShardPosition { boundary: 6, checkpoint: 5 });
     assert_eq!(window_ids(store, 1, 0, 6, 10).await, vec![6]);
 
-    store.advance_checkpoint(ShardId(2), 4).await.unwrap();
+    store.advance_checkpoint(shard_id(2), 4).await.unwrap();
     assert_eq!(position(store, 2).await, ShardPosition::default(), "empty shard stays at zero");
 }
 
@@ -804,15 +808,16 @@ pub async fn subscribers_paging<S: Store>(store: &S) {
     let t = topic(&[0, 1]);
     // A longer topic whose bytes start with `t`'s must not leak into its pages.
     let t_longer = topic(&[0, 1, 1]);
-    let mut ids = [0x80, 0x01, 0xff, 0x00, 0x7f, 0x40].into_iter().map(|b| RecipientId([b; 32])).collect::<Vec<_>>();
+    let mut ids =
+        [0x80, 0x01, 0xff, 0x00, 0x7f, 0x40].into_iter().map(|b| RecipientId::from_bytes([b; 32])).collect::<Vec<_>>();
     let mut last_differs = [0x40; 32];
     last_differs[31] = 0x41;
-    ids.push(RecipientId(last_differs));
+    ids.push(RecipientId::from_bytes(last_differs));
     for (i, id) in ids.iter().enumerate() {
         store.register(id, &secret(1), &apns(&format!("tok-{i}")), 100).await.unwrap();
         subscribe(store, id, &secret(1), vec![sub(&t)], 110).await;
     }
-    let only_longer = RecipientId([0x50; 32]);
+    let only_longer = RecipientId::from_bytes([0x50; 32]);
     store.register(&only_longer, &secret(1), &apns("x"), 100).await.unwrap();
     subscribe(store, &only_longer, &secret(1), vec![sub(&t_longer)], 110).await;
     subscribe(store, &ids[0], &secret(1), vec![sub(&t_longer)], 120).await;
@@ -840,11 +845,11 @@ pub async fn subscribers_paging<S: Store>(store: &S) {
     assert_eq!(seen, expected, "every subscriber once, in id order");
     assert_eq!(pages, 3);
     assert!(store.subscribers(&t, None, 0).await.unwrap().is_empty());
-    assert!(store.subscribers(&t, Some(&RecipientId([0xff; 32])), 10).await.unwrap().is_empty());
+    assert!(store.subscribers(&t, Some(&RecipientId::from_bytes([0xff; 32])), 10).await.unwrap().is_empty());
 
     // `after` need not be a subscriber itself.
-    let page = store.subscribers(&t, Some(&RecipientId([0x41; 32])), 10).await.unwrap();
-    let tail: Vec<_> = expected.iter().copied().filter(|id| id.0 > [0x41; 32]).collect();
+    let page = store.subscribers(&t, Some(&RecipientId::from_bytes([0x41; 32])), 10).await.unwrap();
+    let tail: Vec<_> = expected.iter().copied().filter(|id| *id.as_bytes() > [0x41; 32]).collect();
     assert_eq!(page.iter().map(|s| s.recipient.id).collect::<Vec<_>>(), tail);
 
     let mut longer = vec![only_longer, ids[0]];

@@ -170,12 +170,12 @@ fn webpush_request(
     use fanout_engine::channel::webpush::{PushHeaders, Urgency, encrypt, origin, request::request, wake_up};
     use fanout_engine::domain::{EnvelopeKind, ShardId, StoredEnvelope, Topic};
     let envelope = StoredEnvelope {
-        shard: ShardId(0),
+        shard: ShardId::FIRST,
         sequence_id: seq,
         topic: Topic::parse(&ids.topic(topic)).expect("the run's topics are group topics"),
         kind: EnvelopeKind::Application,
         server_ts_ns: 0,
-        sender_hmac: Vec::new(),
+        sender_hmac: None,
         data: Vec::new(),
         relay: Default::default(),
     };

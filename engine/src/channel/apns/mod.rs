@@ -161,9 +161,9 @@ mod tests {
     use std::time::Instant;
 
     use crate::channel::{Connections, HttpsBase};
+    use crate::domain::Recipient;
     use crate::domain::StoredEnvelope;
     use crate::metrics::Metrics;
-    use crate::store::Recipient;
     use crate::testing::{self, envelope};
     use fanout_testkit::TestPki;
     use fanout_testkit::mock::apns::{self as mock, ApnsReply, ApnsTestKey, MockApnsConfig};

@@ -148,8 +148,8 @@ mod tests {
     use super::classify::{MAX_RETRY_AFTER, QUOTA_DELAY};
     use super::*;
     use crate::channel::Connections;
+    use crate::domain::Recipient;
     use crate::metrics::Metrics;
-    use crate::store::Recipient;
     use crate::testing::{self, envelope};
     use fanout_testkit::TestPki;
     use fanout_testkit::mock::fcm::{self as mock, FcmReply, FcmServiceAccount, MockFcmConfig};

@@ -1,5 +1,5 @@
+use crate::domain::Recipient;
 use crate::domain::StoredEnvelope;
-use crate::store::Recipient;
 
 /// The HTTPS push body (PUSH-259): topic as standard base64, sequence_id as
 /// decimal text, recipient_id as lowercase hex, and nothing else. The field

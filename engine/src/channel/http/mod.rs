@@ -36,7 +36,7 @@ use http_body_util::Full;
 use self::classify::{CONNECTION_ERROR, TIMED_OUT, classify};
 use super::pool::{ClientOptions, Protocols, SendError};
 use super::{BuildError, ChannelContext, Outcome, Provider, Push, Refused};
-use crate::clock::unix_now_ns;
+use crate::domain::Timestamp;
 use crate::domain::{Channel, DeliveryTarget};
 use crate::metrics::Metrics;
 
@@ -130,7 +130,7 @@ impl Provider for WebhookProvider {
             }
         };
         let body = webhook_body(push.envelope, push.recipient);
-        let now = unix_now_ns() / 1_000_000_000;
+        let now = Timestamp::now().as_secs();
         let headers = WebhookHeaders::for_attempt(signing_key, body.as_bytes(), now);
         let request = http::Request::post(url.uri().clone())
             .header(http::header::CONTENT_TYPE, "application/json")

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::event::{Notification, Priority};
 use crate::delivery::FirstAttempt;
-use crate::store::Recipient;
+use crate::domain::Recipient;
 
 /// One push to one device: the newest notification, its priority, and what
 /// stays fixed across its retries (delivery_id, sent_at of the first attempt).
@@ -93,7 +93,7 @@ pub(super) mod tests {
         let registration =
             RelayRegistration::parse(RegistrationInput { provider: "apns", token, ..Default::default() }).unwrap();
         Arc::new(Recipient {
-            id: RecipientId([id; 32]),
+            id: RecipientId::from_bytes([id; 32]),
             secret_hash: SecretHash([0; 32]),
             target: DeliveryTarget::Relay(registration),
             renewed_at_ns: 0,

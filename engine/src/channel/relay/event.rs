@@ -141,12 +141,12 @@ mod tests {
         let mut topic = vec![topic_kind];
         topic.extend_from_slice(b"group-1");
         StoredEnvelope {
-            shard: ShardId(0),
+            shard: ShardId::FIRST,
             sequence_id: 42,
             topic: Topic::parse(&topic).unwrap(),
             kind,
             server_ts_ns: 0,
-            sender_hmac: vec![],
+            sender_hmac: None,
             data: b"ciphertext".to_vec(),
             relay,
         }

@@ -43,7 +43,7 @@ impl PushLog {
             mls_message = payload.has_mls_message(),
             "push (log provider)"
         );
-        let device = hex::encode(push.recipient.id.0);
+        let device = hex::encode(push.recipient.id.as_bytes());
         let entry = LoggedPush {
             user_id: device.clone(),
             device_id: device,

@@ -318,7 +318,7 @@ mod tests {
     }
 
     fn dev(id: u8) -> RecipientId {
-        RecipientId([id; 32])
+        RecipientId::from_bytes([id; 32])
     }
 
     #[test]

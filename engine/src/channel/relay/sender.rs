@@ -18,7 +18,7 @@ use super::queue::{Counters, Queue, Taken};
 use super::settings::{HubId, RelayUrl};
 use super::signing::{HEADER_DELIVERY, HEADER_SIGNATURE, WebhookSecret, signature_header};
 use crate::channel::pool::Pool;
-use crate::clock::unix_now_ns;
+use crate::domain::Timestamp;
 use crate::domain::{Channel, DeliveryTarget};
 use crate::metrics::Metrics;
 use crate::store::Store;
@@ -72,7 +72,7 @@ impl Senders {
             self.queue.finished(id);
             return;
         };
-        let sent_at_ms = *push.sent_at_ms.get_or_insert(unix_now_ns() / 1_000_000);
+        let sent_at_ms = *push.sent_at_ms.get_or_insert(Timestamp::now().as_millis());
         push.attempts += 1;
         // 003 §4: provider `log` goes to the log provider, never the webhook.
         if registration.is_log() {
@@ -99,7 +99,7 @@ impl Senders {
             payload: &payload,
         });
         // 003 §2.2: the timestamp of this attempt is bound into the MAC.
-        let signature = signature_header(&webhook.secret, unix_now_ns() / 1_000_000_000, &body);
+        let signature = signature_header(&webhook.secret, Timestamp::now().as_secs(), &body);
         let request = http::Request::post(webhook.url.uri().clone())
             .header(http::header::CONTENT_TYPE, "application/json")
             .header(HEADER_SIGNATURE, signature)
@@ -164,7 +164,7 @@ impl Senders {
     /// has the one that was sent (a re-registration keeps the new one). The
     /// recipient is the device, so its subscriptions go with it, as for a
     /// dead APNs or FCM token.
-    fn delete_if_unchanged(&self, recipient: Arc<crate::store::Recipient>) {
+    fn delete_if_unchanged(&self, recipient: Arc<crate::domain::Recipient>) {
         let Some(store) = self.store.clone() else { return };
         let metrics = self.metrics.clone();
         tokio::spawn(async move {

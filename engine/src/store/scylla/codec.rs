@@ -5,11 +5,11 @@
 use std::borrow::Cow;
 
 use crate::domain::{
-    Channel, DeliveryTarget, EnvelopeKind, KeyWindow, MembershipChange, MessageId, RecipientId, RegistrationInput,
-    RelayMeta, RelayRegistration, SecretHash, ShardId, SigningKey, StoredEnvelope, StoredSubscription, Subscription,
-    Topic, WebPushKeys,
+    Channel, DeliveryTarget, EnvelopeKind, KeyWindow, MembershipChange, MessageId, Recipient, RecipientId,
+    RegistrationInput, RelayMeta, RelayRegistration, SecretHash, SenderHmac, ShardId, SigningKey, StoredEnvelope,
+    StoredSubscription, Subscription, Topic, WebPushKeys,
 };
-use crate::store::{Recipient, StoreError};
+use crate::store::StoreError;
 
 /// Envelopes per (shard, bucket) partition.
 pub(super) const BUCKET_SIZE: u64 = 4096;
@@ -173,8 +173,7 @@ pub(super) fn encode_subscription(s: &StoredSubscription) -> (i64, bool, Option<
 /// sender_hmac, inline_data, message_id, membership (the last three: schema
 /// 4, 003 §3). Never `data` (issue 11): `inline_data` holds it only when it
 /// is at most `MAX_INLINE_DATA` bytes, for the relay channel.
-pub(super) type EnvelopeRow =
-    (i32, Vec<u8>, i8, i64, Option<Vec<u8>>, Option<Vec<u8>>, Option<String>, Option<i8>);
+pub(super) type EnvelopeRow = (i32, Vec<u8>, i8, i64, Option<Vec<u8>>, Option<Vec<u8>>, Option<String>, Option<i8>);
 
 pub(super) fn decode_envelope(shard: ShardId, bucket: i64, row: EnvelopeRow) -> Result<StoredEnvelope, StoreError> {
     const WHAT: &str = "envelope";
@@ -192,7 +191,11 @@ pub(super) fn decode_envelope(shard: ShardId, bucket: i64, row: EnvelopeRow) -> 
         topic: Topic::parse(&topic).map_err(|_| corrupt(WHAT))?,
         kind: u8::try_from(kind).ok().and_then(EnvelopeKind::from_u8).ok_or_else(|| corrupt(WHAT))?,
         server_ts_ns: server_ts,
-        sender_hmac: sender_hmac.unwrap_or_default(),
+        // Empty or null without an HMAC: the format kept from before `SenderHmac`.
+        sender_hmac: match sender_hmac.as_deref() {
+            None | Some([]) => None,
+            Some(hmac) => Some(SenderHmac::parse(hmac).ok_or_else(|| corrupt(WHAT))?),
+        },
         data: data.unwrap_or_default(),
         relay,
     })

@@ -8,7 +8,7 @@ use scylla::client::session::Session;
 use scylla::statement::prepared::PreparedStatement;
 
 use super::{MAX_LWT_ATTEMPTS, ScyllaStore, backoff, be, contention};
-use crate::clock::unix_now_ns;
+use crate::domain::Timestamp;
 use crate::store::{RelayClaim, RelayKey, RelaySettled, StoreError};
 
 pub(super) struct RelayStatements {
@@ -52,7 +52,7 @@ impl RelayStatements {
 /// Seconds from now to `expires_at_ms`, rounded up, at least one: the
 /// record's TTL.
 pub(super) fn ttl_until(expires_at_ms: i64) -> i32 {
-    let now_ms = unix_now_ns() / 1_000_000;
+    let now_ms = Timestamp::now().as_millis();
     let secs = (expires_at_ms.saturating_sub(now_ms) + 999) / 1000;
     i32::try_from(secs.max(1)).unwrap_or(i32::MAX)
 }
@@ -131,7 +131,7 @@ mod tests {
 
     #[test]
     fn ttls_round_up_and_stay_positive() {
-        let now_ms = unix_now_ns() / 1_000_000;
+        let now_ms = Timestamp::now().as_millis();
         assert_eq!(ttl_until(now_ms - 5_000), 1);
         let t = ttl_until(now_ms + 86_400_000);
         assert!((86_399..=86_400).contains(&t), "{t}");
