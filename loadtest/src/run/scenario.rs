@@ -575,6 +575,7 @@ mod tests {
             [
                 "apns-smoke",
                 "apns-throughput",
+                "delivery",
                 "faults",
                 "many-topics",
                 "registration",
