@@ -10,6 +10,7 @@ use serde::Deserialize;
 
 use crate::channel::{Channels, Refused};
 use crate::domain::Timestamp;
+use crate::domain::WebhookUrl;
 use crate::domain::{
     Channel, DeliveryTarget, FieldError, KeyWindow, ParseError, RecipientId, RecipientSecret, RecipientSummary,
     RegistrationInput, RelayRegistration, SigningKey, Subscription, SubscriptionUpdate, Topic, WebPushKeys,
@@ -240,14 +241,22 @@ impl Registry {
             DeliveryInput::Http { url, signing_key } => {
                 DeliveryTarget::check_url_text(url)?;
                 let signing_key = SigningKey::parse(signing_key)?;
-                DeliveryTarget::Http { url: url.to_owned(), signing_key }
+                // PUSH-256's syntactic rules; the address rules are the channel's.
+                let url = WebhookUrl::parse(url).map_err(|e| {
+                    self.metrics.webhook_refused_at_register.inc();
+                    AdmissionError::InvalidArgument(e.describe("webhook url"))
+                })?;
+                DeliveryTarget::Http { url, signing_key }
             }
             DeliveryInput::Relay(input) => {
                 DeliveryTarget::Relay(RelayRegistration::parse(input).map_err(AdmissionError::InvalidField)?)
             }
             DeliveryInput::WebPush { endpoint, p256dh, auth } => {
                 DeliveryTarget::check_url_text(endpoint)?;
-                DeliveryTarget::WebPush { endpoint: endpoint.to_owned(), keys: WebPushKeys::parse(p256dh, auth)? }
+                let keys = WebPushKeys::parse(p256dh, auth)?;
+                let endpoint = WebhookUrl::parse(endpoint)
+                    .map_err(|e| AdmissionError::InvalidArgument(e.describe("webpush endpoint")))?;
+                DeliveryTarget::WebPush { endpoint, keys }
             }
         };
         // The channel's own rules (PUSH-256 for HTTPS).
@@ -311,10 +320,10 @@ mod tests {
         }
         async fn admit(&self, target: &DeliveryTarget) -> Result<(), Refused> {
             let text = match target {
-                DeliveryTarget::Http { url, .. } => url,
+                DeliveryTarget::Http { url, .. } => url.as_str(),
                 DeliveryTarget::Apns { token } | DeliveryTarget::Fcm { token } => token,
                 DeliveryTarget::Relay(r) => r.token(),
-                DeliveryTarget::WebPush { endpoint, .. } => endpoint,
+                DeliveryTarget::WebPush { endpoint, .. } => endpoint.as_str(),
             };
             if text.contains("blocked") {
                 Err(Refused::Invalid("webhook host does not resolve to an allowed address".into()))

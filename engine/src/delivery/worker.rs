@@ -361,7 +361,10 @@ mod tests {
     }
 
     fn http_target(url: &str) -> DeliveryTarget {
-        DeliveryTarget::Http { url: url.into(), signing_key: crate::domain::SigningKey::parse(&[7; 16]).unwrap() }
+        DeliveryTarget::Http {
+            url: crate::domain::WebhookUrl::parse(url).unwrap(),
+            signing_key: crate::domain::SigningKey::parse(&[7; 16]).unwrap(),
+        }
     }
 
     fn count(m: &prometheus::IntCounterVec, channel: Channel, label: &str) -> u64 {

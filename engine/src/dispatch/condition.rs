@@ -131,7 +131,10 @@ mod tests {
     }
 
     fn http() -> DeliveryTarget {
-        DeliveryTarget::Http { url: "https://example.com/".into(), signing_key: SigningKey::parse(&[0; 16]).unwrap() }
+        DeliveryTarget::Http {
+            url: crate::domain::WebhookUrl::parse("https://example.com/").unwrap(),
+            signing_key: SigningKey::parse(&[0; 16]).unwrap(),
+        }
     }
 
     fn hmac(key: &[u8], data: &[u8]) -> Vec<u8> {

@@ -1,5 +1,6 @@
 use aws_lc_rs::agreement::{ECDH_P256, ParsedPublicKey, UnparsedPublicKey};
 
+use super::WebhookUrl;
 use super::{ParseError, RelayRegistration};
 
 /// Longest token or URL a registration may carry (spec 000 section 1, check 4).
@@ -107,8 +108,9 @@ impl std::fmt::Debug for WebPushKeys {
     }
 }
 
-/// Where a recipient's pushes go. The URL of an `Http` target has passed the
-/// syntactic webhook checks (`webhook::safety`) when built through `Registry`.
+/// Where a recipient's pushes go. The URL of an `Http` target and the
+/// endpoint of a `WebPush` one are kept parsed (`WebhookUrl`: the syntactic
+/// rules of PUSH-256); the address checks run at every attempt.
 #[derive(Clone, PartialEq, Eq)]
 pub enum DeliveryTarget {
     Apns {
@@ -118,7 +120,7 @@ pub enum DeliveryTarget {
         token: String,
     },
     Http {
-        url: String,
+        url: WebhookUrl,
         signing_key: SigningKey,
     },
     /// A device's push route through the operator's push server (003 §1).
@@ -127,7 +129,7 @@ pub enum DeliveryTarget {
     /// https URL that passed the syntactic webhook checks, PUSH-256) and
     /// its keys.
     WebPush {
-        endpoint: String,
+        endpoint: WebhookUrl,
         keys: WebPushKeys,
     },
 }

@@ -11,6 +11,7 @@ mod sequence;
 mod subscription;
 mod time;
 mod topic;
+mod webhook_url;
 
 pub use channel::{Channel, DeliveryTarget, SigningKey, WebPushKeys};
 pub use envelope::{
@@ -28,6 +29,8 @@ pub use subscription::{
 };
 pub use time::Timestamp;
 pub use topic::{ShardId, Topic, TopicKind};
+pub(crate) use webhook_url::is_host_name;
+pub use webhook_url::{UrlError, WebhookUrl};
 
 /// Why a value from outside failed to parse. Messages never echo the value
 /// itself: ids, topics and secrets stay out of status messages (PUSH-254).

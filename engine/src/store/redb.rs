@@ -784,7 +784,7 @@ mod codec {
     use crate::domain::{
         Channel, DeliveryTarget, EnvelopeKind, KeyWindow, MAX_INLINE_DATA, MembershipChange, MessageId, Recipient,
         RecipientId, RegistrationInput, RelayMeta, RelayRegistration, SecretHash, SenderHmac, ShardId, SigningKey,
-        StoredEnvelope, StoredSubscription, Subscription, Topic, WebPushKeys,
+        StoredEnvelope, StoredSubscription, Subscription, Topic, WebPushKeys, WebhookUrl,
     };
     use crate::store::StoreError;
 
@@ -872,9 +872,9 @@ mod codec {
         w.raw(&r.secret_hash.0).i64(r.renewed_at_ns).u64(r.topic_count).u8(r.target.channel() as u8);
         match &r.target {
             DeliveryTarget::Apns { token } | DeliveryTarget::Fcm { token } => w.bytes(token.as_bytes()),
-            DeliveryTarget::Http { url, signing_key } => w.bytes(url.as_bytes()).bytes(signing_key.as_bytes()),
+            DeliveryTarget::Http { url, signing_key } => w.bytes(url.as_str().as_bytes()).bytes(signing_key.as_bytes()),
             DeliveryTarget::WebPush { endpoint, keys } => {
-                w.bytes(endpoint.as_bytes()).bytes(keys.p256dh()).bytes(keys.auth())
+                w.bytes(endpoint.as_str().as_bytes()).bytes(keys.p256dh()).bytes(keys.auth())
             }
             // Spec 003 §1: optional fields as 0 (absent) or 1 and the value.
             DeliveryTarget::Relay(r) => {
@@ -934,12 +934,12 @@ mod codec {
             Channel::Apns => DeliveryTarget::Apns { token: r.string()? },
             Channel::Fcm => DeliveryTarget::Fcm { token: r.string()? },
             Channel::Http => DeliveryTarget::Http {
-                url: r.string()?,
+                url: WebhookUrl::parse(&r.string()?).map_err(|_| corrupt(WHAT))?,
                 signing_key: SigningKey::parse(r.bytes()?).map_err(|_| corrupt(WHAT))?,
             },
             Channel::Relay => DeliveryTarget::Relay(decode_relay(&mut r)?),
             Channel::WebPush => {
-                let endpoint = r.string()?;
+                let endpoint = WebhookUrl::parse(&r.string()?).map_err(|_| corrupt(WHAT))?;
                 let p256dh = r.bytes()?;
                 let keys = WebPushKeys::parse(p256dh, r.bytes()?).map_err(|_| corrupt(WHAT))?;
                 DeliveryTarget::WebPush { endpoint, keys }

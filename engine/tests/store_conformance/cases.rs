@@ -16,7 +16,7 @@ pub use self::gateway::*;
 use fanout_engine::domain::{
     Channel, DeliveryTarget, EnvelopeKind, KeyWindow, NewEnvelope, Recipient, RecipientId, RecipientSecret,
     RecipientSummary, SecretHash, SenderHmac, SequenceRefusal, ShardId, SigningKey, StoredEnvelope, StoredSubscription,
-    Subscriber, Subscription, SubscriptionUpdate, Topic,
+    Subscriber, Subscription, SubscriptionUpdate, Topic, WebhookUrl,
 };
 use fanout_engine::store::{Appended, RelayClaim, RelayKey, RelaySettled, ShardPosition, Store, StoreError};
 
@@ -101,7 +101,7 @@ fn fcm(token: &str) -> DeliveryTarget {
 }
 
 fn http(url: &str, key: u8) -> DeliveryTarget {
-    DeliveryTarget::Http { url: url.into(), signing_key: SigningKey::parse(&[key; 32]).unwrap() }
+    DeliveryTarget::Http { url: WebhookUrl::parse(url).unwrap(), signing_key: SigningKey::parse(&[key; 32]).unwrap() }
 }
 
 fn topic(bytes: &[u8]) -> Topic {
@@ -745,7 +745,7 @@ pub async fn webpush_subscription_round_trips_and_compare_and_deletes<S: Store>(
         .decode("BCVxsr7N_eNgVRqvHtD0zTZsEc6-VV-JvLexhqUzORcxaOzi6-AYWXvTBHm4bjyPjs7Vd8pZGH6SRpkNtoIAiw4")
         .unwrap();
     let webpush = |endpoint: &str, auth: u8| DeliveryTarget::WebPush {
-        endpoint: endpoint.into(),
+        endpoint: WebhookUrl::parse(endpoint).unwrap(),
         keys: WebPushKeys::parse(&p256dh, &[auth; 16]).unwrap(),
     };
     let (a, h) = (rid(32), secret(32));

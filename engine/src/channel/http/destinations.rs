@@ -66,10 +66,9 @@ impl CheckedDestinations {
         Ok(Self { pool, policy, resolver })
     }
 
-    /// PUSH-256: parse, resolve, and check every address.
-    pub async fn check(&self, url: &str) -> Result<WebhookUrl, SafetyError> {
-        let url = WebhookUrl::parse(url)?;
-        self.policy.check(&url, self.resolver.as_ref()).await?;
-        Ok(url)
+    /// PUSH-256: resolve, and check every address (the URL was parsed
+    /// when it was registered).
+    pub async fn check(&self, url: &WebhookUrl) -> Result<(), SafetyError> {
+        self.policy.check(url, self.resolver.as_ref()).await.map(|_| ())
     }
 }

@@ -105,7 +105,7 @@ impl Provider for WebhookProvider {
         let DeliveryTarget::Http { url, .. } = target else {
             return Ok(());
         };
-        self.destinations.check(url).await.map(|_| ()).map_err(|e| {
+        self.destinations.check(url).await.map_err(|e| {
             if e.is_temporary() {
                 return Refused::Unavailable(e.to_string());
             }
@@ -120,15 +120,15 @@ impl Provider for WebhookProvider {
         };
         // PUSH-256: resolve again and check before every attempt; the list of
         // allowed domains binds at send time too.
-        let url = match self.destinations.check(url).await {
-            Ok(url) => url,
+        match self.destinations.check(url).await {
+            Ok(()) => {}
             // A failed lookup is a connection error of the table: transient.
             Err(e) if e.is_temporary() => return CONNECTION_ERROR,
             Err(_) => {
                 self.metrics.webhook_refused_at_send.inc();
                 return Outcome::Rejected;
             }
-        };
+        }
         let body = webhook_body(push.envelope, push.recipient);
         let now = Timestamp::now().as_secs();
         let headers = WebhookHeaders::for_attempt(signing_key, body.as_bytes(), now);
@@ -184,7 +184,7 @@ mod tests {
 
     async fn send(provider: &WebhookProvider, url: &str) -> Outcome {
         let recipient = testing::recipient(DeliveryTarget::Http {
-            url: url.to_owned(),
+            url: crate::domain::WebhookUrl::parse(url).unwrap(),
             signing_key: SigningKey::parse(&[7; 32]).unwrap(),
         });
         let envelope = testing::envelope(1);

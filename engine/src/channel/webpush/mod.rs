@@ -28,6 +28,7 @@ use self::classify::{CONNECTION_ERROR, RETRY_DELAY, TIMED_OUT, classify_answer};
 use super::http::{CheckedDestinations, DestinationSettings, HickoryResolver, HostResolver, SafetyError};
 use super::pool::{SendError, unix_now_secs};
 use super::{BuildError, ChannelContext, Outcome, Provider, Push, PushLifetime, Refused, RelayRefusal, RelayedPush};
+use crate::domain::WebhookUrl;
 use crate::domain::{Channel, DeliveryTarget, WebPushKeys};
 
 pub use encryption::{EncryptError, MAX_PLAINTEXT, encrypt};
@@ -91,9 +92,9 @@ impl WebPushProvider {
     }
 
     /// One attempt: check the endpoint again, encrypt, sign, send, classify.
-    async fn attempt(&self, endpoint: &str, keys: &WebPushKeys, plaintext: &[u8], headers: &PushHeaders) -> Outcome {
-        let url = match self.destinations.check(endpoint).await {
-            Ok(url) => url,
+    async fn attempt(&self, url: &WebhookUrl, keys: &WebPushKeys, plaintext: &[u8], headers: &PushHeaders) -> Outcome {
+        match self.destinations.check(url).await {
+            Ok(()) => {}
             // A failed lookup is a connection error: transient.
             Err(e) if e.is_temporary() => return CONNECTION_ERROR,
             Err(_) => return Outcome::Rejected,
@@ -128,9 +129,6 @@ impl WebPushProvider {
 /// The rule an endpoint broke, in the channel's words (PUSH-254: never the URL).
 fn endpoint_refusal(e: SafetyError) -> &'static str {
     match e {
-        SafetyError::NotHttps => "webpush endpoint must use https",
-        SafetyError::UserInfo => "webpush endpoint must not carry a username or password",
-        SafetyError::InvalidUrl => "webpush endpoint is not a valid absolute url with a host",
         SafetyError::DomainNotAllowed => "webpush endpoint host matches no entry of allowed_domains",
         SafetyError::NoAddress | SafetyError::BlockedAddress => {
             "webpush endpoint host does not resolve to an allowed address"
@@ -150,7 +148,7 @@ impl Provider for WebPushProvider {
         let DeliveryTarget::WebPush { endpoint, .. } = target else {
             return Ok(());
         };
-        self.destinations.check(endpoint).await.map(|_| ()).map_err(|e| {
+        self.destinations.check(endpoint).await.map_err(|e| {
             let rule = endpoint_refusal(e).to_owned();
             if e.is_temporary() { Refused::Unavailable(rule) } else { Refused::Invalid(rule) }
         })
@@ -175,7 +173,12 @@ impl Provider for WebPushProvider {
             urgency: push.priority.into(),
             topic: push.collapse_id.map(topic_for),
         };
-        Ok(self.attempt(push.token, keys, fitted.body.as_bytes(), &headers).await)
+        // The hub's token is the endpoint, parsed here as at registration; one
+        // that breaks PUSH-256's rules is refused like a blocked one.
+        let Ok(endpoint) = WebhookUrl::parse(push.token) else {
+            return Ok(Outcome::Rejected);
+        };
+        Ok(self.attempt(&endpoint, keys, fitted.body.as_bytes(), &headers).await)
     }
 
     fn timed_out(&self) -> Outcome {
@@ -227,7 +230,10 @@ mod tests {
     }
 
     fn target(s: &MockSubscription) -> DeliveryTarget {
-        DeliveryTarget::WebPush { endpoint: s.endpoint.clone(), keys: WebPushKeys::parse(&s.p256dh, &s.auth).unwrap() }
+        DeliveryTarget::WebPush {
+            endpoint: WebhookUrl::parse(&s.endpoint).unwrap(),
+            keys: WebPushKeys::parse(&s.p256dh, &s.auth).unwrap(),
+        }
     }
 
     async fn send(s: &Setup, sub: &MockSubscription, seq: u64) -> Outcome {
@@ -332,8 +338,11 @@ mod tests {
             strict.admit(&target(&sub)).await,
             refused("webpush endpoint host does not resolve to an allowed address")
         );
-        let plain = MockSubscription { endpoint: sub.endpoint.replace("https:", "http:"), ..sub.clone() };
-        assert_eq!(strict.admit(&target(&plain)).await, refused("webpush endpoint must use https"));
+        // The syntactic rules hold when the endpoint is parsed (at
+        // registration), in the channel's words.
+        let plain = sub.endpoint.replace("https:", "http:");
+        let e = WebhookUrl::parse(&plain).unwrap_err();
+        assert_eq!(e.describe("webpush endpoint"), "webpush endpoint must use https");
         // At send too (the rules may have changed since registration): nothing leaves.
         let recipient = testing::recipient(target(&sub));
         let envelope = testing::envelope(1);

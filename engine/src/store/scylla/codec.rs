@@ -7,7 +7,7 @@ use std::borrow::Cow;
 use crate::domain::{
     Channel, DeliveryTarget, EnvelopeKind, KeyWindow, MembershipChange, MessageId, Recipient, RecipientId,
     RegistrationInput, RelayMeta, RelayRegistration, SecretHash, SenderHmac, ShardId, SigningKey, StoredEnvelope,
-    StoredSubscription, Subscription, Topic, WebPushKeys,
+    StoredSubscription, Subscription, Topic, WebPushKeys, WebhookUrl,
 };
 use crate::store::StoreError;
 
@@ -67,13 +67,13 @@ pub(super) fn decode_static(id: RecipientId, row: StaticRow) -> Result<Option<Ve
         Channel::Apns => DeliveryTarget::Apns { token: target_text },
         Channel::Fcm => DeliveryTarget::Fcm { token: target_text },
         Channel::Http => DeliveryTarget::Http {
-            url: target_text,
+            url: WebhookUrl::parse(&target_text).map_err(|_| corrupt(WHAT))?,
             signing_key: signing_key.as_deref().and_then(|k| SigningKey::parse(k).ok()).ok_or_else(|| corrupt(WHAT))?,
         },
         Channel::Relay => DeliveryTarget::Relay(decode_relay(&target_text).ok_or_else(|| corrupt(WHAT))?),
         // The keys in the signing_key column: p256dh (65 bytes), then auth.
         Channel::WebPush => DeliveryTarget::WebPush {
-            endpoint: target_text,
+            endpoint: WebhookUrl::parse(&target_text).map_err(|_| corrupt(WHAT))?,
             keys: signing_key
                 .as_deref()
                 .and_then(|k| k.split_at_checked(WebPushKeys::P256DH_LEN))
@@ -101,11 +101,11 @@ pub(super) fn encode_target(target: &DeliveryTarget) -> (i8, Cow<'_, str>, Optio
     match target {
         DeliveryTarget::Apns { token } | DeliveryTarget::Fcm { token } => (channel, Cow::Borrowed(token), None),
         DeliveryTarget::Http { url, signing_key } => {
-            (channel, Cow::Borrowed(url), Some(Cow::Borrowed(signing_key.as_bytes())))
+            (channel, Cow::Borrowed(url.as_str()), Some(Cow::Borrowed(signing_key.as_bytes())))
         }
         DeliveryTarget::Relay(r) => (channel, Cow::Owned(encode_relay(r)), None),
         DeliveryTarget::WebPush { endpoint, keys } => {
-            (channel, Cow::Borrowed(endpoint), Some(Cow::Owned([&keys.p256dh()[..], keys.auth()].concat())))
+            (channel, Cow::Borrowed(endpoint.as_str()), Some(Cow::Owned([&keys.p256dh()[..], keys.auth()].concat())))
         }
     }
 }
