@@ -9,11 +9,10 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::channel::{Channels, Refused};
-use crate::domain::Timestamp;
-use crate::domain::WebhookUrl;
 use crate::domain::{
     Channel, DeliveryTarget, FieldError, KeyWindow, ParseError, RecipientId, RecipientSecret, RecipientSummary,
-    RegistrationInput, RelayRegistration, SigningKey, Subscription, SubscriptionUpdate, Topic, WebPushKeys,
+    RegistrationInput, RelayRegistration, SigningKey, Subscription, SubscriptionUpdate, Timestamp, Topic, WebPushKeys,
+    WebhookUrl,
 };
 use crate::metrics::{Limit, Metrics};
 use crate::store::{MAX_SUBSCRIPTION_CHANGES, Store, StoreError};

@@ -1,9 +1,9 @@
 //! The HTTPS webhook channel: signed POSTs (PUSH-235) to checked addresses only
 //! (PUSH-256), pooled keep-alive connections, HTTP/2 or HTTP/1.1 by ALPN.
 //!
-//! - `safety`: `WebhookUrl` (https, no userinfo, a valid host),
-//!   `DomainPattern` (allowed_domains), `WebhookPolicy::check` (resolve, then
-//!   the address tables).
+//! - `safety`: `DomainPattern` (allowed_domains), `WebhookPolicy::check`
+//!   (resolve, then the address tables). The URL's own rules (https, no userinfo, a valid
+//!   host) are `domain::WebhookUrl`'s, checked when it is registered.
 //! - `blocked`: the spec's blocked address table and the reserved classes
 //!   beyond it (`AddressRules`).
 //! - `resolve`: the `HostResolver` seam and `HickoryResolver`.
@@ -36,8 +36,7 @@ use http_body_util::Full;
 use self::classify::{CONNECTION_ERROR, TIMED_OUT, classify};
 use super::pool::{ClientOptions, Protocols, SendError};
 use super::{BuildError, ChannelContext, Outcome, Provider, Push, Refused};
-use crate::domain::Timestamp;
-use crate::domain::{Channel, DeliveryTarget};
+use crate::domain::{Channel, DeliveryTarget, Timestamp};
 use crate::metrics::Metrics;
 
 pub use blocked::{AddressRules, is_blocked, is_reserved};

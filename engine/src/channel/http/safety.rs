@@ -1,5 +1,4 @@
-//! Webhook destination safety (PUSH-256): the URL rules, the allowed_domains
-//! match, and the blocked address table of spec 000 section 2.
+//! Webhook destination safety (PUSH-256): the allowed_domains match, and the blocked address table of spec 000 section 2.
 //!
 //! Error messages name the rule that failed and never the URL, host or
 //! address (PUSH-254).

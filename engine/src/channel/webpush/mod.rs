@@ -28,8 +28,7 @@ use self::classify::{CONNECTION_ERROR, RETRY_DELAY, TIMED_OUT, classify_answer};
 use super::http::{CheckedDestinations, DestinationSettings, HickoryResolver, HostResolver, SafetyError};
 use super::pool::{SendError, unix_now_secs};
 use super::{BuildError, ChannelContext, Outcome, Provider, Push, PushLifetime, Refused, RelayRefusal, RelayedPush};
-use crate::domain::WebhookUrl;
-use crate::domain::{Channel, DeliveryTarget, WebPushKeys};
+use crate::domain::{Channel, DeliveryTarget, WebPushKeys, WebhookUrl};
 
 pub use encryption::{EncryptError, MAX_PLAINTEXT, encrypt};
 pub use request::{PushHeaders, Urgency, topic_for, wake_up};
