@@ -7,12 +7,12 @@
 //! request that finds no pooled connection opens one of its own, and all but
 //! one are dropped once the first says h2. A burst of 100,000 webhooks to a
 //! new host opened 741 TLS connections, each a full handshake on both sides.
-//! A client built `http2_only` holds a connecting lock per host instead.
+//! The HTTP/2 client (`channel::http2`) holds a connecting lock per host instead.
 //!
 //! So the first request to a host the pool does not know goes alone through
 //! the ALPN client; the others to that host wait for its answer (never past
 //! the attempt bound). The version of that answer picks the client for the
-//! host from then on: the HTTP/2-only one, or the ALPN one for an HTTP/1.1
+//! host from then on: the HTTP/2 one, or the ALPN one for an HTTP/1.1
 //! host (which needs a connection per request in flight anyway). An HTTP/2
 //! request that fails forgets the host, so a receiver that changed its
 //! protocols is learned again.
@@ -34,7 +34,7 @@ const MAX_WAITS: usize = 3;
 /// Which of a lane's clients carries a request.
 #[derive(Debug)]
 pub enum Route<'a> {
-    /// The host answered over HTTP/2: the HTTP/2-only client.
+    /// The host answered over HTTP/2: the HTTP/2 client.
     Http2,
     /// The host speaks HTTP/1.1, or learning gave up: the ALPN client.
     Alpn,

@@ -15,6 +15,7 @@ mod alpn;
 pub mod apns;
 pub mod fcm;
 pub mod http;
+pub mod http2;
 mod outcome;
 pub mod pool;
 pub mod relay;

@@ -26,6 +26,7 @@ use tokio::sync::Semaphore;
 use super::Connections;
 use super::alpn::{HostProtocols, Route};
 use super::http::CheckedResolver;
+use super::http2::{Http2Body, Http2Client, Http2Error};
 use crate::settings::ATTEMPT_TIMEOUT;
 
 /// Answers are small JSON objects; anything longer is cut off and classified
@@ -34,8 +35,8 @@ pub const MAX_RESPONSE_BODY: usize = 64 * 1024;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// HTTP/2 PINGs keep NATs and load balancers from dropping a connection
 /// silently and detect a dead one before a send waits on it.
-const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(60);
-const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+pub(super) const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(60);
+pub(super) const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
 pub type HttpsClient = Client<HttpsConnector<CountingConnector>, Full<Bytes>>;
 
@@ -47,7 +48,19 @@ pub enum SendError {
     Timeout,
     /// The connection could not be made or broke.
     #[error("connection error: {0}")]
-    Connection(#[from] hyper_util::client::legacy::Error),
+    Connection(BoxError),
+}
+
+impl From<hyper_util::client::legacy::Error> for SendError {
+    fn from(e: hyper_util::client::legacy::Error) -> Self {
+        Self::Connection(e.into())
+    }
+}
+
+impl From<Http2Error> for SendError {
+    fn from(e: Http2Error) -> Self {
+        Self::Connection(e.into())
+    }
 }
 
 /// How new connections find their addresses: the system resolver (provider
@@ -65,7 +78,7 @@ impl Resolver {
 }
 
 type Addrs = std::vec::IntoIter<SocketAddr>;
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(super) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 impl tower_service::Service<Name> for Resolver {
     type Response = Addrs;
@@ -159,19 +172,7 @@ fn client(
     opened: Option<IntCounter>,
     allow_plain_http: bool,
 ) -> HttpsClient {
-    let mut http = HttpConnector::new_with_resolver(resolver);
-    http.enforce_http(false);
-    http.set_nodelay(true);
-    http.set_connect_timeout(Some(CONNECT_TIMEOUT));
-    let http = CountingConnector { inner: http, opened };
-    let builder = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls);
-    let builder = if allow_plain_http { builder.https_or_http() } else { builder.https_only() };
     let http2_only = options.protocols == Protocols::Http2;
-    let connector = if http2_only {
-        builder.enable_http2().wrap_connector(http)
-    } else {
-        builder.enable_http1().enable_http2().wrap_connector(http)
-    };
     Client::builder(TokioExecutor::new())
         .http2_only(http2_only)
         .timer(TokioTimer::new())
@@ -180,7 +181,41 @@ fn client(
         .pool_idle_timeout(options.idle_timeout)
         .http2_keep_alive_interval(KEEP_ALIVE_INTERVAL)
         .http2_keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
-        .build(connector)
+        .build(connector(tls, options.protocols, resolver, opened, allow_plain_http))
+}
+
+/// The HTTP/2 client of `channel::http2` over the same connector: what a
+/// pool sends through to a host that speaks HTTP/2.
+pub fn http2_client(
+    tls: rustls::ClientConfig,
+    idle_timeout: Duration,
+    resolver: Resolver,
+    opened: Option<IntCounter>,
+    allow_plain_http: bool,
+) -> Http2Client {
+    Http2Client::new(connector(tls, Protocols::Http2, resolver, opened, allow_plain_http), idle_timeout)
+}
+
+/// TCP (counted, checked or system-resolved) then TLS offering `protocols`
+/// by ALPN.
+fn connector(
+    tls: rustls::ClientConfig,
+    protocols: Protocols,
+    resolver: Resolver,
+    opened: Option<IntCounter>,
+    allow_plain_http: bool,
+) -> HttpsConnector<CountingConnector> {
+    let mut http = HttpConnector::new_with_resolver(resolver);
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(CONNECT_TIMEOUT));
+    let http = CountingConnector { inner: http, opened };
+    let builder = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls);
+    let builder = if allow_plain_http { builder.https_or_http() } else { builder.https_only() };
+    match protocols {
+        Protocols::Http2 => builder.enable_http2().wrap_connector(http),
+        Protocols::Http1Or2 => builder.enable_http1().enable_http2().wrap_connector(http),
+    }
 }
 
 /// A complete answer: status, headers and at most `MAX_RESPONSE_BODY` bytes.
@@ -202,7 +237,11 @@ pub async fn request(client: &HttpsClient, request: Request<Full<Bytes>>) -> Res
 }
 
 /// Status, headers and the (capped) body of `response`.
-async fn read_answer(response: hyper::Response<hyper::body::Incoming>) -> Answer {
+async fn read_answer<B>(response: hyper::Response<B>) -> Answer
+where
+    B: hyper::body::Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
     let (parts, body) = response.into_parts();
     // A body that is too long or cut off is classified on its status alone.
     let body = Limited::new(body, MAX_RESPONSE_BODY).collect().await.map(|b| b.to_bytes()).unwrap_or_default();
@@ -241,10 +280,10 @@ pub struct PoolOptions {
 }
 
 /// One of a pool's `connections` independent clients: HTTP/2 only, or for
-/// `Protocols::Http1Or2` an HTTP/2-only client and an ALPN one, picked per
+/// `Protocols::Http1Or2` the HTTP/2 client and an ALPN one, picked per
 /// host by what the host spoke (`alpn`).
 struct Lane {
-    http2: HttpsClient,
+    http2: Http2Client,
     alpn: Option<HttpsClient>,
 }
 
@@ -289,10 +328,15 @@ impl Pool {
     ) -> Self {
         let opened = Some(metrics.connections_opened.clone());
         let with_alpn = options.client.protocols == Protocols::Http1Or2;
-        let http2_only = ClientOptions { protocols: Protocols::Http2, ..options.client };
         let lanes = (0..options.connections.get())
             .map(|_| Lane {
-                http2: client(tls.clone(), http2_only, resolver.clone(), opened.clone(), allow_plain_http),
+                http2: http2_client(
+                    tls.clone(),
+                    options.client.idle_timeout,
+                    resolver.clone(),
+                    opened.clone(),
+                    allow_plain_http,
+                ),
                 alpn: with_alpn
                     .then(|| client(tls.clone(), options.client, resolver.clone(), opened.clone(), allow_plain_http)),
             })
@@ -308,7 +352,7 @@ impl Pool {
     /// Waits for an in-flight slot and the rate limit (not part of the
     /// attempt), then sends and reads the (capped) body within
     /// `ATTEMPT_TIMEOUT` (spec 000 section 7: every attempt is bounded).
-    pub async fn send(&self, req: Request<Full<Bytes>>) -> Result<Answer, SendError> {
+    pub async fn send(&self, req: Request<Bytes>) -> Result<Answer, SendError> {
         let _permit = self.slot().await;
         bounded(async { Ok(read_answer(self.request(req).await?).await) }).await
     }
@@ -324,7 +368,7 @@ impl Pool {
     /// `max_in_flight` bodies drain at once; a body that finds no room, or
     /// passes the cap or the time, is dropped (HTTP/2 resets its stream,
     /// HTTP/1.1 closes its connection).
-    pub async fn send_for_status(&self, req: Request<Full<Bytes>>) -> Result<StatusCode, SendError> {
+    pub async fn send_for_status(&self, req: Request<Bytes>) -> Result<StatusCode, SendError> {
         let permit = self.slot().await;
         let response = bounded(self.request(req)).await?;
         drop(permit);
@@ -353,28 +397,28 @@ impl Pool {
         permit
     }
 
-    /// Sends on the next lane: to an HTTP/2 host through its HTTP/2-only
-    /// client (one connection per host, opened once), to an HTTP/1.1 host
-    /// through its ALPN client, and the first request to an unknown host
-    /// alone (`alpn`).
-    async fn request(&self, req: Request<Full<Bytes>>) -> Result<hyper::Response<hyper::body::Incoming>, SendError> {
+    /// Sends on the next lane: to an HTTP/2 host through its HTTP/2 client
+    /// (one connection per host, opened once), to an HTTP/1.1 host through
+    /// its ALPN client, and the first request to an unknown host alone
+    /// (`alpn`).
+    async fn request(&self, req: Request<Bytes>) -> Result<hyper::Response<AnswerBody>, SendError> {
         let lane = &self.lanes[self.next.fetch_add(1, Ordering::Relaxed) % self.lanes.len()];
         let (Some(hosts), Some(alpn), Some(host)) = (&self.hosts, &lane.alpn, req.uri().authority().cloned()) else {
-            return Ok(lane.http2.request(req).await?);
+            return Ok(lane.http2.request(req).await?.map(AnswerBody::Http2));
         };
         match hosts.route(&host).await {
-            Route::Http2 => {
-                let response = lane.http2.request(req).await;
-                if response.is_err() {
+            Route::Http2 => match lane.http2.request(req).await {
+                Ok(response) => Ok(response.map(AnswerBody::Http2)),
+                Err(e) => {
                     hosts.forget(&host);
+                    Err(e.into())
                 }
-                Ok(response?)
-            }
-            Route::Alpn => Ok(alpn.request(req).await?),
+            },
+            Route::Alpn => Ok(alpn.request(req.map(Full::new)).await?.map(AnswerBody::Hyper)),
             Route::Learn(first) => {
-                let response = alpn.request(req).await?;
+                let response = alpn.request(req.map(Full::new)).await?;
                 first.learned(response.version());
-                Ok(response)
+                Ok(response.map(AnswerBody::Hyper))
             }
         }
     }
@@ -388,6 +432,35 @@ impl Pool {
     #[cfg(test)]
     pub(crate) fn drain_room(&self) -> usize {
         self.draining.available_permits()
+    }
+}
+
+/// An answer's body: from the ALPN client (HTTP/1.1, or a host's first
+/// request) or from an HTTP/2 stream.
+pub enum AnswerBody {
+    Hyper(hyper::body::Incoming),
+    Http2(Http2Body),
+}
+
+impl hyper::body::Body for AnswerBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            Self::Hyper(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
+            Self::Http2(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Self::Hyper(body) => body.is_end_stream(),
+            Self::Http2(body) => body.is_end_stream(),
+        }
     }
 }
 
@@ -508,8 +581,8 @@ mod tests {
         (Pool::new(&tls, options, Resolver::system(), metrics), opened)
     }
 
-    fn post(url: &str) -> Request<Full<Bytes>> {
-        Request::post(url).body(Full::new(Bytes::from_static(b"{}"))).unwrap()
+    fn post(url: &str) -> Request<Bytes> {
+        Request::post(url).body(Bytes::from_static(b"{}")).unwrap()
     }
 
     /// A burst of 200 requests to a new host opens one connection to learn

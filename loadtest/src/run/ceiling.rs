@@ -1,7 +1,7 @@
 //! The ceiling: a bare HTTP/2 client sending the run's webhook (or relay,
 //! APNs or Web Push) requests straight to the same kind of mock receiver, with no engine
-//! in between. Same client stack as the engine (hyper-util's pooled client
-//! over hyper-rustls, h2 by ALPN), same signed body and headers, fixed
+//! in between. Same client stack as the engine (`channel::http2`'s client
+//! on h2 over hyper-rustls, h2 by ALPN), same signed body and headers, fixed
 //! concurrency. Requests per second here is what this machine can do for
 //! this work; the engine's deliveries per second is compared against it.
 
@@ -17,12 +17,13 @@ use fanout_testkit::mock::webhook::standard_webhooks_signature;
 
 use fanout_engine::channel::PushLifetime;
 use fanout_engine::channel::apns::fit_collapse_id;
-use fanout_engine::channel::pool::{self, ClientOptions, HttpsClient, Protocols};
+use fanout_engine::channel::http2::Http2Client;
+use fanout_engine::channel::pool;
 use fanout_engine::channel::webpush::Vapid;
 use fanout_engine::domain::WebPushKeys;
 use fanout_testkit::wire::WireCounts;
 use http::HeaderValue;
-use http_body_util::{BodyExt as _, Full};
+use http_body_util::BodyExt as _;
 use serde::Serialize;
 
 use super::collector::{Collector, Percentiles, RELAY_SECRET, latency_histogram, webpush_endpoint};
@@ -82,21 +83,19 @@ impl WebPushSender {
 }
 
 /// The engine's client, built by the engine's own constructor, trusting the
-/// test CA. HTTP/2 only for every channel: every receiver of the harness
-/// speaks HTTP/2, and the engine's pool sends to a host that answered over
-/// HTTP/2 through an HTTP/2-only client (`channel::alpn`). (The mocks listen
+/// test CA: the HTTP/2 client the engine's pools send through to a host
+/// that speaks HTTP/2 (`channel::http2`); every receiver of the harness does. (The mocks listen
 /// on 127.0.0.1, so it resolves through the system resolver rather than the
 /// webhook safety check, which would refuse loopback.)
-pub fn client(pki: &TestPki) -> HttpsClient {
+pub fn client(pki: &TestPki) -> Arc<Http2Client> {
     let mut tls = (*pki.client_config()).clone();
     tls.alpn_protocols.clear(); // hyper-rustls sets ALPN itself
-    let options = ClientOptions { protocols: Protocols::Http2, idle_timeout: Duration::from_secs(600) };
-    pool::https_client(tls, options, pool::Resolver::system(), None)
+    Arc::new(pool::http2_client(tls, Duration::from_secs(600), pool::Resolver::system(), None, false))
 }
 
 /// The request for delivery `index` of the plan, with the body and headers
 /// the engine would send.
-pub(super) fn request(plan: &Plan, ids: RunIds, targets: &Targets, index: u64) -> http::Request<Full<Bytes>> {
+pub(super) fn request(plan: &Plan, ids: RunIds, targets: &Targets, index: u64) -> http::Request<Bytes> {
     let (envelope, slot) = plan.delivery_at(index);
     let topic = plan.topic_of_envelope(envelope);
     let recipient = plan.subscriber(topic, slot);
@@ -126,7 +125,7 @@ pub(super) fn request(plan: &Plan, ids: RunIds, targets: &Targets, index: u64) -
         .header("webhook-id", id)
         .header("webhook-timestamp", timestamp)
         .header("webhook-signature", signature)
-        .body(Full::new(Bytes::from(body)))
+        .body(Bytes::from(body))
         .expect("valid request")
 }
 
@@ -140,7 +139,7 @@ fn apns_request(
     topic: u32,
     seq: u64,
     recipient: u32,
-) -> http::Request<Full<Bytes>> {
+) -> http::Request<Bytes> {
     let topic = BASE64.encode(ids.topic(topic));
     let body = format!(r#"{{"aps":{{"content-available":1}},"topic":"{topic}","sequence_id":"{seq}"}}"#);
     let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
@@ -151,7 +150,7 @@ fn apns_request(
         .header("apns-priority", "5")
         .header("apns-collapse-id", fit_collapse_id(&topic).as_ref())
         .header("apns-expiration", PushLifetime::DEFAULT.expires_at(now))
-        .body(Full::new(Bytes::from(body)))
+        .body(Bytes::from(body))
         .expect("valid request")
 }
 
@@ -166,7 +165,7 @@ fn webpush_request(
     topic: u32,
     seq: u64,
     recipient: u32,
-) -> http::Request<Full<Bytes>> {
+) -> http::Request<Bytes> {
     use fanout_engine::channel::webpush::{PushHeaders, Urgency, encrypt, origin, request::request, wake_up};
     use fanout_engine::domain::{EnvelopeKind, ShardId, StoredEnvelope, Topic};
     let envelope = StoredEnvelope {
@@ -192,7 +191,7 @@ fn webpush_request(
 
 /// The relay channel's request for the same delivery (spec 003 §2): the
 /// body the engine sends, signed with X-Gim-Signature.
-fn relay_request(ids: RunIds, urls: &[String], topic: u32, seq: u64, recipient: u32) -> http::Request<Full<Bytes>> {
+fn relay_request(ids: RunIds, urls: &[String], topic: u32, seq: u64, recipient: u32) -> http::Request<Bytes> {
     use fanout_engine::channel::relay::{HEADER_DELIVERY, HEADER_SIGNATURE, gid, stand_in_message_id};
     let identifier = &ids.topic(topic)[1..];
     let message_id = stand_in_message_id(identifier, seq);
@@ -213,7 +212,7 @@ fn relay_request(ids: RunIds, urls: &[String], topic: u32, seq: u64, recipient: 
         .header(http::header::CONTENT_TYPE, "application/json")
         .header(HEADER_SIGNATURE, signature)
         .header(HEADER_DELIVERY, delivery_id)
-        .body(Full::new(Bytes::from(body)))
+        .body(Bytes::from(body))
         .expect("valid request")
 }
 

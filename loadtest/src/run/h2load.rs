@@ -15,7 +15,6 @@ use std::process::Stdio;
 use std::time::Instant;
 
 use anyhow::{Context as _, bail};
-use http_body_util::BodyExt as _;
 use serde::Serialize;
 
 /// The Debian package that ships `h2load`.
@@ -45,7 +44,7 @@ pub fn available() -> bool {
 /// Sends `requests` copies of `request` (split over `urls`' receivers) with
 /// h2load. The receivers must accept the same signed request many times.
 pub async fn run(
-    request: http::Request<http_body_util::Full<bytes::Bytes>>,
+    request: http::Request<bytes::Bytes>,
     urls: &[String],
     requests: u64,
     connections: usize,
@@ -57,7 +56,6 @@ pub async fn run(
     let version = std::process::Command::new("h2load").arg("--version").output()?;
     let version = String::from_utf8_lossy(&version.stdout).lines().next().unwrap_or_default().to_owned();
     let (parts, body) = request.into_parts();
-    let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
     let dir = tempfile::tempdir()?;
     let body_file = dir.path().join("body");
     std::fs::write(&body_file, &body)?;

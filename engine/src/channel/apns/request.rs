@@ -2,7 +2,6 @@
 
 use bytes::Bytes;
 use http::{HeaderValue, Request, Uri};
-use http_body_util::Full;
 
 use super::collapse::fit_collapse_id;
 use super::token::ProviderToken;
@@ -82,7 +81,7 @@ impl ApnsRequest {
     }
 
     /// The request under `token` for `bundle_id` (apns-topic).
-    pub(super) fn build(&self, token: &ProviderToken, bundle_id: &HeaderValue) -> Option<Request<Full<Bytes>>> {
+    pub(super) fn build(&self, token: &ProviderToken, bundle_id: &HeaderValue) -> Option<Request<Bytes>> {
         // A background push must use priority 5 (Apple's rule), whatever
         // the relayed priority says.
         let mut request = Request::post(self.uri.clone())
@@ -93,7 +92,7 @@ impl ApnsRequest {
         if let Some(collapse_id) = &self.collapse_id {
             request = request.header("apns-collapse-id", collapse_id.clone());
         }
-        request.header("apns-expiration", self.expiration.clone()).body(Full::new(self.body.clone())).ok()
+        request.header("apns-expiration", self.expiration.clone()).body(self.body.clone()).ok()
     }
 }
 

@@ -13,7 +13,6 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use http::{Request, StatusCode, Uri};
-use http_body_util::Full;
 use jsonwebtoken::EncodingKey;
 
 use self::classify::{CONNECTION_ERROR, RETRY_DELAY, TIMED_OUT, classify_answer};
@@ -99,7 +98,7 @@ impl FcmProvider {
         let request = Request::post(self.send_uri.clone())
             .header(http::header::AUTHORIZATION, access.authorization.clone())
             .header(http::header::CONTENT_TYPE, "application/json")
-            .body(Full::new(Bytes::from(body)));
+            .body(Bytes::from(body));
         let Ok(request) = request else {
             return Outcome::Rejected;
         };

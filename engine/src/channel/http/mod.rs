@@ -31,12 +31,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use http_body_util::Full;
+use http::HeaderValue;
 
 use self::classify::{CONNECTION_ERROR, TIMED_OUT, classify};
 use super::pool::{ClientOptions, Protocols, SendError};
 use super::{BuildError, ChannelContext, Outcome, Provider, Push, Refused};
-use crate::domain::{Channel, DeliveryTarget, Timestamp};
+use crate::domain::{Channel, DeliveryTarget, SigningKey, Timestamp};
 use crate::metrics::Metrics;
 
 pub use blocked::{AddressRules, is_blocked, is_reserved};
@@ -129,15 +129,7 @@ impl Provider for WebhookProvider {
             }
         }
         let body = webhook_body(push.envelope, push.recipient);
-        let now = Timestamp::now().as_secs();
-        let headers = WebhookHeaders::for_attempt(signing_key, body.as_bytes(), now);
-        let request = http::Request::post(url.uri().clone())
-            .header(http::header::CONTENT_TYPE, "application/json")
-            .header(HEADER_ID, headers.id)
-            .header(HEADER_TIMESTAMP, headers.timestamp)
-            .header(HEADER_SIGNATURE, headers.signature)
-            .body(Full::new(Bytes::from(body)));
-        let Ok(request) = request else {
+        let Ok(request) = webhook_request(url, signing_key, body) else {
             return Outcome::Rejected;
         };
         // The outcome is decided on the status line (section 7's HTTPS row
@@ -152,6 +144,30 @@ impl Provider for WebhookProvider {
     fn timed_out(&self) -> Outcome {
         TIMED_OUT
     }
+}
+
+/// The signed POST of one attempt (PUSH-235). The id and the signature are
+/// new for every attempt, so they are sent as never-indexed literals (RFC
+/// 7541 section 7.1.3): indexing them would only churn both sides' HPACK
+/// tables, and a signature is a value no table should keep.
+fn webhook_request(url: &WebhookUrl, key: &SigningKey, body: String) -> Result<http::Request<Bytes>, http::Error> {
+    let headers = WebhookHeaders::for_attempt(key, body.as_bytes(), Timestamp::now().as_secs());
+    let mut request = http::Request::new(Bytes::from(body));
+    *request.method_mut() = http::Method::POST;
+    *request.uri_mut() = url.uri().clone();
+    let fields = request.headers_mut();
+    fields.reserve(4);
+    fields.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    fields.insert(HEADER_ID, never_indexed(headers.id)?);
+    fields.insert(HEADER_TIMESTAMP, HeaderValue::try_from(headers.timestamp)?);
+    fields.insert(HEADER_SIGNATURE, never_indexed(headers.signature)?);
+    Ok(request)
+}
+
+fn never_indexed(value: String) -> Result<HeaderValue, http::Error> {
+    let mut value = HeaderValue::try_from(value)?;
+    value.set_sensitive(true);
+    Ok(value)
 }
 
 #[cfg(test)]

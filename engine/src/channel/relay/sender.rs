@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
-use http_body_util::Full;
 use tokio::sync::mpsc;
 use tokio_util::time::DelayQueue;
 
@@ -104,7 +103,7 @@ impl Senders {
             .header(http::header::CONTENT_TYPE, "application/json")
             .header(HEADER_SIGNATURE, signature)
             .header(HEADER_DELIVERY, push.delivery_id.as_str())
-            .body(Full::new(Bytes::from(body)));
+            .body(Bytes::from(body));
         let channel = Channel::Relay.as_str();
         let (answer, status) = match request {
             Err(_) => (Answer::Permanent, None),

@@ -6,7 +6,6 @@ use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use bytes::Bytes;
 use http::{HeaderValue, Request, Uri};
-use http_body_util::Full;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
@@ -87,7 +86,7 @@ pub fn request(
     authorization: HeaderValue,
     headers: &PushHeaders,
     body: Vec<u8>,
-) -> Result<Request<Full<Bytes>>, http::Error> {
+) -> Result<Request<Bytes>, http::Error> {
     let mut request = Request::post(endpoint.clone())
         .header(http::header::AUTHORIZATION, authorization)
         .header(http::header::CONTENT_ENCODING, "aes128gcm")
@@ -97,12 +96,11 @@ pub fn request(
     if let Some(topic) = &headers.topic {
         request = request.header("topic", topic.as_str());
     }
-    request.body(Full::new(Bytes::from(body)))
+    request.body(Bytes::from(body))
 }
 
 #[cfg(test)]
 mod tests {
-    use http_body_util::BodyExt;
 
     use super::*;
     use crate::testing::envelope;
@@ -138,7 +136,7 @@ mod tests {
         assert_eq!(h["ttl"], "600");
         assert_eq!(h["urgency"], "normal");
         assert!(h.get("topic").is_none());
-        assert_eq!(r.into_body().collect().await.unwrap().to_bytes().as_ref(), [1, 2, 3]);
+        assert_eq!(r.into_body().as_ref(), [1, 2, 3]);
 
         let headers = PushHeaders { ttl: 0, urgency: Urgency::High, topic: Some(topic_for("c1")) };
         let r = request(&uri, auth, &headers, Vec::new()).unwrap();
