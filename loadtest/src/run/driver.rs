@@ -211,9 +211,14 @@ pub struct PublishStats {
     /// Envelopes refused, or lost with a failed RPC (never retried: that could publish twice).
     pub errors: u64,
     pub first_error: Option<String>,
+    /// From the first Publish RPC sent to the last one answered.
     pub seconds: f64,
-    /// Steady runs: the achieved envelope rate.
+    /// Envelopes stored per second of `seconds`: the ingest rate of a burst
+    /// (issue 18), the achieved rate of a steady run.
     pub envelopes_per_second: f64,
+    /// Envelopes per Publish RPC, and RPCs in flight at once.
+    pub batch_size: usize,
+    pub concurrency: usize,
     /// Duration of the Publish RPCs themselves.
     pub rpc_latency: Percentiles,
 }
@@ -338,6 +343,52 @@ pub async fn publish(
         first_error: shared.first_error.clone(),
         seconds,
         envelopes_per_second: shared.stored as f64 / seconds.max(1e-9),
+        batch_size: settings.batch_size,
+        concurrency: settings.concurrency,
         rpc_latency: Percentiles::from_histogram_us(&shared.rpc_us),
     })
+}
+
+impl PublishStats {
+    /// The summary's publish line.
+    pub fn line(&self) -> String {
+        format!(
+            "{} stored, {} errors in {:.2} s: {:.0} envelopes/s (batches of {}, {} RPCs in flight); Publish RPC p50 {:.1} ms p99 {:.1} ms",
+            self.stored,
+            self.errors,
+            self.seconds,
+            self.envelopes_per_second,
+            self.batch_size,
+            self.concurrency,
+            self.rpc_latency.p50_ms,
+            self.rpc_latency.p99_ms
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn publish_line_gives_the_ingest_rate_and_batching() {
+        let stats = PublishStats {
+            envelopes: 100_000,
+            stored: 100_000,
+            seconds: 2.5,
+            envelopes_per_second: 40_000.0,
+            batch_size: 100,
+            concurrency: 64,
+            rpc_latency: Percentiles { p50_ms: 3.3, p99_ms: 12.0, ..Percentiles::default() },
+            ..PublishStats::default()
+        };
+        assert_eq!(
+            stats.line(),
+            "100000 stored, 0 errors in 2.50 s: 40000 envelopes/s (batches of 100, 64 RPCs in flight); \
+             Publish RPC p50 3.3 ms p99 12.0 ms"
+        );
+        let json = serde_json::to_value(&stats).unwrap();
+        assert_eq!(json["envelopes_per_second"], 40_000.0);
+        assert_eq!((json["batch_size"].as_u64(), json["concurrency"].as_u64()), (Some(100), Some(64)));
+    }
 }

@@ -59,6 +59,58 @@ pub enum PushTarget<'a> {
     WebPush { vapid_key_file: &'a Path },
 }
 
+/// The store the started engine runs on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Store {
+    /// The embedded redb store, in the launcher's data directory (or `--data-dir`).
+    Redb,
+    /// ScyllaDB or Cassandra at `nodes`, in `keyspace`: a fresh one per run,
+    /// so runs never see each other's recipients, envelopes or shard leases.
+    Scylla { nodes: Vec<String>, keyspace: String },
+}
+
+impl Store {
+    /// `--scylla-nodes`: none is the embedded store; else ScyllaDB with a
+    /// keyspace of its own (`fanout_loadtest_` and 16 random hex digits).
+    pub fn from_nodes(nodes: &[String]) -> anyhow::Result<Store> {
+        if nodes.is_empty() {
+            return Ok(Store::Redb);
+        }
+        let nodes: Vec<String> = nodes.iter().map(|n| n.trim().to_string()).collect();
+        if nodes.iter().any(|n| n.is_empty() || !n.contains(':')) {
+            bail!("--scylla-nodes takes host:port contact points, comma-separated");
+        }
+        let keyspace = format!("fanout_loadtest_{:016x}", rand::random::<u64>());
+        Ok(Store::Scylla { nodes, keyspace })
+    }
+
+    /// `FANOUT__STORE__*` overrides: the launcher writes `[store]` itself
+    /// (redb at its data directory), so the backend is switched the way the
+    /// e2e tests do. `migrate`: the fresh keyspace gets its schema at start.
+    pub fn env(&self) -> Vec<(String, String)> {
+        match self {
+            Store::Redb => vec![],
+            Store::Scylla { nodes, keyspace } => {
+                let nodes = toml::Value::Array(nodes.iter().map(|n| toml::Value::String(n.clone())).collect());
+                vec![
+                    ("FANOUT__STORE__BACKEND".into(), "scylla".into()),
+                    ("FANOUT__STORE__SCYLLA__NODES".into(), nodes.to_string()),
+                    ("FANOUT__STORE__SCYLLA__KEYSPACE".into(), keyspace.clone()),
+                    ("FANOUT__STORE__SCYLLA__MIGRATE".into(), "true".into()),
+                ]
+            }
+        }
+    }
+
+    /// For the report: `redb`, or `scylla keyspace K at N1,N2`.
+    pub fn describe(&self) -> String {
+        match self {
+            Store::Redb => "redb".into(),
+            Store::Scylla { nodes, keyspace } => format!("scylla keyspace {keyspace} at {}", nodes.join(",")),
+        }
+    }
+}
+
 /// The engine's `[engine]` table: the scenario's overrides, with the HTTPS
 /// channel allowed to reach 127.0.0.1 and trusting `ca_file` (the mocks' CA).
 /// The launcher writes the listen addresses, the store and the log level.
@@ -246,6 +298,33 @@ mod tests {
             (webpush["allow_private_addresses"].as_bool(), webpush["extra_ca_files"][0].as_str()),
             (Some(true), Some("/tmp/ca.pem"))
         );
+    }
+
+    #[test]
+    fn scylla_store_is_switched_by_environment_with_a_keyspace_per_run() {
+        assert_eq!(Store::from_nodes(&[]).unwrap(), Store::Redb);
+        assert!(Store::Redb.env().is_empty());
+        assert_eq!(Store::Redb.describe(), "redb");
+        let nodes = vec!["127.0.0.1:9042".to_string(), " 10.0.0.2:9042".to_string()];
+        let store = Store::from_nodes(&nodes).unwrap();
+        let Store::Scylla { nodes: kept, keyspace } = &store else { panic!("{store:?}") };
+        assert_eq!(kept, &["127.0.0.1:9042", "10.0.0.2:9042"]);
+        // A valid CQL identifier (letters, digits, underscores; at most 48).
+        assert!(keyspace.starts_with("fanout_loadtest_") && keyspace.len() <= 48, "{keyspace}");
+        assert!(keyspace.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'), "{keyspace}");
+        let Store::Scylla { keyspace: other, .. } = Store::from_nodes(&nodes).unwrap() else { unreachable!() };
+        assert_ne!(keyspace, &other, "each run has its own keyspace");
+        let env: BTreeMap<String, String> = store.env().into_iter().collect();
+        assert_eq!(env["FANOUT__STORE__BACKEND"], "scylla");
+        assert_eq!(env["FANOUT__STORE__SCYLLA__KEYSPACE"], *keyspace);
+        assert_eq!(env["FANOUT__STORE__SCYLLA__MIGRATE"], "true");
+        // The engine reads the value as TOML: an array of the contact points.
+        let parsed: toml::Table = toml::from_str(&format!("v = {}", env["FANOUT__STORE__SCYLLA__NODES"])).unwrap();
+        let parsed: Vec<&str> = parsed["v"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+        assert_eq!(parsed, ["127.0.0.1:9042", "10.0.0.2:9042"]);
+        assert_eq!(store.describe(), format!("scylla keyspace {keyspace} at 127.0.0.1:9042,10.0.0.2:9042"));
+        assert!(Store::from_nodes(&["localhost".to_string()]).is_err());
+        assert!(Store::from_nodes(&[String::new()]).is_err());
     }
 
     #[test]

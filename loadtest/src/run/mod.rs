@@ -39,7 +39,7 @@ use fanout_testkit::wire::WireCounts;
 
 use self::ceiling::{Targets, WebPushSender};
 use self::collector::Collector;
-use self::engine_process::{APNS_KEY_ID, APNS_TEAM_ID, PushTarget, proc_sample};
+use self::engine_process::{APNS_KEY_ID, APNS_TEAM_ID, PushTarget, Store, proc_sample};
 use self::ids::RunIds;
 use self::progress::Progress;
 use self::report::{EngineInfo, Machine, PlanInfo, Report, Resources, WireReport};
@@ -101,6 +101,19 @@ pub struct RunArgs {
     /// Steady scenarios: override duration_seconds.
     #[arg(long)]
     pub duration_seconds: Option<f64>,
+    /// Override setup.concurrency: recipients registered at once (issue 18:
+    /// registration at 16 and 64 clients from one scenario).
+    #[arg(long)]
+    pub setup_concurrency: Option<usize>,
+    /// Override envelopes.batch_size: envelopes per Publish RPC (issue 18:
+    /// ingest in batches of 1 and of 100 from one scenario).
+    #[arg(long)]
+    pub batch_size: Option<usize>,
+    /// Start the engine on the ScyllaDB/Cassandra backend at these contact
+    /// points (host:port, comma-separated) instead of the embedded store, in
+    /// a keyspace made for the run (fanout_loadtest_<random>, left behind).
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["engine_grpc", "data_dir"])]
+    pub scylla_nodes: Vec<String>,
 }
 
 /// `fanout-loadtest ceiling`.
@@ -345,6 +358,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<Report> {
     let run_started = Instant::now();
     let mut scenario = Scenario::load(&args.scenario)?;
     scenario.override_rate(args.rate, args.duration_seconds)?;
+    scenario.override_sizes(args.setup_concurrency, args.batch_size)?;
     let plan = Arc::new(Plan::new(&scenario));
     let mut machine = Machine::read();
     let ca_dir = tempfile::Builder::new().prefix("fanout-loadtest-ca-").tempdir()?;
@@ -419,6 +433,10 @@ async fn execute_inner(
     let collector = Collector::new(plan.clone(), ids, scenario.faults.clone());
     let receivers = Receivers::start(pki, scenario, &collector).await?;
     let urls = receivers.urls();
+    let store = Store::from_nodes(&args.scylla_nodes)?;
+    if let Store::Scylla { .. } = &store {
+        progress.say(&format!("store: {}", store.describe()));
+    }
     let engine = match args.engine_grpc {
         Some(_) if matches!(scenario.channel, ScenarioChannel::Apns | ScenarioChannel::WebPush) => {
             bail!("apns and webpush scenarios sign with a key made for the run: let the harness start the engine")
@@ -462,6 +480,7 @@ async fn execute_inner(
             };
             let config = engine_process::engine_config_for(&scenario.engine, ca_path, target)?;
             let launch = Launch {
+                env: store.env(),
                 log_level: "warn".into(),
                 drain_timeout_seconds: 2,
                 data_dir: args.data_dir.clone(),
@@ -482,6 +501,10 @@ async fn execute_inner(
         },
         pid: engine.pid(),
         grpc: engine.grpc().to_string(),
+        store: match &engine {
+            Engine::Started(_) => store.describe(),
+            Engine::External { .. } => "external engine's".into(),
+        },
         overrides: serde_json::to_value(&scenario.engine)?,
     };
     if let Some(pid) = engine.pid() {
@@ -622,6 +645,40 @@ async fn execute_inner(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    #[test]
+    fn issue_18_flags_parse() {
+        use clap::Parser as _;
+        let cli = Cli::try_parse_from([
+            "run",
+            "--scenario",
+            "s.toml",
+            "--setup-concurrency",
+            "16",
+            "--batch-size",
+            "1",
+            "--scylla-nodes",
+            "127.0.0.1:9042,10.0.0.2:9042",
+        ])
+        .unwrap();
+        assert_eq!((cli.run.setup_concurrency, cli.run.batch_size), (Some(16), Some(1)));
+        assert_eq!(cli.run.scylla_nodes, ["127.0.0.1:9042", "10.0.0.2:9042"]);
+        let plain = Cli::try_parse_from(["run", "--scenario", "s.toml"]).unwrap();
+        assert!(plain.run.scylla_nodes.is_empty() && plain.run.batch_size.is_none());
+        // ScyllaDB is for an engine the harness starts, with no redb directory.
+        for other in [["--data-dir", "/tmp/d"], ["--engine-grpc", "127.0.0.1:50051"]] {
+            let mut argv =
+                vec!["run", "--scenario", "s.toml", "--pki-dir", "/tmp/p", "--scylla-nodes", "127.0.0.1:9042"];
+            argv.extend(other);
+            assert!(Cli::try_parse_from(argv).is_err(), "{other:?}");
+        }
+    }
 
     /// Runs a checked-in scenario with a ceiling against the debug engine
     /// binary; every expected delivery arrived, properly signed.

@@ -133,6 +133,9 @@ pub struct EngineInfo {
     pub binary: Option<String>,
     pub pid: Option<u32>,
     pub grpc: String,
+    /// The store a started engine ran on: `redb`, or `scylla keyspace K at
+    /// NODES` (`--scylla-nodes`).
+    pub store: String,
     /// The scenario's `[engine]` overrides.
     pub overrides: serde_json::Value,
 }
@@ -261,21 +264,14 @@ impl Report {
             p.rate_per_second.map(|r| format!(" at {r}/s")).unwrap_or_default(),
             p.expected_deliveries
         );
+        let _ = writeln!(s, "  store       {}", self.engine.store);
         let st = &self.setup;
         let _ = writeln!(
             s,
             "  setup       {:.1} s: {:.0} recipients/s, {:.0} RPCs/s",
             st.seconds, st.recipients_per_second, st.rpcs_per_second
         );
-        let _ = writeln!(
-            s,
-            "  publish     {} stored, {} errors in {:.1} s; Publish RPC p50 {:.1} ms p99 {:.1} ms",
-            self.publish.stored,
-            self.publish.errors,
-            self.publish.seconds,
-            self.publish.rpc_latency.p50_ms,
-            self.publish.rpc_latency.p99_ms
-        );
+        let _ = writeln!(s, "  publish     {}", self.publish.line());
         let _ = writeln!(
             s,
             "  deliveries  expected {} delivered {} missing {} duplicates {} attempts {} (unexpected {}, bad signatures {})",
