@@ -110,6 +110,7 @@ impl Engine {
             None => None,
         };
         let (workers, worker_handles) = DeliveryWorkers::start(Arc::new(WorkerContext {
+            max_in_flight: settings.delivery.in_flight_per_worker(settings.channels.max_in_flight()),
             settings: settings.delivery.clone(),
             max_attempts: settings.max_attempts.get(),
             channels: channels.clone(),

@@ -208,7 +208,9 @@ impl Http2Client {
         for _ in 0..2 {
             let live = match host.current() {
                 Some(live) => live,
-                None => self.connect(host, key).await?,
+                // Boxed: connecting holds h2's whole handshake state (kilobytes),
+                // which would otherwise sit in every request's future.
+                None => Box::pin(self.connect(host, key)).await?,
             };
             match live.send.clone().ready().await {
                 Ok(send) => return Ok((send, live)),

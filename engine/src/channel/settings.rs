@@ -38,6 +38,22 @@ impl ChannelSettings {
     pub fn https_only() -> Self {
         Self { http: Some(HttpSettings::default()), ..Self::default() }
     }
+
+    /// The requests the configured channels may have in flight together:
+    /// the sum of their `max_in_flight`.
+    pub fn max_in_flight(&self) -> usize {
+        [
+            self.http.as_ref().map(|s| s.max_in_flight),
+            self.apns.as_ref().map(|s| s.max_in_flight),
+            self.fcm.as_ref().map(|s| s.max_in_flight),
+            self.relay.as_ref().map(|_| super::relay::MAX_IN_FLIGHT),
+            self.webpush.as_ref().map(|s| s.max_in_flight),
+        ]
+        .into_iter()
+        .flatten()
+        .map(NonZeroUsize::get)
+        .sum()
+    }
 }
 
 /// Default bound on a channel's concurrent requests.

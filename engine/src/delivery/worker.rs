@@ -15,6 +15,8 @@ use crate::store::Store;
 /// What every worker shares (read-only).
 pub struct WorkerContext {
     pub settings: DeliverySettings,
+    /// `settings.in_flight_per_worker` for the configured channels.
+    pub max_in_flight: std::num::NonZeroUsize,
     pub max_attempts: u32,
     pub channels: Channels,
     pub store: Arc<dyn Store>,
@@ -30,12 +32,12 @@ const WATCHDOG: Duration = Duration::from_secs(120);
 const WATCHDOG_DELAY: Duration = Duration::from_secs(1);
 
 /// A worker's loop: take a batch when the last one has been started, start
-/// attempts only while fewer than `max_in_flight_per_worker` are in flight
+/// attempts only while fewer than `max_in_flight` are in flight
 /// (first attempts and retries alike), collect answers, and re-attempt from
 /// the timer wheel. Ends when its queue is closed and nothing is in flight,
 /// ready or waiting.
 pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<Delivery>>) {
-    let max_in_flight = ctx.settings.max_in_flight_per_worker.get();
+    let max_in_flight = ctx.max_in_flight.get();
     let mut in_flight: JoinSet<(Delivery, Outcome)> = JoinSet::new();
     // The first attempts in flight, by task: a panicking one is marked lost.
     let mut first_attempts: HashMap<task::Id, FirstAttempt> = HashMap::new();
@@ -312,6 +314,8 @@ mod tests {
         let mut channels = Channels::default();
         channels.insert(provider);
         let ctx = Arc::new(WorkerContext {
+            // Unless a test sets it: room for any test's deliveries.
+            max_in_flight: settings.in_flight_per_worker(512 * settings.workers.get()),
             settings,
             max_attempts: 3,
             channels,
@@ -350,7 +354,7 @@ mod tests {
         let many = (0..100u8).map(|i| Recipient { id: RecipientId::from_bytes([i; 32]), ..r.clone() }).collect();
         let settings = DeliverySettings {
             workers: NonZeroUsize::MIN,
-            max_in_flight_per_worker: NonZeroUsize::new(4).unwrap(),
+            max_in_flight_per_worker: NonZeroUsize::new(4),
             ..DeliverySettings::default()
         };
         let run = deliver_all(p.clone(), &r, many, settings).await;

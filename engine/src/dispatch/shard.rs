@@ -568,6 +568,8 @@ mod tests {
             let mut channels = Channels::default();
             channels.insert(gate.clone());
             let (workers, _handles) = DeliveryWorkers::start(Arc::new(WorkerContext {
+                // Unless a test sets it: room for any test's deliveries.
+                max_in_flight: delivery.in_flight_per_worker(512 * delivery.workers.get()),
                 settings: delivery,
                 max_attempts: 3,
                 channels: channels.clone(),
@@ -714,7 +716,7 @@ mod tests {
         s.window_timeout = Duration::from_secs(2);
         let one_at_a_time = DeliverySettings {
             workers: NonZeroUsize::MIN,
-            max_in_flight_per_worker: NonZeroUsize::MIN,
+            max_in_flight_per_worker: Some(NonZeroUsize::MIN),
             ..DeliverySettings::default()
         };
         let f = Fixture::start_with(40, 1, s, 0, Duration::from_secs(1), one_at_a_time, Fence::default()).await;

@@ -53,7 +53,7 @@ use crate::domain::{Channel, RecipientId};
 const CLIENT_OPTIONS: ClientOptions =
     ClientOptions { protocols: Protocols::Http1Or2, idle_timeout: Duration::from_secs(90) };
 /// In-flight requests to the push server: the senders are the real bound.
-const MAX_IN_FLIGHT: std::num::NonZeroUsize = std::num::NonZeroUsize::new(1024).unwrap();
+pub(crate) const MAX_IN_FLIGHT: std::num::NonZeroUsize = std::num::NonZeroUsize::new(1024).unwrap();
 
 pub struct RelayProvider {
     queue: Arc<RelayQueue>,
