@@ -26,7 +26,7 @@ use h2::client::SendRequest;
 use http::uri::{Authority, Scheme};
 use http::{HeaderValue, Request, Response, Uri};
 use hyper::body::Frame;
-use hyper_rustls::HttpsConnector;
+use hyper_rustls::{HttpsConnector, MaybeHttpsStream};
 use hyper_util::rt::TokioIo;
 use tokio::time::Instant;
 use tower_service::Service as _;
@@ -93,6 +93,10 @@ impl HostKey {
 struct Host {
     live: Mutex<Option<Live>>,
     connecting: tokio::sync::Mutex<()>,
+    /// Connects that failed: a request that waited for a connect which
+    /// failed meanwhile fails with it instead of trying again in turn, so a
+    /// burst to a dead host costs one connect, not one per request in line.
+    failed_connects: AtomicU64,
 }
 
 #[derive(Clone)]
@@ -140,6 +144,9 @@ impl LastUse {
 }
 
 static NEXT_CONNECTION: AtomicU64 = AtomicU64::new(0);
+
+/// One connection's driving half.
+type Connection = h2::client::Connection<TokioIo<MaybeHttpsStream<TokioIo<tokio::net::TcpStream>>>, Bytes>;
 
 impl Http2Client {
     /// `connector` must offer only h2 by ALPN (a plain `http://` host is
@@ -192,6 +199,9 @@ impl Http2Client {
 
     fn host(&self, key: &HostKey) -> Arc<Host> {
         let mut hosts = self.hosts.lock().expect("the host table's lock is never poisoned");
+        if let Some(host) = hosts.get(key) {
+            return host.clone();
+        }
         hosts.entry(key.clone()).or_default().clone()
     }
 
@@ -225,21 +235,17 @@ impl Http2Client {
 
     /// Opens the host's connection, or waits for the request opening it.
     async fn connect(&self, host: &Arc<Host>, key: &HostKey) -> Result<Live, Http2Error> {
+        let failed_before = host.failed_connects.load(Ordering::Acquire);
         let _connecting = host.connecting.lock().await;
         if let Some(live) = host.current() {
             return Ok(live);
         }
-        let mut connector = self.connector.clone();
-        std::future::poll_fn(|cx| connector.poll_ready(cx)).await.map_err(Http2Error::Connect)?;
-        let stream = connector.call(key.uri()).await.map_err(Http2Error::Connect)?;
-        let (send, connection) = h2::client::Builder::new()
-            .enable_push(false)
-            .initial_max_send_streams(INITIAL_MAX_STREAMS)
-            .initial_window_size(STREAM_WINDOW)
-            .initial_connection_window_size(CONNECTION_WINDOW)
-            .max_header_list_size(MAX_HEADER_LIST)
-            .handshake::<_, Bytes>(TokioIo::new(stream))
-            .await?;
+        if host.failed_connects.load(Ordering::Acquire) != failed_before {
+            return Err(Http2Error::Connect("the connection this request waited for failed".into()));
+        }
+        let (send, connection) = self.open(key).await.inspect_err(|_| {
+            host.failed_connects.fetch_add(1, Ordering::AcqRel);
+        })?;
         let live = Live { id: NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed), send, used: Arc::new(LastUse::new()) };
         *host.live.lock().expect("a host's lock is never poisoned") = Some(live.clone());
         let watch = Watch {
@@ -252,6 +258,22 @@ impl Http2Client {
         };
         tokio::spawn(watch.drive(connection));
         Ok(live)
+    }
+
+    /// TCP, TLS and the HTTP/2 preface to `key`'s host.
+    async fn open(&self, key: &HostKey) -> Result<(SendRequest<Bytes>, Connection), Http2Error> {
+        let mut connector = self.connector.clone();
+        std::future::poll_fn(|cx| connector.poll_ready(cx)).await.map_err(Http2Error::Connect)?;
+        let stream = connector.call(key.uri()).await.map_err(Http2Error::Connect)?;
+        let handshake = h2::client::Builder::new()
+            .enable_push(false)
+            .initial_max_send_streams(INITIAL_MAX_STREAMS)
+            .initial_window_size(STREAM_WINDOW)
+            .initial_connection_window_size(CONNECTION_WINDOW)
+            .max_header_list_size(MAX_HEADER_LIST)
+            .handshake::<_, Bytes>(TokioIo::new(stream))
+            .await;
+        Ok(handshake?)
     }
 }
 
@@ -277,10 +299,7 @@ struct Watch {
 impl Watch {
     /// Drives the connection until it ends; lets go of it when idle, and
     /// ends it when a PING goes unanswered.
-    async fn drive<T>(self, mut connection: h2::client::Connection<T, Bytes>)
-    where
-        T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-    {
+    async fn drive(self, mut connection: Connection) {
         let keep_alive = keep_alive(connection.ping_pong());
         let idle = idle(&self.used, self.idle_timeout);
         tokio::pin!(keep_alive, idle);
@@ -440,6 +459,32 @@ mod tests {
         assert_eq!(client.request(post(&url)).await.unwrap().status(), http::StatusCode::OK);
         assert_eq!(opened.get(), 2);
         assert_eq!(receiver.received_count(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_burst_to_a_host_whose_handshake_fails_costs_one_connection() {
+        let pki = TestPki::generate(&[]).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let (client, _) = client(&pki, &dir, Duration::from_secs(30));
+        // Accepts TCP and hangs up at once: every TLS handshake fails.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let accepted = Arc::new(AtomicU64::new(0));
+        let counting = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                counting.fetch_add(1, Ordering::SeqCst);
+                drop(tcp);
+            }
+        });
+        let url = format!("https://127.0.0.1:{port}/x");
+        let sends = (0..50).map(|_| client.request(post(&url)));
+        for sent in futures::future::join_all(sends).await {
+            assert!(matches!(sent, Err(Http2Error::Connect(_))), "{:?}", sent.err());
+        }
+        // The 49 that waited for the first connect failed with it.
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+        assert!(client.hosts.lock().unwrap().is_empty());
     }
 
     #[tokio::test]
