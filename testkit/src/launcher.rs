@@ -320,7 +320,7 @@ pub fn target_dir() -> PathBuf {
 /// cargo sets it at run time (every member lies one level down), else of
 /// testkit's at build time. Run time first: a target directory shared by
 /// several checkouts may hold a testkit built in one that is gone since.
-fn workspace_dir() -> PathBuf {
+pub fn workspace_dir() -> PathBuf {
     let manifest = std::env::var_os("CARGO_MANIFEST_DIR").map(PathBuf::from);
     let manifest = manifest.filter(|m| m.join("Cargo.toml").is_file());
     let manifest = manifest.unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));

@@ -10,7 +10,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use anyhow::{Context as _, bail};
-use fanout_testkit::launcher::{build_binary, http_get, target_dir};
+use fanout_testkit::launcher::{build_binary, http_get, target_dir, workspace_dir};
 
 /// The binary to run: `explicit`, else `$CARGO_TARGET_DIR` (or the
 /// workspace's `target/`) `release/fanout`, then `debug/fanout`; else builds
@@ -26,12 +26,46 @@ pub fn find_binary(explicit: Option<&Path>, on_build: impl FnOnce()) -> anyhow::
     for profile in ["release", "debug"] {
         let candidate = target.join(profile).join("fanout");
         if candidate.is_file() {
+            if let Some(source) = newer_source(&candidate, &workspace_dir()) {
+                eprintln!(
+                    "warning: {} is older than {}: this run measures a stale engine; rebuild it \
+                     (cargo build --release -p fanout-api, with the same CARGO_TARGET_DIR) or pass --engine-bin",
+                    candidate.display(),
+                    source.display()
+                );
+            }
             return Ok(candidate);
         }
     }
     on_build();
     eprintln!("building the fanout binary (release)...");
     build_binary(true)
+}
+
+/// A source of the engine (`*.rs`, `Cargo.toml`, `*.proto` under the
+/// workspace's `engine`, `api` and `proto`) changed after `binary` was built,
+/// if any: the harness then warns that it is about to measure a stale
+/// engine (the binary it found is whatever that target directory last built).
+fn newer_source(binary: &Path, workspace: &Path) -> Option<PathBuf> {
+    let built = std::fs::metadata(binary).and_then(|m| m.modified()).ok()?;
+    let mut dirs: Vec<PathBuf> = ["engine", "api", "proto"].iter().map(|d| workspace.join(d)).collect();
+    while let Some(dir) = dirs.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let Ok(meta) = entry.metadata() else { continue };
+            if meta.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            let source = path.extension().is_some_and(|e| e == "rs" || e == "proto")
+                || path.file_name().is_some_and(|n| n == "Cargo.toml");
+            if source && meta.modified().is_ok_and(|m| m > built) {
+                return Some(path);
+            }
+        }
+    }
+    None
 }
 
 /// The APNs identities of an apns scenario: the mock expects them in the
@@ -252,6 +286,27 @@ pub async fn fetch_metrics(http: SocketAddr) -> anyhow::Result<BTreeMap<String, 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_source_newer_than_the_binary_is_reported() {
+        use std::time::{Duration, SystemTime};
+        let workspace = tempfile::tempdir().unwrap();
+        let source = workspace.path().join("engine/src/channel/x.rs");
+        std::fs::create_dir_all(source.parent().unwrap()).unwrap();
+        std::fs::write(&source, "// x").unwrap();
+        let binary = workspace.path().join("fanout");
+        std::fs::write(&binary, "").unwrap();
+        let now = SystemTime::now();
+        let set = |path: &Path, at: SystemTime| {
+            std::fs::File::options().write(true).open(path).unwrap().set_modified(at).unwrap()
+        };
+        set(&binary, now);
+        set(&source, now - Duration::from_secs(10));
+        assert_eq!(newer_source(&binary, workspace.path()), None);
+        set(&source, now + Duration::from_secs(10));
+        assert_eq!(newer_source(&binary, workspace.path()), Some(source));
+        assert_eq!(newer_source(&workspace.path().join("missing"), workspace.path()), None);
+    }
 
     #[test]
     fn config_merges_overrides_and_forces_the_test_channel() {
