@@ -308,6 +308,19 @@ pub fn build_binary(release: bool) -> anyhow::Result<PathBuf> {
     Ok(private)
 }
 
+/// `FANOUT__STORE__*` overrides ([`Launch::env`]) that start an engine on
+/// the ScyllaDB backend at `nodes` (host:port contact points) in `keyspace`,
+/// creating its schema there: the launcher's own `[store]` table is redb's.
+pub fn scylla_store_env(nodes: &[String], keyspace: &str) -> Vec<(String, String)> {
+    let nodes = toml::Value::Array(nodes.iter().map(|n| toml::Value::String(n.clone())).collect());
+    vec![
+        ("FANOUT__STORE__BACKEND".into(), "scylla".into()),
+        ("FANOUT__STORE__SCYLLA__NODES".into(), nodes.to_string()),
+        ("FANOUT__STORE__SCYLLA__KEYSPACE".into(), keyspace.to_owned()),
+        ("FANOUT__STORE__SCYLLA__MIGRATE".into(), "true".into()),
+    ]
+}
+
 /// `$CARGO_TARGET_DIR` (relative to the workspace when relative), else the
 /// workspace's `target/`.
 pub fn target_dir() -> PathBuf {

@@ -10,7 +10,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use anyhow::{Context as _, bail};
-use fanout_testkit::launcher::{build_binary, http_get, target_dir, workspace_dir};
+use fanout_testkit::launcher::{build_binary, http_get, scylla_store_env, target_dir, workspace_dir};
 
 /// The binary to run: `explicit`, else `$CARGO_TARGET_DIR` (or the
 /// workspace's `target/`) `release/fanout`, then `debug/fanout`; else builds
@@ -124,15 +124,7 @@ impl Store {
     pub fn env(&self) -> Vec<(String, String)> {
         match self {
             Store::Redb => vec![],
-            Store::Scylla { nodes, keyspace } => {
-                let nodes = toml::Value::Array(nodes.iter().map(|n| toml::Value::String(n.clone())).collect());
-                vec![
-                    ("FANOUT__STORE__BACKEND".into(), "scylla".into()),
-                    ("FANOUT__STORE__SCYLLA__NODES".into(), nodes.to_string()),
-                    ("FANOUT__STORE__SCYLLA__KEYSPACE".into(), keyspace.clone()),
-                    ("FANOUT__STORE__SCYLLA__MIGRATE".into(), "true".into()),
-                ]
-            }
+            Store::Scylla { nodes, keyspace } => scylla_store_env(nodes, keyspace),
         }
     }
 

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use fanout_proto::v1 as pb;
 use fanout_testkit::MockWebhookConfig;
+use fanout_testkit::launcher::scylla_store_env;
 use fanout_tests::client::{Recipient, envelope, group_topic, subscription};
 use fanout_tests::{EngineConfig, Fanout};
 
@@ -48,16 +49,12 @@ struct TwoNodes {
 impl TwoNodes {
     async fn start(cql: &str) -> Self {
         let keyspace = format!("fanout_e2e_{:016x}", rand::random::<u64>());
-        let nodes = format!("[{}]", cql.split(',').map(|n| format!("{:?}", n.trim())).collect::<Vec<_>>().join(", "));
+        let nodes: Vec<String> = cql.split(',').map(|n| n.trim().to_owned()).collect();
+        let mut env = scylla_store_env(&nodes, &keyspace);
+        env.push(("FANOUT__ENGINE__LEASE__TTL_SECONDS".into(), LEASE_TTL_SECONDS.to_string()));
         let config = EngineConfig {
             engine_extra: "[engine.delivery]\nworkers = 2\nmax_in_flight_per_worker = 4".into(),
-            env: vec![
-                ("FANOUT__STORE__BACKEND".into(), "scylla".into()),
-                ("FANOUT__STORE__SCYLLA__NODES".into(), nodes),
-                ("FANOUT__STORE__SCYLLA__KEYSPACE".into(), keyspace),
-                ("FANOUT__STORE__SCYLLA__MIGRATE".into(), "true".into()),
-                ("FANOUT__ENGINE__LEASE__TTL_SECONDS".into(), LEASE_TTL_SECONDS.to_string()),
-            ],
+            env,
             ..EngineConfig::default()
         };
         // A slow receiver keeps windows open long enough to act inside one.
