@@ -160,10 +160,10 @@ impl Http2Client {
     pub async fn request(&self, request: Request<Bytes>) -> Result<Response<Http2Body>, Http2Error> {
         let key = HostKey::of(request.uri())?;
         let host = self.host(&key);
-        let (mut send, live) = match self.ready(&host, &key).await {
-            Ok(ready) => ready,
+        let mut live = match self.ready(&host, &key).await {
+            Ok(live) => live,
             Err(e) => {
-                self.release(&key, &host);
+                release(&self.hosts, &key, &host);
                 return Err(e);
             }
         };
@@ -174,14 +174,15 @@ impl Http2Client {
             head.headers.insert(http::header::CONTENT_LENGTH, HeaderValue::from(body.len()));
         }
         let end_of_stream = body.is_empty();
-        let sent = send.send_request(Request::from_parts(head, ()), end_of_stream).and_then(|(answer, mut stream)| {
-            if !end_of_stream {
-                // h2 buffers what the stream's window cannot take yet and
-                // sends it as the window opens.
-                stream.send_data(body, true)?;
-            }
-            Ok(answer)
-        });
+        let sent =
+            live.send.send_request(Request::from_parts(head, ()), end_of_stream).and_then(|(answer, mut stream)| {
+                if !end_of_stream {
+                    // h2 buffers what the stream's window cannot take yet and
+                    // sends it as the window opens.
+                    stream.send_data(body, true)?;
+                }
+                Ok(answer)
+            });
         let answer = match sent {
             Ok(answer) => answer.await,
             Err(e) => Err(e),
@@ -205,27 +206,23 @@ impl Http2Client {
         hosts.entry(key.clone()).or_default().clone()
     }
 
-    /// Removes `host` from the table when it has no connection (a failed
-    /// connect, a closed connection), so hosts that are gone do not stay.
-    fn release(&self, key: &HostKey, host: &Arc<Host>) {
-        release(&self.hosts, key, host);
-    }
-
-    /// A handle ready for one more stream on the host's connection, opening
-    /// it if there is none. A connection found closed is replaced once.
-    async fn ready(&self, host: &Arc<Host>, key: &HostKey) -> Result<(SendRequest<Bytes>, Live), Http2Error> {
+    /// The host's connection with a handle ready for one more stream,
+    /// opening it if there is none. A connection found closed is replaced once.
+    async fn ready(&self, host: &Arc<Host>, key: &HostKey) -> Result<Live, Http2Error> {
         let mut last_error = None;
         for _ in 0..2 {
-            let live = match host.current() {
+            // Our own copy of the handle: h2 counts every copy under the
+            // connection's lock, so a request makes only this one.
+            let Live { id, send, used } = match host.current() {
                 Some(live) => live,
                 // Boxed: connecting holds h2's whole handshake state (kilobytes),
                 // which would otherwise sit in every request's future.
                 None => Box::pin(self.connect(host, key)).await?,
             };
-            match live.send.clone().ready().await {
-                Ok(send) => return Ok((send, live)),
+            match send.ready().await {
+                Ok(send) => return Ok(Live { id, send, used }),
                 Err(e) => {
-                    host.forget(live.id);
+                    host.forget(id);
                     last_error = Some(e);
                 }
             }
@@ -277,6 +274,8 @@ impl Http2Client {
     }
 }
 
+/// Removes `host` from the table when it has no connection (a failed
+/// connect, a closed connection), so hosts that are gone do not stay.
 fn release(hosts: &Mutex<HashMap<HostKey, Arc<Host>>>, key: &HostKey, host: &Arc<Host>) {
     let mut hosts = hosts.lock().expect("the host table's lock is never poisoned");
     let unused = hosts.get(key).is_some_and(|h| Arc::ptr_eq(h, host)) && host.current().is_none();
