@@ -252,7 +252,12 @@ enum Receivers {
 #[derive(Debug, Clone)]
 enum ApnsPeer {
     Rust,
-    Pushy { classpath: pushy::Classpath, threads: usize },
+    /// `warmup`: pushes of Pushy's client into each server before its measured traffic.
+    Pushy {
+        classpath: pushy::Classpath,
+        threads: usize,
+        warmup: u64,
+    },
 }
 
 impl Receivers {
@@ -264,14 +269,20 @@ impl Receivers {
         peer: &ApnsPeer,
     ) -> anyhow::Result<Receivers> {
         let latency = Duration::from_millis(scenario.mock.latency_ms);
-        if let (ScenarioChannel::Apns, ApnsPeer::Pushy { classpath, threads }) = (scenario.channel, peer) {
+        if let (ScenarioChannel::Apns, ApnsPeer::Pushy { classpath, threads, warmup }) = (scenario.channel, peer) {
             // Every device of the plan registered for the bundle id, the
             // run's provider key trusted: Pushy verifies every push.
             let key = ApnsTestKey::generate()?;
-            let ids = collector.ids();
-            let tokens = (0..collector.plan().recipients).map(|r| hex::encode(ids.recipient_id(r)));
+            let (plan, ids) = (collector.plan(), collector.ids());
+            let tokens = (0..plan.recipients).map(|r| hex::encode(ids.recipient_id(r)));
             let files = pushy::PushyFiles::write(pki, &key, tokens)?;
             let server = pushy::PushyServer::start(classpath, &files, *threads, Some(collector.clone())).await?;
+            // Warmed up as the server of Pushy's own measurement is by its
+            // warm-up, so no phase meets a cold JVM.
+            let warmup = (*warmup).min(plan.expected_deliveries(plan.envelopes));
+            let warmup_file = files.path("warmup.txt");
+            write_pushes(plan, ids, warmup, &warmup_file)?;
+            server.warm_up(classpath, &files, &warmup_file, warmup).await?;
             return Ok(Receivers::Pushy { server: Box::new(server), key, _files: files });
         }
         if scenario.channel == ScenarioChannel::Apns {
@@ -424,17 +435,7 @@ async fn measure_pushy(
     let key = ApnsTestKey::generate()?;
     let files = pushy::PushyFiles::write(pki, &key, (0..plan.recipients).map(|r| hex::encode(ids.recipient_id(r))))?;
     let pushes_file = files.path("pushes.txt");
-    pushy::write_pushes(
-        &pushes_file,
-        (0..requests).map(|index| {
-            let (envelope, slot) = plan.delivery_at(index);
-            let topic = plan.topic_of_envelope(envelope);
-            let recipient = plan.subscriber(topic, slot);
-            // Synthetic sequence ids, as the ceiling's: envelope e is e + 1.
-            let (collapse_id, body) = ceiling::apns_body(ids, topic, envelope + 1);
-            (hex::encode(ids.recipient_id(recipient)), collapse_id, body)
-        }),
-    )?;
+    write_pushes(plan, ids, requests, &pushes_file)?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut connections = args.pushy_connections.clone();
     if connections.is_empty() {
@@ -471,6 +472,23 @@ async fn measure_pushy(
         .max_by(|a, b| a.1.pushes_per_second.total_cmp(&b.1.pushes_per_second))
         .map_or(0, |(i, _)| i);
     Ok(report)
+}
+
+/// The file of Pushy's client: the first `count` deliveries of `plan` under
+/// `ids` as the engine sends them (device token, collapse id, body), in the
+/// plan's order.
+fn write_pushes(plan: &Plan, ids: RunIds, count: u64, path: &Path) -> anyhow::Result<()> {
+    pushy::write_pushes(
+        path,
+        (0..count).map(|index| {
+            let (envelope, slot) = plan.delivery_at(index);
+            let topic = plan.topic_of_envelope(envelope);
+            let recipient = plan.subscriber(topic, slot);
+            // Synthetic sequence ids, as the ceiling's: envelope e is e + 1.
+            let (collapse_id, body) = ceiling::apns_body(ids, topic, envelope + 1);
+            (hex::encode(ids.recipient_id(recipient)), collapse_id, body)
+        }),
+    )
 }
 
 /// `--apns-server pushy` runs an apns scenario without faults or latency:
@@ -583,7 +601,7 @@ async fn execute_inner(
             check_pushy_scenario(scenario)?;
             progress.phase("building the Pushy peer (loadtest/pushy)", 0);
             let classpath = tokio::task::spawn_blocking(pushy::ensure_built).await??;
-            ApnsPeer::Pushy { classpath, threads: args.pushy_server_threads.max(1) }
+            ApnsPeer::Pushy { classpath, threads: args.pushy_server_threads.max(1), warmup: args.pushy_warmup }
         }
     };
 
@@ -831,9 +849,11 @@ async fn execute_inner(
         apns_server: match (&peer, scenario.channel) {
             (_, channel) if channel != ScenarioChannel::Apns => None,
             (ApnsPeer::Rust, _) => Some("rust".into()),
-            (ApnsPeer::Pushy { threads, .. }, _) => {
-                Some(format!("pushy (validating MockApnsServer, {threads} event-loop thread(s))"))
-            }
+            (ApnsPeer::Pushy { threads, warmup, .. }, _) => Some(format!(
+                "pushy (validating MockApnsServer, {threads} event-loop thread(s), each warmed up by {} pushes of \
+                 Pushy's client)",
+                (*warmup).min(expected_all)
+            )),
         },
         pushy: pushy_client,
         ratio_pushy,

@@ -13,7 +13,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -30,6 +30,8 @@ use super::engine_process::{APNS_BUNDLE_ID, APNS_KEY_ID, APNS_TEAM_ID};
 
 /// How long the server may take to print its port (JVM start, TLS setup).
 const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the server's lines may lag behind the answers (it flushes every 20 ms).
+const LINES_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the server may take to flush and exit once its stdin closed.
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Maven's first build downloads Pushy and Netty.
@@ -202,13 +204,16 @@ pub struct PushyServer {
     reader: JoinHandle<()>,
     stderr: JoinHandle<String>,
     pub counts: Arc<ServerCounts>,
+    /// Lines go to the collector only from the end of the warm-up on.
+    forward: Arc<AtomicBool>,
 }
 
 impl PushyServer {
     /// Starts the server with `threads` event-loop threads, trusting the
     /// provider key of `files` for the harness's team and key ids, with
-    /// its devices registered for the bundle id. Every line goes to
-    /// `collector` when given (the engine's phase), else is only counted.
+    /// its devices registered for the bundle id. Every line is counted, and
+    /// goes to `collector` when given (the engine's phase) once
+    /// [`PushyServer::warm_up`] is done.
     pub async fn start(
         classpath: &Classpath,
         files: &PushyFiles,
@@ -247,8 +252,9 @@ impl PushyServer {
             }
         };
         let counts = Arc::new(ServerCounts::default());
+        let forward = Arc::new(AtomicBool::new(false));
         let reader = {
-            let counts = counts.clone();
+            let (counts, forward) = (counts.clone(), forward.clone());
             tokio::spawn(async move {
                 let mut line = String::new();
                 loop {
@@ -257,10 +263,11 @@ impl PushyServer {
                         Ok(0) | Err(_) => break,
                         Ok(_) => {}
                     }
+                    let collector = collector.as_ref().filter(|_| forward.load(Ordering::Acquire));
                     match parse_line(line.trim_end_matches(['\n', '\r'])) {
                         Some(Line::Accepted { token, payload }) => {
                             counts.accepted.fetch_add(1, Ordering::Relaxed);
-                            if let Some(c) = &collector {
+                            if let Some(c) = collector {
                                 c.apns_accepted(token, payload.as_bytes());
                             }
                         }
@@ -268,14 +275,14 @@ impl PushyServer {
                             counts.rejected.fetch_add(1, Ordering::Relaxed);
                             let mut first = counts.first_rejection.lock().unwrap_or_else(|p| p.into_inner());
                             first.get_or_insert_with(|| reason.to_owned());
-                            if let Some(c) = &collector {
+                            if let Some(c) = collector {
                                 c.apns_rejected(reason);
                             }
                         }
                         Some(Line::Port(_)) | None => {
                             // Unreadable: counted against the run, which then fails.
                             counts.garbled.fetch_add(1, Ordering::Relaxed);
-                            if let Some(c) = &collector {
+                            if let Some(c) = collector {
                                 c.apns_rejected("UNREADABLE_LINE");
                             }
                         }
@@ -283,7 +290,45 @@ impl PushyServer {
                 }
             })
         };
-        Ok(PushyServer { child, stdin, port, reader, stderr, counts })
+        Ok(PushyServer { child, stdin, port, reader, stderr, counts, forward })
+    }
+
+    /// Warms the server up before the measured traffic: Pushy's client
+    /// sends `warmup` pushes of `pushes_file` (devices of this server) so
+    /// the JVM has compiled the server's path, as in Pushy's own runs,
+    /// where its warm-up goes to the same server. Their lines are counted,
+    /// not given to the collector; every later line is. Fails when one was
+    /// rejected.
+    pub async fn warm_up(
+        &self,
+        classpath: &Classpath,
+        files: &PushyFiles,
+        pushes_file: &Path,
+        warmup: u64,
+    ) -> anyhow::Result<()> {
+        if warmup > 0 {
+            let config = ClientConfig { connections: 2, in_flight: 1000, warmup, threads: 2 };
+            let result = run_client(classpath, files, self.port, pushes_file, config, false, START_TIMEOUT).await?;
+            let deadline = std::time::Instant::now() + LINES_TIMEOUT;
+            while self.counts.accepted.load(Ordering::Relaxed) < result.warmup_accepted
+                && std::time::Instant::now() < deadline
+            {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let (accepted, rejected) =
+                (self.counts.accepted.load(Ordering::Relaxed), self.counts.rejected.load(Ordering::Relaxed));
+            if result.warmup_accepted != warmup || accepted != warmup || rejected > 0 {
+                let first = self.counts.first_rejection.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                bail!(
+                    "warming Pushy's mock server up: {} of {warmup} pushes accepted by the client, {accepted} by \
+                     the server, {rejected} rejected{}",
+                    result.warmup_accepted,
+                    first.map(|f| format!(" (first: {f})")).unwrap_or_default()
+                );
+            }
+        }
+        self.forward.store(true, Ordering::Release);
+        Ok(())
     }
 
     pub fn port(&self) -> u16 {
@@ -401,7 +446,8 @@ pub fn write_pushes(path: &Path, pushes: impl Iterator<Item = (String, String, S
 
 /// Runs Pushy's client with `config` into a fresh server started from
 /// `files` (`server_threads` event-loop threads): the pushes of
-/// `pushes_file`, after a warm-up, bounded by `timeout`.
+/// `pushes_file`, after a warm-up (into the same server), bounded by
+/// `timeout`; the result carries the server's own counts too.
 pub async fn measure_client(
     classpath: &Classpath,
     files: &PushyFiles,
@@ -411,8 +457,33 @@ pub async fn measure_client(
     timeout: Duration,
 ) -> anyhow::Result<ClientResult> {
     let server = PushyServer::start(classpath, files, server_threads, None).await?;
+    let result = run_client(classpath, files, server.port(), pushes_file, config, true, timeout).await;
+    // Every line is read once the server has exited.
+    let counts = server.counts.clone();
+    server.shutdown().await;
+    let mut result = result?;
+    result.server_accepted = counts.accepted.load(Ordering::Relaxed);
+    result.server_rejected = counts.rejected.load(Ordering::Relaxed);
+    result.server_garbled = counts.garbled.load(Ordering::Relaxed);
+    if result.first_rejection.is_none() {
+        result.first_rejection = counts.first_rejection.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    }
+    Ok(result)
+}
+
+/// One run of Pushy's client into the server at `port`: the warm-up, then
+/// (when `measure`) every push of `pushes_file`.
+async fn run_client(
+    classpath: &Classpath,
+    files: &PushyFiles,
+    port: u16,
+    pushes_file: &Path,
+    config: ClientConfig,
+    measure: bool,
+    timeout: Duration,
+) -> anyhow::Result<ClientResult> {
     let mut command = java(classpath);
-    command.arg("client").args(["--port", &server.port().to_string()]);
+    command.arg("client").args(["--port", &port.to_string()]);
     command.arg("--ca").arg(files.path("ca.pem")).arg("--signing-key").arg(files.path("apns-key.p8"));
     command.args(["--team-id", APNS_TEAM_ID, "--key-id", APNS_KEY_ID, "--bundle-id", APNS_BUNDLE_ID]);
     command.arg("--pushes").arg(pushes_file);
@@ -427,6 +498,8 @@ pub async fn measure_client(
         &config.warmup.to_string(),
         "--timeout-seconds",
         &timeout.as_secs().max(1).to_string(),
+        "--measure",
+        if measure { "1" } else { "0" },
     ]);
     let child = command
         .stdin(Stdio::null())
@@ -436,24 +509,15 @@ pub async fn measure_client(
         .spawn()
         .context("starting Pushy's client (java)")?;
     // The client bounds its own sends by `timeout`; this bounds the JVM.
-    let output = tokio::time::timeout(timeout + START_TIMEOUT, child.wait_with_output()).await;
-    let counts = server.counts.clone();
-    server.shutdown().await;
-    let output = output.context("Pushy's client did not finish in time")??;
+    let output = tokio::time::timeout(timeout + START_TIMEOUT, child.wait_with_output())
+        .await
+        .context("Pushy's client did not finish in time")??;
     let stdout = String::from_utf8_lossy(&output.stdout);
     if !output.status.success() {
         bail!("Pushy's client failed ({}): {stdout}{}", output.status, String::from_utf8_lossy(&output.stderr));
     }
     let line = stdout.lines().rev().find(|l| l.starts_with('{')).context("no result line from Pushy's client")?;
-    let mut result: ClientResult =
-        serde_json::from_str(line).with_context(|| format!("reading Pushy's client's result {line:?}"))?;
-    result.server_accepted = counts.accepted.load(Ordering::Relaxed);
-    result.server_rejected = counts.rejected.load(Ordering::Relaxed);
-    result.server_garbled = counts.garbled.load(Ordering::Relaxed);
-    if result.first_rejection.is_none() {
-        result.first_rejection = counts.first_rejection.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    }
-    Ok(result)
+    serde_json::from_str(line).with_context(|| format!("reading Pushy's client's result {line:?}"))
 }
 
 /// The comparison in the report: every configuration tried, and the best.

@@ -60,7 +60,8 @@ import java.util.concurrent.atomic.AtomicReference;
  *       a buffer flushed every {@code --flush-ms} (not per line: this process's CPU is the measured peer's). Exits when
  *       stdin closes.</li>
  *   <li>{@code client}: Pushy's {@link ApnsClient} sending the pushes of a file ({@code <token> <collapse id> <body>}
- *       per line) with a bounded number in flight, after a warm-up; prints one JSON line with its rate and CPU.</li>
+ *       per line) with a bounded number in flight, after a warm-up; prints one JSON line with its rate and CPU.
+ *       With {@code --measure 0} it sends the warm-up alone.</li>
  * </ul>
  *
  * Options are {@code --name value}; see {@code usage()}. Nothing secret is printed.
@@ -93,7 +94,7 @@ public final class PushyBench {
                 + " [--flush-ms 20]\n"
                 + "       PushyBench client --port P --ca PEM --signing-key P8 --team-id T --key-id K --bundle-id B"
                 + " --pushes FILE [--connections 1] [--in-flight 1000] [--threads N] [--warmup 10000]"
-                + " [--timeout-seconds 600]");
+                + " [--timeout-seconds 600] [--measure 1]");
         System.exit(2);
     }
 
@@ -284,7 +285,9 @@ public final class PushyBench {
         final com.sun.management.OperatingSystemMXBean os =
                 (com.sun.management.OperatingSystemMXBean) ManagementFactory.getOperatingSystemMXBean();
         final long cpuBefore = os.getProcessCpuTime();
-        final Batch batch = send(client, pushes, inFlight, timeoutSeconds);
+        // --measure 0: the warm-up alone (the harness warms a server up before another client's traffic).
+        final List<SimpleApnsPushNotification> measured = o.integer("measure", 1) != 0 ? pushes : List.of();
+        final Batch batch = send(client, measured, inFlight, timeoutSeconds);
         final long cpuAfter = os.getProcessCpuTime();
         client.close().get(10, TimeUnit.SECONDS);
         group.shutdownGracefully(0, 1, TimeUnit.SECONDS).await(5, TimeUnit.SECONDS);
@@ -298,7 +301,7 @@ public final class PushyBench {
                 + ",\"threads\":" + threads
                 + ",\"warmup\":" + warmup
                 + ",\"warmup_accepted\":" + warm.accepted
-                + ",\"pushes\":" + pushes.size()
+                + ",\"pushes\":" + measured.size()
                 + ",\"accepted\":" + batch.accepted
                 + ",\"rejected\":" + batch.rejected
                 + ",\"unanswered\":" + batch.unanswered
