@@ -979,16 +979,7 @@ mod tests {
     /// run it.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn apns_smoke_scenario_into_pushy() {
-        let tools = ["java", "mvn"].iter().all(|t| {
-            std::process::Command::new(t)
-                .arg("-version")
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-        });
-        if !tools && std::env::var_os("CI").is_none() {
-            eprintln!("skipped: java or mvn is not installed");
+        if !pushy_tools() {
             return;
         }
         let binary = tokio::task::spawn_blocking(|| launcher::build_binary(false)).await.unwrap().unwrap();
@@ -1026,6 +1017,65 @@ mod tests {
             serde_json::from_str(&std::fs::read_to_string(out.path().join("report.json")).unwrap()).unwrap();
         assert!(json["ratio_pushy"].as_f64().is_some_and(|r| r > 0.0));
         assert_eq!(json["pushy"]["runs"].as_array().map(Vec::len), Some(2));
+    }
+
+    /// Java and Maven are here, or the test must run anyway (CI installs them).
+    fn pushy_tools() -> bool {
+        let found = ["java", "mvn"].iter().all(|t| {
+            std::process::Command::new(t)
+                .arg("-version")
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        });
+        if !found && std::env::var_os("CI").is_none() {
+            eprintln!("skipped: java or mvn is not installed");
+            return false;
+        }
+        true
+    }
+
+    /// Pushy's server as an apns scenario's receiver verifies every provider
+    /// token, signed as the engine signs (JWS R || S): the run's key is
+    /// accepted and reaches the collector as a delivery; another key's is
+    /// rejected (INVALID_PROVIDER_TOKEN) and counted with the bad
+    /// signatures, so a run would fail.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn pushy_server_verifies_every_provider_token() {
+        if !pushy_tools() {
+            return;
+        }
+        let scenario =
+            Scenario::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/apns-smoke.toml")).unwrap();
+        let plan = Arc::new(Plan::new(&scenario));
+        let ids = RunIds::fresh();
+        let collector = Collector::new(plan.clone(), ids, Faults::default());
+        let classpath = tokio::task::spawn_blocking(pushy::ensure_built).await.unwrap().unwrap();
+        let peer = ApnsPeer::Pushy { classpath, threads: 1, warmup: 20 };
+        let pki = TestPki::generate(&[]).unwrap();
+        let receivers = Receivers::start(&pki, &scenario, &collector, &peer).await.unwrap();
+        let targets = receivers.targets(&plan, ids).unwrap();
+        collector.envelope_published(plan.topic_of_envelope(0), 1, Instant::now());
+        let client = ceiling::client(&pki);
+        let good = client.request(ceiling::request(&plan, ids, &targets, 0)).await.unwrap();
+        assert_eq!(good.status(), 200);
+        let other = ApnsTestKey::generate().unwrap();
+        let jwt = other.provider_token(
+            APNS_KEY_ID,
+            APNS_TEAM_ID,
+            SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs(),
+        );
+        let forged = Targets {
+            apns_authorization: Some(http::HeaderValue::try_from(format!("bearer {}", jwt.unwrap())).unwrap()),
+            ..receivers.targets(&plan, ids).unwrap()
+        };
+        let refused = client.request(ceiling::request(&plan, ids, &forged, 1)).await.unwrap();
+        assert_eq!(refused.status(), 403);
+        receivers.shutdown().await; // every line read
+        let s = collector.summary();
+        assert_eq!((s.delivered, s.bad_signatures, s.unexpected), (1, 1, 0), "{s:?}");
+        assert_eq!(s.statuses.get(&403), Some(&1));
     }
 
     /// `--apns-server pushy` is refused, with the reason, for a scenario
