@@ -51,6 +51,9 @@ pub struct Classpath(String);
 /// Builds the Maven project when its jar is missing or older than its
 /// sources; a clear error when `mvn` or `java` is not installed.
 pub fn ensure_built() -> anyhow::Result<Classpath> {
+    // One build at a time in this process (tests run side by side).
+    static BUILDING: Mutex<()> = Mutex::new(());
+    let _building = BUILDING.lock().unwrap_or_else(|p| p.into_inner());
     let dir = project_dir();
     let jar = dir.join("target/pushy-bench.jar");
     let lib = dir.join("target/lib");
