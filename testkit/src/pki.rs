@@ -106,6 +106,17 @@ impl TestPki {
         &self.ca_pem
     }
 
+    /// The server certificate and then the CA, PEM encoded: the chain a
+    /// server outside this process presents (the harness's Pushy server).
+    pub fn server_cert_chain_pem(&self) -> String {
+        pem("CERTIFICATE", &self.server_cert_der) + &self.ca_pem
+    }
+
+    /// The server certificate's private key, PEM PKCS#8 (`PRIVATE KEY`).
+    pub fn server_key_pkcs8_pem(&self) -> String {
+        pem("PRIVATE KEY", self.server_key_der.secret_pkcs8_der())
+    }
+
     /// Writes the CA certificate as PEM to `path` (the engine's extra-roots file).
     pub fn write_ca(&self, path: &Path) -> anyhow::Result<()> {
         std::fs::write(path, &self.ca_pem).with_context(|| format!("writing CA certificate to {}", path.display()))
@@ -147,6 +158,18 @@ impl TestPki {
     }
 }
 
+/// RFC 7468 text encoding: base64 in lines of 64 between the labels.
+fn pem(label: &str, der: &[u8]) -> String {
+    use base64::Engine as _;
+    let body = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut out = format!("-----BEGIN {label}-----\n");
+    for line in body.as_bytes().chunks(64) {
+        out.push_str(std::str::from_utf8(line).expect("base64 is ASCII"));
+        out.push('\n');
+    }
+    out + &format!("-----END {label}-----\n")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -168,6 +191,18 @@ mod tests {
         assert_eq!(server.alpn_protocols, vec![b"h2".to_vec()]);
         let client = pki.client_config();
         assert_eq!(client.alpn_protocols.len(), 2);
+    }
+
+    #[test]
+    fn server_chain_and_key_as_pem() {
+        let pki = TestPki::generate(&[]).unwrap();
+        let chain = pki.server_cert_chain_pem();
+        let certs: Vec<_> = rustls_pemfile::certs(&mut chain.as_bytes()).collect::<Result<_, _>>().unwrap();
+        assert_eq!(certs, vec![pki.server_cert_der.clone(), pki.ca_der.clone()]);
+        let key = pki.server_key_pkcs8_pem();
+        assert!(key.starts_with("-----BEGIN PRIVATE KEY-----\n") && key.lines().all(|l| l.len() <= 64));
+        let parsed = rustls_pemfile::pkcs8_private_keys(&mut key.as_bytes()).next().unwrap().unwrap();
+        assert_eq!(parsed.secret_pkcs8_der(), pki.server_key_der.secret_pkcs8_der());
     }
 
     #[test]

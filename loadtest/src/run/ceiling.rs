@@ -140,18 +140,26 @@ fn apns_request(
     seq: u64,
     recipient: u32,
 ) -> http::Request<Bytes> {
-    let topic = BASE64.encode(ids.topic(topic));
-    let body = format!(r#"{{"aps":{{"content-available":1}},"topic":"{topic}","sequence_id":"{seq}"}}"#);
+    let (collapse_id, body) = apns_body(ids, topic, seq);
     let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     http::Request::post(format!("{base}/3/device/{}", hex::encode(ids.recipient_id(recipient))))
         .header(http::header::AUTHORIZATION, authorization.clone())
         .header("apns-topic", APNS_BUNDLE_ID)
         .header("apns-push-type", "background")
         .header("apns-priority", "5")
-        .header("apns-collapse-id", fit_collapse_id(&topic).as_ref())
+        .header("apns-collapse-id", collapse_id)
         .header("apns-expiration", PushLifetime::DEFAULT.expires_at(now))
         .body(Bytes::from(body))
         .expect("valid request")
+}
+
+/// The `apns-collapse-id` and body the engine sends for envelope `seq` of
+/// topic `topic` (PUSH-259, `channel::apns::request::apns_body`): the
+/// topic in base64, fitted to APNs's 64 bytes, and the wake-up body.
+pub(super) fn apns_body(ids: RunIds, topic: u32, seq: u64) -> (String, String) {
+    let topic = BASE64.encode(ids.topic(topic));
+    let body = format!(r#"{{"aps":{{"content-available":1}},"topic":"{topic}","sequence_id":"{seq}"}}"#);
+    (fit_collapse_id(&topic).into_owned(), body)
 }
 
 /// The Web Push request for the same delivery, made by the engine's code

@@ -239,6 +239,15 @@ impl Collector {
         })
     }
 
+    /// The identity space this collector accounts for.
+    pub fn ids(&self) -> RunIds {
+        self.ids
+    }
+
+    pub fn plan(&self) -> &Arc<Plan> {
+        &self.plan
+    }
+
     /// The hook to install on the mock receivers.
     pub fn hook(self: &Arc<Self>) -> RequestHook {
         let me = self.clone();
@@ -350,10 +359,41 @@ impl Collector {
     /// An APNs request (PUSH-259): the recipient from the device token (its
     /// id in hex), the envelope from the body's topic and sequence id.
     fn parse_apns(&self, req: &ApnsHookRequest<'_>) -> Option<Arrival> {
-        let body: Body<'_> = serde_json::from_slice(req.body).ok()?;
+        self.apns_arrival(req.token, req.body)
+    }
+
+    /// The delivery a push to device `token` with `body` is for.
+    fn apns_arrival(&self, token: &str, body: &[u8]) -> Option<Arrival> {
+        let body: Body<'_> = serde_json::from_slice(body).ok()?;
         let (topic, seq) = self.envelope_of(&body)?;
-        let recipient = self.ids.recipient_index(&hex::decode(req.token).ok()?)?;
+        let recipient = self.ids.recipient_index(&hex::decode(token).ok()?)?;
         Some(Arrival { topic, seq, recipient })
+    }
+
+    /// A push Pushy's mock APNs accepted (`--apns-server pushy`): it
+    /// verified the provider token, so only the delivery is checked here.
+    /// The answer is already given (200): the scenario has no faults.
+    pub fn apns_accepted(&self, token: &str, body: &[u8]) {
+        match self.apns_arrival(token, body) {
+            Some(arrival) => {
+                self.arrive(arrival, Instant::now());
+            }
+            None => {
+                self.refused(false, 200);
+            }
+        }
+    }
+
+    /// A push Pushy's mock APNs rejected, with its reason (e.g.
+    /// `INVALID_PROVIDER_TOKEN`): counted with the bad signatures, so the run
+    /// fails.
+    pub fn apns_rejected(&self, reason: &str) {
+        let status = match reason {
+            r if r.contains("PROVIDER_TOKEN") || r == "FORBIDDEN" => 403,
+            "INTERNAL_SERVER_ERROR" => 500,
+            _ => 400,
+        };
+        self.refused(true, status);
     }
 
     /// The (topic index, sequence id) a PUSH-259 body names.
@@ -637,6 +677,43 @@ mod tests {
         assert_eq!(s.missing_examples.len(), 2);
         // The early arrival counts as zero latency, the others 9-10 ms.
         assert_eq!(s.latency.max_ms.round(), 10.0);
+    }
+
+    /// `--apns-server pushy`: Pushy's accepted lines count as deliveries,
+    /// a push for no expected delivery as unexpected, a rejection as a bad
+    /// signature (the run fails).
+    #[test]
+    fn pushy_lines_are_accounted() {
+        let plan = Arc::new(Plan::new(
+            &Scenario::parse(
+                r#"
+                name = "t"
+                channel = "apns"
+                recipients = 5
+                topics = [{ count = 2, subscribers = 3 }]
+                [envelopes]
+                per_topic = 1
+                "#,
+            )
+            .unwrap(),
+        ));
+        let ids = RunIds::from_seed(11);
+        let c = Collector::new(plan.clone(), ids, Faults::default());
+        c.envelope_published(0, 1, Instant::now());
+        let body = |topic: u32, seq: u64| crate::run::ceiling::apns_body(ids, topic, seq).1;
+        let token = |r: u32| hex::encode(ids.recipient_id(r));
+        for r in 0..3 {
+            c.apns_accepted(&token(r), body(0, 1).as_bytes());
+        }
+        c.apns_accepted(&token(0), body(0, 1).as_bytes()); // a duplicate
+        c.apns_accepted(&token(4), body(0, 1).as_bytes()); // not a subscriber of topic 0
+        c.apns_accepted("00", body(0, 1).as_bytes()); // not a recipient of this run
+        c.apns_rejected("INVALID_PROVIDER_TOKEN");
+        c.apns_rejected("BAD_COLLAPSE_ID");
+        let s = c.summary();
+        assert_eq!((s.expected, s.delivered, s.missing, s.duplicates), (3, 3, 0, 1));
+        assert_eq!((s.unexpected, s.bad_signatures, s.attempts), (2, 2, 8));
+        assert_eq!((s.statuses.get(&403), s.statuses.get(&400)), (Some(&1), Some(&2)));
     }
 
     #[test]

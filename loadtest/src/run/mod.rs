@@ -10,6 +10,7 @@
 //! - [`collector`]: the receiver-side accounting (missing, duplicates, latency)
 //! - [`ceiling`]: the bare HTTP/2 client with no engine in between
 //! - [`h2load`]: the independent ceiling, nghttp2's h2load into the same receivers
+//! - [`pushy`]: apns scenarios into Pushy's mock APNs, and Pushy's client into it
 //! - [`report`], [`svg`], [`progress`]: the outputs
 
 pub mod ceiling;
@@ -19,6 +20,7 @@ pub mod engine_process;
 pub mod h2load;
 pub mod ids;
 pub mod progress;
+pub mod pushy;
 pub mod report;
 pub mod scenario;
 pub mod svg;
@@ -114,7 +116,49 @@ pub struct RunArgs {
     /// a keyspace made for the run (fanout_loadtest_<random>, left behind).
     #[arg(long, value_delimiter = ',', conflicts_with_all = ["engine_grpc", "data_dir"])]
     pub scylla_nodes: Vec<String>,
+    /// apns scenarios: the APNs peer. `rust` is the harness's own mock;
+    /// `pushy` is Pushy's validating MockApnsServer (Java, built from
+    /// loadtest/pushy with Maven when needed), used by every phase of the
+    /// run, and Pushy's own APNs client is measured into a fresh one of them
+    /// before the engine starts (see docs/BENCHMARKS.md).
+    #[arg(long, value_enum, default_value_t = ApnsServer::Rust)]
+    pub apns_server: ApnsServer,
+    /// With --apns-server pushy: skip Pushy's client (only the engine into Pushy's server).
+    #[arg(long)]
+    pub no_pushy_client: bool,
+    /// With --apns-server pushy: the connection counts Pushy's client is run
+    /// with, one measurement each; the report compares against the best.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+    pub pushy_connections: Vec<usize>,
+    /// With --apns-server pushy: pushes Pushy's client keeps in flight (a
+    /// semaphore; default the engine's `max_in_flight` default).
+    #[arg(long, default_value_t = DEFAULT_PUSHY_IN_FLIGHT)]
+    pub pushy_in_flight: usize,
+    /// With --apns-server pushy: pushes Pushy's client sends before the
+    /// measured ones (JIT warm-up), at most the measured count.
+    #[arg(long, default_value_t = DEFAULT_PUSHY_WARMUP)]
+    pub pushy_warmup: u64,
+    /// With --apns-server pushy: the server's Netty event-loop threads, in
+    /// every phase.
+    #[arg(long, default_value_t = DEFAULT_PUSHY_SERVER_THREADS)]
+    pub pushy_server_threads: usize,
 }
+
+/// The APNs peer of an apns scenario (`--apns-server`).
+#[derive(clap::ValueEnum, Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ApnsServer {
+    /// The harness's mock APNs (fanout-testkit, Rust).
+    #[default]
+    Rust,
+    /// Pushy's validating MockApnsServer (Java).
+    Pushy,
+}
+
+/// The engine's default `max_in_flight` for APNs.
+const DEFAULT_PUSHY_IN_FLIGHT: usize = 1000;
+const DEFAULT_PUSHY_WARMUP: u64 = 10_000;
+/// The machine's cores (2 here): the Rust mock's runtime uses them all too.
+const DEFAULT_PUSHY_SERVER_THREADS: usize = 2;
 
 /// `fanout-loadtest ceiling`.
 #[derive(clap::Args, Debug, Clone)]
@@ -153,7 +197,7 @@ pub async fn ceiling_command(args: CeilingArgs) -> anyhow::Result<()> {
     let printer = progress.spawn_printer();
     let requests = args.requests.unwrap_or_else(|| ceiling_requests(&scenario, &plan));
     let concurrency = args.concurrency.unwrap_or(scenario.ceiling.concurrency);
-    let result = measure_ceiling(&pki, &scenario, &plan, requests, concurrency, &progress).await;
+    let result = measure_ceiling(&pki, &ApnsPeer::Rust, &scenario, &plan, requests, concurrency, &progress).await;
     printer.abort();
     let result = result?;
     progress.say("");
@@ -188,14 +232,59 @@ fn ceiling_requests(scenario: &Scenario, plan: &Plan) -> u64 {
 /// Web Push service with the VAPID key it expects.
 enum Receivers {
     Webhooks(Vec<MockWebhook>),
-    Apns { mock: MockApns, key: ApnsTestKey },
-    WebPush { mock: MockWebPush, key: VapidTestKey },
+    Apns {
+        mock: MockApns,
+        key: ApnsTestKey,
+    },
+    /// `--apns-server pushy`: Pushy's server, its lines fed to the collector.
+    Pushy {
+        server: Box<pushy::PushyServer>,
+        key: ApnsTestKey,
+        _files: pushy::PushyFiles,
+    },
+    WebPush {
+        mock: MockWebPush,
+        key: VapidTestKey,
+    },
+}
+
+/// Which APNs peer the phases of an apns scenario start.
+#[derive(Debug, Clone)]
+enum ApnsPeer {
+    Rust,
+    /// `warmup`: pushes of Pushy's client into each server before its measured traffic.
+    Pushy {
+        classpath: pushy::Classpath,
+        threads: usize,
+        warmup: u64,
+    },
 }
 
 impl Receivers {
     /// Starts them with `collector` as their hook; they keep no requests.
-    async fn start(pki: &TestPki, scenario: &Scenario, collector: &Arc<Collector>) -> anyhow::Result<Receivers> {
+    async fn start(
+        pki: &TestPki,
+        scenario: &Scenario,
+        collector: &Arc<Collector>,
+        peer: &ApnsPeer,
+    ) -> anyhow::Result<Receivers> {
         let latency = Duration::from_millis(scenario.mock.latency_ms);
+        if let (ScenarioChannel::Apns, ApnsPeer::Pushy { classpath, threads, warmup }) = (scenario.channel, peer) {
+            // Every device of the plan registered for the bundle id, the
+            // run's provider key trusted: Pushy verifies every push.
+            let key = ApnsTestKey::generate()?;
+            let (plan, ids) = (collector.plan(), collector.ids());
+            let tokens = (0..plan.recipients).map(|r| hex::encode(ids.recipient_id(r)));
+            let files = pushy::PushyFiles::write(pki, &key, tokens)?;
+            let server = pushy::PushyServer::start(classpath, &files, *threads, Some(collector.clone())).await?;
+            // Warmed up as the server of Pushy's own measurement is by its
+            // warm-up, so no phase meets a cold JVM.
+            let warmup = (*warmup).min(plan.expected_deliveries(plan.envelopes));
+            let warmup_file = files.path("warmup.txt");
+            write_pushes(plan, ids, warmup, &warmup_file)?;
+            server.warm_up(classpath, &files, &warmup_file, warmup).await?;
+            return Ok(Receivers::Pushy { server: Box::new(server), key, _files: files });
+        }
         if scenario.channel == ScenarioChannel::Apns {
             let key = ApnsTestKey::generate()?;
             let config = MockApnsConfig {
@@ -235,6 +324,7 @@ impl Receivers {
         match self {
             Receivers::Webhooks(mocks) => mocks.iter().map(|m| m.url("/hook")).collect(),
             Receivers::Apns { mock, .. } => vec![mock.base_url()],
+            Receivers::Pushy { server, .. } => vec![server.base_url()],
             Receivers::WebPush { mock, .. } => vec![mock.base_url()],
         }
     }
@@ -249,7 +339,7 @@ impl Receivers {
         };
         let apns_authorization = match self {
             Receivers::Webhooks(_) | Receivers::WebPush { .. } => None,
-            Receivers::Apns { key, .. } => {
+            Receivers::Apns { key, .. } | Receivers::Pushy { key, .. } => {
                 let iat = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
                 let jwt = key.provider_token(APNS_KEY_ID, APNS_TEAM_ID, iat)?;
                 let mut value = http::HeaderValue::try_from(format!("bearer {jwt}"))?;
@@ -263,7 +353,7 @@ impl Receivers {
     /// What the mock APNs read on the wire.
     fn wire(&self) -> Option<WireCounts> {
         match self {
-            Receivers::Webhooks(_) | Receivers::WebPush { .. } => None,
+            Receivers::Webhooks(_) | Receivers::WebPush { .. } | Receivers::Pushy { .. } => None,
             Receivers::Apns { mock, .. } => Some(mock.wire()),
         }
     }
@@ -276,6 +366,7 @@ impl Receivers {
                 }
             }
             Receivers::Apns { mock, .. } => mock.shutdown().await,
+            Receivers::Pushy { server, .. } => server.shutdown().await,
             Receivers::WebPush { mock, .. } => mock.shutdown().await,
         }
     }
@@ -283,6 +374,7 @@ impl Receivers {
 
 async fn measure_ceiling(
     pki: &TestPki,
+    peer: &ApnsPeer,
     scenario: &Scenario,
     plan: &Arc<Plan>,
     requests: u64,
@@ -293,7 +385,7 @@ async fn measure_ceiling(
     // work at the receiver as in the engine run.
     let ids = RunIds::fresh();
     let collector = Collector::new(plan.clone(), ids, Faults::default());
-    let receivers = Receivers::start(pki, scenario, &collector).await?;
+    let receivers = Receivers::start(pki, scenario, &collector, peer).await?;
     let targets = receivers.targets(plan, ids)?;
     let result = ceiling::run(pki, plan, ids, targets, &collector, requests, concurrency, progress).await;
     let wire = receivers.wire();
@@ -306,6 +398,7 @@ async fn measure_ceiling(
 /// the bare ceiling's concurrency split over `connections` per receiver.
 async fn measure_h2load(
     pki: &TestPki,
+    peer: &ApnsPeer,
     scenario: &Scenario,
     plan: &Arc<Plan>,
     requests: u64,
@@ -314,7 +407,7 @@ async fn measure_h2load(
 ) -> anyhow::Result<h2load::H2loadResult> {
     let ids = RunIds::fresh();
     let collector = Collector::new(plan.clone(), ids, Faults::default());
-    let receivers = Receivers::start(pki, scenario, &collector).await?;
+    let receivers = Receivers::start(pki, scenario, &collector, peer).await?;
     let targets = receivers.targets(plan, ids)?;
     collector.envelope_published(plan.topic_of_envelope(0), 1, Instant::now());
     let connections = connections.max(1);
@@ -324,6 +417,98 @@ async fn measure_h2load(
     let result = h2load::run(request, &targets.urls, requests, connections, streams).await;
     receivers.shutdown().await;
     result
+}
+
+/// Pushy's client into fresh Pushy servers, once per connection count of
+/// `args`: the run's first `requests` deliveries as the engine sends them
+/// (device token, collapse id, body; the order of the plan), after a warm-up.
+async fn measure_pushy(
+    args: &RunArgs,
+    classpath: &pushy::Classpath,
+    pki: &TestPki,
+    scenario: &Scenario,
+    plan: &Arc<Plan>,
+    requests: u64,
+    progress: &Arc<Progress>,
+) -> anyhow::Result<pushy::PushyReport> {
+    let ids = RunIds::fresh();
+    let key = ApnsTestKey::generate()?;
+    let files = pushy::PushyFiles::write(pki, &key, (0..plan.recipients).map(|r| hex::encode(ids.recipient_id(r))))?;
+    let pushes_file = files.path("pushes.txt");
+    write_pushes(plan, ids, requests, &pushes_file)?;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut connections = args.pushy_connections.clone();
+    if connections.is_empty() {
+        connections = vec![1, 2, 4];
+    }
+    let mut report = pushy::PushyReport { server_threads: args.pushy_server_threads.max(1), ..Default::default() };
+    for c in connections {
+        let config = pushy::ClientConfig {
+            connections: c.max(1),
+            in_flight: args.pushy_in_flight.max(1),
+            warmup: args.pushy_warmup.min(requests),
+            threads: c.clamp(1, cores),
+        };
+        progress.phase(&format!("pushy client, {} connection(s)", config.connections), 0);
+        let result = pushy::measure_client(
+            classpath,
+            &files,
+            &pushes_file,
+            report.server_threads,
+            config,
+            scenario.drain_timeout(),
+        )
+        .await?;
+        progress.say(&format!(
+            "pushy client: {:.0} pushes/s with {} connection(s), {} in flight ({} accepted, {} rejected)",
+            result.pushes_per_second, result.connections, result.in_flight, result.accepted, result.rejected
+        ));
+        report.runs.push(result);
+    }
+    report.best = report
+        .runs
+        .iter()
+        .enumerate()
+        .max_by(|a, b| a.1.pushes_per_second.total_cmp(&b.1.pushes_per_second))
+        .map_or(0, |(i, _)| i);
+    Ok(report)
+}
+
+/// The file of Pushy's client: the first `count` deliveries of `plan` under
+/// `ids` as the engine sends them (device token, collapse id, body), in the
+/// plan's order.
+fn write_pushes(plan: &Plan, ids: RunIds, count: u64, path: &Path) -> anyhow::Result<()> {
+    pushy::write_pushes(
+        path,
+        (0..count).map(|index| {
+            let (envelope, slot) = plan.delivery_at(index);
+            let topic = plan.topic_of_envelope(envelope);
+            let recipient = plan.subscriber(topic, slot);
+            // Synthetic sequence ids, as the ceiling's: envelope e is e + 1.
+            let (collapse_id, body) = ceiling::apns_body(ids, topic, envelope + 1);
+            (hex::encode(ids.recipient_id(recipient)), collapse_id, body)
+        }),
+    )
+}
+
+/// `--apns-server pushy` runs an apns scenario without faults or latency:
+/// Pushy's server answers every valid push 200 at once.
+fn check_pushy_scenario(scenario: &Scenario) -> anyhow::Result<()> {
+    if scenario.channel != ScenarioChannel::Apns {
+        bail!(
+            "--apns-server pushy is for apns scenarios (channel = \"apns\"); scenario {} has channel {:?}",
+            scenario.name,
+            scenario.channel
+        );
+    }
+    if scenario.faults.any() || scenario.mock.latency_ms > 0 {
+        bail!(
+            "--apns-server pushy: Pushy's mock server answers every valid push 200 without delay; scenario {} \
+             has faults or mock.latency_ms (use the harness's own mock, --apns-server rust)",
+            scenario.name
+        );
+    }
+    Ok(())
 }
 
 /// The engine: started here, or already running elsewhere.
@@ -409,10 +594,21 @@ async fn execute_inner(
         expected_all
     ));
 
+    // The APNs peer; Pushy's is built first if needed (Maven, minutes the first time).
+    let peer = match args.apns_server {
+        ApnsServer::Rust => ApnsPeer::Rust,
+        ApnsServer::Pushy => {
+            check_pushy_scenario(scenario)?;
+            progress.phase("building the Pushy peer (loadtest/pushy)", 0);
+            let classpath = tokio::task::spawn_blocking(pushy::ensure_built).await??;
+            ApnsPeer::Pushy { classpath, threads: args.pushy_server_threads.max(1), warmup: args.pushy_warmup }
+        }
+    };
+
     // 1. The ceiling, on an otherwise idle machine (no engine yet).
     let ceiling = if args.with_ceiling {
         let requests = ceiling_requests(scenario, plan);
-        let c = measure_ceiling(pki, scenario, plan, requests, scenario.ceiling.concurrency, progress).await?;
+        let c = measure_ceiling(pki, &peer, scenario, plan, requests, scenario.ceiling.concurrency, progress).await?;
         progress.say(&format!("ceiling: {:.0} requests/s over {} requests", c.requests_per_second, c.requests));
         Some(c)
     } else {
@@ -421,17 +617,25 @@ async fn execute_inner(
 
     let h2load = if args.with_h2load {
         let requests = ceiling_requests(scenario, plan);
-        let h = measure_h2load(pki, scenario, plan, requests, args.h2load_connections, progress).await?;
+        let h = measure_h2load(pki, &peer, scenario, plan, requests, args.h2load_connections, progress).await?;
         progress.say(&format!("h2load: {:.0} requests/s over {} requests", h.requests_per_second, h.requests));
         Some(h)
     } else {
         None
     };
 
+    // Pushy's client, as many pushes as the engine will send, into the same kind of server.
+    let pushy_client = match &peer {
+        ApnsPeer::Pushy { classpath, .. } if !args.no_pushy_client => {
+            Some(measure_pushy(args, classpath, pki, scenario, plan, expected_all, progress).await?)
+        }
+        _ => None,
+    };
+
     // 2. Receivers and engine.
     let ids = RunIds::fresh();
     let collector = Collector::new(plan.clone(), ids, scenario.faults.clone());
-    let receivers = Receivers::start(pki, scenario, &collector).await?;
+    let receivers = Receivers::start(pki, scenario, &collector, &peer).await?;
     let urls = receivers.urls();
     let store = Store::from_nodes(&args.scylla_nodes)?;
     if let Store::Scylla { .. } = &store {
@@ -467,7 +671,7 @@ async fn execute_inner(
                     key.write(&vapid_key_file).with_context(|| format!("writing {}", vapid_key_file.display()))?;
                     PushTarget::WebPush { vapid_key_file: &vapid_key_file }
                 }
-                Receivers::Apns { key, .. } => {
+                Receivers::Apns { key, .. } | Receivers::Pushy { key, .. } => {
                     key.write_p8(&key_file)?;
                     PushTarget::Apns { url: &urls[0], key_file: &key_file }
                 }
@@ -588,6 +792,11 @@ async fn execute_inner(
         .as_ref()
         .filter(|h| h.requests_per_second > 0.0)
         .map(|h| deliveries.deliveries_per_second / h.requests_per_second);
+    let ratio_pushy = pushy_client
+        .as_ref()
+        .and_then(|p| p.best())
+        .filter(|b| b.pushes_per_second > 0.0)
+        .map(|b| deliveries.deliveries_per_second / b.pushes_per_second);
     let f = &scenario.faults;
     let report = Report {
         scenario: scenario.name.clone(),
@@ -637,6 +846,17 @@ async fn execute_inner(
         ratio,
         h2load,
         ratio_h2load,
+        apns_server: match (&peer, scenario.channel) {
+            (_, channel) if channel != ScenarioChannel::Apns => None,
+            (ApnsPeer::Rust, _) => Some("rust".into()),
+            (ApnsPeer::Pushy { threads, warmup, .. }, _) => Some(format!(
+                "pushy (validating MockApnsServer, {threads} event-loop thread(s), each warmed up by {} pushes of \
+                 Pushy's client)",
+                (*warmup).min(expected_all)
+            )),
+        },
+        pushy: pushy_client,
+        ratio_pushy,
         wire: wire.map(WireReport::from),
     };
     Ok((report, engine))
@@ -669,6 +889,13 @@ mod tests {
         .unwrap();
         assert_eq!((cli.run.setup_concurrency, cli.run.batch_size), (Some(16), Some(1)));
         assert_eq!(cli.run.scylla_nodes, ["127.0.0.1:9042", "10.0.0.2:9042"]);
+        let pushy = Cli::try_parse_from(["run", "--scenario", "s.toml", "--apns-server", "pushy"]).unwrap();
+        assert_eq!(pushy.run.apns_server, ApnsServer::Pushy);
+        assert_eq!(pushy.run.pushy_connections, [1, 2, 4]);
+        assert_eq!((pushy.run.pushy_in_flight, pushy.run.pushy_warmup), (1000, 10_000));
+        let pushy = Cli::try_parse_from(["run", "--scenario", "s.toml", "--pushy-connections", "1,8"]).unwrap();
+        assert_eq!((pushy.run.apns_server, pushy.run.pushy_connections), (ApnsServer::Rust, vec![1, 8]));
+        assert!(Cli::try_parse_from(["run", "--scenario", "s.toml", "--apns-server", "java"]).is_err());
         let plain = Cli::try_parse_from(["run", "--scenario", "s.toml"]).unwrap();
         assert!(plain.run.scylla_nodes.is_empty() && plain.run.batch_size.is_none());
         // ScyllaDB is for an engine the harness starts, with no redb directory.
@@ -741,6 +968,134 @@ mod tests {
         let ceiling = report.ceiling.as_ref().unwrap();
         assert_eq!(ceiling.wire.map(|w| w.requests), Some(ceiling.requests));
         assert!(report.text().contains("bytes/request received"));
+    }
+
+    /// The APNs scenario into Pushy's validating MockApnsServer (issue 18):
+    /// the server verifies every provider token and device token and accepts
+    /// every push the engine sends, and Pushy's own client sends as many
+    /// into a fresh server, all accepted; the report has both rates and the
+    /// ratio. Needs Java and Maven (loadtest/pushy is built on first use):
+    /// skipped where they are missing, but CI (`.ci/run` installs them) must
+    /// run it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn apns_smoke_scenario_into_pushy() {
+        if !pushy_tools() {
+            return;
+        }
+        let binary = tokio::task::spawn_blocking(|| launcher::build_binary(false)).await.unwrap().unwrap();
+        let out = tempfile::tempdir().unwrap();
+        let args = RunArgs {
+            scenario: Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/apns-smoke.toml"),
+            engine_bin: Some(binary),
+            apns_server: ApnsServer::Pushy,
+            pushy_connections: vec![1, 2],
+            pushy_in_flight: DEFAULT_PUSHY_IN_FLIGHT,
+            pushy_warmup: 100,
+            pushy_server_threads: DEFAULT_PUSHY_SERVER_THREADS,
+            json_out: Some(out.path().join("report.json")),
+            ..RunArgs::default()
+        };
+        let report = execute(&args).await.unwrap();
+        eprintln!("{}", report.text());
+        assert!(report.passed, "{}", report.text());
+        let d = &report.deliveries;
+        assert_eq!((d.delivered, d.missing), (report.plan.expected_deliveries, 0));
+        assert_eq!((d.bad_signatures, d.unexpected), (0, 0), "Pushy's server rejected none of the engine's pushes");
+        assert_all_delivered_on(&report, "apns");
+        assert!(report.apns_server.as_deref().is_some_and(|p| p.starts_with("pushy")));
+        let pushy = report.pushy.as_ref().expect("Pushy's client was measured");
+        assert_eq!(pushy.runs.iter().map(|r| r.connections).collect::<Vec<_>>(), [1, 2]);
+        for run in &pushy.runs {
+            assert!(run.clean(), "{run:?}");
+            assert_eq!((run.pushes, run.accepted, run.warmup), (report.plan.expected_deliveries, run.pushes, 100));
+            assert_eq!(run.server_accepted, run.warmup_accepted + run.accepted);
+            assert!(run.pushes_per_second > 0.0 && run.cpu_seconds > 0.0, "{run:?}");
+        }
+        assert!(report.ratio_pushy.is_some_and(|r| r > 0.0));
+        assert!(report.text().contains("Pushy's best pushes/s"));
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.path().join("report.json")).unwrap()).unwrap();
+        assert!(json["ratio_pushy"].as_f64().is_some_and(|r| r > 0.0));
+        assert_eq!(json["pushy"]["runs"].as_array().map(Vec::len), Some(2));
+    }
+
+    /// Java and Maven are here, or the test must run anyway (CI installs them).
+    fn pushy_tools() -> bool {
+        let found = ["java", "mvn"].iter().all(|t| {
+            std::process::Command::new(t)
+                .arg("-version")
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        });
+        if !found && std::env::var_os("CI").is_none() {
+            eprintln!("skipped: java or mvn is not installed");
+            return false;
+        }
+        true
+    }
+
+    /// Pushy's server as an apns scenario's receiver verifies every provider
+    /// token, signed as the engine signs (JWS R || S): the run's key is
+    /// accepted and reaches the collector as a delivery; another key's is
+    /// rejected (INVALID_PROVIDER_TOKEN) and counted with the bad
+    /// signatures, so a run would fail.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn pushy_server_verifies_every_provider_token() {
+        if !pushy_tools() {
+            return;
+        }
+        let scenario =
+            Scenario::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/apns-smoke.toml")).unwrap();
+        let plan = Arc::new(Plan::new(&scenario));
+        let ids = RunIds::fresh();
+        let collector = Collector::new(plan.clone(), ids, Faults::default());
+        let classpath = tokio::task::spawn_blocking(pushy::ensure_built).await.unwrap().unwrap();
+        let peer = ApnsPeer::Pushy { classpath, threads: 1, warmup: 20 };
+        let pki = TestPki::generate(&[]).unwrap();
+        let receivers = Receivers::start(&pki, &scenario, &collector, &peer).await.unwrap();
+        let targets = receivers.targets(&plan, ids).unwrap();
+        collector.envelope_published(plan.topic_of_envelope(0), 1, Instant::now());
+        let client = ceiling::client(&pki);
+        let good = client.request(ceiling::request(&plan, ids, &targets, 0)).await.unwrap();
+        assert_eq!(good.status(), 200);
+        let other = ApnsTestKey::generate().unwrap();
+        let jwt = other.provider_token(
+            APNS_KEY_ID,
+            APNS_TEAM_ID,
+            SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs(),
+        );
+        let forged = Targets {
+            apns_authorization: Some(http::HeaderValue::try_from(format!("bearer {}", jwt.unwrap())).unwrap()),
+            ..receivers.targets(&plan, ids).unwrap()
+        };
+        let refused = client.request(ceiling::request(&plan, ids, &forged, 1)).await.unwrap();
+        assert_eq!(refused.status(), 403);
+        receivers.shutdown().await; // every line read
+        let s = collector.summary();
+        assert_eq!((s.delivered, s.bad_signatures, s.unexpected), (1, 1, 0), "{s:?}");
+        assert_eq!(s.statuses.get(&403), Some(&1));
+    }
+
+    /// `--apns-server pushy` is refused, with the reason, for a scenario
+    /// that is not apns or has faults, before anything starts.
+    #[test]
+    fn pushy_needs_a_fault_free_apns_scenario() {
+        let scenario = |channel: &str, extra: &str| {
+            Scenario::parse(&format!(
+                "name = \"t\"\nchannel = \"{channel}\"\nrecipients = 1\ntopics = [{{ count = 1, subscribers = 1 }}]\n\
+                 [envelopes]\nper_topic = 1\n{extra}"
+            ))
+            .unwrap()
+        };
+        let err = check_pushy_scenario(&scenario("http", "")).unwrap_err().to_string();
+        assert!(err.contains("is for apns scenarios"), "{err}");
+        let faults = scenario("apns", "[faults]\nstatus_503 = 0.1");
+        let err = check_pushy_scenario(&faults).unwrap_err().to_string();
+        assert!(err.contains("has faults"), "{err}");
+        let smoke = Scenario::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/apns-smoke.toml")).unwrap();
+        check_pushy_scenario(&smoke).unwrap();
     }
 
     /// The smoke scenario end to end against the real `fanout` binary (built

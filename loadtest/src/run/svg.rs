@@ -242,6 +242,9 @@ mod tests {
             ratio: Some(0.5),
             h2load: None,
             ratio_h2load: None,
+            apns_server: None,
+            pushy: None,
+            ratio_pushy: None,
             windows: Default::default(),
             wire: None,
         }
