@@ -13,7 +13,6 @@ pub struct DispatchSettings {
     /// Most envelopes a shard reads into one window.
     pub window_envelopes: NonZeroUsize,
     /// Subscribers read per page; one page becomes one batch of deliveries.
-    /// Consecutive envelopes of small topics share a page.
     pub subscriber_page: NonZeroUsize,
     /// Pages a shard may have awaiting first attempts at once.
     pub max_pages_in_flight: NonZeroUsize,

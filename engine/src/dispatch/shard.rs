@@ -8,8 +8,8 @@ use tokio::time::Instant;
 use super::{Decision, DispatchContext, decide, suppression};
 use crate::channel::{Channels, QueueBatch};
 use crate::delivery::{Delivery, FirstAttempt, FirstAttemptLatch};
+use crate::domain::Recipient;
 use crate::domain::{Channel, HmacKey, RecipientId, ShardId, StoredEnvelope};
-use crate::domain::{Recipient, Subscriber};
 use crate::ticker::spawn_ticker;
 
 pub enum ShardMsg {
@@ -70,11 +70,10 @@ struct Window {
 }
 
 /// One page's deliveries, kept until their first attempts are answered so
-/// that a replay can re-send exactly the ones that never had one. A page
-/// holds at most `subscriber_page` deliveries, of one envelope or of several
-/// consecutive ones (small topics).
+/// that a replay can re-send exactly the ones that never had one.
 struct Page {
-    deliveries: Vec<(Arc<StoredEnvelope>, Arc<Recipient>)>,
+    envelope: Arc<StoredEnvelope>,
+    recipients: Vec<Arc<Recipient>>,
     latch: Arc<FirstAttemptLatch>,
 }
 
@@ -119,20 +118,21 @@ impl Window {
     fn hand_out(
         &mut self,
         myself: &ActorRef<ShardMsg>,
-        deliveries: Vec<(Arc<StoredEnvelope>, Arc<Recipient>)>,
+        page: u64,
+        envelope: Arc<StoredEnvelope>,
+        recipients: Vec<Arc<Recipient>>,
     ) -> Vec<Delivery> {
-        let (window, page) = (self.id, self.next_page_id);
-        self.next_page_id += 1;
+        let window = self.id;
         let me = myself.clone();
-        let latch = Arc::new(FirstAttemptLatch::new(deliveries.len(), self.progress.clone(), move || {
+        let latch = Arc::new(FirstAttemptLatch::new(recipients.len(), self.progress.clone(), move || {
             let _ = me.cast(ShardMsg::PageDone { window, page });
         }));
-        let batch = deliveries
+        let batch = recipients
             .iter()
             .enumerate()
-            .map(|(index, (e, r))| Delivery::new(e.clone(), r.clone(), FirstAttempt { latch: latch.clone(), index }))
+            .map(|(index, r)| Delivery::new(envelope.clone(), r.clone(), FirstAttempt { latch: latch.clone(), index }))
             .collect();
-        self.pages.insert(page, Page { deliveries, latch });
+        self.pages.insert(page, Page { envelope, recipients, latch });
         batch
     }
 }
@@ -286,10 +286,7 @@ impl ShardState {
         }
     }
 
-    /// Produces one page of deliveries: the front envelope's next
-    /// subscribers, and when it has fewer than a page left, the next
-    /// envelopes' too, all read at once (a window of small topics costs a
-    /// read per page, not per envelope).
+    /// Produces one page of deliveries for the front envelope.
     async fn pump(&mut self, myself: &ActorRef<ShardMsg>) -> StepResult {
         let ctx = self.ctx.clone();
         if self.fenced() {
@@ -306,30 +303,43 @@ impl ShardState {
             w.release_queued();
             return Ok(()); // PageDone pumps again.
         }
-        if w.envelopes.is_empty() {
+        let Some(envelope) = w.envelopes.front().cloned() else {
             w.release_queued();
             return self.complete_if_done(myself).await;
-        }
+        };
         let page_size = ctx.settings.subscriber_page.get();
-        let front: Vec<_> = w.envelopes.iter().take(page_size).cloned().collect();
-        let topics: Vec<_> = front.iter().map(|e| e.topic.clone()).collect();
-        let pages = ctx.store.subscriber_pages(&topics, w.cursor.as_ref(), page_size).await?;
-        let mut left = page_size;
-        let mut deliveries = Vec::new();
-        for (envelope, page) in front.into_iter().zip(pages) {
-            if page.len() < left {
-                w.envelopes.pop_front();
-                w.cursor = None;
+        let page = ctx.store.subscribers(&envelope.topic, w.cursor.as_ref(), page_size).await?;
+        if page.len() < page_size {
+            w.envelopes.pop_front();
+            w.cursor = None;
+        } else {
+            w.cursor = page.last().map(|s| s.recipient.id);
+        }
+        // PUSH-257 per subscriber; PUSH-230 for the page at once, so the data
+        // is read once per page and hashed once per distinct key.
+        let mut candidates = Vec::with_capacity(page.len());
+        for subscriber in page {
+            let key = match decide(&envelope, &subscriber, &ctx.channels) {
+                Decision::Excluded => continue,
+                Decision::Deliver => None,
+                Decision::DeliverUnlessOwn(key) => Some(key.clone()),
+            };
+            candidates.push((subscriber.recipient, key));
+        }
+        let keys: HashSet<HmacKey> = candidates.iter().filter_map(|(_, key)| key.clone()).collect();
+        let own = suppression::own_keys(ctx.store.as_ref(), &envelope, keys).await?;
+        let mut recipients = Vec::with_capacity(candidates.len());
+        for (recipient, key) in candidates {
+            if key.is_some_and(|key| own.contains(&key)) {
+                ctx.metrics.suppressed.inc();
             } else {
-                w.cursor = page.last().map(|s| s.recipient.id);
-            }
-            left -= page.len();
-            for recipient in eligible(&ctx, &envelope, page).await? {
-                deliveries.push((envelope.clone(), Arc::new(recipient)));
+                recipients.push(Arc::new(recipient));
             }
         }
-        if !deliveries.is_empty() {
-            let batch = w.hand_out(myself, deliveries);
+        if !recipients.is_empty() {
+            let page = w.next_page_id;
+            w.next_page_id += 1;
+            let batch = w.hand_out(myself, page, envelope, recipients);
             let batch = w.route(&ctx.channels, batch);
             if w.envelopes.is_empty() {
                 w.release_queued(); // the read is fully handed out
@@ -405,8 +415,10 @@ impl ShardState {
                 continue; // under way or answered: the page stays
             }
             let Some(page) = w.pages.remove(&old) else { continue };
-            let deliveries = missing.into_iter().map(|i| page.deliveries[i].clone()).collect();
-            batch.extend(w.hand_out(myself, deliveries));
+            let recipients = missing.into_iter().map(|i| page.recipients[i].clone()).collect();
+            let id = w.next_page_id;
+            w.next_page_id += 1;
+            batch.extend(w.hand_out(myself, id, page.envelope, recipients));
         }
         if batch.is_empty() {
             // Every first attempt is under way (slow answers): nothing lost.
@@ -432,36 +444,6 @@ impl ShardState {
             panic!("injected shard actor panic (FANOUT_DANGEROUS_PANIC_AFTER_PAGES)");
         }
     }
-}
-
-/// The subscribers of `page` that `envelope` goes to: PUSH-257 per
-/// subscriber, PUSH-230 for the page at once, so the data is read once per
-/// page and hashed once per distinct key.
-async fn eligible(
-    ctx: &DispatchContext,
-    envelope: &StoredEnvelope,
-    page: Vec<Subscriber>,
-) -> Result<Vec<Recipient>, crate::store::StoreError> {
-    let mut candidates = Vec::with_capacity(page.len());
-    for subscriber in page {
-        let key = match decide(envelope, &subscriber, &ctx.channels) {
-            Decision::Excluded => continue,
-            Decision::Deliver => None,
-            Decision::DeliverUnlessOwn(key) => Some(key.clone()),
-        };
-        candidates.push((subscriber.recipient, key));
-    }
-    let keys: HashSet<HmacKey> = candidates.iter().filter_map(|(_, key)| key.clone()).collect();
-    let own = suppression::own_keys(ctx.store.as_ref(), envelope, keys).await?;
-    let mut recipients = Vec::with_capacity(candidates.len());
-    for (recipient, key) in candidates {
-        if key.is_some_and(|key| own.contains(&key)) {
-            ctx.metrics.suppressed.inc();
-        } else {
-            recipients.push(recipient);
-        }
-    }
-    Ok(recipients)
 }
 
 #[cfg(test)]
@@ -689,25 +671,6 @@ mod tests {
         f.gate.permits.add_permits(5);
         f.until_checkpoint(1).await;
         assert_eq!(f.sends().len(), 5);
-        f.actor.stop(None);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_page_spans_the_envelopes_of_a_small_topic() {
-        // 3 subscribers, 7 envelopes, pages of 5, one page at a time: pages
-        // of 5, 5, 5, 5 and 1 deliveries, each page read at once across
-        // envelopes, each delivery once.
-        let f = Fixture::start(3, 7, settings(5, 1), 0).await;
-        for (page, size) in [5, 5, 5, 5, 1].into_iter().enumerate() {
-            f.until("the next page is out", |f| f.waiting() == size).await;
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            assert_eq!(f.waiting(), size, "page {page} holds {size} deliveries and the next waits for it");
-            f.gate.permits.add_permits(size);
-        }
-        f.until_checkpoint(7).await;
-        let sends = f.sends();
-        assert_eq!(sends.len(), 21, "every (envelope, subscription) once");
-        assert!(sends.values().all(|n| *n == 1));
         f.actor.stop(None);
     }
 

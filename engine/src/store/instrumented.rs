@@ -32,7 +32,6 @@ pub const OPERATIONS: &[&str] = &[
     "envelope_data",
     "advance_checkpoint",
     "subscribers",
-    "subscriber_pages",
     "relay_claim",
     "relay_settle",
     "relay_release",
@@ -214,15 +213,6 @@ impl Store for Instrumented {
         limit: usize,
     ) -> Result<Vec<Subscriber>, StoreError> {
         self.observe("subscribers", self.inner.subscribers(topic, after, limit)).await
-    }
-
-    async fn subscriber_pages(
-        &self,
-        topics: &[Topic],
-        after: Option<&RecipientId>,
-        limit: usize,
-    ) -> Result<Vec<Vec<Subscriber>>, StoreError> {
-        self.observe("subscriber_pages", self.inner.subscriber_pages(topics, after, limit)).await
     }
 
     async fn relay_claim(

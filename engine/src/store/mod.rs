@@ -220,33 +220,6 @@ pub trait Store: Send + Sync + 'static {
         after: Option<&RecipientId>,
         limit: usize,
     ) -> Result<Vec<Subscriber>, StoreError>;
-
-    /// One page of dispatch over consecutive envelopes' topics, in one read
-    /// where the backend can: `topics[0]`'s subscribers strictly after
-    /// `after`, then each next topic's from its start, each read as
-    /// `subscribers` reads it with what is left of `limit` (minus what the
-    /// topics before it returned), stopping after the first topic that uses
-    /// up the rest. One page per topic read, in order; a page shorter than
-    /// what was left for it means that topic has no subscriber after it.
-    /// Small topics cost one read per page, not one per envelope.
-    async fn subscriber_pages(
-        &self,
-        topics: &[Topic],
-        after: Option<&RecipientId>,
-        limit: usize,
-    ) -> Result<Vec<Vec<Subscriber>>, StoreError> {
-        let mut pages = Vec::new();
-        let mut left = limit;
-        for (i, topic) in topics.iter().enumerate() {
-            if left == 0 {
-                break;
-            }
-            let page = self.subscribers(topic, if i == 0 { after } else { None }, left).await?;
-            left -= page.len();
-            pages.push(page);
-        }
-        Ok(pages)
-    }
     /// Spec 003 §2.5, in one atomic step: when `key` has a live record
     /// (`expires_at > now_ms`) that is settled, answer it; when it is a
     /// pending claim whose lease has not run out (`lease_until > now_ms`),

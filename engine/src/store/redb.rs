@@ -743,80 +743,38 @@ impl Store for RedbStore {
         after: Option<&RecipientId>,
         limit: usize,
     ) -> Result<Vec<Subscriber>, StoreError> {
-        if limit == 0 {
+        if limit == 0 || after.is_some_and(|a| a.as_bytes() == &[0xff; 32]) {
             return Ok(Vec::new());
         }
         let (topic, after) = (topic.clone(), after.copied());
         self.read(move |txn| {
-            let (subs, recipients) = (txn.open_table(TOPIC_SUBS).be()?, txn.open_table(RECIPIENTS).be()?);
-            read_subscribers(&subs, &recipients, &topic, after.as_ref(), limit)
-        })
-        .await
-    }
-
-    /// Every page in one read transaction, on one blocking thread.
-    async fn subscriber_pages(
-        &self,
-        topics: &[Topic],
-        after: Option<&RecipientId>,
-        limit: usize,
-    ) -> Result<Vec<Vec<Subscriber>>, StoreError> {
-        if limit == 0 || topics.is_empty() {
-            return Ok(Vec::new());
-        }
-        let (topics, after) = (topics.to_vec(), after.copied());
-        self.read(move |txn| {
-            let (subs, recipients) = (txn.open_table(TOPIC_SUBS).be()?, txn.open_table(RECIPIENTS).be()?);
-            let mut pages = Vec::new();
-            let mut left = limit;
-            for (i, topic) in topics.iter().enumerate() {
-                if left == 0 {
+            let subs = txn.open_table(TOPIC_SUBS).be()?;
+            let recipients = txn.open_table(RECIPIENTS).be()?;
+            let prefix = topic_sub_prefix(topic.as_bytes());
+            let lo = match &after {
+                Some(a) => Bound::Excluded([prefix.as_slice(), a.as_bytes()].concat()),
+                None => Bound::Included(prefix.clone()),
+            };
+            let hi = [prefix.as_slice(), &[0xff; 32]].concat();
+            let range = (lo.as_ref().map(Vec::as_slice), Bound::Included(hi.as_slice()));
+            let mut out = Vec::new();
+            for row in subs.range::<&[u8]>(range).be()? {
+                if out.len() == limit {
                     break;
                 }
-                let after = if i == 0 { after.as_ref() } else { None };
-                let page = read_subscribers(&subs, &recipients, topic, after, left)?;
-                left -= page.len();
-                pages.push(page);
+                let (k, v) = row.be()?;
+                let id = RecipientId::parse(&k.value()[prefix.len()..]).map_err(|_| corrupt("topic subscription"))?;
+                // A row without its recipient should not exist; skip it if it does.
+                let Some(recipient) = get_recipient(&recipients, &id)? else {
+                    continue;
+                };
+                let subscription = codec::decode_subscription(topic.clone(), v.value())?;
+                out.push(Subscriber { recipient, subscription });
             }
-            Ok(pages)
+            Ok(out)
         })
         .await
     }
-}
-
-/// `Store::subscribers` over a read transaction's tables.
-fn read_subscribers(
-    subs: &impl ReadableTable<&'static [u8], &'static [u8]>,
-    recipients: &impl ReadableTable<&'static [u8; 32], &'static [u8]>,
-    topic: &Topic,
-    after: Option<&RecipientId>,
-    limit: usize,
-) -> Result<Vec<Subscriber>, StoreError> {
-    if after.is_some_and(|a| a.as_bytes() == &[0xff; 32]) {
-        return Ok(Vec::new());
-    }
-    let prefix = topic_sub_prefix(topic.as_bytes());
-    let lo = match after {
-        Some(a) => Bound::Excluded([prefix.as_slice(), a.as_bytes()].concat()),
-        None => Bound::Included(prefix.clone()),
-    };
-    let hi = [prefix.as_slice(), &[0xff; 32]].concat();
-    let range = (lo.as_ref().map(Vec::as_slice), Bound::Included(hi.as_slice()));
-    let mut out = Vec::new();
-    for row in subs.range::<&[u8]>(range).be()? {
-        if out.len() == limit {
-            break;
-        }
-        let (k, v) = row.be()?;
-        let id = RecipientId::parse(&k.value()[prefix.len()..]).map_err(|_| corrupt("topic subscription"))?;
-        // A row without its recipient should not exist; skip it if it does.
-        let Some(recipient) = get_recipient(recipients, &id)? else {
-            continue;
-        };
-        let subscription = codec::decode_subscription(topic.clone(), v.value())?;
-        out.push(Subscriber { recipient, subscription });
-    }
-    Ok(out)
 }
 
 /// The record encodings: a version byte, then fixed-width big-endian integers

@@ -64,7 +64,6 @@ macro_rules! for_each_case {
             read_window_range_and_limit,
             advance_checkpoint_forward_and_prunes,
             subscribers_paging,
-            subscriber_pages_share_one_budget,
             relay_claim_settle_and_release,
             relay_claims_expire_and_are_taken_over,
             relay_concurrent_claims_have_one_winner,
@@ -801,46 +800,6 @@ pub async fn advance_checkpoint_forward_and_prunes<S: Store>(store: &S) {
 
     store.advance_checkpoint(shard_id(2), 4).await.unwrap();
     assert_eq!(position(store, 2).await, ShardPosition::default(), "empty shard stays at zero");
-}
-
-/// subscriber_pages(): consecutive topics read into one budget, the first
-/// from `after`, each page what subscribers() answers for what is left.
-pub async fn subscriber_pages_share_one_budget<S: Store>(store: &S) {
-    // Topics of 2, 0, 3 and 2 subscribers; recipient 9 is in every non-empty one.
-    let (a, empty, b, c) = (group(10), group(11), group(12), group(13));
-    let members: [(&Topic, &[u8]); 3] = [(&a, &[1, 9]), (&b, &[2, 3, 9]), (&c, &[4, 9])];
-    for n in [1, 2, 3, 4, 9] {
-        store.register(&rid(n), &secret(1), &apns(&format!("tok-{n}")), 100).await.unwrap();
-        let topics = members.iter().filter(|(_, ids)| ids.contains(&n)).map(|(t, _)| sub(t)).collect();
-        subscribe(store, &rid(n), &secret(1), topics, 110).await;
-    }
-    let ids = |pages: &[Vec<Subscriber>]| -> Vec<Vec<u8>> {
-        pages.iter().map(|p| p.iter().map(|s| s.recipient.id.as_bytes()[0]).collect()).collect()
-    };
-    let topics = [a.clone(), empty.clone(), b.clone(), c.clone()];
-
-    // Room for all: one page per topic, the empty one included.
-    let pages = store.subscriber_pages(&topics, None, 100).await.unwrap();
-    assert_eq!(ids(&pages), vec![vec![1, 9], vec![], vec![2, 3, 9], vec![4, 9]]);
-    assert_eq!(pages[2][0].recipient, store.recipient(&rid(2)).await.unwrap().unwrap(), "joined with the recipient");
-    assert!(pages[2].iter().all(|s| s.subscription.subscription.topic == b));
-
-    // A budget of 4: a's 2, the empty topic, then b's first 2 use it up; c is not read.
-    let pages = store.subscriber_pages(&topics, None, 4).await.unwrap();
-    assert_eq!(ids(&pages), vec![vec![1, 9], vec![], vec![2, 3]]);
-
-    // A budget that a's page uses up exactly: only a is read.
-    assert_eq!(ids(&store.subscriber_pages(&topics, None, 2).await.unwrap()), vec![vec![1, 9]]);
-
-    // `after` applies to the first topic only.
-    let pages = store.subscriber_pages(&[b.clone(), c.clone()], Some(&rid(2)), 10).await.unwrap();
-    assert_eq!(ids(&pages), vec![vec![3, 9], vec![4, 9]]);
-    let pages = store.subscriber_pages(&[b.clone(), a.clone()], Some(&rid(9)), 10).await.unwrap();
-    assert_eq!(ids(&pages), vec![vec![], vec![1, 9]]);
-
-    // Nothing to read.
-    assert!(store.subscriber_pages(&topics, None, 0).await.unwrap().is_empty());
-    assert!(store.subscriber_pages(&[], None, 10).await.unwrap().is_empty());
 }
 
 /// subscribers(): ordered by recipient id, each exactly once across pages,
