@@ -211,20 +211,32 @@ pub struct PushyServer {
     forward: Arc<AtomicBool>,
 }
 
+/// How Pushy's server runs, in every phase of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerOptions {
+    /// Netty event-loop threads.
+    pub threads: usize,
+    /// Pushy's validating handler (device tokens, topics, every provider
+    /// token's ES256 signature); `false`: its accept-all handler, whose
+    /// per-push cost does not cap every client at the same rate.
+    pub validate: bool,
+}
+
 impl PushyServer {
-    /// Starts the server with `threads` event-loop threads, trusting the
-    /// provider key of `files` for the harness's team and key ids, with
-    /// its devices registered for the bundle id. Every line is counted, and
+    /// Starts the server with `options`, trusting the provider key of
+    /// `files` for the harness's team and key ids, with its devices
+    /// registered for the bundle id. Every line is counted, and
     /// goes to `collector` when given (the engine's phase) once
     /// [`PushyServer::warm_up`] is done.
     pub async fn start(
         classpath: &Classpath,
         files: &PushyFiles,
-        threads: usize,
+        options: ServerOptions,
         collector: Option<Arc<Collector>>,
     ) -> anyhow::Result<PushyServer> {
         let mut command = java(classpath);
-        command.arg("server").args(["--port", "0", "--threads", &threads.max(1).to_string()]);
+        command.arg("server").args(["--port", "0", "--threads", &options.threads.max(1).to_string()]);
+        command.args(["--validate", if options.validate { "true" } else { "false" }]);
         for (flag, file) in [
             ("--cert-chain", "chain.pem"),
             ("--private-key", "server-key.pem"),
@@ -448,18 +460,18 @@ pub fn write_pushes(path: &Path, pushes: impl Iterator<Item = (String, String, S
 }
 
 /// Runs Pushy's client with `config` into a fresh server started from
-/// `files` (`server_threads` event-loop threads): the pushes of
+/// `files` with `server`: the pushes of
 /// `pushes_file`, after a warm-up (into the same server), bounded by
 /// `timeout`; the result carries the server's own counts too.
 pub async fn measure_client(
     classpath: &Classpath,
     files: &PushyFiles,
     pushes_file: &Path,
-    server_threads: usize,
+    server: ServerOptions,
     config: ClientConfig,
     timeout: Duration,
 ) -> anyhow::Result<ClientResult> {
-    let server = PushyServer::start(classpath, files, server_threads, None).await?;
+    let server = PushyServer::start(classpath, files, server, None).await?;
     let result = run_client(classpath, files, server.port(), pushes_file, config, true, timeout).await;
     // Every line is read once the server has exited.
     let counts = server.counts.clone();

@@ -6,6 +6,7 @@ import com.eatthepath.pushy.apns.DeliveryPriority;
 import com.eatthepath.pushy.apns.PushType;
 import com.eatthepath.pushy.apns.auth.ApnsSigningKey;
 import com.eatthepath.pushy.apns.auth.ApnsVerificationKey;
+import com.eatthepath.pushy.apns.server.AcceptAllPushNotificationHandlerFactory;
 import com.eatthepath.pushy.apns.server.MockApnsServer;
 import com.eatthepath.pushy.apns.server.MockApnsServerBuilder;
 import com.eatthepath.pushy.apns.server.MockApnsServerListener;
@@ -58,7 +59,7 @@ import java.util.concurrent.atomic.AtomicReference;
  *   <li>{@code server}: Pushy's validating {@link MockApnsServer} on 127.0.0.1. Prints {@code P <port>} first, then
  *       one line per push: {@code A <device token> <payload>} when accepted, {@code R <reason>} when rejected, through
  *       a buffer flushed every {@code --flush-ms} (not per line: this process's CPU is the measured peer's). Exits when
- *       stdin closes.</li>
+ *       stdin closes. With {@code --validate false} it accepts every push unchecked (Pushy's accept-all handler).</li>
  *   <li>{@code client}: Pushy's {@link ApnsClient} sending the pushes of a file ({@code <token> <collapse id> <body>}
  *       per line) with a bounded number in flight, after a warm-up; prints one JSON line with its rate and CPU.
  *       With {@code --measure 0} it sends the warm-up alone.</li>
@@ -91,7 +92,7 @@ public final class PushyBench {
     private static void usage() {
         System.err.println("usage: PushyBench server --cert-chain PEM --private-key PKCS8-PEM --tokens FILE"
                 + " --verification-key SPKI-PEM --team-id T --key-id K --bundle-id B [--port 0] [--threads 2]"
-                + " [--flush-ms 20]\n"
+                + " [--flush-ms 20] [--validate true|false]\n"
                 + "       PushyBench client --port P --ca PEM --signing-key P8 --team-id T --key-id K --bundle-id B"
                 + " --pushes FILE [--connections 1] [--in-flight 1000] [--threads N] [--warmup 10000]"
                 + " [--timeout-seconds 600] [--measure 1]");
@@ -138,8 +139,11 @@ public final class PushyBench {
         topicsByKey.put(verificationKey, Set.of(bundleId));
         final ValidatingPushNotificationHandlerFactory validating =
                 new ValidatingPushNotificationHandlerFactory(tokensByTopic, new HashMap<>(), keysById, topicsByKey);
-        final PushNotificationHandlerFactory factory =
-                session -> JwsSignatures.acceptingJws(validating.buildHandler(session));
+        // `--validate false`: Pushy's accept-all handler, so the server's per-push cost (mostly the ES256
+        // verification of every provider token) does not cap both clients at the same rate.
+        final PushNotificationHandlerFactory factory = "false".equals(o.values().get("validate"))
+                ? new AcceptAllPushNotificationHandlerFactory()
+                : session -> JwsSignatures.acceptingJws(validating.buildHandler(session));
 
         final OutputStream out = new BufferedOutputStream(new FileOutputStream(FileDescriptor.out), 1 << 18);
         final LineListener listener = new LineListener(out);
