@@ -630,15 +630,15 @@ mod tests {
     use crate::run::scenario::Scenario;
 
     fn plan() -> Arc<Plan> {
-        let s = Scenario::parse(
-            r#"
-            name = "t"
-            recipients = 5
-            topics = [{ count = 2, subscribers = 3 }]
-            [envelopes]
-            per_topic = 1
-            "#,
-        )
+        plan_on("http")
+    }
+
+    /// 5 recipients, 2 topics of 3 subscribers, one envelope each, on `channel`.
+    fn plan_on(channel: &str) -> Arc<Plan> {
+        let s = Scenario::parse(&format!(
+            "name = \"t\"\nchannel = \"{channel}\"\nrecipients = 5\ntopics = [{{ count = 2, subscribers = 3 }}]\n\
+             [envelopes]\nper_topic = 1\n"
+        ))
         .unwrap();
         Arc::new(Plan::new(&s))
     }
@@ -684,19 +684,7 @@ mod tests {
     /// signature (the run fails).
     #[test]
     fn pushy_lines_are_accounted() {
-        let plan = Arc::new(Plan::new(
-            &Scenario::parse(
-                r#"
-                name = "t"
-                channel = "apns"
-                recipients = 5
-                topics = [{ count = 2, subscribers = 3 }]
-                [envelopes]
-                per_topic = 1
-                "#,
-            )
-            .unwrap(),
-        ));
+        let plan = plan_on("apns");
         let ids = RunIds::from_seed(11);
         let c = Collector::new(plan.clone(), ids, Faults::default());
         c.envelope_published(0, 1, Instant::now());
