@@ -72,7 +72,7 @@ pub fn ensure_built() -> anyhow::Result<Classpath> {
         );
     }
     eprintln!("building {} (mvn -q -B package)...", dir.display());
-    let mut child = std::process::Command::new("mvn")
+    let child = std::process::Command::new("mvn")
         .args(["-q", "-B", "package"])
         .current_dir(&dir)
         .stdin(Stdio::null())
@@ -80,18 +80,19 @@ pub fn ensure_built() -> anyhow::Result<Classpath> {
         .stderr(Stdio::piped())
         .spawn()
         .context("starting mvn")?;
-    let deadline = std::time::Instant::now() + BUILD_TIMEOUT;
-    let status = loop {
-        if let Some(status) = child.try_wait()? {
-            break status;
-        }
-        if std::time::Instant::now() >= deadline {
-            let _ = child.kill();
+    // Its output is read while it runs (a full pipe would stall it), on a
+    // thread bounded by the timeout.
+    let pid = child.id().to_string();
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || done.send(child.wait_with_output()));
+    let output = match finished.recv_timeout(BUILD_TIMEOUT) {
+        Ok(output) => output.context("waiting for mvn")?,
+        Err(_) => {
+            let _ = std::process::Command::new("kill").arg(&pid).status();
             bail!("mvn package in {} took longer than {BUILD_TIMEOUT:?}", dir.display());
         }
-        std::thread::sleep(Duration::from_millis(100));
     };
-    let output = child.wait_with_output()?;
+    let status = output.status;
     if !status.success() || !jar.is_file() {
         bail!(
             "mvn package in {} failed ({status}):\n{}{}",
