@@ -159,7 +159,7 @@ impl TestPki {
 }
 
 /// RFC 7468 text encoding: base64 in lines of 64 between the labels.
-fn pem(label: &str, der: &[u8]) -> String {
+pub(crate) fn pem(label: &str, der: &[u8]) -> String {
     use base64::Engine as _;
     let body = base64::engine::general_purpose::STANDARD.encode(der);
     let mut out = format!("-----BEGIN {label}-----\n");

@@ -170,9 +170,8 @@ impl VapidTestKey {
         let rng = aws_lc_rs::rand::SystemRandom::new();
         let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng).expect("P-256 key");
         let pair = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref()).expect("P-256 key");
-        let b64 = base64::engine::general_purpose::STANDARD.encode(pkcs8.as_ref());
         Self {
-            pem: format!("-----BEGIN PRIVATE KEY-----\n{b64}\n-----END PRIVATE KEY-----\n"),
+            pem: crate::pki::pem("PRIVATE KEY", pkcs8.as_ref()),
             public_key: URL_SAFE_NO_PAD.encode(pair.public_key().as_ref()),
         }
     }
