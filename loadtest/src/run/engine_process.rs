@@ -12,6 +12,8 @@ use std::sync::OnceLock;
 use anyhow::{Context as _, bail};
 use fanout_testkit::launcher::{build_binary, http_get, scylla_store_env, target_dir, workspace_dir};
 
+use super::sources;
+
 /// The binary to run: `explicit`, else `$CARGO_TARGET_DIR` (or the
 /// workspace's `target/`) `release/fanout`, then `debug/fanout`; else builds
 /// the release binary with cargo.
@@ -47,25 +49,12 @@ pub fn find_binary(explicit: Option<&Path>, on_build: impl FnOnce()) -> anyhow::
 /// if any: the harness then warns that it is about to measure a stale
 /// engine (the binary it found is whatever that target directory last built).
 fn newer_source(binary: &Path, workspace: &Path) -> Option<PathBuf> {
-    let built = std::fs::metadata(binary).and_then(|m| m.modified()).ok()?;
-    let mut dirs: Vec<PathBuf> = ["engine", "api", "proto"].iter().map(|d| workspace.join(d)).collect();
-    while let Some(dir) = dirs.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            let Ok(meta) = entry.metadata() else { continue };
-            if meta.is_dir() {
-                dirs.push(path);
-                continue;
-            }
-            let source = path.extension().is_some_and(|e| e == "rs" || e == "proto")
-                || path.file_name().is_some_and(|n| n == "Cargo.toml");
-            if source && meta.modified().is_ok_and(|m| m > built) {
-                return Some(path);
-            }
-        }
-    }
-    None
+    let built = sources::modified(binary)?;
+    let roots: Vec<PathBuf> = ["engine", "api", "proto"].iter().map(|d| workspace.join(d)).collect();
+    sources::newer_than(built, &roots, |path| {
+        path.extension().is_some_and(|e| e == "rs" || e == "proto")
+            || path.file_name().is_some_and(|n| n == "Cargo.toml")
+    })
 }
 
 /// The APNs identities of an apns scenario: the mock expects them in the

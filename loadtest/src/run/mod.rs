@@ -11,6 +11,7 @@
 //! - [`ceiling`]: the bare HTTP/2 client with no engine in between
 //! - [`h2load`]: the independent ceiling, nghttp2's h2load into the same receivers
 //! - [`pushy`]: apns scenarios into Pushy's mock APNs, and Pushy's client into it
+//! - [`sources`]: whether a build is older than its sources
 //! - [`report`], [`svg`], [`progress`]: the outputs
 
 pub mod ceiling;
@@ -23,6 +24,7 @@ pub mod progress;
 pub mod pushy;
 pub mod report;
 pub mod scenario;
+pub mod sources;
 pub mod svg;
 
 use std::net::SocketAddr;
@@ -281,8 +283,7 @@ impl Receivers {
             // run's provider key trusted: Pushy verifies every push.
             let key = ApnsTestKey::generate()?;
             let (plan, ids) = (collector.plan(), collector.ids());
-            let tokens = (0..plan.recipients).map(|r| hex::encode(ids.recipient_id(r)));
-            let files = pushy::PushyFiles::write(pki, &key, tokens)?;
+            let files = pushy::PushyFiles::write(pki, &key, plan, ids)?;
             let server = pushy::PushyServer::start(classpath, &files, *server, Some(collector.clone())).await?;
             // Warmed up as the server of Pushy's own measurement is by its
             // warm-up, so no phase meets a cold JVM.
@@ -426,12 +427,15 @@ async fn measure_h2load(
     result
 }
 
-/// Pushy's client into fresh Pushy servers, once per connection count of
-/// `args`: the run's first `requests` deliveries as the engine sends them
-/// (device token, collapse id, body; the order of the plan), after a warm-up.
+/// Pushy's client into fresh Pushy servers run with `server`, once per
+/// connection count of `args`: the run's first `requests` deliveries as the
+/// engine sends them (device token, collapse id, body; the order of the
+/// plan), after a warm-up.
+#[allow(clippy::too_many_arguments)]
 async fn measure_pushy(
     args: &RunArgs,
     classpath: &pushy::Classpath,
+    server: pushy::ServerOptions,
     pki: &TestPki,
     scenario: &Scenario,
     plan: &Arc<Plan>,
@@ -440,7 +444,7 @@ async fn measure_pushy(
 ) -> anyhow::Result<pushy::PushyReport> {
     let ids = RunIds::fresh();
     let key = ApnsTestKey::generate()?;
-    let files = pushy::PushyFiles::write(pki, &key, (0..plan.recipients).map(|r| hex::encode(ids.recipient_id(r))))?;
+    let files = pushy::PushyFiles::write(pki, &key, plan, ids)?;
     let pushes_file = files.path("pushes.txt");
     write_pushes(plan, ids, requests, &pushes_file)?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -448,7 +452,7 @@ async fn measure_pushy(
     if connections.is_empty() {
         connections = vec![1, 2, 4];
     }
-    let mut report = pushy::PushyReport { server_threads: args.pushy_server_threads.max(1), ..Default::default() };
+    let mut report = pushy::PushyReport { server_threads: server.threads, ..Default::default() };
     for c in connections {
         let config = pushy::ClientConfig {
             connections: c.max(1),
@@ -457,15 +461,8 @@ async fn measure_pushy(
             threads: c.clamp(1, cores),
         };
         progress.phase(&format!("pushy client, {} connection(s)", config.connections), 0);
-        let result = pushy::measure_client(
-            classpath,
-            &files,
-            &pushes_file,
-            pushy::ServerOptions { threads: report.server_threads, validate: !args.pushy_accept_all },
-            config,
-            scenario.drain_timeout(),
-        )
-        .await?;
+        let result =
+            pushy::measure_client(classpath, &files, &pushes_file, server, config, scenario.drain_timeout()).await?;
         progress.say(&format!(
             "pushy client: {:.0} pushes/s with {} connection(s), {} in flight ({} accepted, {} rejected)",
             result.pushes_per_second, result.connections, result.in_flight, result.accepted, result.rejected
@@ -635,8 +632,8 @@ async fn execute_inner(
 
     // Pushy's client, as many pushes as the engine will send, into the same kind of server.
     let pushy_client = match &peer {
-        ApnsPeer::Pushy { classpath, .. } if !args.no_pushy_client => {
-            Some(measure_pushy(args, classpath, pki, scenario, plan, expected_all, progress).await?)
+        ApnsPeer::Pushy { classpath, server, .. } if !args.no_pushy_client => {
+            Some(measure_pushy(args, classpath, *server, pki, scenario, plan, expected_all, progress).await?)
         }
         _ => None,
     };

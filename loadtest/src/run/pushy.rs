@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use fanout_testkit::TestPki;
@@ -27,6 +27,9 @@ use tokio::task::JoinHandle;
 
 use super::collector::Collector;
 use super::engine_process::{APNS_BUNDLE_ID, APNS_KEY_ID, APNS_TEAM_ID};
+use super::ids::RunIds;
+use super::scenario::Plan;
+use super::sources;
 
 /// How long the server may take to print its port (JVM start, TLS setup).
 const START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -61,7 +64,10 @@ pub fn ensure_built() -> anyhow::Result<Classpath> {
     if !tool_runs("java", "-version") {
         bail!("--apns-server pushy needs Java 17 or newer (`java` not found; Debian package openjdk-17-jre-headless)");
     }
-    if lib.is_dir() && modified(&jar).is_some_and(|built| newest_source(&dir).is_none_or(|source| source <= built)) {
+    let sources = [dir.join("pom.xml"), dir.join("src")];
+    if lib.is_dir()
+        && sources::modified(&jar).is_some_and(|built| sources::newer_than(built, &sources, |_| true).is_none())
+    {
         return Ok(classpath);
     }
     if !tool_runs("mvn", "-v") {
@@ -113,27 +119,6 @@ fn tool_runs(tool: &str, arg: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-fn modified(path: &Path) -> Option<SystemTime> {
-    std::fs::metadata(path).and_then(|m| m.modified()).ok()
-}
-
-/// The newest modification time of the pom and the Java sources.
-fn newest_source(dir: &Path) -> Option<SystemTime> {
-    let mut newest = modified(&dir.join("pom.xml"));
-    let mut dirs = vec![dir.join("src")];
-    while let Some(d) = dirs.pop() {
-        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                dirs.push(path);
-            } else if let Some(m) = modified(&path) {
-                newest = newest.max(Some(m));
-            }
-        }
-    }
-    newest
-}
-
 /// The files the Java processes read, in a directory of their own: the
 /// server's certificate chain and key, the CA, the provider key (.p8) and
 /// its public half, the device tokens.
@@ -142,8 +127,9 @@ pub struct PushyFiles {
 }
 
 impl PushyFiles {
-    /// Writes them for `pki`, `key` and the devices `tokens` (hex).
-    pub fn write(pki: &TestPki, key: &ApnsTestKey, tokens: impl Iterator<Item = String>) -> anyhow::Result<PushyFiles> {
+    /// Writes them for `pki`, `key` and the devices of `plan`'s recipients
+    /// under `ids` (their ids in hex).
+    pub fn write(pki: &TestPki, key: &ApnsTestKey, plan: &Plan, ids: RunIds) -> anyhow::Result<PushyFiles> {
         let dir = tempfile::Builder::new().prefix("fanout-loadtest-pushy-").tempdir()?;
         let files = PushyFiles { dir };
         std::fs::write(files.path("chain.pem"), pki.server_cert_chain_pem())?;
@@ -152,8 +138,8 @@ impl PushyFiles {
         key.write_p8(&files.path("apns-key.p8"))?;
         std::fs::write(files.path("apns-key.pub.pem"), &key.public_pem)?;
         let mut list = String::new();
-        for token in tokens {
-            list.push_str(&token);
+        for recipient in 0..plan.recipients {
+            list.push_str(&hex::encode(ids.recipient_id(recipient)));
             list.push('\n');
         }
         std::fs::write(files.path("tokens.txt"), list)?;
