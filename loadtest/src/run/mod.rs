@@ -159,7 +159,7 @@ pub enum ApnsServer {
     /// The harness's mock APNs (fanout-testkit, Rust).
     #[default]
     Rust,
-    /// Pushy's validating MockApnsServer (Java).
+    /// Pushy's MockApnsServer (Java): validating, or accept-all with --pushy-accept-all.
     Pushy,
 }
 

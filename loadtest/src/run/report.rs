@@ -46,7 +46,7 @@ pub struct Report {
     /// measured (the bare ceiling shares the engine's client stack).
     pub ratio_h2load: Option<f64>,
     /// apns scenarios: the APNs peer, `rust` (the harness's mock) or
-    /// `pushy (...)` (Pushy's validating MockApnsServer).
+    /// `pushy (...)` (Pushy's MockApnsServer, validating or accept-all).
     pub apns_server: Option<String>,
     /// `--apns-server pushy`: Pushy's client into the same kind of server,
     /// every configuration tried.
