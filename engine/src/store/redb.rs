@@ -743,38 +743,64 @@ impl Store for RedbStore {
         after: Option<&RecipientId>,
         limit: usize,
     ) -> Result<Vec<Subscriber>, StoreError> {
-        if limit == 0 || after.is_some_and(|a| a.as_bytes() == &[0xff; 32]) {
-            return Ok(Vec::new());
+        // The head of the page is read here, the rest (if the topic has more)
+        // on the blocking pool: see INLINE_SUBSCRIBERS.
+        let head_limit = limit.min(INLINE_SUBSCRIBERS);
+        let mut page = read_subscribers(&self.db.begin_read().be()?, topic, after, head_limit)?;
+        if page.len() < head_limit || limit == head_limit {
+            return Ok(page);
         }
-        let (topic, after) = (topic.clone(), after.copied());
-        self.read(move |txn| {
-            let subs = txn.open_table(TOPIC_SUBS).be()?;
-            let recipients = txn.open_table(RECIPIENTS).be()?;
-            let prefix = topic_sub_prefix(topic.as_bytes());
-            let lo = match &after {
-                Some(a) => Bound::Excluded([prefix.as_slice(), a.as_bytes()].concat()),
-                None => Bound::Included(prefix.clone()),
-            };
-            let hi = [prefix.as_slice(), &[0xff; 32]].concat();
-            let range = (lo.as_ref().map(Vec::as_slice), Bound::Included(hi.as_slice()));
-            let mut out = Vec::new();
-            for row in subs.range::<&[u8]>(range).be()? {
-                if out.len() == limit {
-                    break;
-                }
-                let (k, v) = row.be()?;
-                let id = RecipientId::parse(&k.value()[prefix.len()..]).map_err(|_| corrupt("topic subscription"))?;
-                // A row without its recipient should not exist; skip it if it does.
-                let Some(recipient) = get_recipient(&recipients, &id)? else {
-                    continue;
-                };
-                let subscription = codec::decode_subscription(topic.clone(), v.value())?;
-                out.push(Subscriber { recipient, subscription });
-            }
-            Ok(out)
-        })
-        .await
+        let (topic, after) = (topic.clone(), page.last().map(|s| s.recipient.id));
+        let tail = self.read(move |txn| read_subscribers(txn, &topic, after.as_ref(), limit - head_limit)).await?;
+        page.extend(tail);
+        Ok(page)
     }
+}
+
+/// Subscribers of a page read on the calling task before the rest goes to
+/// the blocking pool. Most topics of a messaging network have a few
+/// subscribers, and for them the pool's hand-off (a thread woken, a task
+/// woken back) cost more than the read: about a sixth of the engine's CPU
+/// per delivery with 10 subscribers per envelope (docs/BENCHMARKS.md,
+/// finding 6). So many rows are tens of microseconds of reading cached
+/// pages, as long as one poll of an HTTP/2 connection.
+const INLINE_SUBSCRIBERS: usize = 32;
+
+/// Up to `limit` subscribers of `topic` after `after`, in recipient id
+/// order, each joined with its recipient.
+fn read_subscribers(
+    txn: &redb::ReadTransaction,
+    topic: &Topic,
+    after: Option<&RecipientId>,
+    limit: usize,
+) -> Result<Vec<Subscriber>, StoreError> {
+    if limit == 0 || after.is_some_and(|a| a.as_bytes() == &[0xff; 32]) {
+        return Ok(Vec::new());
+    }
+    let subs = txn.open_table(TOPIC_SUBS).be()?;
+    let recipients = txn.open_table(RECIPIENTS).be()?;
+    let prefix = topic_sub_prefix(topic.as_bytes());
+    let lo = match after {
+        Some(a) => Bound::Excluded([prefix.as_slice(), a.as_bytes()].concat()),
+        None => Bound::Included(prefix.clone()),
+    };
+    let hi = [prefix.as_slice(), &[0xff; 32]].concat();
+    let range = (lo.as_ref().map(Vec::as_slice), Bound::Included(hi.as_slice()));
+    let mut out = Vec::new();
+    for row in subs.range::<&[u8]>(range).be()? {
+        if out.len() == limit {
+            break;
+        }
+        let (k, v) = row.be()?;
+        let id = RecipientId::parse(&k.value()[prefix.len()..]).map_err(|_| corrupt("topic subscription"))?;
+        // A row without its recipient should not exist; skip it if it does.
+        let Some(recipient) = get_recipient(&recipients, &id)? else {
+            continue;
+        };
+        let subscription = codec::decode_subscription(topic.clone(), v.value())?;
+        out.push(Subscriber { recipient, subscription });
+    }
+    Ok(out)
 }
 
 /// The record encodings: a version byte, then fixed-width big-endian integers

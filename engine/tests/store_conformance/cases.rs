@@ -64,6 +64,7 @@ macro_rules! for_each_case {
             read_window_range_and_limit,
             advance_checkpoint_forward_and_prunes,
             subscribers_paging,
+            subscribers_large_pages,
             relay_claim_settle_and_release,
             relay_claims_expire_and_are_taken_over,
             relay_concurrent_claims_have_one_winner,
@@ -800,6 +801,36 @@ pub async fn advance_checkpoint_forward_and_prunes<S: Store>(store: &S) {
 
     store.advance_checkpoint(shard_id(2), 4).await.unwrap();
     assert_eq!(position(store, 2).await, ShardPosition::default(), "empty shard stays at zero");
+}
+
+/// subscribers() with pages of tens of subscribers, more than a backend may
+/// read in one step (the embedded store reads a page's head on the calling
+/// task and the rest on its blocking pool): every page is complete, ordered
+/// and ends where the next begins, whatever its size against that step.
+pub async fn subscribers_large_pages<S: Store>(store: &S) {
+    let t = topic(&[0, 3]);
+    // 80 subscribers, the last with the highest id there is.
+    let mut ids: Vec<RecipientId> = (1..80u8).map(|b| RecipientId::from_bytes([b * 3; 32])).collect();
+    ids.push(RecipientId::from_bytes([0xff; 32]));
+    for id in &ids {
+        store.register(id, &secret(1), &apns("tok"), 100).await.unwrap();
+        subscribe(store, id, &secret(1), vec![sub(&t)], 110).await;
+    }
+    ids.sort();
+    for size in [1, 31, 32, 33, 64, 79, 80, 81, 1000] {
+        let mut seen = Vec::new();
+        let mut after: Option<RecipientId> = None;
+        loop {
+            let page = store.subscribers(&t, after.as_ref(), size).await.unwrap();
+            assert!(page.len() <= size, "page of {size}: {} rows", page.len());
+            seen.extend(page.iter().map(|s| s.recipient.id));
+            if page.len() < size {
+                break; // a short page is the last one
+            }
+            after = page.last().map(|s| s.recipient.id);
+        }
+        assert_eq!(seen, ids, "pages of {size}: every subscriber once, in id order");
+    }
 }
 
 /// subscribers(): ordered by recipient id, each exactly once across pages,
