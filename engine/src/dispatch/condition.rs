@@ -116,13 +116,13 @@ mod tests {
 
     fn subscriber(start: u64, include_commits: bool, keys: Option<KeyWindow>, target: DeliveryTarget) -> Subscriber {
         Subscriber {
-            recipient: Recipient {
+            recipient: Arc::new(Recipient {
                 id: RecipientId::from_bytes([1; 32]),
                 secret_hash: SecretHash([2; 32]),
                 target,
                 renewed_at_ns: 0,
                 topic_count: 1,
-            },
+            }),
             subscription: StoredSubscription {
                 subscription: Subscription { topic: Topic::parse(&[0, 1]).unwrap(), keys, include_commits },
                 start_position: start,

@@ -333,7 +333,7 @@ impl ShardState {
             if key.is_some_and(|key| own.contains(&key)) {
                 ctx.metrics.suppressed.inc();
             } else {
-                recipients.push(Arc::new(recipient));
+                recipients.push(recipient);
             }
         }
         if !recipients.is_empty() {

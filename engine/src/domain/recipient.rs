@@ -1,6 +1,8 @@
 //! A recipient as the engine knows it once registered: the store keeps it,
 //! dispatch and delivery read it. Domain data, not a storage detail.
 
+use std::sync::Arc;
+
 use super::{Channel, DeliveryTarget, RecipientId, SecretHash, StoredSubscription};
 
 /// A stored recipient: what delivery needs and the SHA-256 of its secret (PUSH-254).
@@ -25,6 +27,8 @@ pub struct RecipientSummary {
 /// One subscriber of a topic, joined with its recipient, as dispatch reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Subscriber {
-    pub recipient: Recipient,
+    /// Shared: every delivery of the page holds it, and the embedded store
+    /// hands out one decoded copy per unchanged record.
+    pub recipient: Arc<Recipient>,
     pub subscription: StoredSubscription,
 }

@@ -18,6 +18,7 @@
 
 mod commit;
 mod gateway;
+mod recipient_cache;
 mod relay;
 
 use std::collections::BTreeMap;
@@ -29,6 +30,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 
+use self::recipient_cache::RecipientCache;
 use super::{
     Appended, GatewayRegistration, GatewayWakeup, LeasedWakeup, NotifyClaim, NotifyKey, RelayClaim, RelayKey,
     RelaySettled, Revoke, RouteKey, ShardLeases, ShardPosition, Store, StoreError,
@@ -58,6 +60,8 @@ pub struct RedbStore {
     db: Arc<Database>,
     writer: commit::GroupCommit,
     shard_count: u16,
+    /// Dispatch's decoded recipients (`recipient_cache`).
+    recipients: Arc<RecipientCache>,
 }
 
 /// redb's own default page cache: 1 GiB.
@@ -117,7 +121,12 @@ impl RedbStore {
             _ => {
                 txn.commit().be()?;
                 let db = Arc::new(db);
-                Ok(Self { writer: commit::GroupCommit::start(db.clone())?, db, shard_count })
+                Ok(Self {
+                    writer: commit::GroupCommit::start(db.clone())?,
+                    db,
+                    shard_count,
+                    recipients: Arc::new(RecipientCache::new(recipient_cache::CAPACITY)),
+                })
             }
         }
     }
@@ -746,12 +755,14 @@ impl Store for RedbStore {
         // The head of the page is read here, the rest (if the topic has more)
         // on the blocking pool: see INLINE_SUBSCRIBERS.
         let head_limit = limit.min(INLINE_SUBSCRIBERS);
-        let mut page = read_subscribers(&self.db.begin_read().be()?, topic, after, head_limit)?;
+        let cache = &self.recipients;
+        let mut page = read_subscribers(&self.db.begin_read().be()?, cache, topic, after, head_limit)?;
         if page.len() < head_limit || limit == head_limit {
             return Ok(page);
         }
-        let (topic, after) = (topic.clone(), page.last().map(|s| s.recipient.id));
-        let tail = self.read(move |txn| read_subscribers(txn, &topic, after.as_ref(), limit - head_limit)).await?;
+        let (topic, after, cache) = (topic.clone(), page.last().map(|s| s.recipient.id), cache.clone());
+        let rest = limit - head_limit;
+        let tail = self.read(move |txn| read_subscribers(txn, &cache, &topic, after.as_ref(), rest)).await?;
         page.extend(tail);
         Ok(page)
     }
@@ -767,9 +778,10 @@ impl Store for RedbStore {
 const INLINE_SUBSCRIBERS: usize = 32;
 
 /// Up to `limit` subscribers of `topic` after `after`, in recipient id
-/// order, each joined with its recipient.
+/// order, each joined with its recipient (decoded once while unchanged).
 fn read_subscribers(
     txn: &redb::ReadTransaction,
+    cache: &RecipientCache,
     topic: &Topic,
     after: Option<&RecipientId>,
     limit: usize,
@@ -794,9 +806,10 @@ fn read_subscribers(
         let (k, v) = row.be()?;
         let id = RecipientId::parse(&k.value()[prefix.len()..]).map_err(|_| corrupt("topic subscription"))?;
         // A row without its recipient should not exist; skip it if it does.
-        let Some(recipient) = get_recipient(&recipients, &id)? else {
+        let Some(encoded) = recipients.get(id.as_bytes()).be()? else {
             continue;
         };
+        let recipient = cache.get_or_decode(&id, encoded.value(), |bytes| codec::decode_recipient(id, bytes))?;
         let subscription = codec::decode_subscription(topic.clone(), v.value())?;
         out.push(Subscriber { recipient, subscription });
     }

@@ -847,7 +847,7 @@ impl ScyllaStore {
         let Some(subscription) = codec::decode_subscription(topic.clone(), (r.7, r.8, r.9, r.10))? else {
             return Ok(None);
         };
-        Ok(Some(Subscriber { recipient: recipient.recipient, subscription }))
+        Ok(Some(Subscriber { recipient: Arc::new(recipient.recipient), subscription }))
     }
 }
 

@@ -65,6 +65,7 @@ macro_rules! for_each_case {
             advance_checkpoint_forward_and_prunes,
             subscribers_paging,
             subscribers_large_pages,
+            subscribers_carry_the_latest_registration,
             relay_claim_settle_and_release,
             relay_claims_expire_and_are_taken_over,
             relay_concurrent_claims_have_one_winner,
@@ -833,6 +834,24 @@ pub async fn subscribers_large_pages<S: Store>(store: &S) {
     }
 }
 
+/// subscribers() joins each subscriber with its recipient as stored now: a
+/// re-registration's new target is what the next page carries, however
+/// often the old one was read (a backend may keep decoded records).
+pub async fn subscribers_carry_the_latest_registration<S: Store>(store: &S) {
+    let t = topic(&[0, 4]);
+    let id = rid(1);
+    let targets = |page: Vec<Subscriber>| page.into_iter().map(|s| s.recipient.target.clone()).collect::<Vec<_>>();
+    store.register(&id, &secret(1), &apns("first"), 100).await.unwrap();
+    subscribe(store, &id, &secret(1), vec![sub(&t)], 110).await;
+    for _ in 0..3 {
+        assert_eq!(targets(store.subscribers(&t, None, 10).await.unwrap()), vec![apns("first")]);
+    }
+    store.register(&id, &secret(1), &apns("second"), 120).await.unwrap();
+    let page = store.subscribers(&t, None, 10).await.unwrap();
+    assert_eq!(Some(&*page[0].recipient), store.recipient(&id).await.unwrap().as_ref());
+    assert_eq!(targets(page), vec![apns("second")]);
+}
+
 /// subscribers(): ordered by recipient id, each exactly once across pages,
 /// joined with the recipient, only the asked topic.
 pub async fn subscribers_paging<S: Store>(store: &S) {
@@ -868,7 +887,7 @@ pub async fn subscribers_paging<S: Store>(store: &S) {
         for s in &page {
             assert_eq!(s.subscription.subscription.topic, t);
             assert_eq!(s.subscription.start_position, 0);
-            assert_eq!(Some(&s.recipient), store.recipient(&s.recipient.id).await.unwrap().as_ref());
+            assert_eq!(Some(&*s.recipient), store.recipient(&s.recipient.id).await.unwrap().as_ref());
             seen.push(s.recipient.id);
         }
         after = Some(page.last().unwrap().recipient.id);

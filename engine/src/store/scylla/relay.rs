@@ -73,7 +73,8 @@ impl ScyllaStore {
             if insert.applied {
                 return Ok(RelayClaim::Claimed);
             }
-            let read = (insert.current_i8("state"), insert.current_i64("lease_until"), insert.current_i64("expires_at"));
+            let read =
+                (insert.current_i8("state"), insert.current_i64("lease_until"), insert.current_i64("expires_at"));
             // A row caught half expired (some cells gone): try again.
             let (Some(state), Some(lease), Some(expires)) = read else {
                 backoff(attempt).await;
