@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use http::HeaderValue;
+use http::{HeaderName, HeaderValue};
 
 use self::classify::{CONNECTION_ERROR, TIMED_OUT, classify};
 use super::pool::{ClientOptions, Protocols, SendError};
@@ -158,11 +158,16 @@ fn webhook_request(url: &WebhookUrl, key: &SigningKey, body: String) -> Result<h
     let fields = request.headers_mut();
     fields.reserve(4);
     fields.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    fields.insert(HEADER_ID, never_indexed(headers.id)?);
-    fields.insert(HEADER_TIMESTAMP, HeaderValue::try_from(headers.timestamp)?);
-    fields.insert(HEADER_SIGNATURE, never_indexed(headers.signature)?);
+    fields.insert(WEBHOOK_ID, never_indexed(headers.id)?);
+    fields.insert(WEBHOOK_TIMESTAMP, HeaderValue::try_from(headers.timestamp)?);
+    fields.insert(WEBHOOK_SIGNATURE, never_indexed(headers.signature)?);
     Ok(request)
 }
+
+// Parsed once: a `&str` name is parsed again on every insert.
+const WEBHOOK_ID: HeaderName = HeaderName::from_static(HEADER_ID);
+const WEBHOOK_TIMESTAMP: HeaderName = HeaderName::from_static(HEADER_TIMESTAMP);
+const WEBHOOK_SIGNATURE: HeaderName = HeaderName::from_static(HEADER_SIGNATURE);
 
 fn never_indexed(value: String) -> Result<HeaderValue, http::Error> {
     let mut value = HeaderValue::try_from(value)?;

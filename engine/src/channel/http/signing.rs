@@ -16,24 +16,42 @@ pub const HEADER_ID: &str = "webhook-id";
 pub const HEADER_TIMESTAMP: &str = "webhook-timestamp";
 pub const HEADER_SIGNATURE: &str = "webhook-signature";
 
+/// `v1,` and the standard base64 of a SHA-256 MAC.
+const SIGNATURE_LEN: usize = 3 + 44;
+/// `msg_` and the base64url of 24 bytes.
+const WEBHOOK_ID_LEN: usize = 4 + 32;
+
 /// `v1,` followed by the standard base64 of HMAC-SHA256 under `key` over
 /// `{webhook_id}.{timestamp}.` and the exact body bytes (PUSH-235).
 pub fn sign(key: &SigningKey, webhook_id: &str, timestamp: i64, body: &[u8]) -> String {
+    sign_text(key, webhook_id, &timestamp.to_string(), body)
+}
+
+/// `sign` with the timestamp already in its decimal text, as the header
+/// carries it. Every string is allocated once at its final length: this
+/// runs for every attempt.
+fn sign_text(key: &SigningKey, webhook_id: &str, timestamp: &str, body: &[u8]) -> String {
     // HMAC takes a key of any length; SigningKey holds 16 to 64 bytes.
     let mut mac = Hmac::<Sha256>::new_from_slice(key.as_bytes()).expect("hmac accepts any key length");
     mac.update(webhook_id.as_bytes());
     mac.update(b".");
-    mac.update(timestamp.to_string().as_bytes());
+    mac.update(timestamp.as_bytes());
     mac.update(b".");
     mac.update(body);
-    format!("v1,{}", STANDARD.encode(mac.finalize().into_bytes()))
+    let mut signature = String::with_capacity(SIGNATURE_LEN);
+    signature.push_str("v1,");
+    STANDARD.encode_string(mac.finalize().into_bytes(), &mut signature);
+    signature
 }
 
 /// A webhook-id unique to one attempt: `msg_` and 24 random bytes, base64url.
 pub fn new_webhook_id() -> String {
     let mut bytes = [0u8; 24];
     rand::rng().fill_bytes(&mut bytes);
-    format!("msg_{}", URL_SAFE_NO_PAD.encode(bytes))
+    let mut id = String::with_capacity(WEBHOOK_ID_LEN);
+    id.push_str("msg_");
+    URL_SAFE_NO_PAD.encode_string(bytes, &mut id);
+    id
 }
 
 /// The three PUSH-235 header values for one attempt. Debug hides the
@@ -52,8 +70,9 @@ impl WebhookHeaders {
     /// A fresh id, `now_unix_s` as the timestamp, and the signature of `body`.
     pub fn for_attempt(key: &SigningKey, body: &[u8], now_unix_s: i64) -> WebhookHeaders {
         let id = new_webhook_id();
-        let signature = sign(key, &id, now_unix_s, body);
-        WebhookHeaders { id, timestamp: now_unix_s.to_string(), signature }
+        let timestamp = now_unix_s.to_string();
+        let signature = sign_text(key, &id, &timestamp, body);
+        WebhookHeaders { id, timestamp, signature }
     }
 }
 
@@ -96,7 +115,8 @@ mod tests {
         let a = WebhookHeaders::for_attempt(&key, BODY, 1_700_000_000);
         let b = WebhookHeaders::for_attempt(&key, BODY, 1_700_000_000);
         assert_ne!(a.id, b.id, "webhook-id is unique per attempt");
-        assert!(a.id.starts_with("msg_") && a.id.len() == 4 + 32);
+        assert!(a.id.starts_with("msg_") && a.id.len() == WEBHOOK_ID_LEN && a.id.capacity() == WEBHOOK_ID_LEN);
+        assert_eq!((a.signature.len(), a.signature.capacity()), (SIGNATURE_LEN, SIGNATURE_LEN));
         assert_eq!(a.timestamp, "1700000000");
         assert_eq!(a.signature, sign(&key, &a.id, 1_700_000_000, BODY));
         assert!(!format!("{a:?}").contains(&a.signature));
