@@ -3,6 +3,7 @@
 //! a slot: backpressure), an optional rate limit (governor), and a cap on how
 //! much of an answer's body is read.
 
+use std::fmt::Write as _;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::num::{NonZeroU32, NonZeroUsize};
@@ -486,14 +487,19 @@ async fn discard<B: hyper::body::Body + Unpin>(mut body: B, cap: usize) {
 /// characters pass, every other byte becomes `%XX`.
 pub fn encode_path_segment(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
+    push_path_segment(&mut out, text);
+    out
+}
+
+/// `encode_path_segment(text)` appended to `out`.
+pub fn push_path_segment(out: &mut String, text: &str) {
     for byte in text.bytes() {
         if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
             out.push(byte as char);
         } else {
-            out.push_str(&format!("%{byte:02X}"));
+            let _ = write!(out, "%{byte:02X}");
         }
     }
-    out
 }
 
 /// Unix time in whole seconds.

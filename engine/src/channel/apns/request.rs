@@ -1,11 +1,14 @@
 //! The APNs request of spec 000 section 7 (PUSH-259).
 
+use std::borrow::Cow;
+use std::fmt::Write as _;
+
 use bytes::Bytes;
-use http::{HeaderValue, Request, Uri};
+use http::{HeaderName, HeaderValue, Request, Uri};
 
 use super::collapse::fit_collapse_id;
 use super::token::ProviderToken;
-use crate::channel::pool::encode_path_segment;
+use crate::channel::pool::push_path_segment;
 use crate::channel::relayed::{Fitted, RelayRefusal, RelayedPush, fit};
 use crate::domain::StoredEnvelope;
 
@@ -28,12 +31,40 @@ pub fn relayed_apns_body(payload: &serde_json::Map<String, serde_json::Value>) -
 /// (standard base64) and the sequence id (decimal text). The values hold only
 /// base64 characters and digits, so nothing needs escaping.
 pub fn apns_body(envelope: &StoredEnvelope) -> String {
-    format!(
-        r#"{{"aps":{{"content-available":1}},"topic":"{}","sequence_id":"{}"}}"#,
-        envelope.topic.to_base64(),
-        envelope.sequence_id
-    )
+    apns_body_with(&envelope.topic.to_base64(), envelope.sequence_id)
 }
+
+/// `apns_body` from the topic's base64, written into one buffer of its
+/// exact length (built for every push, handed to the request without a copy).
+fn apns_body_with(topic_base64: &str, sequence_id: u64) -> String {
+    const FRAME: &str = r#"{"aps":{"content-available":1},"topic":"","sequence_id":""}"#;
+    let digits = sequence_id.checked_ilog10().unwrap_or(0) as usize + 1;
+    let mut body = String::with_capacity(FRAME.len() + topic_base64.len() + digits);
+    body.push_str(r#"{"aps":{"content-available":1},"topic":""#);
+    body.push_str(topic_base64);
+    let _ = write!(body, r#"","sequence_id":"{sequence_id}"}}"#);
+    body
+}
+
+/// `{base}/3/device/{token}`, the token percent-encoded, built in one buffer.
+fn device_uri(base: &str, device: &str) -> Option<Uri> {
+    const PATH: &str = "/3/device/";
+    let mut uri = String::with_capacity(base.len() + PATH.len() + device.len());
+    uri.push_str(base);
+    uri.push_str(PATH);
+    push_path_segment(&mut uri, device);
+    Uri::try_from(uri).ok()
+}
+
+// The APNs request headers, parsed once: a `&str` name is parsed (and a
+// custom one copied) again on every request.
+const APNS_TOPIC: HeaderName = HeaderName::from_static("apns-topic");
+const APNS_PUSH_TYPE: HeaderName = HeaderName::from_static("apns-push-type");
+const APNS_PRIORITY: HeaderName = HeaderName::from_static("apns-priority");
+const APNS_COLLAPSE_ID: HeaderName = HeaderName::from_static("apns-collapse-id");
+const APNS_EXPIRATION: HeaderName = HeaderName::from_static("apns-expiration");
+const BACKGROUND: HeaderValue = HeaderValue::from_static("background");
+const PRIORITY_BACKGROUND: HeaderValue = HeaderValue::from_static("5");
 
 /// One push's request parts, built once and reused for the resend after
 /// ExpiredProviderToken.
@@ -53,15 +84,20 @@ impl ApnsRequest {
     /// (issue 19: sent explicitly, from `expiration_seconds`). `None` when
     /// the device token or topic cannot form a request.
     pub(super) fn new(base: &str, device: &str, envelope: &StoredEnvelope, expires_at: u64) -> Option<Self> {
-        let uri = format!("{base}/3/device/{}", encode_path_segment(device)).parse().ok()?;
+        let uri = device_uri(base, device)?;
+        let topic = envelope.topic.to_base64();
+        let body = Bytes::from(apns_body_with(&topic, envelope.sequence_id));
         // PUSH-259, fitted to APNs's 64 bytes (see `collapse`).
-        let collapse_id = HeaderValue::try_from(fit_collapse_id(&envelope.topic.to_base64()).as_ref()).ok()?;
+        let collapse_id = match fit_collapse_id(&topic) {
+            Cow::Borrowed(_) => HeaderValue::try_from(topic),
+            Cow::Owned(stand_in) => HeaderValue::try_from(stand_in),
+        };
         Some(Self {
             uri,
             topic: None,
-            collapse_id: Some(collapse_id),
+            collapse_id: Some(collapse_id.ok()?),
             expiration: HeaderValue::from(expires_at),
-            body: Bytes::from(apns_body(envelope)),
+            body,
         })
     }
 
@@ -70,7 +106,7 @@ impl ApnsRequest {
     /// a request. A collapse id over APNs's 64 bytes is replaced by its
     /// stand-in, as for topics: the push still collapses with its repeats.
     pub(super) fn relayed(base: &str, push: &RelayedPush<'_>, body: String, now_unix_s: u64) -> Option<Self> {
-        let uri = format!("{base}/3/device/{}", encode_path_segment(push.token)).parse().ok()?;
+        let uri = device_uri(base, push.token)?;
         let topic = push.app_id.map(HeaderValue::try_from).transpose().ok()?;
         let collapse_id = match push.collapse_id {
             Some(id) => Some(HeaderValue::try_from(fit_collapse_id(id).as_ref()).ok()?),
@@ -84,15 +120,20 @@ impl ApnsRequest {
     pub(super) fn build(&self, token: &ProviderToken, bundle_id: &HeaderValue) -> Option<Request<Bytes>> {
         // A background push must use priority 5 (Apple's rule), whatever
         // the relayed priority says.
-        let mut request = Request::post(self.uri.clone())
-            .header(http::header::AUTHORIZATION, token.authorization.clone())
-            .header("apns-topic", self.topic.as_ref().unwrap_or(bundle_id).clone())
-            .header("apns-push-type", "background")
-            .header("apns-priority", "5");
+        let mut request = Request::new(self.body.clone());
+        *request.method_mut() = http::Method::POST;
+        *request.uri_mut() = self.uri.clone();
+        let fields = request.headers_mut();
+        fields.reserve(6);
+        fields.insert(http::header::AUTHORIZATION, token.authorization.clone());
+        fields.insert(APNS_TOPIC, self.topic.as_ref().unwrap_or(bundle_id).clone());
+        fields.insert(APNS_PUSH_TYPE, BACKGROUND);
+        fields.insert(APNS_PRIORITY, PRIORITY_BACKGROUND);
         if let Some(collapse_id) = &self.collapse_id {
-            request = request.header("apns-collapse-id", collapse_id.clone());
+            fields.insert(APNS_COLLAPSE_ID, collapse_id.clone());
         }
-        request.header("apns-expiration", self.expiration.clone()).body(self.body.clone()).ok()
+        fields.insert(APNS_EXPIRATION, self.expiration.clone());
+        Some(request)
     }
 }
 
@@ -160,6 +201,10 @@ mod tests {
         assert_eq!(body, r#"{"aps":{"content-available":1},"topic":"AAECAw==","sequence_id":"9007199254740993"}"#);
         let json: serde_json::Value = serde_json::from_str(&body).unwrap();
         assert_eq!(json["aps"]["content-available"], 1);
+        for sequence_id in [0, 9, 10, u64::MAX] {
+            let body = apns_body(&envelope(sequence_id));
+            assert_eq!(body.capacity(), body.len(), "allocated at its length, sequence id {sequence_id}");
+        }
     }
 
     #[test]
