@@ -396,3 +396,9 @@ pub trait ShardLeases: Send + Sync + 'static {
     /// The nodes whose heartbeat has not expired.
     async fn live_nodes(&self) -> Result<Vec<NodeId>, StoreError>;
 }
+
+/// Whether a page of `subscribers` is empty without reading: none asked
+/// for, or none can follow the highest recipient id there is.
+fn nothing_after(after: Option<&RecipientId>, limit: usize) -> bool {
+    limit == 0 || after.is_some_and(|a| a.as_bytes() == &[0xff; 32])
+}

@@ -786,7 +786,7 @@ fn read_subscribers(
     after: Option<&RecipientId>,
     limit: usize,
 ) -> Result<Vec<Subscriber>, StoreError> {
-    if limit == 0 || after.is_some_and(|a| a.as_bytes() == &[0xff; 32]) {
+    if super::nothing_after(after, limit) {
         return Ok(Vec::new());
     }
     let subs = txn.open_table(TOPIC_SUBS).be()?;

@@ -1388,7 +1388,7 @@ impl Store for ScyllaStore {
         after: Option<&RecipientId>,
         limit: usize,
     ) -> Result<Vec<Subscriber>, StoreError> {
-        if limit == 0 || after.is_some_and(|a| a.as_bytes() == &[0xff; 32]) {
+        if super::nothing_after(after, limit) {
             return Ok(Vec::new());
         }
         let page_rows = i32::try_from(limit).unwrap_or(PAGE_ROWS).min(PAGE_ROWS);
