@@ -128,6 +128,13 @@ pub struct RunArgs {
     /// With --apns-server pushy: skip Pushy's client (only the engine into Pushy's server).
     #[arg(long)]
     pub no_pushy_client: bool,
+    /// With --apns-server rust: measure Pushy's client too (Java + Maven),
+    /// into a fresh instance of the harness's mock APNs, before the engine
+    /// starts. Pushy's server costs a client's push several times what the
+    /// harness's does, so this compares the two clients with less of the
+    /// run decided by the server (see docs/BENCHMARKS.md).
+    #[arg(long)]
+    pub with_pushy_client: bool,
     /// With --apns-server pushy: the connection counts Pushy's client is run
     /// with, one measurement each; the report compares against the best.
     #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
@@ -435,7 +442,7 @@ async fn measure_h2load(
 async fn measure_pushy(
     args: &RunArgs,
     classpath: &pushy::Classpath,
-    server: pushy::ServerOptions,
+    peer: pushy::ClientPeer,
     pki: &TestPki,
     scenario: &Scenario,
     plan: &Arc<Plan>,
@@ -452,7 +459,11 @@ async fn measure_pushy(
     if connections.is_empty() {
         connections = vec![1, 2, 4];
     }
-    let mut report = pushy::PushyReport { server_threads: server.threads, ..Default::default() };
+    let server_threads = match peer {
+        pushy::ClientPeer::Pushy(server) => server.threads,
+        pushy::ClientPeer::HarnessMock => 0,
+    };
+    let mut report = pushy::PushyReport { server_threads, ..Default::default() };
     for c in connections {
         let config = pushy::ClientConfig {
             connections: c.max(1),
@@ -461,8 +472,8 @@ async fn measure_pushy(
             threads: c.clamp(1, cores),
         };
         progress.phase(&format!("pushy client, {} connection(s)", config.connections), 0);
-        let result =
-            pushy::measure_client(classpath, &files, &pushes_file, server, config, scenario.drain_timeout()).await?;
+        let timeout = scenario.drain_timeout();
+        let result = pushy::measure_client(classpath, &files, &pushes_file, peer, (pki, &key), config, timeout).await?;
         progress.say(&format!(
             "pushy client: {:.0} pushes/s with {} connection(s), {} in flight ({} accepted, {} rejected)",
             result.pushes_per_second, result.connections, result.in_flight, result.accepted, result.rejected
@@ -495,20 +506,22 @@ fn write_pushes(plan: &Plan, ids: RunIds, count: u64, path: &Path) -> anyhow::Re
     )
 }
 
-/// `--apns-server pushy` runs an apns scenario without faults or latency:
-/// Pushy's server answers every valid push 200 at once.
-fn check_pushy_scenario(scenario: &Scenario) -> anyhow::Result<()> {
+/// `flag` (`--apns-server pushy`, `--with-pushy-client`) runs an apns
+/// scenario without faults or latency: Pushy's server, and the harness's
+/// mock when it is measured with Pushy's client, answer every valid push
+/// 200 at once, and both clients must meet the same answers.
+fn check_pushy_scenario(scenario: &Scenario, flag: &str) -> anyhow::Result<()> {
     if scenario.channel != ScenarioChannel::Apns {
         bail!(
-            "--apns-server pushy is for apns scenarios (channel = \"apns\"); scenario {} has channel {:?}",
+            "{flag} is for apns scenarios (channel = \"apns\"); scenario {} has channel {:?}",
             scenario.name,
             scenario.channel
         );
     }
     if scenario.faults.any() || scenario.mock.latency_ms > 0 {
         bail!(
-            "--apns-server pushy: Pushy's mock server answers every valid push 200 without delay; scenario {} \
-             has faults or mock.latency_ms (use the harness's own mock, --apns-server rust)",
+            "{flag}: Pushy's client is measured into a server that answers every valid push 200 without delay; \
+             scenario {} has faults or mock.latency_ms, which only the engine would meet",
             scenario.name
         );
     }
@@ -600,9 +613,14 @@ async fn execute_inner(
 
     // The APNs peer; Pushy's is built first if needed (Maven, minutes the first time).
     let peer = match args.apns_server {
-        ApnsServer::Rust => ApnsPeer::Rust,
+        ApnsServer::Rust => {
+            if args.with_pushy_client {
+                check_pushy_scenario(scenario, "--with-pushy-client")?;
+            }
+            ApnsPeer::Rust
+        }
         ApnsServer::Pushy => {
-            check_pushy_scenario(scenario)?;
+            check_pushy_scenario(scenario, "--apns-server pushy")?;
             progress.phase("building the Pushy peer (loadtest/pushy)", 0);
             let classpath = tokio::task::spawn_blocking(pushy::ensure_built).await??;
             let server =
@@ -633,7 +651,14 @@ async fn execute_inner(
     // Pushy's client, as many pushes as the engine will send, into the same kind of server.
     let pushy_client = match &peer {
         ApnsPeer::Pushy { classpath, server, .. } if !args.no_pushy_client => {
-            Some(measure_pushy(args, classpath, *server, pki, scenario, plan, expected_all, progress).await?)
+            let peer = pushy::ClientPeer::Pushy(*server);
+            Some(measure_pushy(args, classpath, peer, pki, scenario, plan, expected_all, progress).await?)
+        }
+        ApnsPeer::Rust if args.with_pushy_client => {
+            progress.phase("building Pushy's client (loadtest/pushy)", 0);
+            let classpath = tokio::task::spawn_blocking(pushy::ensure_built).await??;
+            let peer = pushy::ClientPeer::HarnessMock;
+            Some(measure_pushy(args, &classpath, peer, pki, scenario, plan, expected_all, progress).await?)
         }
         _ => None,
     };
@@ -1044,6 +1069,66 @@ mod tests {
         true
     }
 
+    /// `--with-pushy-client` with the harness's mock: Pushy's client is
+    /// measured into a fresh harness mock, which verifies its provider
+    /// tokens as it does the engine's, and the report compares the two.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn apns_smoke_scenario_with_pushy_client_into_the_harness_mock() {
+        if !pushy_tools() {
+            return;
+        }
+        let binary = tokio::task::spawn_blocking(|| launcher::build_binary(false)).await.unwrap().unwrap();
+        let args = RunArgs {
+            scenario: Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/apns-smoke.toml"),
+            engine_bin: Some(binary),
+            with_pushy_client: true,
+            pushy_connections: vec![1],
+            pushy_in_flight: DEFAULT_PUSHY_IN_FLIGHT,
+            pushy_warmup: 100,
+            ..RunArgs::default()
+        };
+        let report = execute(&args).await.unwrap();
+        eprintln!("{}", report.text());
+        assert!(report.passed, "{}", report.text());
+        assert_all_delivered_on(&report, "apns");
+        assert_eq!(report.apns_server.as_deref(), Some("rust"));
+        let pushy = report.pushy.as_ref().expect("Pushy's client was measured");
+        let [run] = pushy.runs.as_slice() else { panic!("one configuration: {pushy:?}") };
+        assert!(run.clean(), "{run:?}");
+        assert_eq!((run.pushes, run.accepted, run.warmup), (report.plan.expected_deliveries, run.pushes, 100));
+        assert_eq!(run.server_accepted, run.warmup_accepted + run.accepted, "the mock counted every push");
+        assert!(report.ratio_pushy.is_some_and(|r| r > 0.0));
+    }
+
+    /// The harness's mock verifies Pushy's client's provider tokens: pushes
+    /// signed with another key than the mock's are all refused, and counted
+    /// as the mock's rejections, so such a measurement is never clean.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_harness_mock_refuses_pushy_tokens_of_another_key() {
+        if !pushy_tools() {
+            return;
+        }
+        let scenario =
+            Scenario::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/apns-smoke.toml")).unwrap();
+        let plan = Plan::new(&scenario);
+        let ids = RunIds::fresh();
+        let pki = TestPki::generate(&[]).unwrap();
+        let (signing, mocks) = (ApnsTestKey::generate().unwrap(), ApnsTestKey::generate().unwrap());
+        let files = pushy::PushyFiles::write(&pki, &signing, &plan, ids).unwrap();
+        let pushes = files.path("pushes.txt");
+        write_pushes(&plan, ids, 10, &pushes).unwrap();
+        let classpath = tokio::task::spawn_blocking(pushy::ensure_built).await.unwrap().unwrap();
+        let config = pushy::ClientConfig { connections: 1, in_flight: 10, warmup: 0, threads: 1 };
+        let peer = pushy::ClientPeer::HarnessMock;
+        let timeout = Duration::from_secs(60);
+        let run =
+            pushy::measure_client(&classpath, &files, &pushes, peer, (&pki, &mocks), config, timeout).await.unwrap();
+        assert_eq!((run.pushes, run.accepted, run.rejected), (10, 0, 10), "{run:?}");
+        assert_eq!((run.server_accepted, run.server_rejected), (0, 10), "{run:?}");
+        assert!(run.first_rejection.as_deref().is_some_and(|r| r.contains("InvalidProviderToken")), "{run:?}");
+        assert!(!run.clean());
+    }
+
     /// Pushy's server as an apns scenario's receiver verifies every provider
     /// token, signed as the engine signs (JWS R || S): the run's key is
     /// accepted and reaches the collector as a delivery; another key's is
@@ -1113,13 +1198,16 @@ mod tests {
             ))
             .unwrap()
         };
-        let err = check_pushy_scenario(&scenario("http", "")).unwrap_err().to_string();
-        assert!(err.contains("is for apns scenarios"), "{err}");
-        let faults = scenario("apns", "[faults]\nstatus_503 = 0.1");
-        let err = check_pushy_scenario(&faults).unwrap_err().to_string();
-        assert!(err.contains("has faults"), "{err}");
-        let smoke = Scenario::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/apns-smoke.toml")).unwrap();
-        check_pushy_scenario(&smoke).unwrap();
+        for flag in ["--apns-server pushy", "--with-pushy-client"] {
+            let err = check_pushy_scenario(&scenario("http", ""), flag).unwrap_err().to_string();
+            assert!(err.starts_with(flag) && err.contains("is for apns scenarios"), "{err}");
+            let faults = scenario("apns", "[faults]\nstatus_503 = 0.1");
+            let err = check_pushy_scenario(&faults, flag).unwrap_err().to_string();
+            assert!(err.contains("has faults"), "{err}");
+            let smoke =
+                Scenario::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/apns-smoke.toml")).unwrap();
+            check_pushy_scenario(&smoke, flag).unwrap();
+        }
     }
 
     /// The smoke scenario end to end against the real `fanout` binary (built

@@ -19,7 +19,8 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use fanout_testkit::TestPki;
-use fanout_testkit::mock::apns::ApnsTestKey;
+use fanout_testkit::mock;
+use fanout_testkit::mock::apns::{ApnsHook, ApnsReply, ApnsTestKey, MockApnsConfig};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
@@ -446,23 +447,49 @@ pub fn write_pushes(path: &Path, pushes: impl Iterator<Item = (String, String, S
     Ok(())
 }
 
-/// Runs Pushy's client with `config` into a fresh server started from
-/// `files` with `server`: the pushes of
-/// `pushes_file`, after a warm-up (into the same server), bounded by
-/// `timeout`; the result carries the server's own counts too.
+/// The server Pushy's client is measured into: a fresh one of the kind the
+/// engine's phase has as its APNs peer.
+#[derive(Debug, Clone, Copy)]
+pub enum ClientPeer {
+    /// Pushy's `MockApnsServer` (`--apns-server pushy`).
+    Pushy(ServerOptions),
+    /// The harness's own mock APNs (`--apns-server rust`): Rust, verifying
+    /// every provider token (each distinct one's signature once) and the
+    /// request's other APNs rules, answering 200.
+    HarnessMock,
+}
+
+/// Runs Pushy's client with `config` into a fresh `peer` (Pushy's from
+/// `files`, or the harness's with the run's `pki` and provider `key`): the
+/// pushes of `pushes_file`, after a warm-up (into the same server), bounded
+/// by `timeout`; the result carries the server's own counts too.
+#[allow(clippy::too_many_arguments)]
 pub async fn measure_client(
     classpath: &Classpath,
     files: &PushyFiles,
     pushes_file: &Path,
-    server: ServerOptions,
+    peer: ClientPeer,
+    (pki, key): (&TestPki, &ApnsTestKey),
     config: ClientConfig,
     timeout: Duration,
 ) -> anyhow::Result<ClientResult> {
-    let server = PushyServer::start(classpath, files, server, None).await?;
-    let result = run_client(classpath, files, server.port(), pushes_file, config, true, timeout).await;
-    // Every line is read once the server has exited.
-    let counts = server.counts.clone();
-    server.shutdown().await;
+    let (result, counts) = match peer {
+        ClientPeer::Pushy(options) => {
+            let server = PushyServer::start(classpath, files, options, None).await?;
+            let result = run_client(classpath, files, server.port(), pushes_file, config, true, timeout).await;
+            // Every line is read once the server has exited.
+            let counts = server.counts.clone();
+            server.shutdown().await;
+            (result, counts)
+        }
+        ClientPeer::HarnessMock => {
+            let counts = Arc::new(ServerCounts::default());
+            let mock = mock::apns::start(pki, harness_mock_config(key, counts.clone())).await?;
+            let result = run_client(classpath, files, mock.addr().port(), pushes_file, config, true, timeout).await;
+            mock.shutdown().await;
+            (result, counts)
+        }
+    };
     let mut result = result?;
     result.server_accepted = counts.accepted.load(Ordering::Relaxed);
     result.server_rejected = counts.rejected.load(Ordering::Relaxed);
@@ -471,6 +498,33 @@ pub async fn measure_client(
         result.first_rejection = counts.first_rejection.lock().unwrap_or_else(|p| p.into_inner()).clone();
     }
     Ok(result)
+}
+
+/// The harness's mock APNs for Pushy's client: the run's provider key, and a
+/// hook counting what it accepted and refused as Pushy's server's lines do.
+fn harness_mock_config(key: &ApnsTestKey, counts: Arc<ServerCounts>) -> MockApnsConfig {
+    let hook = ApnsHook::new(move |req| match req.refusal {
+        Some(refusal) => {
+            counts.rejected.fetch_add(1, Ordering::Relaxed);
+            let reason = refusal.reason.clone().unwrap_or_else(|| refusal.status.to_string());
+            counts.first_rejection.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(reason);
+            None
+        }
+        None => {
+            counts.accepted.fetch_add(1, Ordering::Relaxed);
+            Some(ApnsReply::ok())
+        }
+    });
+    MockApnsConfig {
+        team_id: APNS_TEAM_ID.into(),
+        key_id: APNS_KEY_ID.into(),
+        public_key_pem: Some(key.public_pem.clone()),
+        record_requests: false,
+        on_request: Some(hook),
+        // Pushy signs with Java's `SHA256withECDSA` (DER), which APNs accepts.
+        accept_der_signatures: true,
+        ..MockApnsConfig::default()
+    }
 }
 
 /// One run of Pushy's client into the server at `port`: the warm-up, then

@@ -48,8 +48,9 @@ pub struct Report {
     /// apns scenarios: the APNs peer, `rust` (the harness's mock) or
     /// `pushy (...)` (Pushy's MockApnsServer, validating or accept-all).
     pub apns_server: Option<String>,
-    /// `--apns-server pushy`: Pushy's client into the same kind of server,
-    /// every configuration tried.
+    /// `--apns-server pushy`, or `--with-pushy-client` with the harness's
+    /// mock: Pushy's client into a fresh server of the kind the engine's
+    /// phase had (`apns_server`), every configuration tried.
     pub pushy: Option<PushyReport>,
     /// Engine deliveries/s ÷ Pushy's best pushes/s (issue 18 asks for ≥ 1.5).
     pub ratio_pushy: Option<f64>,
@@ -355,7 +356,7 @@ impl Report {
         if let Some(ratio) = self.ratio_pushy {
             let _ = writeln!(
                 s,
-                "  ratio       {ratio:.2} (engine deliveries/s / Pushy's best pushes/s, into the same Pushy server)"
+                "  ratio       {ratio:.2} (engine deliveries/s / Pushy's best pushes/s, into the same kind of APNs peer)"
             );
         }
         let m = &self.machine;

@@ -56,6 +56,10 @@ pub struct MockApnsConfig {
     pub record_requests: bool,
     /// Sees every request; answers those APNs would accept.
     pub on_request: Option<ApnsHook>,
+    /// Also accept a token whose ES256 signature is DER-encoded, as Java's
+    /// `SHA256withECDSA` makes it and Pushy's client sends it (APNs takes
+    /// both). Off by default: the engine must sign as RFC 7518 says (R ‖ S).
+    pub accept_der_signatures: bool,
 }
 
 impl Default for MockApnsConfig {
@@ -68,6 +72,7 @@ impl Default for MockApnsConfig {
             public_key_pem: None,
             record_requests: true,
             on_request: None,
+            accept_der_signatures: false,
         }
     }
 }
@@ -205,6 +210,44 @@ fn signed_iat(jwt: &str, key: &DecodingKey, team_id: &str, key_id: &str) -> Opti
     (data.header.kid.as_deref() == Some(key_id) && data.claims.iss == team_id).then_some(data.claims.iat)
 }
 
+/// `jwt` with its DER-encoded ECDSA signature (`SEQUENCE { INTEGER r,
+/// INTEGER s }`) re-encoded as JWS's 64-byte R ‖ S; `None` when the
+/// signature is not a P-256 one in DER.
+fn with_jose_signature(jwt: &str) -> Option<String> {
+    use base64::Engine as _;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let (signed, signature) = jwt.rsplit_once('.')?;
+    let der = URL_SAFE_NO_PAD.decode(signature).ok()?;
+    let rest = match der.as_slice() {
+        [0x30, len, rest @ ..] if usize::from(*len) == rest.len() => rest,
+        _ => return None,
+    };
+    let (r, rest) = der_integer(rest)?;
+    let (s, rest) = der_integer(rest)?;
+    if !rest.is_empty() {
+        return None;
+    }
+    let mut jose = [0u8; 64];
+    jose[32 - r.len()..32].copy_from_slice(r);
+    jose[64 - s.len()..].copy_from_slice(s);
+    Some(format!("{signed}.{}", URL_SAFE_NO_PAD.encode(jose)))
+}
+
+/// A DER INTEGER's magnitude (at most 32 bytes, its sign byte dropped) and
+/// what follows it.
+fn der_integer(der: &[u8]) -> Option<(&[u8], &[u8])> {
+    let [0x02, len, rest @ ..] = der else { return None };
+    let len = usize::from(*len);
+    if len == 0 || len > rest.len() {
+        return None;
+    }
+    let (mut value, rest) = rest.split_at(len);
+    while let [0, tail @ ..] = value {
+        value = tail;
+    }
+    (value.len() <= 32).then_some((value, rest))
+}
+
 /// A verified token issued at `iat`, judged now.
 fn token_age(iat: u64) -> TokenCheck {
     let now = unix_now();
@@ -224,6 +267,8 @@ struct TokenVerifier {
     key: DecodingKey,
     team_id: String,
     key_id: String,
+    /// `MockApnsConfig::accept_der_signatures`.
+    accept_der: bool,
     /// Token → its `iat` when it verified, `None` when it did not.
     verified: Mutex<HashMap<String, Option<u64>>>,
 }
@@ -235,7 +280,9 @@ impl TokenVerifier {
         };
         let cached = lock(&self.verified).get(jwt).copied();
         let iat = cached.unwrap_or_else(|| {
-            let iat = signed_iat(jwt, &self.key, &self.team_id, &self.key_id);
+            let verify = |jwt: &str| signed_iat(jwt, &self.key, &self.team_id, &self.key_id);
+            let iat = verify(jwt)
+                .or_else(|| if self.accept_der { with_jose_signature(jwt).and_then(|j| verify(&j)) } else { None });
             let mut verified = lock(&self.verified);
             if verified.len() >= MAX_VERIFIED_TOKENS {
                 verified.clear();
@@ -286,6 +333,7 @@ pub async fn start(pki: &TestPki, config: MockApnsConfig) -> anyhow::Result<Mock
             key: DecodingKey::from_ec_pem(pem.as_bytes()).context("the APNs public key is not an EC PEM key")?,
             team_id: config.team_id,
             key_id: config.key_id,
+            accept_der: config.accept_der_signatures,
             verified: Mutex::new(HashMap::new()),
         }),
         None => None,
@@ -462,6 +510,50 @@ mod tests {
 
     fn jwt(key: &ApnsTestKey, kid: &str, iss: &str, iat: u64) -> String {
         key.provider_token(kid, iss, iat).unwrap()
+    }
+
+    /// `jwt` with its R ‖ S signature DER-encoded, as Java signs.
+    fn with_der_signature(jwt: &str) -> String {
+        use base64::Engine as _;
+        use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let (signed, signature) = jwt.rsplit_once('.').unwrap();
+        let rs = URL_SAFE_NO_PAD.decode(signature).unwrap();
+        let integer = |half: &[u8]| {
+            let mut value: Vec<u8> = half.iter().copied().skip_while(|b| *b == 0).collect();
+            if value.first().is_none_or(|b| b & 0x80 != 0) {
+                value.insert(0, 0); // DER keeps an INTEGER positive
+            }
+            [vec![0x02, value.len() as u8], value].concat()
+        };
+        let body = [integer(&rs[..32]), integer(&rs[32..])].concat();
+        let der = [vec![0x30, body.len() as u8], body].concat();
+        format!("{signed}.{}", URL_SAFE_NO_PAD.encode(der))
+    }
+
+    #[test]
+    fn der_signatures_verify_only_where_accepted() {
+        let key = ApnsTestKey::generate().unwrap();
+        let verifier = |accept_der| TokenVerifier {
+            key: DecodingKey::from_ec_pem(key.public_pem.as_bytes()).unwrap(),
+            team_id: "TEAM".into(),
+            key_id: "KID".into(),
+            accept_der,
+            verified: Mutex::new(HashMap::new()),
+        };
+        let (strict, lenient) = (verifier(false), verifier(true));
+        for _ in 0..20 {
+            // Each token's R and S differ: some need the sign byte, some are shorter.
+            let jose = jwt(&key, "KID", "TEAM", unix_now());
+            let der = with_der_signature(&jose);
+            assert_eq!(with_jose_signature(&der).as_deref(), Some(jose.as_str()), "round trip");
+            assert_eq!((strict.check(Some(&jose)), lenient.check(Some(&jose))), (TokenCheck::Valid, TokenCheck::Valid));
+            assert_eq!(strict.check(Some(&der)), TokenCheck::Invalid, "DER only where accepted");
+            assert_eq!(lenient.check(Some(&der)), TokenCheck::Valid);
+        }
+        let other = ApnsTestKey::generate().unwrap();
+        let forged = with_der_signature(&jwt(&other, "KID", "TEAM", unix_now()));
+        assert_eq!(lenient.check(Some(&forged)), TokenCheck::Invalid, "another key's DER token");
+        assert_eq!(lenient.check(Some("a.b.c")), TokenCheck::Invalid);
     }
 
     async fn post(client: &TestClient, url: &str, jwt: Option<&str>) -> (u16, http::HeaderMap, String) {
