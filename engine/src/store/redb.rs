@@ -773,8 +773,8 @@ impl Store for RedbStore {
 /// subscribers, and for them the pool's hand-off (a thread woken, a task
 /// woken back) cost more than the read: about a sixth of the engine's CPU
 /// per delivery with 10 subscribers per envelope (docs/BENCHMARKS.md,
-/// finding 6). So many rows are tens of microseconds of reading cached
-/// pages, as long as one poll of an HTTP/2 connection.
+/// finding 6). The bound keeps such a read short on the runtime's thread: a
+/// large topic's page (1,000 subscribers) still goes to the pool.
 const INLINE_SUBSCRIBERS: usize = 32;
 
 /// Up to `limit` subscribers of `topic` after `after`, in recipient id

@@ -3,7 +3,7 @@
 //! Dispatch reads a recipient again for every envelope of every topic it
 //! subscribes to. Decoding the record (its strings, keys and parsed webhook
 //! URL) and dropping it after the page was, with 10 subscribers per
-//! envelope, about a seventh of the engine's CPU per delivery
+//! envelope, about a tenth of the engine's CPU per delivery
 //! (docs/BENCHMARKS.md, finding 7). A hit needs the stored bytes to be
 //! exactly the ones the entry was decoded from, so an entry can never be
 //! stale: any write to the record (Register, UpdateSubscriptions, a renewal)
