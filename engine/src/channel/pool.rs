@@ -491,6 +491,12 @@ pub fn encode_path_segment(text: &str) -> String {
     out
 }
 
+/// How many characters `n` takes in decimal: request bodies carry the
+/// sequence id as decimal text and are allocated at their exact length.
+pub fn decimal_len(n: u64) -> usize {
+    n.checked_ilog10().map_or(1, |log| log as usize + 1)
+}
+
 /// `encode_path_segment(text)` appended to `out`.
 pub fn push_path_segment(out: &mut String, text: &str) {
     for byte in text.bytes() {
@@ -516,6 +522,9 @@ mod tests {
         assert_eq!(encode_path_segment("0123abcdefABCDEF"), "0123abcdefABCDEF");
         assert_eq!(encode_path_segment("a/../b?c#d e"), "a%2F..%2Fb%3Fc%23d%20e");
         assert_eq!(encode_path_segment("é"), "%C3%A9");
+        for n in [0, 9, 10, 99, 100, u64::MAX] {
+            assert_eq!(decimal_len(n), n.to_string().len(), "{n}");
+        }
     }
 
     /// `chunk` bytes per frame, for ever; counts the frames it gave.

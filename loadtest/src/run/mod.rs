@@ -35,7 +35,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{Context as _, bail};
 use fanout_testkit::TestPki;
 use fanout_testkit::launcher::{self, Launch};
-use fanout_testkit::mock::apns::{ApnsTestKey, MockApns, MockApnsConfig};
+use fanout_testkit::mock::apns::{ApnsHook, ApnsTestKey, MockApns, MockApnsConfig};
 use fanout_testkit::mock::webhook::{MockWebhook, MockWebhookConfig};
 use fanout_testkit::mock::webpush::MockWebPush;
 use fanout_testkit::webpush::VapidTestKey;
@@ -302,15 +302,7 @@ impl Receivers {
         }
         if scenario.channel == ScenarioChannel::Apns {
             let key = ApnsTestKey::generate()?;
-            let config = MockApnsConfig {
-                latency,
-                team_id: APNS_TEAM_ID.into(),
-                key_id: APNS_KEY_ID.into(),
-                public_key_pem: Some(key.public_pem.clone()),
-                record_requests: false,
-                on_request: Some(collector.apns_hook()),
-                ..MockApnsConfig::default()
-            };
+            let config = MockApnsConfig { latency, ..harness_apns_config(&key, collector.apns_hook()) };
             let mock = fanout_testkit::mock::apns::start(pki, config).await?;
             return Ok(Receivers::Apns { mock, key });
         }
@@ -434,10 +426,10 @@ async fn measure_h2load(
     result
 }
 
-/// Pushy's client into fresh Pushy servers run with `server`, once per
-/// connection count of `args`: the run's first `requests` deliveries as the
-/// engine sends them (device token, collapse id, body; the order of the
-/// plan), after a warm-up.
+/// Pushy's client into a fresh `peer` (Pushy's server, or the harness's
+/// mock), once per connection count of `args`: the run's first `requests`
+/// deliveries as the engine sends them (device token, collapse id, body; the
+/// order of the plan), after a warm-up.
 #[allow(clippy::too_many_arguments)]
 async fn measure_pushy(
     args: &RunArgs,
@@ -504,6 +496,19 @@ fn write_pushes(plan: &Plan, ids: RunIds, count: u64, path: &Path) -> anyhow::Re
             (hex::encode(ids.recipient_id(recipient)), collapse_id, body)
         }),
     )
+}
+
+/// The harness's mock APNs of a run: the run's provider key (for the
+/// harness's team and key ids), requests counted not kept, `hook` answering.
+fn harness_apns_config(key: &ApnsTestKey, hook: ApnsHook) -> MockApnsConfig {
+    MockApnsConfig {
+        team_id: APNS_TEAM_ID.into(),
+        key_id: APNS_KEY_ID.into(),
+        public_key_pem: Some(key.public_pem.clone()),
+        record_requests: false,
+        on_request: Some(hook),
+        ..MockApnsConfig::default()
+    }
 }
 
 /// `flag` (`--apns-server pushy`, `--with-pushy-client`) runs an apns

@@ -515,16 +515,8 @@ fn harness_mock_config(key: &ApnsTestKey, counts: Arc<ServerCounts>) -> MockApns
             Some(ApnsReply::ok())
         }
     });
-    MockApnsConfig {
-        team_id: APNS_TEAM_ID.into(),
-        key_id: APNS_KEY_ID.into(),
-        public_key_pem: Some(key.public_pem.clone()),
-        record_requests: false,
-        on_request: Some(hook),
-        // Pushy signs with Java's `SHA256withECDSA` (DER), which APNs accepts.
-        accept_der_signatures: true,
-        ..MockApnsConfig::default()
-    }
+    // Pushy signs with Java's `SHA256withECDSA` (DER), which APNs accepts.
+    MockApnsConfig { accept_der_signatures: true, ..super::harness_apns_config(key, hook) }
 }
 
 /// One run of Pushy's client into the server at `port`: the warm-up, then

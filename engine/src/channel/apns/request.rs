@@ -8,7 +8,7 @@ use http::{HeaderName, HeaderValue, Request, Uri};
 
 use super::collapse::fit_collapse_id;
 use super::token::ProviderToken;
-use crate::channel::pool::push_path_segment;
+use crate::channel::pool::{decimal_len, push_path_segment};
 use crate::channel::relayed::{Fitted, RelayRefusal, RelayedPush, fit};
 use crate::domain::StoredEnvelope;
 
@@ -38,8 +38,7 @@ pub fn apns_body(envelope: &StoredEnvelope) -> String {
 /// exact length (built for every push, handed to the request without a copy).
 fn apns_body_with(topic_base64: &str, sequence_id: u64) -> String {
     const FRAME: &str = r#"{"aps":{"content-available":1},"topic":"","sequence_id":""}"#;
-    let digits = sequence_id.checked_ilog10().unwrap_or(0) as usize + 1;
-    let mut body = String::with_capacity(FRAME.len() + topic_base64.len() + digits);
+    let mut body = String::with_capacity(FRAME.len() + topic_base64.len() + decimal_len(sequence_id));
     body.push_str(r#"{"aps":{"content-available":1},"topic":""#);
     body.push_str(topic_base64);
     let _ = write!(body, r#"","sequence_id":"{sequence_id}"}}"#);

@@ -3,6 +3,7 @@ use std::fmt::Write as _;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 
+use crate::channel::pool::decimal_len;
 use crate::domain::{Recipient, StoredEnvelope};
 
 /// The field names, quotes and braces.
@@ -15,7 +16,7 @@ const FRAME_LEN: usize = r#"{"topic":"","sequence_id":"","recipient_id":""}"#.le
 /// then handed to the request as it is, without a copy).
 pub fn webhook_body(envelope: &StoredEnvelope, recipient: &Recipient) -> String {
     let topic = envelope.topic.as_bytes();
-    let digits = envelope.sequence_id.checked_ilog10().unwrap_or(0) as usize + 1;
+    let digits = decimal_len(envelope.sequence_id);
     let mut body = String::with_capacity(FRAME_LEN + topic.len().div_ceil(3) * 4 + digits + 64);
     body.push_str(r#"{"topic":""#);
     STANDARD.encode_string(topic, &mut body);
