@@ -300,8 +300,8 @@ impl PushyServer {
     /// sends `warmup` pushes of `pushes_file` (devices of this server) so
     /// the JVM has compiled the server's path, as in Pushy's own runs,
     /// where its warm-up goes to the same server. Their lines are counted,
-    /// not given to the collector; every later line is. Fails when one was
-    /// rejected.
+    /// not given to the collector (nor any line before
+    /// [`PushyServer::forward_to_collector`]). Fails when one was rejected.
     pub async fn warm_up(
         &self,
         classpath: &Classpath,
@@ -312,12 +312,7 @@ impl PushyServer {
         if warmup > 0 {
             let config = ClientConfig { connections: 2, in_flight: 1000, warmup, threads: 2 };
             let result = run_client(classpath, files, self.port, pushes_file, config, false, START_TIMEOUT).await?;
-            let deadline = std::time::Instant::now() + LINES_TIMEOUT;
-            while self.counts.accepted.load(Ordering::Relaxed) < result.warmup_accepted
-                && std::time::Instant::now() < deadline
-            {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
+            self.wait_for_lines(result.warmup_accepted).await;
             let (accepted, rejected) =
                 (self.counts.accepted.load(Ordering::Relaxed), self.counts.rejected.load(Ordering::Relaxed));
             if result.warmup_accepted != warmup || accepted != warmup || rejected > 0 {
@@ -330,8 +325,21 @@ impl PushyServer {
                 );
             }
         }
-        self.forward.store(true, Ordering::Release);
         Ok(())
+    }
+
+    /// Waits until the server's lines have counted `accepted` pushes (it
+    /// flushes them every 20 ms), or `LINES_TIMEOUT`.
+    pub async fn wait_for_lines(&self, accepted: u64) {
+        let deadline = std::time::Instant::now() + LINES_TIMEOUT;
+        while self.counts.accepted.load(Ordering::Relaxed) < accepted && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Gives every later line to the collector: the warm-up is over.
+    pub fn forward_to_collector(&self) {
+        self.forward.store(true, Ordering::Release);
     }
 
     pub fn port(&self) -> u16 {

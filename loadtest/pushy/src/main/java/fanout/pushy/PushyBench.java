@@ -273,7 +273,12 @@ public final class PushyBench {
             pushes.add(new SimpleApnsPushNotification(parts[0], bundleId, parts[2], expiration,
                     DeliveryPriority.CONSERVE_POWER, PushType.BACKGROUND, parts[1]));
         }
-        final int warmup = Math.min(o.integer("warmup", 10_000), pushes.size());
+        // The warm-up may be longer than the measured pushes: it goes round them again.
+        final int warmup = pushes.isEmpty() ? 0 : o.integer("warmup", 10_000);
+        final List<SimpleApnsPushNotification> warmupPushes = new ArrayList<>(warmup);
+        for (int i = 0; i < warmup; i++) {
+            warmupPushes.add(pushes.get(i % pushes.size()));
+        }
 
         final NioEventLoopGroup group = new NioEventLoopGroup(threads);
         final ApnsClient client = new ApnsClientBuilder()
@@ -285,7 +290,7 @@ public final class PushyBench {
                 .build();
 
         // Warm-up: the JIT compiles the send path, the connections open.
-        final Batch warm = send(client, pushes.subList(0, warmup), inFlight, timeoutSeconds);
+        final Batch warm = send(client, warmupPushes, inFlight, timeoutSeconds);
         final com.sun.management.OperatingSystemMXBean os =
                 (com.sun.management.OperatingSystemMXBean) ManagementFactory.getOperatingSystemMXBean();
         final long cpuBefore = os.getProcessCpuTime();
