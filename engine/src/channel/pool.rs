@@ -14,6 +14,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures::FutureExt as _;
 use http::{HeaderMap, Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_rustls::HttpsConnector;
@@ -228,8 +229,12 @@ pub struct Answer {
 }
 
 /// `ATTEMPT_TIMEOUT` on one request.
-pub async fn bounded<T>(request: impl Future<Output = Result<T, SendError>>) -> Result<T, SendError> {
-    tokio::time::timeout(ATTEMPT_TIMEOUT, request).await.unwrap_or(Err(SendError::Timeout))
+///
+/// Not an `async fn`: that would keep `request` in its state next to the
+/// `Timeout` it moves it into, twice the size (3,336 bytes instead of
+/// about 1,700 for a pool request), allocated for every attempt.
+pub fn bounded<T>(request: impl Future<Output = Result<T, SendError>>) -> impl Future<Output = Result<T, SendError>> {
+    tokio::time::timeout(ATTEMPT_TIMEOUT, request).map(|answer| answer.unwrap_or(Err(SendError::Timeout)))
 }
 
 /// Sends a request and reads the whole (capped) answer.

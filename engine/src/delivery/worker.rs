@@ -1,9 +1,12 @@
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::stream::{FuturesUnordered, StreamExt as _};
+use futures::{Future, FutureExt as _};
 use tokio::sync::mpsc;
-use tokio::task::{self, JoinSet};
+use tokio::task::JoinSet;
 use tokio_util::time::DelayQueue;
 
 use super::{Delivery, DeliverySettings, FirstAttempt};
@@ -36,11 +39,14 @@ const WATCHDOG_DELAY: Duration = Duration::from_secs(1);
 /// (first attempts and retries alike), collect answers, and re-attempt from
 /// the timer wheel. Ends when its queue is closed and nothing is in flight,
 /// ready or waiting.
+///
+/// The attempts in flight are futures of this task, not tasks of their own:
+/// a task per attempt cost a spawn, a `JoinSet` entry and a cross-thread
+/// wake-up per delivery (docs/BENCHMARKS.md, finding 9), and the runtime's
+/// threads are shared by the eight workers anyway.
 pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<Delivery>>) {
     let max_in_flight = ctx.max_in_flight.get();
-    let mut in_flight: JoinSet<(Delivery, Outcome)> = JoinSet::new();
-    // The first attempts in flight, by task: a panicking one is marked lost.
-    let mut first_attempts: HashMap<task::Id, FirstAttempt> = HashMap::new();
+    let mut in_flight = FuturesUnordered::new();
     // Taken from the queue or the timer wheel, not started yet.
     let mut ready: VecDeque<Delivery> = VecDeque::new();
     let mut retries: DelayQueue<Delivery> = DelayQueue::new();
@@ -50,11 +56,7 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
     loop {
         while in_flight.len() < max_in_flight {
             let Some(delivery) = ready.pop_front() else { break };
-            let first = delivery.first_attempt.clone();
-            let task = attempt(&ctx, &mut in_flight, delivery);
-            if let Some(first) = first {
-                first_attempts.insert(task, first);
-            }
+            in_flight.push(attempt(&ctx, delivery));
         }
         tokio::select! {
             batch = queue.recv(), if queue_open
@@ -70,19 +72,11 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
                     None => queue_open = false,
                 }
             }
-            Some(done) = in_flight.join_next_with_id() => match done {
-                Ok((task, (delivery, outcome))) => {
-                    first_attempts.remove(&task);
+            Some(done) = in_flight.next() => {
+                if let Some((delivery, outcome)) = done {
                     settle(&ctx, delivery, outcome, &mut retries, &mut deletions);
                 }
-                // A panicking attempt loses its delivery: pending again in
-                // its page, which a replay re-sends.
-                Err(e) => {
-                    if let Some(first) = first_attempts.remove(&e.id()) {
-                        first.lost();
-                    }
-                }
-            },
+            }
             Some(expired) = std::future::poll_fn(|cx| retries.poll_expired(cx)) => {
                 ctx.metrics.retry_queue.dec();
                 ready.push_back(expired.into_inner());
@@ -96,36 +90,45 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
     }
 }
 
-fn attempt(ctx: &Arc<WorkerContext>, in_flight: &mut JoinSet<(Delivery, Outcome)>, delivery: Delivery) -> task::Id {
+/// One attempt of `delivery`: its delivery and outcome, or `None` when it
+/// panicked.
+fn attempt(ctx: &Arc<WorkerContext>, delivery: Delivery) -> impl Future<Output = Option<(Delivery, Outcome)>> + use<> {
     let ctx = ctx.clone();
-    in_flight
-        .spawn(async move {
-            let channel = delivery.recipient.target.channel();
-            let Some(provider) = ctx.channels.get(channel) else {
-                // The channel's table was removed: fail without a provider request.
-                return (delivery, Outcome::Rejected);
-            };
-            let gauge = ctx.metrics.in_flight.with_label_values(&[channel.as_str()]);
-            gauge.inc();
-            let started = Instant::now();
-            let push = Push { recipient: &delivery.recipient, envelope: &delivery.envelope };
-            let outcome = tokio::time::timeout(WATCHDOG, provider.send(push)).await.unwrap_or_else(|_| {
-                tracing::warn!(
-                    channel = channel.as_str(),
-                    "a send made no progress for the watchdog's time; trying again"
-                );
-                Outcome::NotSent { delay: WATCHDOG_DELAY }
-            });
-            gauge.dec();
-            if !matches!(outcome, Outcome::NotSent { .. }) {
-                ctx.metrics
-                    .provider_latency
-                    .with_label_values(&[channel.as_str()])
-                    .observe(started.elapsed().as_secs_f64());
+    let first = delivery.first_attempt.clone();
+    let send = async move {
+        let channel = delivery.recipient.target.channel();
+        let Some(provider) = ctx.channels.get(channel) else {
+            // The channel's table was removed: fail without a provider request.
+            return (delivery, Outcome::Rejected);
+        };
+        let gauge = ctx.metrics.in_flight.with_label_values(&[channel.as_str()]);
+        gauge.inc();
+        let started = Instant::now();
+        let push = Push { recipient: &delivery.recipient, envelope: &delivery.envelope };
+        let outcome = tokio::time::timeout(WATCHDOG, provider.send(push)).await.unwrap_or_else(|_| {
+            tracing::warn!(channel = channel.as_str(), "a send made no progress for the watchdog's time; trying again");
+            Outcome::NotSent { delay: WATCHDOG_DELAY }
+        });
+        gauge.dec();
+        if !matches!(outcome, Outcome::NotSent { .. }) {
+            ctx.metrics
+                .provider_latency
+                .with_label_values(&[channel.as_str()])
+                .observe(started.elapsed().as_secs_f64());
+        }
+        (delivery, outcome)
+    };
+    AssertUnwindSafe(send).catch_unwind().map(|done| match done {
+        Ok(done) => Some(done),
+        // A panicking attempt loses its delivery: pending again in its
+        // page, which a replay re-sends.
+        Err(_) => {
+            if let Some(first) = first {
+                first.lost();
             }
-            (delivery, outcome)
-        })
-        .id()
+            None
+        }
+    })
 }
 
 /// Applies an attempt's outcome (section 7): retry a transient one up to
@@ -216,6 +219,8 @@ mod tests {
         channel: Channel,
         script: Mutex<VecDeque<Outcome>>,
         hang: AtomicUsize,
+        /// Its first `panics` sends panic.
+        panics: AtomicUsize,
         sent: AtomicUsize,
         latency: Duration,
         concurrent: AtomicUsize,
@@ -232,6 +237,7 @@ mod tests {
                 channel,
                 script: Mutex::new(script.iter().copied().collect()),
                 hang: AtomicUsize::new(hang),
+                panics: AtomicUsize::new(0),
                 sent: AtomicUsize::new(0),
                 latency,
                 concurrent: AtomicUsize::new(0),
@@ -247,6 +253,9 @@ mod tests {
         }
         async fn send(&self, _push: Push<'_>) -> Outcome {
             self.sent.fetch_add(1, Ordering::SeqCst);
+            if self.panics.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+                panic!("a scripted panic");
+            }
             if self.hang.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
                 std::future::pending::<()>().await;
             }
@@ -265,6 +274,7 @@ mod tests {
         store: Arc<dyn Store>,
         metrics: Arc<Metrics>,
         first_attempts: Arc<AtomicUsize>,
+        latch: Arc<FirstAttemptLatch>,
         _dir: tempfile::TempDir,
     }
 
@@ -341,7 +351,21 @@ mod tests {
         for handle in handles {
             handle.await.unwrap();
         }
-        Run { store, metrics, first_attempts, _dir: dir }
+        Run { store, metrics, first_attempts, latch, _dir: dir }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_panicking_attempt_leaves_its_delivery_pending_and_the_worker_going() {
+        let p = Scripted::new(Channel::Apns, &[]);
+        p.panics.store(1, Ordering::SeqCst);
+        let r = recipient(DeliveryTarget::Apns { token: "t".into() });
+        let two = vec![r.clone(), Recipient { id: RecipientId::from_bytes([9; 32]), ..r.clone() }];
+        let settings = DeliverySettings { workers: NonZeroUsize::MIN, ..DeliverySettings::default() };
+        let run = deliver_all(p.clone(), &r, two, settings).await;
+        assert_eq!(p.sent.load(Ordering::SeqCst), 2);
+        assert_eq!(count(&run.metrics.deliveries, Channel::Apns, "delivered"), 1, "the other one was delivered");
+        assert_eq!(run.first_attempts.load(Ordering::SeqCst), 0, "the page waits for the lost delivery");
+        assert_eq!(run.latch.abandon().len(), 1, "pending again: a replay sends it");
     }
 
     #[tokio::test(start_paused = true)]
