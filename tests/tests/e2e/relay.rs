@@ -359,7 +359,9 @@ async fn each_answer_row_of_section_2_4() {
     assert!(down.windows(2).all(|p| p[0].header("x-gim-delivery") == p[1].header("x-gim-delivery")));
     // 429 without Retry-After: the schedule; with 30: not before 30 s; with 120: at 60 s.
     let limited = gaps(&to(&received, "limited"));
-    assert!(limited[0] >= Duration::from_millis(950) && limited[0] < Duration::from_secs(2), "{limited:?}");
+    // The first step of the schedule (1 s), with room for a loaded machine
+    // (2.007 s seen once under the whole suite on 2 cores).
+    assert!(limited[0] >= Duration::from_millis(950) && limited[0] < Duration::from_millis(2500), "{limited:?}");
     let ra30 = gaps(&to(&received, "ra30"));
     assert!(ra30[0] >= Duration::from_secs(30) && ra30[0] < Duration::from_secs(32), "{ra30:?}");
     let ra120 = gaps(&to(&received, "ra120"));
