@@ -130,9 +130,8 @@ pub struct RunArgs {
     pub no_pushy_client: bool,
     /// With --apns-server rust: measure Pushy's client too (Java + Maven),
     /// into a fresh instance of the harness's mock APNs, before the engine
-    /// starts. Pushy's server costs a client's push several times what the
-    /// harness's does, so this compares the two clients with less of the
-    /// run decided by the server (see docs/BENCHMARKS.md).
+    /// starts: the same comparison into a native peer that needs no JIT
+    /// warm-up of its own (see docs/BENCHMARKS.md).
     #[arg(long)]
     pub with_pushy_client: bool,
     /// With --apns-server pushy: the connection counts Pushy's client is run
