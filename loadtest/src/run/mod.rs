@@ -134,12 +134,14 @@ pub struct RunArgs {
     /// warm-up of its own (see docs/BENCHMARKS.md).
     #[arg(long)]
     pub with_pushy_client: bool,
-    /// With --apns-server pushy: the connection counts Pushy's client is run
-    /// with, one measurement each; the report compares against the best.
+    /// With --apns-server pushy or --with-pushy-client: the connection
+    /// counts Pushy's client is run with, one measurement each; the report
+    /// compares against the best.
     #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
     pub pushy_connections: Vec<usize>,
-    /// With --apns-server pushy: pushes Pushy's client keeps in flight (a
-    /// semaphore; default the engine's `max_in_flight` default).
+    /// With --apns-server pushy or --with-pushy-client: pushes Pushy's
+    /// client keeps in flight (a semaphore; default the engine's
+    /// `max_in_flight` default).
     #[arg(long, default_value_t = DEFAULT_PUSHY_IN_FLIGHT)]
     pub pushy_in_flight: usize,
     /// With --apns-server pushy or --with-pushy-client: pushes Pushy's
