@@ -3,6 +3,7 @@
 //! per worker, not a task per delivery) and the outcome handling of section 7.
 
 mod latch;
+mod series;
 mod settings;
 mod worker;
 

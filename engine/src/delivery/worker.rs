@@ -9,9 +9,10 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::time::DelayQueue;
 
+use super::series::Series;
 use super::{Delivery, DeliverySettings, FirstAttempt};
 use crate::channel::{Channels, Outcome, Push};
-use crate::domain::Timestamp;
+use crate::domain::{Channel, Timestamp};
 use crate::metrics::Metrics;
 use crate::store::Store;
 
@@ -47,6 +48,7 @@ const WATCHDOG_DELAY: Duration = Duration::from_secs(1);
 pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<Delivery>>) {
     let max_in_flight = ctx.max_in_flight.get();
     let mut in_flight = FuturesUnordered::new();
+    let mut series = Series::default();
     // Taken from the queue or the timer wheel, not started yet.
     let mut ready: VecDeque<Delivery> = VecDeque::new();
     let mut retries: DelayQueue<Delivery> = DelayQueue::new();
@@ -56,6 +58,7 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
     loop {
         while in_flight.len() < max_in_flight {
             let Some(delivery) = ready.pop_front() else { break };
+            series.of(delivery.recipient.target.channel()).in_flight(&ctx.metrics).inc();
             in_flight.push(attempt(&ctx, delivery));
         }
         tokio::select! {
@@ -72,9 +75,14 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
                     None => queue_open = false,
                 }
             }
-            Some(done) = in_flight.next() => {
-                if let Some((delivery, outcome)) = done {
-                    settle(&ctx, delivery, outcome, &mut retries, &mut deletions);
+            Some(attempted) = in_flight.next() => {
+                let mut channel = series.of(attempted.channel);
+                channel.in_flight(&ctx.metrics).dec();
+                if let Some(latency) = attempted.provider_latency {
+                    channel.provider_latency(&ctx.metrics).observe(latency.as_secs_f64());
+                }
+                if let Some((delivery, outcome)) = attempted.done {
+                    settle(&ctx, &mut series, delivery, outcome, &mut retries, &mut deletions);
                 }
             }
             Some(expired) = std::future::poll_fn(|cx| retries.poll_expired(cx)) => {
@@ -90,43 +98,45 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
     }
 }
 
-/// One attempt of `delivery`: its delivery and outcome, or `None` when it
-/// panicked.
-fn attempt(ctx: &Arc<WorkerContext>, delivery: Delivery) -> impl Future<Output = Option<(Delivery, Outcome)>> + use<> {
+/// What an attempt's future ends with.
+struct Attempted {
+    channel: Channel,
+    /// The delivery and its outcome, or `None` when the attempt panicked.
+    done: Option<(Delivery, Outcome)>,
+    /// How long the provider took, for an attempt that reached one.
+    provider_latency: Option<Duration>,
+}
+
+/// One attempt of `delivery`. Its metrics are the worker's to count.
+fn attempt(ctx: &Arc<WorkerContext>, delivery: Delivery) -> impl Future<Output = Attempted> + use<> {
     let ctx = ctx.clone();
     let first = delivery.first_attempt.clone();
+    let channel = delivery.recipient.target.channel();
     let send = async move {
-        let channel = delivery.recipient.target.channel();
         let Some(provider) = ctx.channels.get(channel) else {
             // The channel's table was removed: fail without a provider request.
-            return (delivery, Outcome::Rejected);
+            return (delivery, Outcome::Rejected, None);
         };
-        let gauge = ctx.metrics.in_flight.with_label_values(&[channel.as_str()]);
-        gauge.inc();
         let started = Instant::now();
         let push = Push { recipient: &delivery.recipient, envelope: &delivery.envelope };
         let outcome = tokio::time::timeout(WATCHDOG, provider.send(push)).await.unwrap_or_else(|_| {
             tracing::warn!(channel = channel.as_str(), "a send made no progress for the watchdog's time; trying again");
             Outcome::NotSent { delay: WATCHDOG_DELAY }
         });
-        gauge.dec();
-        if !matches!(outcome, Outcome::NotSent { .. }) {
-            ctx.metrics
-                .provider_latency
-                .with_label_values(&[channel.as_str()])
-                .observe(started.elapsed().as_secs_f64());
-        }
-        (delivery, outcome)
+        let latency = (!matches!(outcome, Outcome::NotSent { .. })).then(|| started.elapsed());
+        (delivery, outcome, latency)
     };
-    AssertUnwindSafe(send).catch_unwind().map(|done| match done {
-        Ok(done) => Some(done),
+    AssertUnwindSafe(send).catch_unwind().map(move |done| match done {
+        Ok((delivery, outcome, provider_latency)) => {
+            Attempted { channel, done: Some((delivery, outcome)), provider_latency }
+        }
         // A panicking attempt loses its delivery: pending again in its
         // page, which a replay re-sends.
         Err(_) => {
             if let Some(first) = first {
                 first.lost();
             }
-            None
+            Attempted { channel, done: None, provider_latency: None }
         }
     })
 }
@@ -135,33 +145,35 @@ fn attempt(ctx: &Arc<WorkerContext>, delivery: Delivery) -> impl Future<Output =
 /// max_attempts, delete on terminal (PUSH-234), stop otherwise.
 fn settle(
     ctx: &Arc<WorkerContext>,
+    series: &mut Series,
     mut delivery: Delivery,
     outcome: Outcome,
     retries: &mut DelayQueue<Delivery>,
     deletions: &mut JoinSet<()>,
 ) {
-    let channel = delivery.recipient.target.channel().as_str();
+    let m = &ctx.metrics;
+    let mut series = series.of(delivery.recipient.target.channel());
     if let Outcome::NotSent { delay } = outcome {
         // Not an attempt: no count, no first-attempt latch, just later.
-        ctx.metrics.unsent.with_label_values(&[channel]).inc();
+        series.unsent(m).inc();
         ctx.metrics.retry_queue.inc();
         retries.insert(delivery, delay);
         return;
     }
     delivery.attempts += 1;
-    ctx.metrics.attempts.with_label_values(&[channel, outcome.label()]).inc();
+    series.attempts(m, outcome.label()).inc();
     if let Some(first) = delivery.first_attempt.take() {
         first.settle();
         let stored = Timestamp::from_unix_nanos(delivery.envelope.server_ts_ns);
         let waited = Timestamp::now().saturating_duration_since(stored).as_secs_f64();
-        ctx.metrics.publish_to_attempt.with_label_values(&[channel]).observe(waited);
+        series.publish_to_attempt(m).observe(waited);
     }
     let final_outcome = match outcome.retry_delay() {
         Some(delay) => {
             delivery.all_gone &= matches!(outcome, Outcome::Gone { .. });
             if delivery.attempts < ctx.max_attempts {
-                ctx.metrics.retries.with_label_values(&[channel]).inc();
-                ctx.metrics.retry_delay.with_label_values(&[channel]).observe(delay.as_secs_f64());
+                series.retries(m).inc();
+                series.retry_delay(m).observe(delay.as_secs_f64());
                 ctx.metrics.retry_queue.inc();
                 retries.insert(delivery, delay);
                 return;
@@ -175,7 +187,7 @@ fn settle(
         Some(_) => "exhausted",
         None => final_outcome.label(),
     };
-    ctx.metrics.deliveries.with_label_values(&[channel, label]).inc();
+    series.deliveries(m, label).inc();
     if final_outcome == Outcome::Terminal {
         // PUSH-234: only if the stored registration is still the one we used.
         let ctx = ctx.clone();
@@ -366,6 +378,13 @@ mod tests {
         assert_eq!(count(&run.metrics.deliveries, Channel::Apns, "delivered"), 1, "the other one was delivered");
         assert_eq!(run.first_attempts.load(Ordering::SeqCst), 0, "the page waits for the lost delivery");
         assert_eq!(run.latch.abandon().len(), 1, "pending again: a replay sends it");
+        assert_eq!(
+            run.metrics.in_flight.with_label_values(&["apns"]).get(),
+            0,
+            "the panicked attempt is not in flight"
+        );
+        let latency = run.metrics.provider_latency.with_label_values(&["apns"]).get_sample_count();
+        assert_eq!(latency, 1, "the answered attempt's latency only");
     }
 
     #[tokio::test(start_paused = true)]
