@@ -218,14 +218,33 @@ pub fn proc_sample(pid: u32) -> Option<ProcSample> {
     Some(ProcSample { rss_kib: kib("VmRSS:")?, hwm_kib: kib("VmHWM:")?, cpu_seconds: parse_stat_cpu(&stat)? })
 }
 
+/// The CPU time of this process's children that have been waited for
+/// (user + system, seconds, clock-tick resolution): what a child that has
+/// ended cost, such as an h2load run.
+pub fn children_cpu_seconds() -> Option<f64> {
+    parse_stat_children_cpu(&std::fs::read_to_string("/proc/self/stat").ok()?)
+}
+
 /// utime + stime (fields 14 and 15 of /proc/<pid>/stat) in seconds.
 fn parse_stat_cpu(stat: &str) -> Option<f64> {
-    // The command name (field 2) may hold spaces: count from the last ')'.
+    stat_seconds(stat, 14)
+}
+
+/// cutime + cstime (fields 16 and 17 of /proc/<pid>/stat) in seconds.
+fn parse_stat_children_cpu(stat: &str) -> Option<f64> {
+    stat_seconds(stat, 16)
+}
+
+/// Fields `field` and `field + 1` of /proc/<pid>/stat (1-based, as
+/// proc(5) numbers them), clock ticks summed and turned into seconds.
+fn stat_seconds(stat: &str, field: usize) -> Option<f64> {
+    // The command name (field 2) may hold spaces: count from the last ')',
+    // after which comes field 3.
     let rest = &stat[stat.rfind(')')? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some((utime + stime) as f64 / clock_ticks() as f64)
+    let mut fields = rest.split_whitespace().skip(field - 3);
+    let user: u64 = fields.next()?.parse().ok()?;
+    let system: u64 = fields.next()?.parse().ok()?;
+    Some((user + system) as f64 / clock_ticks() as f64)
 }
 
 /// `getconf CLK_TCK`, usually 100.
@@ -365,8 +384,10 @@ mod tests {
 
     #[test]
     fn parses_proc_stat_and_metrics() {
-        let stat = "123 (fan out) S 1 2 3 4 5 6 7 8 9 10 250 50 0 0 20 0 4 0";
+        let stat = "123 (fan out) S 1 2 3 4 5 6 7 8 9 10 250 50 70 30 20 0 4 0";
         assert_eq!(parse_stat_cpu(stat), Some(300.0 / clock_ticks() as f64));
+        assert_eq!(parse_stat_children_cpu(stat), Some(100.0 / clock_ticks() as f64));
+        assert!(children_cpu_seconds().is_some());
         let sample = proc_sample(std::process::id()).expect("/proc of this process");
         assert!(sample.rss_kib > 0 && sample.hwm_kib >= sample.rss_kib);
         let metrics = parse_metrics(

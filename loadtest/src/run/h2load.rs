@@ -17,6 +17,8 @@ use std::time::Instant;
 use anyhow::{Context as _, bail};
 use serde::Serialize;
 
+use super::engine_process::children_cpu_seconds;
+
 /// The Debian package that ships `h2load`.
 pub const PACKAGE: &str = "nghttp2-client";
 
@@ -32,6 +34,10 @@ pub struct H2loadResult {
     pub failed: u64,
     pub seconds: f64,
     pub requests_per_second: f64,
+    /// The h2load processes' CPU (user + system) over the run, from the
+    /// harness's waited-for children, so that a request's cost can be
+    /// compared with the engine's and Pushy's; `None` without /proc.
+    pub cpu_seconds: Option<f64>,
     /// `h2load --version`'s first line.
     pub version: String,
 }
@@ -66,6 +72,9 @@ pub async fn run(
         headers.push(format!("{name}: {}", value.to_str().context("a header h2load can carry")?));
     }
     let per_receiver = requests.div_ceil(urls.len().max(1) as u64);
+    // Only h2load's processes end while it runs: the engine and any Pushy
+    // server are children that are still running.
+    let cpu_before = children_cpu_seconds();
     let started = Instant::now();
     let mut processes = Vec::new();
     for url in urls {
@@ -98,6 +107,7 @@ pub async fn run(
         total += counts.done;
     }
     let seconds = started.elapsed().as_secs_f64();
+    let cpu_seconds = cpu_before.zip(children_cpu_seconds()).map(|(before, after)| after - before);
     Ok(H2loadResult {
         requests: total,
         connections,
@@ -106,6 +116,7 @@ pub async fn run(
         failed: total - ok,
         seconds,
         requests_per_second: ok as f64 / seconds.max(1e-9),
+        cpu_seconds,
         version,
     })
 }

@@ -1308,6 +1308,8 @@ mod tests {
             Some(h2load) => {
                 assert_eq!((h2load.ok, h2load.failed), (h2load.requests, 0), "{h2load:?}");
                 assert!(report.ratio_h2load.is_some_and(|r| r > 0.0));
+                // Clock ticks: a short run may have cost 0.00 s.
+                assert!(h2load.cpu_seconds.is_some_and(|cpu| cpu >= 0.0), "{h2load:?}");
             }
             None => eprintln!("h2load not measured: not installed (Debian package {})", h2load::PACKAGE),
         }

@@ -338,9 +338,12 @@ impl Report {
             let _ = writeln!(s, "  ratio       {ratio:.2} (engine deliveries/s / ceiling requests/s)");
         }
         if let Some(h) = &self.h2load {
+            let cpu = h.cpu_seconds.map_or(String::new(), |cpu| {
+                format!("; CPU {cpu:.2} s = {:.0} requests/CPU-s", h.ok as f64 / cpu.max(1e-9))
+            });
             let _ = writeln!(
                 s,
-                "  h2load      {:.0} requests/s ({} requests, {} connection(s) x {} streams per receiver, {} failed; {})",
+                "  h2load      {:.0} requests/s ({} requests, {} connection(s) x {} streams per receiver, {} failed{cpu}; {})",
                 h.requests_per_second, h.requests, h.connections, h.streams, h.failed, h.version
             );
         }
