@@ -1,8 +1,10 @@
 //! One worker's handles on the delivery metrics' series, looked up on first
 //! use. `with_label_values` hashes its labels, takes the vector's lock and
-//! clones an `Arc` on every call, and an attempt made five such calls
-//! (docs/BENCHMARKS.md, finding 10). A handle is the same series, so the
-//! exposition is unchanged: a series appears when it is first counted.
+//! clones an `Arc` on every call, and an attempt made five such calls; the
+//! handles also let the worker, not the attempt, count an attempt in flight,
+//! so one that panics is counted out too (docs/BENCHMARKS.md, finding 10:
+//! the rate did not change beyond the noise). A handle is the same series,
+//! so the exposition is unchanged: a series appears when it is first counted.
 
 use prometheus::{Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec};
 
