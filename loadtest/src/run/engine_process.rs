@@ -218,6 +218,11 @@ pub fn proc_sample(pid: u32) -> Option<ProcSample> {
     Some(ProcSample { rss_kib: kib("VmRSS:")?, hwm_kib: kib("VmHWM:")?, cpu_seconds: parse_stat_cpu(&stat)? })
 }
 
+/// This process's own CPU time (user + system, seconds).
+pub fn own_cpu_seconds() -> Option<f64> {
+    parse_stat_cpu(&std::fs::read_to_string("/proc/self/stat").ok()?)
+}
+
 /// The CPU time of this process's children that have been waited for
 /// (user + system, seconds, clock-tick resolution): what a child that has
 /// ended cost, such as an h2load run.
@@ -388,6 +393,7 @@ mod tests {
         assert_eq!(parse_stat_cpu(stat), Some(300.0 / clock_ticks() as f64));
         assert_eq!(parse_stat_children_cpu(stat), Some(100.0 / clock_ticks() as f64));
         assert!(children_cpu_seconds().is_some());
+        assert!(own_cpu_seconds().is_some_and(|cpu| cpu >= 0.0));
         let sample = proc_sample(std::process::id()).expect("/proc of this process");
         assert!(sample.rss_kib > 0 && sample.hwm_kib >= sample.rss_kib);
         let metrics = parse_metrics(

@@ -17,7 +17,7 @@ use std::time::Instant;
 use anyhow::{Context as _, bail};
 use serde::Serialize;
 
-use super::engine_process::children_cpu_seconds;
+use super::engine_process::{children_cpu_seconds, own_cpu_seconds};
 
 /// The Debian package that ships `h2load`.
 pub const PACKAGE: &str = "nghttp2-client";
@@ -38,6 +38,9 @@ pub struct H2loadResult {
     /// harness's waited-for children, so that a request's cost can be
     /// compared with the engine's and Pushy's; `None` without /proc.
     pub cpu_seconds: Option<f64>,
+    /// The harness's own CPU over the run: the work of its mock receivers
+    /// (unless the APNs peer is Pushy's server, another process).
+    pub harness_cpu_seconds: Option<f64>,
     /// `h2load --version`'s first line.
     pub version: String,
 }
@@ -75,6 +78,7 @@ pub async fn run(
     // Only h2load's processes end while it runs: the engine and any Pushy
     // server are children that are still running.
     let cpu_before = children_cpu_seconds();
+    let harness_cpu_before = own_cpu_seconds();
     let started = Instant::now();
     let mut processes = Vec::new();
     for url in urls {
@@ -108,6 +112,7 @@ pub async fn run(
     }
     let seconds = started.elapsed().as_secs_f64();
     let cpu_seconds = cpu_before.zip(children_cpu_seconds()).map(|(before, after)| after - before);
+    let harness_cpu_seconds = harness_cpu_before.zip(own_cpu_seconds()).map(|(before, after)| after - before);
     Ok(H2loadResult {
         requests: total,
         connections,
@@ -117,6 +122,7 @@ pub async fn run(
         seconds,
         requests_per_second: ok as f64 / seconds.max(1e-9),
         cpu_seconds,
+        harness_cpu_seconds,
         version,
     })
 }

@@ -43,7 +43,7 @@ use fanout_testkit::wire::WireCounts;
 
 use self::ceiling::{Targets, WebPushSender};
 use self::collector::Collector;
-use self::engine_process::{APNS_KEY_ID, APNS_TEAM_ID, PushTarget, Store, proc_sample};
+use self::engine_process::{APNS_KEY_ID, APNS_TEAM_ID, PushTarget, Store, own_cpu_seconds, proc_sample};
 use self::ids::RunIds;
 use self::progress::Progress;
 use self::report::{EngineInfo, Machine, PlanInfo, Report, Resources, WireReport};
@@ -842,6 +842,7 @@ async fn execute_inner(
     // 4. Publish, then wait (bounded) for every expected delivery.
     progress.watch(collector.clone());
     let cpu_before = engine.pid().and_then(proc_sample).map(|s| s.cpu_seconds);
+    let harness_cpu_before = own_cpu_seconds();
     let delivery_started = Instant::now();
     let publish_timeout = Duration::from_secs(
         scenario.timeouts.publish_seconds + plan.rate.map_or(0, |r| (plan.envelopes as f64 / r) as u64),
@@ -856,6 +857,7 @@ async fn execute_inner(
     }
     let delivery_seconds = delivery_started.elapsed().as_secs_f64();
     let end_sample = engine.pid().and_then(proc_sample);
+    let harness_cpu = harness_cpu_before.zip(own_cpu_seconds()).map(|(before, after)| after - before);
     if let Some(task) = sampler {
         task.abort();
     }
@@ -874,6 +876,7 @@ async fn execute_inner(
             cpu_seconds_total: s.cpu_seconds,
             cpu_seconds_delivery: during,
             cores_busy_delivery: during / delivery_seconds.max(1e-9),
+            harness_cpu_seconds_delivery: harness_cpu,
         }
     });
     let ratio = ceiling
@@ -1315,6 +1318,7 @@ mod tests {
         }
         assert!(report.ratio.is_some_and(|r| r > 0.0));
         assert!(report.resources.as_ref().is_some_and(|r| r.peak_rss_mib > 0.0));
+        assert!(report.resources.as_ref().is_some_and(|r| r.harness_cpu_seconds_delivery.is_some()));
         assert_all_delivered_on(&report, "http");
         let json: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(out.path().join("report.json")).unwrap()).unwrap();

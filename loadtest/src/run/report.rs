@@ -189,6 +189,10 @@ pub struct Resources {
     pub cpu_seconds_delivery: f64,
     /// cpu_seconds_delivery ÷ that wall time: cores kept busy.
     pub cores_busy_delivery: f64,
+    /// The harness's own utime + stime over the same time: its mock
+    /// receivers (all of the receivers' work unless the APNs peer is
+    /// Pushy's server), the collector and the publisher.
+    pub harness_cpu_seconds_delivery: Option<f64>,
 }
 
 /// `fanout_deliveries_total{channel="http",outcome="delivered"}` → "http/delivered".
@@ -316,6 +320,14 @@ impl Report {
                 "  engine      peak RSS {:.0} MiB, CPU {:.1} s total, {:.1} s during delivery ({:.2} cores)",
                 r.peak_rss_mib, r.cpu_seconds_total, r.cpu_seconds_delivery, r.cores_busy_delivery
             );
+            if let Some(cpu) = r.harness_cpu_seconds_delivery {
+                let _ = writeln!(
+                    s,
+                    "  harness     CPU {cpu:.1} s during delivery ({}): {:.1} µs per delivery",
+                    "its mock receivers, collector and publisher",
+                    cpu * 1e6 / self.deliveries.delivered.max(1) as f64
+                );
+            }
         }
         if !self.deliveries_by_outcome.is_empty() {
             let outcomes: Vec<String> = self.deliveries_by_outcome.iter().map(|(k, v)| format!("{k}={v}")).collect();
@@ -338,9 +350,12 @@ impl Report {
             let _ = writeln!(s, "  ratio       {ratio:.2} (engine deliveries/s / ceiling requests/s)");
         }
         if let Some(h) = &self.h2load {
-            let cpu = h.cpu_seconds.map_or(String::new(), |cpu| {
+            let mut cpu = h.cpu_seconds.map_or(String::new(), |cpu| {
                 format!("; CPU {cpu:.2} s = {:.0} requests/CPU-s", h.ok as f64 / cpu.max(1e-9))
             });
+            if let Some(harness) = h.harness_cpu_seconds {
+                cpu.push_str(&format!("; harness CPU {harness:.2} s"));
+            }
             let _ = writeln!(
                 s,
                 "  h2load      {:.0} requests/s ({} requests, {} connection(s) x {} streams per receiver, {} failed{cpu}; {})",
