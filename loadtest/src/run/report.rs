@@ -321,11 +321,11 @@ impl Report {
                 r.peak_rss_mib, r.cpu_seconds_total, r.cpu_seconds_delivery, r.cores_busy_delivery
             );
             if let Some(cpu) = r.harness_cpu_seconds_delivery {
+                let per_delivery = cpu * 1e6 / self.deliveries.delivered.max(1) as f64;
                 let _ = writeln!(
                     s,
-                    "  harness     CPU {cpu:.1} s during delivery ({}): {:.1} µs per delivery",
-                    "its mock receivers, collector and publisher",
-                    cpu * 1e6 / self.deliveries.delivered.max(1) as f64
+                    "  harness     CPU {cpu:.1} s during delivery (its mock receivers, collector and publisher): \
+                     {per_delivery:.1} µs per delivery",
                 );
             }
         }
