@@ -1,12 +1,17 @@
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use futures::future::{AbortHandle, AbortRegistration, Abortable};
 use futures::stream::{FuturesUnordered, StreamExt as _};
 use futures::{Future, FutureExt as _};
+use slab::Slab;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
+// tokio's clock: the watchdog's sweep compares it with its interval's, which
+// tests pause and advance.
+use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::time::DelayQueue;
 
 use super::series::Series;
@@ -34,6 +39,11 @@ pub struct WorkerContext {
 const WATCHDOG: Duration = Duration::from_secs(120);
 /// The delay before a send the watchdog gave up on is tried again.
 const WATCHDOG_DELAY: Duration = Duration::from_secs(1);
+/// How often a worker looks for sends older than `WATCHDOG`, so a stuck
+/// send is given up on between `WATCHDOG` and `WATCHDOG + WATCHDOG_SWEEP`
+/// after it started. One timer per worker, not one per attempt: each
+/// attempt's own registered and cleared a timer-wheel entry (finding 11).
+const WATCHDOG_SWEEP: Duration = Duration::from_secs(5);
 
 /// A worker's loop: take a batch when the last one has been started, start
 /// attempts only while fewer than `max_in_flight` are in flight
@@ -48,6 +58,11 @@ const WATCHDOG_DELAY: Duration = Duration::from_secs(1);
 pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<Delivery>>) {
     let max_in_flight = ctx.max_in_flight.get();
     let mut in_flight = FuturesUnordered::new();
+    // Every attempt in flight, by the key its `Attempted` carries back:
+    // when it started and what gives up on it.
+    let mut watched: Slab<(Instant, AbortHandle)> = Slab::new();
+    let mut sweep = tokio::time::interval(WATCHDOG_SWEEP);
+    sweep.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut series = Series::default();
     // Taken from the queue or the timer wheel, not started yet.
     let mut ready: VecDeque<Delivery> = VecDeque::new();
@@ -59,7 +74,10 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
         while in_flight.len() < max_in_flight {
             let Some(delivery) = ready.pop_front() else { break };
             series.of(delivery.recipient.target.channel()).in_flight(&ctx.metrics).inc();
-            in_flight.push(attempt(&ctx, delivery));
+            let (abort, registration) = AbortHandle::new_pair();
+            let started = Instant::now();
+            let key = watched.insert((started, abort));
+            in_flight.push(attempt(&ctx, delivery, Watch { key, started, registration }));
         }
         tokio::select! {
             batch = queue.recv(), if queue_open
@@ -76,6 +94,7 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
                 }
             }
             Some(attempted) = in_flight.next() => {
+                watched.remove(attempted.key);
                 let mut channel = series.of(attempted.channel);
                 channel.in_flight(&ctx.metrics).dec();
                 if let Some(latency) = attempted.provider_latency {
@@ -90,6 +109,14 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
                 ready.push_back(expired.into_inner());
             }
             Some(_) = deletions.join_next() => {}
+            _ = sweep.tick(), if !watched.is_empty() => {
+                let now = Instant::now();
+                for (_, (started, abort)) in &watched {
+                    if now.saturating_duration_since(*started) >= WATCHDOG {
+                        abort.abort();
+                    }
+                }
+            }
             else => break,
         }
         if !queue_open && ready.is_empty() && in_flight.is_empty() && retries.is_empty() && deletions.is_empty() {
@@ -98,8 +125,17 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
     }
 }
 
+/// An attempt's entry in its worker's watchdog.
+struct Watch {
+    key: usize,
+    started: Instant,
+    registration: AbortRegistration,
+}
+
 /// What an attempt's future ends with.
 struct Attempted {
+    /// Its key in the worker's watchdog.
+    key: usize,
     channel: Channel,
     /// The delivery and its outcome, or `None` when the attempt panicked.
     done: Option<(Delivery, Outcome)>,
@@ -108,18 +144,18 @@ struct Attempted {
 }
 
 /// One attempt of `delivery`. Its metrics are the worker's to count.
-fn attempt(ctx: &Arc<WorkerContext>, delivery: Delivery) -> impl Future<Output = Attempted> + use<> {
+fn attempt(ctx: &Arc<WorkerContext>, delivery: Delivery, watch: Watch) -> impl Future<Output = Attempted> + use<> {
     let ctx = ctx.clone();
     let first = delivery.first_attempt.clone();
     let channel = delivery.recipient.target.channel();
+    let Watch { key, started, registration } = watch;
     let send = async move {
         let Some(provider) = ctx.channels.get(channel) else {
             // The channel's table was removed: fail without a provider request.
             return (delivery, Outcome::Rejected, None);
         };
-        let started = Instant::now();
         let push = Push { recipient: &delivery.recipient, envelope: &delivery.envelope };
-        let outcome = tokio::time::timeout(WATCHDOG, provider.send(push)).await.unwrap_or_else(|_| {
+        let outcome = Abortable::new(provider.send(push), registration).await.unwrap_or_else(|_| {
             tracing::warn!(channel = channel.as_str(), "a send made no progress for the watchdog's time; trying again");
             Outcome::NotSent { delay: WATCHDOG_DELAY }
         });
@@ -128,7 +164,7 @@ fn attempt(ctx: &Arc<WorkerContext>, delivery: Delivery) -> impl Future<Output =
     };
     AssertUnwindSafe(send).catch_unwind().map(move |done| match done {
         Ok((delivery, outcome, provider_latency)) => {
-            Attempted { channel, done: Some((delivery, outcome)), provider_latency }
+            Attempted { key, channel, done: Some((delivery, outcome)), provider_latency }
         }
         // A panicking attempt loses its delivery: pending again in its
         // page, which a replay re-sends.
@@ -136,7 +172,7 @@ fn attempt(ctx: &Arc<WorkerContext>, delivery: Delivery) -> impl Future<Output =
             if let Some(first) = first {
                 first.lost();
             }
-            Attempted { channel, done: None, provider_latency: None }
+            Attempted { key, channel, done: None, provider_latency: None }
         }
     })
 }
@@ -507,6 +543,8 @@ mod tests {
         let run = deliver(p.clone(), &r, r.clone()).await;
         assert_eq!(p.sent.load(Ordering::SeqCst), 3);
         assert!(started.elapsed() >= WATCHDOG * 2 + WATCHDOG_DELAY * 2);
+        // The sweep gives up on each within WATCHDOG_SWEEP of its time.
+        assert!(started.elapsed() <= (WATCHDOG + WATCHDOG_SWEEP + WATCHDOG_DELAY) * 2, "{:?}", started.elapsed());
         assert_eq!(run.metrics.unsent.with_label_values(&["apns"]).get(), 2);
         assert_eq!(count(&run.metrics.attempts, Channel::Apns, "delivered"), 1, "one attempt in all");
         assert_eq!(count(&run.metrics.deliveries, Channel::Apns, "delivered"), 1);
