@@ -75,9 +75,8 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
             let Some(delivery) = ready.pop_front() else { break };
             series.of(delivery.recipient.target.channel()).in_flight(&ctx.metrics).inc();
             let (abort, registration) = AbortHandle::new_pair();
-            let started = Instant::now();
-            let key = watched.insert((started, abort));
-            in_flight.push(attempt(&ctx, delivery, Watch { key, started, registration }));
+            let key = watched.insert((Instant::now(), abort));
+            in_flight.push(attempt(&ctx, delivery, key, registration));
         }
         tokio::select! {
             batch = queue.recv(), if queue_open
@@ -94,11 +93,11 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
                 }
             }
             Some(attempted) = in_flight.next() => {
-                watched.remove(attempted.key);
+                let (started, _) = watched.remove(attempted.key);
                 let mut channel = series.of(attempted.channel);
                 channel.in_flight(&ctx.metrics).dec();
-                if let Some(latency) = attempted.provider_latency {
-                    channel.provider_latency(&ctx.metrics).observe(latency.as_secs_f64());
+                if attempted.answered {
+                    channel.provider_latency(&ctx.metrics).observe(started.elapsed().as_secs_f64());
                 }
                 if let Some((delivery, outcome)) = attempted.done {
                     settle(&ctx, &mut series, delivery, outcome, &mut retries, &mut deletions);
@@ -125,13 +124,6 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
     }
 }
 
-/// An attempt's entry in its worker's watchdog.
-struct Watch {
-    key: usize,
-    started: Instant,
-    registration: AbortRegistration,
-}
-
 /// What an attempt's future ends with.
 struct Attempted {
     /// Its key in the worker's watchdog.
@@ -139,40 +131,44 @@ struct Attempted {
     channel: Channel,
     /// The delivery and its outcome, or `None` when the attempt panicked.
     done: Option<(Delivery, Outcome)>,
-    /// How long the provider took, for an attempt that reached one.
-    provider_latency: Option<Duration>,
+    /// A provider answered (not `NotSent`, not a removed channel): the
+    /// time since the attempt's start is its provider latency.
+    answered: bool,
 }
 
-/// One attempt of `delivery`. Its metrics are the worker's to count.
-fn attempt(ctx: &Arc<WorkerContext>, delivery: Delivery, watch: Watch) -> impl Future<Output = Attempted> + use<> {
+/// One attempt of `delivery`, `key` in the worker's watchdog, which aborts
+/// it through `registration`. Its metrics are the worker's to count.
+fn attempt(
+    ctx: &Arc<WorkerContext>,
+    delivery: Delivery,
+    key: usize,
+    registration: AbortRegistration,
+) -> impl Future<Output = Attempted> + use<> {
     let ctx = ctx.clone();
     let first = delivery.first_attempt.clone();
     let channel = delivery.recipient.target.channel();
-    let Watch { key, started, registration } = watch;
     let send = async move {
         let Some(provider) = ctx.channels.get(channel) else {
             // The channel's table was removed: fail without a provider request.
-            return (delivery, Outcome::Rejected, None);
+            return (delivery, Outcome::Rejected, false);
         };
         let push = Push { recipient: &delivery.recipient, envelope: &delivery.envelope };
         let outcome = Abortable::new(provider.send(push), registration).await.unwrap_or_else(|_| {
             tracing::warn!(channel = channel.as_str(), "a send made no progress for the watchdog's time; trying again");
             Outcome::NotSent { delay: WATCHDOG_DELAY }
         });
-        let latency = (!matches!(outcome, Outcome::NotSent { .. })).then(|| started.elapsed());
-        (delivery, outcome, latency)
+        let answered = !matches!(outcome, Outcome::NotSent { .. });
+        (delivery, outcome, answered)
     };
     AssertUnwindSafe(send).catch_unwind().map(move |done| match done {
-        Ok((delivery, outcome, provider_latency)) => {
-            Attempted { key, channel, done: Some((delivery, outcome)), provider_latency }
-        }
+        Ok((delivery, outcome, answered)) => Attempted { key, channel, done: Some((delivery, outcome)), answered },
         // A panicking attempt loses its delivery: pending again in its
         // page, which a replay re-sends.
         Err(_) => {
             if let Some(first) = first {
                 first.lost();
             }
-            Attempted { key, channel, done: None, provider_latency: None }
+            Attempted { key, channel, done: None, answered: false }
         }
     })
 }
