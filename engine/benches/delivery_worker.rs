@@ -97,7 +97,7 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One million deliveries through fresh workers: (wall seconds, CPU seconds)
+/// `deliveries` through fresh workers: (wall seconds, CPU seconds)
 /// from the first batch handed over to the last first attempt answered.
 async fn one_round(provider: Arc<dyn Provider>, deliveries: usize) -> anyhow::Result<(f64, f64)> {
     let dir = tempfile::tempdir()?;
