@@ -121,6 +121,14 @@ mod tests {
     }
 
     #[test]
+    fn every_channel_has_a_slot() {
+        // `Channel::from_u8` names every channel: a new one needs a slot.
+        for channel in (0..=u8::MAX).filter_map(Channel::from_u8) {
+            assert!((channel as usize) < CHANNEL_SLOTS, "{channel:?}");
+        }
+    }
+
+    #[test]
     fn series_appear_only_once_counted() {
         let m = Metrics::new();
         let mut series = Series::default();
