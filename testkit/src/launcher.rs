@@ -7,6 +7,7 @@
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
@@ -300,11 +301,19 @@ pub fn build_binary(release: bool) -> anyhow::Result<PathBuf> {
     }
     let dir = links.join(std::process::id().to_string()).join(if release { "release" } else { "debug" });
     std::fs::create_dir_all(&dir)?;
-    let private = dir.join("fanout");
-    let _ = std::fs::remove_file(&private);
-    if std::fs::hard_link(&built, &private).is_err() {
-        std::fs::copy(&built, &private).with_context(|| format!("copying {}", built.display()))?;
+    // Linked (or copied) under a name of its own, then renamed over
+    // `private`: tests of one process call this at once, and a copy onto a
+    // `private` that another call had just linked to `built` truncated the
+    // build's own binary to 0 bytes, which cargo then took as up to date.
+    static STAGED: AtomicU64 = AtomicU64::new(0);
+    let staged = dir.join(format!("fanout.{}", STAGED.fetch_add(1, Ordering::Relaxed)));
+    let _ = std::fs::remove_file(&staged);
+    if std::fs::hard_link(&built, &staged).is_err() {
+        std::fs::copy(&built, &staged).with_context(|| format!("copying {}", built.display()))?;
     }
+    let private = dir.join("fanout");
+    std::fs::rename(&staged, &private)
+        .with_context(|| format!("renaming {} over {}", staged.display(), private.display()))?;
     Ok(private)
 }
 
