@@ -78,6 +78,11 @@ pub enum EnvelopeRejection {
     /// Issue 7: no node owns the shard right now (leases are moving); retry.
     #[error("shard {shard} has no owner yet; retry")]
     NoOwner { shard: u16 },
+    /// The shard's lease ran out while the envelope was being stored: it may
+    /// or may not be delivered, and it is not acknowledged. Retry (at worst
+    /// a duplicate delivery).
+    #[error("shard {shard}'s lease ran out while storing; outcome unknown, retry")]
+    LeaseLost { shard: u16 },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,6 +136,7 @@ impl Ingest {
         } else {
             self.store.append(&valid, Timestamp::now().as_unix_nanos()).await?
         };
+        let fenced = self.fenced_after_append(&valid);
         let mut appended = appended.into_iter().zip(valid.iter().map(|e| e.shard()));
         let mut woken = BTreeSet::new();
         let results = parsed
@@ -138,6 +144,10 @@ impl Ingest {
             .map(|p| match p {
                 Err((shard, e)) => (shard, Err(e)),
                 Ok(_) => match appended.next() {
+                    Some((Appended::Stored { .. }, shard)) if fenced.contains(&shard) => {
+                        woken.insert(shard);
+                        (Some(shard), Err(EnvelopeRejection::LeaseLost { shard: shard.index() }))
+                    }
                     Some((Appended::Stored { sequence_id }, shard)) => {
                         woken.insert(shard);
                         (Some(shard), Ok(sequence_id))
@@ -154,6 +164,19 @@ impl Ingest {
             let _ = self.dispatch.cast(SupervisorMsg::Wake(woken.into_iter().collect()));
         }
         Ok(results)
+    }
+
+    /// The shards of `appended` whose local lease deadline passed while they
+    /// were stored. On a shared store an append is acknowledged only when it
+    /// completed while the lease was surely this node's: the next owner's
+    /// term starts from the boundary it reads after taking the lease over,
+    /// and a write that completed later may lie above it, never to be read
+    /// (`store/scylla/log.rs`).
+    fn fenced_after_append(&self, appended: &[NewEnvelope]) -> BTreeSet<ShardId> {
+        let Some(ownership) = &self.ownership else { return BTreeSet::new() };
+        let owned = ownership.owned.borrow();
+        let now = tokio::time::Instant::now();
+        appended.iter().map(NewEnvelope::shard).filter(|shard| !owned.holds(*shard, now)).collect()
     }
 
     /// Issue 7: only the owner of a shard appends to it. An envelope of a
@@ -428,6 +451,32 @@ mod tests {
         });
         let results = f.ingest.publish(vec![input(&topic, EnvelopeKind::Application, 0)]).await.unwrap();
         assert_eq!(results[0].1, Ok(2));
+    }
+
+    /// On a shared store an append that completed after the local lease
+    /// deadline is not acknowledged: the next owner may not have seen it.
+    #[tokio::test(start_paused = true)]
+    async fn an_append_that_outlives_the_lease_deadline_is_not_acknowledged() {
+        let leases = Arc::new(MemoryLeases::default());
+        let (held, other) = ([0u8, 7], [0u8, 8]);
+        let shard = Topic::parse(&held).unwrap().shard(SHARDS);
+        let other_shard = Topic::parse(&other).unwrap().shard(SHARDS);
+        assert_ne!(shard, other_shard);
+        let now = tokio::time::Instant::now();
+        let deadlines = BTreeMap::from([(shard, now + Duration::from_secs(5)), (other_shard, now + Duration::from_secs(60))]);
+        let (_tx, owned) = watch::channel(OwnedShards { shards: deadlines, settled: true });
+        let f = fixture(Some(ShardOwnership { owned, leases })).await;
+        let envelopes = |topic: &[u8]| {
+            let e = input(topic, EnvelopeKind::Application, 0);
+            NewEnvelope::new(Topic::parse(topic).unwrap(), SHARDS, EnvelopeKind::Application, true, None, e.data, None)
+                .unwrap()
+        };
+        let appended = [envelopes(&held), envelopes(&other)];
+        assert!(f.ingest.fenced_after_append(&appended).is_empty(), "both held");
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert_eq!(f.ingest.fenced_after_append(&appended), BTreeSet::from([shard]), "only the lapsed one");
+        let message = EnvelopeRejection::LeaseLost { shard: shard.index() }.to_string();
+        assert!(message.contains("outcome unknown"), "{message}");
     }
 
     /// Issue 16 item 7: the gRPC envelope fields as received, property-tested.

@@ -61,7 +61,9 @@ fn rejection(e: EnvelopeRejection) -> pb::PublishError {
         EnvelopeRejection::SequenceExhausted => tonic::Code::ResourceExhausted,
         EnvelopeRejection::SequenceNotIncreasing { .. } => tonic::Code::FailedPrecondition,
         // Issue 7 redirect contract (see the proto): publish to the named owner, or retry.
-        EnvelopeRejection::OwnedElsewhere { .. } | EnvelopeRejection::NoOwner { .. } => tonic::Code::Unavailable,
+        EnvelopeRejection::OwnedElsewhere { .. }
+        | EnvelopeRejection::NoOwner { .. }
+        | EnvelopeRejection::LeaseLost { .. } => tonic::Code::Unavailable,
     };
     pb::PublishError { code: code as i32, message: e.to_string() }
 }

@@ -70,11 +70,12 @@
 
 mod codec;
 mod gateway;
+mod log;
 mod relay;
 mod schema;
 mod settings;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
@@ -96,14 +97,14 @@ use scylla::value::{CqlValue, Row};
 
 pub use self::settings::{Keyspace, Nodes, ScyllaSettings};
 
-use self::codec::{BUCKET_SIZE, EnvelopeRow, StaticRow, Versioned, bucket_of, corrupt, from_db, pos_of, to_db};
+use self::codec::{StaticRow, Versioned, corrupt, from_db, to_db};
 use super::{
     Appended, GatewayRegistration, GatewayWakeup, LeasedWakeup, NodeId, NotifyClaim, NotifyKey, RelayClaim, RelayKey,
     RelaySettled, Revoke, RouteKey, ShardLeases, ShardPosition, Store, StoreError,
 };
 use crate::domain::{
     DeliveryTarget, NewEnvelope, Recipient, RecipientId, RecipientSummary, SecretHash, ShardId, StoredEnvelope,
-    StoredSubscription, Subscriber, SubscriptionUpdate, Topic, next_sequence_id,
+    StoredSubscription, Subscriber, SubscriptionUpdate, Topic,
 };
 
 /// How often a conditional write is tried against concurrent changes.
@@ -127,8 +128,9 @@ pub struct ScyllaStore {
     keyspace: String,
     shard_count: u16,
     st: Statements,
-    /// Appends to one shard are serialised in this process.
-    shard_locks: Vec<tokio::sync::Mutex<()>>,
+    /// This process's term of each shard (`log.rs`); its mutex serialises
+    /// the shard's appends in this process.
+    terms: Vec<log::TermSlot>,
     clock: WriteClock,
 }
 
@@ -165,7 +167,6 @@ impl WriteClock {
 /// Every prepared statement.
 struct Statements {
     static_read: PreparedStatement,
-    static_read_serial: PreparedStatement,
     topics_read: PreparedStatement,
     subs_read: PreparedStatement,
     subs_in: PreparedStatement,
@@ -184,20 +185,6 @@ struct Statements {
     clock_read: PreparedStatement,
     clock_put: PreparedStatement,
     topic_page_after: PreparedStatement,
-    shard_read: PreparedStatement,
-    shard_read_serial: PreparedStatement,
-    shard_create: PreparedStatement,
-    shard_reserve: PreparedStatement,
-    shard_boundary: PreparedStatement,
-    shard_checkpoint: PreparedStatement,
-    bucket_put: PreparedStatement,
-    bucket_list: PreparedStatement,
-    bucket_del: PreparedStatement,
-    env_put: PreparedStatement,
-    env_read: PreparedStatement,
-    env_data: PreparedStatement,
-    env_drop_bucket: PreparedStatement,
-    env_drop_upto: PreparedStatement,
     lease_insert: PreparedStatement,
     lease_renew: PreparedStatement,
     lease_release: PreparedStatement,
@@ -205,6 +192,7 @@ struct Statements {
     lease_all: PreparedStatement,
     node_put: PreparedStatement,
     node_all: PreparedStatement,
+    log: log::LogStatements,
     relay: relay::RelayStatements,
     gateway: gateway::GatewayStatements,
 }
@@ -227,9 +215,7 @@ impl Statements {
         // that removed subscriptions leave behind.
         let static_read =
             p(format!("SELECT DISTINCT {STATIC_COLS} FROM {ks}.recipients WHERE recipient_id = ?")).await?;
-        let shard_read = p(format!("SELECT last_id, boundary, checkpoint FROM {ks}.shards WHERE shard = ?")).await?;
         Ok(Self {
-            static_read_serial: serial(static_read.clone()),
             static_read,
             topics_read: p(format!("SELECT topic FROM {ks}.recipients WHERE recipient_id = ?")).await?,
             subs_read: p(format!("SELECT topic, {SUB_COLS} FROM {ks}.recipients WHERE recipient_id = ?")).await?,
@@ -289,36 +275,6 @@ impl Statements {
                 "SELECT recipient_id FROM {ks}.topic_subscriptions WHERE topic = ? AND recipient_id > ?"
             ))
             .await?,
-            shard_read_serial: serial(shard_read.clone()),
-            shard_read,
-            shard_create: p(format!(
-                "INSERT INTO {ks}.shards (shard, last_id, boundary, checkpoint) VALUES (?, ?, 0, 0) IF NOT EXISTS"
-            ))
-            .await?,
-            shard_reserve: p(format!("UPDATE {ks}.shards SET last_id = ? WHERE shard = ? IF last_id = ?")).await?,
-            shard_boundary: p(format!("UPDATE {ks}.shards SET boundary = ? WHERE shard = ? IF boundary = ?")).await?,
-            shard_checkpoint: p(format!("UPDATE {ks}.shards SET checkpoint = ? WHERE shard = ? IF checkpoint = ?"))
-                .await?,
-            bucket_put: p(format!("INSERT INTO {ks}.envelope_buckets (shard, bucket) VALUES (?, ?)")).await?,
-            bucket_list: p(format!(
-                "SELECT bucket FROM {ks}.envelope_buckets WHERE shard = ? AND bucket >= ? AND bucket <= ?"
-            ))
-            .await?,
-            bucket_del: p(format!("DELETE FROM {ks}.envelope_buckets WHERE shard = ? AND bucket = ?")).await?,
-            env_put: p(format!(
-                "INSERT INTO {ks}.envelopes (shard, bucket, pos, topic, kind, server_ts, sender_hmac, data, \
-                 inline_data, message_id, membership) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-            ))
-            .await?,
-            // Issue 11: a window never reads the data; `env_data` does, per page.
-            env_read: p(format!(
-                "SELECT pos, topic, kind, server_ts, sender_hmac, inline_data, message_id, membership FROM {ks}.envelopes \
-                 WHERE shard = ? AND bucket = ? AND pos >= ? AND pos <= ?"
-            ))
-            .await?,
-            env_data: p(format!("SELECT data FROM {ks}.envelopes WHERE shard = ? AND bucket = ? AND pos = ?")).await?,
-            env_drop_bucket: p(format!("DELETE FROM {ks}.envelopes WHERE shard = ? AND bucket = ?")).await?,
-            env_drop_upto: p(format!("DELETE FROM {ks}.envelopes WHERE shard = ? AND bucket = ? AND pos <= ?")).await?,
             // Issue 7: a lease is a row that lives for its TTL; every change is an LWT.
             lease_insert: p(format!(
                 "INSERT INTO {ks}.shard_leases (shard, owner, owner_address, acquired_at) \
@@ -338,6 +294,7 @@ impl Statements {
             ))
             .await?,
             node_all: p(format!("SELECT node FROM {ks}.nodes")).await?,
+            log: log::LogStatements::prepare(session, ks).await?,
             relay: relay::RelayStatements::prepare(session, ks).await?,
             gateway: gateway::GatewayStatements::prepare(session, ks).await?,
         })
@@ -398,21 +355,6 @@ impl Lwt {
             _ => None,
         }
     }
-}
-
-/// A shard's row. `last` is the largest id handed out.
-#[derive(Debug, Clone, Copy, Default)]
-struct ShardRow {
-    last: u64,
-    boundary: u64,
-    checkpoint: u64,
-}
-
-/// Ids one append reserved: the boundary it read, and its last id.
-#[derive(Debug, Clone, Copy)]
-struct Reservation {
-    boundary: u64,
-    last: u64,
 }
 
 type Values = Box<dyn SerializeRow + Send + Sync>;
@@ -483,7 +425,7 @@ impl ScyllaStore {
             keyspace,
             shard_count,
             st,
-            shard_locks: (0..shard_count).map(|_| tokio::sync::Mutex::new(())).collect(),
+            terms: (0..shard_count).map(|_| log::TermSlot::default()).collect(),
             clock: WriteClock::default(),
         })
     }
@@ -530,11 +472,10 @@ impl ScyllaStore {
 
     // ---- recipients ----
 
-    async fn read_static(&self, id: &RecipientId, serial: bool) -> Result<Option<Versioned>, StoreError> {
-        let st = if serial { &self.st.static_read_serial } else { &self.st.static_read };
+    async fn read_static(&self, id: &RecipientId) -> Result<Option<Versioned>, StoreError> {
         let rows = self
             .session
-            .execute_unpaged(st, (id.as_bytes().as_slice(),))
+            .execute_unpaged(&self.st.static_read, (id.as_bytes().as_slice(),))
             .await
             .map_err(be("reading a recipient"))?
             .into_rows_result()
@@ -641,180 +582,6 @@ impl ScyllaStore {
         Ok(true)
     }
 
-    // ---- shards ----
-
-    async fn read_shard(&self, shard: ShardId, serial: bool) -> Result<Option<ShardRow>, StoreError> {
-        let st = if serial { &self.st.shard_read_serial } else { &self.st.shard_read };
-        let rows = self
-            .session
-            .execute_unpaged(st, (i32::from(shard.index()),))
-            .await
-            .map_err(be("reading a shard"))?
-            .into_rows_result()
-            .map_err(be("reading a shard"))?;
-        let row = rows.maybe_first_row::<(Option<i64>, Option<i64>, Option<i64>)>().map_err(be("reading a shard"))?;
-        Ok(row.map(|(last, boundary, checkpoint)| ShardRow {
-            last: last.map_or(0, from_db),
-            boundary: boundary.map_or(0, from_db),
-            checkpoint: checkpoint.map_or(0, from_db),
-        }))
-    }
-
-    /// Appends one shard's envelopes (`indices` into `envelopes`).
-    /// Appends one shard's envelopes (`indices` into `envelopes`): reserve
-    /// ids, write the rows, move the boundary over them.
-    async fn append_shard(
-        &self,
-        shard: ShardId,
-        envelopes: &[NewEnvelope],
-        indices: &[usize],
-        now_ns: i64,
-    ) -> Result<Vec<(usize, Appended)>, StoreError> {
-        let _serialised = self.shard_locks[usize::from(shard.index())].lock().await;
-        let (reservation, results, rows) = self.reserve_ids(shard, envelopes, indices).await?;
-        let Some(reservation) = reservation else {
-            return Ok(results); // every envelope was refused
-        };
-        self.write_rows(shard, rows, now_ns).await?;
-        self.cover(shard, reservation).await?;
-        Ok(results)
-    }
-
-    /// 1. Reserves ids with `IF last_id = <read>`, so two writers never hand
-    ///    out the same id. `None` when every envelope was refused.
-    async fn reserve_ids<'e>(
-        &self,
-        shard: ShardId,
-        envelopes: &'e [NewEnvelope],
-        indices: &[usize],
-    ) -> Result<(Option<Reservation>, Vec<(usize, Appended)>, Vec<(u64, &'e NewEnvelope)>), StoreError> {
-        let db_shard = i32::from(shard.index());
-        let mut attempt = 0;
-        loop {
-            let row = self.read_shard(shard, true).await?;
-            let mut last = row.map_or(0, |r| r.last);
-            let mut results = Vec::with_capacity(indices.len());
-            let mut rows: Vec<(u64, &NewEnvelope)> = Vec::new();
-            for &i in indices {
-                let e = &envelopes[i];
-                // A refused id fails its own envelope; the rest of the batch goes on.
-                let seq = match next_sequence_id(last, e.sequence_id) {
-                    Ok(id) => id,
-                    Err(refusal) => {
-                        results.push((i, Appended::Refused(refusal)));
-                        continue;
-                    }
-                };
-                last = seq;
-                // PUSH-219: only push-eligible envelopes are stored for dispatch.
-                if e.is_push_eligible() {
-                    rows.push((seq, e));
-                }
-                results.push((i, Appended::Stored { sequence_id: seq }));
-            }
-            if last == row.map_or(0, |r| r.last) {
-                return Ok((None, results, rows));
-            }
-            let reserved = match row {
-                None => self.lwt(&self.st.shard_create, (db_shard, to_db(last))).await?,
-                Some(r) => self.lwt(&self.st.shard_reserve, (to_db(last), db_shard, to_db(r.last))).await?,
-            };
-            if reserved.applied {
-                let boundary = row.map_or(0, |r| r.boundary);
-                return Ok((Some(Reservation { boundary, last }), results, rows));
-            }
-            attempt += 1;
-            if attempt >= MAX_LWT_ATTEMPTS {
-                return Err(contention());
-            }
-            backoff(attempt).await;
-        }
-    }
-
-    /// 2. Writes the envelopes: bucket index rows first, then the rows.
-    async fn write_rows(&self, shard: ShardId, rows: Vec<(u64, &NewEnvelope)>, now_ns: i64) -> Result<(), StoreError> {
-        if rows.is_empty() {
-            return Ok(());
-        }
-        let db_shard = i32::from(shard.index());
-        let buckets: BTreeSet<i64> = rows.iter().map(|(seq, _)| bucket_of(*seq)).collect();
-        let writes: Vec<BoxFuture<'_, Result<(), StoreError>>> =
-            buckets.iter().map(|b| self.write(&self.st.bucket_put, (db_shard, *b)).boxed()).collect();
-        all_ok(writes, JOIN_CONCURRENCY).await?;
-        let mut by_bucket: BTreeMap<i64, Vec<(u64, &NewEnvelope)>> = BTreeMap::new();
-        for (seq, e) in rows {
-            by_bucket.entry(bucket_of(seq)).or_default().push((seq, e));
-        }
-        let mut batches: Vec<BoxFuture<'_, Result<(), StoreError>>> = Vec::new();
-        for (bucket, rows) in &by_bucket {
-            for chunk in rows.chunks(ENVELOPE_BATCH) {
-                batches.push(self.write_envelopes(db_shard, *bucket, chunk, now_ns).boxed());
-            }
-        }
-        all_ok(batches, 8).await
-    }
-
-    /// 3. Moves the boundary over the reserved ids: `IF boundary = <read>`.
-    ///    A lower current boundary is a gap an earlier failed append left:
-    ///    close it too. A boundary already past them means another writer
-    ///    (a new owner, after this one stalled) covered them, possibly before
-    ///    these rows were written and read by dispatch: the append must not
-    ///    be acknowledged, so it is an error and its publisher retries.
-    async fn cover(&self, shard: ShardId, reservation: Reservation) -> Result<(), StoreError> {
-        let db_shard = i32::from(shard.index());
-        let mut expected = reservation.boundary;
-        let mut attempt = 0;
-        loop {
-            let moved = self.lwt(&self.st.shard_boundary, (to_db(reservation.last), db_shard, to_db(expected))).await?;
-            if moved.applied {
-                return Ok(());
-            }
-            let current = moved.current_u64("boundary").ok_or_else(|| corrupt("shard"))?;
-            if current >= reservation.last {
-                return Err(StoreError::Backend(
-                    "scylla: another writer moved the shard boundary past this append; its outcome is unknown".into(),
-                ));
-            }
-            expected = current;
-            attempt += 1;
-            if attempt >= MAX_LWT_ATTEMPTS {
-                return Err(contention());
-            }
-        }
-    }
-
-    /// One unlogged single-partition batch of envelope rows.
-    async fn write_envelopes(
-        &self,
-        shard: i32,
-        bucket: i64,
-        rows: &[(u64, &NewEnvelope)],
-        now_ns: i64,
-    ) -> Result<(), StoreError> {
-        let mut batch = Batch::new(BatchType::Unlogged);
-        let mut values: Vec<Values> = Vec::with_capacity(rows.len());
-        for (seq, e) in rows {
-            // PUSH-230: keep the HMAC input only where suppression can use it.
-            let (hmac, data) = e.suppression_data().map_or((&[][..], &[][..]), |(h, d)| (h.as_bytes(), d));
-            batch.append_statement(self.st.env_put.clone());
-            values.push(Box::new((
-                shard,
-                bucket,
-                pos_of(*seq),
-                e.topic().as_bytes().to_vec(),
-                e.kind() as u8 as i8,
-                now_ns,
-                hmac.to_vec(),
-                data.to_vec(),
-                e.inline_data().to_vec(),
-                e.relay.message_id.as_ref().map(|m| m.as_str().to_owned()),
-                e.relay.membership.map(|m| m as u8 as i8),
-            )));
-        }
-        self.session.batch(&batch, values).await.map_err(be("writing envelopes"))?;
-        Ok(())
-    }
-
     /// Joins one dispatch index row with its recipient partition; `None` when
     /// the recipient or the subscription is gone (a dangling index row).
     async fn join(&self, topic: &Topic, id: RecipientId) -> Result<Option<Subscriber>, StoreError> {
@@ -885,7 +652,7 @@ impl Store for ScyllaStore {
     }
 
     async fn recipient(&self, id: &RecipientId) -> Result<Option<Recipient>, StoreError> {
-        Ok(self.read_static(id, false).await?.map(|v| v.recipient))
+        Ok(self.read_static(id).await?.map(|v| v.recipient))
     }
 
     async fn register(
@@ -899,7 +666,7 @@ impl Store for ScyllaStore {
         let text = text.as_ref();
         let signing_key = signing_key.as_deref();
         for attempt in 0..MAX_LWT_ATTEMPTS {
-            let current = self.read_static(id, true).await?;
+            let current = self.read_static(id).await?;
             // PUSH-255: create with no subscriptions, or replace the target and keep them.
             let (done, topic_count) = match &current {
                 None => {
@@ -931,7 +698,7 @@ impl Store for ScyllaStore {
 
     async fn unregister(&self, id: &RecipientId, secret_hash: &SecretHash) -> Result<(), StoreError> {
         for attempt in 0..MAX_LWT_ATTEMPTS {
-            let v = self.read_static(id, true).await?.ok_or(StoreError::NotFound)?;
+            let v = self.read_static(id).await?.ok_or(StoreError::NotFound)?;
             if v.recipient.secret_hash != *secret_hash {
                 return Err(StoreError::SecretMismatch);
             }
@@ -959,7 +726,7 @@ impl Store for ScyllaStore {
             )));
         }
         for attempt in 0..MAX_LWT_ATTEMPTS {
-            let v = self.read_static(id, true).await?.ok_or(StoreError::NotFound)?;
+            let v = self.read_static(id).await?.ok_or(StoreError::NotFound)?;
             if v.recipient.secret_hash != *secret_hash {
                 return Err(StoreError::SecretMismatch);
             }
@@ -988,7 +755,7 @@ impl Store for ScyllaStore {
             for sub in update.adds.iter().filter(|s| !existing.contains_key(s.topic.as_bytes())) {
                 let shard = sub.topic.shard(self.shard_count);
                 if let std::collections::hash_map::Entry::Vacant(slot) = boundaries.entry(shard) {
-                    slot.insert(self.read_shard(shard, true).await?.map_or(0, |r| r.boundary));
+                    slot.insert(self.position(shard).await?.boundary);
                 }
             }
             let stored: Vec<StoredSubscription> = update
@@ -1067,7 +834,7 @@ impl Store for ScyllaStore {
 
     async fn delete_recipient_if_unchanged(&self, expected: &Recipient) -> Result<bool, StoreError> {
         for attempt in 0..MAX_LWT_ATTEMPTS {
-            let Some(v) = self.read_static(&expected.id, true).await? else {
+            let Some(v) = self.read_static(&expected.id).await? else {
                 return Ok(false);
             };
             // PUSH-234: channel, token or URL, signing key and secret hash must all still match.
@@ -1107,7 +874,7 @@ impl Store for ScyllaStore {
             let mut attempt = 0;
             loop {
                 // Re-checked on the serial read: a renewal since the scan keeps it.
-                let Some(v) = self.read_static(&id, true).await? else { break };
+                let Some(v) = self.read_static(&id).await? else { break };
                 if v.recipient.renewed_at_ns >= renewed_before_ns {
                     break;
                 }
@@ -1268,8 +1035,8 @@ impl Store for ScyllaStore {
     }
 
     async fn shard_position(&self, shard: ShardId) -> Result<ShardPosition, StoreError> {
-        let row = self.read_shard(shard, false).await?.unwrap_or_default();
-        Ok(ShardPosition { boundary: row.boundary, checkpoint: row.checkpoint })
+        self.check_shard(shard)?;
+        self.position(shard).await
     }
 
     async fn read_window(
@@ -1279,107 +1046,18 @@ impl Store for ScyllaStore {
         up_to: u64,
         limit: usize,
     ) -> Result<Vec<StoredEnvelope>, StoreError> {
-        if after >= up_to || limit == 0 {
-            return Ok(Vec::new());
-        }
-        let db_shard = i32::from(shard.index());
-        let first = after + 1;
-        let (first_bucket, last_bucket) = (bucket_of(first), bucket_of(up_to));
-        let buckets: Vec<i64> = self
-            .session
-            .execute_iter(self.st.bucket_list.clone(), (db_shard, first_bucket, last_bucket))
-            .await
-            .map_err(be("reading envelope buckets"))?
-            .rows_stream::<(i64,)>()
-            .map_err(be("reading envelope buckets"))?
-            .map_ok(|(b,)| b)
-            .try_collect()
-            .await
-            .map_err(be("reading envelope buckets"))?;
-        let mut out = Vec::new();
-        for bucket in buckets {
-            let lo = if bucket == first_bucket { pos_of(first) } else { 0 };
-            let hi = if bucket == last_bucket { pos_of(up_to) } else { (BUCKET_SIZE - 1) as i32 };
-            let mut st = self.st.env_read.clone();
-            st.set_page_size(i32::try_from(limit - out.len()).unwrap_or(PAGE_ROWS).min(PAGE_ROWS));
-            let mut rows = self
-                .session
-                .execute_iter(st, (db_shard, bucket, lo, hi))
-                .await
-                .map_err(be("reading envelopes"))?
-                .rows_stream::<EnvelopeRow>()
-                .map_err(be("reading envelopes"))?;
-            while let Some(row) = rows.try_next().await.map_err(be("reading envelopes"))? {
-                out.push(codec::decode_envelope(shard, bucket, row)?);
-                if out.len() == limit {
-                    return Ok(out);
-                }
-            }
-        }
-        Ok(out)
+        self.check_shard(shard)?;
+        self.window(shard, after, up_to, limit).await
     }
 
     async fn envelope_data(&self, shard: ShardId, sequence_id: u64) -> Result<Option<Vec<u8>>, StoreError> {
-        let key = (i32::from(shard.index()), bucket_of(sequence_id), pos_of(sequence_id));
-        let rows = self
-            .session
-            .execute_unpaged(&self.st.env_data, key)
-            .await
-            .map_err(be("reading envelope data"))?
-            .into_rows_result()
-            .map_err(be("reading envelope data"))?;
-        let row = rows.maybe_first_row::<(Option<Vec<u8>>,)>().map_err(be("reading envelope data"))?;
-        Ok(row.and_then(|(data,)| data).filter(|d| !d.is_empty()))
+        self.check_shard(shard)?;
+        self.data(shard, sequence_id).await
     }
 
     async fn advance_checkpoint(&self, shard: ShardId, checkpoint: u64) -> Result<(), StoreError> {
         self.check_shard(shard)?;
-        let db_shard = i32::from(shard.index());
-        let mut attempt = 0;
-        let new = loop {
-            let Some(row) = self.read_shard(shard, true).await? else {
-                // An empty shard stays at zero.
-                return Ok(());
-            };
-            // Never back, never above the boundary.
-            let new = row.checkpoint.max(checkpoint.min(row.boundary));
-            if new == row.checkpoint {
-                return Ok(());
-            }
-            let moved = self.lwt(&self.st.shard_checkpoint, (to_db(new), db_shard, to_db(row.checkpoint))).await?;
-            if moved.applied {
-                break new;
-            }
-            attempt += 1;
-            if attempt >= MAX_LWT_ATTEMPTS {
-                return Err(contention());
-            }
-            backoff(attempt).await;
-        };
-        // Every delivery at or below the checkpoint had its first attempt: drop
-        // whole buckets below it, then the rows at or below it in its bucket.
-        let cp_bucket = bucket_of(new);
-        let buckets: Vec<i64> = self
-            .session
-            .execute_iter(self.st.bucket_list.clone(), (db_shard, 0i64, cp_bucket))
-            .await
-            .map_err(be("reading envelope buckets"))?
-            .rows_stream::<(i64,)>()
-            .map_err(be("reading envelope buckets"))?
-            .map_ok(|(b,)| b)
-            .try_collect()
-            .await
-            .map_err(be("reading envelope buckets"))?;
-        for bucket in buckets {
-            let whole = codec::seq_of(bucket, (BUCKET_SIZE - 1) as i32) <= new;
-            if whole {
-                self.write(&self.st.env_drop_bucket, (db_shard, bucket)).await?;
-                self.write(&self.st.bucket_del, (db_shard, bucket)).await?;
-            } else {
-                self.write(&self.st.env_drop_upto, (db_shard, bucket, pos_of(new))).await?;
-            }
-        }
-        Ok(())
+        self.checkpoint(shard, checkpoint).await
     }
 
     async fn subscribers(
@@ -1442,19 +1120,31 @@ impl ShardLeases for ScyllaStore {
         self.check_shard(shard)?;
         let ttl = ttl_secs(ttl);
         let key = i32::from(shard.index());
-        let insert = self.lwt(&self.st.lease_insert, (key, &node.0, address, ttl)).await?;
-        if insert.applied {
-            return Ok(true);
+        // A lease newly acquired, lost, or in doubt after an error: this
+        // process's term of the shard may be stale, so its next append
+        // claims a new one (`log.rs`).
+        let held = async {
+            let insert = self.lwt(&self.st.lease_insert, (key, &node.0, address, ttl)).await?;
+            if insert.applied {
+                return Ok((true, true));
+            }
+            if insert.current_text("owner") != Some(node.0.as_str()) {
+                return Ok((false, true));
+            }
+            // Ours already: renew the TTL, still only while it is ours.
+            let renewed = self.lwt(&self.st.lease_renew, (ttl, &node.0, address, key, &node.0)).await?.applied;
+            Ok((renewed, !renewed))
         }
-        if insert.current_text("owner") != Some(node.0.as_str()) {
-            return Ok(false);
+        .await;
+        if !matches!(held, Ok((_, false))) {
+            self.forget_term(shard);
         }
-        // Ours already: renew the TTL, still only while it is ours.
-        Ok(self.lwt(&self.st.lease_renew, (ttl, &node.0, address, key, &node.0)).await?.applied)
+        held.map(|(held, _)| held)
     }
 
     async fn release_lease(&self, shard: ShardId, node: &NodeId) -> Result<(), StoreError> {
         self.check_shard(shard)?;
+        self.forget_term(shard);
         self.lwt(&self.st.lease_release, (i32::from(shard.index()), &node.0)).await?;
         Ok(())
     }
@@ -1522,6 +1212,7 @@ mod tests {
     use super::test_keyspace::{
         SHARD_COUNT, drop_keyspace_then_resume, fresh_keyspace, settings, test_nodes, with_store,
     };
+    use super::codec::BUCKET_SIZE;
     use super::*;
     use crate::domain::{EnvelopeKind, RecipientSecret, Subscription};
 
@@ -1608,42 +1299,108 @@ mod tests {
         .await;
     }
 
-    /// Issue 11: a writer that stalls between reserving ids and moving the
-    /// boundary (a node paused mid-append, then fenced) while the shard's
-    /// next owner appends. The new owner's envelopes become visible (it
-    /// closes the gap below them); the stale writer, resumed, can write its
-    /// rows but is refused at the boundary, so it never acknowledges ids
-    /// that dispatch may already have passed.
+    /// A former owner that keeps appending after the next owner claimed
+    /// the shard's term (a node paused past its lease, then resumed): its
+    /// plain writes land, but readers never see them, its boundary never
+    /// moves the shard's, and it overwrites none of the new owner's rows at
+    /// the same ids. (It does not acknowledge them either: ingest checks the
+    /// lease deadline after the append, tested in `ingest.rs`.)
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_stale_writer_never_acknowledges_ids_the_next_owner_covered() {
+    async fn a_former_owners_late_appends_are_never_read() {
         with_store(|owner| async move {
             let nodes = test_nodes().unwrap();
             let stale = ScyllaStore::connect(&settings(nodes, owner.keyspace()), SHARD_COUNT).await.unwrap();
-            let topic = Topic::parse(&[0, 5]).unwrap();
-            let new =
-                || NewEnvelope::new(topic.clone(), SHARD_COUNT, EnvelopeKind::Application, true, None, vec![], None);
-            let shard = new().unwrap().shard();
-            owner.append(&[new().unwrap()], 1).await.unwrap();
+            let envelope = |id: u8| {
+                let topic = Topic::parse(&[0, 5]).unwrap();
+                NewEnvelope::new(topic, SHARD_COUNT, EnvelopeKind::Application, true, None, vec![id], None).unwrap()
+            };
+            let shard = envelope(0).shard();
+            let ids = |appended: Vec<Appended>| {
+                appended
+                    .into_iter()
+                    .map(|a| match a {
+                        Appended::Stored { sequence_id } => sequence_id,
+                        other => panic!("{other:?}"),
+                    })
+                    .collect::<Vec<_>>()
+            };
+            // The former owner's term: ids 1 and 2, acknowledged.
+            assert_eq!(ids(stale.append(&[envelope(1), envelope(2)], 1).await.unwrap()), vec![1, 2]);
+            // The next owner claims a term from boundary 2 and appends 3..=4.
+            assert_eq!(ids(owner.append(&[envelope(3), envelope(4)], 2).await.unwrap()), vec![3, 4]);
+            // The former owner, resumed, still allocates from its own memory:
+            // ids 3..=5, rows and boundary written under its old term.
+            let late = [envelope(13), envelope(14), envelope(15)];
+            assert_eq!(ids(stale.append(&late, 3).await.unwrap()), vec![3, 4, 5]);
 
-            // The stale writer reserves ids 2..=3, then stalls.
-            let mine = [new().unwrap(), new().unwrap()];
-            let (reservation, results, rows) = stale.reserve_ids(shard, &mine, &[0, 1]).await.unwrap();
-            let reservation = reservation.unwrap();
-            assert_eq!(results.len(), 2);
-            // The next owner appends id 4 and covers the gap below it.
-            assert_eq!(owner.append(&[new().unwrap()], 2).await.unwrap(), vec![Appended::Stored { sequence_id: 4 }]);
             let position = owner.shard_position(shard).await.unwrap();
-            assert_eq!(position.boundary, 4);
-            let window = owner.read_window(shard, 0, 4, 10).await.unwrap();
-            assert_eq!(window.iter().map(|e| e.sequence_id).collect::<Vec<_>>(), vec![1, 4], "the gap is empty");
-            owner.advance_checkpoint(shard, 4).await.unwrap();
+            assert_eq!(position.boundary, 4, "the former owner's boundary 5 is not the shard's");
+            let window = owner.read_window(shard, 0, 10, 10).await.unwrap();
+            assert_eq!(window.iter().map(|e| e.sequence_id).collect::<Vec<_>>(), vec![1, 2, 3, 4]);
+            // The new owner's rows are its own: the former owner's ids 3 and 4
+            // went under its old term, beside them.
+            let with_hmac = |id: u8| {
+                let topic = Topic::parse(&[0, 5]).unwrap();
+                let hmac = crate::domain::SenderHmac::parse(&[id; 32]);
+                NewEnvelope::new(topic, SHARD_COUNT, EnvelopeKind::Application, true, hmac, vec![id], None).unwrap()
+            };
+            assert_eq!(ids(owner.append(&[with_hmac(6)], 4).await.unwrap()), vec![5]);
+            assert_eq!(ids(stale.append(&[with_hmac(16)], 5).await.unwrap()), vec![6]);
+            assert_eq!(owner.envelope_data(shard, 5).await.unwrap(), Some(vec![6]), "not overwritten");
+            assert_eq!(owner.envelope_data(shard, 6).await.unwrap(), None, "a stale row is never read");
+            assert_eq!(owner.shard_position(shard).await.unwrap().boundary, 5);
+            let window = owner.read_window(shard, 4, 10, 10).await.unwrap();
+            assert_eq!(window.iter().map(|e| e.sequence_id).collect::<Vec<_>>(), vec![5]);
 
-            // Resumed: it writes its rows, but the boundary refuses it.
-            stale.write_rows(shard, rows, 3).await.unwrap();
-            let refused = stale.cover(shard, reservation).await.expect_err("never acknowledged");
-            assert!(matches!(&refused, StoreError::Backend(m) if m.contains("outcome is unknown")), "{refused}");
-            assert_eq!(owner.shard_position(shard).await.unwrap(), ShardPosition { boundary: 4, checkpoint: 4 });
+            // Checkpoints never move back, and a checkpoint past a term's
+            // whole range prunes it; the current term stays readable.
+            owner.advance_checkpoint(shard, 4).await.unwrap();
+            owner.advance_checkpoint(shard, 2).await.unwrap();
+            assert_eq!(owner.shard_position(shard).await.unwrap(), ShardPosition { boundary: 5, checkpoint: 4 });
+            let window = owner.read_window(shard, 4, 10, 10).await.unwrap();
+            assert_eq!(window.iter().map(|e| e.sequence_id).collect::<Vec<_>>(), vec![5]);
             owner
+        })
+        .await;
+    }
+
+    /// A keyspace last written by schema 6 (`shards` and `envelopes`): the
+    /// first term carries its boundary and checkpoint over, windows read the
+    /// envelopes it kept, and new ones follow in the log.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_shard_written_before_schema_7_is_carried_over() {
+        with_store(|store| async move {
+            let topic = Topic::parse(&[0, 5]).unwrap();
+            let e = NewEnvelope::new(topic.clone(), SHARD_COUNT, EnvelopeKind::Application, true, None, vec![], None)
+                .unwrap();
+            let shard = e.shard();
+            let ks = store.keyspace().to_owned();
+            let db_shard = i32::from(shard.index());
+            // What schema 6 left: ids 1..=3 allocated, 3 stored, checkpoint 1.
+            let q = |cql: String| {
+                let session = &store.session;
+                async move { session.query_unpaged(cql, ()).await.unwrap() }
+            };
+            q(format!("INSERT INTO {ks}.shards (shard, last_id, boundary, checkpoint) VALUES ({db_shard}, 3, 3, 1)"))
+                .await;
+            q(format!("INSERT INTO {ks}.envelope_buckets (shard, bucket) VALUES ({db_shard}, 0)")).await;
+            for pos in [2, 3] {
+                q(format!(
+                    "INSERT INTO {ks}.envelopes (shard, bucket, pos, topic, kind, server_ts) \
+                     VALUES ({db_shard}, 0, {pos}, 0x0005, 1, 7)"
+                ))
+                .await;
+            }
+            assert_eq!(store.shard_position(shard).await.unwrap(), ShardPosition { boundary: 3, checkpoint: 1 });
+            let ids = |w: Vec<StoredEnvelope>| w.into_iter().map(|e| e.sequence_id).collect::<Vec<_>>();
+            assert_eq!(ids(store.read_window(shard, 1, 3, 10).await.unwrap()), vec![2, 3]);
+            assert_eq!(store.append(std::slice::from_ref(&e), 8).await.unwrap(), vec![Appended::Stored { sequence_id: 4 }]);
+            assert_eq!(store.shard_position(shard).await.unwrap(), ShardPosition { boundary: 4, checkpoint: 1 });
+            assert_eq!(ids(store.read_window(shard, 1, 4, 10).await.unwrap()), vec![2, 3, 4]);
+            assert_eq!(ids(store.read_window(shard, 2, 4, 1).await.unwrap()), vec![3]);
+            store.advance_checkpoint(shard, 3).await.unwrap();
+            assert_eq!(ids(store.read_window(shard, 0, 4, 10).await.unwrap()), vec![4]);
+            store
         })
         .await;
     }

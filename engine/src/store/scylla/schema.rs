@@ -16,6 +16,7 @@ pub(super) const MIGRATIONS: &[(i32, &str, &str)] = &[
     (4, "004_relay", include_str!("../../../schema/scylla/004_relay.cql")),
     (5, "005_relay_deliveries", include_str!("../../../schema/scylla/005_relay_deliveries.cql")),
     (6, "006_gateway", include_str!("../../../schema/scylla/006_gateway.cql")),
+    (7, "007_shard_terms", include_str!("../../../schema/scylla/007_shard_terms.cql")),
 ];
 
 /// The version a store of this binary needs.
@@ -204,6 +205,14 @@ mod tests {
         let stmts = statements(MIGRATIONS[1].2, "ks", "{}");
         assert_eq!(stmts.len(), 1);
         assert!(stmts[0].starts_with("CREATE TABLE IF NOT EXISTS ks.nodes"));
+    }
+
+    #[test]
+    fn shard_terms_file_adds_the_terms_and_the_log() {
+        let stmts = statements(MIGRATIONS[6].2, "ks", "{}");
+        assert_eq!(stmts.len(), 2);
+        assert!(stmts[0].starts_with("CREATE TABLE IF NOT EXISTS ks.shard_terms"));
+        assert!(stmts[1].starts_with("CREATE TABLE IF NOT EXISTS ks.shard_log"));
     }
 
     #[test]

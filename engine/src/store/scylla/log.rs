@@ -1,0 +1,595 @@
+//! A shard's log on CQL (schema 7, `007_shard_terms.cql`): terms, appends,
+//! windows and checkpoints without a lightweight transaction per batch.
+//!
+//! A shard has one writer, the node holding its lease (DESIGN.md). The first
+//! append of a process to a shard claims a new *term*: one conditional insert
+//! of the term's row in `shard_terms`, whose `base` is the boundary the
+//! previous term left. From then on this process allocates the shard's ids in
+//! memory (API-203: strictly increasing, above `base`) and every append is
+//! plain writes: the envelope rows (unlogged single-partition batches into
+//! `shard_log`, keyed by term), then the term's `boundary`, written with the
+//! boundary itself as the cell's write timestamp so that the largest value
+//! wins whatever order writes land in.
+//!
+//! Fencing. Readers take the boundary of the highest term only, and accept a
+//! log row of term `t` at id `x` only while `base(t) < x <= base(next term)`.
+//! A former owner that was paused or partitioned can still write (plain
+//! writes cannot be refused), but what it writes after the next term was
+//! claimed is outside its range and never read, and it can overwrite nothing
+//! of the new term's (the term is part of the key). It must also not
+//! *acknowledge* such writes: ingest checks the local lease deadline after
+//! the append (`Fence`, `ownership.rs`), so an append is acknowledged only
+//! when its boundary write completed before the lease could have moved, and
+//! the next term's claim, made after the lease moved, read that boundary.
+//!
+//! Failures. An append that fails after its ids were taken burns them: the
+//! next append's boundary covers the gap (its rows, if any landed, were never
+//! acknowledged: at worst a publisher's retry delivers twice). Ids are never
+//! handed out twice within a term.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use futures::stream::TryStreamExt;
+use futures::{FutureExt, future::BoxFuture};
+use scylla::client::session::Session;
+use scylla::statement::batch::{Batch, BatchType};
+use scylla::statement::prepared::PreparedStatement;
+
+use super::codec::{self, BUCKET_SIZE, EnvelopeRow, bucket_of, from_db, pos_of, to_db};
+use super::{ENVELOPE_BATCH, JOIN_CONCURRENCY, MAX_LWT_ATTEMPTS, ScyllaStore, Values, all_ok, backoff, be, contention};
+use crate::domain::{NewEnvelope, ShardId, StoredEnvelope, next_sequence_id};
+use crate::store::{Appended, ShardPosition, StoreError};
+
+/// This process's term of one shard: what it may append under.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Term {
+    term: i64,
+    /// The largest id handed out (burnt ids of a failed append included).
+    last: u64,
+    /// The largest bucket whose index row this term wrote.
+    indexed: Option<i64>,
+}
+
+/// One shard's term in this process. The mutex serialises the shard's
+/// appends here; `forgotten` is set, without waiting for an append in
+/// flight, when the lease moved or may have (`ShardLeases` on this store).
+#[derive(Default)]
+pub(super) struct TermSlot {
+    term: tokio::sync::Mutex<Option<Term>>,
+    forgotten: AtomicBool,
+}
+
+/// The statements of the log.
+pub(super) struct LogStatements {
+    head: PreparedStatement,
+    terms: PreparedStatement,
+    claim: PreparedStatement,
+    boundary: PreparedStatement,
+    checkpoint: PreparedStatement,
+    legacy_marks: PreparedStatement,
+    drop_term: PreparedStatement,
+    legacy_shard: PreparedStatement,
+    bucket_put: PreparedStatement,
+    bucket_list: PreparedStatement,
+    bucket_del: PreparedStatement,
+    put: PreparedStatement,
+    read: PreparedStatement,
+    data: PreparedStatement,
+    drop_bucket: PreparedStatement,
+    drop_upto: PreparedStatement,
+    legacy_read: PreparedStatement,
+    legacy_data: PreparedStatement,
+    legacy_drop_bucket: PreparedStatement,
+    legacy_drop_upto: PreparedStatement,
+}
+
+/// A `shard_log` row as a window reads it: the legacy columns, then its term.
+type LogRow = (i32, Vec<u8>, i8, i64, Option<Vec<u8>>, Option<Vec<u8>>, Option<String>, Option<i8>, i64);
+
+const ENVELOPE_COLS: &str = "topic, kind, server_ts, sender_hmac, inline_data, message_id, membership";
+
+impl LogStatements {
+    pub(super) async fn prepare(session: &Session, ks: &str) -> Result<Self, StoreError> {
+        let p = |cql: String| async move {
+            let mut st = session.prepare(cql).await.map_err(be("preparing a statement"))?;
+            st.set_page_size(super::PAGE_ROWS);
+            Ok::<_, StoreError>(st)
+        };
+        Ok(Self {
+            // The highest term first (CLUSTERING ORDER BY term DESC); a
+            // partition holding only static cells answers one row with a null term.
+            head: p(format!(
+                "SELECT term, base, boundary, checkpoint, legacy_boundary FROM {ks}.shard_terms WHERE shard = ? LIMIT 1"
+            ))
+            .await?,
+            terms: p(format!("SELECT term, base, legacy_boundary FROM {ks}.shard_terms WHERE shard = ?")).await?,
+            claim: p(format!("INSERT INTO {ks}.shard_terms (shard, term, base) VALUES (?, ?, ?) IF NOT EXISTS"))
+                .await?,
+            boundary: p(format!(
+                "UPDATE {ks}.shard_terms USING TIMESTAMP ? SET boundary = ? WHERE shard = ? AND term = ?"
+            ))
+            .await?,
+            checkpoint: p(format!("UPDATE {ks}.shard_terms USING TIMESTAMP ? SET checkpoint = ? WHERE shard = ?"))
+                .await?,
+            legacy_marks: p(format!(
+                "UPDATE {ks}.shard_terms USING TIMESTAMP ? SET checkpoint = ?, legacy_boundary = ? WHERE shard = ?"
+            ))
+            .await?,
+            drop_term: p(format!("DELETE FROM {ks}.shard_terms WHERE shard = ? AND term = ?")).await?,
+            legacy_shard: p(format!("SELECT boundary, checkpoint FROM {ks}.shards WHERE shard = ?")).await?,
+            bucket_put: p(format!("INSERT INTO {ks}.envelope_buckets (shard, bucket) VALUES (?, ?)")).await?,
+            bucket_list: p(format!(
+                "SELECT bucket FROM {ks}.envelope_buckets WHERE shard = ? AND bucket >= ? AND bucket <= ?"
+            ))
+            .await?,
+            bucket_del: p(format!("DELETE FROM {ks}.envelope_buckets WHERE shard = ? AND bucket = ?")).await?,
+            put: p(format!(
+                "INSERT INTO {ks}.shard_log (shard, bucket, pos, term, topic, kind, server_ts, sender_hmac, data, \
+                 inline_data, message_id, membership) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            ))
+            .await?,
+            // Issue 11: a window never reads the data; `data` does, per page.
+            read: p(format!(
+                "SELECT pos, {ENVELOPE_COLS}, term FROM {ks}.shard_log \
+                 WHERE shard = ? AND bucket = ? AND pos >= ? AND pos <= ?"
+            ))
+            .await?,
+            data: p(format!("SELECT term, data FROM {ks}.shard_log WHERE shard = ? AND bucket = ? AND pos = ?")).await?,
+            drop_bucket: p(format!("DELETE FROM {ks}.shard_log WHERE shard = ? AND bucket = ?")).await?,
+            drop_upto: p(format!("DELETE FROM {ks}.shard_log WHERE shard = ? AND bucket = ? AND pos <= ?")).await?,
+            legacy_read: p(format!(
+                "SELECT pos, {ENVELOPE_COLS} FROM {ks}.envelopes WHERE shard = ? AND bucket = ? AND pos >= ? AND pos <= ?"
+            ))
+            .await?,
+            legacy_data: p(format!("SELECT data FROM {ks}.envelopes WHERE shard = ? AND bucket = ? AND pos = ?"))
+                .await?,
+            legacy_drop_bucket: p(format!("DELETE FROM {ks}.envelopes WHERE shard = ? AND bucket = ?")).await?,
+            legacy_drop_upto: p(format!("DELETE FROM {ks}.envelopes WHERE shard = ? AND bucket = ? AND pos <= ?"))
+                .await?,
+        })
+    }
+}
+
+/// The head of `shard_terms`: the current term and the shard's marks.
+#[derive(Debug, Clone, Copy, Default)]
+struct Head {
+    /// `None`: no term was ever claimed (an empty shard, or one last written
+    /// by schema 6 and earlier).
+    term: Option<i64>,
+    boundary: u64,
+    checkpoint: u64,
+}
+
+/// Every live term of a shard with its base, ascending, and the boundary of
+/// the rows kept in the legacy table.
+struct Terms {
+    bases: Vec<(i64, u64)>,
+    /// Ids at or below it are read from `envelopes` (schema 6 and earlier).
+    legacy: u64,
+}
+
+impl Terms {
+    /// Whether a log row of term `term` at `seq` was written inside its range.
+    fn valid(&self, term: i64, seq: u64) -> bool {
+        let Some(i) = self.bases.iter().position(|(t, _)| *t == term) else { return false };
+        seq > self.bases[i].1 && self.bases.get(i + 1).is_none_or(|(_, next)| seq <= *next)
+    }
+}
+
+impl ScyllaStore {
+    async fn head(&self, db_shard: i32) -> Result<Head, StoreError> {
+        type HeadRow = (Option<i64>, Option<i64>, Option<i64>, Option<i64>, Option<i64>);
+        let rows = self
+            .session
+            .execute_unpaged(&self.st.log.head, (db_shard,))
+            .await
+            .map_err(be("reading a shard"))?
+            .into_rows_result()
+            .map_err(be("reading a shard"))?;
+        let row = rows.maybe_first_row::<HeadRow>().map_err(be("reading a shard"))?;
+        let (term, base, boundary, checkpoint, _) = row.unwrap_or_default();
+        Ok(Head {
+            term,
+            boundary: from_db(base.unwrap_or(0)).max(from_db(boundary.unwrap_or(0))),
+            checkpoint: from_db(checkpoint.unwrap_or(0)),
+        })
+    }
+
+    /// The row a shard had in `shards` before schema 7: boundary and checkpoint.
+    async fn legacy_marks(&self, db_shard: i32) -> Result<(u64, u64), StoreError> {
+        let rows = self
+            .session
+            .execute_unpaged(&self.st.log.legacy_shard, (db_shard,))
+            .await
+            .map_err(be("reading a shard"))?
+            .into_rows_result()
+            .map_err(be("reading a shard"))?;
+        let row = rows.maybe_first_row::<(Option<i64>, Option<i64>)>().map_err(be("reading a shard"))?;
+        let (boundary, checkpoint) = row.unwrap_or_default();
+        Ok((from_db(boundary.unwrap_or(0)), from_db(checkpoint.unwrap_or(0))))
+    }
+
+    async fn terms(&self, db_shard: i32) -> Result<Terms, StoreError> {
+        let rows: Vec<(Option<i64>, Option<i64>, Option<i64>)> = self
+            .session
+            .execute_iter(self.st.log.terms.clone(), (db_shard,))
+            .await
+            .map_err(be("reading shard terms"))?
+            .rows_stream::<(Option<i64>, Option<i64>, Option<i64>)>()
+            .map_err(be("reading shard terms"))?
+            .try_collect()
+            .await
+            .map_err(be("reading shard terms"))?;
+        let legacy = rows.first().and_then(|r| r.2).map(from_db);
+        let mut bases: Vec<(i64, u64)> =
+            rows.iter().filter_map(|(term, base, _)| Some(((*term)?, from_db(base.unwrap_or(0))))).collect();
+        bases.sort_unstable();
+        // No term claimed yet: everything is still in the legacy table.
+        let legacy = if bases.is_empty() { u64::MAX } else { legacy.unwrap_or(0) };
+        Ok(Terms { bases, legacy })
+    }
+
+    /// A shard's boundary and checkpoint: those of its current term, or of
+    /// its legacy row when no term was claimed yet.
+    pub(super) async fn position(&self, shard: ShardId) -> Result<ShardPosition, StoreError> {
+        let db_shard = i32::from(shard.index());
+        let head = self.head(db_shard).await?;
+        if head.term.is_some() {
+            return Ok(ShardPosition { boundary: head.boundary, checkpoint: head.checkpoint });
+        }
+        let (boundary, checkpoint) = self.legacy_marks(db_shard).await?;
+        Ok(ShardPosition { boundary, checkpoint: checkpoint.max(head.checkpoint) })
+    }
+
+    /// Claims the next term of `shard`: one conditional insert. Its base is
+    /// the current term's boundary (or the legacy row's), read just before.
+    async fn claim_term(&self, shard: ShardId) -> Result<Term, StoreError> {
+        let db_shard = i32::from(shard.index());
+        for attempt in 0..MAX_LWT_ATTEMPTS {
+            let head = self.head(db_shard).await?;
+            let (term, base) = match head.term {
+                Some(t) => (t + 1, head.boundary),
+                None => {
+                    // The first term after schema 6: carry its marks over
+                    // (idempotent, before the claim makes the term visible).
+                    let (boundary, checkpoint) = self.legacy_marks(db_shard).await?;
+                    let checkpoint = checkpoint.max(head.checkpoint);
+                    if boundary > 0 || checkpoint > 0 {
+                        let ts = to_db(checkpoint.max(1));
+                        self.write(&self.st.log.legacy_marks, (ts, ts, to_db(boundary), db_shard)).await?;
+                    }
+                    (1, boundary)
+                }
+            };
+            if self.lwt(&self.st.log.claim, (db_shard, term, to_db(base))).await?.applied {
+                tracing::debug!(shard = shard.index(), term, base, "claimed a shard term");
+                return Ok(Term { term, last: base, indexed: None });
+            }
+            backoff(attempt).await;
+        }
+        Err(contention())
+    }
+
+    /// Forgets this process's term of `shard`: its lease moved (or may have),
+    /// so the next append claims a new one.
+    pub(super) fn forget_term(&self, shard: ShardId) {
+        self.terms[usize::from(shard.index())].forgotten.store(true, Ordering::Release);
+    }
+
+    /// Appends one shard's envelopes (`indices` into `envelopes`) under this
+    /// process's term: ids in memory, rows, then the boundary.
+    pub(super) async fn append_shard(
+        &self,
+        shard: ShardId,
+        envelopes: &[NewEnvelope],
+        indices: &[usize],
+        now_ns: i64,
+    ) -> Result<Vec<(usize, Appended)>, StoreError> {
+        let slot = &self.terms[usize::from(shard.index())];
+        let mut slot = slot.term.lock().await;
+        if self.terms[usize::from(shard.index())].forgotten.swap(false, Ordering::AcqRel) {
+            *slot = None;
+        }
+        let term = match *slot {
+            Some(term) => term,
+            None => *slot.insert(self.claim_term(shard).await?),
+        };
+        let mut last = term.last;
+        let mut results = Vec::with_capacity(indices.len());
+        let mut rows: Vec<(u64, &NewEnvelope)> = Vec::new();
+        for &i in indices {
+            let e = &envelopes[i];
+            // A refused id fails its own envelope; the rest of the batch goes on.
+            let seq = match next_sequence_id(last, e.sequence_id) {
+                Ok(id) => id,
+                Err(refusal) => {
+                    results.push((i, Appended::Refused(refusal)));
+                    continue;
+                }
+            };
+            last = seq;
+            // PUSH-219: only push-eligible envelopes are stored for dispatch.
+            if e.is_push_eligible() {
+                rows.push((seq, e));
+            }
+            results.push((i, Appended::Stored { sequence_id: seq }));
+        }
+        if last == term.last {
+            return Ok(results); // every envelope was refused
+        }
+        // Taken before any write: a failure below burns these ids, never reuses them.
+        let slot = slot.as_mut().expect("claimed above");
+        slot.last = last;
+        let indexed = self.write_rows(shard, term, rows, now_ns).await?;
+        // The rows are durable: now the boundary may cover them (and any gap
+        // a failed append left below them).
+        let db_shard = i32::from(shard.index());
+        self.write(&self.st.log.boundary, (to_db(last), to_db(last), db_shard, term.term)).await?;
+        slot.indexed = slot.indexed.max(indexed);
+        Ok(results)
+    }
+
+    /// The bucket index rows this term has not written yet, then the rows in
+    /// unlogged single-partition batches. Returns the highest bucket indexed.
+    async fn write_rows(
+        &self,
+        shard: ShardId,
+        term: Term,
+        rows: Vec<(u64, &NewEnvelope)>,
+        now_ns: i64,
+    ) -> Result<Option<i64>, StoreError> {
+        let db_shard = i32::from(shard.index());
+        let mut by_bucket: BTreeMap<i64, Vec<(u64, &NewEnvelope)>> = BTreeMap::new();
+        for (seq, e) in rows {
+            by_bucket.entry(bucket_of(seq)).or_default().push((seq, e));
+        }
+        let new_buckets: Vec<i64> = by_bucket.keys().copied().filter(|b| term.indexed < Some(*b)).collect();
+        let writes: Vec<BoxFuture<'_, Result<(), StoreError>>> =
+            new_buckets.iter().map(|b| self.write(&self.st.log.bucket_put, (db_shard, *b)).boxed()).collect();
+        all_ok(writes, JOIN_CONCURRENCY).await?;
+        let mut batches: Vec<BoxFuture<'_, Result<(), StoreError>>> = Vec::new();
+        for (bucket, rows) in &by_bucket {
+            for chunk in rows.chunks(ENVELOPE_BATCH) {
+                batches.push(self.write_envelopes(db_shard, *bucket, term.term, chunk, now_ns).boxed());
+            }
+        }
+        all_ok(batches, 8).await?;
+        Ok(by_bucket.keys().next_back().copied().max(term.indexed))
+    }
+
+    /// One unlogged single-partition batch of log rows.
+    async fn write_envelopes(
+        &self,
+        shard: i32,
+        bucket: i64,
+        term: i64,
+        rows: &[(u64, &NewEnvelope)],
+        now_ns: i64,
+    ) -> Result<(), StoreError> {
+        let mut batch = Batch::new(BatchType::Unlogged);
+        let mut values: Vec<Values> = Vec::with_capacity(rows.len());
+        for (seq, e) in rows {
+            // PUSH-230: keep the HMAC input only where suppression can use it.
+            let (hmac, data) = e.suppression_data().map_or((&[][..], &[][..]), |(h, d)| (h.as_bytes(), d));
+            batch.append_statement(self.st.log.put.clone());
+            values.push(Box::new((
+                shard,
+                bucket,
+                pos_of(*seq),
+                term,
+                e.topic().as_bytes().to_vec(),
+                e.kind() as u8 as i8,
+                now_ns,
+                hmac.to_vec(),
+                data.to_vec(),
+                e.inline_data().to_vec(),
+                e.relay.message_id.as_ref().map(|m| m.as_str().to_owned()),
+                e.relay.membership.map(|m| m as u8 as i8),
+            )));
+        }
+        self.session.batch(&batch, values).await.map_err(be("writing envelopes"))?;
+        Ok(())
+    }
+
+    async fn buckets(&self, db_shard: i32, first: i64, last: i64) -> Result<Vec<i64>, StoreError> {
+        self.session
+            .execute_iter(self.st.log.bucket_list.clone(), (db_shard, first, last))
+            .await
+            .map_err(be("reading envelope buckets"))?
+            .rows_stream::<(i64,)>()
+            .map_err(be("reading envelope buckets"))?
+            .map_ok(|(b,)| b)
+            .try_collect()
+            .await
+            .map_err(be("reading envelope buckets"))
+    }
+
+    /// `Store::read_window`: the valid rows of `after < id <= up_to`.
+    pub(super) async fn window(
+        &self,
+        shard: ShardId,
+        after: u64,
+        up_to: u64,
+        limit: usize,
+    ) -> Result<Vec<StoredEnvelope>, StoreError> {
+        if after >= up_to || limit == 0 {
+            return Ok(Vec::new());
+        }
+        let db_shard = i32::from(shard.index());
+        let terms = self.terms(db_shard).await?;
+        let first = after + 1;
+        let mut out = Vec::new();
+        for bucket in self.buckets(db_shard, bucket_of(first), bucket_of(up_to)).await? {
+            let lo = first.max(codec::seq_of(bucket, 0));
+            let hi = up_to.min(codec::seq_of(bucket, (BUCKET_SIZE - 1) as i32));
+            // The legacy table holds the ids up to its boundary, the log the rest.
+            if lo <= terms.legacy {
+                let legacy_hi = hi.min(terms.legacy);
+                self.read_rows(shard, bucket, lo, legacy_hi, None, limit, &mut out).await?;
+            }
+            if hi > terms.legacy && out.len() < limit {
+                let log_lo = lo.max(terms.legacy.saturating_add(1));
+                self.read_rows(shard, bucket, log_lo, hi, Some(&terms), limit, &mut out).await?;
+            }
+            if out.len() == limit {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reads `lo..=hi` of one bucket into `out` (up to `limit` in all), from
+    /// the log when `terms` is given (valid rows only), else the legacy table.
+    #[allow(clippy::too_many_arguments)]
+    async fn read_rows(
+        &self,
+        shard: ShardId,
+        bucket: i64,
+        lo: u64,
+        hi: u64,
+        terms: Option<&Terms>,
+        limit: usize,
+        out: &mut Vec<StoredEnvelope>,
+    ) -> Result<(), StoreError> {
+        let db_shard = i32::from(shard.index());
+        let key = (db_shard, bucket, pos_of(lo), pos_of(hi));
+        let page = i32::try_from(limit - out.len()).unwrap_or(super::PAGE_ROWS).min(super::PAGE_ROWS);
+        match terms {
+            None => {
+                let mut st = self.st.log.legacy_read.clone();
+                st.set_page_size(page);
+                let mut rows = self
+                    .session
+                    .execute_iter(st, key)
+                    .await
+                    .map_err(be("reading envelopes"))?
+                    .rows_stream::<EnvelopeRow>()
+                    .map_err(be("reading envelopes"))?;
+                while let Some(row) = rows.try_next().await.map_err(be("reading envelopes"))? {
+                    out.push(codec::decode_envelope(shard, bucket, row)?);
+                    if out.len() == limit {
+                        break;
+                    }
+                }
+            }
+            Some(terms) => {
+                // A row of another term's range is skipped: a former owner's
+                // unacknowledged write.
+                let mut st = self.st.log.read.clone();
+                st.set_page_size(page);
+                let mut rows = self
+                    .session
+                    .execute_iter(st, key)
+                    .await
+                    .map_err(be("reading envelopes"))?
+                    .rows_stream::<LogRow>()
+                    .map_err(be("reading envelopes"))?;
+                while let Some(r) = rows.try_next().await.map_err(be("reading envelopes"))? {
+                    let (row, term) = ((r.0, r.1, r.2, r.3, r.4, r.5, r.6, r.7), r.8);
+                    if !terms.valid(term, codec::seq_of(bucket, row.0)) {
+                        continue;
+                    }
+                    out.push(codec::decode_envelope(shard, bucket, row)?);
+                    if out.len() == limit {
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `Store::envelope_data`. Of several rows at one id the valid one is the
+    /// highest term's: a term writes only above its base, which is at least
+    /// every earlier term's range.
+    pub(super) async fn data(&self, shard: ShardId, sequence_id: u64) -> Result<Option<Vec<u8>>, StoreError> {
+        let db_shard = i32::from(shard.index());
+        let key = (db_shard, bucket_of(sequence_id), pos_of(sequence_id));
+        let terms = self.terms(db_shard).await?;
+        let data = if sequence_id <= terms.legacy {
+            let rows = self
+                .session
+                .execute_unpaged(&self.st.log.legacy_data, key)
+                .await
+                .map_err(be("reading envelope data"))?
+                .into_rows_result()
+                .map_err(be("reading envelope data"))?;
+            rows.maybe_first_row::<(Option<Vec<u8>>,)>().map_err(be("reading envelope data"))?.and_then(|(d,)| d)
+        } else {
+            let rows = self
+                .session
+                .execute_unpaged(&self.st.log.data, key)
+                .await
+                .map_err(be("reading envelope data"))?
+                .into_rows_result()
+                .map_err(be("reading envelope data"))?;
+            let mut best: Option<(i64, Option<Vec<u8>>)> = None;
+            for row in rows.rows::<(i64, Option<Vec<u8>>)>().map_err(be("reading envelope data"))? {
+                let (term, data) = row.map_err(be("reading envelope data"))?;
+                if terms.valid(term, sequence_id) && best.as_ref().is_none_or(|(t, _)| term > *t) {
+                    best = Some((term, data));
+                }
+            }
+            best.and_then(|(_, d)| d)
+        };
+        Ok(data.filter(|d| !d.is_empty()))
+    }
+
+    /// `Store::advance_checkpoint`: forward only (the value is its own write
+    /// timestamp), never above the boundary; then drops what lies below it.
+    pub(super) async fn checkpoint(&self, shard: ShardId, checkpoint: u64) -> Result<(), StoreError> {
+        let db_shard = i32::from(shard.index());
+        let position = self.position(shard).await?;
+        let new = checkpoint.min(position.boundary);
+        if new <= position.checkpoint {
+            return Ok(());
+        }
+        self.write(&self.st.log.checkpoint, (to_db(new), to_db(new), db_shard)).await?;
+        // Every delivery at or below the checkpoint had its first attempt: drop
+        // whole buckets below it, then the rows at or below it in its bucket.
+        let terms = self.terms(db_shard).await?;
+        for bucket in self.buckets(db_shard, 0, bucket_of(new)).await? {
+            let legacy = codec::seq_of(bucket, 0) <= terms.legacy;
+            let whole = codec::seq_of(bucket, (BUCKET_SIZE - 1) as i32) <= new;
+            if whole {
+                if legacy {
+                    self.write(&self.st.log.legacy_drop_bucket, (db_shard, bucket)).await?;
+                }
+                self.write(&self.st.log.drop_bucket, (db_shard, bucket)).await?;
+                self.write(&self.st.log.bucket_del, (db_shard, bucket)).await?;
+            } else {
+                if legacy {
+                    self.write(&self.st.log.legacy_drop_upto, (db_shard, bucket, pos_of(new))).await?;
+                }
+                self.write(&self.st.log.drop_upto, (db_shard, bucket, pos_of(new))).await?;
+            }
+        }
+        // A term whose whole range is at or below the checkpoint has nothing
+        // left to read: its row goes (never the current term's).
+        let spent: BTreeSet<i64> =
+            terms.bases.windows(2).filter(|w| w[1].1 <= new).map(|w| w[0].0).collect();
+        for term in spent {
+            self.write(&self.st.log.drop_term, (db_shard, term)).await?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_row_is_valid_only_inside_its_terms_range() {
+        let terms = Terms { bases: vec![(3, 10), (4, 20), (6, 20), (7, 35)], legacy: 10 };
+        assert!(!terms.valid(3, 10), "at the base: the previous term's");
+        assert!(terms.valid(3, 11));
+        assert!(terms.valid(3, 20));
+        assert!(!terms.valid(3, 21), "above the next term's base: a stale owner's late write");
+        assert!(!terms.valid(4, 20) && !terms.valid(4, 21), "a term that took no id");
+        assert!(terms.valid(6, 21) && terms.valid(6, 35) && !terms.valid(6, 36));
+        assert!(terms.valid(7, 36) && terms.valid(7, u64::MAX), "the current term: up to its boundary");
+        assert!(!terms.valid(5, 25), "an unknown (pruned or never claimed) term");
+    }
+}
