@@ -16,6 +16,7 @@
 
 pub mod ceiling;
 pub mod collector;
+pub mod cql_ceiling;
 pub mod driver;
 pub mod engine_process;
 pub mod h2load;
@@ -118,6 +119,13 @@ pub struct RunArgs {
     /// a keyspace made for the run (fanout_loadtest_<random>, left behind).
     #[arg(long, value_delimiter = ',', conflicts_with_all = ["engine_grpc", "data_dir"])]
     pub scylla_nodes: Vec<String>,
+    /// With --scylla-nodes: before the engine starts, measure what the CQL
+    /// server does for a plain client (the engine's statement shapes sent by
+    /// the same Rust driver: plain and conditional inserts, batches of 100
+    /// log rows, pages of 100 subscribers) and report the engine's
+    /// registration and publish rates against it.
+    #[arg(long, requires = "scylla_nodes")]
+    pub with_cql_ceiling: bool,
     /// apns scenarios: the APNs peer. `rust` is the harness's own mock;
     /// `pushy` is Pushy's validating MockApnsServer (Java, built from
     /// loadtest/pushy with Maven when needed), used by every phase of the
@@ -724,6 +732,21 @@ async fn execute_inner(
         _ => None,
     };
 
+    let cql_ceiling = if args.with_cql_ceiling {
+        progress.phase("CQL ceiling (the same driver, no engine)", 0);
+        let c = cql_ceiling::measure(&args.scylla_nodes).await?;
+        progress.say(&format!(
+            "CQL ceiling: {:.0} plain inserts/s, {:.0} conditional/s, {:.0} batched rows/s, {:.0} subscriber pages/s",
+            c.plain_inserts.per_second,
+            c.conditional_inserts.per_second,
+            c.batches.rows_per_second,
+            c.subscriber_pages.per_second
+        ));
+        Some(c)
+    } else {
+        None
+    };
+
     // 2. Receivers and engine.
     let ids = RunIds::fresh();
     let collector = Collector::new(plan.clone(), ids, scenario.faults.clone());
@@ -892,6 +915,7 @@ async fn execute_inner(
         .and_then(|p| p.best())
         .filter(|b| b.pushes_per_second > 0.0)
         .map(|b| deliveries.deliveries_per_second / b.pushes_per_second);
+    let ratio_cql = cql_ceiling.as_ref().map(|c| report::CqlRatios::new(c, &setup, &publish));
     let f = &scenario.faults;
     let report = Report {
         scenario: scenario.name.clone(),
@@ -937,6 +961,8 @@ async fn execute_inner(
         deliveries,
         resources,
         engine_metrics,
+        ratio_cql,
+        cql_ceiling,
         ceiling,
         ratio,
         h2load,

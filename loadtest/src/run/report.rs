@@ -10,6 +10,7 @@ use serde::Serialize;
 use super::ceiling::CeilingResult;
 use super::collector::Summary;
 use super::driver::{PublishStats, SetupStats};
+use super::cql_ceiling::CqlCeiling;
 use super::h2load::H2loadResult;
 use super::pushy::PushyReport;
 
@@ -40,6 +41,10 @@ pub struct Report {
     pub ceiling: Option<CeilingResult>,
     /// Engine deliveries/s ÷ ceiling requests/s.
     pub ratio: Option<f64>,
+    /// `--with-cql-ceiling`: the CQL server for a plain client, same run.
+    pub cql_ceiling: Option<CqlCeiling>,
+    /// The engine's registration and publish against `cql_ceiling`.
+    pub ratio_cql: Option<CqlRatios>,
     /// The independent ceiling: h2load into the same kind of receivers.
     pub h2load: Option<H2loadResult>,
     /// Engine deliveries/s ÷ h2load requests/s: the headline ratio when
@@ -134,6 +139,27 @@ impl Machine {
 /// The 1-minute load average.
 pub fn loadavg() -> f64 {
     std::fs::read_to_string("/proc/loadavg").ok().and_then(|s| s.split_whitespace().next()?.parse().ok()).unwrap_or(0.0)
+}
+
+/// The engine on CQL against what the same server does for a plain client.
+#[derive(Debug, Clone, Serialize)]
+pub struct CqlRatios {
+    /// Registration RPCs/s ÷ plain inserts/s (each RPC writes at least one row).
+    pub registration: f64,
+    /// Publish envelopes/s ÷ batched rows/s.
+    pub publish: f64,
+    /// The Publish RPC's median latency, ms.
+    pub publish_p50_ms: f64,
+}
+
+impl CqlRatios {
+    pub fn new(c: &CqlCeiling, setup: &SetupStats, publish: &PublishStats) -> Self {
+        Self {
+            registration: setup.rpcs_per_second / c.plain_inserts.per_second.max(1e-9),
+            publish: publish.envelopes_per_second / c.batches.rows_per_second.max(1e-9),
+            publish_p50_ms: publish.rpc_latency.p50_ms,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -348,6 +374,26 @@ impl Report {
         }
         if let Some(ratio) = self.ratio {
             let _ = writeln!(s, "  ratio       {ratio:.2} (engine deliveries/s / ceiling requests/s)");
+        }
+        if let (Some(c), Some(r)) = (&self.cql_ceiling, &self.ratio_cql) {
+            let _ = writeln!(
+                s,
+                "  cql ceiling {:.0} plain inserts/s, {:.0} conditional inserts/s ({} in flight); {:.0} rows/s in \
+                 batches of {} ({} in flight); {:.0} subscriber pages/s ({} in flight)",
+                c.plain_inserts.per_second,
+                c.conditional_inserts.per_second,
+                c.plain_inserts.in_flight,
+                c.batches.rows_per_second,
+                (c.batches.rows_per_second / c.batches.per_second.max(1e-9)).round(),
+                c.batches.in_flight,
+                c.subscriber_pages.per_second,
+                c.subscriber_pages.in_flight,
+            );
+            let _ = writeln!(
+                s,
+                "  ratio cql   registration {:.2} of plain inserts, publish {:.2} of batched rows (Publish p50 {:.1} ms)",
+                r.registration, r.publish, r.publish_p50_ms
+            );
         }
         if let Some(h) = &self.h2load {
             let mut cpu = h.cpu_seconds.map_or(String::new(), |cpu| {

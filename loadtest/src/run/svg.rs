@@ -238,6 +238,8 @@ mod tests {
             resources: None,
             engine_metrics: Default::default(),
             deliveries_by_outcome: Default::default(),
+            cql_ceiling: None,
+            ratio_cql: None,
             ceiling: Some(Default::default()),
             ratio: Some(0.5),
             h2load: None,
