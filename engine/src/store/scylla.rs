@@ -1583,26 +1583,34 @@ mod tests {
         .await;
     }
 
-    /// Concurrent appends to one shard never share an id and leave the
-    /// boundary at the last one (the per-shard serialisation and the LWTs).
+    /// Concurrent appends to one shard (group commits) never share an id,
+    /// each append's ids increase in its order, every envelope is readable,
+    /// and the boundary ends at the last id.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn concurrent_appends_get_distinct_ids() {
         with_store(|store| async move {
             let topic = Topic::parse(&[0, 9]).unwrap();
             let e = NewEnvelope::new(topic, SHARD_COUNT, EnvelopeKind::Application, true, None, vec![], None).unwrap();
             let shard = e.shard();
-            let batches = futures::future::join_all((0..8).map(|_| store.append(std::slice::from_ref(&e), 1))).await;
-            let mut ids: Vec<u64> = batches
-                .into_iter()
-                .flat_map(|r| r.unwrap())
-                .map(|a| match a {
-                    Appended::Stored { sequence_id } => sequence_id,
-                    other => panic!("{other:?}"),
-                })
-                .collect();
+            let three = [e.clone(), e.clone(), e.clone()];
+            let batches = futures::future::join_all((0..64).map(|_| store.append(&three, 1))).await;
+            let mut ids = Vec::new();
+            for batch in batches {
+                let mine: Vec<u64> = batch
+                    .unwrap()
+                    .into_iter()
+                    .map(|a| match a {
+                        Appended::Stored { sequence_id } => sequence_id,
+                        other => panic!("{other:?}"),
+                    })
+                    .collect();
+                assert!(mine.windows(2).all(|w| w[0] < w[1]), "{mine:?}");
+                ids.extend(mine);
+            }
             ids.sort_unstable();
-            assert_eq!(ids, (1..=8).collect::<Vec<_>>());
-            assert_eq!(store.shard_position(shard).await.unwrap().boundary, 8);
+            assert_eq!(ids, (1..=192).collect::<Vec<_>>());
+            assert_eq!(store.shard_position(shard).await.unwrap().boundary, 192);
+            assert_eq!(store.read_window(shard, 0, 192, 1000).await.unwrap().len(), 192);
             store
         })
         .await;

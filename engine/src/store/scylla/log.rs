@@ -35,6 +35,7 @@ use futures::{FutureExt, future::BoxFuture};
 use scylla::client::session::Session;
 use scylla::statement::batch::{Batch, BatchType};
 use scylla::statement::prepared::PreparedStatement;
+use tokio::sync::oneshot;
 
 use super::codec::{self, BUCKET_SIZE, EnvelopeRow, bucket_of, from_db, pos_of, to_db};
 use super::{ENVELOPE_BATCH, JOIN_CONCURRENCY, MAX_LWT_ATTEMPTS, ScyllaStore, Values, all_ok, backoff, be, contention};
@@ -58,6 +59,39 @@ pub(super) struct Term {
 pub(super) struct TermSlot {
     term: tokio::sync::Mutex<Option<Term>>,
     forgotten: AtomicBool,
+    /// Appends waiting for the next group commit. Bounded by the appends
+    /// in flight: each caller waits on its own.
+    queue: std::sync::Mutex<Vec<Pending>>,
+}
+
+/// Envelopes one group commit writes at most (a lone larger append goes alone).
+const MAX_COMMIT_ENVELOPES: usize = 10_000;
+
+/// One caller's append, queued for a group commit.
+struct Pending {
+    /// Each envelope with its index in the caller's batch.
+    items: Vec<(usize, NewEnvelope)>,
+    now_ns: i64,
+    reply: oneshot::Sender<Result<Vec<(usize, Appended)>, StoreError>>,
+}
+
+/// One log row to write.
+#[derive(Clone, Copy)]
+struct Row<'a> {
+    seq: u64,
+    envelope: &'a NewEnvelope,
+    now_ns: i64,
+}
+
+/// Answers every append of a failed group with the failure.
+fn answer_all(group: Vec<Pending>, e: &StoreError) {
+    let message = match e {
+        StoreError::Backend(m) => m.clone(),
+        other => other.to_string(),
+    };
+    for pending in group {
+        let _ = pending.reply.send(Err(StoreError::Backend(message.clone())));
+    }
 }
 
 /// The statements of the log.
@@ -278,7 +312,10 @@ impl ScyllaStore {
     }
 
     /// Appends one shard's envelopes (`indices` into `envelopes`) under this
-    /// process's term: ids in memory, rows, then the boundary.
+    /// process's term, in a group commit: the appends that queue for the
+    /// shard while another is written go together, as one set of log
+    /// batches and one boundary write. Each caller is answered once the
+    /// commit that holds its envelopes is durable.
     pub(super) async fn append_shard(
         &self,
         shard: ShardId,
@@ -287,62 +324,113 @@ impl ScyllaStore {
         now_ns: i64,
     ) -> Result<Vec<(usize, Appended)>, StoreError> {
         let slot = &self.terms[usize::from(shard.index())];
-        let mut slot = slot.term.lock().await;
-        if self.terms[usize::from(shard.index())].forgotten.swap(false, Ordering::AcqRel) {
-            *slot = None;
-        }
-        let term = match *slot {
-            Some(term) => term,
-            None => *slot.insert(self.claim_term(shard).await?),
-        };
-        let mut last = term.last;
-        let mut results = Vec::with_capacity(indices.len());
-        let mut rows: Vec<(u64, &NewEnvelope)> = Vec::new();
-        for &i in indices {
-            let e = &envelopes[i];
-            // A refused id fails its own envelope; the rest of the batch goes on.
-            let seq = match next_sequence_id(last, e.sequence_id) {
-                Ok(id) => id,
-                Err(refusal) => {
-                    results.push((i, Appended::Refused(refusal)));
-                    continue;
+        let (reply, mut answer) = oneshot::channel();
+        let items = indices.iter().map(|&i| (i, envelopes[i].clone())).collect();
+        slot.queue.lock().unwrap_or_else(|p| p.into_inner()).push(Pending { items, now_ns, reply });
+        loop {
+            {
+                let mut term = slot.term.lock().await;
+                let group = {
+                    let mut queue = slot.queue.lock().unwrap_or_else(|p| p.into_inner());
+                    let mut envelopes = 0;
+                    let take = queue
+                        .iter()
+                        .take_while(|p| {
+                            envelopes += p.items.len();
+                            envelopes <= MAX_COMMIT_ENVELOPES || envelopes == p.items.len()
+                        })
+                        .count();
+                    queue.drain(..take).collect::<Vec<_>>()
+                };
+                if !group.is_empty() {
+                    self.commit(shard, slot, &mut term, group).await;
                 }
-            };
-            last = seq;
-            // PUSH-219: only push-eligible envelopes are stored for dispatch.
-            if e.is_push_eligible() {
-                rows.push((seq, e));
             }
-            results.push((i, Appended::Stored { sequence_id: seq }));
+            // Answered by this commit or an earlier one; else queued behind
+            // a full group: lead the next.
+            match answer.try_recv() {
+                Ok(result) => return result,
+                Err(oneshot::error::TryRecvError::Empty) => continue,
+                Err(oneshot::error::TryRecvError::Closed) => {
+                    return Err(StoreError::Backend("scylla: an append was dropped unanswered".into()));
+                }
+            }
         }
-        if last == term.last {
-            return Ok(results); // every envelope was refused
+    }
+
+    /// Writes one group of appends and answers each: ids in memory, the
+    /// rows, then the boundary over them.
+    async fn commit(&self, shard: ShardId, slot: &TermSlot, term: &mut Option<Term>, group: Vec<Pending>) {
+        if slot.forgotten.swap(false, Ordering::AcqRel) {
+            *term = None;
+        }
+        let current = match *term {
+            Some(t) => t,
+            None => match self.claim_term(shard).await {
+                Ok(t) => *term.insert(t),
+                Err(e) => return answer_all(group, &e),
+            },
+        };
+        let mut last = current.last;
+        let mut results: Vec<Vec<(usize, Appended)>> = Vec::with_capacity(group.len());
+        let mut rows: Vec<Row<'_>> = Vec::new();
+        for pending in &group {
+            let mut mine = Vec::with_capacity(pending.items.len());
+            for (i, e) in &pending.items {
+                // A refused id fails its own envelope; the rest go on.
+                let seq = match next_sequence_id(last, e.sequence_id) {
+                    Ok(id) => id,
+                    Err(refusal) => {
+                        mine.push((*i, Appended::Refused(refusal)));
+                        continue;
+                    }
+                };
+                last = seq;
+                // PUSH-219: only push-eligible envelopes are stored for dispatch.
+                if e.is_push_eligible() {
+                    rows.push(Row { seq, envelope: e, now_ns: pending.now_ns });
+                }
+                mine.push((*i, Appended::Stored { sequence_id: seq }));
+            }
+            results.push(mine);
+        }
+        if last == current.last {
+            // Every envelope was refused: nothing to write.
+            for (pending, mine) in group.into_iter().zip(results) {
+                let _ = pending.reply.send(Ok(mine));
+            }
+            return;
         }
         // Taken before any write: a failure below burns these ids, never reuses them.
-        let slot = slot.as_mut().expect("claimed above");
-        slot.last = last;
-        let indexed = self.write_rows(shard, term, rows, now_ns).await?;
-        // The rows are durable: now the boundary may cover them (and any gap
-        // a failed append left below them).
-        let db_shard = i32::from(shard.index());
-        self.write(&self.st.log.boundary, (to_db(last), to_db(last), db_shard, term.term)).await?;
-        slot.indexed = slot.indexed.max(indexed);
-        Ok(results)
+        let t = term.as_mut().expect("claimed above");
+        t.last = last;
+        let written = async {
+            let indexed = self.write_rows(shard, current, rows).await?;
+            // The rows are durable: now the boundary may cover them (and
+            // any gap a failed append left below them).
+            let db_shard = i32::from(shard.index());
+            self.write(&self.st.log.boundary, (to_db(last), to_db(last), db_shard, current.term)).await?;
+            Ok::<_, StoreError>(indexed)
+        }
+        .await;
+        match written {
+            Ok(indexed) => {
+                t.indexed = t.indexed.max(indexed);
+                for (pending, mine) in group.into_iter().zip(results) {
+                    let _ = pending.reply.send(Ok(mine));
+                }
+            }
+            Err(e) => answer_all(group, &e),
+        }
     }
 
     /// The bucket index rows this term has not written yet, then the rows in
     /// unlogged single-partition batches. Returns the highest bucket indexed.
-    async fn write_rows(
-        &self,
-        shard: ShardId,
-        term: Term,
-        rows: Vec<(u64, &NewEnvelope)>,
-        now_ns: i64,
-    ) -> Result<Option<i64>, StoreError> {
+    async fn write_rows(&self, shard: ShardId, term: Term, rows: Vec<Row<'_>>) -> Result<Option<i64>, StoreError> {
         let db_shard = i32::from(shard.index());
-        let mut by_bucket: BTreeMap<i64, Vec<(u64, &NewEnvelope)>> = BTreeMap::new();
-        for (seq, e) in rows {
-            by_bucket.entry(bucket_of(seq)).or_default().push((seq, e));
+        let mut by_bucket: BTreeMap<i64, Vec<Row<'_>>> = BTreeMap::new();
+        for row in rows {
+            by_bucket.entry(bucket_of(row.seq)).or_default().push(row);
         }
         let new_buckets: Vec<i64> = by_bucket.keys().copied().filter(|b| term.indexed < Some(*b)).collect();
         let writes: Vec<BoxFuture<'_, Result<(), StoreError>>> =
@@ -351,7 +439,7 @@ impl ScyllaStore {
         let mut batches: Vec<BoxFuture<'_, Result<(), StoreError>>> = Vec::new();
         for (bucket, rows) in &by_bucket {
             for chunk in rows.chunks(ENVELOPE_BATCH) {
-                batches.push(self.write_envelopes(db_shard, *bucket, term.term, chunk, now_ns).boxed());
+                batches.push(self.write_envelopes(db_shard, *bucket, term.term, chunk).boxed());
             }
         }
         all_ok(batches, 8).await?;
@@ -364,19 +452,18 @@ impl ScyllaStore {
         shard: i32,
         bucket: i64,
         term: i64,
-        rows: &[(u64, &NewEnvelope)],
-        now_ns: i64,
+        rows: &[Row<'_>],
     ) -> Result<(), StoreError> {
         let mut batch = Batch::new(BatchType::Unlogged);
         let mut values: Vec<Values> = Vec::with_capacity(rows.len());
-        for (seq, e) in rows {
+        for &Row { seq, envelope: e, now_ns } in rows {
             // PUSH-230: keep the HMAC input only where suppression can use it.
             let (hmac, data) = e.suppression_data().map_or((&[][..], &[][..]), |(h, d)| (h.as_bytes(), d));
             batch.append_statement(self.st.log.put.clone());
             values.push(Box::new((
                 shard,
                 bucket,
-                pos_of(*seq),
+                pos_of(seq),
                 term,
                 e.topic().as_bytes().to_vec(),
                 e.kind() as u8 as i8,
