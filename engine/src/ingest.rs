@@ -463,7 +463,8 @@ mod tests {
         let other_shard = Topic::parse(&other).unwrap().shard(SHARDS);
         assert_ne!(shard, other_shard);
         let now = tokio::time::Instant::now();
-        let deadlines = BTreeMap::from([(shard, now + Duration::from_secs(5)), (other_shard, now + Duration::from_secs(60))]);
+        let deadlines =
+            BTreeMap::from([(shard, now + Duration::from_secs(5)), (other_shard, now + Duration::from_secs(60))]);
         let (_tx, owned) = watch::channel(OwnedShards { shards: deadlines, settled: true });
         let f = fixture(Some(ShardOwnership { owned, leases })).await;
         let envelopes = |topic: &[u8]| {

@@ -1,7 +1,7 @@
 //! The ScyllaDB backend (DESIGN.md, storage): the `scylla` driver against
 //! ScyllaDB or Apache Cassandra, which speak the same CQL protocol.
 //!
-//! Schema: `engine/schema/scylla/NNN_*.cql` (001 to 006), applied
+//! Schema: `engine/schema/scylla/NNN_*.cql` (001 to 007), applied
 //! in order (`schema.rs`) by [`ScyllaStore::connect`] when `migrate` is set, or
 //! by `fanout migrate`. Every statement is
 //! prepared once at connect; the driver's default load balancing is token
@@ -10,17 +10,19 @@
 //! # Atomicity
 //!
 //! CQL has no multi-partition transactions, so each `Store` call is built from
-//! single-partition lightweight transactions (LWT, Paxos) plus ordering rules:
+//! at most one single-partition lightweight transaction (LWT, Paxos) plus
+//! ordering rules; the shard log has none per append:
 //!
 //! - **Recipients** (PUSH-207/216/217/234/255): a recipient and all of its
 //!   subscriptions share one partition of `recipients` (static columns for the
 //!   recipient). Each mutating call reads the partition's random `version`
-//!   with SERIAL consistency, decides (existence, secret hash, topic limit,
-//!   start positions), and writes everything in ONE conditional batch
-//!   `IF version = <read>` that also sets a new random version. A concurrent
-//!   change makes the batch not apply; the call then starts over, so nothing
-//!   is ever half applied and a failed check (`SecretMismatch`, `TopicLimit`)
-//!   writes nothing to the partition.
+//!   at LOCAL_QUORUM, decides (existence, secret hash, topic limit, start
+//!   positions), and writes everything in ONE conditional batch
+//!   `IF version = <read>` that also sets a new random version: one LWT per
+//!   RPC. A concurrent change (or a stale read) makes the batch not apply;
+//!   the call then reads again and starts over, so nothing is ever half
+//!   applied and a failed check (`SecretMismatch`, `TopicLimit`) writes
+//!   nothing to the partition.
 //! - **Dispatch index** (`topic_subscriptions`, one partition per topic): it
 //!   cannot join the LWT, being another partition. Its rows are only an
 //!   index: dispatch joins every row with the recipient partition (the truth)
@@ -37,33 +39,26 @@
 //!   batch, so a later change of the same recipient on a node whose clock
 //!   runs behind still writes with a later timestamp (`index_timestamp`).
 //! - **PUSH-216 start position**: a new topic's start position is its shard's
-//!   boundary read with SERIAL consistency after the recipient read and right
-//!   before the conditional batch. On this backend "read in the transaction"
-//!   holds up to the LWT: an envelope whose append settles between that read
-//!   and the batch may be missed by the new subscription — the spec's known
+//!   boundary read at LOCAL_QUORUM after the recipient read and right before
+//!   the conditional batch. On this backend "read in the transaction" holds
+//!   up to the LWT: an envelope whose append settles between that read and
+//!   the batch may be missed by the new subscription — the spec's known
 //!   limitation for an envelope settled while the subscription's transaction
 //!   was open. It is never delivered an envelope settled before it subscribed.
-//! - **Sequence ids** (`shards`): `append` reserves ids for a shard with an LWT
-//!   on `last_id` (`IF last_id = <read>`), so two writers never hand out the
-//!   same id; then writes the envelopes (partitioned by shard and bucket =
-//!   id / 4096, indexed in `envelope_buckets`); then moves the closed
-//!   allocation boundary by LWT (`IF boundary = <read>`), so the boundary only
-//!   covers written envelopes and never decreases. Appends to one shard are
-//!   serialised in this process. An append that failed between the reserve
-//!   and the boundary leaves a gap that the next append of the shard closes;
-//!   a writer that finds the boundary already moved past its ids by another
-//!   node reports an error (its publisher retries; at worst a duplicate).
-//!   A batch over several shards commits shard by shard, not all at once.
-//! - **Checkpoint**: moved forward by LWT, clamped to the boundary; whole
-//!   buckets at or below it are deleted, plus the rows at or below it in its
-//!   own bucket.
-//!
+//! - **Sequence ids, boundary, checkpoint** (`log.rs`, schema 7): the lease
+//!   holder claims a term per shard (one conditional insert per term), then
+//!   allocates ids and moves the boundary in memory and writes plain,
+//!   group-committed, per-partition batches, fenced by the term (readers
+//!   ignore a former owner's writes) and by ingest's lease-deadline check
+//!   before acknowledging. The checkpoint is a plain write whose value is its
+//!   own write timestamp, so it never moves back.
 //! - **Shard leases** (issue 7): `shard_leases` rows live for a TTL; acquire
 //!   is `INSERT … IF NOT EXISTS USING TTL`, renewal `UPDATE … USING TTL …
 //!   IF owner = ?`, release `DELETE … IF owner = ?`, so at most one node holds
 //!   a shard's lease at a time. Node heartbeats go to `nodes` with a TTL.
 //!   Only the lease holder appends (ingest checks), which keeps the
-//!   single-writer rule above.
+//!   single-writer rule above; a lease newly acquired, lost or in doubt makes
+//!   this process claim a new term at its next append.
 //!
 //! Driver and server errors become `StoreError::Backend` with a fixed label;
 //! CQL error texts name statements and tables, not bound values.
@@ -95,7 +90,7 @@ use scylla::statement::prepared::PreparedStatement;
 use scylla::statement::{Consistency, SerialConsistency};
 use scylla::value::{CqlValue, Row};
 
-pub use self::settings::{Keyspace, Nodes, ScyllaSettings};
+pub use self::settings::{Keyspace, LogConsistency, Nodes, ScyllaSettings};
 
 use self::codec::{StaticRow, Versioned, corrupt, from_db, to_db};
 use super::{
@@ -201,7 +196,7 @@ const STATIC_COLS: &str = "version, secret_hash, channel, target, signing_key, r
 const SUB_COLS: &str = "start_position, include_commits, hmac_epoch_base, hmac_keys";
 
 impl Statements {
-    async fn prepare(session: &Session, ks: &str) -> Result<Self, StoreError> {
+    async fn prepare(session: &Session, ks: &str, consistency: LogConsistency) -> Result<Self, StoreError> {
         let p = |cql: String| async move {
             let mut st = session.prepare(cql).await.map_err(be("preparing a statement"))?;
             st.set_page_size(PAGE_ROWS);
@@ -209,6 +204,13 @@ impl Statements {
         };
         let serial = |mut st: PreparedStatement| {
             st.set_consistency(Consistency::LocalSerial);
+            st
+        };
+        // Dispatch's reads of subscribers: `store.scylla.consistency.reads`.
+        // The recipients' conditional writes decide on the session's
+        // LOCAL_QUORUM reads: a stale one fails its condition and reads again.
+        let reading = |mut st: PreparedStatement| {
+            st.set_consistency(consistency.reads.cql());
             st
         };
         // DISTINCT reads only the static row: no walk over the row tombstones
@@ -223,10 +225,10 @@ impl Statements {
                 "SELECT topic, start_position FROM {ks}.recipients WHERE recipient_id = ? AND topic IN ?"
             ))
             .await?,
-            join_read: p(format!(
+            join_read: reading(p(format!(
                 "SELECT {STATIC_COLS}, {SUB_COLS} FROM {ks}.recipients WHERE recipient_id = ? AND topic = ?"
             ))
-            .await?,
+            .await?),
             expired_scan: p(format!("SELECT DISTINCT recipient_id, renewed_at FROM {ks}.recipients")).await?,
             create_recipient: p(format!(
                 "UPDATE {ks}.recipients SET version = ?, secret_hash = ?, channel = ?, target = ?, signing_key = ?, \
@@ -264,17 +266,17 @@ impl Statements {
                 "DELETE FROM {ks}.topic_subscriptions USING TIMESTAMP ? WHERE topic = ? AND recipient_id = ?"
             ))
             .await?,
-            topic_page: p(format!("SELECT recipient_id FROM {ks}.topic_subscriptions WHERE topic = ?")).await?,
+            topic_page: reading(p(format!("SELECT recipient_id FROM {ks}.topic_subscriptions WHERE topic = ?")).await?),
             clock_read: p(format!("SELECT clock FROM {ks}.index_clocks WHERE recipient_id = ?")).await?,
             // The value is its own write timestamp: last-write-wins keeps the largest.
             clock_put: p(format!(
                 "INSERT INTO {ks}.index_clocks (recipient_id, clock) VALUES (?, ?) USING TIMESTAMP ?"
             ))
             .await?,
-            topic_page_after: p(format!(
+            topic_page_after: reading(p(format!(
                 "SELECT recipient_id FROM {ks}.topic_subscriptions WHERE topic = ? AND recipient_id > ?"
             ))
-            .await?,
+            .await?),
             // Issue 7: a lease is a row that lives for its TTL; every change is an LWT.
             lease_insert: p(format!(
                 "INSERT INTO {ks}.shard_leases (shard, owner, owner_address, acquired_at) \
@@ -294,7 +296,7 @@ impl Statements {
             ))
             .await?,
             node_all: p(format!("SELECT node FROM {ks}.nodes")).await?,
-            log: log::LogStatements::prepare(session, ks).await?,
+            log: log::LogStatements::prepare(session, ks, consistency).await?,
             relay: relay::RelayStatements::prepare(session, ks).await?,
             gateway: gateway::GatewayStatements::prepare(session, ks).await?,
         })
@@ -419,7 +421,7 @@ impl ScyllaStore {
         }
         let keyspace = settings.keyspace.to_string();
         check_shard_count(&session, &keyspace, shard_count).await?;
-        let st = Statements::prepare(&session, &keyspace).await?;
+        let st = Statements::prepare(&session, &keyspace, settings.consistency).await?;
         Ok(Self {
             session,
             keyspace,
@@ -1136,8 +1138,11 @@ impl ShardLeases for ScyllaStore {
             Ok((renewed, !renewed))
         }
         .await;
-        if !matches!(held, Ok((_, false))) {
-            self.forget_term(shard);
+        match held {
+            // Newly ours: a term now, so the first publish does not wait for it.
+            Ok((true, true)) => self.start_term(shard).await,
+            Ok((_, false)) => {}
+            _ => self.forget_term(shard),
         }
         held.map(|(held, _)| held)
     }
@@ -1209,10 +1214,10 @@ mod test_keyspace;
 mod tests {
     use futures::FutureExt;
 
+    use super::codec::BUCKET_SIZE;
     use super::test_keyspace::{
         SHARD_COUNT, drop_keyspace_then_resume, fresh_keyspace, settings, test_nodes, with_store,
     };
-    use super::codec::BUCKET_SIZE;
     use super::*;
     use crate::domain::{EnvelopeKind, RecipientSecret, Subscription};
 
@@ -1394,7 +1399,10 @@ mod tests {
             assert_eq!(store.shard_position(shard).await.unwrap(), ShardPosition { boundary: 3, checkpoint: 1 });
             let ids = |w: Vec<StoredEnvelope>| w.into_iter().map(|e| e.sequence_id).collect::<Vec<_>>();
             assert_eq!(ids(store.read_window(shard, 1, 3, 10).await.unwrap()), vec![2, 3]);
-            assert_eq!(store.append(std::slice::from_ref(&e), 8).await.unwrap(), vec![Appended::Stored { sequence_id: 4 }]);
+            assert_eq!(
+                store.append(std::slice::from_ref(&e), 8).await.unwrap(),
+                vec![Appended::Stored { sequence_id: 4 }]
+            );
             assert_eq!(store.shard_position(shard).await.unwrap(), ShardPosition { boundary: 4, checkpoint: 1 });
             assert_eq!(ids(store.read_window(shard, 1, 4, 10).await.unwrap()), vec![2, 3, 4]);
             assert_eq!(ids(store.read_window(shard, 2, 4, 1).await.unwrap()), vec![3]);

@@ -106,7 +106,8 @@ async fn measure_in(session: &Session, ks: &str) -> anyhow::Result<CqlCeiling> {
          VALUES (?, ?, ?, 1, ?, 1, ?, ?)"
     ))
     .await?;
-    let subscriber = prepare(format!("INSERT INTO {ks}.topic_subscriptions (topic, recipient_id) VALUES (?, ?)")).await?;
+    let subscriber =
+        prepare(format!("INSERT INTO {ks}.topic_subscriptions (topic, recipient_id) VALUES (?, ?)")).await?;
     let mut page = prepare(format!("SELECT recipient_id FROM {ks}.topic_subscriptions WHERE topic = ?")).await?;
     page.set_page_size(PAGE_ROWS as i32);
 

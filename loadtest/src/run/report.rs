@@ -9,8 +9,8 @@ use serde::Serialize;
 
 use super::ceiling::CeilingResult;
 use super::collector::Summary;
-use super::driver::{PublishStats, SetupStats};
 use super::cql_ceiling::CqlCeiling;
+use super::driver::{PublishStats, SetupStats};
 use super::h2load::H2loadResult;
 use super::pushy::PushyReport;
 

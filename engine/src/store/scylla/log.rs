@@ -38,6 +38,7 @@ use scylla::statement::prepared::PreparedStatement;
 use tokio::sync::oneshot;
 
 use super::codec::{self, BUCKET_SIZE, EnvelopeRow, bucket_of, from_db, pos_of, to_db};
+use super::settings::LogConsistency;
 use super::{ENVELOPE_BATCH, JOIN_CONCURRENCY, MAX_LWT_ATTEMPTS, ScyllaStore, Values, all_ok, backoff, be, contention};
 use crate::domain::{NewEnvelope, ShardId, StoredEnvelope, next_sequence_id};
 use crate::store::{Appended, ShardPosition, StoreError};
@@ -124,13 +125,25 @@ type LogRow = (i32, Vec<u8>, i8, i64, Option<Vec<u8>>, Option<Vec<u8>>, Option<S
 const ENVELOPE_COLS: &str = "topic, kind, server_ts, sender_hmac, inline_data, message_id, membership";
 
 impl LogStatements {
-    pub(super) async fn prepare(session: &Session, ks: &str) -> Result<Self, StoreError> {
+    /// Writes at `consistency.writes`, reads at `consistency.reads`; the
+    /// term's claim is a conditional write at the session's LOCAL_QUORUM.
+    pub(super) async fn prepare(session: &Session, ks: &str, consistency: LogConsistency) -> Result<Self, StoreError> {
         let p = |cql: String| async move {
             let mut st = session.prepare(cql).await.map_err(be("preparing a statement"))?;
             st.set_page_size(super::PAGE_ROWS);
+            let level = if st.get_statement().trim_start().starts_with("SELECT") {
+                consistency.reads
+            } else {
+                consistency.writes
+            };
+            st.set_consistency(level.cql());
             Ok::<_, StoreError>(st)
         };
+        let mut claim =
+            p(format!("INSERT INTO {ks}.shard_terms (shard, term, base) VALUES (?, ?, ?) IF NOT EXISTS")).await?;
+        claim.set_consistency(scylla::statement::Consistency::LocalQuorum);
         Ok(Self {
+            claim,
             // The highest term first (CLUSTERING ORDER BY term DESC); a
             // partition holding only static cells answers one row with a null term.
             head: p(format!(
@@ -138,8 +151,6 @@ impl LogStatements {
             ))
             .await?,
             terms: p(format!("SELECT term, base, legacy_boundary FROM {ks}.shard_terms WHERE shard = ?")).await?,
-            claim: p(format!("INSERT INTO {ks}.shard_terms (shard, term, base) VALUES (?, ?, ?) IF NOT EXISTS"))
-                .await?,
             boundary: p(format!(
                 "UPDATE {ks}.shard_terms USING TIMESTAMP ? SET boundary = ? WHERE shard = ? AND term = ?"
             ))
@@ -311,6 +322,22 @@ impl ScyllaStore {
         self.terms[usize::from(shard.index())].forgotten.store(true, Ordering::Release);
     }
 
+    /// Claims a term for a shard whose lease this process just acquired, so
+    /// that its first publish does not wait for the claim. A failure leaves
+    /// it to the first append.
+    pub(super) async fn start_term(&self, shard: ShardId) {
+        let slot = &self.terms[usize::from(shard.index())];
+        let mut term = slot.term.lock().await;
+        slot.forgotten.store(false, Ordering::Release);
+        *term = None;
+        match self.claim_term(shard).await {
+            Ok(t) => *term = Some(t),
+            Err(e) => {
+                tracing::debug!(shard = shard.index(), error = %e, "no term claimed yet; the first append claims it")
+            }
+        }
+    }
+
     /// Appends one shard's envelopes (`indices` into `envelopes`) under this
     /// process's term, in a group commit: the appends that queue for the
     /// shard while another is written go together, as one set of log
@@ -447,13 +474,7 @@ impl ScyllaStore {
     }
 
     /// One unlogged single-partition batch of log rows.
-    async fn write_envelopes(
-        &self,
-        shard: i32,
-        bucket: i64,
-        term: i64,
-        rows: &[Row<'_>],
-    ) -> Result<(), StoreError> {
+    async fn write_envelopes(&self, shard: i32, bucket: i64, term: i64, rows: &[Row<'_>]) -> Result<(), StoreError> {
         let mut batch = Batch::new(BatchType::Unlogged);
         let mut values: Vec<Values> = Vec::with_capacity(rows.len());
         for &Row { seq, envelope: e, now_ns } in rows {
@@ -654,8 +675,7 @@ impl ScyllaStore {
         }
         // A term whose whole range is at or below the checkpoint has nothing
         // left to read: its row goes (never the current term's).
-        let spent: BTreeSet<i64> =
-            terms.bases.windows(2).filter(|w| w[1].1 <= new).map(|w| w[0].0).collect();
+        let spent: BTreeSet<i64> = terms.bases.windows(2).filter(|w| w[1].1 <= new).map(|w| w[0].0).collect();
         for term in spent {
             self.write(&self.st.log.drop_term, (db_shard, term)).await?;
         }

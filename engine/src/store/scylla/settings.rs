@@ -29,6 +29,88 @@ pub struct ScyllaSettings {
     /// name here, its password in `password_file` (never in the config).
     pub username: Option<String>,
     pub password_file: Option<PathBuf>,
+    /// The consistency of the shard log's writes and of dispatch's reads.
+    pub consistency: LogConsistency,
+}
+
+/// `[store.scylla.consistency]`. Registration, leases and every conditional
+/// write stay at LOCAL_QUORUM (LOCAL_SERIAL for the Paxos phase): their
+/// rules need it. Nothing below a boundary is skipped only while a read sees
+/// every acknowledged write, so the two levels must overlap (at replication
+/// factor n: replicas written + replicas read > n): both quorums, or one of
+/// them `all`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "RawLogConsistency")]
+pub struct LogConsistency {
+    /// Envelope rows, boundaries, checkpoints. Default `local_quorum`.
+    pub writes: Level,
+    /// Windows, envelope data, shard positions, subscriber pages. Default `local_quorum`.
+    pub reads: Level,
+}
+
+impl Default for LogConsistency {
+    fn default() -> Self {
+        Self { writes: Level::LocalQuorum, reads: Level::LocalQuorum }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct RawLogConsistency {
+    writes: Level,
+    reads: Level,
+}
+
+impl Default for RawLogConsistency {
+    fn default() -> Self {
+        let d = LogConsistency::default();
+        Self { writes: d.writes, reads: d.reads }
+    }
+}
+
+impl TryFrom<RawLogConsistency> for LogConsistency {
+    type Error = &'static str;
+
+    fn try_from(raw: RawLogConsistency) -> Result<Self, Self::Error> {
+        let overlap =
+            raw.writes == Level::All || raw.reads == Level::All || (raw.writes.quorum() && raw.reads.quorum());
+        if overlap {
+            Ok(Self { writes: raw.writes, reads: raw.reads })
+        } else {
+            Err("writes and reads must overlap (both quorums, or one of them \"all\"), \
+                 or a window could miss an acknowledged envelope")
+        }
+    }
+}
+
+/// A CQL consistency level, as the config names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Level {
+    One,
+    LocalOne,
+    Quorum,
+    LocalQuorum,
+    EachQuorum,
+    All,
+}
+
+impl Level {
+    fn quorum(self) -> bool {
+        matches!(self, Self::Quorum | Self::LocalQuorum | Self::EachQuorum)
+    }
+
+    pub(super) fn cql(self) -> scylla::statement::Consistency {
+        use scylla::statement::Consistency as C;
+        match self {
+            Self::One => C::One,
+            Self::LocalOne => C::LocalOne,
+            Self::Quorum => C::Quorum,
+            Self::LocalQuorum => C::LocalQuorum,
+            Self::EachQuorum => C::EachQuorum,
+            Self::All => C::All,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -71,6 +153,7 @@ impl Default for ScyllaSettings {
             tls: None,
             username: None,
             password_file: None,
+            consistency: LogConsistency::default(),
         }
     }
 }
@@ -144,6 +227,19 @@ mod tests {
         assert!(err.contains("positive number of milliseconds"), "{err}");
         let err = parse(serde_json::json!({"tls": {"ca_file": "/x"}})).unwrap_err();
         assert!(err.contains("unknown field"), "{err}");
+    }
+
+    #[test]
+    fn log_consistency_levels_must_overlap() {
+        let s = parse(serde_json::json!({})).unwrap();
+        assert_eq!(s.consistency, LogConsistency { writes: Level::LocalQuorum, reads: Level::LocalQuorum });
+        let s = parse(serde_json::json!({"consistency": {"writes": "all", "reads": "local_one"}})).unwrap();
+        assert_eq!((s.consistency.writes, s.consistency.reads), (Level::All, Level::LocalOne));
+        assert!(parse(serde_json::json!({"consistency": {"writes": "one", "reads": "all"}})).is_ok());
+        let err = parse(serde_json::json!({"consistency": {"writes": "one"}})).unwrap_err();
+        assert!(err.contains("must overlap"), "{err}");
+        let err = parse(serde_json::json!({"consistency": {"reads": "two"}})).unwrap_err();
+        assert!(err.contains("unknown variant"), "{err}");
     }
 
     #[test]
