@@ -108,8 +108,12 @@ const MAX_LWT_ATTEMPTS: u32 = 50;
 const PAGE_ROWS: i32 = 1000;
 /// Clustering keys per `IN (...)` read.
 const IN_CHUNK: usize = 100;
-/// Single-partition reads dispatch runs at once when joining a page.
+/// Writes or reads of the dispatch index run at once.
 const JOIN_CONCURRENCY: usize = 32;
+/// Recipient partitions one join read names (`recipient_id IN ?`).
+const JOIN_IN: usize = 50;
+/// Join reads of one page at once.
+const JOIN_READS: usize = 4;
 /// Envelope rows per unlogged (single-partition) batch.
 const ENVELOPE_BATCH: usize = 64;
 /// Most adds plus removes one UpdateSubscriptions can apply: all of them go in
@@ -226,7 +230,7 @@ impl Statements {
             ))
             .await?,
             join_read: reading(p(format!(
-                "SELECT {STATIC_COLS}, {SUB_COLS} FROM {ks}.recipients WHERE recipient_id = ? AND topic = ?"
+                "SELECT recipient_id, {STATIC_COLS}, {SUB_COLS} FROM {ks}.recipients WHERE recipient_id IN ? AND topic = ?"
             ))
             .await?),
             expired_scan: p(format!("SELECT DISTINCT recipient_id, renewed_at FROM {ks}.recipients")).await?,
@@ -584,41 +588,57 @@ impl ScyllaStore {
         Ok(true)
     }
 
-    /// Joins one dispatch index row with its recipient partition; `None` when
-    /// the recipient or the subscription is gone (a dangling index row).
-    async fn join(&self, topic: &Topic, id: RecipientId) -> Result<Option<Subscriber>, StoreError> {
-        type JoinRow = (
-            Option<i64>,
-            Option<Vec<u8>>,
-            Option<i8>,
-            Option<String>,
-            Option<Vec<u8>>,
-            Option<i64>,
-            Option<i64>,
-            Option<i64>,
-            Option<bool>,
-            Option<i64>,
-            Option<Vec<Vec<u8>>>,
-        );
+    /// Joins dispatch index rows with their recipient partitions, in the
+    /// order given, skipping those whose recipient or subscription is gone
+    /// (dangling index rows). One multi-partition read per chunk of
+    /// [`JOIN_IN`] ids: a read per subscriber cost the server most of its
+    /// work per delivery.
+    async fn join(&self, topic: &Topic, ids: Vec<RecipientId>) -> Result<Vec<Subscriber>, StoreError> {
+        let reads: Vec<BoxFuture<'_, Result<Vec<Subscriber>, StoreError>>> =
+            ids.chunks(JOIN_IN).map(|chunk| self.join_chunk(topic, chunk.to_vec()).boxed()).collect();
+        let pages: Vec<Vec<Subscriber>> = stream::iter(reads).buffered(JOIN_READS).try_collect().await?;
+        Ok(pages.into_iter().flatten().collect())
+    }
+
+    /// One join read of at most [`JOIN_IN`] ids (`join`).
+    async fn join_chunk(&self, topic: &Topic, chunk: Vec<RecipientId>) -> Result<Vec<Subscriber>, StoreError> {
+        let list: Vec<&[u8]> = chunk.iter().map(|id| id.as_bytes().as_slice()).collect();
         let rows = self
             .session
-            .execute_unpaged(&self.st.join_read, (id.as_bytes().as_slice(), topic.as_bytes()))
+            .execute_unpaged(&self.st.join_read, (list, topic.as_bytes()))
             .await
-            .map_err(be("reading a subscriber"))?
+            .map_err(be("reading subscribers"))?
             .into_rows_result()
-            .map_err(be("reading a subscriber"))?;
-        let Some(r) = rows.maybe_first_row::<JoinRow>().map_err(be("reading a subscriber"))? else {
-            return Ok(None);
-        };
-        let Some(recipient) = codec::decode_static(id, (r.0, r.1, r.2, r.3, r.4, r.5, r.6))? else {
-            return Ok(None);
-        };
-        let Some(subscription) = codec::decode_subscription(topic.clone(), (r.7, r.8, r.9, r.10))? else {
-            return Ok(None);
-        };
-        Ok(Some(Subscriber { recipient: Arc::new(recipient.recipient), subscription }))
+            .map_err(be("reading subscribers"))?;
+        let mut found: HashMap<RecipientId, Subscriber> = HashMap::new();
+        for row in rows.rows::<JoinRow>().map_err(be("reading subscribers"))? {
+            let r = row.map_err(be("reading subscribers"))?;
+            let id = RecipientId::parse(&r.0).map_err(|_| corrupt("recipient"))?;
+            let Some(recipient) = codec::decode_static(id, (r.1, r.2, r.3, r.4, r.5, r.6, r.7))? else { continue };
+            let Some(subscription) = codec::decode_subscription(topic.clone(), (r.8, r.9, r.10, r.11))? else {
+                continue;
+            };
+            found.insert(id, Subscriber { recipient: Arc::new(recipient.recipient), subscription });
+        }
+        Ok(chunk.iter().filter_map(|id| found.remove(id)).collect())
     }
 }
+
+/// A joined subscriber row: recipient id, the static columns, the subscription's.
+type JoinRow = (
+    Vec<u8>,
+    Option<i64>,
+    Option<Vec<u8>>,
+    Option<i8>,
+    Option<String>,
+    Option<Vec<u8>>,
+    Option<i64>,
+    Option<i64>,
+    Option<i64>,
+    Option<bool>,
+    Option<i64>,
+    Option<Vec<Vec<u8>>>,
+);
 
 /// Records the shard count at first use; refuses another one later.
 async fn check_shard_count(session: &Session, keyspace: &str, shard_count: u16) -> Result<(), StoreError> {
@@ -1099,10 +1119,7 @@ impl Store for ScyllaStore {
                 }
             }
             let exhausted = chunk.len() < need;
-            let joins: Vec<BoxFuture<'_, Result<Option<Subscriber>, StoreError>>> =
-                chunk.into_iter().map(|id| self.join(topic, id).boxed()).collect();
-            let joined: Vec<Option<Subscriber>> = stream::iter(joins).buffered(JOIN_CONCURRENCY).try_collect().await?;
-            out.extend(joined.into_iter().flatten());
+            out.extend(self.join(topic, chunk).await?);
             if exhausted || out.len() == limit {
                 return Ok(out);
             }
