@@ -31,7 +31,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::stream::TryStreamExt;
-use futures::{FutureExt, future::BoxFuture};
+use futures::{FutureExt, StreamExt, future::BoxFuture};
 use scylla::client::session::Session;
 use scylla::statement::batch::{Batch, BatchType};
 use scylla::statement::prepared::PreparedStatement;
@@ -563,46 +563,31 @@ impl ScyllaStore {
         let db_shard = i32::from(shard.index());
         let key = (db_shard, bucket, pos_of(lo), pos_of(hi));
         let page = i32::try_from(limit - out.len()).unwrap_or(super::PAGE_ROWS).min(super::PAGE_ROWS);
-        match terms {
-            None => {
-                let mut st = self.st.log.legacy_read.clone();
-                st.set_page_size(page);
-                let mut rows = self
-                    .session
-                    .execute_iter(st, key)
-                    .await
-                    .map_err(be("reading envelopes"))?
-                    .rows_stream::<EnvelopeRow>()
-                    .map_err(be("reading envelopes"))?;
-                while let Some(row) = rows.try_next().await.map_err(be("reading envelopes"))? {
-                    out.push(codec::decode_envelope(shard, bucket, row)?);
-                    if out.len() == limit {
-                        break;
-                    }
-                }
+        let mut st = if terms.is_some() { self.st.log.read.clone() } else { self.st.log.legacy_read.clone() };
+        st.set_page_size(page);
+        let pager = self.session.execute_iter(st, key).await.map_err(be("reading envelopes"))?;
+        // Legacy rows have no term; log rows carry theirs last.
+        let mut rows: futures::stream::BoxStream<'_, Result<(EnvelopeRow, Option<i64>), StoreError>> =
+            if terms.is_some() {
+                let rows = pager.rows_stream::<LogRow>().map_err(be("reading envelopes"))?;
+                rows.map_ok(|r| ((r.0, r.1, r.2, r.3, r.4, r.5, r.6, r.7), Some(r.8)))
+                    .map_err(be("reading envelopes"))
+                    .boxed()
+            } else {
+                let rows = pager.rows_stream::<EnvelopeRow>().map_err(be("reading envelopes"))?;
+                rows.map_ok(|row| (row, None)).map_err(be("reading envelopes")).boxed()
+            };
+        while let Some((row, term)) = rows.try_next().await? {
+            // A row of another term's range is skipped: a former owner's
+            // unacknowledged write.
+            if let (Some(terms), Some(term)) = (terms, term)
+                && !terms.valid(term, codec::seq_of(bucket, row.0))
+            {
+                continue;
             }
-            Some(terms) => {
-                // A row of another term's range is skipped: a former owner's
-                // unacknowledged write.
-                let mut st = self.st.log.read.clone();
-                st.set_page_size(page);
-                let mut rows = self
-                    .session
-                    .execute_iter(st, key)
-                    .await
-                    .map_err(be("reading envelopes"))?
-                    .rows_stream::<LogRow>()
-                    .map_err(be("reading envelopes"))?;
-                while let Some(r) = rows.try_next().await.map_err(be("reading envelopes"))? {
-                    let (row, term) = ((r.0, r.1, r.2, r.3, r.4, r.5, r.6, r.7), r.8);
-                    if !terms.valid(term, codec::seq_of(bucket, row.0)) {
-                        continue;
-                    }
-                    out.push(codec::decode_envelope(shard, bucket, row)?);
-                    if out.len() == limit {
-                        break;
-                    }
-                }
+            out.push(codec::decode_envelope(shard, bucket, row)?);
+            if out.len() == limit {
+                break;
             }
         }
         Ok(())
