@@ -16,6 +16,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
+        // A message that does not decode answers INVALID_ARGUMENT.
+        .codec_path("crate::codec::ProtobufCodec")
         .compile_fds(fds)?;
     Ok(())
 }

@@ -1,4 +1,6 @@
-//! The gRPC contract of fanout. Generated code only; the rules live in the engine.
+//! The gRPC contract of fanout. Generated code and its codec only; the rules live in the engine.
+
+pub mod codec;
 
 pub mod v1 {
     tonic::include_proto!("fanout.v1");
