@@ -73,13 +73,25 @@ pub struct ServerSettings {
     /// Issue 16: open connections per listener; the next one waits in the
     /// kernel's backlog until one closes.
     pub max_connections_per_listener: NonZeroUsize,
-    /// Issue 16: a TLS handshake that takes longer is dropped.
+    /// From accept to the first request (a complete HTTP/1 request head,
+    /// or the HTTP/2 preface and first SETTINGS frame), the TLS handshake
+    /// included: a connection that misses it is closed. Bounds idle and
+    /// dripping connections before they have asked for anything.
+    #[serde(rename = "first_request_timeout_seconds", deserialize_with = "duration::seconds")]
+    pub first_request_timeout: Duration,
+    /// A TLS handshake that takes longer is dropped (inside the
+    /// first-request deadline; the shorter wins).
     #[serde(rename = "tls_handshake_timeout_seconds", deserialize_with = "duration::seconds")]
     pub tls_handshake_timeout: Duration,
-    /// Issue 16: an HTTP/1.1 client that has not sent its request headers
-    /// within this is disconnected (slow-loris).
+    /// On a kept-alive HTTP/1.1 connection, a later request whose headers
+    /// take longer is disconnected (slow-loris).
     #[serde(rename = "http_header_read_timeout_seconds", deserialize_with = "duration::seconds")]
     pub http_header_read_timeout: Duration,
+    /// After its first request, a connection with no request open for this
+    /// long is closed gracefully (GOAWAY on HTTP/2). An open stream, busy or
+    /// not, keeps it open.
+    #[serde(rename = "idle_timeout_seconds", deserialize_with = "duration::seconds")]
+    pub idle_timeout: Duration,
     /// Issue 16: the largest request body the API listener reads (routes
     /// have smaller limits of their own).
     pub api_max_body_bytes: NonZeroUsize,
@@ -183,8 +195,10 @@ impl Default for ServerSettings {
             tls: None,
             auth: None,
             max_connections_per_listener: NonZeroUsize::new(4096).unwrap(),
+            first_request_timeout: Duration::from_secs(10),
             tls_handshake_timeout: Duration::from_secs(10),
             http_header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(120),
             api_max_body_bytes: NonZeroUsize::new(1 << 20).unwrap(),
             dangerous_allow_plaintext: false,
             dangerous_allow_unauthenticated: false,

@@ -1,11 +1,11 @@
 //! `fanout`: the push delivery engine's binary.
 
-mod accept;
 mod auth;
 mod config;
 mod gateway;
 mod grpc;
 mod http;
+mod listener;
 mod logging;
 mod relay_ingress;
 mod rest;
@@ -127,17 +127,21 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     };
     let engine = Engine::start(config.engine.clone(), store.clone(), options).await?;
 
-    let limits = accept::Limits {
+    let limits = listener::Limits {
         max_connections: config.server.max_connections_per_listener.get(),
-        handshake_timeout: config.server.tls_handshake_timeout,
+        first_request_timeout: config.server.first_request_timeout,
+        tls_handshake_timeout: config.server.tls_handshake_timeout,
         header_read_timeout: config.server.http_header_read_timeout,
+        idle_timeout: config.server.idle_timeout,
     };
-    let grpc_listener = accept::bind(config.server.grpc_listen, "server.grpc_listen").await?;
-    let http_listener = accept::bind(config.server.http_listen, "server.http_listen").await?;
-    let api_listener = accept::bind(config.server.api_listen, "server.api_listen").await?;
+    let grpc_listener = listener::bind(config.server.grpc_listen, "server.grpc_listen").await?;
+    let http_listener = listener::bind(config.server.http_listen, "server.http_listen").await?;
+    let api_listener = listener::bind(config.server.api_listen, "server.api_listen").await?;
+    let [grpc_closes, http_closes, api_closes] =
+        listener::Closes::register(&engine.metrics().registry, ["grpc", "http", "api"]);
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let tls_for = |pick: fn(&tls::ServerTls) -> Arc<rustls::ServerConfig>| {
-        server_tls.clone().map(|t| Arc::new(move || pick(&t)) as accept::TlsSource)
+        server_tls.clone().map(|t| Arc::new(move || pick(&t)) as listener::TlsSource)
     };
     let mut reloadable: Vec<Arc<dyn tls::Reloadable>> = Vec::new();
     if let Some(t) = &server_tls {
@@ -158,19 +162,9 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         .build_v1()?;
     let notification = grpc::NotificationApi { registry: engine.registry(), metrics: engine.metrics() };
     let publish = grpc::PublishApi { ingest: engine.ingest(), shutdown: shutdown_rx.clone() };
-    // Issue 11: every service decodes at most this much per message.
+    // Every service decodes at most this much per message.
     let max_message = config.server.grpc_max_message_bytes.get();
-
-    let mut grpc_shutdown = shutdown_rx.clone();
-    let grpc_server = tonic::transport::Server::builder()
-        // Bounds a call until its response starts: the whole of a unary call;
-        // PublishStream answers at once and is never cut by it (issue 11).
-        .timeout(config.server.grpc_request_timeout)
-        .max_concurrent_streams(config.server.grpc_max_concurrent_streams.get())
-        .http2_keepalive_interval(Some(config.server.grpc_keepalive_interval))
-        // Every RPC's log lines carry its method and a request id, nothing else.
-        .trace_fn(|request| tracing::info_span!("rpc", method = %request.uri().path(), request_id = %request_id()))
-        .add_service(health_service)
+    let routes = tonic::service::Routes::new(health_service)
         .add_service(InterceptedService::new(reflection, grpc::Guard::new(authenticator.clone(), Role::Operator)))
         .add_service(InterceptedService::new(
             NotificationServiceServer::new(notification).max_decoding_message_size(max_message),
@@ -179,18 +173,21 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         .add_service(InterceptedService::new(
             PublishServiceServer::new(publish).max_decoding_message_size(max_message),
             grpc::Guard::new(authenticator.clone(), Role::Publisher),
-        ))
-        .serve_with_incoming_shutdown(
-            accept::GrpcConn::stream(accept::accept(
-                grpc_listener,
-                tls_for(tls::ServerTls::grpc),
-                limits,
-                shutdown_rx.clone(),
-            )),
-            async move {
-                let _ = grpc_shutdown.changed().await;
+        ));
+    let grpc_server = listener::serve(
+        listener::Listener {
+            tcp: grpc_listener,
+            tls: tls_for(tls::ServerTls::grpc),
+            router: grpc::router(routes, config.server.grpc_request_timeout),
+            protocol: listener::Protocol::Grpc {
+                max_concurrent_streams: config.server.grpc_max_concurrent_streams.get(),
+                keepalive_interval: config.server.grpc_keepalive_interval,
             },
-        );
+            closes: grpc_closes,
+        },
+        limits,
+        shutdown_rx.clone(),
+    );
     let registry = engine.registry();
     let (gateway, delivery_task) = start_gateway(&config, &engine, shutdown_rx.clone())?;
     let api_router = rest::router(
@@ -203,15 +200,25 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         },
         config.server.api_max_body_bytes.get(),
     );
-    let api_server = accept::serve_http(
-        accept::accept(api_listener, tls_for(tls::ServerTls::http), limits, shutdown_rx.clone()),
-        api_router,
+    let api_server = listener::serve(
+        listener::Listener {
+            tcp: api_listener,
+            tls: tls_for(tls::ServerTls::http),
+            router: api_router,
+            protocol: listener::Protocol::Http,
+            closes: api_closes,
+        },
         limits,
         shutdown_rx.clone(),
     );
-    let http_server = accept::serve_http(
-        accept::accept(http_listener, tls_for(tls::ServerTls::http), limits, shutdown_rx.clone()),
-        http::router(http::HttpState::new(engine.metrics(), engine.readiness(), authenticator.clone())),
+    let http_server = listener::serve(
+        listener::Listener {
+            tcp: http_listener,
+            tls: tls_for(tls::ServerTls::http),
+            router: http::router(http::HttpState::new(engine.metrics(), engine.readiness(), authenticator.clone())),
+            protocol: listener::Protocol::Http,
+            closes: http_closes,
+        },
         limits,
         shutdown_rx,
     );
@@ -273,13 +280,6 @@ fn start_gateway(
     let scheme = if config.server.tls.is_some() { "https" } else { "http" };
     let state = gateway::GatewayState { service: Arc::new(service), station, metrics: engine.metrics(), scheme };
     Ok((Some(state), Some(task)))
-}
-
-/// A process-unique id for correlating one request's log lines.
-fn request_id() -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    format!("{:x}-{:x}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
 /// The embedded store in `store.path`, created if missing.

@@ -1,11 +1,13 @@
 //! The gRPC edge: proto ⇄ engine types, and engine errors → status, once.
 
+mod call;
 mod guard;
 mod notification;
 mod publish;
 mod publish_stream;
 mod status;
 
+pub use call::router;
 pub use guard::Guard;
 pub use notification::NotificationApi;
 pub use publish::PublishApi;

@@ -40,8 +40,20 @@ MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQg3RSlB9iXyDY6EjhR
 ";
 
 /// The only label names the engine may use (docs/METRICS.md).
-const LABELS: &[&str] =
-    &["channel", "outcome", "result", "method", "code", "reason", "operation", "limit", "le", "event", "route"];
+const LABELS: &[&str] = &[
+    "channel",
+    "outcome",
+    "result",
+    "method",
+    "code",
+    "reason",
+    "operation",
+    "limit",
+    "le",
+    "event",
+    "route",
+    "listener",
+];
 
 /// How long the traffic may take to touch every family: three webhook
 /// attempts 1 s apart, and provider attempts bounded to 10 s each.
