@@ -10,6 +10,7 @@ mod dispatch;
 mod dns_failures;
 mod gateway;
 mod hostile;
+mod listeners;
 mod multinode;
 mod operability;
 mod providers;
