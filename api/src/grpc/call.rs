@@ -18,22 +18,30 @@ const GRPC_CONTENT_TYPES: [&str; 2] = ["application/grpc", "application/grpc+pro
 /// gRPC listener. `request_timeout` bounds every call until its response
 /// starts (a client's shorter `grpc-timeout` wins).
 pub fn router(routes: tonic::service::Routes, request_timeout: Duration) -> axum::Router {
-    routes
-        .prepare()
-        .into_axum_router()
-        .layer(middleware::from_fn_with_state(request_timeout, deadline))
-        .layer(middleware::from_fn(span))
-        .layer(middleware::from_fn(content_type))
+    // One layer for the three rules: each layer boxes the call's future.
+    routes.prepare().into_axum_router().layer(middleware::from_fn_with_state(request_timeout, call))
 }
 
-/// gRPC over HTTP/2: a request whose content type is not gRPC is answered
-/// 415 Unsupported Media Type, before any handler or role check runs.
-async fn content_type(request: Request, next: Next) -> Response {
-    if is_grpc(request.headers()) {
-        return next.run(request).await;
+async fn call(State(server_timeout): State<Duration>, request: Request, next: Next) -> Response {
+    // gRPC over HTTP/2: a request whose content type is not gRPC is answered
+    // 415 Unsupported Media Type, before any handler or role check runs.
+    if !is_grpc(request.headers()) {
+        let message = format!("content-type must be {}", GRPC_CONTENT_TYPES.join(" or "));
+        return (StatusCode::UNSUPPORTED_MEDIA_TYPE, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], message)
+            .into_response();
     }
-    let message = format!("content-type must be {}", GRPC_CONTENT_TYPES.join(" or "));
-    (StatusCode::UNSUPPORTED_MEDIA_TYPE, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], message).into_response()
+    // Every RPC's log lines carry its method and a request id, nothing else.
+    let span = tracing::info_span!("rpc", method = %request.uri().path(), request_id = %request_id());
+    // The shorter of `server.grpc_request_timeout_seconds` and the client's
+    // `grpc-timeout`, until the response starts: the whole of a unary call;
+    // PublishStream answers at once and is never cut by it.
+    let limit = grpc_timeout(request.headers()).map_or(server_timeout, |client| client.min(server_timeout));
+    match tokio::time::timeout(limit, next.run(request)).instrument(span).await {
+        Ok(response) => response,
+        Err(_) => {
+            Status::deadline_exceeded(format!("the call ran longer than its deadline of {limit:?}")).into_http::<Body>()
+        }
+    }
 }
 
 fn is_grpc(headers: &HeaderMap) -> bool {
@@ -43,30 +51,11 @@ fn is_grpc(headers: &HeaderMap) -> bool {
     GRPC_CONTENT_TYPES.iter().any(|t| media_type.eq_ignore_ascii_case(t))
 }
 
-/// Every RPC's log lines carry its method and a request id, nothing else.
-async fn span(request: Request, next: Next) -> Response {
-    let span = tracing::info_span!("rpc", method = %request.uri().path(), request_id = %request_id());
-    next.run(request).instrument(span).await
-}
-
 /// A process-unique id for correlating one request's log lines.
 fn request_id() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(1);
     format!("{:x}-{:x}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
-}
-
-/// The shorter of `server.grpc_request_timeout_seconds` and the client's
-/// `grpc-timeout`, until the response starts: the whole of a unary call;
-/// PublishStream answers at once and is never cut by it.
-async fn deadline(State(server): State<Duration>, request: Request, next: Next) -> Response {
-    let limit = grpc_timeout(request.headers()).map_or(server, |client| client.min(server));
-    match tokio::time::timeout(limit, next.run(request)).await {
-        Ok(response) => response,
-        Err(_) => {
-            Status::deadline_exceeded(format!("the call ran longer than its deadline of {limit:?}")).into_http::<Body>()
-        }
-    }
 }
 
 /// The `grpc-timeout` header (gRPC over HTTP/2: at most 8 digits and a

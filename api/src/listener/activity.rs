@@ -1,32 +1,50 @@
 //! What a connection is doing, for its idle timer: whether its first
-//! request is in, and how many requests (HTTP/2 streams) are open. Written
-//! by the connection's IO and its requests, read by its own task only.
+//! request is in, how many requests (HTTP/2 streams) are open, and since
+//! when none is. Written by the connection's IO and its requests, read by
+//! the connection's own task.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::time::Instant;
 
-#[derive(Debug, Clone, Copy, Default)]
-struct State {
-    first_request_in: bool,
-    open: usize,
+/// Plain atomics, not a channel: a request costs two increments and never
+/// wakes the connection's task; the idle timer looks when it is due.
+pub struct Activity {
+    /// When the connection was accepted; `quiet_since` counts from it.
+    epoch: Instant,
+    first_request_in: AtomicBool,
+    open: AtomicUsize,
+    /// Milliseconds from `epoch` to when the last request closed (or the
+    /// first request came in).
+    quiet_since: AtomicU64,
 }
-
-pub struct Activity(watch::Sender<State>);
 
 impl Activity {
     pub fn new() -> Self {
-        Activity(watch::Sender::new(State::default()))
+        Activity {
+            epoch: Instant::now(),
+            first_request_in: AtomicBool::new(false),
+            open: AtomicUsize::new(0),
+            quiet_since: AtomicU64::new(0),
+        }
     }
 
     pub fn first_request_in(&self) {
-        self.0.send_modify(|s| s.first_request_in = true);
+        self.quiet();
+        self.first_request_in.store(true, Ordering::Release);
+    }
+
+    fn quiet(&self) {
+        let since = Instant::now().saturating_duration_since(self.epoch).as_millis();
+        self.quiet_since.store(u64::try_from(since).unwrap_or(u64::MAX), Ordering::Release);
     }
 
     /// One request more until the guard is dropped: when its response has
     /// been sent whole, or the request was abandoned.
-    pub fn open(self: &std::sync::Arc<Self>) -> Open {
-        self.0.send_modify(|s| s.open += 1);
+    pub fn open(self: &Arc<Self>) -> Open {
+        self.open.fetch_add(1, Ordering::AcqRel);
         Open(self.clone())
     }
 
@@ -34,34 +52,36 @@ impl Activity {
     /// request open for `after` in a row; any request restarts the count.
     /// Before the first request, the first-request deadline governs.
     pub async fn idle_for(&self, after: Duration) {
-        let mut state = self.0.subscribe();
+        let mut check = Instant::now();
         loop {
-            let now = *state.borrow_and_update();
-            if now.first_request_in && now.open == 0 {
-                tokio::select! {
-                    () = tokio::time::sleep(after) => return,
-                    _ = state.changed() => {}
-                }
-            } else {
-                // The sender lives in `self`: `changed` cannot fail here.
-                let _ = state.changed().await;
+            tokio::time::sleep_until(check).await;
+            let now = Instant::now();
+            if !self.first_request_in.load(Ordering::Acquire) || self.open.load(Ordering::Acquire) > 0 {
+                check = now + after;
+                continue;
             }
+            let quiet_since = self.epoch + Duration::from_millis(self.quiet_since.load(Ordering::Acquire));
+            if now >= quiet_since + after {
+                return;
+            }
+            check = quiet_since + after;
         }
     }
 }
 
-pub struct Open(std::sync::Arc<Activity>);
+pub struct Open(Arc<Activity>);
 
 impl Drop for Open {
     fn drop(&mut self) {
-        self.0.0.send_modify(|s| s.open -= 1);
+        // Stamped before the count drops, so the timer never sees a
+        // connection at zero with an older quiet time than its last request.
+        self.0.quiet();
+        self.0.open.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
 
     #[tokio::test(start_paused = true)]
