@@ -92,6 +92,11 @@ pub struct ServerSettings {
     /// not, keeps it open.
     #[serde(rename = "idle_timeout_seconds", deserialize_with = "duration::seconds")]
     pub idle_timeout: Duration,
+    /// On the HTTP and API listeners, a request whose response has not
+    /// started this long after its head arrived (a body that drips, a stuck
+    /// handler) is answered 408 and its connection closed.
+    #[serde(rename = "http_request_timeout_seconds", deserialize_with = "duration::seconds")]
+    pub http_request_timeout: Duration,
     /// Issue 16: the largest request body the API listener reads (routes
     /// have smaller limits of their own).
     pub api_max_body_bytes: NonZeroUsize,
@@ -199,6 +204,7 @@ impl Default for ServerSettings {
             tls_handshake_timeout: Duration::from_secs(10),
             http_header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(120),
+            http_request_timeout: Duration::from_secs(30),
             api_max_body_bytes: NonZeroUsize::new(1 << 20).unwrap(),
             dangerous_allow_plaintext: false,
             dangerous_allow_unauthenticated: false,

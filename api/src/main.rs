@@ -133,6 +133,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         tls_handshake_timeout: config.server.tls_handshake_timeout,
         header_read_timeout: config.server.http_header_read_timeout,
         idle_timeout: config.server.idle_timeout,
+        http_request_timeout: config.server.http_request_timeout,
     };
     let grpc_listener = listener::bind(config.server.grpc_listen, "server.grpc_listen").await?;
     let http_listener = listener::bind(config.server.http_listen, "server.http_listen").await?;

@@ -9,6 +9,9 @@
 //!   waiting for a keep-alive ping to fail; an open stream, however long
 //!   (PublishStream), is never idle;
 //! - on HTTP/1, every later request's head bounded by `header_read_timeout`;
+//! - on the HTTP and API listeners, a request (its body included) bounded
+//!   by `http_request_timeout`: one whose body drips is answered 408 and its
+//!   connection closed, so an open request cannot hold a slot for ever;
 //! - each connection in its own task, so a slow client holds up no other,
 //!   with the identities of a verified client certificate (`Peer`) and the
 //!   TCP peer's address in every request's extensions.
@@ -55,6 +58,9 @@ pub struct Limits {
     pub tls_handshake_timeout: Duration,
     pub header_read_timeout: Duration,
     pub idle_timeout: Duration,
+    /// HTTP and API listeners: from a request's head to its response, body
+    /// read included. The gRPC listener has its own call deadline.
+    pub http_request_timeout: Duration,
 }
 
 /// Where a listener's TLS configuration comes from: read at each handshake,
@@ -81,6 +87,7 @@ pub struct Listener {
 
 /// What every connection of a listener shares.
 struct Shared {
+    protocol: Protocol,
     tls: Option<TlsSource>,
     router: Router,
     builder: auto::Builder<TokioExecutor>,
@@ -92,7 +99,7 @@ struct Shared {
 /// caller bounds that with its drain timeout).
 pub async fn serve(listener: Listener, limits: Limits, mut shutdown: watch::Receiver<bool>) {
     let Listener { tcp, tls, router, protocol, closes } = listener;
-    let shared = Arc::new(Shared { tls, router, builder: builder(protocol, &limits), limits, closes });
+    let shared = Arc::new(Shared { protocol, tls, router, builder: builder(protocol, &limits), limits, closes });
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     // Every connection task holds a sender: `recv` answers `None` once the
     // last has ended.
@@ -197,13 +204,23 @@ async fn connection(
     let io = FirstRequest::new(io, deadline, activity.clone(), shared.closes.clone());
     let router = shared.router.clone();
     let requests = activity.clone();
+    let request_timeout = match shared.protocol {
+        Protocol::Http => Some(shared.limits.http_request_timeout),
+        Protocol::Grpc { .. } => None,
+    };
     let service = hyper::service::service_fn(move |mut request: http::Request<Incoming>| {
         let open = requests.open();
         request.extensions_mut().insert(peer.clone());
         request.extensions_mut().insert(ConnectInfo(remote));
         let mut router = router.clone();
         async move {
-            let response = router.call(request).await?;
+            let response = match request_timeout {
+                None => router.call(request).await?,
+                Some(limit) => match tokio::time::timeout(limit, router.call(request)).await {
+                    Ok(response) => response?,
+                    Err(_) => request_timed_out(limit),
+                },
+            };
             Ok::<_, Infallible>(response.map(|body| Counted { body, _open: open }))
         }
     });
@@ -240,6 +257,23 @@ async fn connection(
             () = &mut grace => return tracing::debug!("an idle connection did not close in time: dropped"),
         }
     }
+}
+
+/// 408 Request Timeout as an RFC 9457 problem; the connection is closed
+/// after it (HTTP/1), since its request may still be half-read.
+fn request_timed_out(limit: Duration) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let body = serde_json::json!({
+        "type": "about:blank",
+        "title": "Request Timeout",
+        "status": 408,
+        "detail": format!(
+            "the request was not complete within {} s (server.http_request_timeout_seconds)",
+            limit.as_secs()
+        ),
+    });
+    let headers = [(http::header::CONTENT_TYPE, "application/problem+json"), (http::header::CONNECTION, "close")];
+    (http::StatusCode::REQUEST_TIMEOUT, headers, body.to_string()).into_response()
 }
 
 /// A response body that counts its request open until it is dropped.

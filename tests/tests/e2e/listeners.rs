@@ -331,3 +331,24 @@ async fn published(fanout: &Fanout) -> u64 {
         .find_map(|line| line.strip_prefix("fanout_envelopes_published_total{result=\"stored\"} "))
         .map_or(0, |v| v.trim().parse().expect("a counter value"))
 }
+
+#[tokio::test]
+async fn a_request_whose_body_drips_is_answered_408_and_its_connection_closed() {
+    let mut env = limited(Duration::from_secs(10), Duration::from_secs(60));
+    env.push(("FANOUT__SERVER__HTTP_REQUEST_TIMEOUT_SECONDS".into(), "2".into()));
+    let fanout = Fanout::start(EngineConfig { env, ..EngineConfig::default() }).await.expect("start");
+    // A complete head, then a body that never comes: the request is open,
+    // so only the request deadline bounds it.
+    let mut tcp = TcpStream::connect(fanout.api).await.unwrap();
+    tcp.write_all(b"PUT /v2/push/registration HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut answer)).await;
+    read.expect("answered and closed within the deadline").expect("a clean close");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("application/problem+json") && answer.contains("http_request_timeout_seconds"), "{answer}");
+    assert!(started.elapsed() >= Duration::from_millis(1500), "answered after {:?}", started.elapsed());
+}
