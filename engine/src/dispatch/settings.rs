@@ -23,6 +23,13 @@ pub struct DispatchSettings {
     /// from the checkpoint (at-least-once, never skipped).
     #[serde(rename = "window_timeout_seconds", deserialize_with = "duration::seconds")]
     pub window_timeout: Duration,
+    /// How often a running window may move the checkpoint up to just below
+    /// its oldest envelope still in flight. After a kill -9 or a lease
+    /// handover the next owner replays from the checkpoint, so the repeats
+    /// are what was in flight plus about this much progress; each move is
+    /// one store write per busy shard.
+    #[serde(rename = "checkpoint_interval_ms", deserialize_with = "duration::millis")]
+    pub checkpoint_interval: Duration,
 }
 
 impl Default for DispatchSettings {
@@ -33,6 +40,7 @@ impl Default for DispatchSettings {
             max_pages_in_flight: NonZeroUsize::new(16).unwrap(),
             poll_interval: Duration::from_millis(1000),
             window_timeout: Duration::from_secs(120),
+            checkpoint_interval: Duration::from_millis(1000),
         }
     }
 }

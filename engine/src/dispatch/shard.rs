@@ -53,6 +53,9 @@ struct Window {
     cursor: Option<RecipientId>,
     /// The checkpoint this window moves to when complete.
     end: u64,
+    /// The checkpoint as this window last wrote it (or found it), and when.
+    checkpoint: u64,
+    checkpoint_written: Instant,
     /// Pages handed to the workers whose first attempts are not all answered.
     pages: HashMap<u64, Page>,
     next_page_id: u64,
@@ -264,6 +267,8 @@ impl ShardState {
             envelopes: envelopes.into_iter().map(Arc::new).collect(),
             cursor: None,
             end,
+            checkpoint: position.checkpoint,
+            checkpoint_written: now,
             pages: HashMap::new(),
             next_page_id: 0,
             pump_queued: false,
@@ -363,12 +368,43 @@ impl ShardState {
         if w.pages.remove(&page).is_none() {
             return Ok(()); // A replayed page's late answer.
         }
-        if w.envelopes.is_empty() {
-            self.complete_if_done(myself).await
-        } else {
-            self.queue_pump(myself);
-            Ok(())
+        if w.envelopes.is_empty() && w.pages.is_empty() {
+            return self.complete_if_done(myself).await;
         }
+        self.checkpoint_within_window().await?;
+        if self.window.as_ref().is_some_and(|w| !w.envelopes.is_empty()) {
+            self.queue_pump(myself);
+        }
+        Ok(())
+    }
+
+    /// PUSH-257 holds: the checkpoint moves to just below the oldest envelope
+    /// of the window that is not fully paged or has a page whose first
+    /// attempts are not all answered, so everything at or below it had every
+    /// first attempt. At most every `checkpoint_interval_ms`, not on every
+    /// page: each move is a store write (on ScyllaDB it also drops the
+    /// envelopes below), and the repeats after a failover are bounded by
+    /// what was in flight plus that much progress, not by the whole window.
+    async fn checkpoint_within_window(&mut self) -> StepResult {
+        let interval = self.ctx.settings.checkpoint_interval;
+        let Some(w) = self.window.as_mut() else { return Ok(()) };
+        if w.checkpoint_written.elapsed() < interval {
+            return Ok(());
+        }
+        let oldest_open = w
+            .envelopes
+            .front()
+            .map(|e| e.sequence_id)
+            .into_iter()
+            .chain(w.pages.values().map(|p| p.envelope.sequence_id))
+            .min();
+        let Some(below) = oldest_open.map(|s| s.saturating_sub(1)).filter(|&below| below > w.checkpoint) else {
+            return Ok(());
+        };
+        w.checkpoint = below;
+        w.checkpoint_written = Instant::now();
+        self.ctx.store.advance_checkpoint(self.shard, below).await?;
+        Ok(())
     }
 
     /// The checkpoint moves only when every page has had its first attempts.
@@ -727,6 +763,32 @@ mod tests {
         assert_eq!(f.metrics.window_replays.get(), 0, "progress, so no replay");
         let sends = f.sends();
         assert_eq!(sends.len(), 40);
+        assert!(sends.values().all(|n| *n == 1), "no duplicates");
+        f.actor.stop(None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_long_window_moves_the_checkpoint_below_its_oldest_envelope_in_flight() {
+        // Three envelopes to two recipients, one delivery at a time, 1 s each:
+        // a 6 s window. The first envelope is done after 2 s; the checkpoint
+        // follows it before the window ends, so a replay after a kill -9 or a
+        // handover would repeat only the last two envelopes.
+        let one_at_a_time = DeliverySettings {
+            workers: NonZeroUsize::MIN,
+            max_in_flight_per_worker: Some(NonZeroUsize::MIN),
+            ..DeliverySettings::default()
+        };
+        let f = Fixture::start_with(2, 3, settings(10, 16), 0, Duration::from_secs(1), one_at_a_time, Fence::default())
+            .await;
+        f.gate.permits.add_permits(1000);
+        f.until_checkpoint(1).await;
+        let sent = f.sends().len();
+        assert!(sent < 6, "the checkpoint moved inside the window, with {sent} of 6 sent");
+        assert!(f.sends().keys().filter(|(seq, _)| *seq == 1).count() == 2, "envelope 1 is done");
+        assert_eq!(f.metrics.windows.get(), 0, "the window is still running");
+        f.until_checkpoint(3).await;
+        let sends = f.sends();
+        assert_eq!(sends.len(), 6);
         assert!(sends.values().all(|n| *n == 1), "no duplicates");
         f.actor.stop(None);
     }
