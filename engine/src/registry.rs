@@ -251,7 +251,7 @@ impl Registry {
                 DeliveryTarget::Relay(RelayRegistration::parse(input).map_err(AdmissionError::InvalidField)?)
             }
             DeliveryInput::WebPush { endpoint, p256dh, auth } => {
-                DeliveryTarget::check_url_text(endpoint)?;
+                DeliveryTarget::check_endpoint_text(endpoint)?;
                 let keys = WebPushKeys::parse(p256dh, auth)?;
                 let endpoint = WebhookUrl::parse(endpoint)
                     .map_err(|e| AdmissionError::InvalidArgument(e.describe("webpush endpoint")))?;

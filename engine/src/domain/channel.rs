@@ -154,6 +154,15 @@ impl DeliveryTarget {
     pub fn check_url_text(url: &str) -> Result<(), ParseError> {
         check_text(url, ["url is empty", "url is longer than 2048 characters", "url contains a NUL character"])
     }
+
+    /// Admission check 4 for a Web Push endpoint: the webhook URL's rule,
+    /// naming the field the caller sent (WebPushDelivery.endpoint).
+    pub fn check_endpoint_text(endpoint: &str) -> Result<(), ParseError> {
+        check_text(
+            endpoint,
+            ["endpoint is empty", "endpoint is longer than 2048 characters", "endpoint contains a NUL character"],
+        )
+    }
 }
 
 /// Not empty, at most 2048 characters, no NUL (spec 000 section 1, check 4).
@@ -219,6 +228,15 @@ mod tests {
         assert!(DeliveryTarget::check_url_text(&"a".repeat(2049)).is_err());
     }
 
+    #[test]
+    fn web_push_endpoint_errors_name_the_endpoint() {
+        let e = |text: &str| DeliveryTarget::check_endpoint_text(text).unwrap_err().0;
+        assert_eq!(e(""), "endpoint is empty");
+        assert_eq!(e(&"a".repeat(2049)), "endpoint is longer than 2048 characters");
+        assert_eq!(e("https://push.example.net/\0"), "endpoint contains a NUL character");
+        assert!(DeliveryTarget::check_endpoint_text(&"é".repeat(2048)).is_ok());
+    }
+
     /// Issue 16 item 7: device tokens, webhook URL text and signing keys, property-tested.
     mod properties {
         use super::*;
@@ -232,6 +250,7 @@ mod tests {
                 let valid = !text.is_empty() && text.chars().count() <= 2048 && !text.contains('\0');
                 prop_assert_eq!(DeliveryTarget::check_token(&text).is_ok(), valid);
                 prop_assert_eq!(DeliveryTarget::check_url_text(&text).is_ok(), valid);
+                prop_assert_eq!(DeliveryTarget::check_endpoint_text(&text).is_ok(), valid);
             }
 
             #[test]
