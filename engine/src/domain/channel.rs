@@ -145,6 +145,20 @@ impl DeliveryTarget {
         }
     }
 
+    /// Compare-and-delete: whether a dead-token answer to a push sent to
+    /// `sent` still applies to this, the stored target. Spec 000's channels
+    /// (PUSH-234) need the whole target unchanged. A relay registration is
+    /// removed "unless the device registered a different provider or token
+    /// meanwhile" (003 §1, §2.4): only those two count, so a device that
+    /// re-registered the dead token with another `sandbox` or `app_id`
+    /// loses it all the same.
+    pub fn still_names(&self, sent: &DeliveryTarget) -> bool {
+        match (self, sent) {
+            (Self::Relay(now), Self::Relay(then)) => now.provider() == then.provider() && now.token() == then.token(),
+            (now, then) => now == then,
+        }
+    }
+
     /// Admission check 4 for an APNs or FCM token.
     pub fn check_token(token: &str) -> Result<(), ParseError> {
         check_text(token, ["token is empty", "token is longer than 2048 characters", "token contains a NUL character"])
@@ -226,6 +240,26 @@ mod tests {
         assert!(DeliveryTarget::check_token("a\0b").is_err());
         assert!(DeliveryTarget::check_token(&"é".repeat(2048)).is_ok());
         assert!(DeliveryTarget::check_url_text(&"a".repeat(2049)).is_err());
+    }
+
+    #[test]
+    fn a_relay_registration_is_still_named_while_its_provider_and_token_are() {
+        use crate::domain::{RegistrationInput, RelayRegistration};
+        let relay = |provider, token, sandbox, app_id| {
+            let input = RegistrationInput { provider, token, sandbox, app_id, ..Default::default() };
+            DeliveryTarget::Relay(RelayRegistration::parse(input).unwrap())
+        };
+        let sent = relay("apns", "tok-1", None, None);
+        assert!(sent.still_names(&sent));
+        assert!(relay("apns", "tok-1", Some(true), None).still_names(&sent), "only sandbox changed");
+        assert!(relay("apns", "tok-1", Some(false), Some("im.g.apps")).still_names(&sent), "only app_id changed");
+        assert!(!relay("apns", "tok-2", None, None).still_names(&sent), "another token");
+        assert!(!relay("fcm", "tok-1", None, None).still_names(&sent), "another provider");
+        // Spec 000's channels compare the whole target (PUSH-234).
+        let apns = DeliveryTarget::Apns { token: "tok-1".into() };
+        assert!(apns.still_names(&apns));
+        assert!(!apns.still_names(&DeliveryTarget::Fcm { token: "tok-1".into() }));
+        assert!(!apns.still_names(&sent) && !sent.still_names(&apns));
     }
 
     #[test]

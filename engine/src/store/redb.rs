@@ -440,9 +440,10 @@ impl Store for RedbStore {
         let expected = expected.clone();
         self.write(move |txn| {
             let stored = get_recipient(&txn.open_table(RECIPIENTS).be()?, &expected.id)?;
-            // PUSH-234: channel, token or URL, signing key and secret hash must all still match.
+            // PUSH-234: the target (for a relay registration its provider and
+            // token, 003 §2.4) and the secret hash must still match.
             let unchanged =
-                stored.is_some_and(|s| s.target == expected.target && s.secret_hash == expected.secret_hash);
+                stored.is_some_and(|s| s.target.still_names(&expected.target) && s.secret_hash == expected.secret_hash);
             if unchanged {
                 delete_recipient(txn, &expected.id)?;
             }

@@ -859,8 +859,9 @@ impl Store for ScyllaStore {
             let Some(v) = self.read_static(&expected.id).await? else {
                 return Ok(false);
             };
-            // PUSH-234: channel, token or URL, signing key and secret hash must all still match.
-            if v.recipient.target != expected.target || v.recipient.secret_hash != expected.secret_hash {
+            // PUSH-234: the target (for a relay registration its provider and
+            // token, 003 §2.4) and the secret hash must still match.
+            if !v.recipient.target.still_names(&expected.target) || v.recipient.secret_hash != expected.secret_hash {
                 return Ok(false);
             }
             if self.delete_versioned(&v).await? {

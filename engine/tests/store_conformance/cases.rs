@@ -60,6 +60,7 @@ macro_rules! for_each_case {
             suppression_data_only_with_32_byte_hmac,
             relay_metadata_round_trips,
             relay_registration_round_trips_and_compare_and_deletes,
+            relay_compare_and_delete_compares_provider_and_token_only,
             webpush_subscription_round_trips_and_compare_and_deletes,
             read_window_range_and_limit,
             advance_checkpoint_forward_and_prunes,
@@ -735,6 +736,29 @@ pub async fn relay_registration_round_trips_and_compare_and_deletes<S: Store>(st
     let current = store.recipient(&a).await.unwrap().unwrap();
     assert!(store.delete_recipient_if_unchanged(&current).await.unwrap());
     assert!(store.recipient(&a).await.unwrap().is_none());
+}
+
+/// Spec 003 §1, §2.4: a 404/410 deletes the registration unless the device
+/// registered a different provider or token meanwhile. The same provider
+/// and token with only `sandbox` or `app_id` changed is still the dead one.
+pub async fn relay_compare_and_delete_compares_provider_and_token_only<S: Store>(store: &S) {
+    use fanout_engine::domain::{RegistrationInput, RelayRegistration};
+    let relay = |provider, token, sandbox, app_id| {
+        let input = RegistrationInput { provider, token, sandbox, app_id, ..Default::default() };
+        DeliveryTarget::Relay(RelayRegistration::parse(input).unwrap())
+    };
+    let (a, h) = (rid(33), secret(33));
+    store.register(&a, &h, &relay("apns", "tok-1", Some(false), None), 100).await.unwrap();
+    let sent = store.recipient(&a).await.unwrap().unwrap();
+    store.register(&a, &h, &relay("apns", "tok-1", Some(true), Some("im.g.apps")), 110).await.unwrap();
+    assert!(store.delete_recipient_if_unchanged(&sent).await.unwrap(), "only sandbox and app_id changed: deleted");
+    assert!(store.recipient(&a).await.unwrap().is_none());
+
+    store.register(&a, &h, &relay("apns", "tok-1", None, None), 120).await.unwrap();
+    let sent = store.recipient(&a).await.unwrap().unwrap();
+    store.register(&a, &h, &relay("fcm", "tok-1", None, None), 130).await.unwrap();
+    assert!(!store.delete_recipient_if_unchanged(&sent).await.unwrap(), "another provider: kept");
+    assert!(store.recipient(&a).await.unwrap().is_some());
 }
 
 /// Issue 17: a Web Push subscription (endpoint, p256dh, auth) is stored
