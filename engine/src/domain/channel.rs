@@ -123,8 +123,11 @@ pub enum DeliveryTarget {
         url: WebhookUrl,
         signing_key: SigningKey,
     },
-    /// A device's push route through the operator's push server (003 §1).
-    Relay(RelayRegistration),
+    /// A device's push route through the operator's push server (003 §1),
+    /// `None` once the registration was removed (DELETE, or a 404/410 from
+    /// the push server): the device keeps its subscriptions, gets no push,
+    /// and a later PUT resumes its pushes.
+    Relay(Option<RelayRegistration>),
     /// A browser's Web Push subscription: the push service's endpoint (an
     /// https URL that passed the syntactic webhook checks, PUSH-256) and
     /// its keys.
@@ -154,7 +157,9 @@ impl DeliveryTarget {
     /// loses it all the same.
     pub fn still_names(&self, sent: &DeliveryTarget) -> bool {
         match (self, sent) {
-            (Self::Relay(now), Self::Relay(then)) => now.provider() == then.provider() && now.token() == then.token(),
+            (Self::Relay(Some(now)), Self::Relay(Some(then))) => {
+                now.provider() == then.provider() && now.token() == then.token()
+            }
             (now, then) => now == then,
         }
     }
@@ -247,7 +252,7 @@ mod tests {
         use crate::domain::{RegistrationInput, RelayRegistration};
         let relay = |provider, token, sandbox, app_id| {
             let input = RegistrationInput { provider, token, sandbox, app_id, ..Default::default() };
-            DeliveryTarget::Relay(RelayRegistration::parse(input).unwrap())
+            DeliveryTarget::Relay(Some(RelayRegistration::parse(input).unwrap()))
         };
         let sent = relay("apns", "tok-1", None, None);
         assert!(sent.still_names(&sent));
@@ -260,6 +265,8 @@ mod tests {
         assert!(apns.still_names(&apns));
         assert!(!apns.still_names(&DeliveryTarget::Fcm { token: "tok-1".into() }));
         assert!(!apns.still_names(&sent) && !sent.still_names(&apns));
+        let removed = DeliveryTarget::Relay(None);
+        assert!(!removed.still_names(&sent), "removed already: nothing left to remove");
     }
 
     #[test]

@@ -20,7 +20,7 @@ use crate::channel::pool::Pool;
 use crate::domain::Timestamp;
 use crate::domain::{Channel, DeliveryTarget};
 use crate::metrics::Metrics;
-use crate::store::Store;
+use crate::store::{RegistrationRemoval, Store};
 
 /// Where webhook pushes go; absent when no URL is configured (pushes skipped).
 pub struct Webhook {
@@ -66,7 +66,8 @@ impl Senders {
         let push = &mut taken.push;
         let id = push.recipient.id;
         let recipient = push.recipient.clone();
-        let DeliveryTarget::Relay(registration) = &recipient.target else {
+        // A device without a registration (003 §1: removed) gets no push.
+        let DeliveryTarget::Relay(Some(registration)) = &recipient.target else {
             push.settle();
             self.queue.finished(id);
             return;
@@ -133,9 +134,8 @@ impl Senders {
                 self.queue.finished(id);
             }
             Answer::InvalidToken => {
-                self.counters.invalid_token.inc();
                 self.queue.finished(id);
-                self.delete_if_unchanged(recipient.clone());
+                self.remove_if_unchanged(recipient.clone());
             }
             Answer::Permanent => {
                 self.counters.failed.inc();
@@ -159,17 +159,23 @@ impl Senders {
         }
     }
 
-    /// 003 §2.4 / PUSH-234: delete the registration only if the device still
-    /// has the one that was sent (a re-registration keeps the new one). The
-    /// recipient is the device, so its subscriptions go with it, as for a
-    /// dead APNs or FCM token.
-    fn delete_if_unchanged(&self, recipient: Arc<crate::domain::Recipient>) {
-        let Some(store) = self.store.clone() else { return };
-        let metrics = self.metrics.clone();
+    /// 003 §2.4: remove the registration unless the device registered a
+    /// different provider or token meanwhile. Only the registration goes
+    /// (§1): the device keeps its subscriptions, and a later PUT resumes its
+    /// pushes. Counted once the store has answered, so the count follows
+    /// the removal.
+    fn remove_if_unchanged(&self, recipient: Arc<crate::domain::Recipient>) {
+        let counted = self.counters.invalid_token.clone();
+        let Some(store) = self.store.clone() else {
+            counted.inc();
+            return;
+        };
         tokio::spawn(async move {
-            if let Ok(true) = store.delete_recipient_if_unchanged(&recipient).await {
-                metrics.recipients_deleted.with_label_values(&["relay_invalid_token"]).inc();
+            let removal = RegistrationRemoval::Invalid { sent: (*recipient).clone() };
+            if let Err(e) = store.remove_relay_registration(&removal).await {
+                tracing::warn!(error = %e, "could not remove a relay registration the push server declared invalid");
             }
+            counted.inc();
         });
     }
 }
