@@ -387,6 +387,49 @@ async fn each_answer_row_of_section_2_4() {
     assert_eq!((to(&received, "gone").len(), to(&received, "gone410").len()), (1, 1), "no registration: no push");
 }
 
+/// The push server's first answer is slow (6 s, `timeout_seconds = 4`):
+/// pushes to other devices published while it is pending are not held up
+/// by it. Each leaves at once, and every attempt the hub counts is a
+/// request the push server received.
+#[tokio::test]
+async fn a_slow_first_answer_holds_up_no_other_push() {
+    let scripts = HashMap::from([("slow", vec![ScriptedResponse::status(200).with_delay(Duration::from_secs(6))])]);
+    let relay = relay_setup("timeout_seconds = 4", scripted_by_token(scripts)).await;
+    let (slow_topic, quick_topic) = (named_group("slow-first"), named_group("quick-after"));
+    register(&relay.fanout, &Recipient::random(), "slow", &slow_topic, false).await;
+    for token in ["quick-1", "quick-2", "quick-3"] {
+        register(&relay.fanout, &Recipient::random(), token, &quick_topic, false).await;
+    }
+    let until = async |what: &str, done: &dyn Fn(&[ReceivedRequest], u64) -> bool| {
+        let deadline = tokio::time::Instant::now() + DELIVERY_WAIT;
+        while !done(&relay.receiver.received(), metric(&relay.fanout, "sent").await) {
+            assert!(tokio::time::Instant::now() < deadline, "{what}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    // The host's first request: the slow one, received and not answered.
+    publish(&relay.fanout, vec![envelope(&slow_topic, pb::EnvelopeKind::Application, true)]).await;
+    until("the slow push reached the push server", &|r, _| to(r, "slow").len() == 1).await;
+    publish(&relay.fanout, vec![envelope(&quick_topic, pb::EnvelopeKind::Application, true)]).await;
+    until("the quick pushes were sent", &|_, sent| sent >= 3).await;
+    let attempts = async |outcome: &str| {
+        let (_, text) = relay.fanout.http_get("/metrics").await.unwrap();
+        let series = format!("fanout_attempts_total{{channel=\"relay\",outcome=\"{outcome}\"}} ");
+        text.lines().find_map(|l| l.strip_prefix(&series)?.parse::<u64>().ok()).unwrap_or(0)
+    };
+    assert_eq!(attempts("transient").await, 0, "answered before the first attempt timed out");
+    let received = relay.receiver.received();
+    for token in ["quick-1", "quick-2", "quick-3"] {
+        assert_eq!(to(&received, token).len(), 1, "{token}: one attempt, answered");
+    }
+    assert_eq!(to(&received, "slow").len(), 1);
+    // The slow one timed out after 4 s; its retry (1 s later) is answered.
+    until("the slow push was retried", &|_, sent| sent >= 4).await;
+    let counted = attempts("delivered").await + attempts("transient").await;
+    assert_eq!((attempts("transient").await, counted), (1, 5));
+    assert_eq!(relay.receiver.received().len(), 5, "every counted attempt reached the push server");
+}
+
 /// Spec 003 §1: DELETE and a 404/410 remove the registration, not the
 /// device: it keeps its subscriptions, gets no push while it has no
 /// registration, and a later PUT resumes its pushes without subscribing

@@ -112,17 +112,18 @@ impl Senders {
                 let gauge = self.metrics.in_flight.with_label_values(&[channel]);
                 gauge.inc();
                 let started = Instant::now();
-                // The pool bounds the request to 10 s; `timeout_seconds` may be shorter.
-                let answer = tokio::time::timeout(self.timeout, webhook.pool.send(request)).await;
+                // `timeout_seconds` (at most 10 s) bounds the attempt once it has
+                // its in-flight slot: waiting for one is not an attempt.
+                let answer = webhook.pool.send_within(request, self.timeout).await;
                 gauge.dec();
                 self.metrics.provider_latency.with_label_values(&[channel]).observe(started.elapsed().as_secs_f64());
                 match answer {
-                    Ok(Ok(a)) => {
+                    Ok(a) => {
                         let retry_after = a.headers.get(http::header::RETRY_AFTER).and_then(|v| v.to_str().ok());
                         (classify(a.status.as_u16(), retry_after, SystemTime::now()), Some(a.status.as_u16()))
                     }
                     // 003 §2.4: a timeout or a transport error is retried.
-                    Ok(Err(_)) | Err(_) => (NO_ANSWER, None),
+                    Err(_) => (NO_ANSWER, None),
                 }
             }
         };
