@@ -83,7 +83,7 @@ mod tests {
     use super::*;
 
     fn host(name: &str) -> Authority {
-        Authority::from_maybe_shared(name.to_owned()).unwrap()
+        Authority::try_from(name).unwrap()
     }
 
     #[test]

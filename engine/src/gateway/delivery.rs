@@ -260,7 +260,7 @@ impl Delivery {
         // wake-up was accepted in (a retry may cross into the next window).
         let Some(collapse_key) = self.keys.at(&reg.salt_epoch_id, &reg.push_target_id, now.max(0) as u64) else {
             // Its salt epoch was retired: the registration no longer resolves.
-            return self.finish(&leased, Sent::Revoked).await;
+            return self.finish(leased, Sent::Revoked).await;
         };
         let Some(provider) = self.channels.get(channel).cloned() else {
             // Configuration changed since the wakeup was accepted.

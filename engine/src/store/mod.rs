@@ -143,7 +143,7 @@ pub enum RegistrationRemoval {
     /// A 404/410 from the push server for a push sent to `sent` (§2.4):
     /// only while the stored registration has `sent`'s provider and token
     /// and its secret hash (`DeliveryTarget::still_names`).
-    Invalid { sent: Recipient },
+    Invalid { sent: Arc<Recipient> },
 }
 
 impl RegistrationRemoval {

@@ -741,7 +741,7 @@ pub async fn relay_registration_round_trips_and_compare_and_deletes<S: Store>(st
     }
     let sent = store.recipient(&a).await.unwrap().unwrap();
     store.register(&a, &h, &relay("tok-2", false), 110).await.unwrap();
-    let invalid = |sent: &Recipient| RegistrationRemoval::Invalid { sent: sent.clone() };
+    let invalid = |sent: &Recipient| RegistrationRemoval::Invalid { sent: std::sync::Arc::new(sent.clone()) };
     assert!(!store.remove_relay_registration(&invalid(&sent)).await.unwrap(), "re-registered: kept");
     assert_eq!(store.recipient(&a).await.unwrap().unwrap().target, relay("tok-2", false));
     let current = store.recipient(&a).await.unwrap().unwrap();
@@ -755,7 +755,7 @@ pub async fn relay_registration_round_trips_and_compare_and_deletes<S: Store>(st
 /// and token with only `sandbox` or `app_id` changed is still the dead one.
 pub async fn relay_compare_and_delete_compares_provider_and_token_only<S: Store>(store: &S) {
     let (a, h) = (rid(33), secret(33));
-    let invalid = |sent: &Recipient| RegistrationRemoval::Invalid { sent: sent.clone() };
+    let invalid = |sent: &Recipient| RegistrationRemoval::Invalid { sent: std::sync::Arc::new(sent.clone()) };
     store.register(&a, &h, &relay_target("apns", "tok-1", Some(false), None), 100).await.unwrap();
     let sent = store.recipient(&a).await.unwrap().unwrap();
     store.register(&a, &h, &relay_target("apns", "tok-1", Some(true), Some("im.g.apps")), 110).await.unwrap();

@@ -172,7 +172,7 @@ impl Senders {
             return;
         };
         tokio::spawn(async move {
-            let removal = RegistrationRemoval::Invalid { sent: (*recipient).clone() };
+            let removal = RegistrationRemoval::Invalid { sent: recipient };
             if let Err(e) = store.remove_relay_registration(&removal).await {
                 tracing::warn!(error = %e, "could not remove a relay registration the push server declared invalid");
             }
