@@ -98,6 +98,11 @@ impl TryFrom<RawStation> for StationSettings {
 /// tokens file, or the account id a trusted front proxy put in its header
 /// (the proxy authenticated the session; a request from any other peer that
 /// carries the header is refused, not trusted).
+///
+/// §3.1 also asks that the service DID equal `account_id.station_id`. The
+/// account id is opaque text here (the seed does not define its
+/// structure), so that check is the verifier's: it must assert only
+/// accounts of `station.service_id` (docs/GATEWAY.md reading 27).
 pub struct Session {
     tokens: HashMap<[u8; 32], AccountId>,
     proxy_header: Option<header::HeaderName>,

@@ -261,7 +261,9 @@ fn start_gateway(
     engine: &Engine,
     shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<(Option<gateway::GatewayState>, Option<tokio::task::JoinHandle<()>>)> {
+    use fanout_engine::gateway::SaltSecrets;
     use fanout_engine::gateway::delivery::{Delivery, DeliverySettings};
+    use fanout_engine::gateway::egress::CollapseKeys;
     use fanout_engine::gateway::service::{DEFAULT_MAX_IN_FLIGHT, GatewayService};
     let Some(settings) = &config.engine.gateway else {
         anyhow::ensure!(config.station.is_none(), "[station] needs [engine.gateway]");
@@ -269,10 +271,20 @@ fn start_gateway(
     };
     let registry = engine.registry();
     let (store, channels, metrics) = (registry.store.clone(), registry.channels.clone(), engine.metrics());
-    let delivery = Delivery::new(store.clone(), channels.clone(), DeliverySettings::default(), metrics.clone());
-    let service =
-        GatewayService::new(settings.clone(), store, channels, delivery.clone(), DEFAULT_MAX_IN_FLIGHT, metrics)
-            .context("engine.gateway.salt_secrets")?;
+    let secrets =
+        SaltSecrets::load(&settings.salt_epoch, settings.salt_secret_files()).context("engine.gateway.salt_secrets")?;
+    let secrets = Arc::new(secrets);
+    let keys = CollapseKeys::new(secrets.clone(), settings.window);
+    let delivery = Delivery::new(store.clone(), channels.clone(), DeliverySettings::default(), keys, metrics.clone());
+    let service = GatewayService::new(
+        settings.clone(),
+        secrets,
+        store,
+        channels,
+        delivery.clone(),
+        DEFAULT_MAX_IN_FLIGHT,
+        metrics,
+    );
     let station = match &config.station {
         Some(s) => Some(Arc::new((s.clone(), gateway::Session::load(s).context("station.session_tokens_file")?))),
         None => None,

@@ -210,10 +210,13 @@ async fn put_registration(State(state): State<ApiState>, headers: HeaderMap, bod
     respond(&state, "put_registration", result.map(|_| ()))
 }
 
+/// 003 §1: DELETE removes the registration, not the device: its
+/// subscriptions stay for a later PUT, and with nothing registered it is
+/// 204 all the same.
 async fn delete_registration(State(state): State<ApiState>, headers: HeaderMap) -> Response {
     let result = async {
         let (id, secret) = credentials(&headers)?;
-        state.registry.unregister(&id, &secret).await.map_err(admission_problem)
+        state.registry.remove_relay_registration(&id, &secret).await.map_err(admission_problem)
     }
     .await;
     respond(&state, "delete_registration", result)

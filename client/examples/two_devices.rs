@@ -6,7 +6,10 @@
 //!    state file, enable webhook notifications, join two groups and sync;
 //! 3. Alice publishes to one group with a sender HMAC: Bob's device is
 //!    woken, Alice's is not; Bob answers: Alice's device is woken, Bob's not;
-//! 4. both disable again.
+//! 4. Bob's phone reports its zone as `Europe/Kiev`, an alias in tzdb
+//!    2025b: his quiet-hours schedule is written with the canonical name
+//!    (`dnd::canonical_zone_name`), which every reader accepts;
+//! 5. both disable again.
 //!
 //! First run (writes `fanout.toml` and the CA, and says how to start fanout):
 //!
@@ -25,6 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
+use fanout_client::dnd::{DndSetting, canonical_zone_name};
 use fanout_client::{
     BackendConfig, ClientConfig, ConsentState, Conversation, ConversationKind, Conversations, DeliveryTarget, Error,
     GroupId, HostParts, JsonFileStore, Keys, NotificationClient, Outgoing, Publisher, RootKey, RuleOptions,
@@ -224,6 +228,20 @@ async fn main() -> anyhow::Result<()> {
         bail!("a device was woken by its own message");
     }
     println!("neither device was woken by its own message: sender suppression works");
+
+    // Bob's quiet hours, in the zone his phone reports. Spec 002 §7 refuses
+    // aliases in a schedule, so the app maps the reported name first.
+    let reported = "Europe/Kiev";
+    let zone = canonical_zone_name(reported).with_context(|| format!("{reported} is no tzdb 2025b zone"))?;
+    let schedule = serde_json::json!({"dnd": {
+        "enabled": true,
+        "schedule": {"timezone": zone, "tzdb_version": "2025b", "all_day": false,
+                     "periods": [{"start": "22:00", "end": "07:00"}]},
+        "exceptions": [],
+    }});
+    let mut dnd = DndSetting::default();
+    dnd.update(schedule.to_string().as_bytes())?;
+    println!("{}: phone reports {reported}; quiet hours 22:00-07:00 stored in {zone}", bob.0.name);
 
     for (device, client, _, _) in &devices {
         client.disable().await?;

@@ -8,6 +8,11 @@
 //! name must be canonical, a `Zone` of 2025b: the list in
 //! `data/tzdb-2025b-zones.txt` was taken from the 2025b sources chrono-tz
 //! ships; links such as `Asia/Chongqing` or `US/Eastern` are refused.
+//!
+//! Phones report the zone their OS database names, often a 2025b link
+//! (`Europe/Kiev`, `Asia/Kuala_Lumpur`, `Europe/Amsterdam`): an app turns
+//! it into the canonical name with [`canonical_zone_name`] before it writes
+//! a schedule, so the value it stores is one every reader accepts.
 
 use std::collections::BTreeSet;
 use std::str::FromStr;
@@ -22,6 +27,8 @@ use crate::push_rules::{Decision, EventContext, RuleSet, evaluate};
 pub const TZDB_VERSION: &str = "2025b";
 
 const ZONES: &str = include_str!("../data/tzdb-2025b-zones.txt");
+/// The 2025b `Link` lines, `alias<TAB>canonical`.
+const LINKS: &str = include_str!("../data/tzdb-2025b-links.txt");
 
 const MINUTES_PER_DAY: u16 = 24 * 60;
 
@@ -74,6 +81,23 @@ pub fn canonical_zone(name: &str) -> Option<Tz> {
     let listed = ZONES.lines().any(|l| !l.starts_with('#') && l == name);
     // chrono-tz parses case-sensitively (its case-insensitive feature is off).
     if listed { Tz::from_str(name).ok() } else { None }
+}
+
+/// The canonical tzdb 2025b name of a zone name a device reports: the name
+/// itself when it is canonical, the zone it links to when it is a 2025b
+/// alias (`Europe/Kiev` → `Europe/Kyiv`, `Asia/Kuala_Lumpur` →
+/// `Asia/Singapore`, `Europe/Amsterdam` → `Europe/Brussels`, `UTC` →
+/// `Etc/UTC`), else `None` (unknown names, abbreviations such as `CST`,
+/// `local`, wrong case). For writing a schedule only: a schedule read with
+/// [`Dnd::parse`] must still name the canonical zone (§7 refuses aliases).
+pub fn canonical_zone_name(reported: &str) -> Option<&'static str> {
+    let canonical = ZONES.lines().find(|l| !l.starts_with('#') && *l == reported);
+    canonical.or_else(|| {
+        LINKS
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .find_map(|l| l.split_once('\t').filter(|(alias, _)| *alias == reported).map(|(_, zone)| zone))
+    })
 }
 
 #[derive(Deserialize)]
@@ -370,6 +394,42 @@ mod tests {
             assert_eq!(code(parse(bad, &[("22:00", "08:00")])), DndErrorCode::InvalidTimezone, "{bad}");
         }
         assert!(parse("Etc/UTC", &[("22:00", "08:00")]).is_ok());
+    }
+
+    #[test]
+    fn reported_aliases_map_to_their_canonical_zone() {
+        assert_eq!(canonical_zone_name("Europe/Kiev"), Some("Europe/Kyiv"));
+        assert_eq!(canonical_zone_name("Asia/Kuala_Lumpur"), Some("Asia/Singapore"));
+        assert_eq!(canonical_zone_name("Europe/Amsterdam"), Some("Europe/Brussels"));
+        assert_eq!(canonical_zone_name("Asia/Calcutta"), Some("Asia/Kolkata"));
+        assert_eq!(canonical_zone_name("US/Eastern"), Some("America/New_York"));
+        assert_eq!(canonical_zone_name("UTC"), Some("Etc/UTC"));
+        assert_eq!(canonical_zone_name("Asia/Shanghai"), Some("Asia/Shanghai"), "canonical stays");
+        for unknown in ["europe/kiev", "CST", "local", "Mars/Olympus", "", "Europe/Kiev\tEurope/Kyiv"] {
+            assert_eq!(canonical_zone_name(unknown), None, "{unknown:?}");
+        }
+        // The mapped name is what a schedule must carry; the alias is still refused.
+        assert!(parse(canonical_zone_name("Europe/Kiev").unwrap(), &[("22:00", "08:00")]).is_ok());
+        assert_eq!(code(parse("Europe/Kiev", &[("22:00", "08:00")])), DndErrorCode::InvalidTimezone);
+    }
+
+    #[test]
+    fn every_2025b_link_names_a_canonical_zone_with_the_same_offsets() {
+        let links: Vec<(&str, &str)> =
+            LINKS.lines().filter(|l| !l.starts_with('#')).map(|l| l.split_once('\t').unwrap()).collect();
+        assert_eq!(links.len(), 257);
+        // Every bundled name is either a listed zone or a listed link.
+        assert_eq!(chrono_tz::TZ_VARIANTS.len(), 340 + links.len());
+        let instants = ["2000-01-01T00:00:00Z", "2025-01-15T12:00:00Z", "2025-07-15T12:00:00Z"].map(at);
+        for (alias, zone) in links {
+            assert!(canonical_zone(alias).is_none(), "{alias} is not canonical");
+            assert_eq!(canonical_zone_name(alias), Some(zone));
+            let (a, z) = (Tz::from_str(alias).unwrap(), canonical_zone(zone).expect(zone));
+            for t in instants {
+                let offset = |tz: Tz| tz.from_utc_datetime(&t.naive_utc()).naive_local();
+                assert_eq!(offset(a), offset(z), "{alias} and {zone} at {t}");
+            }
+        }
     }
 
     #[test]

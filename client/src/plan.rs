@@ -165,6 +165,8 @@ mod tests {
         assert_eq!(plan(&want, &at(Some(654), Some(root_id(1))), &next_epoch).adds.len(), 1, "656 ≥ 654 + 2");
         assert_eq!(plan(&want, &at(Some(654), Some(root_id(2))), &inputs()).adds.len(), 1, "root key changed");
         assert_eq!(plan(&want, &at(None, None), &inputs()).adds.len(), 1, "the root key arrived");
+        let clock_back = PlanInputs { current_epoch: HmacEpoch(652), ..inputs() };
+        assert_eq!(plan(&want, &at(Some(654), Some(root_id(1))), &clock_back).adds.len(), 1, "653 < 654");
         let no_root = PlanInputs { root_key_id: None, ..inputs() };
         assert!(plan(&want, &at(None, None), &no_root).adds.is_empty(), "still no key: nothing new to send");
     }

@@ -148,10 +148,15 @@ impl KeyWindow {
     }
 }
 
-/// PUSH-229's re-upload rule: a window uploaded with `base` no longer covers
-/// the epoch after the current one once current ≥ base + 2.
+/// PUSH-229's re-upload rule: a window uploaded with `base` holds base,
+/// base+1 and base+2, and must be sent again once it no longer covers the
+/// epoch after the current one — in either direction. Time moving on lapses
+/// it at current ≥ base + 2; the device clock moving back (a window uploaded
+/// while the clock ran fast) lapses it at current ≤ base − 2, else
+/// suppression would fail open until time caught up with the window.
 pub fn window_lapses(base: HmacEpoch, current: HmacEpoch) -> bool {
-    current.0 >= base.0 + 2
+    let next = current.0.saturating_add(1);
+    next < base.0 || next > base.0.saturating_add(2)
 }
 
 #[cfg(test)]
@@ -181,6 +186,18 @@ mod tests {
         assert!(!window_lapses(base, HmacEpoch::at_unix_seconds(1_700_351_999)));
         assert_eq!(HmacEpoch(656).start_unix_seconds(), 1_700_352_000);
         assert!(window_lapses(base, HmacEpoch::at_unix_seconds(1_700_352_000)));
+    }
+
+    #[test]
+    fn a_window_lapses_when_the_clock_moves_back_past_it() {
+        // Uploaded while the clock ran 60+ days fast: current 657, base 656.
+        let base = HmacEpoch(656);
+        assert!(!window_lapses(base, HmacEpoch(657)));
+        assert!(!window_lapses(base, HmacEpoch(655)), "the next epoch, 656, is still the window's first");
+        assert!(window_lapses(base, HmacEpoch(654)), "the next epoch, 655, lies before the window");
+        assert!(window_lapses(base, HmacEpoch(600)));
+        assert!(window_lapses(HmacEpoch(i64::MAX), HmacEpoch(0)));
+        assert!(!window_lapses(HmacEpoch(i64::MAX - 1), HmacEpoch(i64::MAX)), "no overflow at the edge");
     }
 
     #[test]

@@ -15,7 +15,7 @@ use crate::domain::{
     WebhookUrl,
 };
 use crate::metrics::{Limit, Metrics};
-use crate::store::{MAX_SUBSCRIPTION_CHANGES, Store, StoreError};
+use crate::store::{MAX_SUBSCRIPTION_CHANGES, RegistrationRemoval, Store, StoreError};
 
 /// `engine.max_subscription_changes`: the most adds plus removes one
 /// UpdateSubscriptions may carry (issue 11), 1000 to 65534, default 2000.
@@ -175,6 +175,24 @@ impl Registry {
         Ok(())
     }
 
+    /// 003 §1 `DELETE /v2/push/registration`: PUSH-253 rows 1–3, then the
+    /// registration is removed and the device kept with its subscriptions
+    /// (spec 000's Unregister, PUSH-207, deletes the recipient instead). A
+    /// device with nothing registered, or unknown, has nothing to remove:
+    /// that is success too, as §1 answers 204.
+    pub async fn remove_relay_registration(
+        &self,
+        recipient_id: &[u8],
+        recipient_secret: &[u8],
+    ) -> Result<(), AdmissionError> {
+        let (id, secret) = parse_credentials(recipient_id, recipient_secret)?;
+        let removal = RegistrationRemoval::Deleted { id, secret_hash: secret.hash() };
+        match self.store.remove_relay_registration(&removal).await {
+            Ok(_) | Err(StoreError::NotFound) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// PUSH-253 rows 1–4 (with the request's size in row 4) then PUSH-216/217.
     pub async fn update_subscriptions(
         &self,
@@ -248,10 +266,10 @@ impl Registry {
                 DeliveryTarget::Http { url, signing_key }
             }
             DeliveryInput::Relay(input) => {
-                DeliveryTarget::Relay(RelayRegistration::parse(input).map_err(AdmissionError::InvalidField)?)
+                DeliveryTarget::Relay(Some(RelayRegistration::parse(input).map_err(AdmissionError::InvalidField)?))
             }
             DeliveryInput::WebPush { endpoint, p256dh, auth } => {
-                DeliveryTarget::check_url_text(endpoint)?;
+                DeliveryTarget::check_endpoint_text(endpoint)?;
                 let keys = WebPushKeys::parse(p256dh, auth)?;
                 let endpoint = WebhookUrl::parse(endpoint)
                     .map_err(|e| AdmissionError::InvalidArgument(e.describe("webpush endpoint")))?;
@@ -321,7 +339,7 @@ mod tests {
             let text = match target {
                 DeliveryTarget::Http { url, .. } => url.as_str(),
                 DeliveryTarget::Apns { token } | DeliveryTarget::Fcm { token } => token,
-                DeliveryTarget::Relay(r) => r.token(),
+                DeliveryTarget::Relay(r) => r.as_ref().map_or("", RelayRegistration::token),
                 DeliveryTarget::WebPush { endpoint, .. } => endpoint.as_str(),
             };
             if text.contains("blocked") {
@@ -424,7 +442,7 @@ mod tests {
         let state = r.register(&ID, &SECRET, relay("fcm", "device-token")).await.unwrap();
         assert_eq!((state.channel, state.topic_count), (Channel::Relay, 1), "replaced, subscriptions kept");
         let stored = r.store.recipient(&RecipientId::from_bytes(ID)).await.unwrap().unwrap();
-        let DeliveryTarget::Relay(reg) = stored.target else { panic!("a relay target") };
+        let DeliveryTarget::Relay(Some(reg)) = stored.target else { panic!("a relay target") };
         assert_eq!((reg.provider(), reg.token(), reg.app_id()), ("fcm", "device-token", None));
     }
 

@@ -252,6 +252,31 @@ async fn a_new_epoch_or_a_new_root_key_re_uploads_the_key_window() {
 }
 
 #[tokio::test]
+async fn a_window_uploaded_while_the_clock_ran_fast_goes_again_when_it_moves_back() {
+    let (_engine, tap) = engine_and_tap("").await;
+    let s = client(tap.addr);
+    s.host.join(&group(1), Group, Allowed);
+    let rules = RuleOptions { include_welcomes: Some(false), ..RuleOptions::default() };
+    // Three epochs (90 days) fast when the window is first uploaded.
+    s.clock.advance(3 * 2_592_000);
+    s.client.enable(webhook_target(), rules).await.unwrap();
+    s.client.sync_now().await.unwrap();
+    let fast_base = tap.calls().last().unwrap().update().unwrap().0[0].hmac_epoch_base;
+    assert_eq!(fast_base, current_epoch(&s) - 1);
+
+    // The clock is set right: the window starts after the next epoch, so it
+    // no longer covers it and goes again (PUSH-229).
+    s.clock.advance(-3 * 2_592_000);
+    let before = tap.count();
+    s.client.sync_now().await.unwrap();
+    let calls = tap.calls_since(before);
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    let sub = &calls[0].update().unwrap().0[0];
+    assert_eq!((sub.hmac_keys.len(), sub.hmac_epoch_base), (3, current_epoch(&s) - 1));
+    assert_eq!(sub.hmac_epoch_base, fast_base - 3);
+}
+
+#[tokio::test]
 async fn a_run_renews_before_expiry_and_at_once_when_started_after_it() {
     let (_engine, tap) = engine_and_tap("").await;
     let s = client(tap.addr);

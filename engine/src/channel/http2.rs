@@ -27,6 +27,7 @@ use http::uri::{Authority, Scheme};
 use http::{HeaderValue, Request, Response, Uri};
 use hyper::body::Frame;
 use hyper_rustls::{HttpsConnector, MaybeHttpsStream};
+use hyper_util::client::legacy::connect::Connection as _;
 use hyper_util::rt::TokioIo;
 use tokio::time::Instant;
 use tower_service::Service as _;
@@ -55,11 +56,18 @@ pub enum Http2Error {
     Connect(BoxError),
     #[error("HTTP/2: {0}")]
     Protocol(#[from] h2::Error),
+    /// A probing client's connection negotiated HTTP/1.1 (or no TLS): the
+    /// request was not sent, and goes through an HTTP/1.1 client instead.
+    #[error("the host speaks HTTP/1.1")]
+    Http1,
 }
 
 /// One lane's HTTP/2 connections, one per scheme and host.
 pub struct Http2Client {
     connector: HttpsConnector<CountingConnector>,
+    /// The connector offers http/1.1 too, and a connection that does not
+    /// negotiate h2 is refused with `Http2Error::Http1` (`probing`).
+    offers_http1: bool,
     idle_timeout: Duration,
     hosts: Arc<Mutex<HashMap<HostKey, Arc<Host>>>>,
 }
@@ -97,6 +105,9 @@ struct Host {
     /// failed meanwhile fails with it instead of trying again in turn, so a
     /// burst to a dead host costs one connect, not one per request in line.
     failed_connects: AtomicU64,
+    /// A probing client's connect negotiated HTTP/1.1: requests that waited
+    /// for it learn that, not a connect failure.
+    http1: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Clone)]
@@ -152,7 +163,17 @@ impl Http2Client {
     /// `connector` must offer only h2 by ALPN (a plain `http://` host is
     /// spoken to with prior knowledge, as hyper's HTTP/2-only client does).
     pub fn new(connector: HttpsConnector<CountingConnector>, idle_timeout: Duration) -> Self {
-        Self { connector, idle_timeout, hosts: Arc::default() }
+        Self { connector, offers_http1: false, idle_timeout, hosts: Arc::default() }
+    }
+
+    /// For hosts whose protocol is not known yet: `connector` offers h2 and
+    /// http/1.1 by ALPN. A host that picks h2 gets its one shared connection
+    /// as with `new`; one that picks http/1.1 (or a plain `http://` host)
+    /// fails the request with `Http2Error::Http1` before it is sent, and so
+    /// does every request that waited for that connect. So a host's
+    /// protocol is learned from its connection, never from an answer.
+    pub fn probing(connector: HttpsConnector<CountingConnector>, idle_timeout: Duration) -> Self {
+        Self { connector, offers_http1: true, idle_timeout, hosts: Arc::default() }
     }
 
     /// Sends `request` with its whole body and waits for the answer's head.
@@ -237,11 +258,17 @@ impl Http2Client {
         if let Some(live) = host.current() {
             return Ok(live);
         }
+        if host.http1.load(Ordering::Acquire) {
+            return Err(Http2Error::Http1);
+        }
         if host.failed_connects.load(Ordering::Acquire) != failed_before {
             return Err(Http2Error::Connect("the connection this request waited for failed".into()));
         }
-        let (send, connection) = self.open(key).await.inspect_err(|_| {
-            host.failed_connects.fetch_add(1, Ordering::AcqRel);
+        let (send, connection) = self.open(key).await.inspect_err(|e| match e {
+            Http2Error::Http1 => host.http1.store(true, Ordering::Release),
+            _ => {
+                host.failed_connects.fetch_add(1, Ordering::AcqRel);
+            }
         })?;
         let live = Live { id: NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed), send, used: Arc::new(LastUse::new()) };
         *host.live.lock().expect("a host's lock is never poisoned") = Some(live.clone());
@@ -262,6 +289,11 @@ impl Http2Client {
         let mut connector = self.connector.clone();
         std::future::poll_fn(|cx| connector.poll_ready(cx)).await.map_err(Http2Error::Connect)?;
         let stream = connector.call(key.uri()).await.map_err(Http2Error::Connect)?;
+        if self.offers_http1 && !stream.connected().is_negotiated_h2() {
+            // Dropped: the HTTP/1.1 client opens its own (one handshake per
+            // HTTP/1.1 host, paid once per lane).
+            return Err(Http2Error::Http1);
+        }
         let handshake = h2::client::Builder::new()
             .enable_push(false)
             .initial_max_send_streams(INITIAL_MAX_STREAMS)

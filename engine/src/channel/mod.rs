@@ -20,6 +20,7 @@ mod outcome;
 pub mod pool;
 pub mod relay;
 pub mod relayed;
+mod retry_after;
 mod settings;
 pub(crate) mod tls;
 pub mod webpush;

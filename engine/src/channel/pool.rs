@@ -198,6 +198,19 @@ pub fn http2_client(
     Http2Client::new(connector(tls, Protocols::Http2, resolver, opened, allow_plain_http), idle_timeout)
 }
 
+/// The HTTP/2 client of a pool whose hosts may speak HTTP/1.1: its
+/// connector offers both, and a host that picks http/1.1 is told apart on
+/// the connection, before any request is sent (`alpn`).
+fn probing_http2_client(
+    tls: rustls::ClientConfig,
+    idle_timeout: Duration,
+    resolver: Resolver,
+    opened: Option<IntCounter>,
+    allow_plain_http: bool,
+) -> Http2Client {
+    Http2Client::probing(connector(tls, Protocols::Http1Or2, resolver, opened, allow_plain_http), idle_timeout)
+}
+
 /// TCP (counted, checked or system-resolved) then TLS offering `protocols`
 /// by ALPN.
 fn connector(
@@ -234,7 +247,15 @@ pub struct Answer {
 /// `Timeout` it moves it into, twice the size (3,336 bytes instead of
 /// about 1,700 for a pool request), allocated for every attempt.
 pub fn bounded<T>(request: impl Future<Output = Result<T, SendError>>) -> impl Future<Output = Result<T, SendError>> {
-    tokio::time::timeout(ATTEMPT_TIMEOUT, request).map(|answer| answer.unwrap_or(Err(SendError::Timeout)))
+    within(ATTEMPT_TIMEOUT, request)
+}
+
+/// `bounded` with a bound of the caller's.
+fn within<T>(
+    bound: Duration,
+    request: impl Future<Output = Result<T, SendError>>,
+) -> impl Future<Output = Result<T, SendError>> {
+    tokio::time::timeout(bound, request).map(|answer| answer.unwrap_or(Err(SendError::Timeout)))
 }
 
 /// Sends a request and reads the whole (capped) answer.
@@ -336,7 +357,7 @@ impl Pool {
         let with_alpn = options.client.protocols == Protocols::Http1Or2;
         let lanes = (0..options.connections.get())
             .map(|_| Lane {
-                http2: http2_client(
+                http2: (if with_alpn { probing_http2_client } else { http2_client })(
                     tls.clone(),
                     options.client.idle_timeout,
                     resolver.clone(),
@@ -359,8 +380,16 @@ impl Pool {
     /// attempt), then sends and reads the (capped) body within
     /// `ATTEMPT_TIMEOUT` (spec 000 section 7: every attempt is bounded).
     pub async fn send(&self, req: Request<Bytes>) -> Result<Answer, SendError> {
+        self.send_within(req, ATTEMPT_TIMEOUT).await
+    }
+
+    /// `send` with the attempt bounded to `bound` (at most `ATTEMPT_TIMEOUT`):
+    /// the wait for a slot and the rate limit is not part of it, so an
+    /// attempt that times out is one whose request had its whole bound to
+    /// leave and be answered.
+    pub async fn send_within(&self, req: Request<Bytes>, bound: Duration) -> Result<Answer, SendError> {
         let _permit = self.slot().await;
-        bounded(async { Ok(read_answer(self.request(req).await?).await) }).await
+        within(bound.min(ATTEMPT_TIMEOUT), async { Ok(read_answer(self.request(req).await?).await) }).await
     }
 
     /// Like `send`, but the answer is decided on the status line, and the
@@ -405,14 +434,19 @@ impl Pool {
 
     /// Sends on the next lane: to an HTTP/2 host through its HTTP/2 client
     /// (one connection per host, opened once), to an HTTP/1.1 host through
-    /// its ALPN client, and the first request to an unknown host alone
-    /// (`alpn`).
+    /// its ALPN client. A request to an unknown host goes through the
+    /// probing HTTP/2 client: it waits at most for that host's connection
+    /// (its ALPN result), never for another request's answer, and is sent
+    /// at once over h2, or through the ALPN client when the host picked
+    /// http/1.1 (`alpn`).
     async fn request(&self, req: Request<Bytes>) -> Result<hyper::Response<AnswerBody>, SendError> {
         let lane = &self.lanes[self.next.fetch_add(1, Ordering::Relaxed) % self.lanes.len()];
         let (Some(hosts), Some(alpn), Some(host)) = (&self.hosts, &lane.alpn, req.uri().authority().cloned()) else {
             return Ok(lane.http2.request(req).await?.map(AnswerBody::Http2));
         };
-        match hosts.route(&host).await {
+        let over_http1 = async |req: Request<Bytes>| Ok(alpn.request(req.map(Full::new)).await?.map(AnswerBody::Hyper));
+        match hosts.route(&host) {
+            Route::Http1 => over_http1(req).await,
             Route::Http2 => match lane.http2.request(req).await {
                 Ok(response) => Ok(response.map(AnswerBody::Http2)),
                 Err(e) => {
@@ -420,11 +454,20 @@ impl Pool {
                     Err(e.into())
                 }
             },
-            Route::Alpn => Ok(alpn.request(req.map(Full::new)).await?.map(AnswerBody::Hyper)),
-            Route::Learn(first) => {
-                let response = alpn.request(req.map(Full::new)).await?;
-                first.learned(response.version());
-                Ok(response.map(AnswerBody::Hyper))
+            Route::Probe => {
+                // Kept until the connection says which client sends it.
+                let copy = copy_of(&req);
+                match lane.http2.request(req).await {
+                    Ok(response) => {
+                        hosts.learned(&host, http::Version::HTTP_2);
+                        Ok(response.map(AnswerBody::Http2))
+                    }
+                    Err(Http2Error::Http1) => {
+                        hosts.learned(&host, http::Version::HTTP_11);
+                        over_http1(copy).await
+                    }
+                    Err(e) => Err(e.into()),
+                }
             }
         }
     }
@@ -441,8 +484,19 @@ impl Pool {
     }
 }
 
-/// An answer's body: from the ALPN client (HTTP/1.1, or a host's first
-/// request) or from an HTTP/2 stream.
+/// A request as it was before it was handed to a client: the body is
+/// shared, the head copied.
+fn copy_of(req: &Request<Bytes>) -> Request<Bytes> {
+    let mut copy = Request::new(req.body().clone());
+    *copy.method_mut() = req.method().clone();
+    *copy.uri_mut() = req.uri().clone();
+    *copy.version_mut() = req.version();
+    *copy.headers_mut() = req.headers().clone();
+    copy
+}
+
+/// An answer's body: from the ALPN client (HTTP/1.1) or from an HTTP/2
+/// stream.
 pub enum AnswerBody {
     Hyper(hyper::body::Incoming),
     Http2(Http2Body),
@@ -606,8 +660,8 @@ mod tests {
     }
 
     /// A burst of 200 requests to a new host opens one connection to learn
-    /// its protocol and, for an HTTP/2 host, one more that all the others
-    /// share (hyper-util's ALPN client alone opened one per request).
+    /// its protocol, which an HTTP/2 host's requests all share (hyper-util's
+    /// ALPN client alone opened one per request).
     #[tokio::test]
     async fn a_burst_to_a_new_host_opens_connections_by_protocol_not_by_request() {
         use fanout_testkit::mock::webhook::{self as mock, MockWebhookConfig};
@@ -628,11 +682,47 @@ mod tests {
             let host = http::Uri::try_from(url.as_str()).unwrap().authority().cloned().unwrap();
             assert_eq!(pool.hosts.as_ref().unwrap().knows(&host), Some(version));
             if version == http::Version::HTTP_2 {
-                assert_eq!(opened.get(), 2, "the learning request's connection and the shared HTTP/2 one");
+                assert_eq!(opened.get(), 1, "the probing connection is the shared HTTP/2 one");
             } else {
-                // HTTP/1.1: one connection per request in flight, reused.
-                assert!(opened.get() >= 1 && opened.get() <= 200, "{}", opened.get());
+                // HTTP/1.1: the probing connection, then one per request in flight, reused.
+                assert!(opened.get() >= 2 && opened.get() <= 201, "{}", opened.get());
+                assert!(receiver.received().iter().all(|r| r.version == "HTTP/1.1"));
             }
+        }
+    }
+
+    /// A slow first answer from a new host holds up no other request to it:
+    /// a request waits at most for the host's connection (its ALPN result),
+    /// never for another request's answer, and each request leaves at once.
+    #[tokio::test]
+    async fn a_slow_first_answer_from_a_new_host_holds_up_no_other_request() {
+        use fanout_testkit::ScriptedResponse;
+        use fanout_testkit::mock::webhook::{self as mock, MockWebhookConfig};
+        for receiver in [MockWebhookConfig::default(), MockWebhookConfig::http1_only()] {
+            let pki = fanout_testkit::TestPki::generate(&[]).unwrap();
+            let dir = tempfile::tempdir().unwrap();
+            let receiver = mock::start(&pki, receiver).await.unwrap();
+            receiver.script("/slow", vec![ScriptedResponse::status(200).with_delay(Duration::from_secs(5))]);
+            let (pool, _) = webhook_pool(&pki, &dir);
+            let slow = pool.send(post(&receiver.url("/slow")));
+            tokio::pin!(slow);
+            // The slow request is the host's first, and has left.
+            while receiver.received_count() == 0 {
+                tokio::select! {
+                    answer = &mut slow => panic!("answered before it was received: {answer:?}"),
+                    () = tokio::time::sleep(Duration::from_millis(10)) => {}
+                }
+            }
+            let fast = async {
+                let answers = futures::future::join_all((0..3).map(|_| pool.send(post(&receiver.url("/fast"))))).await;
+                answers.into_iter().map(|a| a.unwrap().status).collect::<Vec<_>>()
+            };
+            tokio::select! {
+                answer = &mut slow => panic!("the others waited for the first answer: {answer:?}"),
+                statuses = fast => assert_eq!(statuses, [StatusCode::OK; 3]),
+            }
+            assert_eq!(receiver.received_count(), 4, "every request left while the first was unanswered");
+            assert_eq!(slow.await.unwrap().status, StatusCode::OK);
         }
     }
 }

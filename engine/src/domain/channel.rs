@@ -123,8 +123,11 @@ pub enum DeliveryTarget {
         url: WebhookUrl,
         signing_key: SigningKey,
     },
-    /// A device's push route through the operator's push server (003 §1).
-    Relay(RelayRegistration),
+    /// A device's push route through the operator's push server (003 §1),
+    /// `None` once the registration was removed (DELETE, or a 404/410 from
+    /// the push server): the device keeps its subscriptions, gets no push,
+    /// and a later PUT resumes its pushes.
+    Relay(Option<RelayRegistration>),
     /// A browser's Web Push subscription: the push service's endpoint (an
     /// https URL that passed the syntactic webhook checks, PUSH-256) and
     /// its keys.
@@ -145,6 +148,22 @@ impl DeliveryTarget {
         }
     }
 
+    /// Compare-and-delete: whether a dead-token answer to a push sent to
+    /// `sent` still applies to this, the stored target. Spec 000's channels
+    /// (PUSH-234) need the whole target unchanged. A relay registration is
+    /// removed "unless the device registered a different provider or token
+    /// meanwhile" (003 §1, §2.4): only those two count, so a device that
+    /// re-registered the dead token with another `sandbox` or `app_id`
+    /// loses it all the same.
+    pub fn still_names(&self, sent: &DeliveryTarget) -> bool {
+        match (self, sent) {
+            (Self::Relay(Some(now)), Self::Relay(Some(then))) => {
+                now.provider() == then.provider() && now.token() == then.token()
+            }
+            (now, then) => now == then,
+        }
+    }
+
     /// Admission check 4 for an APNs or FCM token.
     pub fn check_token(token: &str) -> Result<(), ParseError> {
         check_text(token, ["token is empty", "token is longer than 2048 characters", "token contains a NUL character"])
@@ -153,6 +172,15 @@ impl DeliveryTarget {
     /// Admission check 4 for a webhook URL, before the safety checks.
     pub fn check_url_text(url: &str) -> Result<(), ParseError> {
         check_text(url, ["url is empty", "url is longer than 2048 characters", "url contains a NUL character"])
+    }
+
+    /// Admission check 4 for a Web Push endpoint: the webhook URL's rule,
+    /// naming the field the caller sent (WebPushDelivery.endpoint).
+    pub fn check_endpoint_text(endpoint: &str) -> Result<(), ParseError> {
+        check_text(
+            endpoint,
+            ["endpoint is empty", "endpoint is longer than 2048 characters", "endpoint contains a NUL character"],
+        )
     }
 }
 
@@ -219,6 +247,37 @@ mod tests {
         assert!(DeliveryTarget::check_url_text(&"a".repeat(2049)).is_err());
     }
 
+    #[test]
+    fn a_relay_registration_is_still_named_while_its_provider_and_token_are() {
+        use crate::domain::{RegistrationInput, RelayRegistration};
+        let relay = |provider, token, sandbox, app_id| {
+            let input = RegistrationInput { provider, token, sandbox, app_id, ..Default::default() };
+            DeliveryTarget::Relay(Some(RelayRegistration::parse(input).unwrap()))
+        };
+        let sent = relay("apns", "tok-1", None, None);
+        assert!(sent.still_names(&sent));
+        assert!(relay("apns", "tok-1", Some(true), None).still_names(&sent), "only sandbox changed");
+        assert!(relay("apns", "tok-1", Some(false), Some("im.g.apps")).still_names(&sent), "only app_id changed");
+        assert!(!relay("apns", "tok-2", None, None).still_names(&sent), "another token");
+        assert!(!relay("fcm", "tok-1", None, None).still_names(&sent), "another provider");
+        // Spec 000's channels compare the whole target (PUSH-234).
+        let apns = DeliveryTarget::Apns { token: "tok-1".into() };
+        assert!(apns.still_names(&apns));
+        assert!(!apns.still_names(&DeliveryTarget::Fcm { token: "tok-1".into() }));
+        assert!(!apns.still_names(&sent) && !sent.still_names(&apns));
+        let removed = DeliveryTarget::Relay(None);
+        assert!(!removed.still_names(&sent), "removed already: nothing left to remove");
+    }
+
+    #[test]
+    fn web_push_endpoint_errors_name_the_endpoint() {
+        let e = |text: &str| DeliveryTarget::check_endpoint_text(text).unwrap_err().0;
+        assert_eq!(e(""), "endpoint is empty");
+        assert_eq!(e(&"a".repeat(2049)), "endpoint is longer than 2048 characters");
+        assert_eq!(e("https://push.example.net/\0"), "endpoint contains a NUL character");
+        assert!(DeliveryTarget::check_endpoint_text(&"é".repeat(2048)).is_ok());
+    }
+
     /// Issue 16 item 7: device tokens, webhook URL text and signing keys, property-tested.
     mod properties {
         use super::*;
@@ -232,6 +291,7 @@ mod tests {
                 let valid = !text.is_empty() && text.chars().count() <= 2048 && !text.contains('\0');
                 prop_assert_eq!(DeliveryTarget::check_token(&text).is_ok(), valid);
                 prop_assert_eq!(DeliveryTarget::check_url_text(&text).is_ok(), valid);
+                prop_assert_eq!(DeliveryTarget::check_endpoint_text(&text).is_ok(), valid);
             }
 
             #[test]

@@ -34,6 +34,7 @@ use serde_json::{Map, Value};
 use tokio::sync::{Notify, Semaphore, watch};
 use tokio::task::JoinSet;
 
+use super::egress::CollapseKeys;
 use super::identity::PushRouteId;
 use super::pending::ledger_key;
 use super::schema::PushKey;
@@ -146,13 +147,20 @@ pub struct Delivery {
     store: Arc<dyn Store>,
     channels: Channels,
     settings: DeliverySettings,
+    keys: CollapseKeys,
     wake: Arc<Notify>,
     metrics: Arc<Metrics>,
 }
 
 impl Delivery {
-    pub fn new(store: Arc<dyn Store>, channels: Channels, settings: DeliverySettings, metrics: Arc<Metrics>) -> Self {
-        Self { store, channels, settings, wake: Arc::new(Notify::new()), metrics }
+    pub fn new(
+        store: Arc<dyn Store>,
+        channels: Channels,
+        settings: DeliverySettings,
+        keys: CollapseKeys,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self { store, channels, settings, keys, wake: Arc::new(Notify::new()), metrics }
     }
 
     /// Says that wakeups were stored: the loop looks now, not at its next poll.
@@ -248,6 +256,12 @@ impl Delivery {
         let Some((channel, sandbox, token)) = self.route_of(&reg) else {
             return self.finish(&leased, Sent::Rejected).await;
         };
+        // §2.4: the key of the window this attempt is sent in, not the one the
+        // wake-up was accepted in (a retry may cross into the next window).
+        let Some(collapse_key) = self.keys.at(&reg.salt_epoch_id, &reg.push_target_id, now.max(0) as u64) else {
+            // Its salt epoch was retired: the registration no longer resolves.
+            return self.finish(leased, Sent::Revoked).await;
+        };
         let Some(provider) = self.channels.get(channel).cloned() else {
             // Configuration changed since the wakeup was accepted.
             return self.finish(&leased, Sent::Rejected).await;
@@ -269,7 +283,7 @@ impl Delivery {
             // never an APNs topic here (docs/GATEWAY.md).
             app_id: None,
             sandbox,
-            collapse_id: Some(&w.collapse_key).filter(|c| !c.is_empty()).map(String::as_str),
+            collapse_id: Some(collapse_key.as_str()),
             priority,
             payload: &payload,
             ttl,
@@ -362,6 +376,7 @@ mod tests {
 
     use super::*;
     use crate::channel::{Provider, Push};
+    use crate::gateway::identity::{PushSecret, SaltEpochId, SaltSecrets};
     use crate::gateway::pending::{Admission, PendingWakeups};
     use crate::store::{GatewayWakeup, NotifyClaim, NotifyKey, RedbStore};
 
@@ -408,14 +423,15 @@ mod tests {
         let mut channels = Channels::default();
         channels.insert(provider.clone());
         let metrics = Arc::new(Metrics::new());
-        let delivery = Delivery::new(store.clone(), channels, DeliverySettings::default(), metrics.clone());
+        let keys = CollapseKeys::new(secrets(), WINDOW);
+        let delivery = Delivery::new(store.clone(), channels, DeliverySettings::default(), keys, metrics.clone());
         let now = now_ms();
         let registration = GatewayRegistration {
             tenant: "station".into(),
             account_id: "ak:account:a".into(),
             device_id: "ak:device:01964137-0000-7000-8000-000000000001".into(),
             registration_id: "reg-1".into(),
-            push_target_id: "ak:pseudonym:push:t".into(),
+            push_target_id: TARGET.into(),
             push_route_id: "fcm_main".into(),
             salt_epoch_id: "e1".into(),
             push_key: "fcm:the-token".into(),
@@ -430,6 +446,20 @@ mod tests {
         Setup { _dir: dir, store, provider, delivery, registration, metrics }
     }
 
+    const WINDOW: Duration = Duration::from_secs(60);
+    const TARGET: &str = "ak:pseudonym:push:kosc9iQ4gVct1OB-b6X364WIFIsJFVbVzn7BMBs1sm8";
+
+    fn secrets() -> Arc<SaltSecrets> {
+        let epoch = SaltEpochId::parse("e1").unwrap();
+        let secret = PushSecret::new(vec![0x11; 32]).unwrap();
+        Arc::new(SaltSecrets::new(epoch.clone(), std::collections::HashMap::from([(epoch, secret)])).unwrap())
+    }
+
+    /// §2.4's key for the registration's wake-ups sent in the window of `at_ms`.
+    fn key_at(at_ms: i64) -> String {
+        CollapseKeys::new(secrets(), WINDOW).at("e1", TARGET, at_ms as u64).unwrap().as_str().to_owned()
+    }
+
     /// Stores one wakeup for the registration (as notify does) and leases it.
     async fn leased(s: &Setup, registration_id: &str) -> LeasedWakeup {
         let now = now_ms();
@@ -441,7 +471,8 @@ mod tests {
             route: s.registration.route_key(),
             registration_id: registration_id.into(),
             payload: br#"{"push_target_id":"ak:pseudonym:push:t","wakeup_kind":"call_invite"}"#.to_vec(),
-            collapse_key: "c0llapse".into(),
+            // The acceptance window's key: the sender uses its own window's.
+            collapse_key: key_at(now),
             not_before_ms: now,
             attempts: 0,
             expires_at_ms: now + 3_600_000,
@@ -478,17 +509,45 @@ mod tests {
     async fn a_delivered_wakeup_is_deleted_and_went_out_as_stored() {
         let s = setup(vec![Outcome::Delivered]).await;
         let w = leased(&s, "reg-1").await;
+        let before = now_ms();
         assert_eq!(s.delivery.send(w).await, Sent::Delivered);
         let sent = s.provider.sent.lock().unwrap().clone();
         assert_eq!(sent.len(), 1);
-        // The provider token without its route prefix, the stored payload and collapse key.
+        // The provider token without its route prefix, the stored payload,
+        // and the collapse key of the window it was sent in.
         assert_eq!(sent[0].0, "the-token");
         assert_eq!(sent[0].1["wakeup_kind"], "call_invite");
-        assert_eq!(sent[0].2.as_deref(), Some("c0llapse"));
+        let key = sent[0].2.clone().unwrap();
+        assert!(key == key_at(before) || key == key_at(now_ms()), "{key}");
         assert!(nothing_due(&s, now_ms() + 3_600_000).await);
         // Its place in the device's ledger is free again; it was counted.
         assert!(ledger(&s).await.is_empty(now_ms()));
         assert_eq!((counted(&s, Sent::Delivered), counted(&s, Sent::Retried)), (1, 0));
+    }
+
+    #[tokio::test]
+    async fn a_retried_wakeup_carries_the_collapse_key_of_the_window_it_is_sent_in() {
+        // Accepted near the end of the previous window (its key is that
+        // window's), answered 503, retried now: every attempt carries the key
+        // of the window it is sent in (§2.4, docs/GATEWAY.md reading 3).
+        let s = setup(vec![Outcome::transient(Duration::from_secs(1)), Outcome::Delivered]).await;
+        let before = now_ms();
+        let accepted_in = key_at(before - WINDOW.as_millis() as i64);
+        let mut first = leased(&s, "reg-1").await;
+        first.wakeup.collapse_key = accepted_in.clone();
+        assert_eq!(s.delivery.send(first).await, Sent::Retried);
+        let mut due = s.store.gateway_wakeups_due(now_ms() + 2_000, now_ms() + 32_000, 10).await.unwrap();
+        let mut retry = due.remove(0);
+        retry.wakeup.collapse_key = accepted_in.clone();
+        assert_eq!(s.delivery.send(retry).await, Sent::Delivered);
+        let after = now_ms();
+        let sent = s.provider.sent.lock().unwrap().clone();
+        assert_eq!(sent.len(), 2);
+        for (_, _, key) in sent {
+            let key = key.unwrap();
+            assert_ne!(key, accepted_in, "not the acceptance window's key");
+            assert!(key == key_at(before) || key == key_at(after), "the window it was sent in");
+        }
     }
 
     #[tokio::test]

@@ -15,6 +15,7 @@
 //! - `BucketHysteresis` / `BucketDwell` (§5.1): bucket outputs switch only
 //!   past the band and after the dwell.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use hmac::Mac;
@@ -22,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::identity::{
-    AccountId, CollapseKey, DeliveryWindowId, DeviceId, PushRouteId, PushSecret, PushTargetId, SaltEpochId,
+    AccountId, CollapseKey, DeliveryWindowId, DeviceId, PushRouteId, PushSecret, PushTargetId, SaltEpochId, SaltSecrets,
 };
 use super::jcs;
 use super::schema::{CountValue, L10nKey, Notification, PushHint, RequestDigest, WakeupKind};
@@ -216,6 +217,32 @@ impl ProviderWakeup {
     pub fn new(payload: WakeupPayload, secret: &PushSecret, window: DeliveryWindowId) -> Self {
         let collapse_key = CollapseKey::derive(secret, &payload.push_target_id, window);
         Self { payload, collapse_key }
+    }
+}
+
+/// §2.4: the collapse key a wake-up carries is the one of the window it is
+/// *sent* in (docs/GATEWAY.md reading 3). A wake-up accepted near a window's
+/// end and retried in the next one takes the next window's key, so the
+/// delivery worker derives it at each attempt rather than storing it.
+#[derive(Clone)]
+pub struct CollapseKeys {
+    secrets: Arc<SaltSecrets>,
+    window_secs: u64,
+}
+
+impl CollapseKeys {
+    pub fn new(secrets: Arc<SaltSecrets>, window: Duration) -> Self {
+        Self { secrets, window_secs: window.as_secs().max(1) }
+    }
+
+    /// The key of a wake-up for `push_target_id` (of salt epoch
+    /// `salt_epoch_id`) sent at `now_ms`; `None` when the epoch was retired
+    /// from the configuration (its registrations no longer resolve) or the
+    /// id does not parse.
+    pub fn at(&self, salt_epoch_id: &str, push_target_id: &str, now_ms: u64) -> Option<CollapseKey> {
+        let secret = self.secrets.get(&SaltEpochId::parse(salt_epoch_id).ok()?)?;
+        let target = PushTargetId::parse(push_target_id).ok()?;
+        Some(CollapseKey::derive(secret, &target, DeliveryWindowId::at(now_ms, self.window_secs)))
     }
 }
 

@@ -23,7 +23,7 @@ use super::egress::{
 };
 use super::identity::{
     AccountId, DeliveryWindowId, DeviceId, PushRouteId, PushTargetId, RegistrationId, SaltEpochId, SaltSecrets,
-    SecretError, ServiceId,
+    ServiceId,
 };
 use super::outcome::{DeviceOutcome, GatewayStatus, NoFanout, NotifyResponse, ReasonCode, Rejection, TargetFailure};
 use super::pending::{Admission, PendingWakeups, ledger_key};
@@ -167,7 +167,7 @@ fn initialise_metrics(metrics: &Metrics) {
 /// Both roles: built once from `[engine.gateway]`, shared by every request.
 pub struct GatewayService {
     settings: GatewaySettings,
-    secrets: SaltSecrets,
+    secrets: Arc<SaltSecrets>,
     store: Arc<dyn Store>,
     channels: Channels,
     delivery: Delivery,
@@ -176,19 +176,20 @@ pub struct GatewayService {
 }
 
 impl GatewayService {
-    /// Reads the salt secrets. Fails on an unreadable or invalid file.
+    /// `secrets` as `SaltSecrets::load` read them from the settings' files;
+    /// the delivery worker holds the same ones (its collapse keys).
     pub fn new(
         settings: GatewaySettings,
+        secrets: Arc<SaltSecrets>,
         store: Arc<dyn Store>,
         channels: Channels,
         delivery: Delivery,
         max_in_flight: usize,
         metrics: Arc<Metrics>,
-    ) -> Result<Self, SecretError> {
-        let secrets = SaltSecrets::load(&settings.salt_epoch, settings.salt_secret_files())?;
+    ) -> Self {
         initialise_metrics(&metrics);
         let in_flight = Arc::new(Semaphore::new(max_in_flight));
-        Ok(Self { settings, secrets, store, channels, delivery, in_flight, metrics })
+        Self { settings, secrets, store, channels, delivery, in_flight, metrics }
     }
 
     pub fn settings(&self) -> &GatewaySettings {

@@ -132,7 +132,9 @@ pub struct GatewayWakeup {
     pub registration_id: String,
     /// The provider payload, rebuilt from allowed fields only (JSON object).
     pub payload: Vec<u8>,
-    /// The per-window collapse key (§2.4).
+    /// The collapse key (§2.4) of the window the wakeup was accepted in. A
+    /// record, not what is sent: each attempt carries the key of the window
+    /// it is sent in (`gateway::egress::CollapseKeys`).
     pub collapse_key: String,
     /// Not sent before (a batch wakeup waits for its window's end; a retry
     /// for its delay).

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 
 use super::{
-    Appended, GatewayRegistration, GatewayWakeup, LeasedWakeup, NodeId, NotifyClaim, NotifyKey, RelayClaim, RelayKey,
-    RelaySettled, Revoke, RouteKey, ShardLeases, ShardPosition, Store, StoreError,
+    Appended, GatewayRegistration, GatewayWakeup, LeasedWakeup, NodeId, NotifyClaim, NotifyKey, RegistrationRemoval,
+    RelayClaim, RelayKey, RelaySettled, Revoke, RouteKey, ShardLeases, ShardPosition, Store, StoreError,
 };
 use crate::domain::{
     DeliveryTarget, NewEnvelope, Recipient, RecipientId, RecipientSummary, SecretHash, ShardId, StoredEnvelope,
@@ -25,6 +25,7 @@ pub const OPERATIONS: &[&str] = &[
     "update_subscriptions",
     "subscriptions",
     "delete_recipient_if_unchanged",
+    "remove_relay_registration",
     "delete_expired",
     "append",
     "shard_position",
@@ -170,6 +171,10 @@ impl Store for Instrumented {
 
     async fn subscriptions(&self, id: &RecipientId) -> Result<Vec<StoredSubscription>, StoreError> {
         self.observe("subscriptions", self.inner.subscriptions(id)).await
+    }
+
+    async fn remove_relay_registration(&self, removal: &RegistrationRemoval) -> Result<bool, StoreError> {
+        self.observe("remove_relay_registration", self.inner.remove_relay_registration(removal)).await
     }
 
     async fn delete_recipient_if_unchanged(&self, expected: &Recipient) -> Result<bool, StoreError> {

@@ -133,6 +133,47 @@ pub enum StoreError {
     Backend(String),
 }
 
+/// Why a relay registration is removed (003 §1).
+#[derive(Debug, Clone)]
+pub enum RegistrationRemoval {
+    /// `DELETE /v2/push/registration` by the device: `NotFound` and
+    /// `SecretMismatch` as for Unregister; a device with no registration,
+    /// or another channel's target, is left with none.
+    Deleted { id: RecipientId, secret_hash: SecretHash },
+    /// A 404/410 from the push server for a push sent to `sent` (§2.4):
+    /// only while the stored registration has `sent`'s provider and token
+    /// and its secret hash (`DeliveryTarget::still_names`).
+    Invalid { sent: Arc<Recipient> },
+}
+
+impl RegistrationRemoval {
+    pub fn id(&self) -> &RecipientId {
+        match self {
+            Self::Deleted { id, .. } => id,
+            Self::Invalid { sent } => &sent.id,
+        }
+    }
+
+    /// The recipient to store after the removal, or `Ok(None)` when there is
+    /// nothing to change (no registration left, or an `Invalid` whose
+    /// registration changed meanwhile).
+    pub fn apply(&self, stored: Option<Recipient>) -> Result<Option<Recipient>, StoreError> {
+        let removed = |r: Recipient| Recipient { target: DeliveryTarget::Relay(None), ..r };
+        match self {
+            Self::Deleted { secret_hash, .. } => {
+                let stored = stored.ok_or(StoreError::NotFound)?;
+                if stored.secret_hash != *secret_hash {
+                    return Err(StoreError::SecretMismatch);
+                }
+                Ok((stored.target != DeliveryTarget::Relay(None)).then(|| removed(stored)))
+            }
+            Self::Invalid { sent } => Ok(stored
+                .filter(|s| s.target.still_names(&sent.target) && s.secret_hash == sent.secret_hash)
+                .map(removed)),
+        }
+    }
+}
+
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     /// A short name for logs and metrics ("redb", "scylla").
@@ -177,6 +218,13 @@ pub trait Store: Send + Sync + 'static {
     /// when the stored target (channel, token or URL and signing key) and secret
     /// hash still equal `expected`'s. Returns whether it deleted.
     async fn delete_recipient_if_unchanged(&self, expected: &Recipient) -> Result<bool, StoreError>;
+
+    /// 003 §1: remove a relay device's registration and keep the device (the
+    /// recipient and every subscription it holds): its target becomes
+    /// `DeliveryTarget::Relay(None)`, its renewal time unchanged. See
+    /// [`RegistrationRemoval`] for when it applies. Returns whether a
+    /// registration was removed.
+    async fn remove_relay_registration(&self, removal: &RegistrationRemoval) -> Result<bool, StoreError>;
 
     /// PUSH-226: delete every recipient renewed before `renewed_before_ns`, with
     /// its subscriptions. Returns how many were deleted.

@@ -32,8 +32,8 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTran
 
 use self::recipient_cache::RecipientCache;
 use super::{
-    Appended, GatewayRegistration, GatewayWakeup, LeasedWakeup, NotifyClaim, NotifyKey, RelayClaim, RelayKey,
-    RelaySettled, Revoke, RouteKey, ShardLeases, ShardPosition, Store, StoreError,
+    Appended, GatewayRegistration, GatewayWakeup, LeasedWakeup, NotifyClaim, NotifyKey, RegistrationRemoval,
+    RelayClaim, RelayKey, RelaySettled, Revoke, RouteKey, ShardLeases, ShardPosition, Store, StoreError,
 };
 use crate::domain::{
     DeliveryTarget, NewEnvelope, Recipient, RecipientId, RecipientSummary, SecretHash, ShardId, StoredEnvelope,
@@ -440,13 +440,28 @@ impl Store for RedbStore {
         let expected = expected.clone();
         self.write(move |txn| {
             let stored = get_recipient(&txn.open_table(RECIPIENTS).be()?, &expected.id)?;
-            // PUSH-234: channel, token or URL, signing key and secret hash must all still match.
+            // PUSH-234: the target (for a relay registration its provider and
+            // token, 003 §2.4) and the secret hash must still match.
             let unchanged =
-                stored.is_some_and(|s| s.target == expected.target && s.secret_hash == expected.secret_hash);
+                stored.is_some_and(|s| s.target.still_names(&expected.target) && s.secret_hash == expected.secret_hash);
             if unchanged {
                 delete_recipient(txn, &expected.id)?;
             }
             Ok(unchanged)
+        })
+        .await
+    }
+
+    async fn remove_relay_registration(&self, removal: &RegistrationRemoval) -> Result<bool, StoreError> {
+        let removal = removal.clone();
+        self.write(move |txn| {
+            let mut recipients = txn.open_table(RECIPIENTS).be()?;
+            let stored = get_recipient(&recipients, removal.id())?;
+            // 003 §1: the registration goes, the recipient and its subscriptions stay.
+            match removal.apply(stored)? {
+                Some(r) => put_recipient(&mut recipients, &r).map(|()| true),
+                None => Ok(false),
+            }
         })
         .await
     }
@@ -916,7 +931,10 @@ mod codec {
                 w.bytes(endpoint.as_str().as_bytes()).bytes(keys.p256dh()).bytes(keys.auth())
             }
             // Spec 003 §1: optional fields as 0 (absent) or 1 and the value.
-            DeliveryTarget::Relay(r) => {
+            // No registration (003 §1, removed): an empty provider, which a
+            // registration never has, and nothing after it.
+            DeliveryTarget::Relay(None) => w.bytes(b""),
+            DeliveryTarget::Relay(Some(r)) => {
                 w.bytes(r.provider().as_bytes()).bytes(r.token().as_bytes());
                 for text in [r.app_id(), r.p256dh(), r.auth()] {
                     match text {
@@ -934,9 +952,12 @@ mod codec {
         w.finish()
     }
 
-    fn decode_relay(r: &mut Reader<'_>) -> Result<RelayRegistration, StoreError> {
+    fn decode_relay(r: &mut Reader<'_>) -> Result<Option<RelayRegistration>, StoreError> {
         let what = r.what;
         let provider = r.string()?;
+        if provider.is_empty() {
+            return Ok(None);
+        }
         let token = r.string()?;
         let mut optional = || -> Result<Option<String>, StoreError> {
             match r.u8()? {
@@ -960,6 +981,7 @@ mod codec {
             p256dh: p256dh.as_deref(),
             auth: auth.as_deref(),
         })
+        .map(Some)
         .map_err(|_| corrupt(what))
     }
 

@@ -94,8 +94,8 @@ pub use self::settings::{Keyspace, LogConsistency, Nodes, ScyllaSettings};
 
 use self::codec::{StaticRow, Versioned, corrupt, from_db, to_db};
 use super::{
-    Appended, GatewayRegistration, GatewayWakeup, LeasedWakeup, NodeId, NotifyClaim, NotifyKey, RelayClaim, RelayKey,
-    RelaySettled, Revoke, RouteKey, ShardLeases, ShardPosition, Store, StoreError,
+    Appended, GatewayRegistration, GatewayWakeup, LeasedWakeup, NodeId, NotifyClaim, NotifyKey, RegistrationRemoval,
+    RelayClaim, RelayKey, RelaySettled, Revoke, RouteKey, ShardLeases, ShardPosition, Store, StoreError,
 };
 use crate::domain::{
     DeliveryTarget, NewEnvelope, Recipient, RecipientId, RecipientSummary, SecretHash, ShardId, StoredEnvelope,
@@ -859,11 +859,41 @@ impl Store for ScyllaStore {
             let Some(v) = self.read_static(&expected.id).await? else {
                 return Ok(false);
             };
-            // PUSH-234: channel, token or URL, signing key and secret hash must all still match.
-            if v.recipient.target != expected.target || v.recipient.secret_hash != expected.secret_hash {
+            // PUSH-234: the target (for a relay registration its provider and
+            // token, 003 §2.4) and the secret hash must still match.
+            if !v.recipient.target.still_names(&expected.target) || v.recipient.secret_hash != expected.secret_hash {
                 return Ok(false);
             }
             if self.delete_versioned(&v).await? {
+                return Ok(true);
+            }
+            backoff(attempt).await;
+        }
+        Err(contention())
+    }
+
+    async fn remove_relay_registration(&self, removal: &RegistrationRemoval) -> Result<bool, StoreError> {
+        let id = removal.id();
+        for attempt in 0..MAX_LWT_ATTEMPTS {
+            let stored = self.read_static(id).await?;
+            let version = stored.as_ref().map(|v| v.version);
+            // 003 §1: the registration goes, the recipient and its subscriptions
+            // stay. One LWT on the version read: a registration in between
+            // changes the version, and the removal is decided again.
+            let (Some(r), Some(version)) = (removal.apply(stored.map(|v| v.recipient))?, version) else {
+                return Ok(false);
+            };
+            let (channel, text, signing_key) = codec::encode_target(&r.target);
+            let values = (
+                new_version(),
+                channel,
+                text.as_ref(),
+                signing_key.as_deref(),
+                r.renewed_at_ns,
+                id.as_bytes().as_slice(),
+                version,
+            );
+            if self.lwt(&self.st.renew_recipient, values).await?.applied {
                 return Ok(true);
             }
             backoff(attempt).await;

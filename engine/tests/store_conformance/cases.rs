@@ -18,7 +18,9 @@ use fanout_engine::domain::{
     RecipientSummary, SecretHash, SenderHmac, SequenceRefusal, ShardId, SigningKey, StoredEnvelope, StoredSubscription,
     Subscriber, Subscription, SubscriptionUpdate, Topic, WebhookUrl,
 };
-use fanout_engine::store::{Appended, RelayClaim, RelayKey, RelaySettled, ShardPosition, Store, StoreError};
+use fanout_engine::store::{
+    Appended, RegistrationRemoval, RelayClaim, RelayKey, RelaySettled, ShardPosition, Store, StoreError,
+};
 
 /// The shard count the factory given to the suite must use.
 pub const SHARD_COUNT: u16 = 16;
@@ -60,6 +62,8 @@ macro_rules! for_each_case {
             suppression_data_only_with_32_byte_hmac,
             relay_metadata_round_trips,
             relay_registration_round_trips_and_compare_and_deletes,
+            relay_compare_and_delete_compares_provider_and_token_only,
+            removing_a_relay_registration_keeps_the_device_and_its_subscriptions,
             webpush_subscription_round_trips_and_compare_and_deletes,
             read_window_range_and_limit,
             advance_checkpoint_forward_and_prunes,
@@ -705,8 +709,14 @@ pub async fn relay_metadata_round_trips<S: Store>(store: &S) {
     assert_eq!(w[1].relay, RelayMeta::default());
 }
 
+fn relay_target(provider: &str, token: &str, sandbox: Option<bool>, app_id: Option<&str>) -> DeliveryTarget {
+    use fanout_engine::domain::{RegistrationInput, RelayRegistration};
+    let input = RegistrationInput { provider, token, sandbox, app_id, ..Default::default() };
+    DeliveryTarget::Relay(Some(RelayRegistration::parse(input).unwrap()))
+}
+
 /// Spec 003 §1: a relay registration is stored whole (optional fields
-/// absent or set), and a 404/410 deletes it only while it is unchanged.
+/// absent or set), and a 404/410 removes it only while it is unchanged.
 pub async fn relay_registration_round_trips_and_compare_and_deletes<S: Store>(store: &S) {
     use fanout_engine::domain::{RegistrationInput, RelayRegistration};
     let relay = |token: &str, full: bool| {
@@ -722,7 +732,7 @@ pub async fn relay_registration_round_trips_and_compare_and_deletes<S: Store>(st
         } else {
             RegistrationInput { provider: "apns", token, ..Default::default() }
         };
-        DeliveryTarget::Relay(RelayRegistration::parse(input).unwrap())
+        DeliveryTarget::Relay(Some(RelayRegistration::parse(input).unwrap()))
     };
     let (a, h) = (rid(31), secret(31));
     for full in [true, false] {
@@ -731,10 +741,61 @@ pub async fn relay_registration_round_trips_and_compare_and_deletes<S: Store>(st
     }
     let sent = store.recipient(&a).await.unwrap().unwrap();
     store.register(&a, &h, &relay("tok-2", false), 110).await.unwrap();
-    assert!(!store.delete_recipient_if_unchanged(&sent).await.unwrap(), "re-registered: kept");
+    let invalid = |sent: &Recipient| RegistrationRemoval::Invalid { sent: std::sync::Arc::new(sent.clone()) };
+    assert!(!store.remove_relay_registration(&invalid(&sent)).await.unwrap(), "re-registered: kept");
+    assert_eq!(store.recipient(&a).await.unwrap().unwrap().target, relay("tok-2", false));
     let current = store.recipient(&a).await.unwrap().unwrap();
-    assert!(store.delete_recipient_if_unchanged(&current).await.unwrap());
-    assert!(store.recipient(&a).await.unwrap().is_none());
+    assert!(store.remove_relay_registration(&invalid(&current)).await.unwrap());
+    assert_eq!(store.recipient(&a).await.unwrap().unwrap().target, DeliveryTarget::Relay(None));
+    assert!(!store.remove_relay_registration(&invalid(&current)).await.unwrap(), "already removed");
+}
+
+/// Spec 003 §1, §2.4: a 404/410 removes the registration unless the device
+/// registered a different provider or token meanwhile. The same provider
+/// and token with only `sandbox` or `app_id` changed is still the dead one.
+pub async fn relay_compare_and_delete_compares_provider_and_token_only<S: Store>(store: &S) {
+    let (a, h) = (rid(33), secret(33));
+    let invalid = |sent: &Recipient| RegistrationRemoval::Invalid { sent: std::sync::Arc::new(sent.clone()) };
+    store.register(&a, &h, &relay_target("apns", "tok-1", Some(false), None), 100).await.unwrap();
+    let sent = store.recipient(&a).await.unwrap().unwrap();
+    store.register(&a, &h, &relay_target("apns", "tok-1", Some(true), Some("im.g.apps")), 110).await.unwrap();
+    assert!(store.remove_relay_registration(&invalid(&sent)).await.unwrap(), "only sandbox and app_id changed");
+    assert_eq!(store.recipient(&a).await.unwrap().unwrap().target, DeliveryTarget::Relay(None));
+
+    store.register(&a, &h, &relay_target("apns", "tok-1", None, None), 120).await.unwrap();
+    let sent = store.recipient(&a).await.unwrap().unwrap();
+    store.register(&a, &h, &relay_target("fcm", "tok-1", None, None), 130).await.unwrap();
+    assert!(!store.remove_relay_registration(&invalid(&sent)).await.unwrap(), "another provider: kept");
+    assert_eq!(store.recipient(&a).await.unwrap().unwrap().target, relay_target("fcm", "tok-1", None, None));
+    let other_secret = Recipient { secret_hash: secret(34), ..store.recipient(&a).await.unwrap().unwrap() };
+    assert!(!store.remove_relay_registration(&invalid(&other_secret)).await.unwrap(), "another secret: kept");
+}
+
+/// Spec 003 §1: DELETE and a 404/410 remove the registration, not the
+/// device. Its subscriptions and renewal time stay, it is no longer a
+/// dispatch target with a registration, and registering again resumes it
+/// with the same subscriptions.
+pub async fn removing_a_relay_registration_keeps_the_device_and_its_subscriptions<S: Store>(store: &S) {
+    let (a, h) = (rid(35), secret(35));
+    let deleted = |h: SecretHash| RegistrationRemoval::Deleted { id: a, secret_hash: h };
+    assert!(matches!(store.remove_relay_registration(&deleted(h)).await, Err(StoreError::NotFound)));
+    store.register(&a, &h, &relay_target("apns", "tok-1", None, None), 100).await.unwrap();
+    subscribe(store, &a, &h, vec![sub(&group(35)), sub(&group(36))], 110).await;
+    assert!(matches!(store.remove_relay_registration(&deleted(secret(36))).await, Err(StoreError::SecretMismatch)));
+    assert!(store.remove_relay_registration(&deleted(h)).await.unwrap());
+    let kept = store.recipient(&a).await.unwrap().unwrap();
+    assert_eq!(kept.target, DeliveryTarget::Relay(None));
+    assert_eq!((kept.topic_count, kept.renewed_at_ns), (2, 110), "subscriptions and renewal time kept");
+    assert_eq!(topics_of(&store.subscriptions(&a).await.unwrap()), vec![group(35), group(36)]);
+    let page = store.subscribers(&group(35), None, 10).await.unwrap();
+    assert_eq!(page.len(), 1);
+    assert_eq!(page[0].recipient.target, DeliveryTarget::Relay(None), "dispatch sees no registration");
+    assert!(!store.remove_relay_registration(&deleted(h)).await.unwrap(), "nothing registered: nothing removed");
+
+    let s = store.register(&a, &h, &relay_target("apns", "tok-2", None, None), 120).await.unwrap();
+    assert_eq!((s.topic_count, s.channel), (2, Channel::Relay), "registered again: the same subscriptions");
+    let page = store.subscribers(&group(36), None, 10).await.unwrap();
+    assert_eq!(page[0].recipient.target, relay_target("apns", "tok-2", None, None));
 }
 
 /// Issue 17: a Web Push subscription (endpoint, p256dh, auth) is stored

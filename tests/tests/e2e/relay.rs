@@ -162,8 +162,10 @@ async fn registration_follows_every_rule_of_section_1() {
     assert_eq!(state.channel, pb::Channel::Relay as i32);
     assert_eq!(delete(&fanout, &impostor).await, 403);
     assert_eq!(delete(&fanout, &r).await, 204);
-    assert!(!still_registered(&fanout, &r).await);
-    assert_eq!(delete(&fanout, &r).await, 404);
+    // DELETE removes the registration, not the device (§1).
+    assert!(still_registered(&fanout, &r).await, "the device stays");
+    assert_eq!(delete(&fanout, &r).await, 204, "nothing registered: 204 all the same");
+    assert_eq!(delete(&fanout, &Recipient::random()).await, 204, "an unknown device has nothing registered");
 
     // With no push server, pushes are skipped and counted.
     let topic = named_group("skipped");
@@ -339,12 +341,11 @@ async fn each_answer_row_of_section_2_4() {
     for t in ["ok", "gone", "gone410", "bad", "redirect", "moving"] {
         assert_eq!(count(t), 1, "{t}");
     }
-    assert!(!still_registered(&relay.fanout, &devices["gone"]).await, "404 deletes the registration");
-    assert!(!still_registered(&relay.fanout, &devices["gone410"]).await, "410 deletes the registration");
-    for t in ["ok", "bad", "redirect", "down"] {
-        assert!(still_registered(&relay.fanout, &devices[t]).await, "{t}: registration kept");
+    // 404/410 remove the registration, not the device (§1): whether it is
+    // gone shows in the next push, checked at the end.
+    for t in ["ok", "bad", "redirect", "down", "gone", "gone410", "moving"] {
+        assert!(still_registered(&relay.fanout, &devices[t]).await, "{t}: the device is kept");
     }
-    assert!(still_registered(&relay.fanout, &devices["moving"]).await, "re-registered meanwhile: kept");
     // 5xx: five attempts at 0, 1, 3, 7, 15 s, the same delivery and body.
     let down = to(&received, "down");
     assert_eq!(down.len(), 5);
@@ -370,6 +371,121 @@ async fn each_answer_row_of_section_2_4() {
     assert_eq!(count("slow"), 2);
     assert!(metric(&relay.fanout, "invalid_token").await >= 3);
     assert_eq!(metric(&relay.fanout, "failed").await, 3, "bad, redirect, and down after five attempts");
+
+    // The next push: gone and gone410 have no registration left; moving's
+    // new one (registered while its 404 was on the way) was kept.
+    let next = named_group("answers-next");
+    let mut client = relay.fanout.notifications().await.unwrap();
+    for t in ["ok", "gone", "gone410", "moving"] {
+        client.update_subscriptions(devices[t].update(vec![subscription(&next)], vec![])).await.expect("subscribe");
+    }
+    let before = relay.receiver.received().len();
+    publish(&relay.fanout, vec![envelope(&next, pb::EnvelopeKind::Application, true)]).await;
+    relay.receiver.wait_for(before + 2, DELIVERY_WAIT).await;
+    let received = relay.receiver.received();
+    assert_eq!((to(&received, "ok").len(), to(&received, "moved").len()), (2, 1), "ok and moved get the push");
+    assert_eq!((to(&received, "gone").len(), to(&received, "gone410").len()), (1, 1), "no registration: no push");
+}
+
+/// The push server's first answer is slow (6 s, `timeout_seconds = 4`):
+/// pushes to other devices published while it is pending are not held up
+/// by it. Each leaves at once, and every attempt the hub counts is a
+/// request the push server received.
+#[tokio::test]
+async fn a_slow_first_answer_holds_up_no_other_push() {
+    let scripts = HashMap::from([("slow", vec![ScriptedResponse::status(200).with_delay(Duration::from_secs(6))])]);
+    let relay = relay_setup("timeout_seconds = 4", scripted_by_token(scripts)).await;
+    let (slow_topic, quick_topic) = (named_group("slow-first"), named_group("quick-after"));
+    register(&relay.fanout, &Recipient::random(), "slow", &slow_topic, false).await;
+    for token in ["quick-1", "quick-2", "quick-3"] {
+        register(&relay.fanout, &Recipient::random(), token, &quick_topic, false).await;
+    }
+    let until = async |what: &str, done: &dyn Fn(&[ReceivedRequest], u64) -> bool| {
+        let deadline = tokio::time::Instant::now() + DELIVERY_WAIT;
+        while !done(&relay.receiver.received(), metric(&relay.fanout, "sent").await) {
+            assert!(tokio::time::Instant::now() < deadline, "{what}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    // The host's first request: the slow one, received and not answered.
+    publish(&relay.fanout, vec![envelope(&slow_topic, pb::EnvelopeKind::Application, true)]).await;
+    until("the slow push reached the push server", &|r, _| to(r, "slow").len() == 1).await;
+    publish(&relay.fanout, vec![envelope(&quick_topic, pb::EnvelopeKind::Application, true)]).await;
+    until("the quick pushes were sent", &|_, sent| sent >= 3).await;
+    let attempts = async |outcome: &str| {
+        let (_, text) = relay.fanout.http_get("/metrics").await.unwrap();
+        let series = format!("fanout_attempts_total{{channel=\"relay\",outcome=\"{outcome}\"}} ");
+        text.lines().find_map(|l| l.strip_prefix(&series)?.parse::<u64>().ok()).unwrap_or(0)
+    };
+    assert_eq!(attempts("transient").await, 0, "answered before the first attempt timed out");
+    let received = relay.receiver.received();
+    for token in ["quick-1", "quick-2", "quick-3"] {
+        assert_eq!(to(&received, token).len(), 1, "{token}: one attempt, answered");
+    }
+    assert_eq!(to(&received, "slow").len(), 1);
+    // The slow one timed out after 4 s; its retry (1 s later) is answered.
+    until("the slow push was retried", &|_, sent| sent >= 4).await;
+    let counted = attempts("delivered").await + attempts("transient").await;
+    assert_eq!((attempts("transient").await, counted), (1, 5));
+    assert_eq!(relay.receiver.received().len(), 5, "every counted attempt reached the push server");
+}
+
+/// Spec 003 §1: DELETE and a 404/410 remove the registration, not the
+/// device: it keeps its subscriptions, gets no push while it has no
+/// registration, and a later PUT resumes its pushes without subscribing
+/// again.
+#[tokio::test]
+async fn a_removed_registration_keeps_the_device_and_a_later_put_resumes_its_pushes() {
+    let scripts = HashMap::from([("dead", vec![ScriptedResponse::status(410)])]);
+    let relay = relay_setup("", scripted_by_token(scripts)).await;
+    let topic = named_group("resumes");
+    let (dead, deleted, barrier) = (Recipient::random(), Recipient::random(), Recipient::random());
+    register(&relay.fanout, &dead, "dead", &topic, false).await;
+    register(&relay.fanout, &deleted, "deleted", &topic, false).await;
+    register(&relay.fanout, &barrier, "barrier", &topic, false).await;
+    assert_eq!(delete(&relay.fanout, &deleted).await, 204);
+    assert_eq!(delete(&relay.fanout, &deleted).await, 204, "nothing registered: 204");
+
+    let seq_of = |q: &ReceivedRequest| q.json().and_then(|v| v["payload"]["seq"].as_u64());
+    let message = async || {
+        let results = publish(&relay.fanout, vec![envelope(&topic, pb::EnvelopeKind::Application, true)]).await;
+        sequence_id(&results[0])
+    };
+    let wait_for = async |token: &str, seq: u64| {
+        let deadline = tokio::time::Instant::now() + DELIVERY_WAIT;
+        while !to(&relay.receiver.received(), token).iter().any(|q| seq_of(q) == Some(seq)) {
+            assert!(tokio::time::Instant::now() < deadline, "no push {seq} for {token}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let first = message().await;
+    wait_for("dead", first).await;
+    wait_for("barrier", first).await;
+    // Counted once the hub removed the registration the 410 named.
+    let deadline = tokio::time::Instant::now() + DELIVERY_WAIT;
+    while metric(&relay.fanout, "invalid_token").await < 1 {
+        assert!(tokio::time::Instant::now() < deadline, "the 410 was not counted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // No registration: no push (the barrier's comes from the same read).
+    let second = message().await;
+    wait_for("barrier", second).await;
+    let received = relay.receiver.received();
+    assert_eq!(to(&received, "dead").len(), 1, "only the push the 410 answered");
+    assert!(to(&received, "deleted").is_empty(), "deleted before the first push");
+    for r in [&dead, &deleted] {
+        assert!(still_registered(&relay.fanout, r).await, "the device is kept");
+    }
+
+    // A PUT resumes the pushes: the subscriptions were kept.
+    for (r, token) in [(&dead, "revived"), (&deleted, "back")] {
+        let (status, body) = put(&relay.fanout, r, &json!({"provider": "apns", "token": token})).await;
+        assert_eq!(status, 204, "{body}");
+    }
+    let third = message().await;
+    wait_for("revived", third).await;
+    wait_for("back", third).await;
 }
 
 #[tokio::test]

@@ -117,9 +117,15 @@ async fn a_token_apns_declares_dead_ends_with_the_hub_registration_deleted() {
     let alive = device(&hub, "pair-alive", &topic).await;
 
     message(&hub, &topic).await;
-    // APNs 410 → the push server answers 410 → the hub compare-and-deletes (§2.4).
-    until("the dead registration deleted on the hub", async || !still_registered(&hub, &dead).await).await;
-    assert!(still_registered(&hub, &alive).await, "the other device keeps its registration");
-    assert_eq!(metric(&hub, "invalid_token").await, 1);
+    // APNs 410 → the push server answers 410 → the hub compare-and-removes
+    // the registration (§2.4), counted once it is removed.
+    until("the dead registration removed on the hub", async || metric(&hub, "invalid_token").await == 1).await;
     assert_eq!(push_server.sandbox.received_for("pair-alive").len(), 1);
+    // The device stays (§1: only its registration goes); its next push is not sent.
+    assert!(still_registered(&hub, &dead).await);
+    message(&hub, &topic).await;
+    until("the next push for the live device", async || push_server.sandbox.received_for("pair-alive").len() == 2)
+        .await;
+    assert_eq!(push_server.sandbox.received_for("pair-dead").len(), 1, "no registration: no push");
+    assert!(still_registered(&hub, &alive).await, "the other device keeps its registration");
 }

@@ -133,7 +133,10 @@ async fn bad_subscriptions_and_private_endpoints_are_refused_at_registration() {
         (with(public, &off_curve, &sub.auth), "p256dh must be an uncompressed P-256 point of 65 bytes"),
         (with(public, &sub.p256dh, &sub.auth[..8]), "auth must be 16 bytes"),
         (with(&sub.endpoint.replace("https:", "http:"), &sub.p256dh, &sub.auth), "webpush endpoint must use https"),
-        (with("", &sub.p256dh, &sub.auth), "url is empty"),
+        // Admission check 4 names the field sent: WebPushDelivery.endpoint.
+        (with("", &sub.p256dh, &sub.auth), "endpoint is empty"),
+        (with(&"a".repeat(2049), &sub.p256dh, &sub.auth), "endpoint is longer than 2048 characters"),
+        (with("https://push.example.net/\0", &sub.p256dh, &sub.auth), "endpoint contains a NUL character"),
     ];
     for (d, message) in cases {
         let status = refused(d).await;

@@ -1,10 +1,10 @@
 //! The FCM row of spec 000 section 7's outcome table.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use serde::Deserialize;
 
-use crate::channel::Outcome;
+use crate::channel::{Outcome, retry_after};
 
 /// 429, QuotaFailure, QUOTA_EXCEEDED: transient, delay 60 seconds.
 pub(super) const QUOTA_DELAY: Duration = Duration::from_secs(60);
@@ -12,7 +12,7 @@ pub(super) const QUOTA_DELAY: Duration = Duration::from_secs(60);
 /// delay 10 seconds; also a failed token fetch, which is part of the attempt.
 pub(super) const RETRY_DELAY: Duration = Duration::from_secs(10);
 /// A Retry-After longer than the delay is honoured up to this.
-pub(in crate::channel) const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
+pub(super) const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
 
 /// A timed-out attempt.
 pub(super) const TIMED_OUT: Outcome = Outcome::transient(RETRY_DELAY);
@@ -77,25 +77,17 @@ pub(super) fn classify(status: u16, details: &ErrorDetails) -> Outcome {
     }
 }
 
-/// A Retry-After longer than a transient outcome's delay is honoured up to
-/// 300 seconds: the delay becomes max(delay, min(retry_after, 300 s)).
-pub(in crate::channel) fn honour_retry_after(outcome: Outcome, retry_after: Option<Duration>) -> Outcome {
-    match (outcome, retry_after) {
-        (Outcome::Transient { delay }, Some(after)) => Outcome::transient(delay.max(after.min(MAX_RETRY_AFTER))),
-        (outcome, _) => outcome,
-    }
-}
-
-/// Retry-After as delay-seconds. (An HTTP-date is not used by FCM and is ignored.)
-pub(in crate::channel) fn retry_after(headers: &http::HeaderMap) -> Option<Duration> {
-    let value = headers.get(http::header::RETRY_AFTER)?.to_str().ok()?.trim();
-    value.parse::<u64>().ok().map(Duration::from_secs)
-}
-
-/// The answer to one request, Retry-After applied.
-pub(super) fn classify_answer(status: http::StatusCode, headers: &http::HeaderMap, body: &[u8]) -> Outcome {
+/// The answer to one request, Retry-After applied: "a Retry-After longer
+/// than the delay is honoured up to 300 seconds" (section 7), in either of
+/// its forms (delay-seconds or an HTTP-date from `now`).
+pub(super) fn classify_answer(
+    status: http::StatusCode,
+    headers: &http::HeaderMap,
+    body: &[u8],
+    now: SystemTime,
+) -> Outcome {
     let details = if status == http::StatusCode::OK { ErrorDetails::default() } else { error_details(body) };
-    honour_retry_after(classify(status.as_u16(), &details), retry_after(headers))
+    retry_after::honour(classify(status.as_u16(), &details), retry_after::from_headers(headers, now, MAX_RETRY_AFTER))
 }
 
 #[cfg(test)]
@@ -160,23 +152,28 @@ mod tests {
         assert_eq!(error_details(b""), details(false, None));
     }
     #[test]
-    fn retry_after_is_honoured_up_to_300_seconds() {
-        let s = Duration::from_secs;
-        let t = |d| Outcome::transient(s(d));
-        assert_eq!(honour_retry_after(t(10), Some(s(30))), t(30));
-        assert_eq!(honour_retry_after(t(10), Some(s(5))), t(10), "shorter than the delay: the delay");
-        assert_eq!(honour_retry_after(t(60), Some(s(3600))), t(300), "capped");
-        assert_eq!(honour_retry_after(t(60), Some(s(120))), t(120));
-        assert_eq!(honour_retry_after(t(10), None), t(10));
-        assert_eq!(honour_retry_after(Outcome::Rejected, Some(s(30))), Outcome::Rejected);
-        assert_eq!(honour_retry_after(Outcome::Terminal, Some(s(30))), Outcome::Terminal);
-
-        let mut headers = http::HeaderMap::new();
-        assert_eq!(retry_after(&headers), None);
-        headers.insert(http::header::RETRY_AFTER, HeaderValue::from_static(" 120 "));
-        assert_eq!(retry_after(&headers), Some(s(120)));
-        headers.insert(http::header::RETRY_AFTER, HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"));
-        assert_eq!(retry_after(&headers), None);
+    fn retry_after_is_honoured_up_to_300_seconds_in_both_forms() {
+        // Wed, 21 Oct 2015 07:28:00 GMT.
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_445_412_480);
+        let answer = |status: u16, retry_after: Option<&'static str>| {
+            let mut headers = http::HeaderMap::new();
+            if let Some(value) = retry_after {
+                headers.insert(http::header::RETRY_AFTER, HeaderValue::from_static(value));
+            }
+            classify_answer(http::StatusCode::from_u16(status).unwrap(), &headers, b"", now)
+        };
+        let t = |secs| Outcome::transient(Duration::from_secs(secs));
+        assert_eq!(answer(503, Some(" 120 ")), t(120));
+        assert_eq!(answer(503, Some("5")), t(10), "shorter than the delay: the delay");
+        assert_eq!(answer(429, Some("3600")), t(300), "capped");
+        assert_eq!(answer(429, Some("120")), t(120));
+        assert_eq!(answer(503, None), t(10));
+        assert_eq!(answer(400, Some("30")), Outcome::Rejected);
+        // An HTTP-date is the delay from now, under the same cap.
+        assert_eq!(answer(503, Some("Wed, 21 Oct 2015 07:30:00 GMT")), t(120));
+        assert_eq!(answer(503, Some("Wed, 21 Oct 2015 08:28:00 GMT")), t(300));
+        assert_eq!(answer(503, Some("Wed, 21 Oct 2015 07:27:00 GMT")), t(10), "past: the delay");
+        assert_eq!(answer(429, Some("Wednesday, 21-Oct-15 07:30:00 GMT")), t(120), "RFC 850");
     }
 
     /// Issue 16 item 7: FCM answers, property-tested.
@@ -229,14 +226,17 @@ mod tests {
                 body in "\\PC{0,40}|\\{\"error\":\\{\"details\":\\[\\]\\}\\}",
             ) {
                 let mut headers = http::HeaderMap::new();
+                let mut sent = None;
                 if let Some(value) = retry_after.as_deref().and_then(|v| HeaderValue::from_str(v).ok()) {
                     headers.insert(http::header::RETRY_AFTER, value);
-                    if let Ok(secs) = value_secs(retry_after.as_deref().unwrap()) {
-                        prop_assert_eq!(super::retry_after(&headers), Some(Duration::from_secs(secs)));
-                    }
+                    sent = value_secs(retry_after.as_deref().unwrap());
                 }
                 let status = http::StatusCode::from_u16(status).unwrap();
-                let outcome = classify_answer(status, &headers, body.as_bytes());
+                let outcome = classify_answer(status, &headers, body.as_bytes(), SystemTime::now());
+                if let (Some(secs), Outcome::Transient { delay }) = (sent, outcome) {
+                    // Read as sent: the delay is at least the Retry-After, capped.
+                    prop_assert!(delay >= Duration::from_secs(secs).min(MAX_RETRY_AFTER));
+                }
                 if let Some(delay) = outcome.retry_delay() {
                     prop_assert!(delay <= MAX_RETRY_AFTER);
                 }
@@ -244,8 +244,10 @@ mod tests {
             }
         }
 
-        fn value_secs(text: &str) -> Result<u64, std::num::ParseIntError> {
-            text.trim().parse()
+        /// delay-seconds: digits only.
+        fn value_secs(text: &str) -> Option<u64> {
+            let text = text.trim();
+            text.bytes().all(|b| b.is_ascii_digit()).then(|| text.parse().ok()).flatten()
         }
     }
 }

@@ -8,7 +8,7 @@ mod request;
 mod settings;
 mod token;
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -108,7 +108,7 @@ impl FcmProvider {
                     // Rejected per the table; the next attempt fetches a new token.
                     self.tokens.invalidate(&access);
                 }
-                classify_answer(answer.status, &answer.headers, &answer.body)
+                classify_answer(answer.status, &answer.headers, &answer.body, SystemTime::now())
             }
             Err(SendError::Timeout) => TIMED_OUT,
             Err(SendError::Connection(_)) => CONNECTION_ERROR,

@@ -4,6 +4,8 @@
 
 use std::time::{Duration, SystemTime};
 
+use crate::channel::retry_after;
+
 /// What an attempt's answer means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Answer {
@@ -44,12 +46,7 @@ pub fn classify(status: u16, retry_after: Option<&str>, now: SystemTime) -> Answ
 /// the past is no delay). Capped at 60 s; anything else is ignored and the
 /// schedule alone applies.
 pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
-    let value = value.trim();
-    let delay = match value.parse::<u64>() {
-        Ok(secs) => Duration::from_secs(secs),
-        Err(_) => httpdate::parse_http_date(value).ok()?.duration_since(now).unwrap_or(Duration::ZERO),
-    };
-    Some(delay.min(RETRY_AFTER_CAP))
+    retry_after::parse(value, now, RETRY_AFTER_CAP)
 }
 
 /// The wait before the next attempt after `attempts` attempts failed

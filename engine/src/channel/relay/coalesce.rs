@@ -95,7 +95,7 @@ pub(super) mod tests {
         Arc::new(Recipient {
             id: RecipientId::from_bytes([id; 32]),
             secret_hash: SecretHash([0; 32]),
-            target: DeliveryTarget::Relay(registration),
+            target: DeliveryTarget::Relay(Some(registration)),
             renewed_at_ns: 0,
             topic_count: 0,
         })

@@ -47,7 +47,7 @@ use self::signing::WebhookSecret;
 use super::pool::{ClientOptions, Pool, PoolMetrics, PoolOptions, Protocols, Resolver};
 use super::{BuildError, ChannelContext, Outcome, Provider, Push, PushQueue, QueueBatch, client_tls_config};
 use crate::delivery::Delivery;
-use crate::domain::{Channel, RecipientId};
+use crate::domain::{Channel, DeliveryTarget, RecipientId};
 
 /// The push server is one trusted host: HTTP/2 or HTTP/1.1 as it prefers.
 const CLIENT_OPTIONS: ClientOptions =
@@ -181,6 +181,14 @@ impl QueueBatch for RelayBatch {
         let Delivery { envelope, recipient, mut first_attempt, .. } = delivery;
         // A pending copy of an abandoned page: the replay sends it.
         if first_attempt.as_ref().is_some_and(|f| !f.accept()) {
+            return;
+        }
+        // 003 §1: a device whose registration was removed keeps its
+        // subscriptions and gets no push until it registers again.
+        if matches!(recipient.target, DeliveryTarget::Relay(None)) {
+            if let Some(first) = first_attempt {
+                first.settle();
+            }
             return;
         }
         let notifications = event::notifications(&envelope, self.member_events);

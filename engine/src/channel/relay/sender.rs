@@ -20,7 +20,7 @@ use crate::channel::pool::Pool;
 use crate::domain::Timestamp;
 use crate::domain::{Channel, DeliveryTarget};
 use crate::metrics::Metrics;
-use crate::store::Store;
+use crate::store::{RegistrationRemoval, Store};
 
 /// Where webhook pushes go; absent when no URL is configured (pushes skipped).
 pub struct Webhook {
@@ -66,7 +66,8 @@ impl Senders {
         let push = &mut taken.push;
         let id = push.recipient.id;
         let recipient = push.recipient.clone();
-        let DeliveryTarget::Relay(registration) = &recipient.target else {
+        // A device without a registration (003 §1: removed) gets no push.
+        let DeliveryTarget::Relay(Some(registration)) = &recipient.target else {
             push.settle();
             self.queue.finished(id);
             return;
@@ -111,17 +112,18 @@ impl Senders {
                 let gauge = self.metrics.in_flight.with_label_values(&[channel]);
                 gauge.inc();
                 let started = Instant::now();
-                // The pool bounds the request to 10 s; `timeout_seconds` may be shorter.
-                let answer = tokio::time::timeout(self.timeout, webhook.pool.send(request)).await;
+                // `timeout_seconds` (at most 10 s) bounds the attempt once it has
+                // its in-flight slot: waiting for one is not an attempt.
+                let answer = webhook.pool.send_within(request, self.timeout).await;
                 gauge.dec();
                 self.metrics.provider_latency.with_label_values(&[channel]).observe(started.elapsed().as_secs_f64());
                 match answer {
-                    Ok(Ok(a)) => {
+                    Ok(a) => {
                         let retry_after = a.headers.get(http::header::RETRY_AFTER).and_then(|v| v.to_str().ok());
                         (classify(a.status.as_u16(), retry_after, SystemTime::now()), Some(a.status.as_u16()))
                     }
                     // 003 §2.4: a timeout or a transport error is retried.
-                    Ok(Err(_)) | Err(_) => (NO_ANSWER, None),
+                    Err(_) => (NO_ANSWER, None),
                 }
             }
         };
@@ -133,9 +135,8 @@ impl Senders {
                 self.queue.finished(id);
             }
             Answer::InvalidToken => {
-                self.counters.invalid_token.inc();
                 self.queue.finished(id);
-                self.delete_if_unchanged(recipient.clone());
+                self.remove_if_unchanged(recipient.clone());
             }
             Answer::Permanent => {
                 self.counters.failed.inc();
@@ -159,17 +160,23 @@ impl Senders {
         }
     }
 
-    /// 003 §2.4 / PUSH-234: delete the registration only if the device still
-    /// has the one that was sent (a re-registration keeps the new one). The
-    /// recipient is the device, so its subscriptions go with it, as for a
-    /// dead APNs or FCM token.
-    fn delete_if_unchanged(&self, recipient: Arc<crate::domain::Recipient>) {
-        let Some(store) = self.store.clone() else { return };
-        let metrics = self.metrics.clone();
+    /// 003 §2.4: remove the registration unless the device registered a
+    /// different provider or token meanwhile. Only the registration goes
+    /// (§1): the device keeps its subscriptions, and a later PUT resumes its
+    /// pushes. Counted once the store has answered, so the count follows
+    /// the removal.
+    fn remove_if_unchanged(&self, recipient: Arc<crate::domain::Recipient>) {
+        let counted = self.counters.invalid_token.clone();
+        let Some(store) = self.store.clone() else {
+            counted.inc();
+            return;
+        };
         tokio::spawn(async move {
-            if let Ok(true) = store.delete_recipient_if_unchanged(&recipient).await {
-                metrics.recipients_deleted.with_label_values(&["relay_invalid_token"]).inc();
+            let removal = RegistrationRemoval::Invalid { sent: recipient };
+            if let Err(e) = store.remove_relay_registration(&removal).await {
+                tracing::warn!(error = %e, "could not remove a relay registration the push server declared invalid");
             }
+            counted.inc();
         });
     }
 }

@@ -20,6 +20,7 @@ mod settings;
 pub mod vapid;
 
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use async_trait::async_trait;
 use http::StatusCode;
@@ -117,7 +118,7 @@ impl WebPushProvider {
                     // Rejected per the table; the next push signs a new token.
                     self.vapid.forget(&origin);
                 }
-                classify_answer(answer.status, &answer.headers)
+                classify_answer(answer.status, &answer.headers, SystemTime::now())
             }
             Err(SendError::Timeout) => TIMED_OUT,
             Err(SendError::Connection(_)) => CONNECTION_ERROR,

@@ -70,7 +70,9 @@ pub(super) fn decode_static(id: RecipientId, row: StaticRow) -> Result<Option<Ve
             url: WebhookUrl::parse(&target_text).map_err(|_| corrupt(WHAT))?,
             signing_key: signing_key.as_deref().and_then(|k| SigningKey::parse(k).ok()).ok_or_else(|| corrupt(WHAT))?,
         },
-        Channel::Relay => DeliveryTarget::Relay(decode_relay(&target_text).ok_or_else(|| corrupt(WHAT))?),
+        // 003 §1: a removed registration is JSON `null`.
+        Channel::Relay if target_text == NO_REGISTRATION => DeliveryTarget::Relay(None),
+        Channel::Relay => DeliveryTarget::Relay(Some(decode_relay(&target_text).ok_or_else(|| corrupt(WHAT))?)),
         // The keys in the signing_key column: p256dh (65 bytes), then auth.
         Channel::WebPush => DeliveryTarget::WebPush {
             endpoint: WebhookUrl::parse(&target_text).map_err(|_| corrupt(WHAT))?,
@@ -103,12 +105,16 @@ pub(super) fn encode_target(target: &DeliveryTarget) -> (i8, Cow<'_, str>, Optio
         DeliveryTarget::Http { url, signing_key } => {
             (channel, Cow::Borrowed(url.as_str()), Some(Cow::Borrowed(signing_key.as_bytes())))
         }
-        DeliveryTarget::Relay(r) => (channel, Cow::Owned(encode_relay(r)), None),
+        DeliveryTarget::Relay(None) => (channel, Cow::Borrowed(NO_REGISTRATION), None),
+        DeliveryTarget::Relay(Some(r)) => (channel, Cow::Owned(encode_relay(r)), None),
         DeliveryTarget::WebPush { endpoint, keys } => {
             (channel, Cow::Borrowed(endpoint.as_str()), Some(Cow::Owned([&keys.p256dh()[..], keys.auth()].concat())))
         }
     }
 }
+
+/// The `target` of a relay device whose registration was removed (003 §1).
+const NO_REGISTRATION: &str = "null";
 
 /// Spec 003 §1's fields as one JSON object in the `target` column: the
 /// registration is read and replaced whole, so it needs no columns of its own.
