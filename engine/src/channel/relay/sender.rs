@@ -19,7 +19,7 @@ use super::signing::{HEADER_DELIVERY, HEADER_SIGNATURE, WebhookSecret, signature
 use crate::channel::pool::Pool;
 use crate::domain::Timestamp;
 use crate::domain::{Channel, DeliveryTarget};
-use crate::metrics::Metrics;
+use crate::metrics::{Deleted, Metrics};
 use crate::store::Store;
 
 /// Where webhook pushes go; absent when no URL is configured (pushes skipped).
@@ -48,6 +48,9 @@ impl Senders {
     /// be coalesced, dropped or duplicated"); what had no first attempt is
     /// above the checkpoint and sent again after a restart.
     pub fn start(self, count: usize) {
+        if self.webhook.is_some() {
+            self.initialise_metrics();
+        }
         let (retry_tx, retry_rx) = mpsc::unbounded_channel();
         let senders = Arc::new(self);
         tokio::spawn(retry_timer(senders.queue.clone(), retry_rx));
@@ -159,6 +162,19 @@ impl Senders {
         }
     }
 
+    /// The series the webhook's attempts count, at zero before the first:
+    /// an outage of the push server at start-up must show in `increase()`.
+    fn initialise_metrics(&self) {
+        let channel = Channel::Relay.as_str();
+        for answer in [Answer::Delivered, Answer::InvalidToken, NO_ANSWER, Answer::Permanent] {
+            self.metrics.attempts.with_label_values(&[channel, label(answer)]);
+        }
+        self.metrics.in_flight.with_label_values(&[channel]);
+        self.metrics.provider_latency.with_label_values(&[channel]);
+        self.metrics.retry_delay.with_label_values(&[channel]);
+        self.metrics.recipients_deleted_by(Deleted::RelayInvalidToken);
+    }
+
     /// 003 §2.4 / PUSH-234: delete the registration only if the device still
     /// has the one that was sent (a re-registration keeps the new one). The
     /// recipient is the device, so its subscriptions go with it, as for a
@@ -168,7 +184,7 @@ impl Senders {
         let metrics = self.metrics.clone();
         tokio::spawn(async move {
             if let Ok(true) = store.delete_recipient_if_unchanged(&recipient).await {
-                metrics.recipients_deleted.with_label_values(&["relay_invalid_token"]).inc();
+                metrics.recipients_deleted_by(Deleted::RelayInvalidToken).inc();
             }
         });
     }
