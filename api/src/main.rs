@@ -161,6 +161,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         .register_encoded_file_descriptor_set(fanout_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
+    grpc::initialise_metrics(&engine.metrics());
     let notification = grpc::NotificationApi { registry: engine.registry(), metrics: engine.metrics() };
     let publish = grpc::PublishApi { ingest: engine.ingest(), shutdown: shutdown_rx.clone() };
     // Every service decodes at most this much per message.

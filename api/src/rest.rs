@@ -32,6 +32,23 @@ use serde_json::{Map, Value, json};
 /// A registration body is a few short fields and a token of at most 4096 bytes.
 const MAX_BODY: usize = 16 * 1024;
 
+/// The `route` labels of the registration endpoints.
+const PUT_REGISTRATION: &str = "put_registration";
+const DELETE_REGISTRATION: &str = "delete_registration";
+/// Every problem code the registration routes answer (`credentials`,
+/// `registration_body`, `admission_problem`), each created at zero with the
+/// listener so that a refusal before the first scrape shows in `increase()`.
+const REGISTRATION_CODES: [&str; 8] = [
+    "validation_failed",
+    "unauthorized",
+    "forbidden",
+    "not_found",
+    "channel_not_configured",
+    "limit_exceeded",
+    "payload_too_large",
+    "unavailable",
+];
+
 #[derive(Clone)]
 pub struct ApiState {
     pub registry: Arc<Registry>,
@@ -44,7 +61,16 @@ pub struct ApiState {
     pub gateway: Option<crate::gateway::GatewayState>,
 }
 
+fn initialise_metrics(metrics: &Metrics) {
+    for route in [PUT_REGISTRATION, DELETE_REGISTRATION] {
+        for code in std::iter::once("ok").chain(REGISTRATION_CODES) {
+            metrics.http_requests.with_label_values(&[route, code]);
+        }
+    }
+}
+
 pub fn router(state: ApiState, max_body_bytes: usize) -> Router {
+    initialise_metrics(&state.metrics);
     // The ingress path cannot collide: its settings keep it out of /v2/ and /_arkret/.
     let ingress = state
         .relay_ingress
@@ -207,7 +233,7 @@ async fn put_registration(State(state): State<ApiState>, headers: HeaderMap, bod
         state.registry.register(&id, &secret, Some(DeliveryInput::Relay(input))).await.map_err(admission_problem)
     }
     .await;
-    respond(&state, "put_registration", result.map(|_| ()))
+    respond(&state, PUT_REGISTRATION, result.map(|_| ()))
 }
 
 /// 003 §1: DELETE removes the registration, not the device: its
@@ -219,7 +245,7 @@ async fn delete_registration(State(state): State<ApiState>, headers: HeaderMap) 
         state.registry.remove_relay_registration(&id, &secret).await.map_err(admission_problem)
     }
     .await;
-    respond(&state, "delete_registration", result)
+    respond(&state, DELETE_REGISTRATION, result)
 }
 
 /// 204 on success; counts the request by route and result (`ok` or the
@@ -251,6 +277,21 @@ async fn push_log(State(state): State<ApiState>, RawQuery(query): RawQuery) -> R
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_registration_route_and_code_is_at_zero_from_the_start() {
+        let metrics = Metrics::new();
+        initialise_metrics(&metrics);
+        let exposed = metrics.render();
+        for route in ["put_registration", "delete_registration"] {
+            for code in ["ok", "unauthorized", "forbidden", "validation_failed", "unavailable"] {
+                let series = format!(r#"fanout_http_requests_total{{code="{code}",route="{route}"}} 0"#);
+                assert!(exposed.contains(&series), "{series} missing:\n{exposed}");
+            }
+        }
+        // The gateway's routes come with the gateway.
+        assert!(!exposed.contains(r#"route="notify""#), "{exposed}");
+    }
 
     fn headers(auth: &str) -> HeaderMap {
         let mut h = HeaderMap::new();

@@ -14,7 +14,7 @@ use crate::domain::{
     EnvelopeKind, MembershipChange, MessageId, NewEnvelope, ParseError, RelayMeta, SenderHmac, SequenceRefusal,
     ShardId, Topic,
 };
-use crate::metrics::{Limit, Metrics};
+use crate::metrics::{Limit, Metrics, PublishResult};
 use crate::ownership::ShardOwnership;
 use crate::store::{Appended, Store, StoreError};
 use crate::supervisor::SupervisorMsg;
@@ -158,8 +158,8 @@ impl Ingest {
             })
             .collect::<Vec<_>>();
         let stored = results.iter().filter(|r| r.1.is_ok()).count() as u64;
-        self.metrics.envelopes_published.with_label_values(&["stored"]).inc_by(stored);
-        self.metrics.envelopes_published.with_label_values(&["rejected"]).inc_by(results.len() as u64 - stored);
+        self.metrics.envelopes_published_as(PublishResult::Stored).inc_by(stored);
+        self.metrics.envelopes_published_as(PublishResult::Rejected).inc_by(results.len() as u64 - stored);
         if !woken.is_empty() {
             let _ = self.dispatch.cast(SupervisorMsg::Wake(woken.into_iter().collect()));
         }

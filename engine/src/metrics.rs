@@ -2,9 +2,10 @@
 //! outcome, method, status code, stage. Never an id, token, URL or topic (PUSH-254).
 
 use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
-    Opts, Registry,
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
+
+use crate::domain::Channel;
 
 pub struct Metrics {
     pub registry: Registry,
@@ -70,8 +71,64 @@ impl Limit {
     }
 }
 
-const LATENCY_BUCKETS: &[f64] =
-    &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+/// Why the engine deleted a recipient, as the `reason` label names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deleted {
+    /// A terminal outcome, the stored registration unchanged (PUSH-234).
+    Terminal,
+    /// The retention pass (PUSH-226).
+    Expired,
+}
+
+impl Deleted {
+    pub const ALL: [Deleted; 2] = [Deleted::Terminal, Deleted::Expired];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Terminal => "terminal",
+            Self::Expired => "expired",
+        }
+    }
+}
+
+/// What became of a published envelope, as the `result` label names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PublishResult {
+    Stored,
+    Rejected,
+}
+
+impl PublishResult {
+    pub const ALL: [PublishResult; 2] = [PublishResult::Stored, PublishResult::Rejected];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Stored => "stored",
+            Self::Rejected => "rejected",
+        }
+    }
+}
+
+/// A provider's credential series (APNs provider tokens, FCM access
+/// tokens), created at zero with its channel: a token outage at start-up
+/// must show in `increase()`, which needs a series before the first failure.
+#[derive(Clone)]
+pub struct TokenMetrics {
+    pub refreshes: IntCounter,
+    pub failures: IntCounter,
+}
+
+impl TokenMetrics {
+    pub fn new(metrics: &Metrics, channel: Channel) -> Self {
+        let channel = channel.as_str();
+        Self {
+            refreshes: metrics.provider_token_refreshes.with_label_values(&[channel]),
+            failures: metrics.provider_token_failures.with_label_values(&[channel]),
+        }
+    }
+}
+
+const LATENCY_BUCKETS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
 
 impl Metrics {
     pub fn new() -> Self {
@@ -115,7 +172,11 @@ impl Metrics {
                 "Deliveries finished, by channel and final outcome",
                 &["channel", "outcome"],
             ),
-            attempts: counter_vec("fanout_attempts_total", "Provider attempts, by channel and outcome", &["channel", "outcome"]),
+            attempts: counter_vec(
+                "fanout_attempts_total",
+                "Provider attempts, by channel and outcome",
+                &["channel", "outcome"],
+            ),
             retries: counter_vec("fanout_retries_total", "Attempts scheduled for retry, by channel", &["channel"]),
             unsent: counter_vec(
                 "fanout_unsent_total",
@@ -136,7 +197,11 @@ impl Metrics {
                 "Envelopes received on the publish service, by result",
                 &["result"],
             ),
-            rpc_requests: counter_vec("fanout_rpc_requests_total", "gRPC requests by method and status code", &["method", "code"]),
+            rpc_requests: counter_vec(
+                "fanout_rpc_requests_total",
+                "gRPC requests by method and status code",
+                &["method", "code"],
+            ),
             http_requests: counter_vec(
                 "fanout_http_requests_total",
                 "API listener requests (spec 003 registration) by route and result (ok or the problem code)",
@@ -168,7 +233,10 @@ impl Metrics {
             relay_queue_devices: gauge("fanout_relay_queue_devices", "Devices with a pending relay push"),
             relay_retry_waiting: gauge("fanout_relay_retry_waiting", "Relay pushes waiting for a retry timer"),
             windows: counter("fanout_windows_total", "Dispatch windows completed"),
-            window_replays: counter("fanout_window_replays_total", "Windows abandoned and replayed from the checkpoint"),
+            window_replays: counter(
+                "fanout_window_replays_total",
+                "Windows abandoned and replayed from the checkpoint",
+            ),
             window_duration,
             dispatch_lag: gauge("fanout_dispatch_lag_envelopes", "Sum over shards of boundary minus checkpoint"),
             shard_restarts: counter("fanout_shard_restarts_total", "Shard actors restarted by the supervisor"),
@@ -191,10 +259,7 @@ impl Metrics {
                 "Delay before each scheduled retry, by channel",
                 &["channel"],
             ),
-            delivery_queue: gauge(
-                "fanout_delivery_queue_batches",
-                "Batches waiting in the delivery workers' queues",
-            ),
+            delivery_queue: gauge("fanout_delivery_queue_batches", "Batches waiting in the delivery workers' queues"),
             provider_token_refreshes: counter_vec(
                 "fanout_provider_token_refreshes_total",
                 "Provider credentials (APNs provider token, FCM access token) obtained, by channel",
@@ -207,7 +272,10 @@ impl Metrics {
             ),
             provider_waiting_sends: {
                 let g = IntGaugeVec::new(
-                    Opts::new("fanout_provider_waiting_sends", "Sends waiting for a provider's in-flight slot or rate limit"),
+                    Opts::new(
+                        "fanout_provider_waiting_sends",
+                        "Sends waiting for a provider's in-flight slot or rate limit",
+                    ),
                     &["channel"],
                 )
                 .expect("valid metric");
@@ -255,7 +323,22 @@ impl Metrics {
         for limit in Limit::ALL {
             metrics.limit_refusals.with_label_values(&[limit.as_str()]);
         }
+        // The publish service and the retention pass run on every engine.
+        for result in PublishResult::ALL {
+            metrics.envelopes_published.with_label_values(&[result.as_str()]);
+        }
+        metrics.recipients_deleted_by(Deleted::Expired);
         metrics
+    }
+
+    /// The series of recipients deleted for `reason`.
+    pub fn recipients_deleted_by(&self, reason: Deleted) -> IntCounter {
+        self.recipients_deleted.with_label_values(&[reason.as_str()])
+    }
+
+    /// The series of envelopes published with `result`.
+    pub fn envelopes_published_as(&self, result: PublishResult) -> IntCounter {
+        self.envelopes_published.with_label_values(&[result.as_str()])
     }
 
     /// Counts `n` inputs refused by `limit`.
@@ -370,5 +453,26 @@ impl GatewayMetrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fresh_registry_has_the_engine_wide_series_at_zero_and_no_channel_series() {
+        let exposed = Metrics::new().render();
+        for series in [
+            r#"fanout_envelopes_published_total{result="stored"} 0"#,
+            r#"fanout_envelopes_published_total{result="rejected"} 0"#,
+            r#"fanout_recipients_deleted_total{reason="expired"} 0"#,
+            r#"fanout_limit_refusals_total{limit="envelope_data"} 0"#,
+        ] {
+            assert!(exposed.contains(series), "{series} missing:\n{exposed}");
+        }
+        // A channel's series come with the channel, and none is configured.
+        assert!(!exposed.contains("channel="), "{exposed}");
+        assert!(!exposed.contains(r#"reason="terminal""#), "{exposed}");
     }
 }

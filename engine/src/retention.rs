@@ -11,7 +11,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use serde::Deserialize;
 
 use crate::domain::Timestamp;
-use crate::metrics::Metrics;
+use crate::metrics::{Deleted, Metrics};
 use crate::store::Store;
 
 /// `[engine.retention]`.
@@ -70,7 +70,7 @@ pub async fn run_pass(args: &RetentionArgs) {
     let cutoff = now.saturating_sub(args.ttl).as_unix_nanos();
     // A failure is counted and logged by the instrumented store; the next pass retries.
     if let Ok(n) = args.store.delete_expired(cutoff).await {
-        args.metrics.recipients_deleted.with_label_values(&["expired"]).inc_by(n);
+        args.metrics.recipients_deleted_by(Deleted::Expired).inc_by(n);
         if n > 0 {
             tracing::info!(deleted = n, "retention pass deleted expired recipients");
         }

@@ -11,6 +11,7 @@ pub use call::router;
 pub use guard::Guard;
 pub use notification::NotificationApi;
 pub use publish::PublishApi;
+pub use status::initialise_metrics;
 
 #[cfg(test)]
 mod tests {

@@ -7,7 +7,7 @@ use fanout_proto::v1 as pb;
 use pb::notification_service_server::NotificationService;
 use tonic::{Request, Response, Status};
 
-use super::status::{admission_status, record_rpc};
+use super::status::{REGISTER, UNREGISTER, UPDATE_SUBSCRIPTIONS, admission_status, record_rpc};
 
 pub struct NotificationApi {
     pub registry: Arc<Registry>,
@@ -57,7 +57,7 @@ impl NotificationService for NotificationApi {
             .await
             .map(|s| Response::new(state(s)))
             .map_err(admission_status);
-        self.count("Register", &result);
+        self.count(REGISTER, &result);
         result
     }
 
@@ -72,7 +72,7 @@ impl NotificationService for NotificationApi {
             .await
             .map(|()| Response::new(pb::UnregisterResponse {}))
             .map_err(admission_status);
-        self.count("Unregister", &result);
+        self.count(UNREGISTER, &result);
         result
     }
 
@@ -97,7 +97,7 @@ impl NotificationService for NotificationApi {
             .await
             .map(|s| Response::new(state(s)))
             .map_err(admission_status);
-        self.count("UpdateSubscriptions", &result);
+        self.count(UPDATE_SUBSCRIPTIONS, &result);
         result
     }
 }

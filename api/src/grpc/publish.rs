@@ -8,7 +8,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::publish_stream;
-use super::status::{record_rpc, store_status};
+use super::status::{PUBLISH, record_rpc, store_status};
 
 pub struct PublishApi {
     pub ingest: Arc<Ingest>,
@@ -72,7 +72,7 @@ fn rejection(e: EnvelopeRejection) -> pb::PublishError {
 impl PublishService for PublishApi {
     async fn publish(&self, request: Request<pb::PublishRequest>) -> Result<Response<pb::PublishResponse>, Status> {
         let result = publish_batch(&self.ingest, request.into_inner().envelopes).await;
-        record_rpc(&self.ingest.metrics, "Publish", &result);
+        record_rpc(&self.ingest.metrics, PUBLISH, &result);
         Ok(Response::new(pb::PublishResponse { results: result? }))
     }
 

@@ -30,7 +30,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 
 use super::publish::publish_batch;
-use super::status::record_rpc;
+use super::status::{PUBLISH_STREAM, record_rpc};
 
 /// Acknowledgements that may wait for the client to read them.
 const ACKS_AHEAD: usize = 4;
@@ -46,7 +46,7 @@ pub fn start(
     let (acks, rx) = mpsc::channel(ACKS_AHEAD);
     tokio::spawn(async move {
         let outcome = run(&ingest, batches, &acks, shutdown).await;
-        record_rpc(&ingest.metrics, "PublishStream", &outcome);
+        record_rpc(&ingest.metrics, PUBLISH_STREAM, &outcome);
         if let Err(status) = outcome {
             // After every acknowledgement queued before it; a client that
             // is gone does not need it.

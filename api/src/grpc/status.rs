@@ -23,6 +23,42 @@ pub fn store_status(e: StoreError) -> Status {
     Status::unavailable("storage unavailable")
 }
 
+/// The `method` label of each RPC `record_rpc` counts.
+pub const REGISTER: &str = "Register";
+pub const UNREGISTER: &str = "Unregister";
+pub const UPDATE_SUBSCRIPTIONS: &str = "UpdateSubscriptions";
+pub const PUBLISH: &str = "Publish";
+pub const PUBLISH_STREAM: &str = "PublishStream";
+const METHODS: [&str; 5] = [REGISTER, UNREGISTER, UPDATE_SUBSCRIPTIONS, PUBLISH, PUBLISH_STREAM];
+
+/// One code of each `code` label (`Unknown` for `OTHER`).
+const CODES: [tonic::Code; 11] = {
+    use tonic::Code::*;
+    [
+        Ok,
+        InvalidArgument,
+        NotFound,
+        PermissionDenied,
+        FailedPrecondition,
+        ResourceExhausted,
+        Unavailable,
+        Cancelled,
+        DeadlineExceeded,
+        OutOfRange,
+        Unknown,
+    ]
+};
+
+/// Creates every method × code series at zero, so that a refusal before the
+/// first scrape shows in `rate()` and `increase()`.
+pub fn initialise_metrics(metrics: &Metrics) {
+    for method in METHODS {
+        for code in CODES {
+            metrics.rpc_requests.with_label_values(&[method, code_label(code)]);
+        }
+    }
+}
+
 /// Counts one RPC by method and status code, and logs a refusal. The span set
 /// in main.rs adds the request id; a status message names a rule only.
 pub fn record_rpc<T>(metrics: &Metrics, method: &'static str, result: &Result<T, Status>) {
@@ -52,5 +88,26 @@ fn code_label(code: tonic::Code) -> &'static str {
         // Issue 11: a message over server.grpc_max_message_bytes.
         OutOfRange => "OUT_OF_RANGE",
         _ => "OTHER",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_method_and_code_is_at_zero_from_the_start() {
+        let metrics = Metrics::new();
+        initialise_metrics(&metrics);
+        let exposed = metrics.render();
+        let series: Vec<&str> = exposed.lines().filter(|l| l.starts_with("fanout_rpc_requests_total{")).collect();
+        assert_eq!(series.len(), 5 * 11, "{exposed}");
+        for line in [
+            r#"fanout_rpc_requests_total{code="OK",method="Register"} 0"#,
+            r#"fanout_rpc_requests_total{code="UNAVAILABLE",method="Publish"} 0"#,
+            r#"fanout_rpc_requests_total{code="OTHER",method="PublishStream"} 0"#,
+        ] {
+            assert!(series.contains(&line), "{line} missing:\n{exposed}");
+        }
     }
 }

@@ -191,6 +191,11 @@ impl Channels {
         self.providers.get(&channel)
     }
 
+    /// Every configured provider, in no particular order.
+    pub fn providers(&self) -> impl Iterator<Item = &Arc<dyn Provider>> {
+        self.providers.values()
+    }
+
     pub fn is_configured(&self, channel: Channel) -> bool {
         self.providers.contains_key(&channel)
     }

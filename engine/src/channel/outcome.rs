@@ -30,6 +30,11 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// One outcome of each attempt label (`Gone` counts as `Transient`;
+    /// `NotSent` is not an attempt), for creating the series at zero.
+    pub const ATTEMPTED: [Outcome; 5] =
+        [Self::Delivered, Self::transient(Duration::ZERO), Self::Rejected, Self::Mismatch, Self::Terminal];
+
     pub const fn transient(delay: Duration) -> Self {
         Self::Transient { delay }
     }
@@ -51,6 +56,15 @@ impl Outcome {
             Self::Mismatch => "mismatch",
             Self::Terminal => "terminal",
             Self::NotSent { .. } => "not_sent",
+        }
+    }
+
+    /// The label of a delivery that ended with this outcome: a retried one
+    /// ended because `max_attempts` ran out.
+    pub fn delivery_label(&self) -> &'static str {
+        match self.retry_delay() {
+            Some(_) => "exhausted",
+            None => self.label(),
         }
     }
 }

@@ -49,6 +49,10 @@ impl DeliveryWorkers {
     /// Starts `ctx.settings.workers` workers. Each ends when every clone of
     /// the returned `DeliveryWorkers` is dropped and its work has finished.
     pub fn start(ctx: Arc<WorkerContext>) -> (Self, Vec<tokio::task::JoinHandle<()>>) {
+        // The channels with their own queue (the relay) count their own series.
+        for provider in ctx.channels.providers().filter(|p| p.queue().is_none()) {
+            series::initialise(&ctx.metrics, provider.channel());
+        }
         let (queues, handles) = (0..ctx.settings.workers.get())
             .map(|_| {
                 let (tx, rx) = mpsc::channel(ctx.settings.queue_batches.get());

@@ -4,15 +4,36 @@
 //! handles also let the worker, not the attempt, count an attempt in flight,
 //! so one that panics is counted out too (docs/BENCHMARKS.md, finding 10:
 //! the rate did not change beyond the noise). A handle is the same series,
-//! so the exposition is unchanged: a series appears when it is first counted.
+//! so the exposition is unchanged: `initialise` creates a configured
+//! channel's series at zero at start-up, and a handle finds them.
 
 use prometheus::{Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec};
 
+use crate::channel::Outcome;
 use crate::domain::Channel;
-use crate::metrics::Metrics;
+use crate::metrics::{Deleted, Metrics};
 
 /// `Channel`'s discriminants are 1..=5.
 const CHANNEL_SLOTS: usize = 6;
+
+/// Creates every series the workers count for `channel` at zero: a failure
+/// before the first scrape is invisible to `rate()` and `increase()` when its
+/// series first appears already counted.
+pub(super) fn initialise(m: &Metrics, channel: Channel) {
+    let label = channel.as_str();
+    m.in_flight.with_label_values(&[label]);
+    for histogram in [&m.provider_latency, &m.publish_to_attempt, &m.retry_delay] {
+        histogram.with_label_values(&[label]);
+    }
+    for counter in [&m.unsent, &m.retries] {
+        counter.with_label_values(&[label]);
+    }
+    for outcome in Outcome::ATTEMPTED {
+        m.attempts.with_label_values(&[label, outcome.label()]);
+        m.deliveries.with_label_values(&[label, outcome.delivery_label()]);
+    }
+    m.recipients_deleted_by(Deleted::Terminal);
+}
 
 #[derive(Default)]
 pub(super) struct Series {

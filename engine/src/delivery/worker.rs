@@ -18,7 +18,7 @@ use super::series::Series;
 use super::{Delivery, DeliverySettings, FirstAttempt};
 use crate::channel::{Channels, Outcome, Push};
 use crate::domain::{Channel, Timestamp};
-use crate::metrics::Metrics;
+use crate::metrics::{Deleted, Metrics};
 use crate::store::Store;
 
 /// What every worker shares (read-only).
@@ -215,18 +215,14 @@ fn settle(
         }
         None => outcome,
     };
-    let label = match final_outcome.retry_delay() {
-        Some(_) => "exhausted",
-        None => final_outcome.label(),
-    };
-    series.deliveries(m, label).inc();
+    series.deliveries(m, final_outcome.delivery_label()).inc();
     if final_outcome == Outcome::Terminal {
         // PUSH-234: only if the stored registration is still the one we used.
         let ctx = ctx.clone();
         let recipient = delivery.recipient.clone();
         deletions.spawn(async move {
             match ctx.store.delete_recipient_if_unchanged(&recipient).await {
-                Ok(true) => ctx.metrics.recipients_deleted.with_label_values(&["terminal"]).inc(),
+                Ok(true) => ctx.metrics.recipients_deleted_by(Deleted::Terminal).inc(),
                 Ok(false) => {}
                 // Counted and logged by the instrumented store.
                 Err(_) => {}
@@ -396,6 +392,52 @@ mod tests {
             handle.await.unwrap();
         }
         Run { store, metrics, first_attempts, latch, _dir: dir }
+    }
+
+    #[tokio::test]
+    async fn the_configured_channels_series_are_at_zero_before_any_delivery() {
+        let metrics = Arc::new(Metrics::new());
+        let mut channels = Channels::default();
+        channels.insert(Scripted::new(Channel::Apns, &[]));
+        channels.insert(Scripted::new(Channel::Http, &[]));
+        let dir = tempfile::tempdir().unwrap();
+        let settings = DeliverySettings { workers: NonZeroUsize::MIN, ..DeliverySettings::default() };
+        let (workers, handles) = DeliveryWorkers::start(Arc::new(WorkerContext {
+            max_in_flight: settings.in_flight_per_worker(8),
+            settings,
+            max_attempts: 3,
+            channels,
+            store: Arc::new(RedbStore::open(dir.path(), 4).unwrap()),
+            metrics: metrics.clone(),
+        }));
+        drop(workers);
+        for handle in handles {
+            handle.await.unwrap();
+        }
+        let exposed = metrics.render();
+        for channel in ["apns", "http"] {
+            let mut expected = vec![
+                format!(r#"fanout_retries_total{{channel="{channel}"}} 0"#),
+                format!(r#"fanout_unsent_total{{channel="{channel}"}} 0"#),
+                format!(r#"fanout_in_flight_attempts{{channel="{channel}"}} 0"#),
+                format!(r#"fanout_provider_latency_seconds_count{{channel="{channel}"}} 0"#),
+                format!(r#"fanout_publish_to_attempt_seconds_count{{channel="{channel}"}} 0"#),
+                format!(r#"fanout_retry_delay_seconds_count{{channel="{channel}"}} 0"#),
+            ];
+            for outcome in ["delivered", "transient", "rejected", "mismatch", "terminal"] {
+                expected.push(format!(r#"fanout_attempts_total{{channel="{channel}",outcome="{outcome}"}} 0"#));
+            }
+            for outcome in ["delivered", "exhausted", "rejected", "mismatch", "terminal"] {
+                expected.push(format!(r#"fanout_deliveries_total{{channel="{channel}",outcome="{outcome}"}} 0"#));
+            }
+            for series in expected {
+                assert!(exposed.contains(&series), "{series} missing:\n{exposed}");
+            }
+        }
+        assert!(exposed.contains(r#"fanout_recipients_deleted_total{reason="terminal"} 0"#), "{exposed}");
+        for absent in ["fcm", "webpush", "relay"] {
+            assert!(!exposed.contains(&format!(r#"channel="{absent}""#)), "{absent} is not configured:\n{exposed}");
+        }
     }
 
     #[tokio::test(start_paused = true)]

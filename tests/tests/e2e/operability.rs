@@ -3,14 +3,14 @@
 //! ids, tokens, URLs and topics (PUSH-254); `/healthz`, `/readyz` and unknown
 //! paths answer as docs/OPERATIONS.md says.
 //!
-//! The prometheus crate leaves a labelled family out of the exposition until
-//! it has a child, so a scrape of an idle engine lists only the unlabelled
-//! metrics. This test first scrapes the idle engine (and checks those), then
-//! drives traffic over every channel (a webhook that answers, one that answers
+//! A labelled family shows only the series its configuration fixes until
+//! traffic creates others, so the first test scrapes the idle engine (and
+//! checks those), then drives traffic over every channel (a webhook that answers, one that answers
 //! 410 until the recipient is deleted, APNs and FCM channels whose hosts do not
 //! listen, so their provider token is signed and their OAuth token fetch fails)
 //! and then requires every referenced family, and requires the counters the
-//! traffic must move to have moved.
+//! traffic must move to have moved. Another compares docs/METRICS.md's label
+//! values with what an idle engine with every component configured exports.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -527,4 +527,161 @@ fn identifiers_are_whole_promql_names() {
             .map(String::from)
             .into();
     assert_eq!(found, expected);
+}
+
+/// One row of docs/METRICS.md's "Labels" table: a label, the families the
+/// row is limited to ("`label` on `family`"; empty: every other family with
+/// the label), and its values: the backticked words outside parentheses
+/// (parentheses explain, and name configuration keys).
+struct LabelRow {
+    label: String,
+    families: Vec<String>,
+    values: BTreeSet<String>,
+}
+
+/// The backticked words of `text` outside parentheses.
+fn backticked_outside_parentheses(text: &str) -> Vec<String> {
+    let mut depth = 0usize;
+    let mut plain = String::new();
+    for c in text.chars() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth = depth.saturating_sub(1),
+            _ if depth == 0 => plain.push(c),
+            _ => {}
+        }
+    }
+    plain.split('`').skip(1).step_by(2).map(str::to_owned).collect()
+}
+
+fn label_table() -> Vec<LabelRow> {
+    let table = METRICS_DOC.split_once("| label | values |").expect("the Labels table").1;
+    let rows: Vec<LabelRow> = table
+        .lines()
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+        .map(|line| {
+            let cells: Vec<&str> = line.trim_matches('|').split(" | ").map(str::trim).collect();
+            assert_eq!(cells.len(), 2, "a Labels row has two cells: {line}");
+            let (label, families) = match cells[0].split_once(" on ") {
+                Some((label, families)) => (label, backticked_outside_parentheses(families)),
+                None => (cells[0], Vec::new()),
+            };
+            LabelRow {
+                label: label.trim_matches('`').to_owned(),
+                families,
+                values: backticked_outside_parentheses(cells[1]).into_iter().collect(),
+            }
+        })
+        .collect();
+    assert!(rows.len() > 10, "the Labels table did not parse");
+    rows
+}
+
+/// Every (family, label) → values of an exposition; a histogram's
+/// `_bucket`, `_sum` and `_count` series count as its family.
+fn exported_values(scrape: &str) -> BTreeMap<(String, String), BTreeSet<String>> {
+    let types = families(scrape);
+    let mut out: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
+    for line in scrape.lines().filter(|l| !l.starts_with('#')) {
+        let Some((series, labels)) = line.split_once('{') else { continue };
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|suffix| series.strip_suffix(suffix).filter(|f| types.get(*f).is_some_and(|t| t == "histogram")))
+            .unwrap_or(series);
+        let labels = labels.rsplit_once('}').expect("closing brace").0;
+        for pair in labels.split(',').filter(|p| !p.is_empty()) {
+            let (name, value) = pair.split_once('=').expect("name=value");
+            out.entry((family.to_owned(), name.to_owned())).or_default().insert(value.trim_matches('"').to_owned());
+        }
+    }
+    out
+}
+
+/// With every component configured: the webhook, APNs, FCM and Web Push
+/// channels, the relay with a push server URL, the relay ingress and the
+/// gateway.
+fn every_component(dir: &std::path::Path) -> String {
+    let relay_secret = dir.join("relay.secret");
+    std::fs::write(&relay_secret, "operability-relay-secret-0123456789").expect("write relay secret");
+    let vapid = dir.join("vapid-test-only.pem");
+    std::fs::write(&vapid, TEST_ONLY_APNS_KEY).expect("write vapid key");
+    let relay = format!(
+        "[engine.channels.relay]\nurl = \"http://127.0.0.1:{}/push\"\nsecret_file = {:?}\n\
+         dangerous_allow_plain_http = true\n",
+        free_port(),
+        relay_secret.display().to_string(),
+    );
+    let tables = provider_tables(dir);
+    assert!(tables.contains("[engine.channels.relay]\n"), "the relay table to give a url");
+    format!(
+        "{}[engine.channels.webpush]\nvapid_key_file = {:?}\nsubject = \"mailto:ops@fanout.test\"\n\n",
+        tables.replace("[engine.channels.relay]\n", &relay),
+        vapid.display().to_string(),
+    )
+}
+
+/// Catalogue values an engine with every component configured does not
+/// export, and why.
+const NOT_EXPORTED_HERE: &[(&str, &[&str], &str)] = &[(
+    "operation",
+    &["acquire_lease", "release_lease", "lease_owner", "lease_owners", "heartbeat", "live_nodes"],
+    "lease operations exist only on a store with shard leases (ScyllaDB); the test engine's store is embedded",
+)];
+
+#[tokio::test]
+async fn the_label_catalogue_and_the_export_agree() {
+    let keys = tempfile::tempdir().expect("tempdir");
+    let config = EngineConfig { extra_tables: every_component(keys.path()), ..EngineConfig::default() };
+    let setup = webhook_setup(config).await;
+    // No traffic: what the catalogue lists must be there from start-up.
+    let (_, scrape) = setup.fanout.http_get("/metrics").await.expect("metrics");
+    let exported = exported_values(&scrape);
+    let rows = label_table();
+
+    let catalogued: BTreeSet<&str> = rows.iter().map(|r| r.label.as_str()).collect();
+    assert_eq!(catalogued, LABELS.iter().copied().collect(), "LABELS and the Labels table name other labels");
+
+    // The row that gives `label`'s values on `family`.
+    let row_for = |family: &str, label: &str| {
+        rows.iter()
+            .find(|r| r.label == label && r.families.iter().any(|f| f == family))
+            .or_else(|| rows.iter().find(|r| r.label == label && r.families.is_empty()))
+    };
+    let mut unlisted = Vec::new();
+    for ((family, label), values) in &exported {
+        if label == "le" {
+            continue; // bucket bounds, checked numerically by the traffic test
+        }
+        let Some(row) = row_for(family, label) else {
+            unlisted.push(format!("{family}: label {label} has no row"));
+            continue;
+        };
+        for value in values.difference(&row.values) {
+            unlisted.push(format!("{family}{{{label}=\"{value}\"}}"));
+        }
+    }
+    assert!(unlisted.is_empty(), "exported but not in the Labels table of docs/METRICS.md: {unlisted:#?}");
+
+    let mut unexported = Vec::new();
+    for row in rows.iter().filter(|r| r.label != "le") {
+        // The exported values of the families this row covers.
+        let covered: BTreeSet<&String> = exported
+            .iter()
+            .filter(|((family, label), _)| {
+                *label == row.label && row_for(family, label).is_some_and(|r| std::ptr::eq(r, row))
+            })
+            .flat_map(|(_, values)| values)
+            .collect();
+        for value in &row.values {
+            let excused = NOT_EXPORTED_HERE.iter().any(|(l, vs, _)| *l == row.label && vs.contains(&value.as_str()));
+            if !covered.contains(value) && !excused {
+                unexported.push(format!("{} on {:?}: {value}", row.label, row.families));
+            }
+        }
+    }
+    assert!(
+        unexported.is_empty(),
+        "in the Labels table of docs/METRICS.md but not exported at start-up: {unexported:#?}\nscrape:\n{scrape}"
+    );
 }

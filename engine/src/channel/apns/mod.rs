@@ -70,8 +70,7 @@ impl ApnsProvider {
         );
         let bundle_id = HeaderValue::try_from(settings.bundle_id.as_str())
             .map_err(|_| BuildError::new("engine.channels.apns.bundle_id", "not a valid header value"))?;
-        let tokens =
-            ProviderTokens::new(key, settings.key_id.to_string(), settings.team_id.to_string(), ctx.metrics.clone());
+        let tokens = ProviderTokens::new(key, settings.key_id.to_string(), settings.team_id.to_string(), &ctx.metrics);
         // Sign once now, so a key of the wrong curve fails at start and not
         // at the first push. Not cached: the first push signs its own.
         tokens.sign(0).map_err(|_| BuildError::new(KEY_FILE, format!("{path} is not an EC P-256 key")))?;
@@ -235,6 +234,21 @@ mod tests {
 
     fn refreshes(m: &Metrics) -> u64 {
         m.provider_token_refreshes.with_label_values(&["apns"]).get()
+    }
+
+    #[tokio::test]
+    async fn a_built_channel_has_its_credential_and_pool_series_at_zero() {
+        let s = setup(ApnsEnvironment::Sandbox).await;
+        let exposed = s.metrics.render();
+        for series in [
+            r#"fanout_provider_token_refreshes_total{channel="apns"} 0"#,
+            r#"fanout_provider_token_failures_total{channel="apns"} 0"#,
+            r#"fanout_provider_connections_opened_total{channel="apns"} 0"#,
+            r#"fanout_provider_waiting_sends{channel="apns"} 0"#,
+        ] {
+            assert!(exposed.contains(series), "{series} missing:\n{exposed}");
+        }
+        assert!(!exposed.contains(r#"channel="fcm""#), "{exposed}");
     }
 
     #[tokio::test]

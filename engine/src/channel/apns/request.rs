@@ -141,8 +141,6 @@ mod tests {
     use super::*;
     use crate::testing::envelope;
 
-    use std::sync::Arc;
-
     use super::super::token::ProviderTokens;
     use crate::domain::Topic;
     use fanout_testkit::mock::apns::ApnsTestKey;
@@ -150,8 +148,8 @@ mod tests {
     fn provider_token() -> ProviderToken {
         let key = ApnsTestKey::generate().unwrap();
         let key = jsonwebtoken::EncodingKey::from_ec_pem(key.private_pem.as_bytes()).unwrap();
-        let metrics = Arc::new(crate::metrics::Metrics::new());
-        ProviderTokens::new(key, "KEY1234567".into(), "TEAM123456".into(), metrics).sign(0).unwrap()
+        let metrics = crate::metrics::Metrics::new();
+        ProviderTokens::new(key, "KEY1234567".into(), "TEAM123456".into(), &metrics).sign(0).unwrap()
     }
 
     /// A group topic whose identifier is `identifier_len` bytes.

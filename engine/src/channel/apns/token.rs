@@ -9,7 +9,8 @@ use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde::Serialize;
 
 use crate::channel::pool::unix_now_secs;
-use crate::metrics::Metrics;
+use crate::domain::Channel;
+use crate::metrics::{Metrics, TokenMetrics};
 
 /// APNs accepts a provider token for an hour; refresh well before.
 const TOKEN_REFRESH_AFTER: Duration = Duration::from_secs(50 * 60);
@@ -40,11 +41,12 @@ pub(super) struct ProviderTokens {
     key_id: String,
     team_id: String,
     pub(super) current: Mutex<Option<Arc<ProviderToken>>>,
-    metrics: Arc<Metrics>,
+    metrics: TokenMetrics,
 }
 
 impl ProviderTokens {
-    pub(super) fn new(key: EncodingKey, key_id: String, team_id: String, metrics: Arc<Metrics>) -> Self {
+    pub(super) fn new(key: EncodingKey, key_id: String, team_id: String, metrics: &Metrics) -> Self {
+        let metrics = TokenMetrics::new(metrics, Channel::Apns);
         Self { key, key_id, team_id, current: Mutex::new(None), metrics }
     }
 
@@ -76,13 +78,13 @@ impl ProviderTokens {
         let generation = current.as_ref().map_or(0, |t| t.generation + 1);
         match self.sign(generation) {
             Ok(token) => {
-                self.metrics.provider_token_refreshes.with_label_values(&["apns"]).inc();
+                self.metrics.refreshes.inc();
                 let token = Arc::new(token);
                 *current = Some(token.clone());
                 Some(token)
             }
             Err(e) => {
-                self.metrics.provider_token_failures.with_label_values(&["apns"]).inc();
+                self.metrics.failures.inc();
                 tracing::warn!(error = %e, "cannot sign an APNs provider token");
                 None
             }

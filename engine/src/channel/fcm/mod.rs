@@ -71,7 +71,7 @@ impl FcmProvider {
         // The token endpoint may speak HTTP/1.1 only.
         let token_client = ClientOptions { protocols: Protocols::Http1Or2, idle_timeout: IDLE_TIMEOUT };
         let token_client = https_client(tls.clone(), token_client, Resolver::system(), None);
-        let tokens = AccessTokens::new(token_client, token_uri, account, key, ctx.metrics.clone());
+        let tokens = AccessTokens::new(token_client, token_uri, account, key, &ctx.metrics);
         // Sign once now, so a bad key fails at start and not at the first push.
         tokens.assertion().map_err(|_| bad(format!("{path}: private_key cannot sign RS256")))?;
         let pool = Pool::new(
@@ -196,6 +196,19 @@ mod tests {
 
     fn count(m: &prometheus::IntCounterVec) -> u64 {
         m.with_label_values(&["fcm"]).get()
+    }
+
+    #[tokio::test]
+    async fn a_built_channel_has_its_credential_series_at_zero() {
+        let s = setup(MockFcmConfig::default()).await;
+        let exposed = s.metrics.render();
+        for series in [
+            r#"fanout_provider_token_refreshes_total{channel="fcm"} 0"#,
+            r#"fanout_provider_token_failures_total{channel="fcm"} 0"#,
+        ] {
+            assert!(exposed.contains(series), "{series} missing:\n{exposed}");
+        }
+        assert!(!exposed.contains(r#"channel="apns""#), "{exposed}");
     }
 
     #[tokio::test]

@@ -11,7 +11,8 @@ use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde::{Deserialize, Serialize};
 
 use crate::channel::pool::{HttpsClient, bounded, encode_path_segment, request, unix_now_secs};
-use crate::metrics::Metrics;
+use crate::domain::Channel;
+use crate::metrics::{Metrics, TokenMetrics};
 
 /// An access token is replaced this long before it expires.
 const TOKEN_EXPIRY_MARGIN: Duration = Duration::from_secs(300);
@@ -84,7 +85,7 @@ pub(super) struct AccessTokens {
     key_id: Option<String>,
     current: RwLock<Option<Arc<AccessToken>>>,
     refresh: tokio::sync::Mutex<()>,
-    metrics: Arc<Metrics>,
+    metrics: TokenMetrics,
 }
 
 impl AccessTokens {
@@ -93,7 +94,7 @@ impl AccessTokens {
         token_uri: Uri,
         account: ServiceAccount,
         key: EncodingKey,
-        metrics: Arc<Metrics>,
+        metrics: &Metrics,
     ) -> Self {
         Self {
             client,
@@ -104,7 +105,7 @@ impl AccessTokens {
             key_id: account.private_key_id.filter(|k| !k.is_empty()),
             current: RwLock::new(None),
             refresh: tokio::sync::Mutex::new(()),
-            metrics,
+            metrics: TokenMetrics::new(metrics, Channel::Fcm),
         }
     }
 
@@ -139,13 +140,13 @@ impl AccessTokens {
         }
         match self.fetch().await {
             Ok(token) => {
-                self.metrics.provider_token_refreshes.with_label_values(&["fcm"]).inc();
+                self.metrics.refreshes.inc();
                 let token = Arc::new(token);
                 *self.current.write().unwrap_or_else(|p| p.into_inner()) = Some(token.clone());
                 Ok(token)
             }
             Err(e) => {
-                self.metrics.provider_token_failures.with_label_values(&["fcm"]).inc();
+                self.metrics.failures.inc();
                 tracing::warn!(error = %e, "cannot obtain an FCM access token");
                 Err(e)
             }

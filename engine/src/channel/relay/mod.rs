@@ -212,3 +212,51 @@ impl Drop for RelayBatch {
         self.queue.release(self.hold, &self.devices);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::Metrics;
+
+    fn exposed(url: Option<&str>) -> String {
+        let dir = tempfile::tempdir().unwrap();
+        let secret_file = dir.path().join("secret");
+        std::fs::write(&secret_file, "0123456789abcdef0123").unwrap();
+        let settings = RelaySettings {
+            url: url.map(|u| RelayUrl::try_from(u.to_owned()).unwrap()),
+            secret_file: Some(secret_file),
+            ..RelaySettings::default()
+        };
+        let metrics = Arc::new(Metrics::new());
+        RelayProvider::new(&settings, &ChannelContext::new(metrics.clone())).unwrap();
+        metrics.render()
+    }
+
+    #[tokio::test]
+    async fn a_relay_with_a_url_has_its_attempt_series_at_zero_from_the_start() {
+        let exposed = exposed(Some("https://push.example/hook"));
+        for series in [
+            r#"fanout_attempts_total{channel="relay",outcome="delivered"} 0"#,
+            r#"fanout_attempts_total{channel="relay",outcome="transient"} 0"#,
+            r#"fanout_attempts_total{channel="relay",outcome="terminal"} 0"#,
+            r#"fanout_attempts_total{channel="relay",outcome="rejected"} 0"#,
+            r#"fanout_in_flight_attempts{channel="relay"} 0"#,
+            r#"fanout_provider_latency_seconds_count{channel="relay"} 0"#,
+            r#"fanout_retry_delay_seconds_count{channel="relay"} 0"#,
+            r#"fanout_provider_connections_opened_total{channel="relay"} 0"#,
+            r#"fanout_relay_pushes_total{event="failed"} 0"#,
+        ] {
+            assert!(exposed.contains(series), "{series} missing:\n{exposed}");
+        }
+        // The relay never answers mismatch, and its deliveries are not the workers'.
+        assert!(!exposed.contains(r#"outcome="mismatch""#), "{exposed}");
+        assert!(!exposed.contains("fanout_deliveries_total{"), "{exposed}");
+    }
+
+    #[tokio::test]
+    async fn a_relay_without_a_url_makes_no_attempts_and_has_no_attempt_series() {
+        let exposed = exposed(None);
+        assert!(exposed.contains(r#"fanout_relay_pushes_total{event="skipped"} 0"#), "{exposed}");
+        assert!(!exposed.contains(r#"channel="relay""#), "{exposed}");
+    }
+}

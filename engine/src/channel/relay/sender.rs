@@ -48,6 +48,9 @@ impl Senders {
     /// be coalesced, dropped or duplicated"); what had no first attempt is
     /// above the checkpoint and sent again after a restart.
     pub fn start(self, count: usize) {
+        if self.webhook.is_some() {
+            self.initialise_metrics();
+        }
         let (retry_tx, retry_rx) = mpsc::unbounded_channel();
         let senders = Arc::new(self);
         tokio::spawn(retry_timer(senders.queue.clone(), retry_rx));
@@ -158,6 +161,18 @@ impl Senders {
                 }
             },
         }
+    }
+
+    /// The series the webhook's attempts count, at zero before the first:
+    /// an outage of the push server at start-up must show in `increase()`.
+    fn initialise_metrics(&self) {
+        let channel = Channel::Relay.as_str();
+        for answer in [Answer::Delivered, Answer::InvalidToken, NO_ANSWER, Answer::Permanent] {
+            self.metrics.attempts.with_label_values(&[channel, label(answer)]);
+        }
+        self.metrics.in_flight.with_label_values(&[channel]);
+        self.metrics.provider_latency.with_label_values(&[channel]);
+        self.metrics.retry_delay.with_label_values(&[channel]);
     }
 
     /// 003 §2.4: remove the registration unless the device registered a
