@@ -456,6 +456,15 @@ impl Default for Metrics {
     }
 }
 
+/// Tests: every one of `series` (a whole exposition line, value included)
+/// is in `exposed`.
+#[cfg(test)]
+pub(crate) fn assert_exposed(exposed: &str, series: &[&str]) {
+    for line in series {
+        assert!(exposed.lines().any(|l| l == *line), "{line} missing:\n{exposed}");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -463,14 +472,15 @@ mod tests {
     #[test]
     fn a_fresh_registry_has_the_engine_wide_series_at_zero_and_no_channel_series() {
         let exposed = Metrics::new().render();
-        for series in [
-            r#"fanout_envelopes_published_total{result="stored"} 0"#,
-            r#"fanout_envelopes_published_total{result="rejected"} 0"#,
-            r#"fanout_recipients_deleted_total{reason="expired"} 0"#,
-            r#"fanout_limit_refusals_total{limit="envelope_data"} 0"#,
-        ] {
-            assert!(exposed.contains(series), "{series} missing:\n{exposed}");
-        }
+        crate::metrics::assert_exposed(
+            &exposed,
+            &[
+                r#"fanout_envelopes_published_total{result="stored"} 0"#,
+                r#"fanout_envelopes_published_total{result="rejected"} 0"#,
+                r#"fanout_recipients_deleted_total{reason="expired"} 0"#,
+                r#"fanout_limit_refusals_total{limit="envelope_data"} 0"#,
+            ],
+        );
         // A channel's series come with the channel, and none is configured.
         assert!(!exposed.contains("channel="), "{exposed}");
         assert!(!exposed.contains(r#"reason="terminal""#), "{exposed}");

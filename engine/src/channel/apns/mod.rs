@@ -240,14 +240,15 @@ mod tests {
     async fn a_built_channel_has_its_credential_and_pool_series_at_zero() {
         let s = setup(ApnsEnvironment::Sandbox).await;
         let exposed = s.metrics.render();
-        for series in [
-            r#"fanout_provider_token_refreshes_total{channel="apns"} 0"#,
-            r#"fanout_provider_token_failures_total{channel="apns"} 0"#,
-            r#"fanout_provider_connections_opened_total{channel="apns"} 0"#,
-            r#"fanout_provider_waiting_sends{channel="apns"} 0"#,
-        ] {
-            assert!(exposed.contains(series), "{series} missing:\n{exposed}");
-        }
+        crate::metrics::assert_exposed(
+            &exposed,
+            &[
+                r#"fanout_provider_token_refreshes_total{channel="apns"} 0"#,
+                r#"fanout_provider_token_failures_total{channel="apns"} 0"#,
+                r#"fanout_provider_connections_opened_total{channel="apns"} 0"#,
+                r#"fanout_provider_waiting_sends{channel="apns"} 0"#,
+            ],
+        );
         assert!(!exposed.contains(r#"channel="fcm""#), "{exposed}");
     }
 

@@ -202,12 +202,13 @@ mod tests {
     async fn a_built_channel_has_its_credential_series_at_zero() {
         let s = setup(MockFcmConfig::default()).await;
         let exposed = s.metrics.render();
-        for series in [
-            r#"fanout_provider_token_refreshes_total{channel="fcm"} 0"#,
-            r#"fanout_provider_token_failures_total{channel="fcm"} 0"#,
-        ] {
-            assert!(exposed.contains(series), "{series} missing:\n{exposed}");
-        }
+        crate::metrics::assert_exposed(
+            &exposed,
+            &[
+                r#"fanout_provider_token_refreshes_total{channel="fcm"} 0"#,
+                r#"fanout_provider_token_failures_total{channel="fcm"} 0"#,
+            ],
+        );
         assert!(!exposed.contains(r#"channel="apns""#), "{exposed}");
     }
 

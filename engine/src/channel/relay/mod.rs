@@ -235,19 +235,20 @@ mod tests {
     #[tokio::test]
     async fn a_relay_with_a_url_has_its_attempt_series_at_zero_from_the_start() {
         let exposed = exposed(Some("https://push.example/hook"));
-        for series in [
-            r#"fanout_attempts_total{channel="relay",outcome="delivered"} 0"#,
-            r#"fanout_attempts_total{channel="relay",outcome="transient"} 0"#,
-            r#"fanout_attempts_total{channel="relay",outcome="terminal"} 0"#,
-            r#"fanout_attempts_total{channel="relay",outcome="rejected"} 0"#,
-            r#"fanout_in_flight_attempts{channel="relay"} 0"#,
-            r#"fanout_provider_latency_seconds_count{channel="relay"} 0"#,
-            r#"fanout_retry_delay_seconds_count{channel="relay"} 0"#,
-            r#"fanout_provider_connections_opened_total{channel="relay"} 0"#,
-            r#"fanout_relay_pushes_total{event="failed"} 0"#,
-        ] {
-            assert!(exposed.contains(series), "{series} missing:\n{exposed}");
-        }
+        crate::metrics::assert_exposed(
+            &exposed,
+            &[
+                r#"fanout_attempts_total{channel="relay",outcome="delivered"} 0"#,
+                r#"fanout_attempts_total{channel="relay",outcome="transient"} 0"#,
+                r#"fanout_attempts_total{channel="relay",outcome="terminal"} 0"#,
+                r#"fanout_attempts_total{channel="relay",outcome="rejected"} 0"#,
+                r#"fanout_in_flight_attempts{channel="relay"} 0"#,
+                r#"fanout_provider_latency_seconds_count{channel="relay"} 0"#,
+                r#"fanout_retry_delay_seconds_count{channel="relay"} 0"#,
+                r#"fanout_provider_connections_opened_total{channel="relay"} 0"#,
+                r#"fanout_relay_pushes_total{event="failed"} 0"#,
+            ],
+        );
         // The relay never answers mismatch, and its deliveries are not the workers'.
         assert!(!exposed.contains(r#"outcome="mismatch""#), "{exposed}");
         assert!(!exposed.contains("fanout_deliveries_total{"), "{exposed}");
