@@ -109,14 +109,6 @@ impl Engine {
             )),
             None => None,
         };
-        let (workers, worker_handles) = DeliveryWorkers::start(Arc::new(WorkerContext {
-            max_in_flight: settings.delivery.in_flight_per_worker(settings.channels.max_in_flight()),
-            settings: settings.delivery.clone(),
-            max_attempts: settings.max_attempts.get(),
-            channels: channels.clone(),
-            store: store.clone(),
-            metrics: metrics.clone(),
-        }));
         // Issue 7: on a coordinating store, shards are leased, not all owned.
         let (lease, ownership) = match store.clone().leases() {
             Some(leases) => {
@@ -135,13 +127,23 @@ impl Engine {
             }
             None => (None, None),
         };
+        let fence = ownership.as_ref().map(|o| Fence::leased(o.owned.clone())).unwrap_or_default();
+        let (workers, worker_handles) = DeliveryWorkers::start(Arc::new(WorkerContext {
+            max_in_flight: settings.delivery.in_flight_per_worker(settings.channels.max_in_flight()),
+            settings: settings.delivery.clone(),
+            max_attempts: settings.max_attempts.get(),
+            channels: channels.clone(),
+            store: store.clone(),
+            metrics: metrics.clone(),
+            fence: fence.clone(),
+        }));
         let ctx = Arc::new(DispatchContext {
             store: store.clone(),
             workers,
             channels: channels.clone(),
             settings: settings.dispatch.clone(),
             metrics: metrics.clone(),
-            fence: ownership.as_ref().map(|o| Fence::leased(o.owned.clone())).unwrap_or_default(),
+            fence,
             panic_hook: PanicHook::new(options.dangerous_panic_after_pages),
         });
         let args = SupervisorArgs {

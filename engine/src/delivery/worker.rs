@@ -19,6 +19,7 @@ use super::{Delivery, DeliverySettings, FirstAttempt};
 use crate::channel::{Channels, Outcome, Push};
 use crate::domain::{Channel, Timestamp};
 use crate::metrics::{Deleted, Metrics};
+use crate::ownership::Fence;
 use crate::store::Store;
 
 /// What every worker shares (read-only).
@@ -30,6 +31,8 @@ pub struct WorkerContext {
     pub channels: Channels,
     pub store: Arc<dyn Store>,
     pub metrics: Arc<Metrics>,
+    /// The shards this node may still dispatch (all of them on one node).
+    pub fence: Fence,
 }
 
 /// How long a provider may take over one send, waits for a pool slot and
@@ -44,6 +47,13 @@ const WATCHDOG_DELAY: Duration = Duration::from_secs(1);
 /// after it started. One timer per worker, not one per attempt: each
 /// attempt's own registered and cleared a timer-wheel entry (finding 11).
 const WATCHDOG_SWEEP: Duration = Duration::from_secs(5);
+/// How long a first attempt of a shard this node may no longer hold waits
+/// for the lease to be renewed before it is handed back to its window
+/// unsent. Longer than a lease: by then another node owns the shard and
+/// replays it from the checkpoint, which this delivery is above.
+const FENCED_HOLD: Duration = Duration::from_secs(30);
+/// How often held first attempts look at the fence again.
+const FENCE_RECHECK: Duration = Duration::from_millis(250);
 
 /// A worker's loop: take a batch when the last one has been started, start
 /// attempts only while fewer than `max_in_flight` are in flight
@@ -69,10 +79,22 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
     let mut retries: DelayQueue<Delivery> = DelayQueue::new();
     // PUSH-234 compare-and-deletes; the worker ends only after they have.
     let mut deletions: JoinSet<()> = JoinSet::new();
+    // First attempts of shards whose lease may have run out, since when.
+    let mut fenced: VecDeque<(Instant, Delivery)> = VecDeque::new();
+    let mut fence_check = tokio::time::interval(FENCE_RECHECK);
+    fence_check.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut queue_open = true;
     loop {
         while in_flight.len() < max_in_flight {
             let Some(delivery) = ready.pop_front() else { break };
+            // A paused or partitioned node does not send first attempts of
+            // a shard it may have lost: the new owner replays them from its
+            // checkpoint, so sending them too would only repeat them.
+            // Retries are sent: their first attempt moved the checkpoint.
+            if delivery.first_attempt.is_some() && !ctx.fence.holds(delivery.envelope.shard) {
+                fenced.push_back((Instant::now(), delivery));
+                continue;
+            }
             series.of(delivery.recipient.target.channel()).in_flight(&ctx.metrics).inc();
             let (abort, registration) = AbortHandle::new_pair();
             let key = watched.insert((Instant::now(), abort));
@@ -108,6 +130,22 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
                 ready.push_back(expired.into_inner());
             }
             Some(_) = deletions.join_next() => {}
+            _ = fence_check.tick(), if !fenced.is_empty() => {
+                let now = Instant::now();
+                for (since, delivery) in std::mem::take(&mut fenced) {
+                    if ctx.fence.holds(delivery.envelope.shard) {
+                        ready.push_back(delivery);
+                    } else if now.saturating_duration_since(since) >= FENCED_HOLD {
+                        // Pending again in its page: sent by a replay if
+                        // this node keeps the shard, else by the new owner.
+                        if let Some(first) = &delivery.first_attempt {
+                            first.lost();
+                        }
+                    } else {
+                        fenced.push_back((since, delivery));
+                    }
+                }
+            }
             _ = sweep.tick(), if !watched.is_empty() => {
                 let now = Instant::now();
                 for (_, (started, abort)) in &watched {
@@ -371,6 +409,7 @@ mod tests {
             channels,
             store: store.clone(),
             metrics: metrics.clone(),
+            fence: Fence::default(),
         });
         let (workers, handles) = DeliveryWorkers::start(ctx);
         let first_attempts = Arc::new(AtomicUsize::new(0));
@@ -394,6 +433,60 @@ mod tests {
         Run { store, metrics, first_attempts, latch, _dir: dir }
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn first_attempts_of_a_fenced_shard_wait_for_the_lease_and_go_back_unsent_after_the_hold() {
+        let (owned, fence) = tokio::sync::watch::channel(crate::ownership::OwnedShards::default());
+        let provider = Scripted::new(Channel::Apns, &[]);
+        let mut channels = Channels::default();
+        channels.insert(provider.clone());
+        let dir = tempfile::tempdir().unwrap();
+        let settings = DeliverySettings { workers: NonZeroUsize::MIN, ..DeliverySettings::default() };
+        let (workers, handles) = DeliveryWorkers::start(Arc::new(WorkerContext {
+            max_in_flight: settings.in_flight_per_worker(8),
+            settings,
+            max_attempts: 3,
+            channels,
+            store: Arc::new(RedbStore::open(dir.path(), 4).unwrap()),
+            metrics: Arc::new(Metrics::new()),
+            fence: Fence::leased(fence),
+        }));
+        let page = || Arc::new(FirstAttemptLatch::new(2, Arc::default(), || {}));
+        let batch = |latch: &Arc<FirstAttemptLatch>| -> Vec<Delivery> {
+            let target = DeliveryTarget::Apns { token: "t".into() };
+            (0..2)
+                .map(|index| {
+                    let first = FirstAttempt { latch: latch.clone(), index };
+                    Delivery::new(Arc::new(envelope()), Arc::new(recipient(target.clone())), first)
+                })
+                .collect()
+        };
+        let sent = || provider.sent.load(Ordering::SeqCst);
+
+        // The shard's lease may have run out: its first attempts wait...
+        let first = page();
+        workers.submit(batch(&first)).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(sent(), 0, "nothing sent while the shard is fenced");
+        // ...and go once the lease is renewed in time.
+        owned.send_modify(|o| {
+            o.shards.insert(ShardId::FIRST, Instant::now() + Duration::from_secs(60));
+        });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(sent(), 2);
+
+        // Fenced for longer than the hold: handed back to the page unsent.
+        owned.send_modify(|o| o.shards.clear());
+        let second = page();
+        workers.submit(batch(&second)).await.unwrap();
+        tokio::time::sleep(FENCED_HOLD + Duration::from_secs(1)).await;
+        assert_eq!(sent(), 2, "never sent by the fenced node");
+        assert_eq!(second.abandon(), vec![0, 1], "pending again, for a replay or the new owner");
+        drop(workers);
+        for handle in handles {
+            handle.await.unwrap();
+        }
+    }
+
     #[tokio::test]
     async fn the_configured_channels_series_are_at_zero_before_any_delivery() {
         let metrics = Arc::new(Metrics::new());
@@ -409,6 +502,7 @@ mod tests {
             channels,
             store: Arc::new(RedbStore::open(dir.path(), 4).unwrap()),
             metrics: metrics.clone(),
+            fence: Fence::default(),
         }));
         drop(workers);
         for handle in handles {

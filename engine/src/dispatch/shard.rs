@@ -226,7 +226,7 @@ impl ShardState {
 
     /// Issue 11 (fencing): whether this node surely still holds the shard's
     /// lease. While it does not, no window starts, no page is produced and
-    /// nothing is re-sent; deliveries already handed to the workers finish.
+    /// nothing is re-sent; the workers hold the first attempts they have of it.
     fn fenced(&mut self) -> bool {
         let fenced = !self.ctx.fence.holds(self.shard);
         if fenced && !self.fenced {
@@ -611,6 +611,7 @@ mod tests {
                 channels: channels.clone(),
                 store: store.clone(),
                 metrics: metrics.clone(),
+                fence: fence.clone(),
             }));
             let ctx = Arc::new(DispatchContext {
                 store: store.clone(),
