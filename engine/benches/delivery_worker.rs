@@ -112,6 +112,8 @@ async fn one_round(provider: Arc<dyn Provider>, deliveries: usize) -> anyhow::Re
         channels,
         store,
         metrics: Arc::new(Metrics::new()),
+        // One node: every shard held.
+        fence: Default::default(),
     });
     let (workers, handles) = DeliveryWorkers::start(ctx);
     let recipients: Vec<Arc<Recipient>> = (0..RECIPIENTS).map(recipient).collect();
