@@ -433,6 +433,25 @@ mod tests {
         Run { store, metrics, first_attempts, latch, _dir: dir }
     }
 
+    /// One delivery worker over `channels`, with an embedded store in `dir`.
+    fn one_worker(
+        channels: Channels,
+        metrics: Arc<Metrics>,
+        fence: Fence,
+        dir: &std::path::Path,
+    ) -> (DeliveryWorkers, Vec<tokio::task::JoinHandle<()>>) {
+        let settings = DeliverySettings { workers: NonZeroUsize::MIN, ..DeliverySettings::default() };
+        DeliveryWorkers::start(Arc::new(WorkerContext {
+            max_in_flight: settings.in_flight_per_worker(8),
+            settings,
+            max_attempts: 3,
+            channels,
+            store: Arc::new(RedbStore::open(dir, 4).unwrap()),
+            metrics,
+            fence,
+        }))
+    }
+
     #[tokio::test(start_paused = true)]
     async fn first_attempts_of_a_fenced_shard_wait_for_the_lease_and_go_back_unsent_after_the_hold() {
         let (owned, fence) = tokio::sync::watch::channel(crate::ownership::OwnedShards::default());
@@ -440,16 +459,7 @@ mod tests {
         let mut channels = Channels::default();
         channels.insert(provider.clone());
         let dir = tempfile::tempdir().unwrap();
-        let settings = DeliverySettings { workers: NonZeroUsize::MIN, ..DeliverySettings::default() };
-        let (workers, handles) = DeliveryWorkers::start(Arc::new(WorkerContext {
-            max_in_flight: settings.in_flight_per_worker(8),
-            settings,
-            max_attempts: 3,
-            channels,
-            store: Arc::new(RedbStore::open(dir.path(), 4).unwrap()),
-            metrics: Arc::new(Metrics::new()),
-            fence: Fence::leased(fence),
-        }));
+        let (workers, handles) = one_worker(channels, Arc::new(Metrics::new()), Fence::leased(fence), dir.path());
         let page = || Arc::new(FirstAttemptLatch::new(2, Arc::default(), || {}));
         let batch = |latch: &Arc<FirstAttemptLatch>| -> Vec<Delivery> {
             let target = DeliveryTarget::Apns { token: "t".into() };
@@ -494,16 +504,7 @@ mod tests {
         channels.insert(Scripted::new(Channel::Apns, &[]));
         channels.insert(Scripted::new(Channel::Http, &[]));
         let dir = tempfile::tempdir().unwrap();
-        let settings = DeliverySettings { workers: NonZeroUsize::MIN, ..DeliverySettings::default() };
-        let (workers, handles) = DeliveryWorkers::start(Arc::new(WorkerContext {
-            max_in_flight: settings.in_flight_per_worker(8),
-            settings,
-            max_attempts: 3,
-            channels,
-            store: Arc::new(RedbStore::open(dir.path(), 4).unwrap()),
-            metrics: metrics.clone(),
-            fence: Fence::default(),
-        }));
+        let (workers, handles) = one_worker(channels, metrics.clone(), Fence::default(), dir.path());
         drop(workers);
         for handle in handles {
             handle.await.unwrap();
