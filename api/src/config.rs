@@ -44,33 +44,33 @@ pub struct ServerSettings {
     #[serde(rename = "drain_timeout_seconds", deserialize_with = "duration::seconds")]
     pub drain_timeout: Duration,
     /// The gRPC address other nodes name when they redirect a publish here
-    /// (issue 7, several nodes on ScyllaDB); default: `grpc_listen`.
+    /// (several nodes on ScyllaDB); default: `grpc_listen`.
     pub advertise_address: Option<String>,
     /// The deadline of a unary gRPC call (and of any call until its response
     /// starts). A PublishStream answers at once, so its batches are not cut
-    /// by it (issue 11).
+    /// by it.
     #[serde(rename = "grpc_request_timeout_seconds", deserialize_with = "duration::seconds")]
     pub grpc_request_timeout: Duration,
-    /// Issue 11: the largest gRPC message a client may send. Tonic refuses a
+    /// The largest gRPC message a client may send. Tonic refuses a
     /// larger one before it is decoded (11 OUT_OF_RANGE, naming the limit).
     pub grpc_max_message_bytes: MessageBytes,
-    /// Issue 11: HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS of each gRPC
+    /// HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS of each gRPC
     /// connection: calls (a PublishStream is one for its whole life) one
     /// connection may have open at once. Clients queue the rest.
     pub grpc_max_concurrent_streams: NonZeroU32,
     /// How often the server pings each gRPC connection; one whose peer does
     /// not answer within 20 s is closed with its calls. This, not a timeout,
-    /// ends a PublishStream whose publisher vanished (issue 11).
+    /// ends a PublishStream whose publisher vanished.
     #[serde(rename = "grpc_keepalive_interval_seconds", deserialize_with = "duration::seconds")]
     pub grpc_keepalive_interval: Duration,
-    /// Issue 16: TLS on all three listeners. Absent: plaintext, allowed only
+    /// TLS on all three listeners. Absent: plaintext, allowed only
     /// on loopback unless `dangerous_allow_plaintext`.
     pub tls: Option<TlsSettings>,
-    /// Issue 16: publishers and operators authenticate. Absent: nobody
+    /// Publishers and operators authenticate. Absent: nobody
     /// does, allowed only while gRPC listens on loopback unless
     /// `dangerous_allow_unauthenticated`.
     pub auth: Option<AuthSettings>,
-    /// Issue 16: open connections per listener; the next one waits in the
+    /// Open connections per listener; the next one waits in the
     /// kernel's backlog until one closes.
     pub max_connections_per_listener: NonZeroUsize,
     /// From accept to the first request (a complete HTTP/1 request head,
@@ -97,7 +97,7 @@ pub struct ServerSettings {
     /// handler) is answered 408 and its connection closed.
     #[serde(rename = "http_request_timeout_seconds", deserialize_with = "duration::seconds")]
     pub http_request_timeout: Duration,
-    /// Issue 16: the largest request body the API listener reads (routes
+    /// The largest request body the API listener reads (routes
     /// have smaller limits of their own).
     pub api_max_body_bytes: NonZeroUsize,
     /// Serve plaintext on a non-loopback address (a mesh or proxy terminates
@@ -142,7 +142,7 @@ impl ServerSettings {
         self.advertise_address.clone().unwrap_or_else(|| self.grpc_listen.to_string())
     }
 
-    /// Issue 16, safe by default: what may listen beyond loopback. The
+    /// Safe by default: what may listen beyond loopback. The
     /// error names the key to set.
     fn check_exposure(&self) -> Result<(), ConfigError> {
         let exposed: Vec<(&str, SocketAddr)> = [
@@ -661,7 +661,7 @@ mod tests {
         assert!(err.starts_with(&format!("config file {}: ", broken.display())), "{err}");
     }
 
-    /// Issue 16 item 7: config files and environment variables, property-tested.
+    /// Config files and environment variables, property-tested.
     mod properties {
         use super::*;
         use proptest::prelude::*;

@@ -43,20 +43,20 @@ pub struct EngineSettings {
     #[serde(rename = "recipient_ttl_seconds", deserialize_with = "duration::seconds")]
     pub recipient_ttl: Duration,
     pub max_push_topics: u64,
-    /// Issue 11: most adds plus removes per UpdateSubscriptions.
+    /// Most adds plus removes per UpdateSubscriptions.
     pub max_subscription_changes: SubscriptionChanges,
     pub max_attempts: NonZeroU32,
-    /// Limits on what a publish may carry (issue 11).
+    /// Limits on what a publish may carry.
     pub ingest: IngestSettings,
     pub dispatch: DispatchSettings,
     pub delivery: DeliverySettings,
     pub retention: RetentionSettings,
-    /// Shard leases when several nodes share a ScyllaDB store (issue 7).
+    /// Shard leases when several nodes share a ScyllaDB store.
     pub lease: LeaseSettings,
     pub channels: ChannelSettings,
-    /// Spec 003 push-server endpoint (issue 13); absent: off.
+    /// Spec 003 push-server endpoint; absent: off.
     pub relay_ingress: Option<RelayIngressSettings>,
-    /// Spec 002 Station and Gateway roles (issue 14); absent: off.
+    /// Spec 002 Station and Gateway roles; absent: off.
     pub gateway: Option<GatewaySettings>,
 }
 

@@ -106,11 +106,11 @@ pub struct RunArgs {
     /// Steady scenarios: override duration_seconds.
     #[arg(long)]
     pub duration_seconds: Option<f64>,
-    /// Override setup.concurrency: recipients registered at once (issue 18:
+    /// Override setup.concurrency: recipients registered at once (e.g.
     /// registration at 16 and 64 clients from one scenario).
     #[arg(long)]
     pub setup_concurrency: Option<usize>,
-    /// Override envelopes.batch_size: envelopes per Publish RPC (issue 18:
+    /// Override envelopes.batch_size: envelopes per Publish RPC (e.g.
     /// ingest in batches of 1 and of 100 from one scenario).
     #[arg(long)]
     pub batch_size: Option<usize>,
