@@ -119,10 +119,8 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         }
     };
     let options = EngineOptions {
-        dangerous_panic_after_pages: std::env::var("FANOUT_DANGEROUS_PANIC_AFTER_PAGES")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0),
+        dangerous_panic_after_pages: dangerous_count("FANOUT_DANGEROUS_PANIC_AFTER_PAGES"),
+        dangerous_panic_attempts: dangerous_count("FANOUT_DANGEROUS_PANIC_ATTEMPTS"),
         advertise_address: config.server.advertise_address(),
     };
     let engine = Engine::start(config.engine.clone(), store.clone(), options).await?;
@@ -297,6 +295,11 @@ fn start_gateway(
 }
 
 /// The embedded store in `store.path`, created if missing.
+/// A test hook's count from the environment; unset or not a number is 0 (off).
+fn dangerous_count(var: &str) -> u64 {
+    std::env::var(var).ok().and_then(|v| v.parse().ok()).unwrap_or(0)
+}
+
 fn open_redb(config: &Config) -> anyhow::Result<RedbStore> {
     let cache_bytes = config.store.cache_size_mb.get() << 20;
     RedbStore::open_with_cache(&config.store.path, config.engine.shard_count.get(), cache_bytes)

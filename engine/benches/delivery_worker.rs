@@ -114,6 +114,7 @@ async fn one_round(provider: Arc<dyn Provider>, deliveries: usize) -> anyhow::Re
         metrics: Arc::new(Metrics::new()),
         // One node: every shard held.
         fence: Default::default(),
+        dangerous_panic_attempts: Default::default(),
     });
     let (workers, handles) = DeliveryWorkers::start(ctx);
     let recipients: Vec<Arc<Recipient>> = (0..RECIPIENTS).map(recipient).collect();

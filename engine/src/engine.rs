@@ -36,6 +36,8 @@ pub enum EngineError {
 #[derive(Debug, Clone, Default)]
 pub struct EngineOptions {
     pub dangerous_panic_after_pages: u64,
+    /// This many delivery attempts panic (`FANOUT_DANGEROUS_PANIC_ATTEMPTS`).
+    pub dangerous_panic_attempts: u64,
     /// The gRPC address other nodes name in their publish redirects
     /// (`server.advertise_address`); used only when the store coordinates.
     pub advertise_address: String,
@@ -136,6 +138,7 @@ impl Engine {
             store: store.clone(),
             metrics: metrics.clone(),
             fence: fence.clone(),
+            dangerous_panic_attempts: options.dangerous_panic_attempts.into(),
         }));
         let ctx = Arc::new(DispatchContext {
             store: store.clone(),

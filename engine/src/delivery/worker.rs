@@ -1,6 +1,7 @@
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures::future::{AbortHandle, AbortRegistration, Abortable};
@@ -33,6 +34,10 @@ pub struct WorkerContext {
     pub metrics: Arc<Metrics>,
     /// The shards this node may still dispatch (all of them on one node).
     pub fence: Fence,
+    /// Test hook (`FANOUT_DANGEROUS_PANIC_ATTEMPTS`): this many attempts
+    /// panic, each losing its delivery as a bug in a provider would, so a
+    /// window replay re-sends them. 0 (the default) disables it.
+    pub dangerous_panic_attempts: AtomicU64,
 }
 
 /// How long a provider may take over one send, waits for a pool slot and
@@ -186,6 +191,9 @@ fn attempt(
     let first = delivery.first_attempt.clone();
     let channel = delivery.recipient.target.channel();
     let send = async move {
+        if ctx.dangerous_panic_attempts.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+            panic!("injected attempt panic (FANOUT_DANGEROUS_PANIC_ATTEMPTS)");
+        }
         let Some(provider) = ctx.channels.get(channel) else {
             // The channel's table was removed: fail without a provider request.
             return (delivery, Outcome::Rejected, false);
@@ -410,6 +418,7 @@ mod tests {
             store: store.clone(),
             metrics: metrics.clone(),
             fence: Fence::default(),
+            dangerous_panic_attempts: Default::default(),
         });
         let (workers, handles) = DeliveryWorkers::start(ctx);
         let first_attempts = Arc::new(AtomicUsize::new(0));
@@ -449,6 +458,7 @@ mod tests {
             store: Arc::new(RedbStore::open(dir, 4).unwrap()),
             metrics,
             fence,
+            dangerous_panic_attempts: Default::default(),
         }))
     }
 

@@ -612,6 +612,7 @@ mod tests {
                 store: store.clone(),
                 metrics: metrics.clone(),
                 fence: fence.clone(),
+                dangerous_panic_attempts: Default::default(),
             }));
             let ctx = Arc::new(DispatchContext {
                 store: store.clone(),
