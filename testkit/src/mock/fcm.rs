@@ -361,6 +361,12 @@ impl MockFcm {
         lock(&self.state.token_script).extend(statuses);
     }
 
+    /// Token requests are answered normally again: what
+    /// [`MockFcm::script_token_endpoint`] queued and did not use is dropped.
+    pub fn clear_token_script(&self) {
+        lock(&self.state.token_script).clear();
+    }
+
     /// Every access token issued so far is refused from now on (401).
     pub fn revoke_access_tokens(&self) {
         lock(&self.state.issued).clear();

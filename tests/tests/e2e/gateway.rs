@@ -24,7 +24,7 @@ const GATEWAY: &str = "did:web:push.example.test";
 const GATEWAY_URL: &str = "https://push.example.test/_arkret/edge/push/notify";
 const STATION: &str = "did:web:station.example.test";
 const KEY_ID: &str = "station-2026";
-const SEED: [u8; 32] = [7; 32];
+pub(crate) const SEED: [u8; 32] = [7; 32];
 const SESSION: &str = "session-token-of-alice";
 const ACCOUNT: &str = "ak:account:alice@station.example.test";
 const NOTIFY: &str = "/_arkret/edge/push/notify";
@@ -55,7 +55,14 @@ fn public_key() -> String {
 /// The configuration: APNs and FCM, the gateway, the Station. `fcm` false
 /// leaves the FCM channel out (a registered FCM route is then unreachable).
 /// `extra` holds more `[engine.gateway]` keys.
-fn tables(s_apns: &str, s_fcm: &str, dir: &std::path::Path, fcm: bool, threshold: u32, extra: &str) -> String {
+pub(crate) fn tables(
+    s_apns: &str,
+    s_fcm: &str,
+    dir: &std::path::Path,
+    fcm: bool,
+    threshold: u32,
+    extra: &str,
+) -> String {
     let mut t = format!(
         "[engine.channels.apns]\nkey_file = {key}\nkey_id = \"KEY1234567\"\nteam_id = \"TEAM123456\"\n\
          bundle_id = \"com.example.fanout\"\nenvironment = \"production\"\nsandbox_url = \"{s_apns}\"\n\
@@ -104,21 +111,27 @@ async fn setup_with(threshold: u32, extra: &str) -> Setup {
     .expect("mock APNs");
     let fcm = start_mock_fcm(&pki, MockFcmConfig::default()).await.expect("mock FCM");
     let dir = tempfile::tempdir().expect("tempdir");
-    key.write_p8(&dir.path().join("AuthKey.p8")).expect("write key");
-    pki.write_ca(&dir.path().join("ca.pem")).expect("write ca");
-    fcm.service_account().write(&dir.path().join("sa.json")).expect("write service account");
-    std::fs::write(dir.path().join("salt-e1.hex"), format!("{}\n", "11".repeat(32))).unwrap();
-    let hash = hex::encode(Sha256::digest(SESSION.as_bytes()));
-    std::fs::write(dir.path().join("sessions"), format!("{hash} {ACCOUNT}\n")).unwrap();
+    write_files(dir.path(), &pki, &key, &fcm);
     let config = tables(&apns.base_url(), &fcm.base_url(), dir.path(), true, threshold, extra);
     let fanout =
         Fanout::start(EngineConfig { extra_tables: config, ..Default::default() }).await.expect("start fanout");
     Setup { fanout, apns, fcm, dir }
 }
 
+/// The files [`tables`] names: the APNs key, the CA, the FCM service
+/// account, the salt and the Station's session tokens.
+pub(crate) fn write_files(dir: &std::path::Path, pki: &TestPki, key: &ApnsTestKey, fcm: &MockFcm) {
+    key.write_p8(&dir.join("AuthKey.p8")).expect("write key");
+    pki.write_ca(&dir.join("ca.pem")).expect("write ca");
+    fcm.service_account().write(&dir.join("sa.json")).expect("write service account");
+    std::fs::write(dir.join("salt-e1.hex"), format!("{}\n", "11".repeat(32))).unwrap();
+    let hash = hex::encode(Sha256::digest(SESSION.as_bytes()));
+    std::fs::write(dir.join("sessions"), format!("{hash} {ACCOUNT}\n")).unwrap();
+}
+
 type Answer = RawAnswer;
 
-trait Json {
+pub(crate) trait Json {
     fn json(&self) -> Value;
 }
 
@@ -128,21 +141,26 @@ impl Json for Answer {
     }
 }
 
-fn now_s() -> u64 {
+pub(crate) fn now_s() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()
 }
 
-fn device(n: u32) -> String {
+pub(crate) fn device(n: u32) -> String {
     format!("ak:device:01964137-0000-7000-8000-{n:012x}")
 }
 
 async fn register(s: &Setup, device_id: &str, push_key: &str) -> Answer {
+    register_at(s.fanout.api, device_id, push_key).await
+}
+
+/// Registers a device on the Station route of the API listener at `api`.
+pub(crate) async fn register_at(api: std::net::SocketAddr, device_id: &str, push_key: &str) -> Answer {
     let body = json!({
         "device_id": device_id, "push_gateway_url": GATEWAY_URL, "push_key": push_key,
         "platform": "android", "app_id": "com.arkret.client", "display_name": "Alice's phone",
     });
     let auth = vec![("Authorization".to_string(), format!("Bearer {SESSION}"))];
-    post(s.fanout.api, "/_arkret/edge/push/register-device", &auth, body.to_string().as_bytes()).await
+    post(api, "/_arkret/edge/push/register-device", &auth, body.to_string().as_bytes()).await
 }
 
 async fn registered_target(s: &Setup, device_id: &str, push_key: &str) -> String {
@@ -153,7 +171,7 @@ async fn registered_target(s: &Setup, device_id: &str, push_key: &str) -> String
 
 /// RFC 9421 §2.5's signature base and RFC 9530's Content-Digest, written
 /// from the RFCs: the covered components in order, then `@signature-params`.
-fn signed_headers(key: &str, body: &[u8], seed: &[u8; 32], created: u64) -> Vec<(String, String)> {
+pub(crate) fn signed_headers(key: &str, body: &[u8], seed: &[u8; 32], created: u64) -> Vec<(String, String)> {
     let digest = format!("sha-256=:{}:", STANDARD.encode(Sha256::digest(body)));
     let fields = [
         ("arkret-operation", "ak.edge.push.command.notify.v1".to_string()),
@@ -179,11 +197,16 @@ fn signed_headers(key: &str, body: &[u8], seed: &[u8; 32], created: u64) -> Vec<
 }
 
 async fn notify(s: &Setup, key: &str, body: &Value) -> Answer {
-    let bytes = body.to_string().into_bytes();
-    post(s.fanout.api, NOTIFY, &signed_headers(key, &bytes, &SEED, now_s()), &bytes).await
+    notify_at(s.fanout.api, key, body, now_s()).await
 }
 
-fn body(target: &str, devices: &[&str]) -> Value {
+/// A notify signed by the Station's key with `created` as its time.
+pub(crate) async fn notify_at(api: std::net::SocketAddr, key: &str, body: &Value, created: u64) -> Answer {
+    let bytes = body.to_string().into_bytes();
+    post(api, NOTIFY, &signed_headers(key, &bytes, &SEED, created), &bytes).await
+}
+
+pub(crate) fn body(target: &str, devices: &[&str]) -> Value {
     json!({"notification": {
         "push_target_id": target,
         "wakeup_kind": "message",

@@ -11,6 +11,7 @@ mod dns_failures;
 mod gateway;
 mod hostile;
 mod listeners;
+mod live_prometheus;
 mod multinode;
 mod operability;
 mod providers;

@@ -96,7 +96,7 @@ pub(crate) fn sign(secret: &str, t: u64, body: &[u8]) -> String {
     format!("t={t},v1={}", hex::encode(mac.finalize().into_bytes()))
 }
 
-fn webhook(id: &str, provider: &str, token: &str, sandbox: bool) -> Vec<u8> {
+pub(crate) fn webhook(id: &str, provider: &str, token: &str, sandbox: bool) -> Vec<u8> {
     let collapse = "b76b4f49cf0d311f53af81576f61d459";
     let mut registration = serde_json::json!({"provider": provider, "token": token, "sandbox": sandbox});
     if provider == "apns" {

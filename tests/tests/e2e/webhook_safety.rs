@@ -512,7 +512,7 @@ async fn reserved_classes_are_refused_at_register_and_at_send() {
 }
 
 /// The one address `label` has in the standard zone.
-fn standard_address(label: &str) -> IpAddr {
+pub(crate) fn standard_address(label: &str) -> IpAddr {
     let name = format!("{label}.fanout.test");
     let addrs = dns::standard_zone().into_iter().find(|(n, _)| *n == name).map(|(_, a)| a).unwrap_or_default();
     assert_eq!(addrs.len(), 1, "{name} has one address in the standard zone");
