@@ -28,7 +28,11 @@ use crate::auth::Role;
 use crate::config::{Config, StoreBackend};
 
 #[derive(Parser)]
-#[command(name = "fanout", version, about = "Push delivery engine: APNs, FCM and signed HTTPS webhooks")]
+#[command(
+    name = "fanout",
+    version,
+    about = "Push delivery engine: APNs, FCM, Web Push, signed HTTPS webhooks and the relay webhook; also a relay push server and a blind-wakeup push gateway"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
