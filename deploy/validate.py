@@ -187,7 +187,7 @@ def check_kubernetes():
         channels = config.get("engine", {}).get("channels", {})
         files = [config.get("store", {}).get("path")] if config.get("store", {}).get("backend", "redb") == "redb" else []
         files += [channels.get("apns", {}).get("key_file"), channels.get("fcm", {}).get("service_account_file")]
-        # Issue 16: a pod listens beyond loopback, so fanout itself requires
+        # A pod listens beyond loopback, so fanout itself requires
         # TLS and authentication; their files must be mounted.
         server = config.get("server", {})
         if "tls" not in server or "auth" not in server:

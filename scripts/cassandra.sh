@@ -10,7 +10,7 @@
 #   scripts/cassandra.sh logs      print the tail of its log
 #
 # The same commands with -secure (start-secure, stop-secure, status-secure,
-# logs-secure) run a second node for issue 16's tests: CQL on 127.0.0.1:9142
+# logs-secure) run a second node for the TLS and password tests: CQL on 127.0.0.1:9142
 # over TLS only (a test CA and node certificate made with the JDK's keytool,
 # the CA in run-secure/tls/ca.pem), PasswordAuthenticator with the default
 # role cassandra (its password in run-secure/tls/password).
@@ -214,7 +214,7 @@ EOF
         write_tls
         cat >>"$RUN/conf/cassandra.yaml" <<EOF
 
-# Issue 16: TLS only on the CQL port, password authentication.
+# TLS only on the CQL port, password authentication.
 client_encryption_options:
   enabled: true
   optional: false
