@@ -124,3 +124,128 @@ impl Actor for RetentionActor {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The pass over a real embedded store; the actor's schedule on
+    //! tokio's paused clock (the TTL itself is wall-clock time, as stored).
+
+    use super::*;
+    use crate::domain::{DeliveryTarget, RecipientId, RecipientSecret};
+    use crate::store::{Instrumented, RedbStore};
+
+    const TTL: Duration = Duration::from_secs(3600);
+    const MINUTE: Duration = Duration::from_secs(60);
+
+    /// The store instrumented, so a test can count the passes that ended.
+    fn args(dir: &tempfile::TempDir, interval_seconds: u64) -> RetentionArgs {
+        let metrics = Arc::new(Metrics::new());
+        let store = Arc::new(RedbStore::open(dir.path(), 4).unwrap());
+        RetentionArgs {
+            store: Arc::new(Instrumented::new(store, metrics.clone())),
+            metrics,
+            ttl: TTL,
+            interval: RetentionInterval::try_from(interval_seconds).unwrap(),
+        }
+    }
+
+    /// Registers recipient `n`, last renewed `age` ago.
+    async fn registered(args: &RetentionArgs, n: u8, age: Duration) -> RecipientId {
+        let id = RecipientId::from_bytes([n; 32]);
+        let hash = RecipientSecret::parse(&[n; 32]).unwrap().hash();
+        let target = DeliveryTarget::Apns { token: format!("t{n}") };
+        let renewed = Timestamp::now().saturating_sub(age).as_unix_nanos();
+        args.store.register(&id, &hash, &target, renewed).await.unwrap();
+        id
+    }
+
+    async fn exists(args: &RetentionArgs, id: &RecipientId) -> bool {
+        args.store.recipient(id).await.unwrap().is_some()
+    }
+
+    fn expired(args: &RetentionArgs) -> u64 {
+        args.metrics.recipients_deleted_by(Deleted::Expired).get()
+    }
+
+    #[tokio::test]
+    async fn a_pass_deletes_the_recipients_not_renewed_within_the_ttl_and_keeps_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let args = args(&dir, 60);
+        let stale = registered(&args, 1, TTL + MINUTE).await;
+        let fresh = registered(&args, 2, TTL - MINUTE).await;
+
+        run_pass(&args).await;
+        assert!(!exists(&args, &stale).await, "renewed more than recipient_ttl_seconds ago (PUSH-226)");
+        assert!(exists(&args, &fresh).await);
+        assert_eq!(expired(&args), 1);
+
+        // Nothing more to delete: the count stays.
+        run_pass(&args).await;
+        assert!(exists(&args, &fresh).await);
+        assert_eq!(expired(&args), 1);
+    }
+
+    /// Runs `f` with the paused clock held still. The embedded store works
+    /// on its own commit thread; while a test waits for it the runtime is
+    /// idle and the paused clock would jump to the next timer (the actor's
+    /// next pass). A task that keeps yielding leaves it never idle.
+    async fn clock_held<T>(f: impl Future<Output = T>) -> T {
+        let keeper = tokio::spawn(async {
+            loop {
+                tokio::task::yield_now().await;
+            }
+        });
+        let out = f.await;
+        keeper.abort();
+        out
+    }
+
+    /// Passes that ended: each ends with the gateway's expiry.
+    fn passes(args: &RetentionArgs) -> u64 {
+        args.metrics.store_latency.with_label_values(&["delete_expired_gateway"]).get_sample_count()
+    }
+
+    async fn until_passes(args: &RetentionArgs, n: u64) {
+        while passes(args) < n {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_actor_passes_at_start_and_then_an_interval_after_each_pass() {
+        let dir = tempfile::tempdir().unwrap();
+        let args = args(&dir, 60);
+        let first = registered(&args, 1, TTL + MINUTE).await;
+        let started = tokio::time::Instant::now();
+        let (actor, handle) = Actor::spawn(None, RetentionActor, args.clone()).await.unwrap();
+
+        clock_held(until_passes(&args, 1)).await;
+        assert_eq!(tokio::time::Instant::now(), started, "a pass at start");
+        assert!(!clock_held(exists(&args, &first)).await);
+
+        // The next pass comes an interval after this one ended, not before.
+        let second = clock_held(registered(&args, 2, TTL + MINUTE)).await;
+        tokio::time::advance(MINUTE - Duration::from_millis(1)).await;
+        clock_held(tokio::task::yield_now()).await;
+        assert_eq!(passes(&args), 1, "no pass before the interval");
+        tokio::time::advance(Duration::from_millis(2)).await;
+        clock_held(until_passes(&args, 2)).await;
+        assert!(!clock_held(exists(&args, &second)).await);
+        assert_eq!(expired(&args), 2);
+
+        actor.stop(None);
+        handle.await.unwrap();
+    }
+
+    #[test]
+    fn the_interval_is_one_to_3600_whole_seconds() {
+        for refused in [0, 3601, u64::MAX] {
+            let err = RetentionInterval::try_from(refused).unwrap_err();
+            assert!(err.contains("PUSH-226"), "{err}");
+        }
+        for accepted in [1, 3600] {
+            assert_eq!(RetentionInterval::try_from(accepted).unwrap().get(), Duration::from_secs(accepted));
+        }
+        assert_eq!(RetentionInterval::default().get(), Duration::from_secs(3600), "PUSH-226's bound by default");
+    }
+}
