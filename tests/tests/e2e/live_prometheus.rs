@@ -611,4 +611,12 @@ async fn dashboards_and_alerts_on_a_real_prometheus() {
     assert!(still_active.is_empty(), "alerts still active after the faults: {still_active:?}\n{report}");
     assert_eq!(down_seen.len(), down.len(), "a paused engine raises {down:?}; seen {down_seen:?}\n{report}");
     assert!(after_resume.is_empty(), "alerts still active after the resume: {after_resume:?}\n{report}");
+    eprintln!(
+        "live Prometheus: {} recording rules and {} dashboard queries returned data; {} of {} alerts went pending \
+         and resolved",
+        named(RECORDING, "- record:").len(),
+        queries.len(),
+        lock(&seen).len(),
+        alerts.len(),
+    );
 }
