@@ -209,3 +209,225 @@ impl SupervisorState {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The supervisor over a real store, real shard actors and delivery
+    //! workers, with an in-memory provider and tokio's paused clock.
+
+    use std::collections::HashSet;
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::channel::{Channels, Outcome, Provider, Push};
+    use crate::delivery::{DeliverySettings, DeliveryWorkers, WorkerContext};
+    use crate::dispatch::{DispatchSettings, PanicHook};
+    use crate::domain::{
+        Channel, DeliveryTarget, EnvelopeKind, NewEnvelope, RecipientId, RecipientSecret, Subscription,
+        SubscriptionUpdate, Topic,
+    };
+    use crate::metrics::Metrics;
+    use crate::ownership::Fence;
+    use crate::retention::RetentionInterval;
+    use crate::store::{Appended, RedbStore, Store};
+
+    const SHARDS: u16 = 4;
+    const RECIPIENTS: u8 = 4;
+    /// Real time a test may wait for the store's threads.
+    const REAL_BOUND: Duration = Duration::from_secs(30);
+
+    /// Answers `Delivered`, remembering each (sequence id, recipient).
+    #[derive(Default)]
+    struct Recording {
+        sent: Mutex<HashSet<(u64, RecipientId)>>,
+    }
+
+    #[async_trait]
+    impl Provider for Recording {
+        fn channel(&self) -> Channel {
+            Channel::Apns
+        }
+        async fn send(&self, push: Push<'_>) -> Outcome {
+            self.sent.lock().unwrap().insert((push.envelope.sequence_id, push.recipient.id));
+            Outcome::Delivered
+        }
+        fn timed_out(&self) -> Outcome {
+            Outcome::Rejected
+        }
+    }
+
+    struct Fixture {
+        store: Arc<dyn Store>,
+        provider: Arc<Recording>,
+        metrics: Arc<Metrics>,
+        supervisor: ActorRef<SupervisorMsg>,
+        handle: tokio::task::JoinHandle<()>,
+        topic: Topic,
+        recipients: Vec<RecipientId>,
+        _dir: tempfile::TempDir,
+    }
+
+    impl Fixture {
+        /// Recipients subscribed to one topic and a supervisor owning
+        /// `shards`; the first shard actor to process `panic_after` pages
+        /// panics once (0: never).
+        async fn start(shards: Vec<ShardId>, panic_after: u64) -> Self {
+            let dir = tempfile::tempdir().unwrap();
+            let store: Arc<dyn Store> = Arc::new(RedbStore::open(dir.path(), SHARDS).unwrap());
+            let topic = Topic::parse(&[0, 42]).unwrap();
+            let mut recipients = Vec::new();
+            // Renewed now: the retention actor's pass at start keeps them.
+            let now = crate::domain::Timestamp::now().as_unix_nanos();
+            for i in 0..RECIPIENTS {
+                let id = RecipientId::from_bytes([i + 1; 32]);
+                let hash = RecipientSecret::parse(&[i + 1; 32]).unwrap().hash();
+                store.register(&id, &hash, &DeliveryTarget::Apns { token: format!("t{i}") }, now).await.unwrap();
+                let add = Subscription { topic: topic.clone(), keys: None, include_commits: false };
+                let update = SubscriptionUpdate::new(vec![add], vec![]).unwrap();
+                store.update_subscriptions(&id, &hash, &update, now, 100).await.unwrap();
+                recipients.push(id);
+            }
+            let provider = Arc::new(Recording::default());
+            let metrics = Arc::new(Metrics::new());
+            let mut channels = Channels::default();
+            channels.insert(provider.clone());
+            let delivery = DeliverySettings::default();
+            let (workers, _) = DeliveryWorkers::start(Arc::new(WorkerContext {
+                max_in_flight: delivery.in_flight_per_worker(64),
+                settings: delivery,
+                max_attempts: 3,
+                channels: channels.clone(),
+                store: store.clone(),
+                metrics: metrics.clone(),
+                fence: Fence::default(),
+                dangerous_panic_attempts: Default::default(),
+            }));
+            // Pages of one subscriber, so a few envelopes make several pages.
+            let settings = DispatchSettings { subscriber_page: std::num::NonZeroUsize::MIN, ..Default::default() };
+            let ctx = Arc::new(DispatchContext {
+                store: store.clone(),
+                workers,
+                channels,
+                settings,
+                metrics: metrics.clone(),
+                fence: Fence::default(),
+                panic_hook: PanicHook::new(panic_after),
+            });
+            let retention = RetentionArgs {
+                store: store.clone(),
+                metrics: metrics.clone(),
+                ttl: Duration::from_secs(86_400),
+                interval: RetentionInterval::default(),
+            };
+            let args = SupervisorArgs { ctx, shards, retention, lease: None };
+            let (supervisor, handle) = Actor::spawn(None, Supervisor, args).await.unwrap();
+            Self { store, provider, metrics, supervisor, handle, topic, recipients, _dir: dir }
+        }
+
+        fn shard(&self) -> ShardId {
+            self.topic.shard(SHARDS)
+        }
+
+        /// Stores `n` envelopes on the topic and wakes its shard; their ids.
+        async fn publish(&self, n: usize) -> Vec<u64> {
+            let new =
+                || NewEnvelope::new(self.topic.clone(), SHARDS, EnvelopeKind::Application, true, None, vec![], None);
+            let batch: Vec<NewEnvelope> = (0..n).map(|_| new().unwrap()).collect();
+            let appended = self.store.append(&batch, 2).await.unwrap();
+            let _ = self.supervisor.cast(SupervisorMsg::Wake(vec![self.shard()]));
+            appended
+                .into_iter()
+                .map(|a| match a {
+                    Appended::Stored { sequence_id } => sequence_id,
+                    Appended::Refused(r) => panic!("refused: {r:?}"),
+                })
+                .collect()
+        }
+
+        fn delivered(&self, ids: &[u64]) -> bool {
+            let sent = self.provider.sent.lock().unwrap();
+            ids.iter().all(|s| self.recipients.iter().all(|r| sent.contains(&(*s, *r))))
+        }
+
+        fn owned(&self) -> i64 {
+            self.metrics.owned_shards.get()
+        }
+
+        /// Until the topic's shard has its checkpoint at its boundary.
+        async fn until_dispatched(&self) {
+            let deadline = std::time::Instant::now() + REAL_BOUND;
+            loop {
+                let p = self.store.shard_position(self.shard()).await.unwrap();
+                if p.checkpoint == p.boundary {
+                    return;
+                }
+                assert!(std::time::Instant::now() < deadline, "the checkpoint never reached the boundary: {p:?}");
+                tokio::task::yield_now().await;
+            }
+        }
+
+        /// Yields until `done` holds. The store works on threads of its own;
+        /// a test that slept here would leave the runtime idle, and the paused
+        /// clock would race ahead of that work. Yielding holds the clock still
+        /// (no timer is needed for what these tests wait for), bounded in real
+        /// time.
+        async fn until(&self, what: &str, done: impl Fn(&Self) -> bool) {
+            let deadline = std::time::Instant::now() + REAL_BOUND;
+            while !done(self) {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "never: {what}; {} sends",
+                    self.provider.sent.lock().unwrap().len()
+                );
+                tokio::task::yield_now().await;
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_shard_actor_is_restarted_counted_and_its_shard_delivered() {
+        let f = Fixture::start(ShardId::all(SHARDS).collect(), 2).await;
+        assert_eq!(f.owned(), i64::from(SHARDS));
+        let ids = f.publish(3).await;
+        f.until("every delivery, across the restart", |f| f.delivered(&ids)).await;
+        assert_eq!(f.metrics.shard_restarts.get(), 1, "one injected panic, one restart");
+        assert_eq!(f.owned(), i64::from(SHARDS), "the restarted actor is supervised again");
+        f.until_dispatched().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn own_starts_a_shard_actor_and_disown_hands_it_back_unsupervised() {
+        let f = Fixture::start(Vec::new(), 0).await;
+        assert_eq!(f.owned(), 0);
+        let shard = f.shard();
+        let ids = f.publish(2).await;
+
+        let _ = f.supervisor.cast(SupervisorMsg::Own(shard));
+        f.until("the owned shard's deliveries", |f| f.delivered(&ids)).await;
+        assert_eq!(f.owned(), 1);
+
+        let cell = ractor::call!(f.supervisor, |reply| SupervisorMsg::Disown { shard, drain: true, reply })
+            .unwrap()
+            .expect("the actor of an owned shard");
+        f.until("the disowned actor drained and stopped", |_| cell.get_status() == ractor::ActorStatus::Stopped).await;
+        assert_eq!(f.owned(), 0, "a disowned actor that stops is not restarted");
+        assert_eq!(f.metrics.shard_restarts.get(), 0);
+        let none = ractor::call!(f.supervisor, |reply| SupervisorMsg::Disown { shard, drain: true, reply }).unwrap();
+        assert!(none.is_none(), "nothing to hand back for a shard it does not run");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn drain_stops_the_supervisor_once_every_shard_stored_its_checkpoint() {
+        let f = Fixture::start(ShardId::all(SHARDS).collect(), 0).await;
+        let ids = f.publish(3).await;
+        f.until("every delivery", |f| f.delivered(&ids)).await;
+        let _ = f.supervisor.cast(SupervisorMsg::Drain);
+        f.until("the supervisor stopped", |f| f.handle.is_finished()).await;
+        let position = f.store.shard_position(f.topic.shard(SHARDS)).await.unwrap();
+        assert_eq!(position.checkpoint, position.boundary, "nothing left to dispatch after the drain");
+        assert_eq!(f.metrics.shard_restarts.get(), 0, "a drained actor's stop is not a failure");
+    }
+}
