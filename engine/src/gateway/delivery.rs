@@ -43,8 +43,8 @@ use crate::channel::{Channels, Outcome, RelayPriority, RelayRefusal, RelayedPush
 use crate::domain::Channel;
 use crate::domain::Timestamp;
 use crate::metrics::Metrics;
-use crate::settings::ATTEMPT_TIMEOUT;
 use crate::store::{GatewayRegistration, LeasedWakeup, Store};
+use crate::transport::ATTEMPT_TIMEOUT;
 
 /// How long a leased wakeup stays with its worker: three attempt bounds.
 pub const LEASE: Duration = Duration::from_secs(3 * ATTEMPT_TIMEOUT.as_secs());

@@ -18,7 +18,7 @@ use super::egress::EgressPolicy;
 use super::identity::{SaltEpochId, ServiceId};
 use super::schema::NotifyLimits;
 use super::signature::SignaturePolicy;
-use crate::settings::duration;
+use crate::duration;
 
 /// §2.4: the delivery window when the policy names none.
 pub const DEFAULT_WINDOW: Duration = Duration::from_secs(60);

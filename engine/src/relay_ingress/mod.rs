@@ -38,8 +38,8 @@ use self::signature::{SignatureError, SignatureHeader};
 use crate::channel::{BuildError, Channels, Outcome, Provider, RelayRefusal, RelayedPush};
 use crate::domain::Channel;
 use crate::metrics::Metrics;
-use crate::settings::ATTEMPT_TIMEOUT;
 use crate::store::{RelaySettled, Store};
+use crate::transport::ATTEMPT_TIMEOUT;
 
 pub use self::settings::RelayIngressSettings;
 

@@ -16,11 +16,11 @@ use fanout_testkit::TestPki;
 use fanout_testkit::mock::webhook::standard_webhooks_signature;
 
 use fanout_engine::channel::PushLifetime;
-use fanout_engine::channel::apns::fit_collapse_id;
-use fanout_engine::channel::http2::Http2Client;
-use fanout_engine::channel::pool;
+use fanout_engine::channel::collapse::fit_collapse_id;
 use fanout_engine::channel::webpush::Vapid;
 use fanout_engine::domain::WebPushKeys;
+use fanout_engine::transport::http2::Http2Client;
+use fanout_engine::transport::pool;
 use fanout_testkit::wire::WireCounts;
 use http::HeaderValue;
 use http_body_util::BodyExt as _;

@@ -3,7 +3,6 @@
 //! the configured environment, and the APNs row of the outcome table.
 
 mod classify;
-mod collapse;
 mod request;
 mod settings;
 mod token;
@@ -17,13 +16,13 @@ use jsonwebtoken::EncodingKey;
 use self::classify::{CONNECTION_ERROR, Classified, RETRY_DELAY, TIMED_OUT, classify, reason};
 use self::request::{ApnsRequest, relayed_apns_body};
 use self::token::{ProviderToken, ProviderTokens};
-use super::pool::{ClientOptions, Pool, PoolMetrics, PoolOptions, Protocols, Resolver, SendError, unix_now_secs};
-use super::{
-    BuildError, ChannelContext, Outcome, Provider, Push, PushLifetime, RelayRefusal, RelayedPush, client_tls_config,
-};
+use super::{BuildError, ChannelContext, Outcome, Provider, Push, PushLifetime, RelayRefusal, RelayedPush};
 use crate::domain::{Channel, DeliveryTarget};
+use crate::transport::client_tls_config;
+use crate::transport::pool::{
+    ClientOptions, Pool, PoolMetrics, PoolOptions, Protocols, Resolver, SendError, unix_now_secs,
+};
 
-pub use collapse::{MAX_COLLAPSE_ID_BYTES, fit_collapse_id};
 pub use request::apns_body;
 pub use settings::{ApnsEnvironment, ApnsSettings, AsciiId, DEFAULT_PRODUCTION_URL, DEFAULT_SANDBOX_URL};
 
@@ -159,6 +158,7 @@ mod tests {
     use std::sync::Arc;
     use std::time::Instant;
 
+    use crate::channel::collapse::fit_collapse_id;
     use crate::channel::{Connections, HttpsBase};
     use crate::domain::Recipient;
     use crate::domain::StoredEnvelope;

@@ -17,15 +17,14 @@ use jsonwebtoken::EncodingKey;
 
 use self::classify::{CONNECTION_ERROR, RETRY_DELAY, TIMED_OUT, classify_answer};
 use self::token::{AccessTokens, ServiceAccount};
-use super::pool::unix_now_secs;
-use super::pool::{
+use super::common::HttpsBase;
+use super::{BuildError, ChannelContext, Outcome, Provider, Push, PushLifetime, RelayRefusal, RelayedPush};
+use crate::domain::{Channel, DeliveryTarget};
+use crate::transport::client_tls_config;
+use crate::transport::pool::unix_now_secs;
+use crate::transport::pool::{
     ClientOptions, Pool, PoolMetrics, PoolOptions, Protocols, Resolver, SendError, encode_path_segment, https_client,
 };
-use super::settings::HttpsBase;
-use super::{
-    BuildError, ChannelContext, Outcome, Provider, Push, PushLifetime, RelayRefusal, RelayedPush, client_tls_config,
-};
-use crate::domain::{Channel, DeliveryTarget};
 
 pub use request::{fcm_body, relayed_fcm_body};
 pub use settings::{DEFAULT_BASE_URL, FcmSettings};

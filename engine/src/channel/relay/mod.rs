@@ -44,10 +44,11 @@ use self::coalesce::RelayPush;
 use self::queue::{Counters, HoldId, Queue};
 use self::sender::{Senders, Webhook};
 use self::signing::WebhookSecret;
-use super::pool::{ClientOptions, Pool, PoolMetrics, PoolOptions, Protocols, Resolver};
-use super::{BuildError, ChannelContext, Outcome, Provider, Push, PushQueue, QueueBatch, client_tls_config};
-use crate::delivery::Delivery;
+use super::{BuildError, ChannelContext, Outcome, Provider, Push, PushQueue, QueueBatch};
 use crate::domain::{Channel, DeliveryTarget, RecipientId};
+use crate::page::Delivery;
+use crate::transport::client_tls_config;
+use crate::transport::pool::{ClientOptions, Pool, PoolMetrics, PoolOptions, Protocols, Resolver};
 
 /// The push server is one trusted host: HTTP/2 or HTTP/1.1 as it prefers.
 const CLIENT_OPTIONS: ClientOptions =

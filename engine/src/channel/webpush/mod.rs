@@ -26,10 +26,11 @@ use async_trait::async_trait;
 use http::StatusCode;
 
 use self::classify::{CONNECTION_ERROR, RETRY_DELAY, TIMED_OUT, classify_answer};
-use super::http::{CheckedDestinations, DestinationSettings, HickoryResolver, HostResolver, SafetyError};
-use super::pool::{SendError, unix_now_secs};
 use super::{BuildError, ChannelContext, Outcome, Provider, Push, PushLifetime, Refused, RelayRefusal, RelayedPush};
 use crate::domain::{Channel, DeliveryTarget, WebPushKeys, WebhookUrl};
+use crate::transport::checked::{CheckedDestinations, DestinationSettings};
+use crate::transport::destination::{HickoryResolver, HostResolver, SafetyError};
+use crate::transport::pool::{SendError, unix_now_secs};
 
 pub use encryption::{EncryptError, MAX_PLAINTEXT, encrypt};
 pub use request::{PushHeaders, Urgency, topic_for, wake_up};
@@ -81,8 +82,9 @@ impl WebPushProvider {
                 rate_limit_per_second: settings.rate_limit_per_second,
             },
             resolver,
-            ctx,
-        )?;
+            &ctx.metrics,
+        )
+        .map_err(|e| BuildError::new("engine.channels.webpush.extra_ca_files", e))?;
         Ok(Self { destinations, vapid, lifetime: settings.ttl_seconds })
     }
 
