@@ -15,7 +15,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::IngressError;
+use super::error::IngressError;
 use super::request::Webhook;
 use crate::domain::Timestamp;
 use crate::store::{RelayClaim, RelayKey, RelaySettled, Store};

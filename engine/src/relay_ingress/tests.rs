@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use async_trait::async_trait;
 use bytes::Bytes;
 
+use super::request::Malformed;
 use super::*;
 use crate::channel::{Push, RelayPriority};
 use crate::store::RedbStore;
