@@ -16,7 +16,10 @@ use jsonwebtoken::EncodingKey;
 use self::classify::{CONNECTION_ERROR, Classified, RETRY_DELAY, TIMED_OUT, classify, reason};
 use self::request::{ApnsRequest, relayed_apns_body};
 use self::token::{ProviderToken, ProviderTokens};
-use super::{BuildError, ChannelContext, Outcome, Provider, Push, PushLifetime, RelayRefusal, RelayedPush};
+use crate::channel::common::PushLifetime;
+use crate::channel::outcome::Outcome;
+use crate::channel::provider::{BuildError, ChannelContext, Provider, Push};
+use crate::channel::relayed::{RelayRefusal, RelayedPush};
 use crate::domain::{Channel, DeliveryTarget};
 use crate::transport::client_tls_config;
 use crate::transport::pool::{
@@ -159,7 +162,7 @@ mod tests {
     use std::time::Instant;
 
     use crate::channel::collapse::fit_collapse_id;
-    use crate::channel::{Connections, HttpsBase};
+    use crate::channel::common::{Connections, HttpsBase};
     use crate::domain::Recipient;
     use crate::domain::StoredEnvelope;
     use crate::metrics::Metrics;
@@ -337,7 +340,7 @@ mod tests {
             app_id,
             sandbox,
             collapse_id: Some("b76b4f49cf0d311f53af81576f61d459"),
-            priority: crate::channel::RelayPriority::High,
+            priority: crate::channel::relayed::RelayPriority::High,
             payload: payload.as_object().unwrap(),
             ttl: Duration::from_secs(86_400),
         };
@@ -378,7 +381,7 @@ mod tests {
             app_id: None,
             sandbox: true,
             collapse_id: Some(&long),
-            priority: crate::channel::RelayPriority::Normal,
+            priority: crate::channel::relayed::RelayPriority::Normal,
             payload: payload.as_object().unwrap(),
             ttl: Duration::from_secs(60),
         };

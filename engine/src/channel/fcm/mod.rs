@@ -18,7 +18,10 @@ use jsonwebtoken::EncodingKey;
 use self::classify::{CONNECTION_ERROR, RETRY_DELAY, TIMED_OUT, classify_answer};
 use self::token::{AccessTokens, ServiceAccount};
 use super::common::HttpsBase;
-use super::{BuildError, ChannelContext, Outcome, Provider, Push, PushLifetime, RelayRefusal, RelayedPush};
+use crate::channel::common::PushLifetime;
+use crate::channel::outcome::Outcome;
+use crate::channel::provider::{BuildError, ChannelContext, Provider, Push};
+use crate::channel::relayed::{RelayRefusal, RelayedPush};
 use crate::domain::{Channel, DeliveryTarget};
 use crate::transport::client_tls_config;
 use crate::transport::pool::unix_now_secs;
@@ -145,7 +148,7 @@ mod tests {
 
     use super::classify::{MAX_RETRY_AFTER, QUOTA_DELAY};
     use super::*;
-    use crate::channel::Connections;
+    use crate::channel::common::Connections;
     use crate::domain::Recipient;
     use crate::metrics::Metrics;
     use crate::testing::{self, envelope};

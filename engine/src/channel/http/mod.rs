@@ -22,7 +22,8 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue};
 
 use self::classify::{CONNECTION_ERROR, TIMED_OUT, classify};
-use super::{BuildError, ChannelContext, Outcome, Provider, Push, Refused};
+use crate::channel::outcome::Outcome;
+use crate::channel::provider::{BuildError, ChannelContext, Provider, Push, Refused};
 use crate::domain::{Channel, DeliveryTarget, SigningKey, Timestamp, WebhookUrl};
 use crate::metrics::Metrics;
 use crate::transport::checked::{CheckedDestinations, DestinationSettings};
@@ -162,7 +163,7 @@ mod tests {
     use fanout_testkit::mock::webhook::{self as mock, AnswerBody, MockWebhookConfig};
 
     use super::*;
-    use crate::channel::Connections;
+    use crate::channel::common::Connections;
     use crate::domain::SigningKey;
     use crate::testing::{self, NoDns};
     use std::time::Duration;

@@ -26,7 +26,10 @@ use async_trait::async_trait;
 use http::StatusCode;
 
 use self::classify::{CONNECTION_ERROR, RETRY_DELAY, TIMED_OUT, classify_answer};
-use super::{BuildError, ChannelContext, Outcome, Provider, Push, PushLifetime, Refused, RelayRefusal, RelayedPush};
+use crate::channel::common::PushLifetime;
+use crate::channel::outcome::Outcome;
+use crate::channel::provider::{BuildError, ChannelContext, Provider, Push, Refused};
+use crate::channel::relayed::{RelayRefusal, RelayedPush};
 use crate::domain::{Channel, DeliveryTarget, WebPushKeys, WebhookUrl};
 use crate::transport::checked::{CheckedDestinations, DestinationSettings};
 use crate::transport::destination::{HickoryResolver, HostResolver, SafetyError};
@@ -292,7 +295,7 @@ mod tests {
 
     #[tokio::test]
     async fn relayed_pushes_carry_their_payload_ttl_urgency_and_topic() {
-        use crate::channel::RelayPriority;
+        use crate::channel::relayed::RelayPriority;
         let s = setup().await;
         let sub = s.mock.subscribe();
         let keys = WebPushKeys::parse(&sub.p256dh, &sub.auth).unwrap();
