@@ -125,7 +125,7 @@ fn client(
         .build(connector(tls, options.protocols, resolver, opened, allow_plain_http))
 }
 
-/// The HTTP/2 client of `channel::http2` over the same connector: what a
+/// The HTTP/2 client of `transport::http2` over the same connector: what a
 /// pool sends through to a host that speaks HTTP/2.
 pub fn http2_client(
     tls: rustls::ClientConfig,
