@@ -36,14 +36,15 @@ impl ChannelSettings {
         Self { http: Some(HttpSettings::default()), ..Self::default() }
     }
 
-    /// The requests the configured channels may have in flight together:
-    /// the sum of their `max_in_flight`.
+    /// The requests the channels the delivery workers send through may have
+    /// in flight together: the sum of their `max_in_flight`. The relay is
+    /// not among them: it sends from its own queue (dispatch hands it its
+    /// deliveries), never through the workers.
     pub fn max_in_flight(&self) -> usize {
         [
             self.http.as_ref().map(|s| s.max_in_flight),
             self.apns.as_ref().map(|s| s.max_in_flight),
             self.fcm.as_ref().map(|s| s.max_in_flight),
-            self.relay.as_ref().map(|_| super::relay::MAX_IN_FLIGHT),
             self.webpush.as_ref().map(|s| s.max_in_flight),
         ]
         .into_iter()
@@ -69,5 +70,13 @@ mod tests {
         assert!(c.http.is_none() && c.apns.is_none() && c.fcm.is_none(), "an empty table: no channel");
         let c = channels(serde_json::json!({"http": {}})).unwrap();
         assert!(c.http.is_some() && c.apns.is_none(), "an empty http table configures HTTPS");
+    }
+
+    #[test]
+    fn the_workers_bound_sums_the_channels_they_send_through() {
+        let mut c = ChannelSettings::https_only();
+        assert_eq!(c.max_in_flight(), 1000);
+        c.relay = Some(RelaySettings::default());
+        assert_eq!(c.max_in_flight(), 1000, "the relay sends from its own queue");
     }
 }

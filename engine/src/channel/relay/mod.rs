@@ -55,7 +55,7 @@ use crate::transport::pool::{ClientOptions, Pool, PoolMetrics, PoolOptions, Prot
 const CLIENT_OPTIONS: ClientOptions =
     ClientOptions { protocols: Protocols::Http1Or2, idle_timeout: Duration::from_secs(90) };
 /// In-flight requests to the push server: the senders are the real bound.
-pub(crate) const MAX_IN_FLIGHT: std::num::NonZeroUsize = std::num::NonZeroUsize::new(1024).unwrap();
+const MAX_IN_FLIGHT: std::num::NonZeroUsize = std::num::NonZeroUsize::new(1024).unwrap();
 
 pub struct RelayProvider {
     queue: Arc<RelayQueue>,
