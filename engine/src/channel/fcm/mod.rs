@@ -317,8 +317,11 @@ mod tests {
     async fn short_lived_tokens_are_refreshed_and_refused_ones_dropped() {
         let s = setup(MockFcmConfig { token_lifetime: Duration::from_secs(2), ..Default::default() }).await;
         assert_eq!(send(&s, "reg").await, Outcome::Delivered);
-        // Refreshed at half its life.
-        tokio::time::sleep(Duration::from_millis(1100)).await;
+        // Refreshed at half its life: 1.1 s later on tokio's clock (the
+        // cache reads it), without sleeping.
+        tokio::time::pause();
+        tokio::time::advance(Duration::from_millis(1100)).await;
+        tokio::time::resume();
         assert_eq!(send(&s, "reg").await, Outcome::Delivered);
         assert_eq!(s.mock.token_request_count(), 2);
         // FCM no longer accepts the token: rejected, and the cache is dropped.

@@ -2,13 +2,14 @@
 //! JWT-bearer grant (RS256) at its `token_uri`.
 
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Request, StatusCode, Uri};
 use http_body_util::Full;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
 
 use crate::domain::Channel;
 use crate::metrics::{Metrics, TokenMetrics};
