@@ -5,16 +5,15 @@
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::sync::Arc;
-
 use std::time::Duration;
 
 use super::destination::connect::CheckedResolver;
 use super::destination::resolve::HostResolver;
 use super::destination::safety::{DomainPattern, SafetyError, WebhookPolicy, WebhookUrl};
+use super::pool::{ClientOptions, Connections, Pool, PoolMetrics, PoolOptions, Protocols, Resolver};
 use super::tls::client_tls_config;
 use crate::domain::Channel;
 use crate::metrics::Metrics;
-use crate::transport::pool::{ClientOptions, Connections, Pool, PoolMetrics, PoolOptions, Protocols, Resolver};
 
 /// How each checked client is built: HTTP/2 or HTTP/1.1 as the receiver
 /// prefers; idle pooled connections closed after 30 s, so a connection never

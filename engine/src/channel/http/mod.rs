@@ -1,7 +1,6 @@
 //! The HTTPS webhook channel: signed POSTs (PUSH-235) to checked addresses only
 //! (PUSH-256), pooled keep-alive connections, HTTP/2 or HTTP/1.1 by ALPN.
-//!
-//! - `signing`: the three PUSH-235 headers.
+//! `signing` makes the three PUSH-235 headers.
 //!
 //! The destination guard (`transport::destination`) and the checked pool
 //! (`transport::checked`) are the transport's: the channel calls

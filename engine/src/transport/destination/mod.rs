@@ -17,7 +17,6 @@ pub mod connect;
 pub mod resolve;
 pub mod safety;
 
-pub use blocked::{AddressRules, is_blocked, is_reserved};
 pub use connect::CheckedResolver;
 pub use resolve::{HickoryResolver, HostResolver, ResolveError};
 pub use safety::{DomainPattern, SafetyError, WebhookPolicy, WebhookUrl};
