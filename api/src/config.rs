@@ -10,7 +10,8 @@ use std::num::{NonZeroU32, NonZeroUsize};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use fanout_engine::settings::{EngineSettings, duration};
+use fanout_engine::duration;
+use fanout_engine::settings::EngineSettings;
 use fanout_engine::store::ScyllaSettings;
 
 use crate::auth::AuthSettings;

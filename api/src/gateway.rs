@@ -8,7 +8,7 @@
 //!   service to service by an RFC 9421 HTTP message signature (Ed25519 keys
 //!   per `Source-Service-ID`, `[[engine.gateway.source_services]]`).
 //!
-//! Errors are RFC 9457 problem bodies (`rest::Problem`) whose `code` is a
+//! Errors are RFC 9457 problem bodies (`problem::Problem`) whose `code` is a
 //! fixed symbol and whose `detail` names the rule, never a value: no push
 //! key, account, device id or pseudonym reaches a response or a log line.
 
@@ -32,7 +32,7 @@ use fanout_engine::metrics::Metrics;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use crate::rest::Problem;
+use crate::problem::Problem;
 
 /// A Station body is a few short fields.
 const MAX_STATION_BODY: usize = 16 * 1024;

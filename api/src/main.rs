@@ -7,6 +7,7 @@ mod grpc;
 mod http;
 mod listener;
 mod logging;
+mod problem;
 mod relay_ingress;
 mod rest;
 mod tls;

@@ -27,7 +27,9 @@ use fanout_engine::domain::RegistrationInput;
 use fanout_engine::metrics::Metrics;
 use fanout_engine::registry::{AdmissionError, DeliveryInput, Registry};
 use fanout_engine::relay_ingress::RelayIngress;
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
+
+use crate::problem::Problem;
 
 /// A registration body is a few short fields and a token of at most 4096 bytes.
 const MAX_BODY: usize = 16 * 1024;
@@ -91,56 +93,6 @@ pub fn router(state: ApiState, max_body_bytes: usize) -> Router {
         None => router,
     };
     router.layer(DefaultBodyLimit::max(max_body_bytes))
-}
-
-/// An RFC 9457 problem: `code` is the stable error code (e.g.
-/// `validation_failed`), `field` names the body field at fault.
-#[derive(Debug)]
-pub(crate) struct Problem {
-    pub(crate) status: StatusCode,
-    pub(crate) code: &'static str,
-    detail: String,
-    field: Option<&'static str>,
-    /// Retry-After, in seconds (429, 503).
-    retry_after_secs: Option<u64>,
-}
-
-impl Problem {
-    pub(crate) fn new(status: StatusCode, code: &'static str, detail: impl Into<String>) -> Self {
-        Self { status, code, detail: detail.into(), field: None, retry_after_secs: None }
-    }
-
-    pub(crate) fn retry_after(self, secs: u64) -> Self {
-        Self { retry_after_secs: Some(secs), ..self }
-    }
-
-    fn invalid(field: &'static str, detail: impl Into<String>) -> Self {
-        Self { field: Some(field), ..Self::new(StatusCode::BAD_REQUEST, "validation_failed", detail) }
-    }
-}
-
-impl IntoResponse for Problem {
-    fn into_response(self) -> Response {
-        let mut body = json!({
-            "type": "about:blank",
-            "title": self.status.canonical_reason().unwrap_or("error"),
-            "status": self.status.as_u16(),
-            "code": self.code,
-            "detail": self.detail,
-        });
-        if let Some(field) = self.field {
-            body["field"] = field.into();
-        }
-        let mut response =
-            (self.status, [(header::CONTENT_TYPE, "application/problem+json")], body.to_string()).into_response();
-        if self.status == StatusCode::UNAUTHORIZED {
-            response.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
-        }
-        if let Some(secs) = self.retry_after_secs {
-            response.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from(secs));
-        }
-        response
-    }
 }
 
 /// The one mapping of admission errors to problems (as `grpc/status.rs` for gRPC).

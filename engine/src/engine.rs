@@ -20,7 +20,8 @@ use crate::relay_ingress::RelayIngress;
 use crate::retention::RetentionArgs;
 use crate::settings::EngineSettings;
 use crate::store::{Instrumented, NodeId, Store};
-use crate::supervisor::{Supervisor, SupervisorArgs, SupervisorMsg};
+use crate::supervision::SupervisorMsg;
+use crate::supervisor::{Supervisor, SupervisorArgs};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {

@@ -17,7 +17,7 @@ use crate::domain::{
 use crate::metrics::{Limit, Metrics, PublishResult};
 use crate::ownership::ShardOwnership;
 use crate::store::{Appended, Store, StoreError};
-use crate::supervisor::SupervisorMsg;
+use crate::supervision::SupervisorMsg;
 
 /// `[engine.ingest]`.
 #[derive(Debug, Clone, Deserialize)]

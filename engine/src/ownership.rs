@@ -33,7 +33,7 @@ use tokio::time::Instant;
 
 use crate::domain::ShardId;
 use crate::store::{NodeId, ShardLeases, StoreError};
-use crate::supervisor::SupervisorMsg;
+use crate::supervision::SupervisorMsg;
 use crate::ticker::spawn_ticker;
 
 /// `[engine.lease]`.
@@ -42,7 +42,7 @@ use crate::ticker::spawn_ticker;
 pub struct LeaseSettings {
     /// How long a shard lease and a node heartbeat live unless renewed; they
     /// are renewed every third of it. A dead node's shards move after this.
-    #[serde(rename = "ttl_seconds", deserialize_with = "crate::settings::duration::seconds")]
+    #[serde(rename = "ttl_seconds", deserialize_with = "crate::duration::seconds")]
     pub ttl: Duration,
 }
 

@@ -5,26 +5,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
 
 use crate::dispatch::{DispatchContext, ShardActor, ShardMsg};
 use crate::domain::ShardId;
 use crate::ownership::{LeaseActor, LeaseConfig, LeaseMsg};
 use crate::retention::{RetentionActor, RetentionArgs};
-
-pub enum SupervisorMsg {
-    /// These shards stored new envelopes.
-    Wake(Vec<ShardId>),
-    /// Let every shard finish its current window and stop; then stop.
-    Drain,
-    /// The lease actor acquired this shard: start its actor (issue 7).
-    Own(ShardId),
-    /// The lease actor gave this shard up or lost it: stop supervising its
-    /// actor, ask it to drain (or leave it to be killed), and hand it back.
-    Disown { shard: ShardId, drain: bool, reply: RpcReplyPort<Option<ActorCell>> },
-    /// Stop restarting children, then stop them and this actor.
-    Shutdown,
-}
+use crate::supervision::SupervisorMsg;
 
 /// The root supervisor: starts one actor per owned shard, the
 /// retention actor and (on a coordinating store) the lease actor, and

@@ -18,9 +18,9 @@ use crate::store::{NodeId, ShardLeases, StoreError};
 pub struct NoDns;
 
 #[async_trait]
-impl crate::channel::http::HostResolver for NoDns {
-    async fn resolve(&self, _host: &str) -> Result<Vec<std::net::IpAddr>, crate::channel::http::ResolveError> {
-        Err(crate::channel::http::ResolveError::NoRecords)
+impl crate::transport::destination::HostResolver for NoDns {
+    async fn resolve(&self, _host: &str) -> Result<Vec<std::net::IpAddr>, crate::transport::destination::ResolveError> {
+        Err(crate::transport::destination::ResolveError::NoRecords)
     }
 }
 
@@ -48,7 +48,7 @@ pub fn recipient(target: DeliveryTarget) -> Recipient {
         topic_count: 1,
     }
 }
-use crate::supervisor::SupervisorMsg;
+use crate::supervision::SupervisorMsg;
 
 /// Leases and heartbeats that expire, like ScyllaDB's TTL'd rows.
 #[derive(Default)]

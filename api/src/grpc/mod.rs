@@ -1,5 +1,6 @@
 //! The gRPC edge: proto ⇄ engine types, and engine errors → status, once.
 
+mod batch;
 mod call;
 mod guard;
 mod notification;

@@ -29,7 +29,7 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 
-use super::publish::publish_batch;
+use super::batch::publish_batch;
 use super::status::{PUBLISH_STREAM, record_rpc};
 
 /// Acknowledgements that may wait for the client to read them.

@@ -11,7 +11,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use crate::channel::Outcome;
+use super::outcome::Outcome;
 
 /// The delay a Retry-After value asks for, at most `cap`. A date already
 /// past asks for none.

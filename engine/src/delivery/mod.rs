@@ -2,7 +2,6 @@
 //! Each worker owns its attempts in flight, its retry timers (one timer wheel
 //! per worker, not a task per delivery) and the outcome handling of section 7.
 
-mod latch;
 mod series;
 mod settings;
 mod worker;
@@ -11,31 +10,10 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
-pub use latch::{FirstAttempt, FirstAttemptLatch};
 pub use settings::DeliverySettings;
 pub use worker::WorkerContext;
 
-use crate::domain::Recipient;
-use crate::domain::StoredEnvelope;
-
-/// One (envelope, subscription) send and its state.
-pub struct Delivery {
-    pub envelope: Arc<StoredEnvelope>,
-    /// The recipient as loaded for the window: the attempt uses this target, and
-    /// PUSH-234 compares against it.
-    pub recipient: Arc<Recipient>,
-    /// Settled once, when the first attempt has an answer (or timed out).
-    pub first_attempt: Option<FirstAttempt>,
-    pub attempts: u32,
-    /// Every attempt so far was `Outcome::Gone` (the HTTPS 404/410 rule).
-    pub all_gone: bool,
-}
-
-impl Delivery {
-    pub fn new(envelope: Arc<StoredEnvelope>, recipient: Arc<Recipient>, first_attempt: FirstAttempt) -> Self {
-        Self { envelope, recipient, first_attempt: Some(first_attempt), attempts: 0, all_gone: true }
-    }
-}
+pub use crate::page::{Delivery, FirstAttempt, FirstAttemptLatch};
 
 /// The senders of every worker's bounded queue.
 #[derive(Clone)]

@@ -38,13 +38,13 @@ use super::egress::CollapseKeys;
 use super::identity::PushRouteId;
 use super::pending::ledger_key;
 use super::schema::PushKey;
-use super::service::update_ledger;
+use super::state::{held_batch, update_ledger};
 use crate::channel::{Channels, Outcome, RelayPriority, RelayRefusal, RelayedPush};
 use crate::domain::Channel;
 use crate::domain::Timestamp;
 use crate::metrics::Metrics;
-use crate::settings::ATTEMPT_TIMEOUT;
 use crate::store::{GatewayRegistration, LeasedWakeup, Store};
+use crate::transport::ATTEMPT_TIMEOUT;
 
 /// How long a leased wakeup stays with its worker: three attempt bounds.
 pub const LEASE: Duration = Duration::from_secs(3 * ATTEMPT_TIMEOUT.as_secs());
@@ -266,7 +266,7 @@ impl Delivery {
             // Configuration changed since the wakeup was accepted.
             return self.finish(&leased, Sent::Rejected).await;
         };
-        let held = super::service::held_batch(self.store.as_ref(), w, now).await;
+        let held = held_batch(self.store.as_ref(), w, now).await;
         let payload: Map<String, Value> = match serde_json::from_slice(held.as_deref().unwrap_or(&w.payload)) {
             Ok(p) => p,
             Err(_) => return self.finish(&leased, Sent::Rejected).await,

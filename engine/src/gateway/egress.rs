@@ -22,12 +22,12 @@ use hmac::Mac;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use super::grid::{BucketIndex, CountGrid};
 use super::identity::{
     AccountId, CollapseKey, DeliveryWindowId, DeviceId, PushRouteId, PushSecret, PushTargetId, SaltEpochId, SaltSecrets,
 };
 use super::jcs;
 use super::schema::{CountValue, L10nKey, Notification, PushHint, RequestDigest, WakeupKind};
-use super::settings::{BucketIndex, CountGrid};
 
 /// A count as a provider may see it: a flag or a bucket label.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]

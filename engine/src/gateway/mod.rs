@@ -5,7 +5,7 @@
 //! provider payload and delivers it over APNs/FCM, §5).
 //!
 //! The pure parts, one module per idea: `settings` (`[engine.gateway]`),
-//! `jcs` (RFC 8785), `identity` (ids, pseudonyms, collapse keys), `schema`
+//! `grid` (the §5.1 count grid), `jcs` (RFC 8785), `identity` (ids, pseudonyms, collapse keys), `schema`
 //! (closed bodies and headers), `outcome` (§5.2 answers and conservation),
 //! `egress` (the provider payload allow-list, dedup, batching, hysteresis),
 //! `signature` (RFC 9421 / RFC 9530), `pending` (the per-device bound
@@ -13,6 +13,7 @@
 //! ambiguous are listed in docs/GATEWAY.md ("Readings").
 
 pub mod egress;
+pub mod grid;
 pub mod identity;
 pub mod jcs;
 pub mod outcome;
@@ -24,6 +25,7 @@ pub mod signature;
 pub mod delivery;
 pub mod pending;
 pub mod service;
+mod state;
 
 pub use self::egress::{DedupKey, Egress, EgressPolicy, ProviderWakeup, RateWindow, WakeupPayload};
 pub use self::identity::{

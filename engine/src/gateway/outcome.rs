@@ -344,8 +344,8 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::gateway::grid::CountGrid;
     use crate::gateway::schema::NotifyLimits;
-    use crate::gateway::settings::CountGrid;
 
     const TARGET: &str = "ak:pseudonym:push:kosc9iQ4gVct1OB-b6X364WIFIsJFVbVzn7BMBs1sm8";
     const D1: &str = "ak:device:0192f3a1-4c2b-7d5e-9f10-2a3b4c5d6e7f";

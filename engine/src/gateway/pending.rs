@@ -24,7 +24,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::settings::ATTEMPT_TIMEOUT;
+use crate::transport::ATTEMPT_TIMEOUT;
 
 /// The longest `retry_after_ms` a `rate_limited` outcome names: the
 /// delivery worker's longest back-off.

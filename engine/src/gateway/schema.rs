@@ -13,9 +13,9 @@ use std::fmt;
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
+use super::grid::{BucketIndex, CountGrid};
 use super::identity::{DeviceId, IdError, PushRouteId, PushTargetId, ServiceId, visible_ascii};
 use super::jcs;
-use super::settings::{BucketIndex, CountGrid, is_event_kind};
 
 pub const HEADER_OPERATION: &str = "arkret-operation";
 pub const HEADER_IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -1019,6 +1019,13 @@ impl NotifyRequest {
             .transpose()?;
         Ok(AuditEnvelope { access_kind: kind.to_owned(), late_recovery_original_event_id: original })
     }
+}
+
+/// An `event_kind` (§5.1): a coarse routing selector such as
+/// `ak.message.create`. Reading: 1 to 128 characters of a-z 0-9 . _ -.
+pub fn is_event_kind(s: &str) -> bool {
+    (1..=128).contains(&s.len())
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
 }
 
 #[cfg(test)]

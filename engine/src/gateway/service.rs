@@ -29,6 +29,7 @@ use super::outcome::{DeviceOutcome, GatewayStatus, NoFanout, NotifyResponse, Rea
 use super::pending::{Admission, PendingWakeups, ledger_key};
 use super::schema::{NotifyHeaders, NotifyLimits, NotifyRequest, RegisterDevice, SchemaViolation, UnregisterDevice};
 use super::settings::GatewaySettings;
+use super::state::{batch_id, hex32, update_ledger, update_state};
 use crate::channel::Channels;
 use crate::domain::Timestamp;
 use crate::metrics::Metrics;
@@ -577,62 +578,11 @@ impl GatewayService {
     }
 }
 
-/// Read-modify-write of a window state value by compare-and-set, tried
-/// again when another writer changed it in between; kept until the
-/// `expires_at_ms` of the new value.
-async fn update_state<T, R>(
-    store: &dyn Store,
-    tenant: &str,
-    key: &[u8],
-    expires_at_ms: impl Fn(&T) -> i64,
-    now: i64,
-    mut change: impl FnMut(&mut T) -> R,
-) -> Result<R, StoreError>
-where
-    T: Serialize + DeserializeOwned + Default,
-{
-    for _ in 0..STATE_ATTEMPTS {
-        let old = store.gateway_state(tenant, key, now).await?;
-        let mut value: T = old.as_deref().and_then(|b| serde_json::from_slice(b).ok()).unwrap_or_default();
-        let result = change(&mut value);
-        let new = serde_json::to_vec(&value).expect("state serializes");
-        if store.gateway_state_cas(tenant, key, old.as_deref(), &new, now, expires_at_ms(&value)).await? {
-            return Ok(result);
-        }
-    }
-    Err(StoreError::Backend("gateway state: too many concurrent changes".into()))
-}
-
-/// A change of a device's pending-wakeup ledger (`pending`), shared by the
-/// notify service and the delivery worker; kept until its last entry
-/// expires.
-pub(crate) async fn update_ledger<R>(
-    store: &dyn Store,
-    tenant: &str,
-    key: &[u8],
-    now: i64,
-    change: impl FnMut(&mut PendingWakeups) -> R,
-) -> Result<R, StoreError> {
-    update_state(store, tenant, key, |l: &PendingWakeups| l.keep_until(now), now, change).await
-}
-
 /// The id of the wakeup a request stores for a device at once: the same for
 /// the same request (Idempotency-Key and body), so a request decided again
 /// stores, and lists, the same wakeup.
 fn now_wakeup_id(tenant: &str, owner: &[u8; 32], device: &DeviceId) -> String {
     hex32(&[tenant.as_bytes(), owner.as_slice(), device.as_str().as_bytes()])
-}
-
-/// The payload of a batch wakeup as merged so far (`batch_id`): the worker
-/// sends it rather than the one stored with the bucket's first wakeup.
-/// `None` for any other wakeup.
-pub async fn held_batch(store: &dyn Store, wakeup: &GatewayWakeup, now: i64) -> Option<Vec<u8>> {
-    if !is_batch_id(&wakeup.id) {
-        return None;
-    }
-    let held = store.gateway_state(&wakeup.route.tenant, wakeup.id.as_bytes(), now).await.ok()??;
-    let payload: Option<WakeupPayload> = serde_json::from_slice(&held).ok()?;
-    payload.map(|p| serde_json::to_vec(&p).expect("a payload serializes"))
 }
 
 /// §4.5: a batch wakeup carries `evaluation_locus_unresolved = true`.
@@ -657,9 +607,6 @@ pub const CLAIM_LEASE: Duration = Duration::from_secs(30);
 /// How long an accepted wakeup is tried before it is given up.
 pub const WAKEUP_LIFETIME: Duration = Duration::from_secs(24 * 3600);
 
-/// Compare-and-set attempts of one state change.
-const STATE_ATTEMPTS: usize = 16;
-
 /// The state key of a device route (account, device, route), hashed so
 /// that no stored key spells an account or device id.
 fn route_state_key(reg: &GatewayRegistration) -> Vec<u8> {
@@ -669,28 +616,6 @@ fn route_state_key(reg: &GatewayRegistration) -> Vec<u8> {
         h.update(part.as_bytes());
     }
     h.finalize().to_vec()
-}
-
-/// 32 hex characters of the SHA-256 of length-prefixed parts.
-fn hex32(parts: &[&[u8]]) -> String {
-    let mut h = Sha256::new();
-    for part in parts {
-        h.update((part.len() as u32).to_be_bytes());
-        h.update(part);
-    }
-    hex::encode(&h.finalize()[..16])
-}
-
-/// A batch wakeup's id: `B` (never in lowercase hex, so never a plain
-/// wakeup's) and 31 hex characters, one per route and flush time, so the
-/// wakeups held for it are one.
-fn batch_id(tenant: &str, route_key: &[u8], flush_at_ms: u64) -> String {
-    let h = hex32(&[tenant.as_bytes(), route_key, &flush_at_ms.to_be_bytes()]);
-    format!("B{}", &h[..31])
-}
-
-fn is_batch_id(id: &str) -> bool {
-    id.len() == 32 && id.starts_with('B')
 }
 
 /// Why a notify is not answered 200. Each maps to one status at the HTTP
@@ -744,16 +669,6 @@ impl NotifyError {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn batch_ids_are_told_apart() {
-        let b = batch_id("station", b"route", 60_000);
-        assert_eq!(b.len(), 32);
-        assert!(is_batch_id(&b));
-        assert!((0..64u8).all(|i| !is_batch_id(&hex32(&[&[i]]))));
-        assert_ne!(b, batch_id("station", b"route", 120_000));
-        assert_ne!(b, batch_id("other", b"route", 60_000));
-    }
 
     #[test]
     fn rfc3339_dates() {

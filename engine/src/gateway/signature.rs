@@ -19,13 +19,14 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use base64::Engine as _;
-use base64::engine::general_purpose::STANDARD;
+use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use ring::signature::{ED25519, Ed25519KeyPair, KeyPair as _, UnparsedPublicKey};
+use serde::Deserialize;
 use sfv::{BareItem, Dictionary, FieldType as _, InnerList, Item, List, ListEntry, Parser};
 use sha2::{Digest as _, Sha256, Sha512};
 use subtle::ConstantTimeEq;
 
-use super::settings::SourceService;
+use super::identity::ServiceId;
 
 pub const HEADER_SIGNATURE_INPUT: &str = "signature-input";
 pub const HEADER_SIGNATURE: &str = "signature";
@@ -436,13 +437,51 @@ pub fn content_digest(body: &[u8]) -> String {
     format!("sha-256=:{}:", STANDARD.encode(Sha256::digest(body)))
 }
 
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceService {
+    /// The `Source-Service-ID` this Station sends.
+    pub id: ServiceId,
+    /// Its RFC 9421 keys; several let it rotate.
+    pub keys: Vec<ServiceKey>,
+    /// Its routes are `traffic_metadata_hardened`.
+    #[serde(default)]
+    pub hardened: bool,
+}
+
+impl SourceService {
+    pub fn key(&self, key_id: &str) -> Option<&ServiceKey> {
+        self.keys.iter().find(|k| k.key_id == key_id)
+    }
+}
+
+/// An Ed25519 public key, as the `x` of its JWK (unpadded base64url of the
+/// 32 raw bytes).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceKey {
+    /// The RFC 9421 `keyid` that names it.
+    pub key_id: String,
+    #[serde(deserialize_with = "ed25519_public_key")]
+    pub public_key: [u8; 32],
+}
+
+fn ed25519_public_key<'de, D: serde::Deserializer<'de>>(d: D) -> Result<[u8; 32], D::Error> {
+    let text = String::deserialize(d)?;
+    URL_SAFE_NO_PAD
+        .decode(text.as_bytes())
+        .ok()
+        .and_then(|b| <[u8; 32]>::try_from(b).ok())
+        .ok_or_else(|| serde::de::Error::custom("public_key must be the unpadded base64url of 32 bytes (a JWK x)"))
+}
+
 #[cfg(test)]
 mod tests {
     use http::{HeaderMap, HeaderValue};
 
+    use super::ServiceKey;
     use super::*;
     use crate::gateway::identity::ServiceId;
-    use crate::gateway::settings::ServiceKey;
 
     fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();

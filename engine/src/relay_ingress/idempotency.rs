@@ -15,11 +15,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::IngressError;
+use super::error::IngressError;
 use super::request::Webhook;
 use crate::domain::Timestamp;
-use crate::settings::ATTEMPT_TIMEOUT;
 use crate::store::{RelayClaim, RelayKey, RelaySettled, Store};
+use crate::transport::ATTEMPT_TIMEOUT;
 
 /// A claim outlives its attempt (bounded to ATTEMPT_TIMEOUT) with room for
 /// the store calls around it.

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::settings::duration;
+use crate::duration;
 
 /// §2.2's recommended window.
 pub const DEFAULT_SIGNATURE_WINDOW: Duration = Duration::from_secs(300);

@@ -7,7 +7,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use tokio::sync::{Notify, Semaphore};
 
+use super::request::Malformed;
 use super::*;
 use crate::channel::{Push, RelayPriority};
 use crate::store::RedbStore;
@@ -32,12 +34,24 @@ struct Scripted {
     script: Mutex<VecDeque<Result<Outcome, RelayRefusal>>>,
     seen: Mutex<Vec<Seen>>,
     sent: AtomicUsize,
-    latency: Duration,
+    /// A held send tells `started`, then waits for a permit of `release`.
+    held: bool,
+    started: Notify,
+    release: Semaphore,
 }
 
 impl Scripted {
-    fn new(channel: Channel, latency: Duration) -> Arc<Self> {
-        Arc::new(Self { channel, script: Mutex::default(), seen: Mutex::default(), sent: AtomicUsize::new(0), latency })
+    fn new(channel: Channel, held: bool) -> Arc<Self> {
+        let (started, release) = (Notify::new(), Semaphore::new(0));
+        Arc::new(Self {
+            channel,
+            script: Mutex::default(),
+            seen: Mutex::default(),
+            sent: AtomicUsize::new(0),
+            held,
+            started,
+            release,
+        })
     }
 
     fn then(&self, answer: Result<Outcome, RelayRefusal>) {
@@ -69,7 +83,10 @@ impl Provider for Scripted {
             priority: push.priority,
             payload: serde_json::Value::Object(push.payload.clone()),
         });
-        tokio::time::sleep(self.latency).await;
+        if self.held {
+            self.started.notify_one();
+            self.release.acquire().await.unwrap().forget();
+        }
         self.script.lock().unwrap().pop_front().unwrap_or(Ok(Outcome::Delivered))
     }
 
@@ -86,7 +103,7 @@ struct Setup {
     _dir: tempfile::TempDir,
 }
 
-fn setup_with(extra: serde_json::Value, latency: Duration) -> Setup {
+fn setup_with(extra: serde_json::Value, held: bool) -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let secret_file = dir.path().join("hub.secret");
     std::fs::write(&secret_file, [SECRET, b"\n"].concat()).unwrap();
@@ -96,7 +113,7 @@ fn setup_with(extra: serde_json::Value, latency: Duration) -> Setup {
     }
     let settings: RelayIngressSettings = serde_json::from_value(json).unwrap();
     let store = Arc::new(RedbStore::open(&dir.path().join("db"), 4).unwrap());
-    let (apns, fcm) = (Scripted::new(Channel::Apns, latency), Scripted::new(Channel::Fcm, latency));
+    let (apns, fcm) = (Scripted::new(Channel::Apns, held), Scripted::new(Channel::Fcm, held));
     let mut channels = Channels::default();
     channels.insert(apns.clone());
     channels.insert(fcm.clone());
@@ -106,7 +123,7 @@ fn setup_with(extra: serde_json::Value, latency: Duration) -> Setup {
 }
 
 fn setup() -> Setup {
-    setup_with(serde_json::json!({}), Duration::ZERO)
+    setup_with(serde_json::json!({}), false)
 }
 
 fn body(id: &str, provider: &str, token: &str) -> serde_json::Value {
@@ -264,15 +281,16 @@ async fn a_transient_answer_lets_the_hubs_retry_send_again() {
 
 #[tokio::test]
 async fn a_retry_while_the_first_is_in_flight_is_told_to_retry() {
-    let s = setup_with(serde_json::json!({}), Duration::from_millis(300));
+    let s = setup_with(serde_json::json!({}), true);
     let b = bytes_of(&body(ID, "apns", "t"));
     let first = tokio::spawn({
         let (ingress, b) = (s.ingress.clone(), b.clone());
         let sig = signature::header_value(SECRET, NOW, &b);
         async move { ingress.handle(Some(&sig), Some(ID), b, NOW).await }
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    s.apns.started.notified().await;
     assert_eq!(post(&s, &b, Some(ID)).await, Err(IngressError::InProgress { retry_after_secs: 1 }));
+    s.apns.release.add_permits(1);
     assert_eq!(first.await.unwrap(), Ok(Accepted::Delivered));
     assert_eq!(post(&s, &b, Some(ID)).await, Ok(Accepted::Duplicate));
     assert_eq!(s.apns.sent(), 1);
@@ -280,18 +298,19 @@ async fn a_retry_while_the_first_is_in_flight_is_told_to_retry() {
 
 #[tokio::test]
 async fn overload_answers_429() {
-    let s = setup_with(serde_json::json!({"max_in_flight": 1}), Duration::from_millis(300));
+    let s = setup_with(serde_json::json!({"max_in_flight": 1}), true);
     let b = bytes_of(&body(ID, "apns", "t"));
     let first = tokio::spawn({
         let (ingress, b) = (s.ingress.clone(), b.clone());
         let sig = signature::header_value(SECRET, NOW, &b);
         async move { ingress.handle(Some(&sig), Some(ID), b, NOW).await }
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    s.apns.started.notified().await;
     let id2 = "0123456789abcdef0123456789abcdef";
     let answer = post(&s, &bytes_of(&body(id2, "apns", "t")), Some(id2)).await;
     assert_eq!(answer, Err(IngressError::Overloaded));
     assert_eq!(answer.unwrap_err().retry_after_secs(), Some(1));
+    s.apns.release.add_permits(1);
     assert_eq!(first.await.unwrap(), Ok(Accepted::Delivered));
     assert_eq!(rejected(&s, "overloaded"), 1);
 }

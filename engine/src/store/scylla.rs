@@ -411,7 +411,7 @@ impl ScyllaStore {
             .connection_timeout(timeout.min(Duration::from_secs(10)));
         // Issue 16: TLS and password authentication to the nodes.
         if let Some(tls) = &settings.tls {
-            let config = crate::channel::tls::client_tls_config(&tls.ca_files).map_err(StoreError::Backend)?;
+            let config = crate::transport::client_tls_config(&tls.ca_files).map_err(StoreError::Backend)?;
             builder = builder.tls_context(Some(TlsContext::Rustls023(Arc::new(config))));
         }
         if let Some((user, password)) = settings.credentials().map_err(StoreError::Backend)? {

@@ -1,6 +1,6 @@
 //! The ceiling: a bare HTTP/2 client sending the run's webhook (or relay,
 //! APNs or Web Push) requests straight to the same kind of mock receiver, with no engine
-//! in between. Same client stack as the engine (`channel::http2`'s client
+//! in between. Same client stack as the engine (`transport::http2`'s client
 //! on h2 over hyper-rustls, h2 by ALPN), same signed body and headers, fixed
 //! concurrency. Requests per second here is what this machine can do for
 //! this work; the engine's deliveries per second is compared against it.
@@ -16,11 +16,11 @@ use fanout_testkit::TestPki;
 use fanout_testkit::mock::webhook::standard_webhooks_signature;
 
 use fanout_engine::channel::PushLifetime;
-use fanout_engine::channel::apns::fit_collapse_id;
-use fanout_engine::channel::http2::Http2Client;
-use fanout_engine::channel::pool;
+use fanout_engine::channel::collapse::fit_collapse_id;
 use fanout_engine::channel::webpush::Vapid;
 use fanout_engine::domain::WebPushKeys;
+use fanout_engine::transport::http2::Http2Client;
+use fanout_engine::transport::pool;
 use fanout_testkit::wire::WireCounts;
 use http::HeaderValue;
 use http_body_util::BodyExt as _;
@@ -84,7 +84,7 @@ impl WebPushSender {
 
 /// The engine's client, built by the engine's own constructor, trusting the
 /// test CA: the HTTP/2 client the engine's pools send through to a host
-/// that speaks HTTP/2 (`channel::http2`); every receiver of the harness does. (The mocks listen
+/// that speaks HTTP/2 (`transport::http2`); every receiver of the harness does. (The mocks listen
 /// on 127.0.0.1, so it resolves through the system resolver rather than the
 /// webhook safety check, which would refuse loopback.)
 pub fn client(pki: &TestPki) -> Arc<Http2Client> {

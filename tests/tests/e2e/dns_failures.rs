@@ -6,7 +6,7 @@
 //! "no address" and "a blocked address" are final and read the same.
 //!
 //! A timed-out lookup takes the resolver's whole bound (`LOOKUP_TIMEOUT`,
-//! 5 s, in `engine/src/channel/http/resolve.rs`; not configurable), so the
+//! 5 s, in `engine/src/transport/destination/resolve.rs`; not configurable), so the
 //! hanging cases cost about 5 s each.
 
 use std::net::IpAddr;

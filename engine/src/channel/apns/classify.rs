@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::channel::Outcome;
+use crate::channel::outcome::Outcome;
 
 /// 429, 500, 503, timeout, connection error: transient, delay 1 second.
 pub(super) const RETRY_DELAY: Duration = Duration::from_secs(1);

@@ -3,7 +3,6 @@
 //! the configured environment, and the APNs row of the outcome table.
 
 mod classify;
-mod collapse;
 mod request;
 mod settings;
 mod token;
@@ -17,13 +16,16 @@ use jsonwebtoken::EncodingKey;
 use self::classify::{CONNECTION_ERROR, Classified, RETRY_DELAY, TIMED_OUT, classify, reason};
 use self::request::{ApnsRequest, relayed_apns_body};
 use self::token::{ProviderToken, ProviderTokens};
-use super::pool::{ClientOptions, Pool, PoolMetrics, PoolOptions, Protocols, Resolver, SendError, unix_now_secs};
-use super::{
-    BuildError, ChannelContext, Outcome, Provider, Push, PushLifetime, RelayRefusal, RelayedPush, client_tls_config,
-};
+use crate::channel::common::PushLifetime;
+use crate::channel::outcome::Outcome;
+use crate::channel::provider::{BuildError, ChannelContext, Provider, Push};
+use crate::channel::relayed::{RelayRefusal, RelayedPush};
 use crate::domain::{Channel, DeliveryTarget};
+use crate::transport::client_tls_config;
+use crate::transport::pool::{
+    ClientOptions, Pool, PoolMetrics, PoolOptions, Protocols, Resolver, SendError, unix_now_secs,
+};
 
-pub use collapse::{MAX_COLLAPSE_ID_BYTES, fit_collapse_id};
 pub use request::apns_body;
 pub use settings::{ApnsEnvironment, ApnsSettings, AsciiId, DEFAULT_PRODUCTION_URL, DEFAULT_SANDBOX_URL};
 
@@ -159,7 +161,8 @@ mod tests {
     use std::sync::Arc;
     use std::time::Instant;
 
-    use crate::channel::{Connections, HttpsBase};
+    use crate::channel::collapse::fit_collapse_id;
+    use crate::channel::common::{Connections, HttpsBase};
     use crate::domain::Recipient;
     use crate::domain::StoredEnvelope;
     use crate::metrics::Metrics;
@@ -337,7 +340,7 @@ mod tests {
             app_id,
             sandbox,
             collapse_id: Some("b76b4f49cf0d311f53af81576f61d459"),
-            priority: crate::channel::RelayPriority::High,
+            priority: crate::channel::relayed::RelayPriority::High,
             payload: payload.as_object().unwrap(),
             ttl: Duration::from_secs(86_400),
         };
@@ -378,7 +381,7 @@ mod tests {
             app_id: None,
             sandbox: true,
             collapse_id: Some(&long),
-            priority: crate::channel::RelayPriority::Normal,
+            priority: crate::channel::relayed::RelayPriority::Normal,
             payload: payload.as_object().unwrap(),
             ttl: Duration::from_secs(60),
         };

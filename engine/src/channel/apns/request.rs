@@ -6,11 +6,11 @@ use std::fmt::Write as _;
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Request, Uri};
 
-use super::collapse::fit_collapse_id;
 use super::token::ProviderToken;
-use crate::channel::pool::{decimal_len, push_path_segment};
+use crate::channel::collapse::fit_collapse_id;
 use crate::channel::relayed::{Fitted, RelayRefusal, RelayedPush, fit};
 use crate::domain::StoredEnvelope;
+use crate::transport::pool::{decimal_len, push_path_segment};
 
 /// APNs refuses a push whose body is over 4096 bytes (PayloadTooLarge).
 pub const MAX_BODY_BYTES: usize = 4096;

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use crate::channel::settings::{
+use crate::channel::common::{
     Connections, HttpsBase, PushLifetime, default_connections, default_max_in_flight, required_path,
 };
 
@@ -162,7 +162,7 @@ mod tests {
     /// fanout.example.toml documents every key with its default.
     #[test]
     fn the_example_table_is_the_defaults() {
-        let example = ApnsSettings::deserialize(crate::channel::settings::example_table("apns")).unwrap();
+        let example = ApnsSettings::deserialize(crate::channel::common::example_table("apns")).unwrap();
         let defaults = parse(valid()).unwrap();
         assert_eq!(example.environment, ApnsEnvironment::Production);
         assert_eq!((&example.production_url, &example.sandbox_url), (&defaults.production_url, &defaults.sandbox_url));

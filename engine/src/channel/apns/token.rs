@@ -8,9 +8,9 @@ use http::HeaderValue;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde::Serialize;
 
-use crate::channel::pool::unix_now_secs;
 use crate::domain::Channel;
 use crate::metrics::{Metrics, TokenMetrics};
+use crate::transport::pool::unix_now_secs;
 
 /// APNs accepts a provider token for an hour; refresh well before.
 const TOKEN_REFRESH_AFTER: Duration = Duration::from_secs(50 * 60);

@@ -4,7 +4,8 @@ use std::time::{Duration, SystemTime};
 
 use serde::Deserialize;
 
-use crate::channel::{Outcome, retry_after};
+use crate::channel::outcome::Outcome;
+use crate::channel::retry_after;
 
 /// 429, QuotaFailure, QUOTA_EXCEEDED: transient, delay 60 seconds.
 pub(super) const QUOTA_DELAY: Duration = Duration::from_secs(60);

@@ -17,15 +17,17 @@ use jsonwebtoken::EncodingKey;
 
 use self::classify::{CONNECTION_ERROR, RETRY_DELAY, TIMED_OUT, classify_answer};
 use self::token::{AccessTokens, ServiceAccount};
-use super::pool::unix_now_secs;
-use super::pool::{
+use super::common::HttpsBase;
+use crate::channel::common::PushLifetime;
+use crate::channel::outcome::Outcome;
+use crate::channel::provider::{BuildError, ChannelContext, Provider, Push};
+use crate::channel::relayed::{RelayRefusal, RelayedPush};
+use crate::domain::{Channel, DeliveryTarget};
+use crate::transport::client_tls_config;
+use crate::transport::pool::unix_now_secs;
+use crate::transport::pool::{
     ClientOptions, Pool, PoolMetrics, PoolOptions, Protocols, Resolver, SendError, encode_path_segment, https_client,
 };
-use super::settings::HttpsBase;
-use super::{
-    BuildError, ChannelContext, Outcome, Provider, Push, PushLifetime, RelayRefusal, RelayedPush, client_tls_config,
-};
-use crate::domain::{Channel, DeliveryTarget};
 
 pub use request::{fcm_body, relayed_fcm_body};
 pub use settings::{DEFAULT_BASE_URL, FcmSettings};
@@ -146,7 +148,7 @@ mod tests {
 
     use super::classify::{MAX_RETRY_AFTER, QUOTA_DELAY};
     use super::*;
-    use crate::channel::Connections;
+    use crate::channel::common::Connections;
     use crate::domain::Recipient;
     use crate::metrics::Metrics;
     use crate::testing::{self, envelope};
@@ -315,8 +317,11 @@ mod tests {
     async fn short_lived_tokens_are_refreshed_and_refused_ones_dropped() {
         let s = setup(MockFcmConfig { token_lifetime: Duration::from_secs(2), ..Default::default() }).await;
         assert_eq!(send(&s, "reg").await, Outcome::Delivered);
-        // Refreshed at half its life.
-        tokio::time::sleep(Duration::from_millis(1100)).await;
+        // Refreshed at half its life: 1.1 s later on tokio's clock (the
+        // cache reads it), without sleeping.
+        tokio::time::pause();
+        tokio::time::advance(Duration::from_millis(1100)).await;
+        tokio::time::resume();
         assert_eq!(send(&s, "reg").await, Outcome::Delivered);
         assert_eq!(s.mock.token_request_count(), 2);
         // FCM no longer accepts the token: rejected, and the cache is dropped.

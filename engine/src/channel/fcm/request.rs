@@ -2,8 +2,8 @@
 
 use serde_json::{Map, Value};
 
-use crate::channel::PushLifetime;
-use crate::channel::apns::fit_collapse_id;
+use crate::channel::collapse::fit_collapse_id;
+use crate::channel::common::PushLifetime;
 use crate::channel::relayed::{Fitted, RelayPriority, RelayRefusal, RelayedPush, fit};
 use crate::domain::StoredEnvelope;
 

@@ -3,7 +3,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use crate::channel::settings::{
+use crate::channel::common::{
     Connections, HttpsBase, PushLifetime, default_connections, default_max_in_flight, required_path,
 };
 
@@ -58,7 +58,7 @@ mod tests {
     /// fanout.example.toml documents every key with its default.
     #[test]
     fn the_example_table_is_the_defaults() {
-        let example = FcmSettings::deserialize(crate::channel::settings::example_table("fcm")).unwrap();
+        let example = FcmSettings::deserialize(crate::channel::common::example_table("fcm")).unwrap();
         let defaults = parse(serde_json::json!({"service_account_file": "/sa.json"})).unwrap();
         assert_eq!(example.base_url, defaults.base_url);
         assert!(example.extra_ca_files.is_empty());

@@ -2,17 +2,18 @@
 //! JWT-bearer grant (RS256) at its `token_uri`.
 
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Request, StatusCode, Uri};
 use http_body_util::Full;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
 
-use crate::channel::pool::{HttpsClient, bounded, encode_path_segment, request, unix_now_secs};
 use crate::domain::Channel;
 use crate::metrics::{Metrics, TokenMetrics};
+use crate::transport::pool::{HttpsClient, bounded, encode_path_segment, request, unix_now_secs};
 
 /// An access token is replaced this long before it expires.
 const TOKEN_EXPIRY_MARGIN: Duration = Duration::from_secs(300);

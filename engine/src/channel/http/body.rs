@@ -3,8 +3,8 @@ use std::fmt::Write as _;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 
-use crate::channel::pool::decimal_len;
 use crate::domain::{Recipient, StoredEnvelope};
+use crate::transport::pool::decimal_len;
 
 /// The field names, quotes and braces.
 const FRAME_LEN: usize = r#"{"topic":"","sequence_id":"","recipient_id":""}"#.len();

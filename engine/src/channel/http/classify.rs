@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::channel::Outcome;
+use crate::channel::outcome::Outcome;
 
 /// Every retry of the HTTPS row waits at least one second.
 const RETRY_DELAY: Duration = Duration::from_secs(1);

@@ -1,59 +1,37 @@
 //! The HTTPS webhook channel: signed POSTs (PUSH-235) to checked addresses only
 //! (PUSH-256), pooled keep-alive connections, HTTP/2 or HTTP/1.1 by ALPN.
+//! `signing` makes the three PUSH-235 headers.
 //!
-//! - `safety`: `DomainPattern` (allowed_domains), `WebhookPolicy::check`
-//!   (resolve, then the address tables). The URL's own rules (https, no userinfo, a valid
-//!   host) are `domain::WebhookUrl`'s, checked when it is registered.
-//! - `blocked`: the spec's blocked address table and the reserved classes
-//!   beyond it (`AddressRules`).
-//! - `resolve`: the `HostResolver` seam and `HickoryResolver`.
-//! - `connect`: `CheckedResolver`, the resolver of the channel's connections,
-//!   which re-applies the policy at every new connection.
-//! - `signing`: the three PUSH-235 headers.
-//!
-//! The channel calls `WebhookPolicy::check` before every attempt (this also
-//! covers IP-literal hosts, which the connector connects to without calling
-//! its resolver), and connects through `CheckedResolver`. No error or log line
-//! here names a URL, host, address or key (PUSH-254).
+//! The destination guard (`transport::destination`) and the checked pool
+//! (`transport::checked`) are the transport's: the channel calls
+//! `WebhookPolicy::check` before every attempt (this also covers IP-literal
+//! hosts, which the connector connects to without calling its resolver), and
+//! connects through `CheckedResolver`. No error or log line here names a URL,
+//! host, address or key (PUSH-254).
 
-mod blocked;
 mod body;
 mod classify;
-pub mod connect;
-mod destinations;
-pub mod resolve;
-pub mod safety;
 mod settings;
 pub mod signing;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue};
 
 use self::classify::{CONNECTION_ERROR, TIMED_OUT, classify};
-use super::pool::{ClientOptions, Protocols, SendError};
-use super::{BuildError, ChannelContext, Outcome, Provider, Push, Refused};
-use crate::domain::{Channel, DeliveryTarget, SigningKey, Timestamp};
+use crate::channel::outcome::Outcome;
+use crate::channel::provider::{BuildError, ChannelContext, Provider, Push, Refused};
+use crate::domain::{Channel, DeliveryTarget, SigningKey, Timestamp, WebhookUrl};
 use crate::metrics::Metrics;
+use crate::transport::checked::{CheckedDestinations, DestinationSettings};
+use crate::transport::destination::{HickoryResolver, HostResolver};
+use crate::transport::pool::SendError;
 
-pub use blocked::{AddressRules, is_blocked, is_reserved};
 pub use body::webhook_body;
-pub use connect::CheckedResolver;
-pub use destinations::{CheckedDestinations, DestinationSettings};
-pub use resolve::{HickoryResolver, HostResolver, ResolveError};
-pub use safety::{DomainPattern, SafetyError, WebhookPolicy, WebhookUrl};
 pub use settings::HttpSettings;
 pub use signing::{HEADER_ID, HEADER_SIGNATURE, HEADER_TIMESTAMP, WebhookHeaders, new_webhook_id, sign};
-
-/// How each of the channel's clients is built: HTTP/2 or HTTP/1.1 as the
-/// receiver prefers; idle pooled connections closed after 30 s, so a
-/// connection never outlives the address check that opened it by long. The
-/// load harness's ceiling client uses the same.
-pub const CLIENT_OPTIONS: ClientOptions =
-    ClientOptions { protocols: Protocols::Http1Or2, idle_timeout: Duration::from_secs(30) };
 
 pub struct WebhookProvider {
     destinations: CheckedDestinations,
@@ -87,8 +65,9 @@ impl WebhookProvider {
                 rate_limit_per_second: settings.rate_limit_per_second,
             },
             resolver,
-            ctx,
-        )?;
+            &ctx.metrics,
+        )
+        .map_err(|e| BuildError::new("engine.channels.http.extra_ca_files", e))?;
         Ok(Self { destinations, metrics: ctx.metrics.clone() })
     }
 }
@@ -183,9 +162,10 @@ mod tests {
     use fanout_testkit::mock::webhook::{self as mock, AnswerBody, MockWebhookConfig};
 
     use super::*;
-    use crate::channel::Connections;
+    use crate::channel::common::Connections;
     use crate::domain::SigningKey;
     use crate::testing::{self, NoDns};
+    use std::time::Duration;
 
     /// A provider with one in-flight slot, trusting `pki`.
     fn provider(pki: &TestPki, dir: &tempfile::TempDir) -> WebhookProvider {

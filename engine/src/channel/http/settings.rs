@@ -4,8 +4,8 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use super::safety::DomainPattern;
-use crate::channel::settings::{Connections, default_max_in_flight};
+use crate::channel::common::{Connections, default_max_in_flight};
+use crate::transport::destination::DomainPattern;
 
 /// Default number of independent connection pools to one receiver: an HTTP/2
 /// receiver gets up to this many connections, so its per-connection stream

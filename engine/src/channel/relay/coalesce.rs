@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use super::event::{Notification, Priority};
-use crate::delivery::FirstAttempt;
 use crate::domain::Recipient;
+use crate::page::FirstAttempt;
 
 /// One push to one device: the newest notification, its priority, and what
 /// stays fixed across its retries (delivery_id, sent_at of the first attempt).

@@ -44,16 +44,18 @@ use self::coalesce::RelayPush;
 use self::queue::{Counters, HoldId, Queue};
 use self::sender::{Senders, Webhook};
 use self::signing::WebhookSecret;
-use super::pool::{ClientOptions, Pool, PoolMetrics, PoolOptions, Protocols, Resolver};
-use super::{BuildError, ChannelContext, Outcome, Provider, Push, PushQueue, QueueBatch, client_tls_config};
-use crate::delivery::Delivery;
+use crate::channel::outcome::Outcome;
+use crate::channel::provider::{BuildError, ChannelContext, Provider, Push, PushQueue, QueueBatch};
 use crate::domain::{Channel, DeliveryTarget, RecipientId};
+use crate::page::Delivery;
+use crate::transport::client_tls_config;
+use crate::transport::pool::{ClientOptions, Pool, PoolMetrics, PoolOptions, Protocols, Resolver};
 
 /// The push server is one trusted host: HTTP/2 or HTTP/1.1 as it prefers.
 const CLIENT_OPTIONS: ClientOptions =
     ClientOptions { protocols: Protocols::Http1Or2, idle_timeout: Duration::from_secs(90) };
 /// In-flight requests to the push server: the senders are the real bound.
-pub(crate) const MAX_IN_FLIGHT: std::num::NonZeroUsize = std::num::NonZeroUsize::new(1024).unwrap();
+const MAX_IN_FLIGHT: std::num::NonZeroUsize = std::num::NonZeroUsize::new(1024).unwrap();
 
 pub struct RelayProvider {
     queue: Arc<RelayQueue>,

@@ -305,8 +305,8 @@ mod tests {
     use super::*;
     use crate::channel::relay::coalesce::tests::push;
     use crate::channel::relay::event::{EventType, Priority};
-    use crate::delivery::{FirstAttempt, FirstAttemptLatch};
     use crate::metrics::Metrics;
+    use crate::page::{FirstAttempt, FirstAttemptLatch};
 
     fn queue(capacity: usize) -> (Queue, Arc<Metrics>) {
         let metrics = Arc::new(Metrics::new());

@@ -16,11 +16,11 @@ use super::payload::{Payload, WEBHOOK_PAYLOAD_LIMIT};
 use super::queue::{Counters, Queue, Taken};
 use super::settings::{HubId, RelayUrl};
 use super::signing::{HEADER_DELIVERY, HEADER_SIGNATURE, WebhookSecret, signature_header};
-use crate::channel::pool::Pool;
 use crate::domain::Timestamp;
 use crate::domain::{Channel, DeliveryTarget};
 use crate::metrics::Metrics;
 use crate::store::{RegistrationRemoval, Store};
+use crate::transport::pool::Pool;
 
 /// Where webhook pushes go; absent when no URL is configured (pushes skipped).
 pub struct Webhook {

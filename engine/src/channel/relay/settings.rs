@@ -12,8 +12,8 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde::de::{Deserializer, Error};
 
-use crate::channel::settings::Connections;
-use crate::settings::ATTEMPT_TIMEOUT;
+use crate::channel::common::Connections;
+use crate::transport::ATTEMPT_TIMEOUT;
 
 /// 003 §4: four workers send concurrently.
 pub const DEFAULT_SENDERS: NonZeroUsize = NonZeroUsize::new(4).unwrap();

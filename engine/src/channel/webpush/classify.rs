@@ -16,7 +16,8 @@
 
 use std::time::{Duration, SystemTime};
 
-use crate::channel::{Outcome, retry_after};
+use crate::channel::outcome::Outcome;
+use crate::channel::retry_after;
 
 /// 5xx, timeout, connection error: transient, delay 1 second.
 pub(super) const RETRY_DELAY: Duration = Duration::from_secs(1);

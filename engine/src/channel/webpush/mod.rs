@@ -26,10 +26,14 @@ use async_trait::async_trait;
 use http::StatusCode;
 
 use self::classify::{CONNECTION_ERROR, RETRY_DELAY, TIMED_OUT, classify_answer};
-use super::http::{CheckedDestinations, DestinationSettings, HickoryResolver, HostResolver, SafetyError};
-use super::pool::{SendError, unix_now_secs};
-use super::{BuildError, ChannelContext, Outcome, Provider, Push, PushLifetime, Refused, RelayRefusal, RelayedPush};
+use crate::channel::common::PushLifetime;
+use crate::channel::outcome::Outcome;
+use crate::channel::provider::{BuildError, ChannelContext, Provider, Push, Refused};
+use crate::channel::relayed::{RelayRefusal, RelayedPush};
 use crate::domain::{Channel, DeliveryTarget, WebPushKeys, WebhookUrl};
+use crate::transport::checked::{CheckedDestinations, DestinationSettings};
+use crate::transport::destination::{HickoryResolver, HostResolver, SafetyError};
+use crate::transport::pool::{SendError, unix_now_secs};
 
 pub use encryption::{EncryptError, MAX_PLAINTEXT, encrypt};
 pub use request::{PushHeaders, Urgency, topic_for, wake_up};
@@ -81,8 +85,9 @@ impl WebPushProvider {
                 rate_limit_per_second: settings.rate_limit_per_second,
             },
             resolver,
-            ctx,
-        )?;
+            &ctx.metrics,
+        )
+        .map_err(|e| BuildError::new("engine.channels.webpush.extra_ca_files", e))?;
         Ok(Self { destinations, vapid, lifetime: settings.ttl_seconds })
     }
 
@@ -290,7 +295,7 @@ mod tests {
 
     #[tokio::test]
     async fn relayed_pushes_carry_their_payload_ttl_urgency_and_topic() {
-        use crate::channel::RelayPriority;
+        use crate::channel::relayed::RelayPriority;
         let s = setup().await;
         let sub = s.mock.subscribe();
         let keys = WebPushKeys::parse(&sub.p256dh, &sub.auth).unwrap();

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use serde::Deserialize;
 use serde::de::{Deserializer, Error};
 
-use crate::channel::http::DomainPattern;
-use crate::channel::settings::{Connections, PushLifetime, default_max_in_flight, required_path};
+use crate::channel::common::{Connections, PushLifetime, default_max_in_flight, required_path};
+use crate::transport::destination::DomainPattern;
 
 /// Default connection pools to one push service (as the HTTPS channel).
 pub const DEFAULT_CONNECTIONS: Connections = Connections::new(4).unwrap();
@@ -89,7 +89,7 @@ mod tests {
     /// fanout.example.toml documents every key with its default.
     #[test]
     fn the_example_table_is_the_defaults() {
-        let example = WebPushSettings::deserialize(crate::channel::settings::example_table("webpush")).unwrap();
+        let example = WebPushSettings::deserialize(crate::channel::common::example_table("webpush")).unwrap();
         let defaults = parse(minimal()).unwrap();
         assert_eq!(example.ttl_seconds, defaults.ttl_seconds);
         assert!(example.allowed_domains.is_empty() && example.dns_servers.is_empty());

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use redb::{Database, WriteTransaction};
 use tokio::sync::{mpsc, oneshot};
 
-use super::OrBackend;
+use super::codec::OrBackend;
 use crate::store::StoreError;
 
 /// Writes in one transaction at most.

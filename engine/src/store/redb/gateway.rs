@@ -17,7 +17,7 @@
 
 use redb::{ReadTransaction, ReadableTable, TableDefinition, WriteTransaction};
 
-use super::OrBackend;
+use super::codec::OrBackend;
 use super::codec::{Reader, Writer};
 use crate::store::{
     GatewayRegistration, GatewayWakeup, LeasedWakeup, MAX_GATEWAY_TEXT, NotifyClaim, NotifyKey, Revoke, RouteKey,

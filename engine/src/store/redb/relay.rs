@@ -7,7 +7,7 @@
 
 use redb::{ReadableTable, TableDefinition, WriteTransaction};
 
-use super::OrBackend;
+use super::codec::OrBackend;
 use crate::store::{RelayClaim, RelayKey, RelaySettled, StoreError};
 
 pub(super) const RELAY: TableDefinition<&[u8], &[u8]> = TableDefinition::new("relay_deliveries");

@@ -24,17 +24,6 @@ pub(super) fn latest() -> i32 {
     MIGRATIONS.last().map_or(0, |m| m.0)
 }
 
-/// A keyspace name CQL accepts unquoted: a letter, then letters, digits or
-/// `_`, at most 48 characters. It is pasted into statements, so `Keyspace`
-/// (the only way to name one) is built through this check.
-pub(super) fn check_keyspace(name: &str) -> Result<(), &'static str> {
-    let mut chars = name.chars();
-    let ok = name.len() <= 48
-        && chars.next().is_some_and(|c| c.is_ascii_alphabetic())
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
-    if ok { Ok(()) } else { Err("must be a letter followed by at most 47 letters, digits or '_'") }
-}
-
 /// The replication map is operator configuration pasted into CREATE KEYSPACE:
 /// it must at least look like one CQL map.
 fn check_replication(replication: &str) -> Result<(), StoreError> {
@@ -216,13 +205,7 @@ mod tests {
     }
 
     #[test]
-    fn names_and_replication_are_checked() {
-        assert!(check_keyspace("fanout").is_ok());
-        assert!(check_keyspace("fanout_test_0a").is_ok());
-        assert!(check_keyspace("0fanout").is_err());
-        assert!(check_keyspace("a-b").is_err());
-        assert!(check_keyspace("").is_err());
-        assert!(check_keyspace(&"a".repeat(49)).is_err());
+    fn replication_is_checked() {
         assert!(check_replication("{'class': 'SimpleStrategy', 'replication_factor': 1}").is_ok());
         assert!(check_replication("{'class': 'X'}; DROP KEYSPACE x").is_err());
         assert!(check_replication("'class'").is_err());

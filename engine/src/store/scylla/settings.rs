@@ -6,8 +6,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::schema::check_keyspace;
-use crate::settings::duration;
+use crate::duration;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -177,7 +176,7 @@ impl TryFrom<Vec<String>> for Nodes {
     }
 }
 
-/// `keyspace`: a name CQL accepts unquoted (`schema::check_keyspace`).
+/// `keyspace`: a name CQL accepts unquoted (`check_keyspace`).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(try_from = "String")]
 pub struct Keyspace(String);
@@ -197,6 +196,17 @@ impl TryFrom<String> for Keyspace {
     }
 }
 
+/// A keyspace name CQL accepts unquoted: a letter, then letters, digits or
+/// `_`, at most 48 characters. It is pasted into statements, so `Keyspace`
+/// (the only way to name one) is built through this check.
+fn check_keyspace(name: &str) -> Result<(), &'static str> {
+    let mut chars = name.chars();
+    let ok = name.len() <= 48
+        && chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if ok { Ok(()) } else { Err("must be a letter followed by at most 47 letters, digits or '_'") }
+}
+
 impl fmt::Display for Keyspace {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
@@ -206,6 +216,16 @@ impl fmt::Display for Keyspace {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keyspace_names_are_checked() {
+        assert!(check_keyspace("fanout").is_ok());
+        assert!(check_keyspace("fanout_test_0a").is_ok());
+        assert!(check_keyspace("0fanout").is_err());
+        assert!(check_keyspace("a-b").is_err());
+        assert!(check_keyspace("").is_err());
+        assert!(check_keyspace(&"a".repeat(49)).is_err());
+    }
 
     fn parse(json: serde_json::Value) -> Result<ScyllaSettings, String> {
         serde_json::from_value(json).map_err(|e| e.to_string())

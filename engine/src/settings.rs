@@ -4,10 +4,8 @@
 //! (see `fanout.example.toml`, which documents every key with its default).
 //!
 //! Every rule on a value lives in its type (`NonZero*`, `Duration` through
-//! [`duration`], `Connections`, `HttpsBase`, ...), so settings that
+//! [`crate::duration`], `Connections`, `HttpsBase`, ...), so settings that
 //! deserialized are valid: there is no separate validation pass.
-
-pub mod duration;
 
 use std::num::{NonZeroU16, NonZeroU32};
 use std::time::Duration;
@@ -32,15 +30,13 @@ pub const DEFAULT_RECIPIENT_TTL: Duration = Duration::from_secs(2_592_000);
 pub const DEFAULT_MAX_PUSH_TOPICS: u64 = 100_000;
 /// Section 7 default.
 pub const DEFAULT_MAX_ATTEMPTS: NonZeroU32 = NonZeroU32::new(3).unwrap();
-/// Section 7: every attempt, credential fetches included, is bounded to 10 s.
-pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EngineSettings {
     pub shard_count: NonZeroU16,
     /// PUSH-226: recipients not renewed for this long are deleted.
-    #[serde(rename = "recipient_ttl_seconds", deserialize_with = "duration::seconds")]
+    #[serde(rename = "recipient_ttl_seconds", deserialize_with = "crate::duration::seconds")]
     pub recipient_ttl: Duration,
     pub max_push_topics: u64,
     /// Most adds plus removes per UpdateSubscriptions.

@@ -32,7 +32,7 @@ use hyper_util::rt::TokioIo;
 use tokio::time::Instant;
 use tower_service::Service as _;
 
-use super::pool::{BoxError, CountingConnector, KEEP_ALIVE_INTERVAL, KEEP_ALIVE_TIMEOUT};
+use super::connector::{BoxError, CountingConnector, KEEP_ALIVE_INTERVAL, KEEP_ALIVE_TIMEOUT};
 
 /// Flow-control windows we grant the peer for its answers. Answers are read
 /// to 64 KiB at most (`pool::MAX_RESPONSE_BODY`); the connection's window
@@ -425,13 +425,13 @@ mod tests {
     use prometheus::IntCounter;
 
     use super::*;
-    use crate::channel::pool::{Resolver, http2_client};
+    use crate::transport::pool::{Resolver, http2_client};
 
     /// A client trusting `pki` that counts the connections it opens.
     fn client(pki: &TestPki, dir: &tempfile::TempDir, idle_timeout: Duration) -> (Http2Client, IntCounter) {
         let ca = dir.path().join("ca.pem");
         pki.write_ca(&ca).unwrap();
-        let tls = crate::channel::client_tls_config(&[ca]).unwrap();
+        let tls = crate::transport::client_tls_config(&[ca]).unwrap();
         let opened = IntCounter::new("opened", "connections opened").unwrap();
         (http2_client(tls, idle_timeout, Resolver::system(), Some(opened.clone()), false), opened)
     }

@@ -5,14 +5,22 @@
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
-use super::CLIENT_OPTIONS;
-use super::connect::CheckedResolver;
-use super::resolve::HostResolver;
-use super::safety::{DomainPattern, SafetyError, WebhookPolicy, WebhookUrl};
-use crate::channel::pool::{Pool, PoolMetrics, PoolOptions, Resolver};
-use crate::channel::{BuildError, ChannelContext, Connections, client_tls_config};
+use super::destination::connect::CheckedResolver;
+use super::destination::resolve::HostResolver;
+use super::destination::safety::{DomainPattern, SafetyError, WebhookPolicy, WebhookUrl};
+use super::pool::{ClientOptions, Connections, Pool, PoolMetrics, PoolOptions, Protocols, Resolver};
+use super::tls::client_tls_config;
 use crate::domain::Channel;
+use crate::metrics::Metrics;
+
+/// How each checked client is built: HTTP/2 or HTTP/1.1 as the receiver
+/// prefers; idle pooled connections closed after 30 s, so a connection never
+/// outlives the address check that opened it by long. The load harness's
+/// ceiling client uses the same.
+pub const CLIENT_OPTIONS: ClientOptions =
+    ClientOptions { protocols: Protocols::Http1Or2, idle_timeout: Duration::from_secs(30) };
 
 /// The keys both channels' tables share, borrowed from their settings.
 pub struct DestinationSettings<'a> {
@@ -37,21 +45,18 @@ pub struct CheckedDestinations {
 }
 
 impl CheckedDestinations {
+    /// Fails with the reason `extra_ca_files` could not be read.
     pub fn new(
         settings: DestinationSettings<'_>,
         resolver: Arc<dyn HostResolver>,
-        ctx: &ChannelContext,
-    ) -> Result<Self, BuildError> {
+        metrics: &Metrics,
+    ) -> Result<Self, String> {
         let policy = Arc::new(WebhookPolicy {
             allowed_domains: settings.allowed_domains.to_vec(),
             allow_private_addresses: settings.allow_private_addresses,
             allow_reserved_addresses: settings.allow_reserved_addresses,
         });
-        let ca_key = match settings.channel {
-            Channel::WebPush => "engine.channels.webpush.extra_ca_files",
-            _ => "engine.channels.http.extra_ca_files",
-        };
-        let tls = client_tls_config(settings.extra_ca_files).map_err(|e| BuildError::new(ca_key, e))?;
+        let tls = client_tls_config(settings.extra_ca_files)?;
         let pool = Pool::new(
             &tls,
             PoolOptions {
@@ -61,7 +66,7 @@ impl CheckedDestinations {
                 client: CLIENT_OPTIONS,
             },
             Resolver::Checked(CheckedResolver::new(resolver.clone(), policy.clone())),
-            PoolMetrics::new(&ctx.metrics, settings.channel),
+            PoolMetrics::new(metrics, settings.channel),
         );
         Ok(Self { pool, policy, resolver })
     }

@@ -67,8 +67,8 @@ impl tower_service::Service<Name> for CheckedResolver {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::channel::http::resolve::ResolveError;
-    use crate::channel::http::safety::DomainPattern;
+    use crate::transport::destination::resolve::ResolveError;
+    use crate::transport::destination::safety::DomainPattern;
     use std::net::IpAddr;
     use std::str::FromStr;
     use tower_service::Service;

@@ -172,7 +172,7 @@ fn parse_ip_host(host: &str) -> Option<IpAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::channel::http::resolve::ResolveError;
+    use crate::transport::destination::resolve::ResolveError;
     use std::collections::HashMap;
 
     fn ip(s: &str) -> IpAddr {

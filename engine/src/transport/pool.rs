@@ -5,7 +5,6 @@
 
 use std::fmt::Write as _;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::num::{NonZeroU32, NonZeroUsize};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -15,31 +14,51 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::FutureExt as _;
-use http::{HeaderMap, Request, StatusCode, Uri};
+use http::{HeaderMap, Request, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::connect::dns::{GaiResolver, Name};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use prometheus::{IntCounter, IntGauge};
+use serde::Deserialize;
 use tokio::sync::Semaphore;
 
-use super::Connections;
+use super::ATTEMPT_TIMEOUT;
 use super::alpn::{HostProtocols, Route};
-use super::http::CheckedResolver;
+use super::connector::{BoxError, KEEP_ALIVE_INTERVAL, KEEP_ALIVE_TIMEOUT, connector};
 use super::http2::{Http2Body, Http2Client, Http2Error};
-use crate::settings::ATTEMPT_TIMEOUT;
+
+pub use super::connector::{CountingConnector, Protocols, Resolver};
+
+/// `connections`: how many connections (or pools) a channel uses
+/// round-robin, 1 to 64.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "usize")]
+pub struct Connections(usize);
+
+impl Connections {
+    pub const MAX: usize = 64;
+
+    pub const fn new(n: usize) -> Option<Self> {
+        if matches!(n, 1..=Self::MAX) { Some(Self(n)) } else { None }
+    }
+
+    pub const fn get(self) -> usize {
+        self.0
+    }
+}
+
+impl TryFrom<usize> for Connections {
+    type Error = String;
+
+    fn try_from(n: usize) -> Result<Self, String> {
+        Self::new(n).ok_or_else(|| format!("must be between 1 and {}", Self::MAX))
+    }
+}
 
 /// Answers are small JSON objects; anything longer is cut off and classified
 /// on its status alone. The same cap applies to every channel.
 pub const MAX_RESPONSE_BODY: usize = 64 * 1024;
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// HTTP/2 PINGs keep NATs and load balancers from dropping a connection
-/// silently and detect a dead one before a send waits on it.
-pub(super) const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(60);
-pub(super) const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(20);
-
 pub type HttpsClient = Client<HttpsConnector<CountingConnector>, Full<Bytes>>;
 
 /// Why a request got no answer.
@@ -63,86 +82,6 @@ impl From<Http2Error> for SendError {
     fn from(e: Http2Error) -> Self {
         Self::Connection(e.into())
     }
-}
-
-/// How new connections find their addresses: the system resolver (provider
-/// hosts), or the webhook safety check (PUSH-256) for receivers' hosts.
-#[derive(Clone)]
-pub enum Resolver {
-    System(GaiResolver),
-    Checked(CheckedResolver),
-}
-
-impl Resolver {
-    pub fn system() -> Self {
-        Self::System(GaiResolver::new())
-    }
-}
-
-type Addrs = std::vec::IntoIter<SocketAddr>;
-pub(super) type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-impl tower_service::Service<Name> for Resolver {
-    type Response = Addrs;
-    type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<Addrs, BoxError>> + Send>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, name: Name) -> Self::Future {
-        match self {
-            Self::System(gai) => {
-                let resolving = gai.call(name);
-                Box::pin(async move { Ok(resolving.await?.collect::<Vec<_>>().into_iter()) })
-            }
-            Self::Checked(checked) => {
-                let resolving = checked.call(name);
-                Box::pin(async move { Ok(resolving.await?) })
-            }
-        }
-    }
-}
-
-/// A TCP connector that counts the connections it opens
-/// (fanout_provider_connections_opened_total): reconnects show up as a rate.
-#[derive(Clone)]
-pub struct CountingConnector {
-    inner: HttpConnector<Resolver>,
-    opened: Option<IntCounter>,
-}
-
-impl tower_service::Service<Uri> for CountingConnector {
-    type Response = <HttpConnector<Resolver> as tower_service::Service<Uri>>::Response;
-    type Error = <HttpConnector<Resolver> as tower_service::Service<Uri>>::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, uri: Uri) -> Self::Future {
-        let connecting = self.inner.call(uri);
-        let opened = self.opened.clone();
-        Box::pin(async move {
-            let connection = connecting.await?;
-            if let Some(opened) = opened {
-                opened.inc();
-            }
-            Ok(connection)
-        })
-    }
-}
-
-/// Which protocols ALPN may pick.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Protocols {
-    /// HTTP/2 only (APNs requires it; FCM and the harness use it).
-    Http2,
-    /// HTTP/2 or HTTP/1.1, as the server prefers (webhook receivers, OAuth
-    /// token endpoints).
-    Http1Or2,
 }
 
 /// How one client is built.
@@ -186,7 +125,7 @@ fn client(
         .build(connector(tls, options.protocols, resolver, opened, allow_plain_http))
 }
 
-/// The HTTP/2 client of `channel::http2` over the same connector: what a
+/// The HTTP/2 client of `transport::http2` over the same connector: what a
 /// pool sends through to a host that speaks HTTP/2.
 pub fn http2_client(
     tls: rustls::ClientConfig,
@@ -209,28 +148,6 @@ fn probing_http2_client(
     allow_plain_http: bool,
 ) -> Http2Client {
     Http2Client::probing(connector(tls, Protocols::Http1Or2, resolver, opened, allow_plain_http), idle_timeout)
-}
-
-/// TCP (counted, checked or system-resolved) then TLS offering `protocols`
-/// by ALPN.
-fn connector(
-    tls: rustls::ClientConfig,
-    protocols: Protocols,
-    resolver: Resolver,
-    opened: Option<IntCounter>,
-    allow_plain_http: bool,
-) -> HttpsConnector<CountingConnector> {
-    let mut http = HttpConnector::new_with_resolver(resolver);
-    http.enforce_http(false);
-    http.set_nodelay(true);
-    http.set_connect_timeout(Some(CONNECT_TIMEOUT));
-    let http = CountingConnector { inner: http, opened };
-    let builder = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls);
-    let builder = if allow_plain_http { builder.https_or_http() } else { builder.https_only() };
-    match protocols {
-        Protocols::Http2 => builder.enable_http2().wrap_connector(http),
-        Protocols::Http1Or2 => builder.enable_http1().enable_http2().wrap_connector(http),
-    }
 }
 
 /// A complete answer: status, headers and at most `MAX_RESPONSE_BODY` bytes.
@@ -575,6 +492,7 @@ pub(crate) fn unix_now_secs() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hyper_util::client::legacy::connect::dns::GaiResolver;
 
     #[test]
     fn path_segments_are_percent_encoded() {
@@ -618,7 +536,7 @@ mod tests {
 
     #[tokio::test]
     async fn pool_sizes_follow_the_options() {
-        let tls = crate::channel::client_tls_config(&[]).unwrap();
+        let tls = crate::transport::client_tls_config(&[]).unwrap();
         let metrics = PoolMetrics::new(&crate::metrics::Metrics::new(), crate::domain::Channel::Apns);
         let client = ClientOptions { protocols: Protocols::Http2, idle_timeout: Duration::from_secs(1) };
         let options = |connections, max_in_flight, rate_limit_per_second| PoolOptions {
@@ -643,13 +561,13 @@ mod tests {
     fn webhook_pool(pki: &fanout_testkit::TestPki, dir: &tempfile::TempDir) -> (Pool, IntCounter) {
         let ca = dir.path().join("ca.pem");
         pki.write_ca(&ca).unwrap();
-        let tls = crate::channel::client_tls_config(&[ca]).unwrap();
+        let tls = crate::transport::client_tls_config(&[ca]).unwrap();
         let metrics = PoolMetrics::new(&crate::metrics::Metrics::new(), crate::domain::Channel::Http);
         let options = PoolOptions {
             connections: Connections::new(1).unwrap(),
             max_in_flight: NonZeroUsize::new(256).unwrap(),
             rate_limit_per_second: 0,
-            client: crate::channel::http::CLIENT_OPTIONS,
+            client: crate::transport::checked::CLIENT_OPTIONS,
         };
         let opened = metrics.connections_opened.clone();
         (Pool::new(&tls, options, Resolver::system(), metrics), opened)

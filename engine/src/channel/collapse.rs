@@ -1,4 +1,4 @@
-//! `apns-collapse-id`, fitted to APNs's 64-byte limit.
+//! `apns-collapse-id`, fitted to APNs's 64-byte limit: the APNs channel and the APNs block of an FCM message use it.
 //!
 //! PUSH-259 (spec 000 section 7) sets it to the standard base64 of the
 //! topic. APNs refuses a collapse id over 64 bytes (400 BadCollapseId, which

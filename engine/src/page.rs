@@ -1,5 +1,30 @@
+//! A page of deliveries as dispatch hands it to a sink (the delivery
+//! workers, or a channel with its own queue): each `Delivery`, and the
+//! page's `FirstAttemptLatch`.
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+
+use crate::domain::{Recipient, StoredEnvelope};
+
+/// One (envelope, subscription) send and its state.
+pub struct Delivery {
+    pub envelope: Arc<StoredEnvelope>,
+    /// The recipient as loaded for the window: the attempt uses this target, and
+    /// PUSH-234 compares against it.
+    pub recipient: Arc<Recipient>,
+    /// Settled once, when the first attempt has an answer (or timed out).
+    pub first_attempt: Option<FirstAttempt>,
+    pub attempts: u32,
+    /// Every attempt so far was `Outcome::Gone` (the HTTPS 404/410 rule).
+    pub all_gone: bool,
+}
+
+impl Delivery {
+    pub fn new(envelope: Arc<StoredEnvelope>, recipient: Arc<Recipient>, first_attempt: FirstAttempt) -> Self {
+        Self { envelope, recipient, first_attempt: Some(first_attempt), attempts: 0, all_gone: true }
+    }
+}
 
 /// Where one delivery of a page stands.
 const PENDING: u8 = 0;
