@@ -2,7 +2,7 @@
 //! use. `with_label_values` hashes its labels, takes the vector's lock and
 //! clones an `Arc` on every call, and an attempt made five such calls; the
 //! handles also let the worker, not the attempt, count an attempt in flight,
-//! so one that panics is counted out too (docs/BENCHMARKS.md, finding 10:
+//! so one that panics is counted out too (docs/BENCHMARKS-HISTORY.md, finding 10:
 //! the rate did not change beyond the noise). A handle is the same series,
 //! so the exposition is unchanged: `initialise` creates a configured
 //! channel's series at zero at start-up, and a handle finds them.

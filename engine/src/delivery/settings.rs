@@ -28,7 +28,7 @@ impl DeliverySettings {
     /// channel's slots only waits in the pool's semaphore, a spawned task
     /// costing memory and CPU for nothing: with 4,096 attempts for a channel
     /// of 1,000 slots, the engine spent a third more CPU per delivery
-    /// (issue 18, docs/BENCHMARKS.md). So the bound is enforced where
+    /// (docs/BENCHMARKS-HISTORY.md). So the bound is enforced where
     /// attempts are spawned.
     pub fn in_flight_per_worker(&self, channels_in_flight: usize) -> NonZeroUsize {
         self.max_in_flight_per_worker.unwrap_or_else(|| {

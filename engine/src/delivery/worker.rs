@@ -68,7 +68,7 @@ const FENCE_RECHECK: Duration = Duration::from_millis(250);
 ///
 /// The attempts in flight are futures of this task, not tasks of their own:
 /// a task per attempt cost a spawn, a `JoinSet` entry and a cross-thread
-/// wake-up per delivery (docs/BENCHMARKS.md, finding 9), and the runtime's
+/// wake-up per delivery (docs/BENCHMARKS-HISTORY.md, finding 9), and the runtime's
 /// threads are shared by the eight workers anyway.
 pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<Delivery>>) {
     let max_in_flight = ctx.max_in_flight.get();

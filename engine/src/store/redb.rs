@@ -765,7 +765,7 @@ impl Store for RedbStore {
 /// the blocking pool. Most topics of a messaging network have a few
 /// subscribers, and for them the pool's hand-off (a thread woken, a task
 /// woken back) cost more than the read: about a sixth of the engine's CPU
-/// per delivery with 10 subscribers per envelope (docs/BENCHMARKS.md,
+/// per delivery with 10 subscribers per envelope (docs/BENCHMARKS-HISTORY.md,
 /// finding 6). The bound keeps such a read short on the runtime's thread: a
 /// large topic's page (1,000 subscribers) still goes to the pool.
 const INLINE_SUBSCRIBERS: usize = 32;

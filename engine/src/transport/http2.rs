@@ -3,7 +3,7 @@
 //! HTTP/2): one connection per host, opened by the first request that finds
 //! none while the others wait for it, then shared by every request.
 //!
-//! Why not hyper-util's pooled client, as before (issue 18, docs/BENCHMARKS.md
+//! Why not hyper-util's pooled client, as before (docs/BENCHMARKS-HISTORY.md,
 //! "Delivery throughput"): per request it checks a connection out of a
 //! locked pool, hands the request to the connection's task over a channel,
 //! and spawns one more task to pipe the body, which h2 can buffer itself.

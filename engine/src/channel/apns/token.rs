@@ -68,7 +68,7 @@ impl ProviderTokens {
         // says (nghttp2's rule, `Header::skip_value_index`), and Apple's
         // HPACK guidance asks for `authorization` as a literal without
         // indexing (APNs keeps a small table). Its measured cost per request
-        // is in docs/BENCHMARKS.md ("APNs request size").
+        // is in docs/BENCHMARKS-HISTORY.md ("APNs request size").
         authorization.set_sensitive(true);
         Ok(ProviderToken { authorization, issued: Instant::now(), generation })
     }

@@ -4,7 +4,7 @@
 //! subscribes to. Decoding the record (its strings, keys and parsed webhook
 //! URL) and dropping it after the page was, with 10 subscribers per
 //! envelope, about a tenth of the engine's CPU per delivery
-//! (docs/BENCHMARKS.md, finding 7). A hit needs the stored bytes to be
+//! (docs/BENCHMARKS-HISTORY.md, finding 7). A hit needs the stored bytes to be
 //! exactly the ones the entry was decoded from, so an entry can never be
 //! stale: any write to the record (Register, UpdateSubscriptions, a renewal)
 //! changes its bytes, and the next read decodes it again. Nothing has to
