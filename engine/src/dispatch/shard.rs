@@ -90,11 +90,13 @@ struct Page {
 }
 
 impl Window {
-    /// A dropped window's deliveries that no worker has taken yet are dropped
-    /// by the workers too: the next window sends them again.
+    /// A dropped window's deliveries that no worker has sent yet are dropped
+    /// by the workers too: the next window (here, or on the shard's next
+    /// owner) reads them again from the stored checkpoint, which is below
+    /// every page still here, and sends them.
     fn abandon(&mut self) {
         for page in self.pages.values() {
-            page.latch.abandon();
+            page.latch.drop_window();
         }
         self.release_queued();
     }
