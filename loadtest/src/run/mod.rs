@@ -1225,7 +1225,7 @@ mod tests {
     /// going on: the survivor takes its shards and nothing is missing; the
     /// handoffs, the duplicates per handoff and both nodes' figures are in
     /// the report. Eight seconds of publishing (8,000 deliveries), about
-    /// 30 s here.
+    /// 40 s here with the debug engine.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn two_engine_nodes_one_killed_mid_window_lose_nothing() {
         let Ok(cql) = std::env::var("FANOUT_TEST_CQL") else {
