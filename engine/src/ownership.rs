@@ -5,8 +5,9 @@
 //! share `ceil(shard_count / live nodes)` (a failed
 //! renewal means the shard is lost: its shard actor is killed at once, the
 //! checkpoint stays where it is), acquires unowned shards while below the
-//! share, and releases shards above it (drain the shard actor, then release
-//! the lease). The owned set is published in a `watch` channel that ingest
+//! share, and releases shards above it (the shard actor stops at its pages
+//! in flight and stores the checkpoint above them, then the lease is
+//! released). The owned set is published in a `watch` channel that ingest
 //! reads: only an owner appends to a shard, so appends stay single-writer.
 //! Two owners can overlap only briefly (a lease lost while its shard actor
 //! finishes a step): both deliver from the same checkpoint, so a delivery may
@@ -282,8 +283,9 @@ impl LeaseState {
     }
 
     /// Stops publishing to and dispatching `shards` at once, then stops
-    /// their shard actors together: drained (each finishes its current
-    /// window, all within a third of the TTL) or killed.
+    /// their shard actors together: released (each stops once its pages in
+    /// flight are answered, storing the checkpoint above them, all within a
+    /// third of the TTL) or killed.
     async fn disown_all(&self, shards: &[ShardId], drain: bool) {
         if shards.is_empty() {
             return;

@@ -44,6 +44,12 @@ pub struct FirstAttemptLatch {
     remaining: AtomicUsize,
     state: Vec<AtomicU8>,
     abandoned: AtomicBool,
+    /// The whole window was dropped (its shard actor stopped, or a step
+    /// failed): it is read again from the stored checkpoint, which is below
+    /// this page because the page never completed. A first attempt of it not
+    /// yet sent is then never sent: the replay, here or on the shard's next
+    /// owner, sends it.
+    window_dropped: AtomicBool,
     /// Shared by every page of a window: first attempts started and answered
     /// so far, the window's measure of progress.
     progress: Arc<AtomicU64>,
@@ -56,6 +62,7 @@ impl FirstAttemptLatch {
             remaining: AtomicUsize::new(count),
             state: (0..count).map(|_| AtomicU8::new(PENDING)).collect(),
             abandoned: AtomicBool::new(false),
+            window_dropped: AtomicBool::new(false),
             progress,
             on_done: Box::new(on_done),
         }
@@ -100,6 +107,17 @@ impl FirstAttemptLatch {
         (0..self.state.len()).filter(|&i| self.state[i].load(Ordering::Acquire) == PENDING).collect()
     }
 
+    /// The page's window was dropped: abandoned, and its deliveries taken but
+    /// not yet sent are dropped too (see `window_dropped`).
+    pub fn drop_window(&self) {
+        self.window_dropped.store(true, Ordering::Release);
+        self.abandoned.store(true, Ordering::Release);
+    }
+
+    pub fn window_dropped(&self) -> bool {
+        self.window_dropped.load(Ordering::Acquire)
+    }
+
     #[cfg(test)]
     fn is_abandoned(&self) -> bool {
         self.abandoned.load(Ordering::Acquire)
@@ -124,6 +142,11 @@ impl FirstAttempt {
 
     pub fn settle(self) {
         self.latch.count_down(self.index);
+    }
+
+    /// Its window was dropped: a replay from the stored checkpoint sends it.
+    pub fn window_dropped(&self) -> bool {
+        self.latch.window_dropped()
     }
 }
 

@@ -13,7 +13,8 @@ pub enum SupervisorMsg {
     /// The lease actor acquired this shard: start its actor (issue 7).
     Own(ShardId),
     /// The lease actor gave this shard up or lost it: stop supervising its
-    /// actor, ask it to drain (or leave it to be killed), and hand it back.
+    /// actor, ask it to release the shard (`drain`: stop at its pages in
+    /// flight; else it is left to be killed), and hand it back.
     Disown { shard: ShardId, drain: bool, reply: RpcReplyPort<Option<ActorCell>> },
     /// Stop restarting children, then stop them and this actor.
     Shutdown,

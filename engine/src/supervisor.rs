@@ -98,7 +98,8 @@ impl Actor for Supervisor {
                 if let Some(actor) = &actor {
                     state.shards.remove(&actor.get_id());
                     if drain {
-                        let _ = actor.cast(ShardMsg::Drain);
+                        // Its next owner is another node: stop at the pages in flight.
+                        let _ = actor.cast(ShardMsg::Release);
                     }
                 }
                 let _ = reply.send(actor.map(|a| a.get_cell()));

@@ -92,6 +92,12 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
     loop {
         while in_flight.len() < max_in_flight {
             let Some(delivery) = ready.pop_front() else { break };
+            // Its window was dropped (the shard actor stopped, e.g. its
+            // lease was lost or handed over): the replay from the stored
+            // checkpoint sends it, so this copy would only repeat it.
+            if delivery.first_attempt.as_ref().is_some_and(FirstAttempt::window_dropped) {
+                continue;
+            }
             // A paused or partitioned node does not send first attempts of
             // a shard it may have lost: the new owner replays them from its
             // checkpoint, so sending them too would only repeat them.
@@ -138,6 +144,12 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
             _ = fence_check.tick(), if !fenced.is_empty() => {
                 let now = Instant::now();
                 for (since, delivery) in std::mem::take(&mut fenced) {
+                    if delivery.first_attempt.as_ref().is_some_and(FirstAttempt::window_dropped) {
+                        // The shard actor that made it is gone (its lease was
+                        // lost): its replay sends it, even if this node takes
+                        // the shard again.
+                        continue;
+                    }
                     if ctx.fence.holds(delivery.envelope.shard) {
                         ready.push_back(delivery);
                     } else if now.saturating_duration_since(since) >= FENCED_HOLD {
@@ -501,6 +513,27 @@ mod tests {
         tokio::time::sleep(FENCED_HOLD + Duration::from_secs(1)).await;
         assert_eq!(sent(), 2, "never sent by the fenced node");
         assert_eq!(second.abandon(), vec![0, 1], "pending again, for a replay or the new owner");
+
+        // Held while fenced, then the lease is lost for good and the window
+        // dropped (its shard actor stopped): when this node takes the shard
+        // again, the held copies are not sent, the replay sends them.
+        owned.send_modify(|o| o.shards.clear());
+        let third = page();
+        workers.submit(batch(&third)).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        third.drop_window();
+        owned.send_modify(|o| {
+            o.shards.insert(ShardId::FIRST, Instant::now() + Duration::from_secs(60));
+        });
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(sent(), 2, "a dropped window's held first attempts are never sent");
+
+        // Queued and taken, not yet sent, when the window is dropped: not sent either.
+        let fourth = page();
+        fourth.drop_window();
+        workers.submit(batch(&fourth)).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(sent(), 2, "a dropped window's queued first attempts are never sent");
         drop(workers);
         for handle in handles {
             handle.await.unwrap();

@@ -24,6 +24,13 @@ pub enum ShardMsg {
     PageDone { window: u64, page: u64 },
     /// Shutdown: start no new window, finish the current one, then stop.
     Drain,
+    /// Another node takes this shard (this node is above its fair share):
+    /// hand out no more pages; once every page in flight had its first
+    /// attempts, store the checkpoint just below the oldest envelope not
+    /// fully done, then stop. The next owner replays from there, so it
+    /// repeats at most the pages of a partly paged envelope, not the rest
+    /// of a window that could not finish within the drain bound.
+    Release,
 }
 
 /// Owns one topic shard's dispatch. Holds no durable state in memory: a
@@ -40,6 +47,8 @@ pub struct ShardState {
     /// This shard's last contribution to the summed lag gauge.
     lag: i64,
     draining: bool,
+    /// `Release`: no more pages; stop once the pages in flight are answered.
+    releasing: bool,
     /// The fence was down at the last check (logged once per episode).
     fenced: bool,
     ticker: tokio::task::JoinHandle<()>,
@@ -81,11 +90,13 @@ struct Page {
 }
 
 impl Window {
-    /// A dropped window's deliveries that no worker has taken yet are dropped
-    /// by the workers too: the next window sends them again.
+    /// A dropped window's deliveries that no worker has sent yet are dropped
+    /// by the workers too: the next window (here, or on the shard's next
+    /// owner) reads them again from the stored checkpoint, which is below
+    /// every page still here, and sends them.
     fn abandon(&mut self) {
         for page in self.pages.values() {
-            page.latch.abandon();
+            page.latch.drop_window();
         }
         self.release_queued();
     }
@@ -160,6 +171,7 @@ impl Actor for ShardActor {
             next_window_id: 0,
             lag: 0,
             draining: false,
+            releasing: false,
             fenced: false,
             ticker,
         })
@@ -198,6 +210,11 @@ impl Actor for ShardActor {
             ShardMsg::Drain => {
                 state.draining = true;
                 Ok(())
+            }
+            ShardMsg::Release => {
+                state.draining = true;
+                state.releasing = true;
+                state.release_if_answered().await
             }
         };
         if state.draining && state.window.is_none() {
@@ -304,6 +321,11 @@ impl ShardState {
             return Ok(());
         };
         w.pump_queued = false;
+        if self.releasing {
+            // No more pages: the held deliveries of those in flight go out.
+            w.release_queued();
+            return Ok(());
+        }
         if w.pages.len() >= ctx.settings.max_pages_in_flight.get() {
             w.release_queued();
             return Ok(()); // PageDone pumps again.
@@ -371,7 +393,10 @@ impl ShardState {
         if w.envelopes.is_empty() && w.pages.is_empty() {
             return self.complete_if_done(myself).await;
         }
-        self.checkpoint_within_window().await?;
+        if self.releasing {
+            return self.release_if_answered().await;
+        }
+        self.checkpoint_within_window(false).await?;
         if self.window.as_ref().is_some_and(|w| !w.envelopes.is_empty()) {
             self.queue_pump(myself);
         }
@@ -385,10 +410,11 @@ impl ShardState {
     /// page: each move is a store write (on ScyllaDB it also drops the
     /// envelopes below), and the repeats after a failover are bounded by
     /// what was in flight plus that much progress, not by the whole window.
-    async fn checkpoint_within_window(&mut self) -> StepResult {
+    /// `now`: whatever the interval (a release moves it on every answered page).
+    async fn checkpoint_within_window(&mut self, now: bool) -> StepResult {
         let interval = self.ctx.settings.checkpoint_interval;
         let Some(w) = self.window.as_mut() else { return Ok(()) };
-        if w.checkpoint_written.elapsed() < interval {
+        if !now && w.checkpoint_written.elapsed() < interval {
             return Ok(());
         }
         let oldest_open = w
@@ -404,6 +430,26 @@ impl ShardState {
         w.checkpoint = below;
         w.checkpoint_written = Instant::now();
         self.ctx.store.advance_checkpoint(self.shard, below).await?;
+        Ok(())
+    }
+
+    /// `Release`: moves the checkpoint up to just below the oldest envelope
+    /// that is not fully paged or has a page in flight (PUSH-257: everything
+    /// at or below it had every first attempt; a partly paged envelope is
+    /// replayed whole by the next owner); once no page is in flight the
+    /// window is done here and the actor stops.
+    async fn release_if_answered(&mut self) -> StepResult {
+        self.checkpoint_within_window(true).await?;
+        if let Some(w) = self.window.as_mut()
+            && w.pages.is_empty()
+        {
+            if w.envelopes.is_empty() {
+                // Fully paged and answered: the window's own end.
+                self.ctx.store.advance_checkpoint(self.shard, w.end).await?;
+            }
+            w.release_queued();
+            self.window = None;
+        }
         Ok(())
     }
 
@@ -793,6 +839,26 @@ mod tests {
         assert_eq!(sends.len(), 6);
         assert!(sends.values().all(|n| *n == 1), "no duplicates");
         f.actor.stop(None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_released_shard_stops_at_its_pages_in_flight_with_the_checkpoint_above_them() {
+        // Four envelopes to three recipients, two pages (envelopes) at once:
+        // released while envelopes 1 and 2 are out, it hands out no more,
+        // stores the checkpoint once both are answered, and stops; the next
+        // owner starts at envelope 3 and repeats nothing.
+        let f = Fixture::start(3, 4, settings(10, 2), 0).await;
+        f.until("two pages out", |f| f.waiting() == 6).await;
+        let _ = f.actor.cast(ShardMsg::Release);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(f.actor.get_status(), ractor::ActorStatus::Running, "pages are still in flight");
+        f.gate.permits.add_permits(100);
+        f.until("the actor stopped", |f| f.actor.get_status() == ractor::ActorStatus::Stopped).await;
+        assert_eq!(f.position().await.checkpoint, 2, "just above the answered pages");
+        let sends = f.sends();
+        assert_eq!(sends.len(), 6, "no page after the release: {sends:?}");
+        assert!(sends.keys().all(|(seq, _)| *seq <= 2));
+        assert_eq!(f.metrics.windows.get(), 0, "the window was handed over, not completed");
     }
 
     #[tokio::test(start_paused = true)]

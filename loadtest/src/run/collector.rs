@@ -176,8 +176,13 @@ pub struct Summary {
     pub duplicates: u64,
     /// Requests received (every attempt, faulted or not).
     pub attempts: u64,
-    /// Requests whose body or ids were not of this run's expected pairs.
+    /// Requests whose body or ids were not of this run's expected pairs
+    /// (`unacknowledged` included).
     pub unexpected: u64,
+    /// Of `unexpected`, the requests for an envelope no Publish answer
+    /// named: with several nodes and a fault, the copies of envelopes whose
+    /// publish had an unknown outcome and was resent.
+    pub unacknowledged: u64,
     /// Requests with a wrong or missing webhook signature (answered 400).
     pub bad_signatures: u64,
     /// Answers sent, by status.
@@ -549,6 +554,7 @@ impl Collector {
             duplicates: inner.duplicates,
             attempts: inner.requests,
             unexpected: inner.unexpected + pending,
+            unacknowledged: pending,
             bad_signatures: inner.bad_signatures,
             statuses: inner.statuses.clone(),
             seconds,

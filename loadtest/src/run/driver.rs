@@ -64,6 +64,75 @@ impl Grpc {
     }
 }
 
+/// The engine nodes of a run, each with its connections: registration is
+/// spread over them (recipient r on node r mod N), publish batches too, and
+/// an envelope answered "shard N is owned by HOST:PORT" is resent to that
+/// node (docs/OPERATIONS.md, "Publishing").
+#[derive(Clone)]
+pub struct Cluster {
+    nodes: Vec<Grpc>,
+    /// Each node's advertised gRPC address, as a redirect names it.
+    addresses: Vec<String>,
+    /// Several nodes with a fault: a Publish RPC that timed out or failed in
+    /// transport, or an envelope answered "lease ran out while storing", has
+    /// an unknown outcome and is resent to another node (it may then be
+    /// stored twice: the copy never acknowledged is counted apart). With one
+    /// node such an envelope is an error, as before.
+    retry_unknown: bool,
+    /// Each RPC's own deadline with `retry_unknown` (a paused node never answers).
+    rpc_timeout: Duration,
+}
+
+impl Cluster {
+    /// One node, as every single-engine run has.
+    pub fn single(grpc: Grpc, address: SocketAddr) -> Cluster {
+        Cluster {
+            nodes: vec![grpc],
+            addresses: vec![address.to_string()],
+            retry_unknown: false,
+            rpc_timeout: Duration::from_secs(60),
+        }
+    }
+
+    /// `connections` to each of `addresses`; `retry_unknown` as the field says.
+    pub async fn connect(
+        addresses: &[SocketAddr],
+        connections: usize,
+        timeout: Duration,
+        retry_unknown: bool,
+    ) -> anyhow::Result<Cluster> {
+        let mut nodes = Vec::new();
+        for addr in addresses {
+            nodes.push(Grpc::connect(*addr, connections, timeout).await?);
+        }
+        Ok(Cluster {
+            nodes,
+            addresses: addresses.iter().map(ToString::to_string).collect(),
+            retry_unknown,
+            rpc_timeout: Duration::from_secs(5),
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    fn node(&self, index: usize) -> &Grpc {
+        &self.nodes[index % self.nodes.len()]
+    }
+
+    /// The node a redirect message ("shard N is owned by HOST:PORT; publish
+    /// there") names, if it is one of the run's.
+    fn owner_in(&self, message: &str) -> Option<usize> {
+        let owner = message.split("owned by ").nth(1)?.split(';').next()?.trim();
+        self.addresses.iter().position(|a| a == owner)
+    }
+}
+
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct SetupStats {
     pub recipients: u64,
@@ -73,6 +142,9 @@ pub struct SetupStats {
     pub seconds: f64,
     pub recipients_per_second: f64,
     pub rpcs_per_second: f64,
+    /// Register and UpdateSubscriptions calls answered by each node (one
+    /// entry per engine node, recipient r on node r mod N).
+    pub rpcs_per_node: Vec<u64>,
 }
 
 /// Calls `f` up to three times (with a short pause) before giving up.
@@ -97,9 +169,9 @@ where
 
 /// Registers every recipient (webhook URL `urls[r % urls.len()]`, its derived
 /// signing key; or its device token, or its Web Push subscription) and
-/// subscribes it to its topics.
+/// subscribes it to its topics, on node r mod N of `cluster`.
 pub async fn setup(
-    grpc: &Grpc,
+    cluster: &Cluster,
     plan: &Arc<Plan>,
     ids: RunIds,
     urls: &[String],
@@ -110,10 +182,13 @@ pub async fn setup(
     progress.phase("register", u64::from(plan.recipients));
     let started = Instant::now();
     let rpcs = Arc::new(AtomicUsize::new(0));
+    let per_node: Arc<Vec<AtomicUsize>> = Arc::new((0..cluster.len()).map(|_| AtomicUsize::new(0)).collect());
     let per_request = settings.subscriptions_per_request;
     let work = futures::stream::iter(0..plan.recipients)
         .map(|r| {
-            let (grpc, plan, rpcs) = (grpc.clone(), plan.clone(), rpcs.clone());
+            let node = r as usize % cluster.len();
+            let (grpc, plan, rpcs, per_node) =
+                (cluster.node(node).clone(), plan.clone(), rpcs.clone(), per_node.clone());
             let url = urls[r as usize % urls.len()].clone();
             async move {
                 let (id, secret) = (ids.recipient_id(r).to_vec(), ids.secret(r).to_vec());
@@ -154,6 +229,7 @@ pub async fn setup(
                 })
                 .await?;
                 rpcs.fetch_add(1, Ordering::Relaxed);
+                per_node[node].fetch_add(1, Ordering::Relaxed);
                 let topics: Vec<u32> = plan.topics_of(r).collect();
                 for chunk in topics.chunks(per_request) {
                     let update = pb::UpdateSubscriptionsRequest {
@@ -176,6 +252,7 @@ pub async fn setup(
                     })
                     .await?;
                     rpcs.fetch_add(1, Ordering::Relaxed);
+                    per_node[node].fetch_add(1, Ordering::Relaxed);
                 }
                 progress.add(1);
                 anyhow::Ok(topics.len() as u64)
@@ -201,6 +278,7 @@ pub async fn setup(
         seconds,
         recipients_per_second: f64::from(plan.recipients) / seconds.max(1e-9),
         rpcs_per_second: rpcs as f64 / seconds.max(1e-9),
+        rpcs_per_node: per_node.iter().map(|n| n.load(Ordering::Relaxed) as u64).collect(),
     })
 }
 
@@ -221,6 +299,17 @@ pub struct PublishStats {
     pub concurrency: usize,
     /// Duration of the Publish RPCs themselves.
     pub rpc_latency: Percentiles,
+    /// Envelopes acknowledged by each engine node.
+    pub stored_per_node: Vec<u64>,
+    /// Envelopes resent to the node a "shard N is owned by HOST:PORT" answer named.
+    pub redirects: u64,
+    /// Envelopes resent after "no owner yet" or another answer that stored nothing.
+    pub retries: u64,
+    /// Several nodes with a fault: envelopes whose RPC timed out or failed,
+    /// or that were answered "lease ran out while storing", then resent:
+    /// each may have been stored twice (its deliveries are counted as
+    /// `unacknowledged`).
+    pub unknown_outcome: u64,
 }
 
 /// What the publish tasks share.
@@ -229,11 +318,54 @@ struct Shared {
     errors: u64,
     first_error: Option<String>,
     rpc_us: Histogram<u64>,
+    stored_per_node: Vec<u64>,
+    redirects: u64,
+    retries: u64,
+    unknown_outcome: u64,
 }
 
-/// Publishes envelopes `start..end` in one RPC and reports them to the collector.
+/// How long an envelope is resent for (redirects, no owner, unknown
+/// outcomes) before it counts as an error: a few lease TTLs.
+const RESEND_FOR: Duration = Duration::from_secs(60);
+/// Between rounds of resending what had no owner or no answer.
+const RESEND_PAUSE: Duration = Duration::from_millis(200);
+
+/// What to do with one envelope's answer.
+enum Answer {
+    Stored(u64),
+    /// Nothing was stored: send it to this node.
+    Redirect(usize),
+    /// Nothing was stored: send it again after a pause.
+    Retry,
+    /// Perhaps stored: send it again (several nodes with a fault) or count an error.
+    Unknown(String),
+    Error(String),
+}
+
+fn answer_of(cluster: &Cluster, result: Option<pb::publish_result::Result>) -> Answer {
+    match result {
+        Some(pb::publish_result::Result::SequenceId(seq)) => Answer::Stored(seq),
+        Some(pb::publish_result::Result::Error(e)) if e.code == tonic::Code::Unavailable as i32 => {
+            if e.message.contains("outcome unknown") {
+                Answer::Unknown(e.message)
+            } else if let Some(node) = cluster.owner_in(&e.message) {
+                Answer::Redirect(node)
+            } else {
+                Answer::Retry
+            }
+        }
+        other => Answer::Error(format!("{other:?}")),
+    }
+}
+
+/// Publishes envelopes `start..end` in one RPC to node `first` and reports
+/// them to the collector; envelopes another node owns are resent there, and
+/// those that found no owner (or, with `retry_unknown`, no answer) again
+/// after a pause, for up to `RESEND_FOR`.
+#[allow(clippy::too_many_arguments)]
 async fn publish_batch(
-    grpc: Grpc,
+    cluster: Cluster,
+    first: usize,
     plan: Arc<Plan>,
     ids: RunIds,
     collector: Arc<Collector>,
@@ -241,48 +373,87 @@ async fn publish_batch(
     progress: Arc<Progress>,
     (start, end): (u64, u64),
 ) {
-    let envelopes = (start..end)
-        .map(|e| pb::Envelope {
-            topic: ids.topic(plan.topic_of_envelope(e)),
-            kind: pb::EnvelopeKind::Application as i32,
-            should_push: true,
-            sender_hmac: vec![],
-            data: b"loadtest ciphertext".to_vec(),
-            ..pb::Envelope::default()
-        })
-        .collect();
-    let sent = Instant::now();
-    let result = grpc.publisher().publish(pb::PublishRequest { envelopes }).await;
-    let returned = Instant::now();
-    let mut shared = shared.lock().unwrap_or_else(|p| p.into_inner());
-    shared.rpc_us.saturating_record(returned.duration_since(sent).as_micros() as u64);
-    match result {
-        Ok(response) => {
-            for (i, r) in response.into_inner().results.into_iter().enumerate() {
-                match r.result {
-                    Some(pb::publish_result::Result::SequenceId(seq)) => {
-                        collector.envelope_published(plan.topic_of_envelope(start + i as u64), seq, returned);
-                        shared.stored += 1;
-                    }
-                    other => {
-                        shared.errors += 1;
-                        shared.first_error.get_or_insert_with(|| format!("{other:?}"));
-                    }
+    let envelope = |e: u64| pb::Envelope {
+        topic: ids.topic(plan.topic_of_envelope(e)),
+        kind: pb::EnvelopeKind::Application as i32,
+        should_push: true,
+        sender_hmac: vec![],
+        data: b"loadtest ciphertext".to_vec(),
+        ..pb::Envelope::default()
+    };
+    let resend_until = Instant::now() + RESEND_FOR;
+    // (node, envelopes) still to send.
+    let mut todo: Vec<(usize, Vec<u64>)> = vec![(first % cluster.len(), (start..end).collect())];
+    let mut round = 0u32;
+    while !todo.is_empty() {
+        if round > 0 {
+            tokio::time::sleep(RESEND_PAUSE).await;
+        }
+        round += 1;
+        let out_of_time = Instant::now() >= resend_until;
+        let mut next: Vec<(usize, Vec<u64>)> = Vec::new();
+        let mut push = |node: usize, e: u64| match next.iter_mut().find(|(n, _)| *n == node) {
+            Some((_, v)) => v.push(e),
+            None => next.push((node, vec![e])),
+        };
+        for (node, batch) in std::mem::take(&mut todo) {
+            let request = pb::PublishRequest { envelopes: batch.iter().map(|e| envelope(*e)).collect() };
+            let sent = Instant::now();
+            let mut client = cluster.node(node).publisher();
+            let result = match tokio::time::timeout(cluster.rpc_timeout, client.publish(request)).await {
+                Ok(r) => r.map_err(|s| format!("{} {}", s.code(), s.message())),
+                Err(_) => Err(format!("no answer within {:?}", cluster.rpc_timeout)),
+            };
+            let returned = Instant::now();
+            let mut shared = shared.lock().unwrap_or_else(|p| p.into_inner());
+            shared.rpc_us.saturating_record(returned.duration_since(sent).as_micros() as u64);
+            let answers: Vec<Answer> = match result {
+                Ok(response) => {
+                    let mut results = response.into_inner().results.into_iter().map(|r| r.result);
+                    batch.iter().map(|_| answer_of(&cluster, results.next().flatten())).collect()
                 }
+                Err(e) => batch.iter().map(|_| Answer::Unknown(e.clone())).collect(),
+            };
+            for (&e, answer) in batch.iter().zip(answers) {
+                let error = match answer {
+                    Answer::Stored(seq) => {
+                        collector.envelope_published(plan.topic_of_envelope(e), seq, returned);
+                        shared.stored += 1;
+                        shared.stored_per_node[node] += 1;
+                        progress.add(1);
+                        continue;
+                    }
+                    Answer::Redirect(owner) if !out_of_time => {
+                        shared.redirects += 1;
+                        push(owner, e);
+                        continue;
+                    }
+                    Answer::Retry if !out_of_time => {
+                        shared.retries += 1;
+                        push(node, e);
+                        continue;
+                    }
+                    Answer::Unknown(_) if cluster.retry_unknown && !out_of_time => {
+                        shared.unknown_outcome += 1;
+                        push((node + 1) % cluster.len(), e);
+                        continue;
+                    }
+                    Answer::Redirect(_) | Answer::Retry => "no node took it in time".to_string(),
+                    Answer::Unknown(e) | Answer::Error(e) => e,
+                };
+                shared.errors += 1;
+                shared.first_error.get_or_insert(error);
+                progress.add(1);
             }
         }
-        Err(status) => {
-            shared.errors += end - start;
-            shared.first_error.get_or_insert_with(|| format!("{} {}", status.code(), status.message()));
-        }
+        todo = next;
     }
-    progress.add(end - start);
 }
 
 /// Publishes the plan's envelopes: all at once with `concurrency` RPCs in
 /// flight (burst), or at `rate` per second in small batches (steady).
 pub async fn publish(
-    grpc: &Grpc,
+    cluster: &Cluster,
     plan: &Arc<Plan>,
     ids: RunIds,
     settings: &Envelopes,
@@ -291,13 +462,25 @@ pub async fn publish(
     timeout: Duration,
 ) -> anyhow::Result<PublishStats> {
     progress.phase("publish", plan.envelopes);
-    let shared = Arc::new(Mutex::new(Shared { stored: 0, errors: 0, first_error: None, rpc_us: latency_histogram() }));
+    let shared = Arc::new(Mutex::new(Shared {
+        stored: 0,
+        errors: 0,
+        first_error: None,
+        rpc_us: latency_histogram(),
+        stored_per_node: vec![0; cluster.len()],
+        redirects: 0,
+        retries: 0,
+        unknown_outcome: 0,
+    }));
     let started = Instant::now();
     collector.mark_start(started);
-    let batch = |range| {
-        publish_batch(grpc.clone(), plan.clone(), ids, collector.clone(), shared.clone(), progress.clone(), range)
-    };
     let size = settings.batch_size as u64;
+    // Batch b goes first to node b mod N.
+    let batch = |(start, end): (u64, u64)| {
+        let first = (start / size.max(1)) as usize;
+        let (cluster, plan, collector) = (cluster.clone(), plan.clone(), collector.clone());
+        publish_batch(cluster, first, plan, ids, collector, shared.clone(), progress.clone(), (start, end))
+    };
     let run = async {
         match plan.rate {
             None => {
@@ -346,6 +529,10 @@ pub async fn publish(
         batch_size: settings.batch_size,
         concurrency: settings.concurrency,
         rpc_latency: Percentiles::from_histogram_us(&shared.rpc_us),
+        stored_per_node: shared.stored_per_node.clone(),
+        redirects: shared.redirects,
+        retries: shared.retries,
+        unknown_outcome: shared.unknown_outcome,
     })
 }
 
@@ -369,6 +556,32 @@ impl PublishStats {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn publish_answers_are_read_as_the_redirect_contract_says() {
+        let channel = Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
+        let node = Grpc { channels: vec![channel], next: Arc::new(AtomicUsize::new(0)) };
+        let cluster = Cluster {
+            nodes: vec![node.clone(), node],
+            addresses: vec!["127.0.0.1:7001".into(), "127.0.0.1:7002".into()],
+            retry_unknown: true,
+            rpc_timeout: Duration::from_secs(1),
+        };
+        let error = |code: tonic::Code, message: &str| {
+            Some(pb::publish_result::Result::Error(pb::PublishError { code: code as i32, message: message.into() }))
+        };
+        let answer = |r| answer_of(&cluster, r);
+        assert!(matches!(answer(Some(pb::publish_result::Result::SequenceId(7))), Answer::Stored(7)));
+        let owned = error(tonic::Code::Unavailable, "shard 3 is owned by 127.0.0.1:7002; publish there");
+        assert!(matches!(answer(owned), Answer::Redirect(1)));
+        let stranger = error(tonic::Code::Unavailable, "shard 3 is owned by 10.1.1.1:50051; publish there");
+        assert!(matches!(answer(stranger), Answer::Retry));
+        assert!(matches!(answer(error(tonic::Code::Unavailable, "shard 3 has no owner yet; retry")), Answer::Retry));
+        let ran_out = error(tonic::Code::Unavailable, "shard 3's lease ran out while storing; outcome unknown, retry");
+        assert!(matches!(answer(ran_out), Answer::Unknown(_)));
+        assert!(matches!(answer(error(tonic::Code::InvalidArgument, "too big")), Answer::Error(_)));
+        assert!(matches!(answer(None), Answer::Error(_)));
+    }
 
     #[test]
     fn publish_line_gives_the_ingest_rate_and_batching() {

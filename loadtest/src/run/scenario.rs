@@ -645,6 +645,7 @@ mod tests {
                 "faults",
                 "ingest",
                 "many-topics",
+                "nodes",
                 "registration",
                 "relay-smoke",
                 "scale-10m",

@@ -219,6 +219,7 @@ mod tests {
                 duplicates: 0,
                 attempts: 10,
                 unexpected: 0,
+                unacknowledged: 0,
                 bad_signatures: 0,
                 statuses: Default::default(),
                 seconds: 2.0,
@@ -249,6 +250,7 @@ mod tests {
             ratio_pushy: None,
             windows: Default::default(),
             wire: None,
+            nodes: None,
         }
     }
 

@@ -1,0 +1,464 @@
+//! Several engine nodes on one ScyllaDB keyspace (`--engine-nodes N`):
+//! waiting until they have split the shards, sampling each node's CPU and
+//! /metrics while the run goes on (a killed node keeps its last sample), its
+//! shard ownership changes read from its log, the fault (`--node-fault`:
+//! SIGKILL one node, or SIGSTOP it past its lease TTL and SIGCONT it), and
+//! the per-node and total figures of the report.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+use fanout_testkit::launcher;
+use serde::Serialize;
+
+use super::collector::Collector;
+use super::driver::{PublishStats, SetupStats};
+use super::engine_process::{fetch_metrics, proc_sample};
+
+/// The harness's log filter for several nodes: warnings, and the lease
+/// actor's acquisitions and releases, which the ownership counts are read from.
+pub const LOG_LEVEL: &str = "warn,fanout_engine::ownership=info";
+
+/// `--node-fault`: what happens to the last node once `--fault-after` of
+/// the expected deliveries arrived.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NodeFault {
+    /// SIGKILL: no drain; the others take its shards once its leases expire.
+    Kill,
+    /// SIGSTOP for twice the lease TTL, then SIGCONT: the others take its
+    /// shards, and it must act on none of the leases it lost.
+    Pause,
+}
+
+/// Shard ownership changes a node's log shows.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Ownership {
+    /// "shard lease acquired": the node took a shard (a handoff to it,
+    /// after the start).
+    pub acquired: u64,
+    /// "releasing a shard above the fair share": drained and given back.
+    pub released: u64,
+    /// "shard lease lost": a renewal failed, the shard actor was stopped at once.
+    pub lost: u64,
+    /// "shard lease not renewed in time": the fence paused a shard's dispatch.
+    pub fenced: u64,
+}
+
+impl Ownership {
+    pub fn from_log(log: &str) -> Ownership {
+        let count = |needle: &str| log.matches(needle).count() as u64;
+        Ownership {
+            acquired: count("shard lease acquired"),
+            released: count("releasing a shard above the fair share"),
+            lost: count("shard lease lost"),
+            fenced: count("shard lease not renewed in time"),
+        }
+    }
+
+    /// What changed after `before`.
+    pub fn since(self, before: Ownership) -> Ownership {
+        Ownership {
+            acquired: self.acquired.saturating_sub(before.acquired),
+            released: self.released.saturating_sub(before.released),
+            lost: self.lost.saturating_sub(before.lost),
+            fenced: self.fenced.saturating_sub(before.fenced),
+        }
+    }
+}
+
+/// One reading of a node: its CPU time and its metrics.
+#[derive(Debug, Clone, Default)]
+pub struct NodeSample {
+    pub cpu_seconds: Option<f64>,
+    pub metrics: BTreeMap<String, f64>,
+}
+
+impl NodeSample {
+    /// `fanout_deliveries_total` with outcome `delivered`, every channel.
+    pub fn delivered(&self) -> f64 {
+        self.metrics
+            .iter()
+            .filter(|(k, _)| k.starts_with("fanout_deliveries_total{") && k.contains("outcome=\"delivered\""))
+            .map(|(_, v)| v)
+            .sum()
+    }
+
+    pub fn owned_shards(&self) -> Option<f64> {
+        self.metrics.get("fanout_owned_shards").copied()
+    }
+}
+
+/// Reads a node now: CPU from /proc, /metrics over HTTP (either may fail
+/// for a dead or frozen node: `None` or empty).
+pub async fn read_node(pid: Option<u32>, http: SocketAddr) -> NodeSample {
+    let cpu_seconds = pid.and_then(proc_sample).map(|s| s.cpu_seconds);
+    let metrics = tokio::time::timeout(Duration::from_secs(1), fetch_metrics(http)).await.ok().and_then(Result::ok);
+    NodeSample { cpu_seconds, metrics: metrics.unwrap_or_default() }
+}
+
+/// Keeps each node's latest good sample, every 500 ms, so that a node
+/// killed mid-run still has figures.
+pub struct Samplers {
+    latest: Vec<Arc<Mutex<NodeSample>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Samplers {
+    pub fn start(nodes: &[(Option<u32>, SocketAddr)]) -> Samplers {
+        let mut latest = Vec::new();
+        let mut tasks = Vec::new();
+        for &(pid, http) in nodes {
+            let slot = Arc::new(Mutex::new(NodeSample::default()));
+            let keep = slot.clone();
+            tasks.push(tokio::spawn(async move {
+                loop {
+                    let s = read_node(pid, http).await;
+                    {
+                        let mut last = keep.lock().unwrap_or_else(|p| p.into_inner());
+                        if let Some(cpu) = s.cpu_seconds {
+                            last.cpu_seconds = Some(cpu);
+                        }
+                        if !s.metrics.is_empty() {
+                            last.metrics = s.metrics;
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }));
+            latest.push(slot);
+        }
+        Samplers { latest, tasks }
+    }
+
+    /// Stops sampling and returns each node's latest sample.
+    pub fn finish(self) -> Vec<NodeSample> {
+        for t in &self.tasks {
+            t.abort();
+        }
+        self.latest.iter().map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).clone()).collect()
+    }
+}
+
+/// Waits until the nodes own every shard between them, each some, and the
+/// split held for two readings in a row (the first node took them all, the
+/// others get their share as it releases its extras).
+pub async fn wait_settled(
+    nodes: &[(Option<u32>, SocketAddr)],
+    shard_count: u64,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    let mut last: Option<Vec<u64>> = None;
+    loop {
+        let mut owned = Vec::new();
+        for &(pid, http) in nodes {
+            owned.push(read_node(pid, http).await.owned_shards().unwrap_or(0.0) as u64);
+        }
+        let settled = owned.iter().sum::<u64>() == shard_count && owned.iter().all(|&o| o > 0);
+        if settled && last.as_ref() == Some(&owned) {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "the {} nodes did not split the {shard_count} shards within {timeout:?}: they own {owned:?}",
+                nodes.len()
+            );
+        }
+        last = settled.then_some(owned);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// The fault as it happened.
+#[derive(Debug, Clone, Serialize)]
+pub struct FaultReport {
+    pub kind: NodeFault,
+    /// Index of the node (0-based; the last one).
+    pub node: usize,
+    /// Seconds after the first publish.
+    pub at_seconds: f64,
+    /// Distinct deliveries that had arrived then.
+    pub delivered_before: u64,
+    /// `pause`: how long the node was frozen.
+    pub paused_seconds: Option<f64>,
+}
+
+/// Waits until `threshold` distinct deliveries arrived, then kills `engine`
+/// (SIGKILL) or freezes it for `pause` (SIGSTOP, then SIGCONT). `None` when
+/// `gave_up` was set first (the run ended without reaching the threshold).
+#[allow(clippy::too_many_arguments)]
+pub async fn inject(
+    kind: NodeFault,
+    engine: &mut launcher::Engine,
+    node: usize,
+    collector: &Collector,
+    threshold: u64,
+    pause: Duration,
+    started: Instant,
+    gave_up: &AtomicBool,
+) -> anyhow::Result<Option<FaultReport>> {
+    while collector.counts().distinct < threshold {
+        if gave_up.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let at_seconds = started.elapsed().as_secs_f64();
+    let delivered_before = collector.counts().distinct;
+    let paused_seconds = match kind {
+        NodeFault::Kill => {
+            engine.kill9();
+            None
+        }
+        NodeFault::Pause => {
+            engine.pause()?;
+            tokio::time::sleep(pause).await;
+            engine.resume()?;
+            Some(pause.as_secs_f64())
+        }
+    };
+    Ok(Some(FaultReport { kind, node, at_seconds, delivered_before, paused_seconds }))
+}
+
+/// One node's share of the run.
+#[derive(Debug, Clone, Serialize)]
+pub struct NodeReport {
+    pub index: usize,
+    pub grpc: String,
+    pub pid: Option<u32>,
+    /// "killed" or "paused" for the node the fault hit.
+    pub fault: Option<String>,
+    pub registration_rpcs: u64,
+    /// Its RPCs over the whole setup's duration.
+    pub registration_rpcs_per_second: f64,
+    pub envelopes_stored: u64,
+    /// Its acknowledged envelopes over the whole publish phase.
+    pub envelopes_per_second: f64,
+    /// `fanout_deliveries_total{outcome="delivered"}` during the delivery
+    /// phase (up to its last sample when it was killed).
+    pub deliveries: f64,
+    pub deliveries_per_second: f64,
+    pub cpu_seconds_delivery: Option<f64>,
+    pub owned_shards_start: f64,
+    pub owned_shards_end: Option<f64>,
+    /// Ownership changes during the publish and delivery phases.
+    pub ownership: Ownership,
+}
+
+/// `--engine-nodes`: every node, the fault, and the handoffs' cost.
+#[derive(Debug, Clone, Serialize)]
+pub struct NodesReport {
+    pub nodes: Vec<NodeReport>,
+    pub fault: Option<FaultReport>,
+    /// Shards acquired by some node during the run: each is a handoff whose
+    /// new owner replayed from the checkpoint.
+    pub handoffs: u64,
+    /// Duplicate deliveries ÷ handoffs.
+    pub duplicates_per_handoff: Option<f64>,
+    /// Deliveries of envelope copies whose publish had an unknown outcome.
+    pub unacknowledged: u64,
+    pub redirects: u64,
+    pub retries: u64,
+    pub unknown_outcome: u64,
+    /// Sum over the nodes of their CPU during the delivery phase.
+    pub engine_cpu_seconds_delivery: f64,
+    /// That, per 1,000 distinct deliveries.
+    pub engine_cpu_seconds_per_1k_deliveries: f64,
+}
+
+/// What [`NodesReport::new`] needs of each node.
+pub struct NodeFigures {
+    pub grpc: String,
+    pub pid: Option<u32>,
+    pub before: NodeSample,
+    pub after: NodeSample,
+    pub ownership_before: Ownership,
+    pub ownership_after: Ownership,
+}
+
+impl NodesReport {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        figures: Vec<NodeFigures>,
+        fault: Option<FaultReport>,
+        setup: &SetupStats,
+        publish: &PublishStats,
+        delivery_seconds: f64,
+        distinct: u64,
+        duplicates: u64,
+        unacknowledged: u64,
+    ) -> NodesReport {
+        let per = |n: f64, s: f64| n / s.max(1e-9);
+        let nodes: Vec<NodeReport> = figures
+            .into_iter()
+            .enumerate()
+            .map(|(index, f)| {
+                let rpcs = setup.rpcs_per_node.get(index).copied().unwrap_or(0);
+                let stored = publish.stored_per_node.get(index).copied().unwrap_or(0);
+                let deliveries = (f.after.delivered() - f.before.delivered()).max(0.0);
+                let cpu = f.after.cpu_seconds.zip(f.before.cpu_seconds).map(|(a, b)| a - b);
+                NodeReport {
+                    index,
+                    grpc: f.grpc,
+                    pid: f.pid,
+                    fault: fault.as_ref().filter(|x| x.node == index).map(|x| match x.kind {
+                        NodeFault::Kill => "killed".into(),
+                        NodeFault::Pause => "paused".into(),
+                    }),
+                    registration_rpcs: rpcs,
+                    registration_rpcs_per_second: per(rpcs as f64, setup.seconds),
+                    envelopes_stored: stored,
+                    envelopes_per_second: per(stored as f64, publish.seconds),
+                    deliveries,
+                    deliveries_per_second: per(deliveries, delivery_seconds),
+                    cpu_seconds_delivery: cpu,
+                    owned_shards_start: f.before.owned_shards().unwrap_or(0.0),
+                    owned_shards_end: match fault.as_ref() {
+                        Some(x) if x.node == index && x.kind == NodeFault::Kill => None,
+                        _ => f.after.owned_shards(),
+                    },
+                    ownership: f.ownership_after.since(f.ownership_before),
+                }
+            })
+            .collect();
+        let handoffs: u64 = nodes.iter().map(|n| n.ownership.acquired).sum();
+        let cpu: f64 = nodes.iter().filter_map(|n| n.cpu_seconds_delivery).sum();
+        NodesReport {
+            handoffs,
+            duplicates_per_handoff: (handoffs > 0).then(|| duplicates as f64 / handoffs as f64),
+            unacknowledged,
+            redirects: publish.redirects,
+            retries: publish.retries,
+            unknown_outcome: publish.unknown_outcome,
+            engine_cpu_seconds_delivery: cpu,
+            engine_cpu_seconds_per_1k_deliveries: cpu * 1000.0 / distinct.max(1) as f64,
+            nodes,
+            fault,
+        }
+    }
+
+    /// The summary's lines.
+    pub fn lines(&self) -> Vec<String> {
+        let mut lines = Vec::new();
+        for n in &self.nodes {
+            let o = &n.ownership;
+            lines.push(format!(
+                "node {} {}{}: {} RPCs ({:.0}/s), {} envelopes ({:.0}/s), {:.0} deliveries ({:.0}/s), CPU {}; \
+                 shards {:.0} -> {}, acquired {} released {} lost {} fenced {}",
+                n.index,
+                n.grpc,
+                n.fault.as_deref().map(|f| format!(" ({f})")).unwrap_or_default(),
+                n.registration_rpcs,
+                n.registration_rpcs_per_second,
+                n.envelopes_stored,
+                n.envelopes_per_second,
+                n.deliveries,
+                n.deliveries_per_second,
+                n.cpu_seconds_delivery.map_or("?".into(), |c| format!("{c:.1} s")),
+                n.owned_shards_start,
+                n.owned_shards_end.map_or("-".into(), |s| format!("{s:.0}")),
+                o.acquired,
+                o.released,
+                o.lost,
+                o.fenced,
+            ));
+        }
+        if let Some(f) = &self.fault {
+            lines.push(format!(
+                "fault: node {} {} at {:.1} s, after {} deliveries{}",
+                f.node,
+                match f.kind {
+                    NodeFault::Kill => "killed (SIGKILL)",
+                    NodeFault::Pause => "paused (SIGSTOP)",
+                },
+                f.at_seconds,
+                f.delivered_before,
+                f.paused_seconds.map(|p| format!(", resumed {p:.1} s later")).unwrap_or_default()
+            ));
+        }
+        lines.push(format!(
+            "handoffs: {} ({}); publish: {} redirected, {} retried, {} of unknown outcome resent ({} deliveries \
+             of unacknowledged copies); engine CPU {:.1} s = {:.2} s per 1k deliveries",
+            self.handoffs,
+            self.duplicates_per_handoff
+                .map_or("no duplicates to share".into(), |d| format!("{d:.1} duplicates per handoff")),
+            self.redirects,
+            self.retries,
+            self.unknown_outcome,
+            self.unacknowledged,
+            self.engine_cpu_seconds_delivery,
+            self.engine_cpu_seconds_per_1k_deliveries
+        ));
+        lines
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ownership_is_read_from_the_log() {
+        let log = "INFO shard lease acquired shard=3\nINFO shard lease acquired shard=4\n\
+                   INFO releasing a shard above the fair share shard=4\nWARN shard lease lost; stopping\n\
+                   WARN shard lease not renewed in time; dispatch paused\n";
+        let o = Ownership::from_log(log);
+        assert_eq!(o, Ownership { acquired: 2, released: 1, lost: 1, fenced: 1 });
+        let before = Ownership { acquired: 1, ..Ownership::default() };
+        assert_eq!(o.since(before).acquired, 1);
+    }
+
+    #[test]
+    fn duplicates_per_handoff_and_cpu_per_delivery() {
+        let sample = |cpu: f64, delivered: f64, owned: f64| NodeSample {
+            cpu_seconds: Some(cpu),
+            metrics: [
+                ("fanout_deliveries_total{channel=\"http\",outcome=\"delivered\"}".to_string(), delivered),
+                ("fanout_owned_shards".to_string(), owned),
+            ]
+            .into_iter()
+            .collect(),
+        };
+        let figures = vec![
+            NodeFigures {
+                grpc: "127.0.0.1:1".into(),
+                pid: Some(1),
+                before: sample(1.0, 0.0, 8.0),
+                after: sample(3.0, 1500.0, 16.0),
+                ownership_before: Ownership { acquired: 16, ..Default::default() },
+                ownership_after: Ownership { acquired: 24, ..Default::default() },
+            },
+            NodeFigures {
+                grpc: "127.0.0.1:2".into(),
+                pid: Some(2),
+                before: sample(1.0, 0.0, 8.0),
+                after: sample(2.0, 500.0, 8.0),
+                ownership_before: Ownership::default(),
+                ownership_after: Ownership::default(),
+            },
+        ];
+        let fault = FaultReport {
+            kind: NodeFault::Kill,
+            node: 1,
+            at_seconds: 1.0,
+            delivered_before: 400,
+            paused_seconds: None,
+        };
+        let setup = SetupStats { seconds: 2.0, rpcs_per_node: vec![10, 10], ..Default::default() };
+        let publish = PublishStats { seconds: 1.0, stored_per_node: vec![5, 7], redirects: 3, ..Default::default() };
+        let r = NodesReport::new(figures, Some(fault), &setup, &publish, 4.0, 2000, 16, 0);
+        assert_eq!(r.handoffs, 8);
+        assert_eq!(r.duplicates_per_handoff, Some(2.0));
+        assert_eq!((r.engine_cpu_seconds_delivery, r.engine_cpu_seconds_per_1k_deliveries), (3.0, 1.5));
+        assert_eq!((r.nodes[0].deliveries_per_second, r.nodes[1].envelopes_per_second), (375.0, 7.0));
+        assert_eq!((r.nodes[1].fault.as_deref(), r.nodes[1].owned_shards_end), (Some("killed"), None));
+        let text = r.lines().join("\n");
+        assert!(text.contains("node 1 127.0.0.1:2 (killed)"), "{text}");
+        assert!(text.contains("8 (2.0 duplicates per handoff)"), "{text}");
+    }
+}
