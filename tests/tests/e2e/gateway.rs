@@ -98,17 +98,7 @@ async fn setup(threshold: u32) -> Setup {
 async fn setup_with(threshold: u32, extra: &str) -> Setup {
     let pki = TestPki::generate(&[]).expect("pki");
     let key = ApnsTestKey::generate().expect("key");
-    let apns = start_mock_apns(
-        &pki,
-        MockApnsConfig {
-            team_id: "TEAM123456".into(),
-            key_id: "KEY1234567".into(),
-            public_key_pem: Some(key.public_pem.clone()),
-            ..Default::default()
-        },
-    )
-    .await
-    .expect("mock APNs");
+    let apns = start_mock_apns(&pki, apns_config(&key)).await.expect("mock APNs");
     let fcm = start_mock_fcm(&pki, MockFcmConfig::default()).await.expect("mock FCM");
     let dir = tempfile::tempdir().expect("tempdir");
     write_files(dir.path(), &pki, &key, &fcm);
@@ -116,6 +106,17 @@ async fn setup_with(threshold: u32, extra: &str) -> Setup {
     let fanout =
         Fanout::start(EngineConfig { extra_tables: config, ..Default::default() }).await.expect("start fanout");
     Setup { fanout, apns, fcm, dir }
+}
+
+/// A mock APNs that accepts the provider tokens of `key` under the key and
+/// team ids [`tables`] configures.
+pub(crate) fn apns_config(key: &ApnsTestKey) -> MockApnsConfig {
+    MockApnsConfig {
+        team_id: "TEAM123456".into(),
+        key_id: "KEY1234567".into(),
+        public_key_pem: Some(key.public_pem.clone()),
+        ..Default::default()
+    }
 }
 
 /// The files [`tables`] names: the APNs key, the CA, the FCM service

@@ -316,11 +316,8 @@ async fn world() -> World {
     let apns = start_mock_apns(
         &pki,
         MockApnsConfig {
-            team_id: "TEAM123456".into(),
-            key_id: "KEY1234567".into(),
-            public_key_pem: Some(key.public_pem.clone()),
             on_request: Some(ApnsHook::new(move |_| on.load(Ordering::SeqCst).then(|| ApnsReply::status(503)))),
-            ..Default::default()
+            ..gateway::apns_config(&key)
         },
     )
     .await
