@@ -6,6 +6,7 @@
 //! delivery of the window has had its first attempt.
 
 mod condition;
+mod pages_ahead;
 mod settings;
 mod shard;
 mod suppression;

@@ -16,6 +16,11 @@ pub struct DispatchSettings {
     pub subscriber_page: NonZeroUsize,
     /// Pages a shard may have awaiting first attempts at once.
     pub max_pages_in_flight: NonZeroUsize,
+    /// Subscriber pages a shard reads ahead of the one it hands out: the
+    /// next page of its current envelope and the first pages of those
+    /// behind it. 0 reads each page when it is needed. On ScyllaDB a page
+    /// read is a round trip, which these overlap.
+    pub subscriber_pages_ahead: usize,
     /// How often an idle shard looks for work it was not woken for.
     #[serde(rename = "poll_interval_ms", deserialize_with = "duration::millis")]
     pub poll_interval: Duration,
@@ -38,6 +43,7 @@ impl Default for DispatchSettings {
             window_envelopes: NonZeroUsize::new(512).unwrap(),
             subscriber_page: NonZeroUsize::new(1000).unwrap(),
             max_pages_in_flight: NonZeroUsize::new(16).unwrap(),
+            subscriber_pages_ahead: 4,
             poll_interval: Duration::from_millis(1000),
             window_timeout: Duration::from_secs(120),
             checkpoint_interval: Duration::from_millis(1000),

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::time::Instant;
 
+use super::pages_ahead::PagesAhead;
 use super::{Decision, DispatchContext, decide, suppression};
 use crate::channel::{Channels, QueueBatch};
 use crate::delivery::{Delivery, FirstAttempt, FirstAttemptLatch};
@@ -60,6 +61,8 @@ struct Window {
     envelopes: VecDeque<Arc<StoredEnvelope>>,
     /// Last subscriber of the front envelope already paged.
     cursor: Option<RecipientId>,
+    /// The reads of the next pages, started before they are needed.
+    ahead: PagesAhead,
     /// The checkpoint this window moves to when complete.
     end: u64,
     /// The checkpoint as this window last wrote it (or found it), and when.
@@ -279,10 +282,14 @@ impl ShardState {
         }
         self.next_window_id += 1;
         let now = Instant::now();
+        let envelopes: VecDeque<Arc<StoredEnvelope>> = envelopes.into_iter().map(Arc::new).collect();
+        let mut ahead = PagesAhead::new(self.ctx.settings.subscriber_pages_ahead);
+        ahead.start(&store, envelopes.iter().map(|e| (e, None)), self.ctx.settings.subscriber_page.get());
         self.window = Some(Window {
             id: self.next_window_id,
-            envelopes: envelopes.into_iter().map(Arc::new).collect(),
+            envelopes,
             cursor: None,
+            ahead,
             end,
             checkpoint: position.checkpoint,
             checkpoint_written: now,
@@ -335,13 +342,15 @@ impl ShardState {
             return self.complete_if_done(myself).await;
         };
         let page_size = ctx.settings.subscriber_page.get();
-        let page = ctx.store.subscribers(&envelope.topic, w.cursor.as_ref(), page_size).await?;
+        let page = w.ahead.take(&ctx.store, &envelope, w.cursor, page_size).await?;
         if page.len() < page_size {
             w.envelopes.pop_front();
             w.cursor = None;
         } else {
             w.cursor = page.last().map(|s| s.recipient.id);
         }
+        let next = w.envelopes.iter().enumerate().map(|(i, e)| (e, if i == 0 { w.cursor } else { None }));
+        w.ahead.start(&ctx.store, next, page_size);
         // PUSH-257 per subscriber; PUSH-230 for the page at once, so the data
         // is read once per page and hashed once per distinct key.
         let mut candidates = Vec::with_capacity(page.len());
