@@ -6,10 +6,10 @@
 //! delivery of the window has had its first attempt.
 
 mod condition;
-mod pages_ahead;
 mod settings;
 mod shard;
 mod suppression;
+mod window_pages;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::time::Instant;
 
-use super::pages_ahead::PagesAhead;
+use super::window_pages::WindowPages;
 use super::{Decision, DispatchContext, decide, suppression};
 use crate::channel::{Channels, QueueBatch};
 use crate::delivery::{Delivery, FirstAttempt, FirstAttemptLatch};
@@ -61,8 +61,8 @@ struct Window {
     envelopes: VecDeque<Arc<StoredEnvelope>>,
     /// Last subscriber of the front envelope already paged.
     cursor: Option<RecipientId>,
-    /// The reads of the next pages, started before they are needed.
-    ahead: PagesAhead,
+    /// The reads of the next pages, and the pages of small topics.
+    pages_read: WindowPages,
     /// The checkpoint this window moves to when complete.
     end: u64,
     /// The checkpoint as this window last wrote it (or found it), and when.
@@ -283,13 +283,13 @@ impl ShardState {
         self.next_window_id += 1;
         let now = Instant::now();
         let envelopes: VecDeque<Arc<StoredEnvelope>> = envelopes.into_iter().map(Arc::new).collect();
-        let mut ahead = PagesAhead::new(self.ctx.settings.subscriber_pages_ahead);
-        ahead.start(&store, envelopes.iter().map(|e| (e, None)), self.ctx.settings.subscriber_page.get());
+        let mut pages_read = WindowPages::new(self.ctx.settings.subscriber_pages_ahead);
+        pages_read.start(&store, envelopes.iter().map(|e| (&e.topic, None)), self.ctx.settings.subscriber_page.get());
         self.window = Some(Window {
             id: self.next_window_id,
             envelopes,
             cursor: None,
-            ahead,
+            pages_read,
             end,
             checkpoint: position.checkpoint,
             checkpoint_written: now,
@@ -342,25 +342,25 @@ impl ShardState {
             return self.complete_if_done(myself).await;
         };
         let page_size = ctx.settings.subscriber_page.get();
-        let page = w.ahead.take(&ctx.store, &envelope, w.cursor, page_size).await?;
+        let page = w.pages_read.take(&ctx.store, &envelope.topic, w.cursor, page_size).await?;
         if page.len() < page_size {
             w.envelopes.pop_front();
             w.cursor = None;
         } else {
             w.cursor = page.last().map(|s| s.recipient.id);
         }
-        let next = w.envelopes.iter().enumerate().map(|(i, e)| (e, if i == 0 { w.cursor } else { None }));
-        w.ahead.start(&ctx.store, next, page_size);
+        let next = w.envelopes.iter().enumerate().map(|(i, e)| (&e.topic, if i == 0 { w.cursor } else { None }));
+        w.pages_read.start(&ctx.store, next, page_size);
         // PUSH-257 per subscriber; PUSH-230 for the page at once, so the data
         // is read once per page and hashed once per distinct key.
         let mut candidates = Vec::with_capacity(page.len());
-        for subscriber in page {
-            let key = match decide(&envelope, &subscriber, &ctx.channels) {
+        for subscriber in page.iter() {
+            let key = match decide(&envelope, subscriber, &ctx.channels) {
                 Decision::Excluded => continue,
                 Decision::Deliver => None,
                 Decision::DeliverUnlessOwn(key) => Some(key.clone()),
             };
-            candidates.push((subscriber.recipient, key));
+            candidates.push((subscriber.recipient.clone(), key));
         }
         let keys: HashSet<HmacKey> = candidates.iter().filter_map(|(_, key)| key.clone()).collect();
         let own = suppression::own_keys(ctx.store.as_ref(), &envelope, keys).await?;
