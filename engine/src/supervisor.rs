@@ -300,6 +300,7 @@ mod tests {
                 workers,
                 channels,
                 settings,
+                pages_ahead: 2,
                 metrics: metrics.clone(),
                 fence: Fence::default(),
                 panic_hook: PanicHook::new(panic_after),

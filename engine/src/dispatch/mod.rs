@@ -30,6 +30,8 @@ pub struct DispatchContext {
     pub workers: DeliveryWorkers,
     pub channels: Channels,
     pub settings: DispatchSettings,
+    /// Subscriber pages each shard reads ahead (`DispatchSettings::pages_ahead`).
+    pub pages_ahead: usize,
     pub metrics: Arc<Metrics>,
     /// Issue 11: a shard is dispatched only while this node surely holds its lease.
     pub fence: Fence,

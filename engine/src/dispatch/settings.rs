@@ -18,9 +18,10 @@ pub struct DispatchSettings {
     pub max_pages_in_flight: NonZeroUsize,
     /// Subscriber pages a shard reads ahead of the one it hands out: the
     /// next page of its current envelope and the first pages of those
-    /// behind it. 0 reads each page when it is needed. On ScyllaDB a page
-    /// read is a round trip, which these overlap.
-    pub subscriber_pages_ahead: usize,
+    /// behind it. 0 reads each page when it is needed. Unset: 4 on ScyllaDB,
+    /// where a page read is a round trip these overlap, and 0 on redb, whose
+    /// reads are in-process and cost more as tasks than they save.
+    pub subscriber_pages_ahead: Option<usize>,
     /// How often an idle shard looks for work it was not woken for.
     #[serde(rename = "poll_interval_ms", deserialize_with = "duration::millis")]
     pub poll_interval: Duration,
@@ -37,16 +38,40 @@ pub struct DispatchSettings {
     pub checkpoint_interval: Duration,
 }
 
+/// `subscriber_pages_ahead` unset, on a store reached over the network.
+/// Measured on the delivery scenarios against Cassandra (docs/BENCHMARKS.md).
+const NETWORK_PAGES_AHEAD: usize = 4;
+
+impl DispatchSettings {
+    /// The pages read ahead per shard: as set, else by where the store is.
+    pub fn pages_ahead(&self, networked_store: bool) -> usize {
+        self.subscriber_pages_ahead.unwrap_or(if networked_store { NETWORK_PAGES_AHEAD } else { 0 })
+    }
+}
+
 impl Default for DispatchSettings {
     fn default() -> Self {
         Self {
             window_envelopes: NonZeroUsize::new(512).unwrap(),
             subscriber_page: NonZeroUsize::new(1000).unwrap(),
             max_pages_in_flight: NonZeroUsize::new(16).unwrap(),
-            subscriber_pages_ahead: 4,
+            subscriber_pages_ahead: None,
             poll_interval: Duration::from_millis(1000),
             window_timeout: Duration::from_secs(120),
             checkpoint_interval: Duration::from_millis(1000),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pages_ahead_default_by_where_the_store_is() {
+        let unset = DispatchSettings::default();
+        assert_eq!((unset.pages_ahead(true), unset.pages_ahead(false)), (NETWORK_PAGES_AHEAD, 0));
+        let set = DispatchSettings { subscriber_pages_ahead: Some(0), ..Default::default() };
+        assert_eq!((set.pages_ahead(true), set.pages_ahead(false)), (0, 0));
     }
 }
