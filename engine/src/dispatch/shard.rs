@@ -283,7 +283,7 @@ impl ShardState {
         self.next_window_id += 1;
         let now = Instant::now();
         let envelopes: VecDeque<Arc<StoredEnvelope>> = envelopes.into_iter().map(Arc::new).collect();
-        let mut pages_read = WindowPages::new(self.ctx.pages_ahead);
+        let mut pages_read = WindowPages::new(self.ctx.pages_ahead, envelopes.iter().map(|e| &e.topic));
         pages_read.start(&store, envelopes.iter().map(|e| (&e.topic, None)), self.ctx.settings.subscriber_page.get());
         self.window = Some(Window {
             id: self.next_window_id,

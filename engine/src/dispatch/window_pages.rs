@@ -12,8 +12,9 @@
 //!   in flight per shard.
 //! - *Read once.* A topic whose subscribers fit in one page is read once per
 //!   window, however many of the window's envelopes are on it (a busy group
-//!   sends many), as the window's boundary is read once. Kept pages hold at
-//!   most [`KEPT_SUBSCRIBERS`] subscribers.
+//!   sends many), as the window's boundary is read once. A page is kept
+//!   only while envelopes of its topic are still to come, and kept pages
+//!   hold at most [`KEPT_SUBSCRIBERS`] subscribers.
 //!
 //! A page read earlier holds what a later read would for the window's
 //! envelopes, all stored before it began: a subscription added in between
@@ -45,15 +46,33 @@ type PageRead = JoinHandle<Result<Vec<Subscriber>, StoreError>>;
 pub(super) struct WindowPages {
     ahead: usize,
     reads: HashMap<PageKey, PageRead>,
-    /// Whole topics (their only page), read in this window.
-    kept: HashMap<Topic, PageOf>,
+    /// The topics of more than one of the window's envelopes.
+    repeats: HashMap<Topic, Repeat>,
     kept_subscribers: usize,
 }
 
+/// A topic the window holds several envelopes of.
+struct Repeat {
+    /// Its envelopes whose first page is still to be taken.
+    left: usize,
+    /// Its only page, once read (and while there was room for it).
+    page: Option<PageOf>,
+}
+
 impl WindowPages {
-    /// Up to `ahead` reads in flight; 0 reads every page when it is needed.
-    pub(super) fn new(ahead: usize) -> Self {
-        Self { ahead, reads: HashMap::new(), kept: HashMap::new(), kept_subscribers: 0 }
+    /// For a window of envelopes on `topics`, in order; up to `ahead` reads
+    /// in flight (0 reads every page when it is needed).
+    pub(super) fn new<'a>(ahead: usize, topics: impl Iterator<Item = &'a Topic>) -> Self {
+        let mut counts: HashMap<&Topic, usize> = HashMap::new();
+        for topic in topics {
+            *counts.entry(topic).or_default() += 1;
+        }
+        let repeats = counts
+            .into_iter()
+            .filter(|&(_, n)| n > 1)
+            .map(|(topic, left)| (topic.clone(), Repeat { left, page: None }))
+            .collect();
+        Self { ahead, reads: HashMap::new(), repeats, kept_subscribers: 0 }
     }
 
     /// The page of `topic` after `cursor`: kept, read ahead, or read now.
@@ -64,13 +83,20 @@ impl WindowPages {
         cursor: Option<RecipientId>,
         limit: usize,
     ) -> Result<PageOf, StoreError> {
-        if cursor.is_none()
-            && let Some(page) = self.kept.get(topic)
-        {
-            return Ok(page.clone());
+        let repeat = if cursor.is_none() { self.repeats.get_mut(topic) } else { None };
+        if let Some(r) = repeat {
+            r.left = r.left.saturating_sub(1);
+            if let Some(page) = r.page.clone() {
+                if r.left == 0 {
+                    // Its last envelope: the page is not needed any more.
+                    self.kept_subscribers -= page.len();
+                    self.repeats.remove(topic);
+                }
+                return Ok(page);
+            }
         }
-        let key = (topic.clone(), cursor);
-        let page = match self.reads.remove(&key) {
+        let read = if self.reads.is_empty() { None } else { self.reads.remove(&(topic.clone(), cursor)) };
+        let page = match read {
             Some(read) => match read.await {
                 Ok(page) => page?,
                 // The read panicked: read again here, where a panic is the pump's own.
@@ -82,10 +108,14 @@ impl WindowPages {
             None => store.subscribers(topic, cursor.as_ref(), limit).await?,
         };
         let page = Arc::new(page);
-        // The whole topic, and room for it: keep it for this window's other envelopes.
-        if cursor.is_none() && page.len() < limit && self.kept_subscribers + page.len() <= KEPT_SUBSCRIBERS {
+        // The whole topic, wanted again, and room for it: keep it.
+        if cursor.is_none()
+            && page.len() < limit
+            && self.kept_subscribers + page.len() <= KEPT_SUBSCRIBERS
+            && let Some(r) = self.repeats.get_mut(topic).filter(|r| r.left > 0)
+        {
             self.kept_subscribers += page.len();
-            self.kept.insert(key.0, page.clone());
+            r.page = Some(page.clone());
         }
         Ok(page)
     }
@@ -104,7 +134,7 @@ impl WindowPages {
             if self.reads.len() >= self.ahead {
                 return;
             }
-            if cursor.is_none() && self.kept.contains_key(topic) {
+            if cursor.is_none() && self.repeats.get(topic).is_some_and(|r| r.page.is_some()) {
                 continue;
             }
             let key = (topic.clone(), cursor);
@@ -165,7 +195,7 @@ mod tests {
     #[tokio::test]
     async fn a_page_read_ahead_is_the_page_read_now() {
         let (store, topics, _dir) = store_with(6, 5).await;
-        let mut pages = WindowPages::new(3);
+        let mut pages = WindowPages::new(3, topics.iter());
         pages.start(&store, topics.iter().map(|t| (t, None)), 2);
         assert_eq!(pages.in_flight(), 3, "at most `ahead` reads start");
         let first = pages.take(&store, &topics[0], None, 2).await.unwrap();
@@ -186,8 +216,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_whole_topic_is_read_once_per_window() {
-        let (store, topics, _dir) = store_with(2, 3).await;
-        let mut pages = WindowPages::new(4);
+        let (store, topics, _dir) = store_with(3, 3).await;
+        // Envelopes on topics 0, 1, 0, 1, 2, 0.
+        let window = [0, 1, 0, 1, 2, 0].map(|t| &topics[t]);
+        let mut pages = WindowPages::new(4, window.into_iter());
         let whole = pages.take(&store, &topics[0], None, 10).await.unwrap();
         assert_eq!(whole.len(), 3);
         // A full first page is not the whole topic: read again each time.
@@ -199,15 +231,23 @@ mod tests {
         pages.start(&store, [(&topics[0], None)].into_iter(), 10);
         assert_eq!(pages.in_flight(), 0, "a kept topic is not read ahead");
         assert_eq!(pages.take(&store, &topics[1], None, 3).await.unwrap().len(), 2, "read now");
+        // A topic of one envelope is not kept.
+        let single = pages.take(&store, &topics[2], None, 10).await.unwrap();
+        assert_eq!(pages.kept_subscribers, 3, "only topic 0's page is kept");
+        assert_eq!(single.len(), 2);
+        // Its last envelope takes it and lets it go.
+        assert!(Arc::ptr_eq(&whole, &pages.take(&store, &topics[0], None, 10).await.unwrap()));
+        assert_eq!(pages.kept_subscribers, 0);
         // The next window reads it again.
-        let mut next = WindowPages::new(4);
+        let mut next = WindowPages::new(4, [&topics[0]].into_iter());
         assert_eq!(next.take(&store, &topics[0], None, 10).await.unwrap().len(), 2);
     }
 
     #[tokio::test]
     async fn kept_pages_are_bounded() {
         let (store, topics, _dir) = store_with(2, 3).await;
-        let mut pages = WindowPages::new(0);
+        let window = [0, 1, 0, 1].map(|t| &topics[t]);
+        let mut pages = WindowPages::new(0, window.into_iter());
         pages.kept_subscribers = KEPT_SUBSCRIBERS - 3;
         let kept = pages.take(&store, &topics[0], None, 10).await.unwrap();
         let over = pages.take(&store, &topics[1], None, 10).await.unwrap();
@@ -218,7 +258,7 @@ mod tests {
     #[tokio::test]
     async fn none_ahead_starts_no_read() {
         let (store, topics, _dir) = store_with(2, 1).await;
-        let mut pages = WindowPages::new(0);
+        let mut pages = WindowPages::new(0, topics.iter());
         pages.start(&store, topics.iter().map(|t| (t, None)), 10);
         assert_eq!(pages.in_flight(), 0);
         assert_eq!(pages.take(&store, &topics[1], None, 10).await.unwrap().len(), 1);
