@@ -52,12 +52,13 @@ async fn observe<T>(
 }
 
 /// Implements `$trait` for `Instrumented<$inner>`: each line an operation's
-/// metric label and its method, which calls `inner`'s (through
-/// `inner.$part()` when given) inside `observe`. `$labels` names every label,
-/// in order; what follows the lines is the trait's other methods.
+/// metric label and its method, which calls the same method of
+/// `inner.$part()` (`as_ref`: `inner` itself) inside `observe`. `$labels`
+/// names every label, in order; what follows the lines is the trait's other
+/// methods.
 macro_rules! instrumented {
     (
-        $trait:ident for $inner:ty $(, via $part:ident)?, labels $labels:ident {
+        $trait:ident for $inner:ty, via $part:ident, labels $labels:ident {
             $($label:literal: fn $name:ident(&self $(, $arg:ident: $ty:ty)*) -> $ok:ty;)*
         }
         $($other:tt)*
@@ -68,7 +69,7 @@ macro_rules! instrumented {
         #[async_trait]
         impl $trait for Instrumented<$inner> {
             $(async fn $name(&self $(, $arg: $ty)*) -> Result<$ok, StoreError> {
-                observe(&self.metrics, $label, self.inner$(.$part())?.$name($($arg),*)).await
+                observe(&self.metrics, $label, self.inner.$part().$name($($arg),*)).await
             })*
             $($other)*
         }
@@ -76,7 +77,7 @@ macro_rules! instrumented {
 }
 
 instrumented! {
-    Store for dyn Store, labels STORE_OPERATIONS {
+    Store for dyn Store, via as_ref, labels STORE_OPERATIONS {
         "recipient": fn recipient(&self, id: &RecipientId) -> Option<Recipient>;
         "register": fn register(&self, id: &RecipientId, secret_hash: &SecretHash, target: &DeliveryTarget, now_ns: i64)
             -> RecipientSummary;
@@ -152,7 +153,7 @@ instrumented! {
 }
 
 instrumented! {
-    ShardLeases for dyn ShardLeases, labels LEASE_OPERATIONS {
+    ShardLeases for dyn ShardLeases, via as_ref, labels LEASE_OPERATIONS {
         "acquire_lease": fn acquire_lease(&self, shard: ShardId, node: &NodeId, address: &str, ttl: Duration) -> bool;
         "release_lease": fn release_lease(&self, shard: ShardId, node: &NodeId) -> ();
         "lease_owner": fn lease_owner(&self, shard: ShardId) -> Option<(NodeId, String)>;
