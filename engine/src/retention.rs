@@ -75,11 +75,11 @@ pub async fn run_pass(args: &RetentionArgs) {
             tracing::info!(deleted = n, "retention pass deleted expired recipients");
         }
     }
-    if let Ok(n) = args.store.delete_expired_relay(now.as_millis()).await {
+    if let Ok(n) = args.store.relay().delete_expired(now.as_millis()).await {
         args.metrics.relay_records_expired.inc_by(n);
     }
     // Spec 002: expired registrations, notify records and window state.
-    if let Ok(n) = args.store.delete_expired_gateway(now.as_millis()).await
+    if let Ok(n) = args.store.gateway().delete_expired(now.as_millis()).await
         && n > 0
     {
         tracing::debug!(deleted = n, "retention pass deleted expired gateway records");

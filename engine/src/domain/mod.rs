@@ -3,9 +3,11 @@
 mod channel;
 mod envelope;
 mod epoch;
+mod gateway;
 mod ids;
 mod recipient;
 mod registration;
+mod relay;
 mod sender_hmac;
 mod sequence;
 mod subscription;
@@ -19,9 +21,11 @@ pub use envelope::{
     StoredEnvelope,
 };
 pub use epoch::{HMAC_EPOCH_SECONDS, hmac_epoch};
+pub use gateway::{GatewayRegistration, GatewayWakeup, LeasedWakeup, NotifyClaim, NotifyKey, Revoke, RouteKey};
 pub use ids::{RecipientId, RecipientSecret, SecretHash};
 pub use recipient::{Recipient, RecipientSummary, Subscriber};
 pub use registration::{FieldError, LOG_PROVIDER, RegistrationInput, RelayRegistration};
+pub use relay::{RelayClaim, RelayKey, RelaySettled};
 pub use sender_hmac::SenderHmac;
 pub use sequence::{MAX_SEQUENCE_GAP, MAX_SEQUENCE_ID, SequenceRefusal, next_sequence_id};
 pub use subscription::{

@@ -40,10 +40,9 @@ use super::pending::ledger_key;
 use super::schema::PushKey;
 use super::state::{held_batch, update_ledger};
 use crate::channel::{Channels, Outcome, RelayPriority, RelayRefusal, RelayedPush};
-use crate::domain::Channel;
-use crate::domain::Timestamp;
+use crate::domain::{Channel, GatewayRegistration, LeasedWakeup, Timestamp};
 use crate::metrics::Metrics;
-use crate::store::{GatewayRegistration, LeasedWakeup, Store};
+use crate::store::Store;
 use crate::transport::ATTEMPT_TIMEOUT;
 
 /// How long a leased wakeup stays with its worker: three attempt bounds.
@@ -186,7 +185,7 @@ impl Delivery {
             if free > 0 {
                 let now = now_ms();
                 let lease_until = now + LEASE.as_millis() as i64;
-                match self.store.gateway_wakeups_due(now, lease_until, free).await {
+                match self.store.gateway().wakeups_due(now, lease_until, free).await {
                     Ok(due) => {
                         taken = due.len();
                         let late_ms = due.iter().map(|l| now - l.wakeup.not_before_ms).max().unwrap_or(0);
@@ -243,7 +242,7 @@ impl Delivery {
     async fn attempt(&self, leased: &LeasedWakeup) -> Sent {
         let now = now_ms();
         let w = &leased.wakeup;
-        let route = match self.store.gateway_route(&w.route, now).await {
+        let route = match self.store.gateway().route(&w.route, now).await {
             Ok(route) => route,
             Err(_) => return self.retry(&leased, Duration::from_secs(1), false).await,
         };
@@ -295,7 +294,7 @@ impl Delivery {
         match outcome {
             Ok(Outcome::Delivered) => self.finish(&leased, Sent::Delivered).await,
             Ok(Outcome::Terminal) => {
-                if let Err(e) = self.store.gateway_mark_token_invalid(&w.route, &w.registration_id).await {
+                if let Err(e) = self.store.gateway().mark_token_invalid(&w.route, &w.registration_id).await {
                     tracing::warn!(error = %e, "cannot mark a dead push token");
                 }
                 self.finish(&leased, Sent::DeadToken).await
@@ -328,7 +327,7 @@ impl Delivery {
         if not_before >= leased.wakeup.expires_at_ms {
             return self.finish(leased, Sent::Exhausted).await;
         }
-        match self.store.gateway_wakeup_reschedule(leased, not_before, attempts).await {
+        match self.store.gateway().wakeup_reschedule(leased, not_before, attempts).await {
             Ok(true) => self.change_ledger(leased, now, |l| l.reschedule(&leased.wakeup.id, not_before, now)).await,
             Ok(false) => {}
             // The lease runs out and the wakeup is taken again.
@@ -339,7 +338,7 @@ impl Delivery {
 
     /// Deletes a finished wakeup (and its ledger entry): `sent` says why.
     async fn finish(&self, leased: &LeasedWakeup, sent: Sent) -> Sent {
-        match self.store.gateway_wakeup_delete(leased).await {
+        match self.store.gateway().wakeup_delete(leased).await {
             // Not ours any more (the lease ran out): its holder finishes it.
             Ok(false) => {}
             Ok(true) => {
@@ -376,9 +375,10 @@ mod tests {
 
     use super::*;
     use crate::channel::{Provider, Push};
+    use crate::domain::{GatewayWakeup, NotifyClaim, NotifyKey, Revoke};
     use crate::gateway::identity::{PushSecret, SaltEpochId, SaltSecrets};
     use crate::gateway::pending::{Admission, PendingWakeups};
-    use crate::store::{GatewayWakeup, NotifyClaim, NotifyKey, RedbStore};
+    use crate::store::RedbStore;
 
     /// FCM answering from a script; records what it was asked to send.
     struct Scripted {
@@ -442,7 +442,7 @@ mod tests {
             expires_at_ms: now + 3_600_000,
             token_invalid: false,
         };
-        store.gateway_register(&registration).await.unwrap();
+        store.gateway().register(&registration).await.unwrap();
         Setup { _dir: dir, store, provider, delivery, registration, metrics }
     }
 
@@ -464,7 +464,7 @@ mod tests {
     async fn leased(s: &Setup, registration_id: &str) -> LeasedWakeup {
         let now = now_ms();
         let key = NotifyKey { tenant: "station".into(), idempotency_key: format!("k-{now}-{registration_id}") };
-        let claim = s.store.gateway_notify_claim(&key, &[1; 32], now, now + 30_000, now + 60_000).await.unwrap();
+        let claim = s.store.gateway().notify_claim(&key, &[1; 32], now, now + 30_000, now + 60_000).await.unwrap();
         assert_eq!(claim, NotifyClaim::Claimed);
         let wakeup = GatewayWakeup {
             id: format!("{:032x}", rand::random::<u128>()),
@@ -481,8 +481,8 @@ mod tests {
         update_ledger(s.store.as_ref(), "station", &ledger_key_of(s), now, |l| l.add(&id, now, expires, now))
             .await
             .unwrap();
-        assert!(s.store.gateway_notify_commit(&key, now + 30_000, b"{}", &[wakeup], now + 60_000).await.unwrap());
-        let mut due = s.store.gateway_wakeups_due(now, now + 30_000, 10).await.unwrap();
+        assert!(s.store.gateway().notify_commit(&key, now + 30_000, b"{}", &[wakeup], now + 60_000).await.unwrap());
+        let mut due = s.store.gateway().wakeups_due(now, now + 30_000, 10).await.unwrap();
         assert_eq!(due.len(), 1);
         due.remove(0)
     }
@@ -493,7 +493,7 @@ mod tests {
 
     /// The device's pending ledger as stored.
     async fn ledger(s: &Setup) -> PendingWakeups {
-        let held = s.store.gateway_state("station", &ledger_key_of(s), now_ms()).await.unwrap();
+        let held = s.store.gateway().state("station", &ledger_key_of(s), now_ms()).await.unwrap();
         held.map(|b| serde_json::from_slice(&b).unwrap()).unwrap_or_default()
     }
 
@@ -502,7 +502,7 @@ mod tests {
     }
 
     async fn nothing_due(s: &Setup, at_ms: i64) -> bool {
-        s.store.gateway_wakeups_due(at_ms, at_ms + 1, 10).await.unwrap().is_empty()
+        s.store.gateway().wakeups_due(at_ms, at_ms + 1, 10).await.unwrap().is_empty()
     }
 
     #[tokio::test]
@@ -536,7 +536,7 @@ mod tests {
         let mut first = leased(&s, "reg-1").await;
         first.wakeup.collapse_key = accepted_in.clone();
         assert_eq!(s.delivery.send(first).await, Sent::Retried);
-        let mut due = s.store.gateway_wakeups_due(now_ms() + 2_000, now_ms() + 32_000, 10).await.unwrap();
+        let mut due = s.store.gateway().wakeups_due(now_ms() + 2_000, now_ms() + 32_000, 10).await.unwrap();
         let mut retry = due.remove(0);
         retry.wakeup.collapse_key = accepted_in.clone();
         assert_eq!(s.delivery.send(retry).await, Sent::Delivered);
@@ -555,7 +555,7 @@ mod tests {
         let s = setup(vec![Outcome::Terminal]).await;
         let w = leased(&s, "reg-1").await;
         assert_eq!(s.delivery.send(w).await, Sent::DeadToken);
-        let route = s.store.gateway_route(&s.registration.route_key(), now_ms()).await.unwrap().unwrap();
+        let route = s.store.gateway().route(&s.registration.route_key(), now_ms()).await.unwrap().unwrap();
         assert!(route.token_invalid);
         assert!(nothing_due(&s, now_ms() + 3_600_000).await);
     }
@@ -568,7 +568,7 @@ mod tests {
         let before = now_ms();
         assert_eq!(s.delivery.send(w).await, Sent::Retried);
         assert!(nothing_due(&s, before + 4_000).await, "not before the provider's delay");
-        let mut due = s.store.gateway_wakeups_due(before + 6_000, before + 36_000, 10).await.unwrap();
+        let mut due = s.store.gateway().wakeups_due(before + 6_000, before + 36_000, 10).await.unwrap();
         assert_eq!(due.len(), 1);
         assert_eq!(due[0].wakeup.attempts, 1);
         // Still pending for its device, next tried after the delay: a
@@ -592,8 +592,8 @@ mod tests {
         let stale = leased(&s, "reg-0").await;
         assert_eq!(s.delivery.send(stale).await, Sent::Revoked);
         let w = leased(&s, "reg-1").await;
-        let revoke = crate::store::Revoke { route: s.registration.route_key(), push_key: None, app_id: None };
-        assert!(s.store.gateway_unregister(&revoke).await.unwrap());
+        let revoke = Revoke { route: s.registration.route_key(), push_key: None, app_id: None };
+        assert!(s.store.gateway().unregister(&revoke).await.unwrap());
         assert_eq!(s.delivery.send(w).await, Sent::Revoked);
         assert!(s.provider.sent.lock().unwrap().is_empty());
         assert!(ledger(&s).await.is_empty(now_ms()));

@@ -31,9 +31,9 @@ use super::schema::{NotifyHeaders, NotifyLimits, NotifyRequest, RegisterDevice, 
 use super::settings::GatewaySettings;
 use super::state::{batch_id, hex32, update_ledger, update_state};
 use crate::channel::Channels;
-use crate::domain::Timestamp;
+use crate::domain::{GatewayRegistration, GatewayWakeup, NotifyClaim, NotifyKey, Revoke, RouteKey, Timestamp};
 use crate::metrics::Metrics;
-use crate::store::{GatewayRegistration, GatewayWakeup, NotifyClaim, NotifyKey, Revoke, RouteKey, Store, StoreError};
+use crate::store::{Store, StoreError};
 
 /// Requests handled at once by default.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 256;
@@ -246,7 +246,7 @@ impl GatewayService {
             expires_at_ms,
             token_invalid: false,
         };
-        let superseded = self.store.gateway_register(&registration).await.map_err(|_| StationError::Storage)?;
+        let superseded = self.store.gateway().register(&registration).await.map_err(|_| StationError::Storage)?;
         let change = if superseded.is_some() { StationChange::Superseded } else { StationChange::Registered };
         self.metrics.gateway.registrations.with_label_values(&[change.as_str()]).inc();
         Ok(Registered { push_target_id, registration_id, expires_at_ms })
@@ -271,7 +271,7 @@ impl GatewayService {
             push_key: request.push_key.clone(),
             app_id: request.app_id.clone(),
         };
-        let revoked = self.store.gateway_unregister(&revoke).await.map_err(|_| StationError::Storage)?;
+        let revoked = self.store.gateway().unregister(&revoke).await.map_err(|_| StationError::Storage)?;
         let change = if revoked { StationChange::Revoked } else { StationChange::NotRegistered };
         self.metrics.gateway.registrations.with_label_values(&[change.as_str()]).inc();
         Ok(())
@@ -307,7 +307,7 @@ impl GatewayService {
         let now = now_ms();
         let lease_until = now + CLAIM_LEASE.as_millis() as i64;
         let expires_at = now.saturating_add(self.settings.idempotency_retention.as_millis() as i64);
-        let claim = self.store.gateway_notify_claim(&key, &request.digest.0, now, lease_until, expires_at).await?;
+        let claim = self.store.gateway().notify_claim(&key, &request.digest.0, now, lease_until, expires_at).await?;
         match claim {
             NotifyClaim::Claimed => {}
             NotifyClaim::Replay(response) => return Ok(response),
@@ -325,12 +325,12 @@ impl GatewayService {
         let (response, wakeups) = match decided {
             Ok(d) => d,
             Err(e) => {
-                let _ = self.store.gateway_notify_release(&key, lease_until).await;
+                let _ = self.store.gateway().notify_release(&key, lease_until).await;
                 return Err(e.into());
             }
         };
         let body = response.to_json();
-        if !self.store.gateway_notify_commit(&key, lease_until, &body, &wakeups, expires_at).await? {
+        if !self.store.gateway().notify_commit(&key, lease_until, &body, &wakeups, expires_at).await? {
             // Our claim ran out and another request took it over: its
             // answer stands; this caller retries and gets it. (Its wakeups
             // have this request's ids, so the ledger entries are its.)
@@ -375,7 +375,8 @@ impl GatewayService {
         // Registrations of a retired salt epoch no longer resolve (§2.2).
         let registrations: Vec<_> = self
             .store
-            .gateway_target(source.as_str(), &target.to_string(), now)
+            .gateway()
+            .target(source.as_str(), &target.to_string(), now)
             .await?
             .into_iter()
             .filter(|r| SaltEpochId::parse(&r.salt_epoch_id).is_ok_and(|e| self.secrets.get(&e).is_some()))
@@ -444,7 +445,7 @@ impl GatewayService {
         let dedup = DedupKey::derive(secret, scope, window);
         let marker = [b"d".as_slice(), dedup.as_bytes()].concat();
         let taken_by_other = |held: Option<Vec<u8>>| held.is_some_and(|h| h != owner[..]);
-        if taken_by_other(self.store.gateway_state(tenant, &marker, now).await?) {
+        if taken_by_other(self.store.gateway().state(tenant, &marker, now).await?) {
             return Ok(DeviceOutcome::Duplicate);
         }
 
@@ -463,8 +464,8 @@ impl GatewayService {
         }
 
         let keep = window_end + self.settings.window.as_millis() as i64;
-        if !self.store.gateway_state_cas(tenant, &marker, None, owner, now, keep).await?
-            && taken_by_other(self.store.gateway_state(tenant, &marker, now).await?)
+        if !self.store.gateway().state_cas(tenant, &marker, None, owner, now, keep).await?
+            && taken_by_other(self.store.gateway().state(tenant, &marker, now).await?)
         {
             return Ok(DeviceOutcome::Duplicate);
         }
@@ -557,7 +558,7 @@ impl GatewayService {
         key: &[u8],
         now: i64,
     ) -> Result<T, StoreError> {
-        let held = self.store.gateway_state(tenant, key, now).await?;
+        let held = self.store.gateway().state(tenant, key, now).await?;
         Ok(held.as_deref().and_then(|b| serde_json::from_slice(b).ok()).unwrap_or_default())
     }
 

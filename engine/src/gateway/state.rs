@@ -1,4 +1,4 @@
-//! The gateway's window state in the store (`Store::gateway_state`): a
+//! The gateway's window state in the store (`GatewayStore::state`): a
 //! read-modify-write by compare-and-set, each device's pending-wakeup ledger,
 //! and the payload a batch wakeup holds. The notify service and the delivery
 //! worker both change it.
@@ -9,7 +9,8 @@ use sha2::{Digest, Sha256};
 
 use super::egress::WakeupPayload;
 use super::pending::PendingWakeups;
-use crate::store::{GatewayWakeup, Store, StoreError};
+use crate::domain::GatewayWakeup;
+use crate::store::{Store, StoreError};
 
 /// Compare-and-set attempts of one state change.
 const STATE_ATTEMPTS: usize = 16;
@@ -29,11 +30,11 @@ where
     T: Serialize + DeserializeOwned + Default,
 {
     for _ in 0..STATE_ATTEMPTS {
-        let old = store.gateway_state(tenant, key, now).await?;
+        let old = store.gateway().state(tenant, key, now).await?;
         let mut value: T = old.as_deref().and_then(|b| serde_json::from_slice(b).ok()).unwrap_or_default();
         let result = change(&mut value);
         let new = serde_json::to_vec(&value).expect("state serializes");
-        if store.gateway_state_cas(tenant, key, old.as_deref(), &new, now, expires_at_ms(&value)).await? {
+        if store.gateway().state_cas(tenant, key, old.as_deref(), &new, now, expires_at_ms(&value)).await? {
             return Ok(result);
         }
     }
@@ -60,7 +61,7 @@ pub async fn held_batch(store: &dyn Store, wakeup: &GatewayWakeup, now: i64) -> 
     if !is_batch_id(&wakeup.id) {
         return None;
     }
-    let held = store.gateway_state(&wakeup.route.tenant, wakeup.id.as_bytes(), now).await.ok()??;
+    let held = store.gateway().state(&wakeup.route.tenant, wakeup.id.as_bytes(), now).await.ok()??;
     let payload: Option<WakeupPayload> = serde_json::from_slice(&held).ok()?;
     payload.map(|p| serde_json::to_vec(&p).expect("a payload serializes"))
 }

@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use super::error::IngressError;
 use super::request::Webhook;
-use crate::domain::Timestamp;
-use crate::store::{RelayClaim, RelayKey, RelaySettled, Store};
+use crate::domain::{RelayClaim, RelayKey, RelaySettled, Timestamp};
+use crate::store::Store;
 use crate::transport::ATTEMPT_TIMEOUT;
 
 /// A claim outlives its attempt (bounded to ATTEMPT_TIMEOUT) with room for
@@ -64,7 +64,8 @@ impl Ledger {
         // The instrumented store counts and logs a backend failure.
         let claimed = self
             .store
-            .relay_claim(&key, now, lease_until_ms, expires_at_ms)
+            .relay()
+            .claim(&key, now, lease_until_ms, expires_at_ms)
             .await
             .map_err(|_| IngressError::Storage)?;
         match claimed {
@@ -79,10 +80,10 @@ impl Ledger {
     /// A failure is logged (by the instrumented store) and otherwise
     /// ignored: the claim then runs out and a retry sends again.
     pub(super) async fn settle(&self, claim: &Claim, settled: RelaySettled) {
-        let _ = self.store.relay_settle(&claim.key, claim.lease_until_ms, settled, claim.expires_at_ms).await;
+        let _ = self.store.relay().settle(&claim.key, claim.lease_until_ms, settled, claim.expires_at_ms).await;
     }
 
     pub(super) async fn release(&self, claim: &Claim) {
-        let _ = self.store.relay_release(&claim.key, claim.lease_until_ms).await;
+        let _ = self.store.relay().release(&claim.key, claim.lease_until_ms).await;
     }
 }

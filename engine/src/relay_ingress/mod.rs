@@ -37,9 +37,9 @@ use self::idempotency::{Claimed, Ledger};
 use self::request::Webhook;
 use self::signature::{SignatureError, SignatureHeader};
 use crate::channel::{BuildError, Channels, Outcome, Provider, RelayRefusal, RelayedPush};
-use crate::domain::Channel;
+use crate::domain::{Channel, RelaySettled};
 use crate::metrics::Metrics;
-use crate::store::{RelaySettled, Store};
+use crate::store::Store;
 use crate::transport::ATTEMPT_TIMEOUT;
 
 pub use self::error::IngressError;

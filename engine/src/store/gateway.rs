@@ -1,165 +1,117 @@
-//! The push gateway's durable records (spec 002, issue 14), as the `Store`
-//! trait sees them: plain strings and bytes, checked by `crate::gateway`
-//! before they get here.
-//!
-//! - **Registrations** (§3.1–3.3): one current route per (tenant, account,
-//!   device); a new registration atomically supersedes the old one, so there
-//!   are never two current routes. Found by (tenant, push_target_id) for
-//!   notify. A registration counts only until its `expires_at`.
-//! - **Notify records** (§5.2 idempotency): per (tenant, Idempotency-Key) the
-//!   SHA-256 of the body and the stored response, claimed with a lease like
-//!   the relay ingress's records, committed together with the request's
-//!   wakeups.
-//! - **Wakeups** (§5.2 `accepted` is a durable takeover): stored before the
-//!   answer, leased by the delivery workers, rescheduled or deleted by the
-//!   lease holder only.
-//! - **Window state** (§2.4, §4.5, §5.1): small values under (tenant, key)
-//!   with an expiry, changed by compare-and-set: the per-window dedup
-//!   markers, the aggressive-wakeup counters and the count-bucket dwell.
-//!
-//! The tenant is the authenticated Source-Service-ID (§3.4 "以 authenticated
-//! Source-Service-ID 为顶层 tenant partition"): every key starts with it.
+//! Spec 002: the push gateway's records (`domain::gateway` says what each
+//! is), every key under its tenant.
 
-/// One registration. Debug shows no value: push keys, account and device ids
-/// never reach a log line.
-#[derive(Clone, PartialEq, Eq)]
-pub struct GatewayRegistration {
-    /// The Station service id the registration belongs to (tenant partition).
-    pub tenant: String,
-    /// The authenticated session's AccountId (never from a request body).
-    pub account_id: String,
-    pub device_id: String,
-    /// Opaque, ≥ 128 random bits, new for every registration.
-    pub registration_id: String,
-    pub push_target_id: String,
-    /// The configured provider route the push key belongs to.
-    pub push_route_id: String,
-    pub salt_epoch_id: String,
-    /// The provider token.
-    pub push_key: String,
-    pub platform: Option<String>,
-    pub app_id: Option<String>,
-    pub visible_opt_in: bool,
-    pub created_at_ms: i64,
-    pub expires_at_ms: i64,
-    /// The provider declared the token dead: notify answers
-    /// `push_token_invalid` for this device until it registers again.
-    pub token_invalid: bool,
-}
+use async_trait::async_trait;
 
-impl std::fmt::Debug for GatewayRegistration {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GatewayRegistration")
-            .field("expires_at_ms", &self.expires_at_ms)
-            .field("token_invalid", &self.token_invalid)
-            .finish_non_exhaustive()
-    }
-}
+use super::StoreError;
+use crate::domain::{GatewayRegistration, GatewayWakeup, LeasedWakeup, NotifyClaim, NotifyKey, Revoke, RouteKey};
 
-/// The key of one current route. Debug shows nothing.
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct RouteKey {
-    pub tenant: String,
-    pub account_id: String,
-    pub device_id: String,
-}
+/// The gateway records of a backend: `Store::gateway`.
+#[async_trait]
+pub trait GatewayStore: Send + Sync {
+    /// §3.1: stores `registration` as the current route of its (tenant,
+    /// account, device) in one atomic step, superseding the previous one,
+    /// whose push_target_id then no longer finds it: never two current
+    /// routes. Returns the superseded registration's id.
+    async fn register(&self, registration: &GatewayRegistration) -> Result<Option<String>, StoreError>;
 
-impl std::fmt::Debug for RouteKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("RouteKey(..)")
-    }
-}
+    /// §3.2: deletes the current route of `revoke.route` when it has the
+    /// push key and app id the request names (either may be left out).
+    /// Returns whether it deleted one.
+    async fn unregister(&self, revoke: &Revoke) -> Result<bool, StoreError>;
 
-impl GatewayRegistration {
-    pub fn route_key(&self) -> RouteKey {
-        RouteKey { tenant: self.tenant.clone(), account_id: self.account_id.clone(), device_id: self.device_id.clone() }
-    }
-}
+    /// The current route of a device while `expires_at > now_ms`.
+    async fn route(&self, route: &RouteKey, now_ms: i64) -> Result<Option<GatewayRegistration>, StoreError>;
 
-/// Which current route an unregister removes (§3.2): the device's, narrowed
-/// to a push key and app id when the request names them.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Revoke {
-    pub route: RouteKey,
-    pub push_key: Option<String>,
-    pub app_id: Option<String>,
-}
+    /// Every current registration of `push_target_id` in `tenant` with
+    /// `expires_at > now_ms`, dead-token marks included, in device id order.
+    async fn target(
+        &self,
+        tenant: &str,
+        push_target_id: &str,
+        now_ms: i64,
+    ) -> Result<Vec<GatewayRegistration>, StoreError>;
 
-impl std::fmt::Debug for Revoke {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Revoke(..)")
-    }
-}
+    /// Marks the route's token dead when its current registration is still
+    /// `registration_id` (a device that registered again keeps its new
+    /// route). Returns whether it marked.
+    async fn mark_token_invalid(&self, route: &RouteKey, registration_id: &str) -> Result<bool, StoreError>;
 
-/// A notify request's idempotency key, per tenant. Debug shows nothing.
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct NotifyKey {
-    pub tenant: String,
-    pub idempotency_key: String,
-}
+    /// §5.2 idempotency, in one atomic step: a live record (`expires_at >
+    /// now_ms`) with another digest answers `Conflict`; with this digest, its
+    /// response when committed (`Replay`) or `Busy` while its claim's lease
+    /// runs; otherwise (none, expired, or a dead claimant's) the caller gets
+    /// a pending claim until `lease_until_ms`, kept until `expires_at_ms`.
+    /// Of concurrent callers at most one gets `Claimed`.
+    async fn notify_claim(
+        &self,
+        key: &NotifyKey,
+        digest: &[u8; 32],
+        now_ms: i64,
+        lease_until_ms: i64,
+        expires_at_ms: i64,
+    ) -> Result<NotifyClaim, StoreError>;
 
-impl std::fmt::Debug for NotifyKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("NotifyKey(..)")
-    }
-}
+    /// Stores `wakeups` (a wakeup whose id is already stored is kept as it
+    /// is: the merge) and the claim's response, kept until `expires_at_ms`.
+    /// False, and the response not stored, when the record is no longer the
+    /// claim with `lease_until_ms`.
+    async fn notify_commit(
+        &self,
+        key: &NotifyKey,
+        lease_until_ms: i64,
+        response: &[u8],
+        wakeups: &[GatewayWakeup],
+        expires_at_ms: i64,
+    ) -> Result<bool, StoreError>;
 
-/// The answer of `Store::gateway_notify_claim`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum NotifyClaim {
-    /// No live record: the caller holds a pending claim until its
-    /// `lease_until_ms`, decides, and commits.
-    Claimed,
-    /// The same body is being handled by another request until `lease_until_ms`.
-    Busy { lease_until_ms: i64 },
-    /// Handled before with the same body: its stored response.
-    Replay(Vec<u8>),
-    /// The key was used with another body (`duplicate_conflict`).
-    Conflict,
-}
+    /// Deletes the pending claim with `lease_until_ms` (nothing was decided:
+    /// a retry of the request starts again). Nothing when it is not that claim.
+    async fn notify_release(&self, key: &NotifyKey, lease_until_ms: i64) -> Result<(), StoreError>;
 
-/// A stored wakeup: what the delivery worker sends to one device route.
-/// The route itself (push key, provider) is read again at send time, so a
-/// revoked or superseded registration is never used (§3.3).
-#[derive(Clone, PartialEq, Eq)]
-pub struct GatewayWakeup {
-    /// 32 characters; the same id stored twice is one wakeup
-    /// (a batch wakeup's id is its device and window's, so later wakeups of
-    /// the window merge into it).
-    pub id: String,
-    pub route: RouteKey,
-    /// The registration the wakeup was accepted for.
-    pub registration_id: String,
-    /// The provider payload, rebuilt from allowed fields only (JSON object).
-    pub payload: Vec<u8>,
-    /// The collapse key (§2.4) of the window the wakeup was accepted in. A
-    /// record, not what is sent: each attempt carries the key of the window
-    /// it is sent in (`gateway::egress::CollapseKeys`).
-    pub collapse_key: String,
-    /// Not sent before (a batch wakeup waits for its window's end; a retry
-    /// for its delay).
-    pub not_before_ms: i64,
-    /// Provider attempts made so far.
-    pub attempts: u32,
-    /// Given up after this.
-    pub expires_at_ms: i64,
-}
+    /// Leases at most `limit` wakeups that are due (`not_before <= now_ms`)
+    /// and not leased (a lease that ran out is taken over: its worker died),
+    /// until `lease_until_ms`. Of concurrent callers one gets each wakeup.
+    async fn wakeups_due(
+        &self,
+        now_ms: i64,
+        lease_until_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<LeasedWakeup>, StoreError>;
 
-impl std::fmt::Debug for GatewayWakeup {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GatewayWakeup")
-            .field("not_before_ms", &self.not_before_ms)
-            .field("attempts", &self.attempts)
-            .field("expires_at_ms", &self.expires_at_ms)
-            .finish_non_exhaustive()
-    }
-}
+    /// Gives a leased wakeup back for a later attempt. False, changing
+    /// nothing, when the lease is no longer the holder's.
+    async fn wakeup_reschedule(
+        &self,
+        leased: &LeasedWakeup,
+        not_before_ms: i64,
+        attempts: u32,
+    ) -> Result<bool, StoreError>;
 
-/// A wakeup a worker leased: only this lease may reschedule or delete it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LeasedWakeup {
-    pub wakeup: GatewayWakeup,
-    pub lease_until_ms: i64,
+    /// Deletes a leased wakeup (sent, or given up). False, changing
+    /// nothing, when the lease is no longer the holder's.
+    async fn wakeup_delete(&self, leased: &LeasedWakeup) -> Result<bool, StoreError>;
+
+    /// A window state value while its `expires_at > now_ms`.
+    async fn state(&self, tenant: &str, key: &[u8], now_ms: i64) -> Result<Option<Vec<u8>>, StoreError>;
+
+    /// Compare-and-set of a window state value: sets `new` until
+    /// `expires_at_ms` when the live value is `expected` (`None`: absent or
+    /// expired). Returns whether it set.
+    async fn state_cas(
+        &self,
+        tenant: &str,
+        key: &[u8],
+        expected: Option<&[u8]>,
+        new: &[u8],
+        now_ms: i64,
+        expires_at_ms: i64,
+    ) -> Result<bool, StoreError>;
+
+    /// Retention: deletes expired registrations, notify records and window
+    /// state. Returns how many it deleted; 0 on a backend whose records
+    /// expire by themselves (ScyllaDB's TTL).
+    async fn delete_expired(&self, now_ms: i64) -> Result<u64, StoreError>;
 }
 
 /// Most bytes of a tenant, account id, device id, key or route field the

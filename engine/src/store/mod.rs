@@ -1,9 +1,14 @@
 //! Durable state. `Store` is the only way the engine touches it; every backend
 //! passes the same conformance suite (`engine/tests/store_conformance`).
+//! Each concern beyond the core has its own trait, reached from the `Store`:
+//! the relay ingress's records (`relay`), the push gateway's (`gateway`) and
+//! shard leases (`leases`).
 
+mod error;
 mod gateway;
 mod instrumented;
 mod redb;
+mod relay;
 mod scylla;
 
 use std::sync::Arc;
@@ -11,12 +16,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-pub use self::gateway::{
-    GatewayRegistration, GatewayWakeup, LeasedWakeup, MAX_GATEWAY_TEXT, NotifyClaim, NotifyKey, Revoke, RouteKey,
-    WAKEUP_QUEUES, wakeup_queue,
-};
+pub use self::error::StoreError;
+pub use self::gateway::GatewayStore;
 pub use self::instrumented::Instrumented;
 pub use self::redb::RedbStore;
+pub use self::relay::RelayStore;
 pub use self::scylla::{Keyspace, MAX_SUBSCRIPTION_CHANGES, Nodes, ScyllaSettings, ScyllaStore};
 use crate::domain::{
     DeliveryTarget, NewEnvelope, Recipient, RecipientId, RecipientSummary, SecretHash, SequenceRefusal, ShardId,
@@ -57,80 +61,6 @@ impl std::fmt::Display for NodeId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.0)
     }
-}
-
-/// Spec 003 §2.5: the relay ingress's idempotency key, a hub's `delivery_id`.
-/// Keyed by hub too, so two hubs can never collide (a hub is trusted only
-/// for its own ids). Debug shows neither value (PUSH-254 style).
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct RelayKey {
-    pub hub_id: String,
-    pub delivery_id: String,
-}
-
-impl std::fmt::Debug for RelayKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("RelayKey(..)")
-    }
-}
-
-/// How a relayed delivery ended, kept for its ttl so a retry of it gets the
-/// same answer without another provider request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RelaySettled {
-    /// The provider accepted the push.
-    Delivered,
-    /// The provider declared the token dead (APNs Unregistered, FCM UNREGISTERED).
-    Gone,
-    /// The provider refused the push for good (bad token for the topic, too large, ...).
-    Rejected,
-}
-
-impl RelaySettled {
-    /// The stored code; 0 is a pending claim.
-    pub fn code(self) -> i8 {
-        match self {
-            Self::Delivered => 1,
-            Self::Gone => 2,
-            Self::Rejected => 3,
-        }
-    }
-
-    pub fn from_code(code: i8) -> Option<Self> {
-        match code {
-            1 => Some(Self::Delivered),
-            2 => Some(Self::Gone),
-            3 => Some(Self::Rejected),
-            _ => None,
-        }
-    }
-}
-
-/// The answer of `Store::relay_claim`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RelayClaim {
-    /// No live record: the caller now holds a pending claim until its
-    /// `lease_until_ms` and makes the provider request.
-    Claimed,
-    /// Another caller holds a pending claim until `lease_until_ms`.
-    Busy { lease_until_ms: i64 },
-    /// Settled within its ttl.
-    Settled(RelaySettled),
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("recipient not found")]
-    NotFound,
-    /// The stored secret hash differs from the presented one (PUSH-253 check 3).
-    #[error("recipient secret does not match")]
-    SecretMismatch,
-    /// Applying the update would exceed max_push_topics (PUSH-217).
-    #[error("subscription limit exceeded")]
-    TopicLimit,
-    /// The backend failed; the message never carries private values.
-    #[error("storage backend error: {0}")]
-    Backend(String),
 }
 
 /// Why a relay registration is removed (003 §1).
@@ -268,147 +198,12 @@ pub trait Store: Send + Sync + 'static {
         after: Option<&RecipientId>,
         limit: usize,
     ) -> Result<Vec<Subscriber>, StoreError>;
-    /// Spec 003 §2.5, in one atomic step: when `key` has a live record
-    /// (`expires_at > now_ms`) that is settled, answer it; when it is a
-    /// pending claim whose lease has not run out (`lease_until > now_ms`),
-    /// answer `Busy`; otherwise (no record, an expired one, or a claim whose
-    /// holder died) store a pending claim until `lease_until_ms`, kept until
-    /// `expires_at_ms`, and answer `Claimed`. Of concurrent callers at most
-    /// one gets `Claimed`.
-    async fn relay_claim(
-        &self,
-        key: &RelayKey,
-        now_ms: i64,
-        lease_until_ms: i64,
-        expires_at_ms: i64,
-    ) -> Result<RelayClaim, StoreError>;
 
-    /// Settles the pending claim `relay_claim` stored with `lease_until_ms`,
-    /// kept until `expires_at_ms`. Changes nothing when the record is no
-    /// longer that claim (another caller took it over after the lease ran out).
-    async fn relay_settle(
-        &self,
-        key: &RelayKey,
-        lease_until_ms: i64,
-        settled: RelaySettled,
-        expires_at_ms: i64,
-    ) -> Result<(), StoreError>;
+    /// The relay ingress's records (spec 003 §2.5).
+    fn relay(&self) -> &dyn RelayStore;
 
-    /// Deletes the pending claim stored with `lease_until_ms` (the provider
-    /// request failed transiently: the hub's retry must send again). Changes
-    /// nothing when the record is no longer that claim.
-    async fn relay_release(&self, key: &RelayKey, lease_until_ms: i64) -> Result<(), StoreError>;
-
-    /// Retention: deletes relay records with `expires_at <= now_ms`. Returns
-    /// how many it deleted; a backend whose records expire by themselves
-    /// (ScyllaDB's TTL) answers 0.
-    async fn delete_expired_relay(&self, now_ms: i64) -> Result<u64, StoreError>;
-
-    // ---- spec 002, the push gateway (`gateway.rs` says what each record is) ----
-
-    /// §3.1: stores `registration` as the current route of its (tenant,
-    /// account, device) in one atomic step, superseding the previous one,
-    /// whose push_target_id then no longer finds it: never two current
-    /// routes. Returns the superseded registration's id.
-    async fn gateway_register(&self, registration: &GatewayRegistration) -> Result<Option<String>, StoreError>;
-
-    /// §3.2: deletes the current route of `revoke.route` when it has the
-    /// push key and app id the request names (either may be left out).
-    /// Returns whether it deleted one.
-    async fn gateway_unregister(&self, revoke: &Revoke) -> Result<bool, StoreError>;
-
-    /// The current route of a device while `expires_at > now_ms`.
-    async fn gateway_route(&self, route: &RouteKey, now_ms: i64) -> Result<Option<GatewayRegistration>, StoreError>;
-
-    /// Every current registration of `push_target_id` in `tenant` with
-    /// `expires_at > now_ms`, dead-token marks included, in device id order.
-    async fn gateway_target(
-        &self,
-        tenant: &str,
-        push_target_id: &str,
-        now_ms: i64,
-    ) -> Result<Vec<GatewayRegistration>, StoreError>;
-
-    /// Marks the route's token dead when its current registration is still
-    /// `registration_id` (a device that registered again keeps its new
-    /// route). Returns whether it marked.
-    async fn gateway_mark_token_invalid(&self, route: &RouteKey, registration_id: &str) -> Result<bool, StoreError>;
-
-    /// §5.2 idempotency, in one atomic step: a live record (`expires_at >
-    /// now_ms`) with another digest answers `Conflict`; with this digest, its
-    /// response when committed (`Replay`) or `Busy` while its claim's lease
-    /// runs; otherwise (none, expired, or a dead claimant's) the caller gets
-    /// a pending claim until `lease_until_ms`, kept until `expires_at_ms`.
-    /// Of concurrent callers at most one gets `Claimed`.
-    async fn gateway_notify_claim(
-        &self,
-        key: &NotifyKey,
-        digest: &[u8; 32],
-        now_ms: i64,
-        lease_until_ms: i64,
-        expires_at_ms: i64,
-    ) -> Result<NotifyClaim, StoreError>;
-
-    /// Stores `wakeups` (a wakeup whose id is already stored is kept as it
-    /// is: the merge) and the claim's response, kept until `expires_at_ms`.
-    /// False, and the response not stored, when the record is no longer the
-    /// claim with `lease_until_ms`.
-    async fn gateway_notify_commit(
-        &self,
-        key: &NotifyKey,
-        lease_until_ms: i64,
-        response: &[u8],
-        wakeups: &[GatewayWakeup],
-        expires_at_ms: i64,
-    ) -> Result<bool, StoreError>;
-
-    /// Deletes the pending claim with `lease_until_ms` (nothing was decided:
-    /// a retry of the request starts again). Nothing when it is not that claim.
-    async fn gateway_notify_release(&self, key: &NotifyKey, lease_until_ms: i64) -> Result<(), StoreError>;
-
-    /// Leases at most `limit` wakeups that are due (`not_before <= now_ms`)
-    /// and not leased (a lease that ran out is taken over: its worker died),
-    /// until `lease_until_ms`. Of concurrent callers one gets each wakeup.
-    async fn gateway_wakeups_due(
-        &self,
-        now_ms: i64,
-        lease_until_ms: i64,
-        limit: usize,
-    ) -> Result<Vec<LeasedWakeup>, StoreError>;
-
-    /// Gives a leased wakeup back for a later attempt. False, changing
-    /// nothing, when the lease is no longer the holder's.
-    async fn gateway_wakeup_reschedule(
-        &self,
-        leased: &LeasedWakeup,
-        not_before_ms: i64,
-        attempts: u32,
-    ) -> Result<bool, StoreError>;
-
-    /// Deletes a leased wakeup (sent, or given up). False, changing
-    /// nothing, when the lease is no longer the holder's.
-    async fn gateway_wakeup_delete(&self, leased: &LeasedWakeup) -> Result<bool, StoreError>;
-
-    /// A window state value while its `expires_at > now_ms`.
-    async fn gateway_state(&self, tenant: &str, key: &[u8], now_ms: i64) -> Result<Option<Vec<u8>>, StoreError>;
-
-    /// Compare-and-set of a window state value: sets `new` until
-    /// `expires_at_ms` when the live value is `expected` (`None`: absent or
-    /// expired). Returns whether it set.
-    async fn gateway_state_cas(
-        &self,
-        tenant: &str,
-        key: &[u8],
-        expected: Option<&[u8]>,
-        new: &[u8],
-        now_ms: i64,
-        expires_at_ms: i64,
-    ) -> Result<bool, StoreError>;
-
-    /// Retention: deletes expired registrations, notify records and window
-    /// state. Returns how many it deleted; 0 on a backend whose records
-    /// expire by themselves (ScyllaDB's TTL).
-    async fn delete_expired_gateway(&self, now_ms: i64) -> Result<u64, StoreError>;
+    /// The push gateway's records (spec 002).
+    fn gateway(&self) -> &dyn GatewayStore;
 
     /// Shard leases when several nodes share this store (issue 7): `None` on
     /// a store that one node owns alone, which then owns every shard.

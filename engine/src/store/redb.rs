@@ -33,13 +33,11 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTran
 
 use self::codec::{OrBackend, ShardRow, corrupt};
 use self::recipient_cache::RecipientCache;
-use super::{
-    Appended, GatewayRegistration, GatewayWakeup, LeasedWakeup, NotifyClaim, NotifyKey, RegistrationRemoval,
-    RelayClaim, RelayKey, RelaySettled, Revoke, RouteKey, ShardLeases, ShardPosition, Store, StoreError,
-};
+use super::{Appended, RegistrationRemoval, ShardLeases, ShardPosition, Store, StoreError};
 use crate::domain::{
-    DeliveryTarget, NewEnvelope, Recipient, RecipientId, RecipientSummary, SecretHash, ShardId, StoredEnvelope,
-    StoredSubscription, Subscriber, SubscriptionUpdate, Topic, next_sequence_id,
+    DeliveryTarget, GatewayRegistration, GatewayWakeup, LeasedWakeup, NewEnvelope, NotifyClaim, NotifyKey, Recipient,
+    RecipientId, RecipientSummary, RelayClaim, RelayKey, RelaySettled, Revoke, RouteKey, SecretHash, ShardId,
+    StoredEnvelope, StoredSubscription, Subscriber, SubscriptionUpdate, Topic, next_sequence_id,
 };
 
 /// The database file inside the configured directory.
@@ -293,6 +291,14 @@ impl Store for RedbStore {
         "redb"
     }
 
+    fn relay(&self) -> &dyn super::RelayStore {
+        self
+    }
+
+    fn gateway(&self) -> &dyn super::GatewayStore {
+        self
+    }
+
     /// One process opens a redb directory: it owns every shard.
     fn leases(self: Arc<Self>) -> Option<Arc<dyn ShardLeases>> {
         None
@@ -467,159 +473,6 @@ impl Store for RedbStore {
         .await
     }
 
-    async fn relay_claim(
-        &self,
-        key: &RelayKey,
-        now_ms: i64,
-        lease_until_ms: i64,
-        expires_at_ms: i64,
-    ) -> Result<RelayClaim, StoreError> {
-        let key = key.clone();
-        self.write(move |txn| relay::claim(txn, &key, now_ms, lease_until_ms, expires_at_ms)).await
-    }
-
-    async fn relay_settle(
-        &self,
-        key: &RelayKey,
-        lease_until_ms: i64,
-        settled: RelaySettled,
-        expires_at_ms: i64,
-    ) -> Result<(), StoreError> {
-        let key = key.clone();
-        self.write(move |txn| relay::settle(txn, &key, lease_until_ms, settled, expires_at_ms)).await
-    }
-
-    async fn relay_release(&self, key: &RelayKey, lease_until_ms: i64) -> Result<(), StoreError> {
-        let key = key.clone();
-        self.write(move |txn| relay::release(txn, &key, lease_until_ms)).await
-    }
-
-    async fn delete_expired_relay(&self, now_ms: i64) -> Result<u64, StoreError> {
-        let mut deleted = 0u64;
-        loop {
-            let n = self.write(move |txn| relay::prune_batch(txn, now_ms)).await?;
-            deleted += n as u64;
-            if n < relay::PRUNE_BATCH_SIZE {
-                return Ok(deleted);
-            }
-        }
-    }
-
-    async fn gateway_register(&self, registration: &GatewayRegistration) -> Result<Option<String>, StoreError> {
-        let registration = registration.clone();
-        self.write(move |txn| gateway::register(txn, &registration)).await
-    }
-
-    async fn gateway_unregister(&self, revoke: &Revoke) -> Result<bool, StoreError> {
-        let revoke = revoke.clone();
-        self.write(move |txn| gateway::unregister(txn, &revoke)).await
-    }
-
-    async fn gateway_route(&self, route: &RouteKey, now_ms: i64) -> Result<Option<GatewayRegistration>, StoreError> {
-        let route = route.clone();
-        self.read(move |txn| gateway::route(txn, &route, now_ms)).await
-    }
-
-    async fn gateway_target(
-        &self,
-        tenant: &str,
-        push_target_id: &str,
-        now_ms: i64,
-    ) -> Result<Vec<GatewayRegistration>, StoreError> {
-        let (tenant, target) = (tenant.to_owned(), push_target_id.to_owned());
-        self.read(move |txn| gateway::target(txn, &tenant, &target, now_ms)).await
-    }
-
-    async fn gateway_mark_token_invalid(&self, route: &RouteKey, registration_id: &str) -> Result<bool, StoreError> {
-        let (route, id) = (route.clone(), registration_id.to_owned());
-        self.write(move |txn| gateway::mark_token_invalid(txn, &route, &id)).await
-    }
-
-    async fn gateway_notify_claim(
-        &self,
-        key: &NotifyKey,
-        digest: &[u8; 32],
-        now_ms: i64,
-        lease_until_ms: i64,
-        expires_at_ms: i64,
-    ) -> Result<NotifyClaim, StoreError> {
-        let (key, digest) = (key.clone(), *digest);
-        self.write(move |txn| gateway::notify_claim(txn, &key, &digest, now_ms, lease_until_ms, expires_at_ms)).await
-    }
-
-    async fn gateway_notify_commit(
-        &self,
-        key: &NotifyKey,
-        lease_until_ms: i64,
-        response: &[u8],
-        wakeups: &[GatewayWakeup],
-        expires_at_ms: i64,
-    ) -> Result<bool, StoreError> {
-        let (key, response, wakeups) = (key.clone(), response.to_vec(), wakeups.to_vec());
-        self.write(move |txn| gateway::notify_commit(txn, &key, lease_until_ms, &response, &wakeups, expires_at_ms))
-            .await
-    }
-
-    async fn gateway_notify_release(&self, key: &NotifyKey, lease_until_ms: i64) -> Result<(), StoreError> {
-        let key = key.clone();
-        self.write(move |txn| gateway::notify_release(txn, &key, lease_until_ms)).await
-    }
-
-    async fn gateway_wakeups_due(
-        &self,
-        now_ms: i64,
-        lease_until_ms: i64,
-        limit: usize,
-    ) -> Result<Vec<LeasedWakeup>, StoreError> {
-        self.write(move |txn| gateway::wakeups_due(txn, now_ms, lease_until_ms, limit)).await
-    }
-
-    async fn gateway_wakeup_reschedule(
-        &self,
-        leased: &LeasedWakeup,
-        not_before_ms: i64,
-        attempts: u32,
-    ) -> Result<bool, StoreError> {
-        let leased = leased.clone();
-        self.write(move |txn| gateway::wakeup_reschedule(txn, &leased, not_before_ms, attempts)).await
-    }
-
-    async fn gateway_wakeup_delete(&self, leased: &LeasedWakeup) -> Result<bool, StoreError> {
-        let leased = leased.clone();
-        self.write(move |txn| gateway::wakeup_delete(txn, &leased)).await
-    }
-
-    async fn gateway_state(&self, tenant: &str, key: &[u8], now_ms: i64) -> Result<Option<Vec<u8>>, StoreError> {
-        let (tenant, key) = (tenant.to_owned(), key.to_vec());
-        self.read(move |txn| gateway::state(txn, &tenant, &key, now_ms)).await
-    }
-
-    async fn gateway_state_cas(
-        &self,
-        tenant: &str,
-        key: &[u8],
-        expected: Option<&[u8]>,
-        new: &[u8],
-        now_ms: i64,
-        expires_at_ms: i64,
-    ) -> Result<bool, StoreError> {
-        let (tenant, key, expected, new) =
-            (tenant.to_owned(), key.to_vec(), expected.map(<[u8]>::to_vec), new.to_vec());
-        self.write(move |txn| gateway::state_cas(txn, &tenant, &key, expected.as_deref(), &new, now_ms, expires_at_ms))
-            .await
-    }
-
-    async fn delete_expired_gateway(&self, now_ms: i64) -> Result<u64, StoreError> {
-        let mut deleted = 0u64;
-        loop {
-            let n = self.write(move |txn| gateway::prune_batch(txn, now_ms)).await?;
-            deleted += n as u64;
-            if n < gateway::PRUNE_BATCH {
-                return Ok(deleted);
-            }
-        }
-    }
-
     async fn append(&self, envelopes: &[NewEnvelope], now_ns: i64) -> Result<Vec<Appended>, StoreError> {
         for e in envelopes {
             if e.shard() != e.topic().shard(self.shard_count) {
@@ -758,6 +611,167 @@ impl Store for RedbStore {
         let tail = self.read(move |txn| read_subscribers(txn, &cache, &topic, after.as_ref(), rest)).await?;
         page.extend(tail);
         Ok(page)
+    }
+}
+
+// The relay and gateway traits are named by path: imported, their
+// `register`, `delete_expired` ... would be ambiguous with `Store`'s here.
+#[async_trait]
+impl super::RelayStore for RedbStore {
+    async fn claim(
+        &self,
+        key: &RelayKey,
+        now_ms: i64,
+        lease_until_ms: i64,
+        expires_at_ms: i64,
+    ) -> Result<RelayClaim, StoreError> {
+        let key = key.clone();
+        self.write(move |txn| relay::claim(txn, &key, now_ms, lease_until_ms, expires_at_ms)).await
+    }
+
+    async fn settle(
+        &self,
+        key: &RelayKey,
+        lease_until_ms: i64,
+        settled: RelaySettled,
+        expires_at_ms: i64,
+    ) -> Result<(), StoreError> {
+        let key = key.clone();
+        self.write(move |txn| relay::settle(txn, &key, lease_until_ms, settled, expires_at_ms)).await
+    }
+
+    async fn release(&self, key: &RelayKey, lease_until_ms: i64) -> Result<(), StoreError> {
+        let key = key.clone();
+        self.write(move |txn| relay::release(txn, &key, lease_until_ms)).await
+    }
+
+    async fn delete_expired(&self, now_ms: i64) -> Result<u64, StoreError> {
+        let mut deleted = 0u64;
+        loop {
+            let n = self.write(move |txn| relay::prune_batch(txn, now_ms)).await?;
+            deleted += n as u64;
+            if n < relay::PRUNE_BATCH_SIZE {
+                return Ok(deleted);
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl super::GatewayStore for RedbStore {
+    async fn register(&self, registration: &GatewayRegistration) -> Result<Option<String>, StoreError> {
+        let registration = registration.clone();
+        self.write(move |txn| gateway::register(txn, &registration)).await
+    }
+
+    async fn unregister(&self, revoke: &Revoke) -> Result<bool, StoreError> {
+        let revoke = revoke.clone();
+        self.write(move |txn| gateway::unregister(txn, &revoke)).await
+    }
+
+    async fn route(&self, route: &RouteKey, now_ms: i64) -> Result<Option<GatewayRegistration>, StoreError> {
+        let route = route.clone();
+        self.read(move |txn| gateway::route(txn, &route, now_ms)).await
+    }
+
+    async fn target(
+        &self,
+        tenant: &str,
+        push_target_id: &str,
+        now_ms: i64,
+    ) -> Result<Vec<GatewayRegistration>, StoreError> {
+        let (tenant, target) = (tenant.to_owned(), push_target_id.to_owned());
+        self.read(move |txn| gateway::target(txn, &tenant, &target, now_ms)).await
+    }
+
+    async fn mark_token_invalid(&self, route: &RouteKey, registration_id: &str) -> Result<bool, StoreError> {
+        let (route, id) = (route.clone(), registration_id.to_owned());
+        self.write(move |txn| gateway::mark_token_invalid(txn, &route, &id)).await
+    }
+
+    async fn notify_claim(
+        &self,
+        key: &NotifyKey,
+        digest: &[u8; 32],
+        now_ms: i64,
+        lease_until_ms: i64,
+        expires_at_ms: i64,
+    ) -> Result<NotifyClaim, StoreError> {
+        let (key, digest) = (key.clone(), *digest);
+        self.write(move |txn| gateway::notify_claim(txn, &key, &digest, now_ms, lease_until_ms, expires_at_ms)).await
+    }
+
+    async fn notify_commit(
+        &self,
+        key: &NotifyKey,
+        lease_until_ms: i64,
+        response: &[u8],
+        wakeups: &[GatewayWakeup],
+        expires_at_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let (key, response, wakeups) = (key.clone(), response.to_vec(), wakeups.to_vec());
+        self.write(move |txn| gateway::notify_commit(txn, &key, lease_until_ms, &response, &wakeups, expires_at_ms))
+            .await
+    }
+
+    async fn notify_release(&self, key: &NotifyKey, lease_until_ms: i64) -> Result<(), StoreError> {
+        let key = key.clone();
+        self.write(move |txn| gateway::notify_release(txn, &key, lease_until_ms)).await
+    }
+
+    async fn wakeups_due(
+        &self,
+        now_ms: i64,
+        lease_until_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<LeasedWakeup>, StoreError> {
+        self.write(move |txn| gateway::wakeups_due(txn, now_ms, lease_until_ms, limit)).await
+    }
+
+    async fn wakeup_reschedule(
+        &self,
+        leased: &LeasedWakeup,
+        not_before_ms: i64,
+        attempts: u32,
+    ) -> Result<bool, StoreError> {
+        let leased = leased.clone();
+        self.write(move |txn| gateway::wakeup_reschedule(txn, &leased, not_before_ms, attempts)).await
+    }
+
+    async fn wakeup_delete(&self, leased: &LeasedWakeup) -> Result<bool, StoreError> {
+        let leased = leased.clone();
+        self.write(move |txn| gateway::wakeup_delete(txn, &leased)).await
+    }
+
+    async fn state(&self, tenant: &str, key: &[u8], now_ms: i64) -> Result<Option<Vec<u8>>, StoreError> {
+        let (tenant, key) = (tenant.to_owned(), key.to_vec());
+        self.read(move |txn| gateway::state(txn, &tenant, &key, now_ms)).await
+    }
+
+    async fn state_cas(
+        &self,
+        tenant: &str,
+        key: &[u8],
+        expected: Option<&[u8]>,
+        new: &[u8],
+        now_ms: i64,
+        expires_at_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let (tenant, key, expected, new) =
+            (tenant.to_owned(), key.to_vec(), expected.map(<[u8]>::to_vec), new.to_vec());
+        self.write(move |txn| gateway::state_cas(txn, &tenant, &key, expected.as_deref(), &new, now_ms, expires_at_ms))
+            .await
+    }
+
+    async fn delete_expired(&self, now_ms: i64) -> Result<u64, StoreError> {
+        let mut deleted = 0u64;
+        loop {
+            let n = self.write(move |txn| gateway::prune_batch(txn, now_ms)).await?;
+            deleted += n as u64;
+            if n < gateway::PRUNE_BATCH {
+                return Ok(deleted);
+            }
+        }
     }
 }
 

@@ -93,10 +93,7 @@ use scylla::value::{CqlValue, Row};
 pub use self::settings::{Keyspace, LogConsistency, Nodes, ScyllaSettings};
 
 use self::codec::{StaticRow, Versioned, corrupt, from_db, to_db};
-use super::{
-    Appended, GatewayRegistration, GatewayWakeup, LeasedWakeup, NodeId, NotifyClaim, NotifyKey, RegistrationRemoval,
-    RelayClaim, RelayKey, RelaySettled, Revoke, RouteKey, ShardLeases, ShardPosition, Store, StoreError,
-};
+use super::{Appended, NodeId, RegistrationRemoval, ShardLeases, ShardPosition, Store, StoreError};
 use crate::domain::{
     DeliveryTarget, NewEnvelope, Recipient, RecipientId, RecipientSummary, SecretHash, ShardId, StoredEnvelope,
     StoredSubscription, Subscriber, SubscriptionUpdate, Topic,
@@ -669,6 +666,14 @@ impl Store for ScyllaStore {
         "scylla"
     }
 
+    fn relay(&self) -> &dyn super::RelayStore {
+        self
+    }
+
+    fn gateway(&self) -> &dyn super::GatewayStore {
+        self
+    }
+
     fn leases(self: Arc<Self>) -> Option<Arc<dyn ShardLeases>> {
         Some(self)
     }
@@ -961,129 +966,6 @@ impl Store for ScyllaStore {
             results[i] = Some(r);
         }
         Ok(results.into_iter().map(|r| r.expect("every envelope has a result")).collect())
-    }
-
-    async fn relay_claim(
-        &self,
-        key: &RelayKey,
-        now_ms: i64,
-        lease_until_ms: i64,
-        expires_at_ms: i64,
-    ) -> Result<RelayClaim, StoreError> {
-        self.relay_claim_cql(key, now_ms, lease_until_ms, expires_at_ms).await
-    }
-
-    async fn relay_settle(
-        &self,
-        key: &RelayKey,
-        lease_until_ms: i64,
-        settled: RelaySettled,
-        expires_at_ms: i64,
-    ) -> Result<(), StoreError> {
-        self.relay_settle_cql(key, lease_until_ms, settled, expires_at_ms).await
-    }
-
-    async fn relay_release(&self, key: &RelayKey, lease_until_ms: i64) -> Result<(), StoreError> {
-        self.relay_release_cql(key, lease_until_ms).await
-    }
-
-    async fn delete_expired_relay(&self, _now_ms: i64) -> Result<u64, StoreError> {
-        // Every record is written with a TTL ending at its expires_at.
-        Ok(0)
-    }
-
-    async fn gateway_register(&self, registration: &GatewayRegistration) -> Result<Option<String>, StoreError> {
-        self.gateway_register_cql(registration).await
-    }
-
-    async fn gateway_unregister(&self, revoke: &Revoke) -> Result<bool, StoreError> {
-        self.gateway_unregister_cql(revoke).await
-    }
-
-    async fn gateway_route(&self, route: &RouteKey, now_ms: i64) -> Result<Option<GatewayRegistration>, StoreError> {
-        self.gateway_route_cql(route, now_ms).await
-    }
-
-    async fn gateway_target(
-        &self,
-        tenant: &str,
-        push_target_id: &str,
-        now_ms: i64,
-    ) -> Result<Vec<GatewayRegistration>, StoreError> {
-        self.gateway_target_cql(tenant, push_target_id, now_ms).await
-    }
-
-    async fn gateway_mark_token_invalid(&self, route: &RouteKey, registration_id: &str) -> Result<bool, StoreError> {
-        self.gateway_mark_token_invalid_cql(route, registration_id).await
-    }
-
-    async fn gateway_notify_claim(
-        &self,
-        key: &NotifyKey,
-        digest: &[u8; 32],
-        now_ms: i64,
-        lease_until_ms: i64,
-        expires_at_ms: i64,
-    ) -> Result<NotifyClaim, StoreError> {
-        self.gateway_notify_claim_cql(key, digest, now_ms, lease_until_ms, expires_at_ms).await
-    }
-
-    async fn gateway_notify_commit(
-        &self,
-        key: &NotifyKey,
-        lease_until_ms: i64,
-        response: &[u8],
-        wakeups: &[GatewayWakeup],
-        expires_at_ms: i64,
-    ) -> Result<bool, StoreError> {
-        self.gateway_notify_commit_cql(key, lease_until_ms, response, wakeups, expires_at_ms).await
-    }
-
-    async fn gateway_notify_release(&self, key: &NotifyKey, lease_until_ms: i64) -> Result<(), StoreError> {
-        self.gateway_notify_release_cql(key, lease_until_ms).await
-    }
-
-    async fn gateway_wakeups_due(
-        &self,
-        now_ms: i64,
-        lease_until_ms: i64,
-        limit: usize,
-    ) -> Result<Vec<LeasedWakeup>, StoreError> {
-        self.gateway_wakeups_due_cql(now_ms, lease_until_ms, limit).await
-    }
-
-    async fn gateway_wakeup_reschedule(
-        &self,
-        leased: &LeasedWakeup,
-        not_before_ms: i64,
-        attempts: u32,
-    ) -> Result<bool, StoreError> {
-        self.gateway_wakeup_reschedule_cql(leased, not_before_ms, attempts).await
-    }
-
-    async fn gateway_wakeup_delete(&self, leased: &LeasedWakeup) -> Result<bool, StoreError> {
-        self.gateway_wakeup_delete_cql(leased).await
-    }
-
-    async fn gateway_state(&self, tenant: &str, key: &[u8], now_ms: i64) -> Result<Option<Vec<u8>>, StoreError> {
-        self.gateway_state_cql(tenant, key, now_ms).await
-    }
-
-    async fn gateway_state_cas(
-        &self,
-        tenant: &str,
-        key: &[u8],
-        expected: Option<&[u8]>,
-        new: &[u8],
-        now_ms: i64,
-        expires_at_ms: i64,
-    ) -> Result<bool, StoreError> {
-        self.gateway_state_cas_cql(tenant, key, expected, new, now_ms, expires_at_ms).await
-    }
-
-    async fn delete_expired_gateway(&self, _now_ms: i64) -> Result<u64, StoreError> {
-        // Every row is written with a TTL ending at its expires_at.
-        Ok(0)
     }
 
     async fn shard_position(&self, shard: ShardId) -> Result<ShardPosition, StoreError> {

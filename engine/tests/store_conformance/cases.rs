@@ -15,12 +15,10 @@ pub use self::gateway::*;
 
 use fanout_engine::domain::{
     Channel, DeliveryTarget, EnvelopeKind, KeyWindow, NewEnvelope, Recipient, RecipientId, RecipientSecret,
-    RecipientSummary, SecretHash, SenderHmac, SequenceRefusal, ShardId, SigningKey, StoredEnvelope, StoredSubscription,
-    Subscriber, Subscription, SubscriptionUpdate, Topic, WebhookUrl,
+    RecipientSummary, RelayClaim, RelayKey, RelaySettled, SecretHash, SenderHmac, SequenceRefusal, ShardId, SigningKey,
+    StoredEnvelope, StoredSubscription, Subscriber, Subscription, SubscriptionUpdate, Topic, WebhookUrl,
 };
-use fanout_engine::store::{
-    Appended, RegistrationRemoval, RelayClaim, RelayKey, RelaySettled, ShardPosition, Store, StoreError,
-};
+use fanout_engine::store::{Appended, RegistrationRemoval, ShardPosition, Store, StoreError};
 
 /// The shard count the factory given to the suite must use.
 pub const SHARD_COUNT: u16 = 16;
@@ -987,80 +985,80 @@ pub async fn relay_claim_settle_and_release<S: Store>(store: &S) {
     let now = base_ms();
     let (lease, expires) = (now + 30_000, now + 24 * HOUR_MS);
     let k = relay_key("hub-a", 1);
-    assert_eq!(store.relay_claim(&k, now, lease, expires).await.unwrap(), RelayClaim::Claimed);
+    assert_eq!(store.relay().claim(&k, now, lease, expires).await.unwrap(), RelayClaim::Claimed);
     // A second request while the claim is held.
-    let busy = store.relay_claim(&k, now + 1, now + 40_000, expires).await.unwrap();
+    let busy = store.relay().claim(&k, now + 1, now + 40_000, expires).await.unwrap();
     assert_eq!(busy, RelayClaim::Busy { lease_until_ms: lease });
     // Settling with another lease is not this claim: nothing changes.
-    store.relay_settle(&k, lease + 1, RelaySettled::Delivered, expires).await.unwrap();
-    assert!(matches!(store.relay_claim(&k, now + 2, now + 40_000, expires).await.unwrap(), RelayClaim::Busy { .. }));
-    store.relay_settle(&k, lease, RelaySettled::Delivered, expires).await.unwrap();
+    store.relay().settle(&k, lease + 1, RelaySettled::Delivered, expires).await.unwrap();
+    assert!(matches!(store.relay().claim(&k, now + 2, now + 40_000, expires).await.unwrap(), RelayClaim::Busy { .. }));
+    store.relay().settle(&k, lease, RelaySettled::Delivered, expires).await.unwrap();
     for _ in 0..2 {
-        let again = store.relay_claim(&k, now + 3, now + 40_000, expires).await.unwrap();
+        let again = store.relay().claim(&k, now + 3, now + 40_000, expires).await.unwrap();
         assert_eq!(again, RelayClaim::Settled(RelaySettled::Delivered));
     }
     // A settled record is not released.
-    store.relay_release(&k, lease).await.unwrap();
+    store.relay().release(&k, lease).await.unwrap();
     assert_eq!(
-        store.relay_claim(&k, now + 4, now + 40_000, expires).await.unwrap(),
+        store.relay().claim(&k, now + 4, now + 40_000, expires).await.unwrap(),
         RelayClaim::Settled(RelaySettled::Delivered)
     );
 
     // Gone and Rejected are kept as such.
     for (n, settled) in [(2, RelaySettled::Gone), (3, RelaySettled::Rejected)] {
         let k = relay_key("hub-a", n);
-        assert_eq!(store.relay_claim(&k, now, lease, expires).await.unwrap(), RelayClaim::Claimed);
-        store.relay_settle(&k, lease, settled, expires).await.unwrap();
-        assert_eq!(store.relay_claim(&k, now + 1, lease, expires).await.unwrap(), RelayClaim::Settled(settled));
+        assert_eq!(store.relay().claim(&k, now, lease, expires).await.unwrap(), RelayClaim::Claimed);
+        store.relay().settle(&k, lease, settled, expires).await.unwrap();
+        assert_eq!(store.relay().claim(&k, now + 1, lease, expires).await.unwrap(), RelayClaim::Settled(settled));
     }
 
     // Release: only the holder's own claim, and then the id is free again.
     let k = relay_key("hub-a", 4);
-    assert_eq!(store.relay_claim(&k, now, lease, expires).await.unwrap(), RelayClaim::Claimed);
-    store.relay_release(&k, lease + 1).await.unwrap();
-    assert!(matches!(store.relay_claim(&k, now + 1, lease, expires).await.unwrap(), RelayClaim::Busy { .. }));
-    store.relay_release(&k, lease).await.unwrap();
-    assert_eq!(store.relay_claim(&k, now + 2, now + 50_000, expires).await.unwrap(), RelayClaim::Claimed);
+    assert_eq!(store.relay().claim(&k, now, lease, expires).await.unwrap(), RelayClaim::Claimed);
+    store.relay().release(&k, lease + 1).await.unwrap();
+    assert!(matches!(store.relay().claim(&k, now + 1, lease, expires).await.unwrap(), RelayClaim::Busy { .. }));
+    store.relay().release(&k, lease).await.unwrap();
+    assert_eq!(store.relay().claim(&k, now + 2, now + 50_000, expires).await.unwrap(), RelayClaim::Claimed);
 
     // The same delivery_id from another hub is another delivery.
-    assert_eq!(store.relay_claim(&relay_key("hub-b", 1), now, lease, expires).await.unwrap(), RelayClaim::Claimed);
+    assert_eq!(store.relay().claim(&relay_key("hub-b", 1), now, lease, expires).await.unwrap(), RelayClaim::Claimed);
 }
 
 pub async fn relay_claims_expire_and_are_taken_over<S: Store>(store: &S) {
     let now = base_ms();
     let k = relay_key("hub-a", 7);
     let (lease, expires) = (now + 30_000, now + 2 * HOUR_MS);
-    assert_eq!(store.relay_claim(&k, now, lease, expires).await.unwrap(), RelayClaim::Claimed);
+    assert_eq!(store.relay().claim(&k, now, lease, expires).await.unwrap(), RelayClaim::Claimed);
     // The holder died: once its lease ran out, the next request takes over.
     let later = lease + 1;
-    assert_eq!(store.relay_claim(&k, later, later + 30_000, expires).await.unwrap(), RelayClaim::Claimed);
+    assert_eq!(store.relay().claim(&k, later, later + 30_000, expires).await.unwrap(), RelayClaim::Claimed);
     // The dead holder's settle or release no longer applies.
-    store.relay_release(&k, lease).await.unwrap();
-    store.relay_settle(&k, lease, RelaySettled::Gone, expires).await.unwrap();
+    store.relay().release(&k, lease).await.unwrap();
+    store.relay().settle(&k, lease, RelaySettled::Gone, expires).await.unwrap();
     assert_eq!(
-        store.relay_claim(&k, later + 1, later + 60_000, expires).await.unwrap(),
+        store.relay().claim(&k, later + 1, later + 60_000, expires).await.unwrap(),
         RelayClaim::Busy { lease_until_ms: later + 30_000 }
     );
-    store.relay_settle(&k, later + 30_000, RelaySettled::Delivered, expires).await.unwrap();
+    store.relay().settle(&k, later + 30_000, RelaySettled::Delivered, expires).await.unwrap();
     assert_eq!(
-        store.relay_claim(&k, later + 2, later + 60_000, expires).await.unwrap(),
+        store.relay().claim(&k, later + 2, later + 60_000, expires).await.unwrap(),
         RelayClaim::Settled(RelaySettled::Delivered)
     );
 
     // Past its ttl the record no longer counts, even before retention ran.
     let after = expires + 1;
-    let claimed = store.relay_claim(&k, after, after + 30_000, after + HOUR_MS).await.unwrap();
+    let claimed = store.relay().claim(&k, after, after + 30_000, after + HOUR_MS).await.unwrap();
     assert_eq!(claimed, RelayClaim::Claimed);
 
     // Retention removes expired records (or the backend's TTL does, and it
     // answers 0); live ones stay.
     let live = relay_key("hub-a", 8);
-    assert_eq!(store.relay_claim(&live, now, lease, now + 10 * HOUR_MS).await.unwrap(), RelayClaim::Claimed);
-    store.relay_settle(&live, lease, RelaySettled::Delivered, now + 10 * HOUR_MS).await.unwrap();
-    let deleted = store.delete_expired_relay(now + 5 * HOUR_MS).await.unwrap();
+    assert_eq!(store.relay().claim(&live, now, lease, now + 10 * HOUR_MS).await.unwrap(), RelayClaim::Claimed);
+    store.relay().settle(&live, lease, RelaySettled::Delivered, now + 10 * HOUR_MS).await.unwrap();
+    let deleted = store.relay().delete_expired(now + 5 * HOUR_MS).await.unwrap();
     assert!(deleted <= 2, "{deleted}");
     assert_eq!(
-        store.relay_claim(&live, now + 1, lease, now + 10 * HOUR_MS).await.unwrap(),
+        store.relay().claim(&live, now + 1, lease, now + 10 * HOUR_MS).await.unwrap(),
         RelayClaim::Settled(RelaySettled::Delivered)
     );
 }
@@ -1068,7 +1066,7 @@ pub async fn relay_claims_expire_and_are_taken_over<S: Store>(store: &S) {
 pub async fn relay_concurrent_claims_have_one_winner<S: Store>(store: &S) {
     let now = base_ms();
     let k = relay_key("hub-a", 9);
-    let claims = (0..8).map(|i| store.relay_claim(&k, now, now + 30_000 + i, now + HOUR_MS));
+    let claims = (0..8).map(|i| store.relay().claim(&k, now, now + 30_000 + i, now + HOUR_MS));
     let answers = futures::future::join_all(claims).await;
     let won = answers.iter().filter(|a| matches!(a, Ok(RelayClaim::Claimed))).count();
     assert_eq!(won, 1, "{answers:?}");

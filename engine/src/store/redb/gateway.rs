@@ -1,4 +1,4 @@
-//! Spec 002 on redb: the push gateway's records (`store/gateway.rs`). Each
+//! Spec 002 on redb: the push gateway's records (`domain/gateway.rs`). Each
 //! trait call is one write (or read) transaction, so a supersede, a notify
 //! commit with its wakeups, and a lease are atomic.
 //!
@@ -19,10 +19,9 @@ use redb::{ReadTransaction, ReadableTable, TableDefinition, WriteTransaction};
 
 use super::codec::OrBackend;
 use super::codec::{Reader, Writer};
-use crate::store::{
-    GatewayRegistration, GatewayWakeup, LeasedWakeup, MAX_GATEWAY_TEXT, NotifyClaim, NotifyKey, Revoke, RouteKey,
-    StoreError,
-};
+use crate::domain::{GatewayRegistration, GatewayWakeup, LeasedWakeup, NotifyClaim, NotifyKey, Revoke, RouteKey};
+use crate::store::StoreError;
+use crate::store::gateway::MAX_GATEWAY_TEXT;
 
 pub(super) const ROUTES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("gw_routes");
 pub(super) const TARGETS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("gw_targets");

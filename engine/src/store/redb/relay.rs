@@ -8,7 +8,8 @@
 use redb::{ReadableTable, TableDefinition, WriteTransaction};
 
 use super::codec::OrBackend;
-use crate::store::{RelayClaim, RelayKey, RelaySettled, StoreError};
+use crate::domain::{RelayClaim, RelayKey, RelaySettled};
+use crate::store::StoreError;
 
 pub(super) const RELAY: TableDefinition<&[u8], &[u8]> = TableDefinition::new("relay_deliveries");
 pub(super) const RELAY_EXPIRY: TableDefinition<&[u8], &[u8]> = TableDefinition::new("relay_expiry");

@@ -1,5 +1,5 @@
 //! Spec 002 on ScyllaDB: the push gateway's records (schema version 6,
-//! `006_gateway.cql`; `store/gateway.rs` says what each is).
+//! `006_gateway.cql`; `domain/gateway.rs` says what each is).
 //!
 //! - **Routes**: one partition per (tenant, account, device). Register reads
 //!   it with SERIAL consistency and writes the new route with
@@ -22,7 +22,7 @@
 //!   claim lost between the read and that last step (its lease ran out
 //!   meanwhile) leaves its wakeups stored: at worst a duplicate wakeup,
 //!   never a lost one.
-//! - **Wakeups**: `store::WAKEUP_QUEUES` partitions; a worker reads them,
+//! - **Wakeups**: `WAKEUP_QUEUES` partitions; a worker reads them,
 //!   and leases each due row with `IF lease_until = <read>`.
 //! - **Window state**: one partition per (tenant, key), compare-and-set by
 //!   lightweight transaction.
@@ -30,6 +30,7 @@
 //! Every row has a TTL ending at its `expires_at`, so retention has nothing
 //! to delete here.
 
+use async_trait::async_trait;
 use futures::TryStreamExt;
 use scylla::client::session::Session;
 use scylla::statement::Consistency;
@@ -37,10 +38,9 @@ use scylla::statement::prepared::PreparedStatement;
 
 use super::relay::ttl_until;
 use super::{MAX_LWT_ATTEMPTS, ScyllaStore, backoff, be, contention};
-use crate::store::{
-    GatewayRegistration, GatewayWakeup, LeasedWakeup, NotifyClaim, NotifyKey, Revoke, RouteKey, StoreError,
-    WAKEUP_QUEUES, wakeup_queue,
-};
+use crate::domain::{GatewayRegistration, GatewayWakeup, LeasedWakeup, NotifyClaim, NotifyKey, Revoke, RouteKey};
+use crate::store::gateway::{WAKEUP_QUEUES, wakeup_queue};
+use crate::store::{GatewayStore, StoreError};
 
 const ROUTE_COLS: &str = "registration_id, push_target_id, push_route_id, salt_epoch_id, push_key, platform, \
                           app_id, visible_opt_in, created_at, expires_at, token_invalid";
@@ -298,7 +298,25 @@ impl ScyllaStore {
         self.write(&self.st.gateway.target_del, values).await
     }
 
-    pub(super) async fn gateway_register_cql(&self, reg: &GatewayRegistration) -> Result<Option<String>, StoreError> {
+    async fn read_state(&self, tenant: &str, key: &[u8]) -> Result<Option<(Vec<u8>, i64)>, StoreError> {
+        let rows = self
+            .session
+            .execute_unpaged(&self.st.gateway.state_read, (tenant, key))
+            .await
+            .map_err(be("reading a gateway state"))?
+            .into_rows_result()
+            .map_err(be("reading a gateway state"))?;
+        let row = rows.maybe_first_row::<(Option<Vec<u8>>, Option<i64>)>().map_err(be("reading a gateway state"))?;
+        Ok(match row {
+            Some((Some(value), Some(expires))) => Some((value, expires)),
+            _ => None,
+        })
+    }
+}
+
+#[async_trait]
+impl GatewayStore for ScyllaStore {
+    async fn register(&self, reg: &GatewayRegistration) -> Result<Option<String>, StoreError> {
         let st = &self.st.gateway;
         let key = reg.route_key();
         let ttl = ttl_until(reg.expires_at_ms);
@@ -363,7 +381,7 @@ impl ScyllaStore {
         Err(contention())
     }
 
-    pub(super) async fn gateway_unregister_cql(&self, revoke: &Revoke) -> Result<bool, StoreError> {
+    async fn unregister(&self, revoke: &Revoke) -> Result<bool, StoreError> {
         for attempt in 0..MAX_LWT_ATTEMPTS {
             let Some(old) = self.read_route(&revoke.route, true).await? else { return Ok(false) };
             let matches = revoke.push_key.as_ref().is_none_or(|k| *k == old.push_key)
@@ -383,15 +401,11 @@ impl ScyllaStore {
         Err(contention())
     }
 
-    pub(super) async fn gateway_route_cql(
-        &self,
-        route: &RouteKey,
-        now_ms: i64,
-    ) -> Result<Option<GatewayRegistration>, StoreError> {
+    async fn route(&self, route: &RouteKey, now_ms: i64) -> Result<Option<GatewayRegistration>, StoreError> {
         Ok(self.read_route(route, false).await?.filter(|r| r.expires_at_ms > now_ms))
     }
 
-    pub(super) async fn gateway_target_cql(
+    async fn target(
         &self,
         tenant: &str,
         push_target_id: &str,
@@ -421,11 +435,7 @@ impl ScyllaStore {
         Ok(out)
     }
 
-    pub(super) async fn gateway_mark_token_invalid_cql(
-        &self,
-        route: &RouteKey,
-        registration_id: &str,
-    ) -> Result<bool, StoreError> {
+    async fn mark_token_invalid(&self, route: &RouteKey, registration_id: &str) -> Result<bool, StoreError> {
         let Some(reg) = self.read_route(route, true).await? else { return Ok(false) };
         if reg.registration_id != registration_id {
             return Ok(false);
@@ -435,7 +445,7 @@ impl ScyllaStore {
         Ok(self.lwt(&self.st.gateway.route_mark, values).await?.applied)
     }
 
-    pub(super) async fn gateway_notify_claim_cql(
+    async fn notify_claim(
         &self,
         key: &NotifyKey,
         digest: &[u8; 32],
@@ -484,7 +494,7 @@ impl ScyllaStore {
         Err(contention())
     }
 
-    pub(super) async fn gateway_notify_commit_cql(
+    async fn notify_commit(
         &self,
         key: &NotifyKey,
         lease_until_ms: i64,
@@ -532,17 +542,13 @@ impl ScyllaStore {
         Ok(self.lwt(&st.notify_commit, values).await?.applied)
     }
 
-    pub(super) async fn gateway_notify_release_cql(
-        &self,
-        key: &NotifyKey,
-        lease_until_ms: i64,
-    ) -> Result<(), StoreError> {
+    async fn notify_release(&self, key: &NotifyKey, lease_until_ms: i64) -> Result<(), StoreError> {
         let values = (key.tenant.as_str(), key.idempotency_key.as_str(), lease_until_ms);
         self.lwt(&self.st.gateway.notify_release, values).await?;
         Ok(())
     }
 
-    pub(super) async fn gateway_wakeups_due_cql(
+    async fn wakeups_due(
         &self,
         now_ms: i64,
         lease_until_ms: i64,
@@ -585,7 +591,7 @@ impl ScyllaStore {
         Ok(out)
     }
 
-    pub(super) async fn gateway_wakeup_reschedule_cql(
+    async fn wakeup_reschedule(
         &self,
         leased: &LeasedWakeup,
         not_before_ms: i64,
@@ -603,37 +609,17 @@ impl ScyllaStore {
         Ok(self.lwt(&self.st.gateway.wakeup_reschedule, values).await?.applied)
     }
 
-    pub(super) async fn gateway_wakeup_delete_cql(&self, leased: &LeasedWakeup) -> Result<bool, StoreError> {
+    async fn wakeup_delete(&self, leased: &LeasedWakeup) -> Result<bool, StoreError> {
         let w = &leased.wakeup;
         let values = (queue_of(&w.id), &w.id, leased.lease_until_ms);
         Ok(self.lwt(&self.st.gateway.wakeup_delete, values).await?.applied)
     }
 
-    async fn read_state(&self, tenant: &str, key: &[u8]) -> Result<Option<(Vec<u8>, i64)>, StoreError> {
-        let rows = self
-            .session
-            .execute_unpaged(&self.st.gateway.state_read, (tenant, key))
-            .await
-            .map_err(be("reading a gateway state"))?
-            .into_rows_result()
-            .map_err(be("reading a gateway state"))?;
-        let row = rows.maybe_first_row::<(Option<Vec<u8>>, Option<i64>)>().map_err(be("reading a gateway state"))?;
-        Ok(match row {
-            Some((Some(value), Some(expires))) => Some((value, expires)),
-            _ => None,
-        })
-    }
-
-    pub(super) async fn gateway_state_cql(
-        &self,
-        tenant: &str,
-        key: &[u8],
-        now_ms: i64,
-    ) -> Result<Option<Vec<u8>>, StoreError> {
+    async fn state(&self, tenant: &str, key: &[u8], now_ms: i64) -> Result<Option<Vec<u8>>, StoreError> {
         Ok(self.read_state(tenant, key).await?.filter(|(_, e)| *e > now_ms).map(|(v, _)| v))
     }
 
-    pub(super) async fn gateway_state_cas_cql(
+    async fn state_cas(
         &self,
         tenant: &str,
         key: &[u8],
@@ -658,5 +644,10 @@ impl ScyllaStore {
                 Ok(self.lwt(&st.state_update, values).await?.applied)
             }
         }
+    }
+
+    async fn delete_expired(&self, _now_ms: i64) -> Result<u64, StoreError> {
+        // Every row is written with a TTL ending at its expires_at.
+        Ok(0)
     }
 }

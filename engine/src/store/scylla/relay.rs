@@ -4,12 +4,13 @@
 //! every write carries a TTL ending at the record's `expires_at`, so the
 //! records expire by themselves (retention has nothing to do here).
 
+use async_trait::async_trait;
 use scylla::client::session::Session;
 use scylla::statement::prepared::PreparedStatement;
 
 use super::{MAX_LWT_ATTEMPTS, ScyllaStore, backoff, be, contention};
-use crate::domain::Timestamp;
-use crate::store::{RelayClaim, RelayKey, RelaySettled, StoreError};
+use crate::domain::{RelayClaim, RelayKey, RelaySettled, Timestamp};
+use crate::store::{RelayStore, StoreError};
 
 pub(super) struct RelayStatements {
     insert: PreparedStatement,
@@ -57,8 +58,9 @@ pub(super) fn ttl_until(expires_at_ms: i64) -> i32 {
     i32::try_from(secs.max(1)).unwrap_or(i32::MAX)
 }
 
-impl ScyllaStore {
-    pub(super) async fn relay_claim_cql(
+#[async_trait]
+impl RelayStore for ScyllaStore {
+    async fn claim(
         &self,
         key: &RelayKey,
         now_ms: i64,
@@ -97,7 +99,7 @@ impl ScyllaStore {
         Err(contention())
     }
 
-    pub(super) async fn relay_settle_cql(
+    async fn settle(
         &self,
         key: &RelayKey,
         lease_until_ms: i64,
@@ -119,10 +121,15 @@ impl ScyllaStore {
         Ok(())
     }
 
-    pub(super) async fn relay_release_cql(&self, key: &RelayKey, lease_until_ms: i64) -> Result<(), StoreError> {
+    async fn release(&self, key: &RelayKey, lease_until_ms: i64) -> Result<(), StoreError> {
         let values = (key.hub_id.as_str(), key.delivery_id.as_str(), lease_until_ms);
         self.lwt(&self.st.relay.release, values).await?;
         Ok(())
+    }
+
+    async fn delete_expired(&self, _now_ms: i64) -> Result<u64, StoreError> {
+        // Every record is written with a TTL ending at its expires_at.
+        Ok(0)
     }
 }
 

@@ -1,8 +1,10 @@
-//! Spec 002: the push gateway's records (`fanout_engine::store::gateway`).
+//! Spec 002: the push gateway's records (`fanout_engine::domain`, through
+//! `Store::gateway`).
 
-use fanout_engine::store::{
-    GatewayRegistration, GatewayWakeup, LeasedWakeup, NotifyClaim, NotifyKey, Revoke, RouteKey, Store,
+use fanout_engine::domain::{
+    GatewayRegistration, GatewayWakeup, LeasedWakeup, NotifyClaim, NotifyKey, Revoke, RouteKey,
 };
+use fanout_engine::store::Store;
 
 use super::{HOUR_MS, base_ms};
 
@@ -26,7 +28,7 @@ fn registration(tenant: &str, device: u8, n: u32, now: i64) -> GatewayRegistrati
 }
 
 async fn target_ids<S: Store>(store: &S, reg: &GatewayRegistration, now: i64) -> Vec<String> {
-    let found = store.gateway_target(&reg.tenant, &reg.push_target_id, now).await.unwrap();
+    let found = store.gateway().target(&reg.tenant, &reg.push_target_id, now).await.unwrap();
     found.into_iter().map(|r| r.registration_id).collect()
 }
 
@@ -36,34 +38,34 @@ async fn target_ids<S: Store>(store: &S, reg: &GatewayRegistration, now: i64) ->
 pub async fn gateway_register_supersedes<S: Store>(store: &S) {
     let now = base_ms();
     let first = registration("station-a", 1, 1, now);
-    assert_eq!(store.gateway_register(&first).await.unwrap(), None);
-    assert_eq!(store.gateway_route(&first.route_key(), now).await.unwrap(), Some(first.clone()));
-    assert_eq!(store.gateway_target(&first.tenant, &first.push_target_id, now).await.unwrap(), vec![first.clone()]);
+    assert_eq!(store.gateway().register(&first).await.unwrap(), None);
+    assert_eq!(store.gateway().route(&first.route_key(), now).await.unwrap(), Some(first.clone()));
+    assert_eq!(store.gateway().target(&first.tenant, &first.push_target_id, now).await.unwrap(), vec![first.clone()]);
 
     let second = registration("station-a", 1, 2, now);
-    assert_eq!(store.gateway_register(&second).await.unwrap(), Some(first.registration_id.clone()));
+    assert_eq!(store.gateway().register(&second).await.unwrap(), Some(first.registration_id.clone()));
     assert!(target_ids(store, &first, now).await.is_empty());
     assert_eq!(target_ids(store, &second, now).await, vec![second.registration_id.clone()]);
-    assert_eq!(store.gateway_route(&first.route_key(), now).await.unwrap(), Some(second.clone()));
+    assert_eq!(store.gateway().route(&first.route_key(), now).await.unwrap(), Some(second.clone()));
 
     // The same target again (same epoch and route): found once, the new one.
     let third =
         GatewayRegistration { registration_id: "reg-1-3".into(), push_key: "token-1-3".into(), ..second.clone() };
-    assert_eq!(store.gateway_register(&third).await.unwrap(), Some(second.registration_id.clone()));
+    assert_eq!(store.gateway().register(&third).await.unwrap(), Some(second.registration_id.clone()));
     assert_eq!(target_ids(store, &third, now).await, vec!["reg-1-3".to_owned()]);
 
     // Another device of the same target name, and the same device in another tenant.
     let other_device =
         GatewayRegistration { device_id: "ak:device:other".into(), ..registration("station-a", 2, 1, now) };
     let other_device = GatewayRegistration { push_target_id: third.push_target_id.clone(), ..other_device };
-    store.gateway_register(&other_device).await.unwrap();
+    store.gateway().register(&other_device).await.unwrap();
     let mut both = target_ids(store, &third, now).await;
     both.sort();
     assert_eq!(both, vec!["reg-1-3".to_owned(), "reg-2-1".to_owned()]);
     let elsewhere = registration("station-b", 1, 1, now);
-    assert_eq!(store.gateway_register(&elsewhere).await.unwrap(), None);
-    assert_eq!(store.gateway_route(&third.route_key(), now).await.unwrap().unwrap().registration_id, "reg-1-3");
-    assert!(store.gateway_target("station-b", &third.push_target_id, now).await.unwrap().is_empty());
+    assert_eq!(store.gateway().register(&elsewhere).await.unwrap(), None);
+    assert_eq!(store.gateway().route(&third.route_key(), now).await.unwrap().unwrap().registration_id, "reg-1-3");
+    assert!(store.gateway().target("station-b", &third.push_target_id, now).await.unwrap().is_empty());
     assert_eq!(target_ids(store, &elsewhere, now).await, vec!["reg-1-1".to_owned()]);
 }
 
@@ -71,9 +73,9 @@ pub async fn gateway_register_supersedes<S: Store>(store: &S) {
 pub async fn gateway_concurrent_registers_leave_one_route<S: Store>(store: &S) {
     let now = base_ms();
     let regs: Vec<_> = (1..=6).map(|n| registration("station-a", 3, n, now)).collect();
-    let answers = futures::future::join_all(regs.iter().map(|r| store.gateway_register(r))).await;
+    let answers = futures::future::join_all(regs.iter().map(|r| store.gateway().register(r))).await;
     assert!(answers.iter().all(Result::is_ok), "{answers:?}");
-    let current = store.gateway_route(&regs[0].route_key(), now).await.unwrap().unwrap();
+    let current = store.gateway().route(&regs[0].route_key(), now).await.unwrap().unwrap();
     let mut found = 0;
     for r in &regs {
         let ids = target_ids(store, r, now).await;
@@ -95,41 +97,41 @@ pub async fn gateway_concurrent_registers_leave_one_route<S: Store>(store: &S) {
 pub async fn gateway_unregister_and_expiry<S: Store>(store: &S) {
     let now = base_ms();
     let reg = registration("station-a", 4, 1, now);
-    store.gateway_register(&reg).await.unwrap();
+    store.gateway().register(&reg).await.unwrap();
     let revoke = |push_key: Option<&str>, app_id: Option<&str>| Revoke {
         route: reg.route_key(),
         push_key: push_key.map(str::to_owned),
         app_id: app_id.map(str::to_owned),
     };
-    assert!(!store.gateway_unregister(&revoke(Some("another-token"), None)).await.unwrap());
-    assert!(!store.gateway_unregister(&revoke(None, Some("com.other"))).await.unwrap());
+    assert!(!store.gateway().unregister(&revoke(Some("another-token"), None)).await.unwrap());
+    assert!(!store.gateway().unregister(&revoke(None, Some("com.other"))).await.unwrap());
     assert_eq!(target_ids(store, &reg, now).await, vec![reg.registration_id.clone()]);
-    assert!(store.gateway_unregister(&revoke(Some("token-4-1"), Some("com.example.app"))).await.unwrap());
+    assert!(store.gateway().unregister(&revoke(Some("token-4-1"), Some("com.example.app"))).await.unwrap());
     assert!(target_ids(store, &reg, now).await.is_empty());
-    assert_eq!(store.gateway_route(&reg.route_key(), now).await.unwrap(), None);
-    assert!(!store.gateway_unregister(&revoke(None, None)).await.unwrap());
+    assert_eq!(store.gateway().route(&reg.route_key(), now).await.unwrap(), None);
+    assert!(!store.gateway().unregister(&revoke(None, None)).await.unwrap());
     // Unknown devices and tenants: nothing to do, no error.
     let nobody = Revoke {
         route: RouteKey { tenant: "t".into(), account_id: "a".into(), device_id: "d".into() },
         push_key: None,
         app_id: None,
     };
-    assert!(!store.gateway_unregister(&nobody).await.unwrap());
+    assert!(!store.gateway().unregister(&nobody).await.unwrap());
 
     // Expiry.
     let short = GatewayRegistration { expires_at_ms: now + HOUR_MS, ..registration("station-a", 5, 1, now) };
-    store.gateway_register(&short).await.unwrap();
+    store.gateway().register(&short).await.unwrap();
     assert_eq!(target_ids(store, &short, now + HOUR_MS - 1).await, vec![short.registration_id.clone()]);
     assert!(target_ids(store, &short, now + HOUR_MS).await.is_empty());
-    assert_eq!(store.gateway_route(&short.route_key(), now + HOUR_MS).await.unwrap(), None);
+    assert_eq!(store.gateway().route(&short.route_key(), now + HOUR_MS).await.unwrap(), None);
     let long = registration("station-a", 6, 1, now);
-    store.gateway_register(&long).await.unwrap();
-    let deleted = store.delete_expired_gateway(now + 2 * HOUR_MS).await.unwrap();
+    store.gateway().register(&long).await.unwrap();
+    let deleted = store.gateway().delete_expired(now + 2 * HOUR_MS).await.unwrap();
     assert!(deleted <= 1, "{deleted}");
     assert_eq!(target_ids(store, &long, now + 2 * HOUR_MS).await, vec![long.registration_id.clone()]);
     // A device whose registration expired registers again.
     let again = GatewayRegistration { registration_id: "reg-5-2".into(), ..registration("station-a", 5, 1, now) };
-    store.gateway_register(&again).await.unwrap();
+    store.gateway().register(&again).await.unwrap();
     assert_eq!(target_ids(store, &again, now).await, vec!["reg-5-2".to_owned()]);
 }
 
@@ -138,20 +140,20 @@ pub async fn gateway_unregister_and_expiry<S: Store>(store: &S) {
 pub async fn gateway_dead_token_mark<S: Store>(store: &S) {
     let now = base_ms();
     let reg = registration("station-a", 7, 1, now);
-    store.gateway_register(&reg).await.unwrap();
-    assert!(!store.gateway_mark_token_invalid(&reg.route_key(), "reg-other").await.unwrap());
-    assert!(!store.gateway_target(&reg.tenant, &reg.push_target_id, now).await.unwrap()[0].token_invalid);
-    assert!(store.gateway_mark_token_invalid(&reg.route_key(), &reg.registration_id).await.unwrap());
-    let found = store.gateway_target(&reg.tenant, &reg.push_target_id, now).await.unwrap();
+    store.gateway().register(&reg).await.unwrap();
+    assert!(!store.gateway().mark_token_invalid(&reg.route_key(), "reg-other").await.unwrap());
+    assert!(!store.gateway().target(&reg.tenant, &reg.push_target_id, now).await.unwrap()[0].token_invalid);
+    assert!(store.gateway().mark_token_invalid(&reg.route_key(), &reg.registration_id).await.unwrap());
+    let found = store.gateway().target(&reg.tenant, &reg.push_target_id, now).await.unwrap();
     assert_eq!(found.len(), 1);
     assert!(found[0].token_invalid);
     assert_eq!(found[0].push_key, reg.push_key);
     let fresh = registration("station-a", 7, 2, now);
-    store.gateway_register(&fresh).await.unwrap();
-    assert!(!store.gateway_route(&fresh.route_key(), now).await.unwrap().unwrap().token_invalid);
-    assert!(!store.gateway_mark_token_invalid(&reg.route_key(), &reg.registration_id).await.unwrap());
+    store.gateway().register(&fresh).await.unwrap();
+    assert!(!store.gateway().route(&fresh.route_key(), now).await.unwrap().unwrap().token_invalid);
+    assert!(!store.gateway().mark_token_invalid(&reg.route_key(), &reg.registration_id).await.unwrap());
     let nobody = RouteKey { tenant: "t".into(), account_id: "a".into(), device_id: "d".into() };
-    assert!(!store.gateway_mark_token_invalid(&nobody, "r").await.unwrap());
+    assert!(!store.gateway().mark_token_invalid(&nobody, "r").await.unwrap());
 }
 
 fn notify_key(tenant: &str, n: u8) -> NotifyKey {
@@ -178,74 +180,77 @@ pub async fn gateway_notify_records<S: Store>(store: &S) {
     let (d1, d2) = ([1u8; 32], [2u8; 32]);
     let (lease, expires) = (now + 30_000, now + 24 * HOUR_MS);
     let k = notify_key("station-a", 1);
-    assert_eq!(store.gateway_notify_claim(&k, &d1, now, lease, expires).await.unwrap(), NotifyClaim::Claimed);
+    assert_eq!(store.gateway().notify_claim(&k, &d1, now, lease, expires).await.unwrap(), NotifyClaim::Claimed);
     assert_eq!(
-        store.gateway_notify_claim(&k, &d1, now + 1, now + 40_000, expires).await.unwrap(),
+        store.gateway().notify_claim(&k, &d1, now + 1, now + 40_000, expires).await.unwrap(),
         NotifyClaim::Busy { lease_until_ms: lease }
     );
     assert_eq!(
-        store.gateway_notify_claim(&k, &d2, now + 1, now + 40_000, expires).await.unwrap(),
+        store.gateway().notify_claim(&k, &d2, now + 1, now + 40_000, expires).await.unwrap(),
         NotifyClaim::Conflict
     );
     // Not this claim's lease: nothing stored.
-    assert!(!store.gateway_notify_commit(&k, lease + 1, b"other", &[], expires).await.unwrap());
-    assert!(store.gateway_notify_commit(&k, lease, br#"{"outcomes":[]}"#, &[], expires).await.unwrap());
+    assert!(!store.gateway().notify_commit(&k, lease + 1, b"other", &[], expires).await.unwrap());
+    assert!(store.gateway().notify_commit(&k, lease, br#"{"outcomes":[]}"#, &[], expires).await.unwrap());
     for _ in 0..2 {
         assert_eq!(
-            store.gateway_notify_claim(&k, &d1, now + 2, now + 40_000, expires).await.unwrap(),
+            store.gateway().notify_claim(&k, &d1, now + 2, now + 40_000, expires).await.unwrap(),
             NotifyClaim::Replay(br#"{"outcomes":[]}"#.to_vec())
         );
     }
     assert_eq!(
-        store.gateway_notify_claim(&k, &d2, now + 2, now + 40_000, expires).await.unwrap(),
+        store.gateway().notify_claim(&k, &d2, now + 2, now + 40_000, expires).await.unwrap(),
         NotifyClaim::Conflict
     );
     // A committed record is neither released nor committed again.
-    store.gateway_notify_release(&k, lease).await.unwrap();
-    assert!(!store.gateway_notify_commit(&k, lease, b"again", &[], expires).await.unwrap());
+    store.gateway().notify_release(&k, lease).await.unwrap();
+    assert!(!store.gateway().notify_commit(&k, lease, b"again", &[], expires).await.unwrap());
     assert!(matches!(
-        store.gateway_notify_claim(&k, &d1, now + 3, lease, expires).await.unwrap(),
+        store.gateway().notify_claim(&k, &d1, now + 3, lease, expires).await.unwrap(),
         NotifyClaim::Replay(_)
     ));
     // The same key in another tenant is another request.
     let other = notify_key("station-b", 1);
-    assert_eq!(store.gateway_notify_claim(&other, &d2, now, lease, expires).await.unwrap(), NotifyClaim::Claimed);
+    assert_eq!(store.gateway().notify_claim(&other, &d2, now, lease, expires).await.unwrap(), NotifyClaim::Claimed);
 
     // Release frees the key; a dead claimant's claim is taken over after its lease.
     let k2 = notify_key("station-a", 2);
-    assert_eq!(store.gateway_notify_claim(&k2, &d1, now, lease, expires).await.unwrap(), NotifyClaim::Claimed);
-    store.gateway_notify_release(&k2, lease + 1).await.unwrap();
+    assert_eq!(store.gateway().notify_claim(&k2, &d1, now, lease, expires).await.unwrap(), NotifyClaim::Claimed);
+    store.gateway().notify_release(&k2, lease + 1).await.unwrap();
     assert!(matches!(
-        store.gateway_notify_claim(&k2, &d1, now + 1, lease, expires).await.unwrap(),
+        store.gateway().notify_claim(&k2, &d1, now + 1, lease, expires).await.unwrap(),
         NotifyClaim::Busy { .. }
     ));
-    store.gateway_notify_release(&k2, lease).await.unwrap();
-    assert_eq!(store.gateway_notify_claim(&k2, &d2, now + 2, lease, expires).await.unwrap(), NotifyClaim::Claimed);
+    store.gateway().notify_release(&k2, lease).await.unwrap();
+    assert_eq!(store.gateway().notify_claim(&k2, &d2, now + 2, lease, expires).await.unwrap(), NotifyClaim::Claimed);
     let later = lease + 1;
     assert_eq!(
-        store.gateway_notify_claim(&k2, &d2, later, later + 30_000, expires).await.unwrap(),
+        store.gateway().notify_claim(&k2, &d2, later, later + 30_000, expires).await.unwrap(),
         NotifyClaim::Claimed
     );
-    assert!(!store.gateway_notify_commit(&k2, lease, b"late", &[], expires).await.unwrap());
-    assert!(store.gateway_notify_commit(&k2, later + 30_000, b"taken over", &[], expires).await.unwrap());
+    assert!(!store.gateway().notify_commit(&k2, lease, b"late", &[], expires).await.unwrap());
+    assert!(store.gateway().notify_commit(&k2, later + 30_000, b"taken over", &[], expires).await.unwrap());
     assert_eq!(
-        store.gateway_notify_claim(&k2, &d2, later + 1, later + 60_000, expires).await.unwrap(),
+        store.gateway().notify_claim(&k2, &d2, later + 1, later + 60_000, expires).await.unwrap(),
         NotifyClaim::Replay(b"taken over".to_vec())
     );
 
     // Past its retention period a record no longer counts.
     let short = notify_key("station-a", 3);
-    assert_eq!(store.gateway_notify_claim(&short, &d1, now, lease, now + HOUR_MS).await.unwrap(), NotifyClaim::Claimed);
-    assert!(store.gateway_notify_commit(&short, lease, b"r", &[], now + HOUR_MS).await.unwrap());
-    let after = now + HOUR_MS;
     assert_eq!(
-        store.gateway_notify_claim(&short, &d2, after, after + 30_000, after + HOUR_MS).await.unwrap(),
+        store.gateway().notify_claim(&short, &d1, now, lease, now + HOUR_MS).await.unwrap(),
         NotifyClaim::Claimed
     );
-    let deleted = store.delete_expired_gateway(now + 3 * HOUR_MS).await.unwrap();
+    assert!(store.gateway().notify_commit(&short, lease, b"r", &[], now + HOUR_MS).await.unwrap());
+    let after = now + HOUR_MS;
+    assert_eq!(
+        store.gateway().notify_claim(&short, &d2, after, after + 30_000, after + HOUR_MS).await.unwrap(),
+        NotifyClaim::Claimed
+    );
+    let deleted = store.gateway().delete_expired(now + 3 * HOUR_MS).await.unwrap();
     assert!(deleted <= 2, "{deleted}");
     assert!(matches!(
-        store.gateway_notify_claim(&k, &d1, now + 3, lease, expires).await.unwrap(),
+        store.gateway().notify_claim(&k, &d1, now + 3, lease, expires).await.unwrap(),
         NotifyClaim::Replay(_)
     ));
 }
@@ -253,7 +258,7 @@ pub async fn gateway_notify_records<S: Store>(store: &S) {
 pub async fn gateway_concurrent_notify_claims_have_one_winner<S: Store>(store: &S) {
     let now = base_ms();
     let k = notify_key("station-a", 9);
-    let claims = (0..8).map(|i| store.gateway_notify_claim(&k, &[9; 32], now, now + 30_000 + i, now + HOUR_MS));
+    let claims = (0..8).map(|i| store.gateway().notify_claim(&k, &[9; 32], now, now + 30_000 + i, now + HOUR_MS));
     let answers = futures::future::join_all(claims).await;
     let won = answers.iter().filter(|a| matches!(a, Ok(NotifyClaim::Claimed))).count();
     assert_eq!(won, 1, "{answers:?}");
@@ -263,10 +268,10 @@ pub async fn gateway_concurrent_notify_claims_have_one_winner<S: Store>(store: &
 async fn commit_wakeups<S: Store>(store: &S, n: u8, wakeups: &[GatewayWakeup], now: i64) {
     let k = notify_key("station-a", n);
     assert_eq!(
-        store.gateway_notify_claim(&k, &[n; 32], now, now + 30_000, now + HOUR_MS).await.unwrap(),
+        store.gateway().notify_claim(&k, &[n; 32], now, now + 30_000, now + HOUR_MS).await.unwrap(),
         NotifyClaim::Claimed
     );
-    assert!(store.gateway_notify_commit(&k, now + 30_000, b"{}", wakeups, now + HOUR_MS).await.unwrap());
+    assert!(store.gateway().notify_commit(&k, now + 30_000, b"{}", wakeups, now + HOUR_MS).await.unwrap());
 }
 
 fn ids(leased: &[LeasedWakeup]) -> Vec<String> {
@@ -284,45 +289,45 @@ pub async fn gateway_wakeups_are_leased<S: Store>(store: &S) {
     let later = wakeup(&format!("{:032x}", 2), 2, now + 60_000, now);
     commit_wakeups(store, 20, &[soon.clone(), later.clone()], now).await;
     let lease = now + 30_000;
-    let taken = store.gateway_wakeups_due(now, lease, 10).await.unwrap();
+    let taken = store.gateway().wakeups_due(now, lease, 10).await.unwrap();
     assert_eq!(taken, vec![LeasedWakeup { wakeup: soon.clone(), lease_until_ms: lease }]);
-    assert!(store.gateway_wakeups_due(now + 1, now + 40_000, 10).await.unwrap().is_empty());
+    assert!(store.gateway().wakeups_due(now + 1, now + 40_000, 10).await.unwrap().is_empty());
 
     // The merge: the same id again keeps the stored wakeup as it is.
     let merged = GatewayWakeup { payload: b"{}".to_vec(), ..later.clone() };
     commit_wakeups(store, 21, &[merged], now).await;
 
     // The worker died: after its lease another takes the wakeup over.
-    let taken_over = store.gateway_wakeups_due(lease, lease + 30_000, 10).await.unwrap();
+    let taken_over = store.gateway().wakeups_due(lease, lease + 30_000, 10).await.unwrap();
     assert_eq!(ids(&taken_over), vec![soon.id.clone()]);
     let old = &taken[0];
-    assert!(!store.gateway_wakeup_reschedule(old, now + 5_000, 1).await.unwrap());
-    assert!(!store.gateway_wakeup_delete(old).await.unwrap());
+    assert!(!store.gateway().wakeup_reschedule(old, now + 5_000, 1).await.unwrap());
+    assert!(!store.gateway().wakeup_delete(old).await.unwrap());
     let held = &taken_over[0];
-    assert!(store.gateway_wakeup_reschedule(held, lease + 10_000, 1).await.unwrap());
-    assert!(store.gateway_wakeups_due(lease + 9_999, lease + 50_000, 10).await.unwrap().is_empty());
+    assert!(store.gateway().wakeup_reschedule(held, lease + 10_000, 1).await.unwrap());
+    assert!(store.gateway().wakeups_due(lease + 9_999, lease + 50_000, 10).await.unwrap().is_empty());
 
     // Both are due at the later time; the retry carries its attempt count.
     let t = now + 60_000;
-    let due = store.gateway_wakeups_due(t, t + 30_000, 10).await.unwrap();
+    let due = store.gateway().wakeups_due(t, t + 30_000, 10).await.unwrap();
     assert_eq!(ids(&due), vec![soon.id.clone(), later.id.clone()]);
     let retried = due.iter().find(|l| l.wakeup.id == soon.id).unwrap();
     assert_eq!(retried.wakeup.attempts, 1);
     assert_eq!(retried.wakeup.not_before_ms, lease + 10_000);
     assert_eq!(due.iter().find(|l| l.wakeup.id == later.id).unwrap().wakeup.payload, later.payload);
     for l in &due {
-        assert!(store.gateway_wakeup_delete(l).await.unwrap());
-        assert!(!store.gateway_wakeup_delete(l).await.unwrap());
+        assert!(store.gateway().wakeup_delete(l).await.unwrap());
+        assert!(!store.gateway().wakeup_delete(l).await.unwrap());
     }
-    assert!(store.gateway_wakeups_due(t + HOUR_MS / 2, t + HOUR_MS, 10).await.unwrap().is_empty());
+    assert!(store.gateway().wakeups_due(t + HOUR_MS / 2, t + HOUR_MS, 10).await.unwrap().is_empty());
 
     // `limit`, and concurrent workers never lease the same wakeup.
     let many: Vec<_> = (10..22).map(|n| wakeup(&format!("{n:032x}"), 1, now, now)).collect();
     commit_wakeups(store, 22, &many, now).await;
-    assert_eq!(store.gateway_wakeups_due(now, now + 1, 5).await.unwrap().len(), 5);
+    assert_eq!(store.gateway().wakeups_due(now, now + 1, 5).await.unwrap().len(), 5);
     let (a, b) = futures::join!(
-        store.gateway_wakeups_due(now + 2, now + 30_000, 100),
-        store.gateway_wakeups_due(now + 2, now + 30_001, 100)
+        store.gateway().wakeups_due(now + 2, now + 30_000, 100),
+        store.gateway().wakeups_due(now + 2, now + 30_001, 100)
     );
     let (a, b) = (ids(&a.unwrap()), ids(&b.unwrap()));
     assert_eq!(a.len() + b.len(), 12, "{a:?} {b:?}");
@@ -334,26 +339,26 @@ pub async fn gateway_state_compare_and_set<S: Store>(store: &S) {
     let now = base_ms();
     let expires = now + HOUR_MS;
     let key = b"dedup\x00window-1";
-    assert_eq!(store.gateway_state("station-a", key, now).await.unwrap(), None);
-    assert!(store.gateway_state_cas("station-a", key, None, b"a", now, expires).await.unwrap());
-    assert!(!store.gateway_state_cas("station-a", key, None, b"b", now, expires).await.unwrap());
-    assert_eq!(store.gateway_state("station-a", key, now).await.unwrap(), Some(b"a".to_vec()));
-    assert!(!store.gateway_state_cas("station-a", key, Some(b"x"), b"b", now, expires).await.unwrap());
-    assert!(store.gateway_state_cas("station-a", key, Some(b"a"), b"b", now, expires).await.unwrap());
-    assert_eq!(store.gateway_state("station-a", key, now).await.unwrap(), Some(b"b".to_vec()));
-    assert_eq!(store.gateway_state("station-b", key, now).await.unwrap(), None);
-    assert!(store.gateway_state_cas("station-b", key, None, b"z", now, expires).await.unwrap());
+    assert_eq!(store.gateway().state("station-a", key, now).await.unwrap(), None);
+    assert!(store.gateway().state_cas("station-a", key, None, b"a", now, expires).await.unwrap());
+    assert!(!store.gateway().state_cas("station-a", key, None, b"b", now, expires).await.unwrap());
+    assert_eq!(store.gateway().state("station-a", key, now).await.unwrap(), Some(b"a".to_vec()));
+    assert!(!store.gateway().state_cas("station-a", key, Some(b"x"), b"b", now, expires).await.unwrap());
+    assert!(store.gateway().state_cas("station-a", key, Some(b"a"), b"b", now, expires).await.unwrap());
+    assert_eq!(store.gateway().state("station-a", key, now).await.unwrap(), Some(b"b".to_vec()));
+    assert_eq!(store.gateway().state("station-b", key, now).await.unwrap(), None);
+    assert!(store.gateway().state_cas("station-b", key, None, b"z", now, expires).await.unwrap());
     // Expired: absent, and set again from absent.
-    assert_eq!(store.gateway_state("station-a", key, expires).await.unwrap(), None);
-    assert!(!store.gateway_state_cas("station-a", key, Some(b"b"), b"c", expires, expires + HOUR_MS).await.unwrap());
-    assert!(store.gateway_state_cas("station-a", key, None, b"c", expires, expires + HOUR_MS).await.unwrap());
-    assert_eq!(store.gateway_state("station-a", key, expires).await.unwrap(), Some(b"c".to_vec()));
+    assert_eq!(store.gateway().state("station-a", key, expires).await.unwrap(), None);
+    assert!(!store.gateway().state_cas("station-a", key, Some(b"b"), b"c", expires, expires + HOUR_MS).await.unwrap());
+    assert!(store.gateway().state_cas("station-a", key, None, b"c", expires, expires + HOUR_MS).await.unwrap());
+    assert_eq!(store.gateway().state("station-a", key, expires).await.unwrap(), Some(b"c".to_vec()));
     // Concurrent setters from absent: one wins.
     let k2 = b"count";
     let values: Vec<[u8; 1]> = (0..6u8).map(|i| [i]).collect();
-    let sets = values.iter().map(|v| store.gateway_state_cas("station-a", k2, None, v, now, expires));
+    let sets = values.iter().map(|v| store.gateway().state_cas("station-a", k2, None, v, now, expires));
     let won = futures::future::join_all(sets).await.into_iter().filter(|r| matches!(r, Ok(true))).count();
     assert_eq!(won, 1);
-    let deleted = store.delete_expired_gateway(expires + 2 * HOUR_MS).await.unwrap();
+    let deleted = store.gateway().delete_expired(expires + 2 * HOUR_MS).await.unwrap();
     assert!(deleted <= 5, "{deleted}");
 }
