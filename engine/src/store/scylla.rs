@@ -70,7 +70,7 @@ mod relay;
 mod schema;
 mod settings;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
@@ -524,13 +524,22 @@ impl ScyllaStore {
         Ok(out)
     }
 
-    /// Writes the dispatch index rows of `topics` (before the batch that stores them).
-    /// The write timestamp of one change of `id`'s dispatch index rows
-    /// (issue 11): later than this node's last one and than any earlier
-    /// change of `id` on any node, whatever their clocks say. Written back
-    /// before the change's conditional batch, so every change whose batch
-    /// applies after this one's reads it (quorum write, then quorum read).
+    /// The write timestamp of one change of `id`'s dispatch index rows:
+    /// later than this node's last one and than any earlier change of `id`
+    /// on any node, whatever their clocks say. Written back before the
+    /// change's conditional batch, so every change whose batch applies after
+    /// this one's reads it (quorum write, then quorum read).
     async fn index_timestamp(&self, id: &RecipientId) -> Result<i64, StoreError> {
+        let ts = self.next_index_timestamp(self.read_index_clock(id).await?);
+        self.put_index_clock(id, ts).await?;
+        Ok(ts)
+    }
+
+    /// The index clock of `id` as stored. Read with (not after) the version
+    /// it guards: a change whose batch applied before that read wrote its
+    /// clock before its batch, and one that applies after it fails the
+    /// version check.
+    async fn read_index_clock(&self, id: &RecipientId) -> Result<Option<i64>, StoreError> {
         let rows = self
             .session
             .execute_unpaged(&self.st.clock_read, (id.as_bytes().as_slice(),))
@@ -538,12 +547,24 @@ impl ScyllaStore {
             .map_err(be("reading an index clock"))?
             .into_rows_result()
             .map_err(be("reading an index clock"))?;
-        let stored = rows.maybe_first_row::<(Option<i64>,)>().map_err(be("reading an index clock"))?.and_then(|r| r.0);
-        let ts = self.clock.next().max(stored.map_or(i64::MIN, |c| c.saturating_add(1)));
-        self.write(&self.st.clock_put, (id.as_bytes().as_slice(), ts, ts)).await?;
-        Ok(ts)
+        Ok(rows.maybe_first_row::<(Option<i64>,)>().map_err(be("reading an index clock"))?.and_then(|r| r.0))
     }
 
+    fn next_index_timestamp(&self, stored: Option<i64>) -> i64 {
+        self.clock.next().max(stored.map_or(i64::MIN, |c| c.saturating_add(1)))
+    }
+
+    async fn put_index_clock(&self, id: &RecipientId, ts: i64) -> Result<(), StoreError> {
+        self.write(&self.st.clock_put, (id.as_bytes().as_slice(), ts, ts)).await
+    }
+
+    /// The boundaries of `shards`, read concurrently.
+    async fn boundaries(&self, shards: BTreeSet<ShardId>) -> Result<HashMap<ShardId, u64>, StoreError> {
+        let reads = shards.into_iter().map(|shard| async move { Ok((shard, self.position(shard).await?.boundary)) });
+        stream::iter(reads).buffer_unordered(JOIN_CONCURRENCY).try_collect().await
+    }
+
+    /// Writes the dispatch index rows of `topics` (before the batch that stores them).
     async fn put_topic_rows(&self, id: &RecipientId, topics: &[&[u8]], ts: i64) -> Result<(), StoreError> {
         let writes: Vec<BoxFuture<'_, Result<(), StoreError>>> = topics
             .iter()
@@ -753,7 +774,8 @@ impl Store for ScyllaStore {
             )));
         }
         for attempt in 0..MAX_LWT_ATTEMPTS {
-            let v = self.read_static(id).await?.ok_or(StoreError::NotFound)?;
+            let (v, clock) = futures::try_join!(self.read_static(id), self.read_index_clock(id))?;
+            let v = v.ok_or(StoreError::NotFound)?;
             if v.recipient.secret_hash != *secret_hash {
                 return Err(StoreError::SecretMismatch);
             }
@@ -778,13 +800,13 @@ impl Store for ScyllaStore {
 
             // PUSH-216: a new topic starts at its shard's boundary, read now,
             // after the recipient read and right before the conditional batch.
-            let mut boundaries: HashMap<ShardId, u64> = HashMap::new();
-            for sub in update.adds.iter().filter(|s| !existing.contains_key(s.topic.as_bytes())) {
-                let shard = sub.topic.shard(self.shard_count);
-                if let std::collections::hash_map::Entry::Vacant(slot) = boundaries.entry(shard) {
-                    slot.insert(self.position(shard).await?.boundary);
-                }
-            }
+            let new_shards = update
+                .adds
+                .iter()
+                .filter(|s| !existing.contains_key(s.topic.as_bytes()))
+                .map(|s| s.topic.shard(self.shard_count))
+                .collect();
+            let boundaries = self.boundaries(new_shards).await?;
             let stored: Vec<StoredSubscription> = update
                 .adds
                 .iter()
@@ -800,9 +822,9 @@ impl Store for ScyllaStore {
 
             // Dispatch index rows first, so a stored subscription is never invisible.
             // One timestamp for both: a topic is never both added and removed.
-            let ts = self.index_timestamp(id).await?;
+            let ts = self.next_index_timestamp(clock);
             let added: Vec<&[u8]> = update.adds.iter().map(|s| s.topic.as_bytes()).collect();
-            self.put_topic_rows(id, &added, ts).await?;
+            futures::try_join!(self.put_index_clock(id, ts), self.put_topic_rows(id, &added, ts))?;
 
             let mut batch = Batch::new(BatchType::Logged);
             let mut values: Vec<Values> = Vec::with_capacity(1 + removed.len() + stored.len());
