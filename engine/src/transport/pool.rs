@@ -625,11 +625,9 @@ mod tests {
             let slow = pool.send(post(&receiver.url("/slow")));
             tokio::pin!(slow);
             // The slow request is the host's first, and has left.
-            while receiver.received_count() == 0 {
-                tokio::select! {
-                    answer = &mut slow => panic!("answered before it was received: {answer:?}"),
-                    () = tokio::time::sleep(Duration::from_millis(10)) => {}
-                }
+            tokio::select! {
+                answer = &mut slow => panic!("answered before it was received: {answer:?}"),
+                received = receiver.wait_for(1, Duration::from_secs(5)) => assert_eq!(received.len(), 1),
             }
             let fast = async {
                 let answers = futures::future::join_all((0..3).map(|_| pool.send(post(&receiver.url("/fast"))))).await;
