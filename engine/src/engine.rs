@@ -12,7 +12,7 @@ use crate::channel::{ChannelContext, Channels};
 use crate::delivery::{DeliveryWorkers, WorkerContext};
 use crate::dispatch::{DispatchContext, PanicHook};
 use crate::domain::ShardId;
-use crate::gateway::delivery::{Delivery, DeliverySettings};
+use crate::gateway::delivery::Delivery;
 use crate::gateway::egress::CollapseKeys;
 use crate::gateway::service::{DEFAULT_MAX_IN_FLIGHT, GatewayService};
 use crate::gateway::{GatewaySettings, SaltSecrets};
@@ -101,8 +101,7 @@ impl Gateway {
             .map_err(|e| EngineError::Config(format!("engine.gateway.salt_secrets: {e}")))?;
         let secrets = Arc::new(secrets);
         let keys = CollapseKeys::new(secrets.clone(), settings.window);
-        let delivery =
-            Delivery::new(store.clone(), channels.clone(), DeliverySettings::default(), keys, metrics.clone());
+        let delivery = Delivery::new(store.clone(), channels.clone(), settings.delivery, keys, metrics.clone());
         let (stop, stopped) = watch::channel(false);
         let worker = tokio::spawn(delivery.clone().run(stopped));
         let service =

@@ -27,9 +27,11 @@
 //! gauges: wakeups in flight, how late the last lease's oldest wakeup was,
 //! and how long the worker has had work without finishing any.
 
+use std::num::{NonZeroU32, NonZeroUsize};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use serde::Deserialize;
 use serde_json::{Map, Value};
 use tokio::sync::{Notify, Semaphore, watch};
 use tokio::task::JoinSet;
@@ -48,21 +50,27 @@ use crate::transport::ATTEMPT_TIMEOUT;
 /// How long a leased wakeup stays with its worker: three attempt bounds.
 pub const LEASE: Duration = Duration::from_secs(3 * ATTEMPT_TIMEOUT.as_secs());
 
-/// How the worker runs.
-#[derive(Debug, Clone, Copy)]
+/// `[engine.gateway.delivery]`: how the worker runs.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct DeliverySettings {
     /// Provider requests in flight at once.
-    pub max_in_flight: usize,
+    pub max_in_flight: NonZeroUsize,
     /// Attempts before a wakeup is given up.
-    pub max_attempts: u32,
+    pub max_attempts: NonZeroU32,
     /// How often the store is asked for due wakeups when nothing wakes the
     /// worker sooner (a retry's time, another node's wakeups).
+    #[serde(rename = "poll_interval_ms", deserialize_with = "crate::duration::millis")]
     pub poll_interval: Duration,
 }
 
 impl Default for DeliverySettings {
     fn default() -> Self {
-        Self { max_in_flight: 64, max_attempts: 8, poll_interval: Duration::from_millis(500) }
+        Self {
+            max_in_flight: NonZeroUsize::new(64).unwrap(),
+            max_attempts: NonZeroU32::new(8).unwrap(),
+            poll_interval: Duration::from_millis(500),
+        }
     }
 }
 
@@ -170,7 +178,7 @@ impl Delivery {
     /// Runs until `shutdown` turns true, then lets the attempts in flight
     /// finish (their leases cover them if the process stops first).
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
-        let max_in_flight = self.settings.max_in_flight.max(1);
+        let max_in_flight = self.settings.max_in_flight.get();
         let slots = Arc::new(Semaphore::new(max_in_flight));
         let mut tasks = JoinSet::new();
         let gauges = &self.metrics.gateway;
@@ -318,7 +326,7 @@ impl Delivery {
 
     async fn retry(&self, leased: &LeasedWakeup, delay: Duration, attempted: bool) -> Sent {
         let attempts = leased.wakeup.attempts + u32::from(attempted);
-        if attempts >= self.settings.max_attempts {
+        if attempts >= self.settings.max_attempts.get() {
             return self.finish(leased, Sent::Exhausted).await;
         }
         let wait = delay.max(backoff(attempts.saturating_sub(1)));
@@ -579,7 +587,7 @@ mod tests {
         assert!(retry_after >= Duration::from_secs(15), "{retry_after:?}");
         // A wakeup at its last attempt is given up.
         let mut last = due.remove(0);
-        last.wakeup.attempts = DeliverySettings::default().max_attempts - 1;
+        last.wakeup.attempts = DeliverySettings::default().max_attempts.get() - 1;
         assert_eq!(s.delivery.send(last).await, Sent::Exhausted);
         assert!(nothing_due(&s, now_ms() + 3_600_000).await);
         assert!(ledger(&s).await.is_empty(now_ms()));
