@@ -376,44 +376,11 @@ impl Delivery {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::VecDeque;
-    use std::sync::Mutex;
-
-    use async_trait::async_trait;
-
     use super::*;
-    use crate::channel::{Provider, Push};
     use crate::domain::{GatewayWakeup, NotifyClaim, NotifyKey, Revoke};
-    use crate::gateway::identity::{PushSecret, SaltEpochId, SaltSecrets};
     use crate::gateway::pending::{Admission, PendingWakeups};
     use crate::store::RedbStore;
-
-    /// FCM answering from a script; records what it was asked to send.
-    struct Scripted {
-        answers: Mutex<VecDeque<Outcome>>,
-        sent: Mutex<Vec<(String, Map<String, Value>, Option<String>)>>,
-    }
-
-    #[async_trait]
-    impl Provider for Scripted {
-        fn channel(&self) -> Channel {
-            Channel::Fcm
-        }
-
-        async fn send(&self, _push: Push<'_>) -> Outcome {
-            unreachable!("the gateway sends relayed pushes only")
-        }
-
-        async fn send_relayed(&self, push: &RelayedPush<'_>) -> Result<Outcome, RelayRefusal> {
-            let sent = (push.token.to_owned(), push.payload.clone(), push.collapse_id.map(str::to_owned));
-            self.sent.lock().unwrap().push(sent);
-            Ok(self.answers.lock().unwrap().pop_front().unwrap_or(Outcome::Delivered))
-        }
-
-        fn timed_out(&self) -> Outcome {
-            Outcome::transient(Duration::from_secs(10))
-        }
-    }
+    use crate::testing::{Scripted, salt_secrets as secrets};
 
     struct Setup {
         _dir: tempfile::TempDir,
@@ -427,7 +394,7 @@ mod tests {
     async fn setup(answers: Vec<Outcome>) -> Setup {
         let dir = tempfile::tempdir().unwrap();
         let store: Arc<dyn Store> = Arc::new(RedbStore::open(dir.path(), 4).unwrap());
-        let provider = Arc::new(Scripted { answers: Mutex::new(answers.into()), sent: Mutex::default() });
+        let provider = Scripted::new(answers);
         let mut channels = Channels::default();
         channels.insert(provider.clone());
         let metrics = Arc::new(Metrics::new());
@@ -456,12 +423,6 @@ mod tests {
 
     const WINDOW: Duration = Duration::from_secs(60);
     const TARGET: &str = "ak:pseudonym:push:kosc9iQ4gVct1OB-b6X364WIFIsJFVbVzn7BMBs1sm8";
-
-    fn secrets() -> Arc<SaltSecrets> {
-        let epoch = SaltEpochId::parse("e1").unwrap();
-        let secret = PushSecret::new(vec![0x11; 32]).unwrap();
-        Arc::new(SaltSecrets::new(epoch.clone(), std::collections::HashMap::from([(epoch, secret)])).unwrap())
-    }
 
     /// §2.4's key for the registration's wake-ups sent in the window of `at_ms`.
     fn key_at(at_ms: i64) -> String {
