@@ -193,12 +193,11 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         limits,
         shutdown_rx.clone(),
     );
-    let registry = engine.registry();
     let gateway = gateway_state(&config, &engine)?;
     let api_router = rest::router(
         rest::ApiState {
-            push_log: registry.channels.push_log(),
-            registry,
+            push_log: engine.push_log(),
+            registry: engine.registry(),
             metrics: engine.metrics(),
             relay_ingress: engine.relay_ingress(),
             gateway,

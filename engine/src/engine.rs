@@ -8,6 +8,7 @@ use ractor::{Actor, ActorRef};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::channel::relay::PushLog;
 use crate::channel::{ChannelContext, Channels};
 use crate::delivery::{DeliveryWorkers, WorkerContext};
 use crate::dispatch::{DispatchContext, PanicHook};
@@ -114,6 +115,7 @@ pub struct Engine {
     registry: Arc<Registry>,
     relay_ingress: Option<Arc<RelayIngress>>,
     gateway: Option<Gateway>,
+    push_log: Option<Arc<PushLog>>,
     ingest: Arc<Ingest>,
     metrics: Arc<Metrics>,
     readiness: Readiness,
@@ -202,14 +204,15 @@ impl Engine {
         };
         let (supervisor, supervisor_handle) =
             Actor::spawn(None, Supervisor, args).await.map_err(|e| EngineError::Actors(e.to_string()))?;
-        let registry = Arc::new(Registry {
-            store: store.clone(),
+        let push_log = channels.push_log();
+        let registry = Arc::new(Registry::new(
+            store.clone(),
             channels,
-            max_push_topics: settings.max_push_topics,
-            max_subscription_changes: settings.max_subscription_changes,
-            recipient_ttl_seconds: settings.recipient_ttl.as_secs(),
-            metrics: metrics.clone(),
-        });
+            settings.max_push_topics,
+            settings.max_subscription_changes,
+            settings.recipient_ttl,
+            metrics.clone(),
+        ));
         let ingest = Arc::new(Ingest {
             store: store.clone(),
             shard_count,
@@ -224,6 +227,7 @@ impl Engine {
             registry,
             relay_ingress,
             gateway,
+            push_log,
             ingest,
             metrics,
             readiness,
@@ -246,6 +250,11 @@ impl Engine {
     /// Spec 002's Station and Gateway roles, when `[engine.gateway]` is set.
     pub fn gateway(&self) -> Option<Arc<GatewayService>> {
         self.gateway.as_ref().map(|g| g.service.clone())
+    }
+
+    /// The relay's debug ring, only when `dangerous_push_log_endpoint` is on.
+    pub fn push_log(&self) -> Option<Arc<PushLog>> {
+        self.push_log.clone()
     }
 
     /// Publishing envelopes.
