@@ -634,7 +634,9 @@ mod tests {
         let station = c.station.unwrap();
         assert_eq!(station.service_id.as_str(), "did:web:station.example");
         assert_eq!(station.trusted_proxies, ["127.0.0.1".parse::<std::net::IpAddr>().unwrap()]);
-        assert!(c.engine.gateway.is_some());
+        assert_eq!(c.engine.gateway.unwrap().delivery.max_in_flight.get(), 64);
+        let err = error(&block.replace("max_in_flight = 64", "max_in_flight = 0"), &[]);
+        assert!(err.starts_with("invalid configuration: engine.gateway.delivery.max_in_flight: "), "{err}");
         let err = error("[station]\nservice_id = \"s\"", &[]);
         assert!(err.contains("station") && err.contains("sessions need a verifier"), "{err}");
     }

@@ -193,12 +193,11 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         limits,
         shutdown_rx.clone(),
     );
-    let registry = engine.registry();
-    let (gateway, delivery_task) = start_gateway(&config, &engine, shutdown_rx.clone())?;
+    let gateway = gateway_state(&config, &engine)?;
     let api_router = rest::router(
         rest::ApiState {
-            push_log: registry.channels.push_log(),
-            registry,
+            push_log: engine.push_log(),
+            registry: engine.registry(),
             metrics: engine.metrics(),
             relay_ingress: engine.relay_ingress(),
             gateway,
@@ -250,53 +249,24 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     }
     let _ = tokio::time::timeout(drain, http_task).await;
     let _ = tokio::time::timeout(drain, api_task).await;
-    if let Some(task) = delivery_task {
-        let _ = tokio::time::timeout(drain, task).await;
-    }
     engine.shutdown(drain).await;
     tracing::info!("stopped");
     Ok(())
 }
 
-/// Spec 002 with `[engine.gateway]`: the service on the engine's channels
-/// and store, and its wakeup worker (stopped by `shutdown`).
-fn start_gateway(
-    config: &Config,
-    engine: &Engine,
-    shutdown: watch::Receiver<bool>,
-) -> anyhow::Result<(Option<gateway::GatewayState>, Option<tokio::task::JoinHandle<()>>)> {
-    use fanout_engine::gateway::SaltSecrets;
-    use fanout_engine::gateway::delivery::{Delivery, DeliverySettings};
-    use fanout_engine::gateway::egress::CollapseKeys;
-    use fanout_engine::gateway::service::{DEFAULT_MAX_IN_FLIGHT, GatewayService};
-    let Some(settings) = &config.engine.gateway else {
+/// Spec 002's routes on the engine's gateway service, with `[station]`
+/// when it is set.
+fn gateway_state(config: &Config, engine: &Engine) -> anyhow::Result<Option<gateway::GatewayState>> {
+    let Some(service) = engine.gateway() else {
         anyhow::ensure!(config.station.is_none(), "[station] needs [engine.gateway]");
-        return Ok((None, None));
+        return Ok(None);
     };
-    let registry = engine.registry();
-    let (store, channels, metrics) = (registry.store.clone(), registry.channels.clone(), engine.metrics());
-    let secrets =
-        SaltSecrets::load(&settings.salt_epoch, settings.salt_secret_files()).context("engine.gateway.salt_secrets")?;
-    let secrets = Arc::new(secrets);
-    let keys = CollapseKeys::new(secrets.clone(), settings.window);
-    let delivery = Delivery::new(store.clone(), channels.clone(), DeliverySettings::default(), keys, metrics.clone());
-    let service = GatewayService::new(
-        settings.clone(),
-        secrets,
-        store,
-        channels,
-        delivery.clone(),
-        DEFAULT_MAX_IN_FLIGHT,
-        metrics,
-    );
     let station = match &config.station {
         Some(s) => Some(Arc::new((s.clone(), gateway::Session::load(s).context("station.session_tokens_file")?))),
         None => None,
     };
-    let task = tokio::spawn(delivery.run(shutdown));
     let scheme = if config.server.tls.is_some() { "https" } else { "http" };
-    let state = gateway::GatewayState { service: Arc::new(service), station, metrics: engine.metrics(), scheme };
-    Ok((Some(state), Some(task)))
+    Ok(Some(gateway::GatewayState { service, station, metrics: engine.metrics(), scheme }))
 }
 
 /// The embedded store in `store.path`, created if missing.

@@ -8,10 +8,15 @@ use ractor::{Actor, ActorRef};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::channel::relay::PushLog;
 use crate::channel::{ChannelContext, Channels};
 use crate::delivery::{DeliveryWorkers, WorkerContext};
 use crate::dispatch::{DispatchContext, PanicHook};
 use crate::domain::ShardId;
+use crate::gateway::delivery::Delivery;
+use crate::gateway::egress::CollapseKeys;
+use crate::gateway::service::{DEFAULT_MAX_IN_FLIGHT, GatewayService};
+use crate::gateway::{GatewaySettings, SaltSecrets};
 use crate::ingest::Ingest;
 use crate::metrics::Metrics;
 use crate::ownership::{Fence, LeaseConfig, OwnedShards, ShardOwnership};
@@ -78,9 +83,39 @@ impl Readiness {
     }
 }
 
+/// Spec 002's service and its wakeup worker, with `[engine.gateway]`.
+struct Gateway {
+    service: Arc<GatewayService>,
+    worker: JoinHandle<()>,
+    stop: watch::Sender<bool>,
+}
+
+impl Gateway {
+    /// The service on the engine's store and channels, and its worker.
+    fn start(
+        settings: &GatewaySettings,
+        store: Arc<dyn Store>,
+        channels: Channels,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, EngineError> {
+        let secrets = SaltSecrets::load(&settings.salt_epoch, settings.salt_secret_files())
+            .map_err(|e| EngineError::Config(format!("engine.gateway.salt_secrets: {e}")))?;
+        let secrets = Arc::new(secrets);
+        let keys = CollapseKeys::new(secrets.clone(), settings.window);
+        let delivery = Delivery::new(store.clone(), channels.clone(), settings.delivery, keys, metrics.clone());
+        let (stop, stopped) = watch::channel(false);
+        let worker = tokio::spawn(delivery.clone().run(stopped));
+        let service =
+            GatewayService::new(settings.clone(), secrets, store, channels, delivery, DEFAULT_MAX_IN_FLIGHT, metrics);
+        Ok(Self { service: Arc::new(service), worker, stop })
+    }
+}
+
 pub struct Engine {
     registry: Arc<Registry>,
     relay_ingress: Option<Arc<RelayIngress>>,
+    gateway: Option<Gateway>,
+    push_log: Option<Arc<PushLog>>,
     ingest: Arc<Ingest>,
     metrics: Arc<Metrics>,
     readiness: Readiness,
@@ -112,6 +147,11 @@ impl Engine {
             )),
             None => None,
         };
+        let gateway = settings
+            .gateway
+            .as_ref()
+            .map(|s| Gateway::start(s, store.clone(), channels.clone(), metrics.clone()))
+            .transpose()?;
         // Issue 7: on a coordinating store, shards are leased, not all owned.
         let (lease, ownership) = match store.clone().leases() {
             Some(leases) => {
@@ -164,14 +204,15 @@ impl Engine {
         };
         let (supervisor, supervisor_handle) =
             Actor::spawn(None, Supervisor, args).await.map_err(|e| EngineError::Actors(e.to_string()))?;
-        let registry = Arc::new(Registry {
-            store: store.clone(),
+        let push_log = channels.push_log();
+        let registry = Arc::new(Registry::new(
+            store.clone(),
             channels,
-            max_push_topics: settings.max_push_topics,
-            max_subscription_changes: settings.max_subscription_changes,
-            recipient_ttl_seconds: settings.recipient_ttl.as_secs(),
-            metrics: metrics.clone(),
-        });
+            settings.max_push_topics,
+            settings.max_subscription_changes,
+            settings.recipient_ttl,
+            metrics.clone(),
+        ));
         let ingest = Arc::new(Ingest {
             store: store.clone(),
             shard_count,
@@ -182,7 +223,18 @@ impl Engine {
             advertise_address: options.advertise_address.clone(),
         });
         let readiness = Readiness { store, ownership: ownership.map(|o| o.owned) };
-        Ok(Self { registry, relay_ingress, ingest, metrics, readiness, supervisor, supervisor_handle, worker_handles })
+        Ok(Self {
+            registry,
+            relay_ingress,
+            gateway,
+            push_log,
+            ingest,
+            metrics,
+            readiness,
+            supervisor,
+            supervisor_handle,
+            worker_handles,
+        })
     }
 
     /// Registration, unregistration and subscriptions (spec 000 sections 1–3).
@@ -193,6 +245,16 @@ impl Engine {
     /// The spec 003 push-server endpoint, when `[engine.relay_ingress]` is set.
     pub fn relay_ingress(&self) -> Option<Arc<RelayIngress>> {
         self.relay_ingress.clone()
+    }
+
+    /// Spec 002's Station and Gateway roles, when `[engine.gateway]` is set.
+    pub fn gateway(&self) -> Option<Arc<GatewayService>> {
+        self.gateway.as_ref().map(|g| g.service.clone())
+    }
+
+    /// The relay's debug ring, only when `dangerous_push_log_endpoint` is on.
+    pub fn push_log(&self) -> Option<Arc<PushLog>> {
+        self.push_log.clone()
     }
 
     /// Publishing envelopes.
@@ -213,9 +275,14 @@ impl Engine {
     /// Graceful stop within `drain`: every shard finishes its current window
     /// (first attempts answered, checkpoint stored) and stops; then the workers
     /// finish what is in flight. Whatever does not finish in time stays above
-    /// the checkpoint and is replayed at the next start.
+    /// the checkpoint and is replayed at the next start. The gateway's
+    /// wakeup worker stops leasing and finishes its attempts in flight
+    /// meanwhile (their leases cover those that do not).
     pub async fn shutdown(self, drain: Duration) {
         let deadline = tokio::time::Instant::now() + drain;
+        if let Some(g) = &self.gateway {
+            let _ = g.stop.send(true);
+        }
         let _ = self.supervisor.cast(SupervisorMsg::Drain);
         let mut supervisor = self.supervisor_handle;
         if tokio::time::timeout_at(deadline, &mut supervisor).await.is_err() {
@@ -229,6 +296,9 @@ impl Engine {
         let workers = futures::future::join_all(self.worker_handles);
         if tokio::time::timeout_at(deadline, workers).await.is_err() {
             tracing::warn!("drain timeout reached; unfinished deliveries will be replayed at next start");
+        }
+        if let Some(g) = self.gateway {
+            let _ = tokio::time::timeout_at(deadline, g.worker).await;
         }
     }
 }

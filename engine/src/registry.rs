@@ -138,15 +138,30 @@ impl From<StoreError> for AdmissionError {
 }
 
 pub struct Registry {
-    pub store: Arc<dyn Store>,
-    pub channels: Channels,
-    pub max_push_topics: u64,
-    pub max_subscription_changes: SubscriptionChanges,
-    pub recipient_ttl_seconds: u64,
-    pub metrics: Arc<Metrics>,
+    store: Arc<dyn Store>,
+    channels: Channels,
+    max_push_topics: u64,
+    max_subscription_changes: SubscriptionChanges,
+    recipient_ttl_seconds: u64,
+    metrics: Arc<Metrics>,
 }
 
 impl Registry {
+    /// Admission on `store` for the `channels` configured, under the
+    /// engine's limits (`[engine]` `max_push_topics`,
+    /// `max_subscription_changes`, `recipient_ttl_seconds`).
+    pub fn new(
+        store: Arc<dyn Store>,
+        channels: Channels,
+        max_push_topics: u64,
+        max_subscription_changes: SubscriptionChanges,
+        recipient_ttl: Duration,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let recipient_ttl_seconds = recipient_ttl.as_secs();
+        Self { store, channels, max_push_topics, max_subscription_changes, recipient_ttl_seconds, metrics }
+    }
+
     /// PUSH-253 rows 1, 3, 4 then PUSH-255.
     pub async fn register(
         &self,

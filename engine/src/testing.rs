@@ -1,17 +1,20 @@
 //! Test doubles and fixtures shared by the engine's unit tests: an in-memory
 //! lease table, a stand-in for the root supervisor, an envelope and a
-//! recipient.
+//! recipient, a scripted FCM provider and the gateway's salt secrets.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
+use serde_json::{Map, Value};
 use tokio::time::Instant;
 
-use crate::domain::Recipient;
+use crate::channel::{Outcome, Provider, Push, RelayRefusal, RelayedPush};
+use crate::domain::{Channel, Recipient};
 use crate::domain::{DeliveryTarget, EnvelopeKind, RecipientId, SecretHash, ShardId, StoredEnvelope, Topic};
+use crate::gateway::identity::{PushSecret, SaltEpochId, SaltSecrets};
 use crate::store::{NodeId, ShardLeases, StoreError};
 
 /// A resolver for destinations reached by IP literal: it never resolves.
@@ -174,4 +177,44 @@ impl Actor for StandIn {
         }
         Ok(())
     }
+}
+
+/// FCM answering from a script; records what it was asked to send.
+pub struct Scripted {
+    answers: Mutex<VecDeque<Outcome>>,
+    pub sent: Mutex<Vec<(String, Map<String, Value>, Option<String>)>>,
+}
+
+impl Scripted {
+    pub fn new(answers: Vec<Outcome>) -> Arc<Self> {
+        Arc::new(Self { answers: Mutex::new(answers.into()), sent: Mutex::default() })
+    }
+}
+
+#[async_trait]
+impl Provider for Scripted {
+    fn channel(&self) -> Channel {
+        Channel::Fcm
+    }
+
+    async fn send(&self, _push: Push<'_>) -> Outcome {
+        unreachable!("the gateway sends relayed pushes only")
+    }
+
+    async fn send_relayed(&self, push: &RelayedPush<'_>) -> Result<Outcome, RelayRefusal> {
+        let sent = (push.token.to_owned(), push.payload.clone(), push.collapse_id.map(str::to_owned));
+        self.sent.lock().unwrap().push(sent);
+        Ok(self.answers.lock().unwrap().pop_front().unwrap_or(Outcome::Delivered))
+    }
+
+    fn timed_out(&self) -> Outcome {
+        Outcome::transient(Duration::from_secs(10))
+    }
+}
+
+/// The gateway's salt secrets: epoch `e1`, 32 bytes of 0x11.
+pub fn salt_secrets() -> Arc<SaltSecrets> {
+    let epoch = SaltEpochId::parse("e1").unwrap();
+    let secret = PushSecret::new(vec![0x11; 32]).unwrap();
+    Arc::new(SaltSecrets::new(epoch.clone(), HashMap::from([(epoch, secret)])).unwrap())
 }

@@ -27,9 +27,11 @@
 //! gauges: wakeups in flight, how late the last lease's oldest wakeup was,
 //! and how long the worker has had work without finishing any.
 
+use std::num::{NonZeroU32, NonZeroUsize};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use serde::Deserialize;
 use serde_json::{Map, Value};
 use tokio::sync::{Notify, Semaphore, watch};
 use tokio::task::JoinSet;
@@ -48,21 +50,27 @@ use crate::transport::ATTEMPT_TIMEOUT;
 /// How long a leased wakeup stays with its worker: three attempt bounds.
 pub const LEASE: Duration = Duration::from_secs(3 * ATTEMPT_TIMEOUT.as_secs());
 
-/// How the worker runs.
-#[derive(Debug, Clone, Copy)]
+/// `[engine.gateway.delivery]`: how the worker runs.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct DeliverySettings {
     /// Provider requests in flight at once.
-    pub max_in_flight: usize,
+    pub max_in_flight: NonZeroUsize,
     /// Attempts before a wakeup is given up.
-    pub max_attempts: u32,
+    pub max_attempts: NonZeroU32,
     /// How often the store is asked for due wakeups when nothing wakes the
     /// worker sooner (a retry's time, another node's wakeups).
+    #[serde(rename = "poll_interval_ms", deserialize_with = "crate::duration::millis")]
     pub poll_interval: Duration,
 }
 
 impl Default for DeliverySettings {
     fn default() -> Self {
-        Self { max_in_flight: 64, max_attempts: 8, poll_interval: Duration::from_millis(500) }
+        Self {
+            max_in_flight: NonZeroUsize::new(64).unwrap(),
+            max_attempts: NonZeroU32::new(8).unwrap(),
+            poll_interval: Duration::from_millis(500),
+        }
     }
 }
 
@@ -170,7 +178,7 @@ impl Delivery {
     /// Runs until `shutdown` turns true, then lets the attempts in flight
     /// finish (their leases cover them if the process stops first).
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
-        let max_in_flight = self.settings.max_in_flight.max(1);
+        let max_in_flight = self.settings.max_in_flight.get();
         let slots = Arc::new(Semaphore::new(max_in_flight));
         let mut tasks = JoinSet::new();
         let gauges = &self.metrics.gateway;
@@ -318,7 +326,7 @@ impl Delivery {
 
     async fn retry(&self, leased: &LeasedWakeup, delay: Duration, attempted: bool) -> Sent {
         let attempts = leased.wakeup.attempts + u32::from(attempted);
-        if attempts >= self.settings.max_attempts {
+        if attempts >= self.settings.max_attempts.get() {
             return self.finish(leased, Sent::Exhausted).await;
         }
         let wait = delay.max(backoff(attempts.saturating_sub(1)));
@@ -368,44 +376,11 @@ impl Delivery {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::VecDeque;
-    use std::sync::Mutex;
-
-    use async_trait::async_trait;
-
     use super::*;
-    use crate::channel::{Provider, Push};
     use crate::domain::{GatewayWakeup, NotifyClaim, NotifyKey, Revoke};
-    use crate::gateway::identity::{PushSecret, SaltEpochId, SaltSecrets};
     use crate::gateway::pending::{Admission, PendingWakeups};
     use crate::store::RedbStore;
-
-    /// FCM answering from a script; records what it was asked to send.
-    struct Scripted {
-        answers: Mutex<VecDeque<Outcome>>,
-        sent: Mutex<Vec<(String, Map<String, Value>, Option<String>)>>,
-    }
-
-    #[async_trait]
-    impl Provider for Scripted {
-        fn channel(&self) -> Channel {
-            Channel::Fcm
-        }
-
-        async fn send(&self, _push: Push<'_>) -> Outcome {
-            unreachable!("the gateway sends relayed pushes only")
-        }
-
-        async fn send_relayed(&self, push: &RelayedPush<'_>) -> Result<Outcome, RelayRefusal> {
-            let sent = (push.token.to_owned(), push.payload.clone(), push.collapse_id.map(str::to_owned));
-            self.sent.lock().unwrap().push(sent);
-            Ok(self.answers.lock().unwrap().pop_front().unwrap_or(Outcome::Delivered))
-        }
-
-        fn timed_out(&self) -> Outcome {
-            Outcome::transient(Duration::from_secs(10))
-        }
-    }
+    use crate::testing::{Scripted, salt_secrets as secrets};
 
     struct Setup {
         _dir: tempfile::TempDir,
@@ -419,7 +394,7 @@ mod tests {
     async fn setup(answers: Vec<Outcome>) -> Setup {
         let dir = tempfile::tempdir().unwrap();
         let store: Arc<dyn Store> = Arc::new(RedbStore::open(dir.path(), 4).unwrap());
-        let provider = Arc::new(Scripted { answers: Mutex::new(answers.into()), sent: Mutex::default() });
+        let provider = Scripted::new(answers);
         let mut channels = Channels::default();
         channels.insert(provider.clone());
         let metrics = Arc::new(Metrics::new());
@@ -448,12 +423,6 @@ mod tests {
 
     const WINDOW: Duration = Duration::from_secs(60);
     const TARGET: &str = "ak:pseudonym:push:kosc9iQ4gVct1OB-b6X364WIFIsJFVbVzn7BMBs1sm8";
-
-    fn secrets() -> Arc<SaltSecrets> {
-        let epoch = SaltEpochId::parse("e1").unwrap();
-        let secret = PushSecret::new(vec![0x11; 32]).unwrap();
-        Arc::new(SaltSecrets::new(epoch.clone(), std::collections::HashMap::from([(epoch, secret)])).unwrap())
-    }
 
     /// §2.4's key for the registration's wake-ups sent in the window of `at_ms`.
     fn key_at(at_ms: i64) -> String {
@@ -579,7 +548,7 @@ mod tests {
         assert!(retry_after >= Duration::from_secs(15), "{retry_after:?}");
         // A wakeup at its last attempt is given up.
         let mut last = due.remove(0);
-        last.wakeup.attempts = DeliverySettings::default().max_attempts - 1;
+        last.wakeup.attempts = DeliverySettings::default().max_attempts.get() - 1;
         assert_eq!(s.delivery.send(last).await, Sent::Exhausted);
         assert!(nothing_due(&s, now_ms() + 3_600_000).await);
         assert!(ledger(&s).await.is_empty(now_ms()));

@@ -38,8 +38,20 @@ use crate::store::{Store, StoreError};
 /// Requests handled at once by default.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 256;
 
-fn now_ms() -> i64 {
-    Timestamp::now().as_millis()
+/// The time the service's rules run on (registration expiry, claim leases,
+/// windows, dwell), in Unix ms: the system clock in production, a
+/// controlled one in tests.
+pub trait Clock: Send + Sync {
+    fn now_ms(&self) -> i64;
+}
+
+/// The wall clock.
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> i64 {
+        Timestamp::now().as_millis()
+    }
 }
 
 /// §3.1's answer.
@@ -174,6 +186,7 @@ pub struct GatewayService {
     delivery: Delivery,
     in_flight: Arc<Semaphore>,
     metrics: Arc<Metrics>,
+    clock: Arc<dyn Clock>,
 }
 
 impl GatewayService {
@@ -190,7 +203,13 @@ impl GatewayService {
     ) -> Self {
         initialise_metrics(&metrics);
         let in_flight = Arc::new(Semaphore::new(max_in_flight));
-        Self { settings, secrets, store, channels, delivery, in_flight, metrics }
+        let clock = Arc::new(SystemClock);
+        Self { settings, secrets, store, channels, delivery, in_flight, metrics, clock }
+    }
+
+    /// The same service on another clock.
+    pub fn with_clock(self, clock: Arc<dyn Clock>) -> Self {
+        Self { clock, ..self }
     }
 
     pub fn settings(&self) -> &GatewaySettings {
@@ -228,7 +247,7 @@ impl GatewayService {
         let epoch = self.secrets.current_epoch();
         let push_target_id = PushTargetId::derive(self.secrets.current(), epoch, account, &request.device_id, route);
         let registration_id = RegistrationId::generate();
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let expires_at_ms = now.saturating_add(self.settings.registration_ttl.as_millis() as i64);
         let registration = GatewayRegistration {
             tenant: tenant.as_str().to_owned(),
@@ -304,7 +323,7 @@ impl GatewayService {
             tenant: headers.source.as_str().to_owned(),
             idempotency_key: headers.idempotency_key.as_str().to_owned(),
         };
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let lease_until = now + CLAIM_LEASE.as_millis() as i64;
         let expires_at = now.saturating_add(self.settings.idempotency_retention.as_millis() as i64);
         let claim = self.store.gateway().notify_claim(&key, &request.digest.0, now, lease_until, expires_at).await?;
@@ -677,5 +696,221 @@ mod tests {
         assert_eq!(rfc3339(951_782_400_000), "2000-02-29T00:00:00Z");
         assert_eq!(rfc3339(1_764_555_296_789), "2025-12-01T02:14:56Z");
         assert_eq!(rfc3339(4_102_444_799_000), "2099-12-31T23:59:59Z");
+    }
+
+    /// The rules of `register` and `notify` on a controlled clock, with a
+    /// threshold of 2 wake-ups per 60 s window and a dwell of 120 s.
+    mod rules {
+        use std::sync::atomic::{AtomicI64, Ordering};
+
+        use serde_json::{Value, json};
+
+        use super::*;
+        use crate::gateway::delivery::DeliverySettings;
+        use crate::gateway::egress::CollapseKeys;
+        use crate::gateway::schema::IdempotencyKey;
+        use crate::gateway::state::held_batch;
+        use crate::store::RedbStore;
+        use crate::testing::{Scripted, salt_secrets};
+
+        const GATEWAY: &str = "did:web:push.example";
+        const STATION: &str = "did:web:station.example";
+        const URL: &str = "https://push.example/_arkret/edge/push/notify";
+        const DEVICE: &str = "ak:device:01964137-0000-7000-8000-000000000000";
+        /// A window's start: 2026-01-01T00:00:00Z.
+        const T0: i64 = 1_767_225_600_000;
+        const WINDOW_MS: i64 = 60_000;
+
+        struct TestClock(AtomicI64);
+
+        impl Clock for TestClock {
+            fn now_ms(&self) -> i64 {
+                self.0.load(Ordering::SeqCst)
+            }
+        }
+
+        struct Setup {
+            _dir: tempfile::TempDir,
+            store: Arc<dyn Store>,
+            clock: Arc<TestClock>,
+            service: GatewayService,
+            metrics: Arc<Metrics>,
+            /// The device's `push_target_id`, registered at `T0`.
+            target: String,
+            registered: Registered,
+        }
+
+        async fn setup() -> Setup {
+            let settings: GatewaySettings = serde_json::from_value(json!({
+                "service_id": GATEWAY, "salt_epoch": "e1", "salt_secrets": {"e1": "/unread"},
+                "aggressive_threshold": 2, "count_dwell_seconds": 120,
+                "gateways": [{"url": URL, "service_id": GATEWAY}],
+                "source_services": [{"id": STATION,
+                    "keys": [{"key_id": "k1", "public_key": "JrQLj5P_89iXES9-vFgrIy29clF9CC_oPPsw3c5D0bs"}]}],
+            }))
+            .unwrap();
+            let dir = tempfile::tempdir().unwrap();
+            let store: Arc<dyn Store> = Arc::new(RedbStore::open(dir.path(), 4).unwrap());
+            let mut channels = Channels::default();
+            channels.insert(Scripted::new(Vec::new()));
+            let metrics = Arc::new(Metrics::new());
+            let keys = CollapseKeys::new(salt_secrets(), settings.window);
+            let delivery =
+                Delivery::new(store.clone(), channels.clone(), DeliverySettings::default(), keys, metrics.clone());
+            let clock = Arc::new(TestClock(AtomicI64::new(T0)));
+            let service =
+                GatewayService::new(settings, salt_secrets(), store.clone(), channels, delivery, 8, metrics.clone())
+                    .with_clock(clock.clone());
+            let body = json!({"device_id": DEVICE, "push_gateway_url": URL, "push_key": "fcm:the-token"});
+            let request = RegisterDevice::parse(body.to_string().as_bytes()).unwrap();
+            let (station, account) = (ServiceId::parse(STATION).unwrap(), AccountId::parse("ak:account:a").unwrap());
+            let registered = service.register(&station, &account, &request).await.unwrap();
+            let target = registered.push_target_id.to_string();
+            Setup { _dir: dir, store, clock, service, metrics, target, registered }
+        }
+
+        impl Setup {
+            fn at(&self, ms: i64) {
+                self.clock.0.store(ms, Ordering::SeqCst);
+            }
+
+            /// A notify for the device; `event` makes its source event.
+            fn body(&self, event: Value) -> Value {
+                let mut n = json!({"push_target_id": self.target, "wakeup_kind": "message", "devices": [{"device_id": DEVICE}]});
+                n.as_object_mut().unwrap().extend(event.as_object().unwrap().clone());
+                json!({"notification": n})
+            }
+
+            /// The device's outcome (`status` or `status/reason`).
+            async fn notify(&self, key: &str, body: &Value) -> Result<String, NotifyError> {
+                let answer = self.notify_raw(key, body).await?;
+                let answer: Value = serde_json::from_slice(&answer).unwrap();
+                let outcome = &answer["outcomes"][0];
+                let status = outcome["gateway_status"].as_str().unwrap().to_owned();
+                Ok(match outcome["reason_code"].as_str() {
+                    Some(reason) => format!("{status}/{reason}"),
+                    None => status,
+                })
+            }
+
+            async fn notify_raw(&self, key: &str, body: &Value) -> Result<Vec<u8>, NotifyError> {
+                let headers = NotifyHeaders {
+                    idempotency_key: IdempotencyKey::parse(key).unwrap(),
+                    source: ServiceId::parse(STATION).unwrap(),
+                    destination: ServiceId::parse(GATEWAY).unwrap(),
+                };
+                self.service.notify(&headers, body.to_string().as_bytes()).await
+            }
+
+            /// Every stored wake-up, by due time: (not before, the payload
+            /// the worker sends).
+            async fn wakeups(&self) -> Vec<(i64, Value)> {
+                let later = T0 + 3_600_000;
+                let mut due = Vec::new();
+                for l in self.store.gateway().wakeups_due(later, later + 1, 100).await.unwrap() {
+                    let held = held_batch(self.store.as_ref(), &l.wakeup, later).await;
+                    let payload = serde_json::from_slice(&held.unwrap_or(l.wakeup.payload)).unwrap();
+                    due.push((l.wakeup.not_before_ms, payload));
+                }
+                due.sort_by_key(|(at, _)| *at);
+                due
+            }
+        }
+
+        #[tokio::test]
+        async fn a_registration_expires_after_its_ttl() {
+            let s = setup().await;
+            assert_eq!(s.registered.expires_at_ms, T0 + 30 * 86_400_000);
+            let body = s.body(json!({}));
+            s.at(s.registered.expires_at_ms - 1);
+            assert_eq!(s.notify("k1", &body).await.unwrap(), "accepted");
+            s.at(s.registered.expires_at_ms);
+            assert_eq!(s.notify("k2", &body).await.unwrap(), "rejected/push_target_unknown");
+        }
+
+        #[tokio::test]
+        async fn one_wakeup_per_source_event_per_window() {
+            let s = setup().await;
+            let body = s.body(json!({}));
+            s.at(T0 + 1_000);
+            assert_eq!(s.notify("k1", &body).await.unwrap(), "accepted");
+            // The same event under another Idempotency-Key, in the window.
+            s.at(T0 + WINDOW_MS - 1);
+            assert_eq!(s.notify("k2", &body).await.unwrap(), "duplicate");
+            // Another event in the window; the same one in the next window.
+            assert_eq!(s.notify("k3", &s.body(json!({"wakeup_kind": "mention"}))).await.unwrap(), "accepted");
+            s.at(T0 + WINDOW_MS);
+            assert_eq!(s.notify("k4", &body).await.unwrap(), "accepted");
+            let due: Vec<_> = s.wakeups().await.into_iter().map(|(at, _)| at).collect();
+            assert_eq!(due, [T0 + 1_000, T0 + WINDOW_MS - 1, T0 + WINDOW_MS]);
+        }
+
+        #[tokio::test]
+        async fn beyond_the_threshold_wakeups_merge_into_one_batch_at_the_window_end() {
+            let s = setup().await;
+            for i in 1..=4 {
+                s.at(T0 + i * 1_000);
+                let body = s.body(json!({"counts": {"unread_increment": i}}));
+                assert_eq!(s.notify(&format!("k{i}"), &body).await.unwrap(), "accepted", "notify {i}");
+            }
+            // The next window starts again at once.
+            s.at(T0 + WINDOW_MS + 1_000);
+            assert_eq!(s.notify("k5", &s.body(json!({"counts": {"unread_increment": 5}}))).await.unwrap(), "accepted");
+            let due = s.wakeups().await;
+            let at: Vec<_> = due.iter().map(|(at, _)| *at).collect();
+            assert_eq!(at, [T0 + 1_000, T0 + 2_000, T0 + WINDOW_MS, T0 + WINDOW_MS + 1_000]);
+            let increments: Vec<_> =
+                due.iter().map(|(_, p)| p["counts"]["unread_increment"].as_u64().unwrap()).collect();
+            assert_eq!(increments, [1, 2, 3 + 4, 5], "the third and fourth merged");
+            let flagged: Vec<_> = due.iter().map(|(_, p)| p["evaluation_locus_unresolved"] == true).collect();
+            assert_eq!(flagged, [false, false, true, false]);
+        }
+
+        #[tokio::test]
+        async fn a_badge_bucket_keeps_for_the_dwell() {
+            let s = setup().await;
+            let badge = |kind: &str, bucket: &str| s.body(json!({"wakeup_kind": kind, "counts": {"badge": bucket}}));
+            s.at(T0 + 1_000);
+            assert_eq!(s.notify("k1", &badge("message", "2-5")).await.unwrap(), "accepted");
+            s.at(T0 + 1_000 + 120_000 - 1);
+            assert_eq!(s.notify("k2", &badge("message", "6-20")).await.unwrap(), "accepted");
+            s.at(T0 + 1_000 + 120_000);
+            assert_eq!(s.notify("k3", &badge("mention", "6-20")).await.unwrap(), "accepted");
+            let shown: Vec<_> = s.wakeups().await.into_iter().map(|(_, p)| p["counts"]["badge"].clone()).collect();
+            assert_eq!(shown, ["2-5", "2-5", "6-20"], "switched only once the dwell passed");
+        }
+
+        #[tokio::test]
+        async fn an_idempotency_key_answers_replays_and_conflicts_while_it_is_kept() {
+            let s = setup().await;
+            let (a, b) = (s.body(json!({})), s.body(json!({"wakeup_kind": "mention"})));
+            s.at(T0 + 1_000);
+            let answer = s.notify_raw("k1", &a).await.unwrap();
+            s.at(T0 + 2_000);
+            assert_eq!(s.notify_raw("k1", &a).await.unwrap(), answer, "the stored answer");
+            assert_eq!(s.notify_raw("k1", &b).await, Err(NotifyError::DuplicateConflict));
+            assert_eq!(s.wakeups().await.len(), 1, "a replay stores nothing");
+            let accepted = s.metrics.gateway.device_outcomes.with_label_values(&["accepted"]).get();
+            assert_eq!(accepted, 1, "a replay is not counted again");
+            // After idempotency_retention (24 h) the key is free again.
+            s.at(T0 + 1_000 + 86_400_000);
+            assert_eq!(s.notify("k1", &b).await.unwrap(), "accepted");
+        }
+
+        #[tokio::test]
+        async fn a_claim_in_progress_is_taken_over_once_its_lease_ran_out() {
+            let s = setup().await;
+            let body = s.body(json!({}));
+            let limits = s.service.settings.notify_limits();
+            let digest = NotifyRequest::parse(body.to_string().as_bytes(), &limits).unwrap().digest;
+            let key = NotifyKey { tenant: STATION.into(), idempotency_key: "k1".into() };
+            let lease_until = T0 + CLAIM_LEASE.as_millis() as i64;
+            let claim = s.store.gateway().notify_claim(&key, &digest.0, T0, lease_until, T0 + 86_400_000).await;
+            assert_eq!(claim.unwrap(), NotifyClaim::Claimed, "another request holds it");
+            s.at(lease_until - 1);
+            assert_eq!(s.notify("k1", &body).await, Err(NotifyError::InProgress));
+            s.at(lease_until);
+            assert_eq!(s.notify("k1", &body).await.unwrap(), "accepted");
+        }
     }
 }

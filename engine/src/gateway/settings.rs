@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::delivery::DeliverySettings;
 use super::egress::EgressPolicy;
 use super::grid::CountGrid;
 use super::identity::{SaltEpochId, ServiceId};
@@ -76,6 +77,8 @@ pub struct GatewaySettings {
     /// that may be stored and unfinished at once; beyond, the device is
     /// `rate_limited` and nothing more is stored for it.
     pub max_pending_wakeups_per_device: usize,
+    /// `[engine.gateway.delivery]`: the wake-up worker.
+    pub delivery: DeliverySettings,
 }
 
 impl GatewaySettings {
@@ -178,6 +181,8 @@ struct RawGatewaySettings {
     max_devices_per_notify: usize,
     #[serde(default = "default_max_pending_wakeups")]
     max_pending_wakeups_per_device: usize,
+    #[serde(default)]
+    delivery: DeliverySettings,
 }
 
 fn optional_seconds<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
@@ -318,6 +323,7 @@ impl TryFrom<RawGatewaySettings> for GatewaySettings {
             max_provider_payload_bytes: raw.max_provider_payload_bytes,
             max_devices_per_notify: raw.max_devices_per_notify,
             max_pending_wakeups_per_device: raw.max_pending_wakeups_per_device,
+            delivery: raw.delivery,
         })
     }
 }
@@ -367,6 +373,27 @@ mod tests {
         assert_eq!(s.max_pending_wakeups_per_device, 64);
         assert!(s.no_fanout_event_kinds.is_empty() && s.gateways.is_empty() && s.source_services.is_empty());
         assert_eq!(s.salt_secret_files().count(), 1);
+        let d = s.delivery;
+        assert_eq!((d.max_in_flight.get(), d.max_attempts.get()), (64, 8));
+        assert_eq!(d.poll_interval, Duration::from_millis(500));
+    }
+
+    #[test]
+    fn the_wakeup_worker_is_configured_in_its_own_table() {
+        let json = serde_json::json!({"max_in_flight": 16, "max_attempts": 3, "poll_interval_ms": 250});
+        let d = parse(with("delivery", json)).unwrap().delivery;
+        assert_eq!((d.max_in_flight.get(), d.max_attempts.get()), (16, 3));
+        assert_eq!(d.poll_interval, Duration::from_millis(250));
+        let d = parse(with("delivery", serde_json::json!({"max_attempts": 1}))).unwrap().delivery;
+        assert_eq!((d.max_in_flight.get(), d.max_attempts.get()), (64, 1), "the others keep their defaults");
+        let refused = |json: serde_json::Value, rule: &str| {
+            let err = parse(with("delivery", json.clone())).unwrap_err();
+            assert!(err.contains(rule), "{json}: {err}");
+        };
+        refused(serde_json::json!({"max_in_flight": 0}), "nonzero");
+        refused(serde_json::json!({"max_attempts": 0}), "nonzero");
+        refused(serde_json::json!({"poll_interval_ms": 0}), "positive number of milliseconds");
+        refused(serde_json::json!({"poll_interval": 500}), "unknown field `poll_interval`");
     }
 
     /// fanout.example.toml documents every key with its default.
@@ -394,6 +421,11 @@ mod tests {
             (d.max_provider_payload_bytes, d.max_devices_per_notify)
         );
         assert_eq!(s.max_pending_wakeups_per_device, d.max_pending_wakeups_per_device);
+        let (e, d) = (s.delivery, d.delivery);
+        assert_eq!(
+            (e.max_in_flight, e.max_attempts, e.poll_interval),
+            (d.max_in_flight, d.max_attempts, d.poll_interval)
+        );
         assert_eq!(s.gateways.len(), 1);
         assert_eq!(s.source_services[0].keys[0].public_key, URL_SAFE_NO_PAD.decode(RFC_KEY).unwrap()[..]);
     }
