@@ -399,6 +399,13 @@ impl Pool {
     pub(crate) fn drain_room(&self) -> usize {
         self.draining.available_permits()
     }
+
+    /// Waits until `n` drains' room is free again (each drain gives its room
+    /// back when it ends), for at most `within`.
+    #[cfg(test)]
+    pub(crate) async fn drain_room_returns(&self, n: u32, within: std::time::Duration) -> bool {
+        matches!(tokio::time::timeout(within, self.draining.acquire_many(n)).await, Ok(Ok(_)))
+    }
 }
 
 /// A request as it was before it was handed to a client: the body is

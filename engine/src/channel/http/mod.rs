@@ -226,12 +226,7 @@ mod tests {
         assert_eq!(send(&provider, &mock.url("/flood")).await, Outcome::Delivered);
         assert_eq!(mock.wait_for_open_bodies_at_most(0, Duration::from_secs(5)).await, 0);
         // The drain gave its room back.
-        for _ in 0..50 {
-            if provider.destinations.pool.drain_room() == 1 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        assert!(provider.destinations.pool.drain_room_returns(1, Duration::from_secs(5)).await);
         assert_eq!(provider.destinations.pool.drain_room(), 1);
     }
 }
