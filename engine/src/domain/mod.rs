@@ -5,6 +5,7 @@ mod envelope;
 mod epoch;
 mod gateway;
 mod ids;
+mod progress;
 mod recipient;
 mod registration;
 mod relay;
@@ -23,6 +24,7 @@ pub use envelope::{
 pub use epoch::{HMAC_EPOCH_SECONDS, hmac_epoch};
 pub use gateway::{GatewayRegistration, GatewayWakeup, LeasedWakeup, NotifyClaim, NotifyKey, Revoke, RouteKey};
 pub use ids::{RecipientId, RecipientSecret, SecretHash};
+pub use progress::{Answered, ShardProgress};
 pub use recipient::{Recipient, RecipientSummary, Subscriber};
 pub use registration::{FieldError, LOG_PROVIDER, RegistrationInput, RelayRegistration};
 pub use relay::{RelayClaim, RelayKey, RelaySettled};
