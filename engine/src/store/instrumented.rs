@@ -13,7 +13,7 @@ use super::{
 use crate::domain::{
     DeliveryTarget, GatewayRegistration, GatewayWakeup, LeasedWakeup, NewEnvelope, NotifyClaim, NotifyKey, Recipient,
     RecipientId, RecipientSummary, RelayClaim, RelayKey, RelaySettled, Revoke, RouteKey, SecretHash, ShardId,
-    StoredEnvelope, StoredSubscription, Subscriber, SubscriptionUpdate, Topic,
+    ShardProgress, StoredEnvelope, StoredSubscription, Subscriber, SubscriptionUpdate, Topic,
 };
 use crate::metrics::Metrics;
 
@@ -94,6 +94,8 @@ instrumented! {
             -> Vec<StoredEnvelope>;
         "envelope_data": fn envelope_data(&self, shard: ShardId, sequence_id: u64) -> Option<Vec<u8>>;
         "advance_checkpoint": fn advance_checkpoint(&self, shard: ShardId, checkpoint: u64) -> ();
+        "record_progress": fn record_progress(&self, shard: ShardId, progress: &ShardProgress) -> ();
+        "shard_progress": fn shard_progress(&self, shard: ShardId) -> ShardProgress;
         "subscribers": fn subscribers(&self, topic: &Topic, after: Option<&RecipientId>, limit: usize)
             -> Vec<Subscriber>;
     }

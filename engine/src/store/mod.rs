@@ -24,7 +24,7 @@ pub use self::relay::RelayStore;
 pub use self::scylla::{Keyspace, MAX_SUBSCRIPTION_CHANGES, Nodes, ScyllaSettings, ScyllaStore};
 use crate::domain::{
     DeliveryTarget, NewEnvelope, Recipient, RecipientId, RecipientSummary, SecretHash, SequenceRefusal, ShardId,
-    StoredEnvelope, StoredSubscription, Subscriber, SubscriptionUpdate, Topic,
+    ShardProgress, StoredEnvelope, StoredSubscription, Subscriber, SubscriptionUpdate, Topic,
 };
 
 /// A shard's durable positions. `checkpoint <= boundary` always.
@@ -186,6 +186,14 @@ pub trait Store: Send + Sync + 'static {
 
     /// Moves the checkpoint forward (never back) and drops envelopes at or below it.
     async fn advance_checkpoint(&self, shard: ShardId, checkpoint: u64) -> Result<(), StoreError>;
+
+    /// What the shard's running window answered above its checkpoint
+    /// (`ShardProgress`), replacing what was recorded before; written by the
+    /// lease holder, read by the shard's next owner when it starts.
+    async fn record_progress(&self, shard: ShardId, progress: &ShardProgress) -> Result<(), StoreError>;
+
+    /// The last `record_progress` of the shard; empty when none.
+    async fn shard_progress(&self, shard: ShardId) -> Result<ShardProgress, StoreError>;
 
     /// One page of a topic's subscribers, ordered by recipient id, strictly after
     /// `after` when given, at most `limit`. A page shorter than `limit` means the

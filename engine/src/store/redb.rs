@@ -37,7 +37,7 @@ use super::{Appended, RegistrationRemoval, ShardLeases, ShardPosition, Store, St
 use crate::domain::{
     DeliveryTarget, GatewayRegistration, GatewayWakeup, LeasedWakeup, NewEnvelope, NotifyClaim, NotifyKey, Recipient,
     RecipientId, RecipientSummary, RelayClaim, RelayKey, RelaySettled, Revoke, RouteKey, SecretHash, ShardId,
-    StoredEnvelope, StoredSubscription, Subscriber, SubscriptionUpdate, Topic, next_sequence_id,
+    ShardProgress, StoredEnvelope, StoredSubscription, Subscriber, SubscriptionUpdate, Topic, next_sequence_id,
 };
 
 /// The database file inside the configured directory.
@@ -49,6 +49,8 @@ const RECIPIENT_SUBS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("reci
 const TOPIC_SUBS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("topic_subs");
 const SHARDS: TableDefinition<u16, &[u8]> = TableDefinition::new("shards");
 const ENVELOPES: TableDefinition<(u16, u64), &[u8]> = TableDefinition::new("envelopes");
+/// A shard's `ShardProgress`, in its stored form.
+const PROGRESS: TableDefinition<u16, &[u8]> = TableDefinition::new("shard_progress");
 
 const META_SHARD_COUNT: &str = "shard_count";
 
@@ -93,6 +95,7 @@ impl RedbStore {
             txn.open_table(TOPIC_SUBS).be()?;
             txn.open_table(SHARDS).be()?;
             txn.open_table(ENVELOPES).be()?;
+            txn.open_table(PROGRESS).be()?;
             txn.open_table(relay::RELAY).be()?;
             txn.open_table(relay::RELAY_EXPIRY).be()?;
             for table in gateway::TABLES {
@@ -588,6 +591,26 @@ impl Store for RedbStore {
             let mut envelopes = txn.open_table(ENVELOPES).be()?;
             envelopes.retain_in((shard.index(), 0)..=(shard.index(), new), |_, _| false).be()?;
             Ok(())
+        })
+        .await
+    }
+
+    async fn record_progress(&self, shard: ShardId, progress: &ShardProgress) -> Result<(), StoreError> {
+        self.check_shard(shard)?;
+        let bytes = progress.encode();
+        self.write(move |txn| {
+            txn.open_table(PROGRESS).be()?.insert(shard.index(), bytes.as_slice()).be()?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn shard_progress(&self, shard: ShardId) -> Result<ShardProgress, StoreError> {
+        self.check_shard(shard)?;
+        self.read(move |txn| {
+            let table = txn.open_table(PROGRESS).be()?;
+            let Some(value) = table.get(shard.index()).be()? else { return Ok(ShardProgress::default()) };
+            ShardProgress::decode(value.value()).map_err(|_| codec::corrupt("shard progress"))
         })
         .await
     }

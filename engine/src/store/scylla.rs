@@ -95,8 +95,8 @@ pub use self::settings::{Keyspace, LogConsistency, Nodes, ScyllaSettings};
 use self::codec::{StaticRow, Versioned, corrupt, from_db, to_db};
 use super::{Appended, NodeId, RegistrationRemoval, ShardLeases, ShardPosition, Store, StoreError};
 use crate::domain::{
-    DeliveryTarget, NewEnvelope, Recipient, RecipientId, RecipientSummary, SecretHash, ShardId, StoredEnvelope,
-    StoredSubscription, Subscriber, SubscriptionUpdate, Topic,
+    DeliveryTarget, NewEnvelope, Recipient, RecipientId, RecipientSummary, SecretHash, ShardId, ShardProgress,
+    StoredEnvelope, StoredSubscription, Subscriber, SubscriptionUpdate, Topic,
 };
 
 /// How often a conditional write is tried against concurrent changes.
@@ -1014,6 +1014,16 @@ impl Store for ScyllaStore {
     async fn advance_checkpoint(&self, shard: ShardId, checkpoint: u64) -> Result<(), StoreError> {
         self.check_shard(shard)?;
         self.checkpoint(shard, checkpoint).await
+    }
+
+    async fn record_progress(&self, shard: ShardId, progress: &ShardProgress) -> Result<(), StoreError> {
+        self.check_shard(shard)?;
+        self.put_progress(shard, progress).await
+    }
+
+    async fn shard_progress(&self, shard: ShardId) -> Result<ShardProgress, StoreError> {
+        self.check_shard(shard)?;
+        self.progress(shard).await
     }
 
     async fn subscribers(

@@ -14,9 +14,10 @@ use std::future::Future;
 pub use self::gateway::*;
 
 use fanout_engine::domain::{
-    Channel, DeliveryTarget, EnvelopeKind, KeyWindow, NewEnvelope, Recipient, RecipientId, RecipientSecret,
-    RecipientSummary, RelayClaim, RelayKey, RelaySettled, SecretHash, SenderHmac, SequenceRefusal, ShardId, SigningKey,
-    StoredEnvelope, StoredSubscription, Subscriber, Subscription, SubscriptionUpdate, Topic, WebhookUrl,
+    Answered, Channel, DeliveryTarget, EnvelopeKind, KeyWindow, NewEnvelope, Recipient, RecipientId, RecipientSecret,
+    RecipientSummary, RelayClaim, RelayKey, RelaySettled, SecretHash, SenderHmac, SequenceRefusal, ShardId,
+    ShardProgress, SigningKey, StoredEnvelope, StoredSubscription, Subscriber, Subscription, SubscriptionUpdate, Topic,
+    WebhookUrl,
 };
 use fanout_engine::store::{Appended, RegistrationRemoval, ShardPosition, Store, StoreError};
 
@@ -65,6 +66,7 @@ macro_rules! for_each_case {
             webpush_subscription_round_trips_and_compare_and_deletes,
             read_window_range_and_limit,
             advance_checkpoint_forward_and_prunes,
+            shard_progress_is_kept_per_shard_and_replaced,
             subscribers_paging,
             subscribers_large_pages,
             subscribers_carry_the_latest_registration,
@@ -861,6 +863,24 @@ pub async fn advance_checkpoint_forward_and_prunes<S: Store>(store: &S) {
 
     store.advance_checkpoint(shard_id(2), 4).await.unwrap();
     assert_eq!(position(store, 2).await, ShardPosition::default(), "empty shard stays at zero");
+}
+
+/// A shard's progress reads back as last recorded, for that shard only, and
+/// is empty before any; an invalid shard is refused.
+pub async fn shard_progress_is_kept_per_shard_and_replaced<S: Store>(store: &S) {
+    assert!(store.shard_progress(shard_id(3)).await.unwrap().is_empty(), "none recorded yet");
+    let after = Answered::After(RecipientId::from_bytes([7; 32]));
+    let first = ShardProgress::of_window([(4, Some(Answered::Whole)), (5, Some(Answered::Whole)), (6, Some(after))]);
+    store.record_progress(shard_id(3), &first).await.unwrap();
+    assert_eq!(store.shard_progress(shard_id(3)).await.unwrap(), first);
+    assert!(store.shard_progress(shard_id(4)).await.unwrap().is_empty(), "another shard's is its own");
+    let second = ShardProgress::of_window([(6, Some(Answered::Whole)), (7, None), (8, Some(after))]);
+    store.record_progress(shard_id(3), &second).await.unwrap();
+    assert_eq!(store.shard_progress(shard_id(3)).await.unwrap(), second, "replaced, not merged");
+    store.record_progress(shard_id(3), &ShardProgress::default()).await.unwrap();
+    assert!(store.shard_progress(shard_id(3)).await.unwrap().is_empty());
+    let outside = ShardId::parse(SHARD_COUNT, SHARD_COUNT + 1).unwrap();
+    assert!(store.record_progress(outside, &first).await.is_err(), "a shard the store does not have");
 }
 
 /// subscribers() with pages of tens of subscribers, more than a backend may

@@ -40,7 +40,7 @@ use tokio::sync::oneshot;
 use super::codec::{self, BUCKET_SIZE, EnvelopeRow, bucket_of, from_db, pos_of, to_db};
 use super::settings::LogConsistency;
 use super::{ENVELOPE_BATCH, JOIN_CONCURRENCY, MAX_LWT_ATTEMPTS, ScyllaStore, Values, all_ok, backoff, be, contention};
-use crate::domain::{NewEnvelope, ShardId, StoredEnvelope, next_sequence_id};
+use crate::domain::{NewEnvelope, ShardId, ShardProgress, StoredEnvelope, next_sequence_id};
 use crate::store::{Appended, ShardPosition, StoreError};
 
 /// This process's term of one shard: what it may append under.
@@ -117,6 +117,8 @@ pub(super) struct LogStatements {
     legacy_data: PreparedStatement,
     legacy_drop_bucket: PreparedStatement,
     legacy_drop_upto: PreparedStatement,
+    progress_put: PreparedStatement,
+    progress_get: PreparedStatement,
 }
 
 /// A `shard_log` row as a window reads it: the legacy columns, then its term.
@@ -192,6 +194,8 @@ impl LogStatements {
             legacy_drop_bucket: p(format!("DELETE FROM {ks}.envelopes WHERE shard = ? AND bucket = ?")).await?,
             legacy_drop_upto: p(format!("DELETE FROM {ks}.envelopes WHERE shard = ? AND bucket = ? AND pos <= ?"))
                 .await?,
+            progress_put: p(format!("UPDATE {ks}.shard_progress SET progress = ? WHERE shard = ?")).await?,
+            progress_get: p(format!("SELECT progress FROM {ks}.shard_progress WHERE shard = ?")).await?,
         })
     }
 }
@@ -627,6 +631,30 @@ impl ScyllaStore {
             best.and_then(|(_, d)| d)
         };
         Ok(data.filter(|d| !d.is_empty()))
+    }
+
+    /// `Store::record_progress`: a plain overwrite (every value states
+    /// first attempts already made; schema 8).
+    pub(super) async fn put_progress(&self, shard: ShardId, progress: &ShardProgress) -> Result<(), StoreError> {
+        self.write(&self.st.log.progress_put, (progress.encode(), i32::from(shard.index()))).await
+    }
+
+    /// `Store::shard_progress`.
+    pub(super) async fn progress(&self, shard: ShardId) -> Result<ShardProgress, StoreError> {
+        const WHAT: &str = "reading shard progress";
+        let row = self
+            .session
+            .execute_unpaged(&self.st.log.progress_get, (i32::from(shard.index()),))
+            .await
+            .map_err(be(WHAT))?
+            .into_rows_result()
+            .map_err(be(WHAT))?
+            .maybe_first_row::<(Option<Vec<u8>>,)>()
+            .map_err(be(WHAT))?;
+        match row.and_then(|(bytes,)| bytes) {
+            Some(bytes) => ShardProgress::decode(&bytes).map_err(|_| codec::corrupt("shard progress")),
+            None => Ok(ShardProgress::default()),
+        }
     }
 
     /// `Store::advance_checkpoint`: forward only (the value is its own write

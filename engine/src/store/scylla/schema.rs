@@ -17,6 +17,7 @@ pub(super) const MIGRATIONS: &[(i32, &str, &str)] = &[
     (5, "005_relay_deliveries", include_str!("../../../schema/scylla/005_relay_deliveries.cql")),
     (6, "006_gateway", include_str!("../../../schema/scylla/006_gateway.cql")),
     (7, "007_shard_terms", include_str!("../../../schema/scylla/007_shard_terms.cql")),
+    (8, "008_shard_progress", include_str!("../../../schema/scylla/008_shard_progress.cql")),
 ];
 
 /// The version a store of this binary needs.
@@ -202,6 +203,13 @@ mod tests {
         assert_eq!(stmts.len(), 2);
         assert!(stmts[0].starts_with("CREATE TABLE IF NOT EXISTS ks.shard_terms"));
         assert!(stmts[1].starts_with("CREATE TABLE IF NOT EXISTS ks.shard_log"));
+    }
+
+    #[test]
+    fn shard_progress_file_adds_its_table() {
+        let stmts = statements(MIGRATIONS[7].2, "ks", "{}");
+        assert_eq!(stmts.len(), 1);
+        assert!(stmts[0].starts_with("CREATE TABLE IF NOT EXISTS ks.shard_progress"));
     }
 
     #[test]
