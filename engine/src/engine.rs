@@ -187,6 +187,7 @@ impl Engine {
             channels: channels.clone(),
             settings: settings.dispatch.clone(),
             pages_ahead: settings.dispatch.pages_ahead(lease.is_some()),
+            progress_interval: settings.dispatch.progress_interval(lease.is_some()),
             metrics: metrics.clone(),
             fence,
             panic_hook: PanicHook::new(options.dangerous_panic_after_pages),

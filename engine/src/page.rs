@@ -101,6 +101,12 @@ impl FirstAttemptLatch {
         }
     }
 
+    /// How many of the page's deliveries, from the first, have their first
+    /// attempt answered: what a record of progress may claim of the page.
+    pub fn settled_prefix(&self) -> usize {
+        self.state.iter().take_while(|s| s.load(Ordering::Acquire) == SETTLED).count()
+    }
+
     /// Marks the page replayed; returns the pending deliveries' indices.
     pub fn abandon(&self) -> Vec<usize> {
         self.abandoned.store(true, Ordering::Release);
@@ -167,6 +173,7 @@ mod tests {
         latch.count_down(1); // the same delivery twice counts once
         assert_eq!(fired.load(Ordering::SeqCst), 0);
         assert_eq!(progress.load(Ordering::SeqCst), 2);
+        assert_eq!(latch.settled_prefix(), 2);
         latch.count_down(2);
         assert_eq!(fired.load(Ordering::SeqCst), 1);
         assert_eq!(progress.load(Ordering::SeqCst), 3);
@@ -180,6 +187,7 @@ mod tests {
         latch.count_down(1);
         assert!(latch.accept(2)); // taken by a worker: not re-sent
         latch.count_down(3); // answered without a recorded start
+        assert_eq!(latch.settled_prefix(), 0, "the first is still pending");
         assert!(latch.accept(4));
         latch.lost(4); // its task panicked: pending again
         assert_eq!(progress.load(Ordering::SeqCst), 5, "takes and answers are progress");

@@ -301,6 +301,7 @@ mod tests {
                 channels,
                 settings,
                 pages_ahead: 2,
+                progress_interval: None,
                 metrics: metrics.clone(),
                 fence: Fence::default(),
                 panic_hook: PanicHook::new(panic_after),

@@ -32,6 +32,9 @@ pub struct DispatchContext {
     pub settings: DispatchSettings,
     /// Subscriber pages each shard reads ahead (`DispatchSettings::pages_ahead`).
     pub pages_ahead: usize,
+    /// How often a running window records its progress
+    /// (`DispatchSettings::progress_interval`); `None` never.
+    pub progress_interval: Option<std::time::Duration>,
     pub metrics: Arc<Metrics>,
     /// Issue 11: a shard is dispatched only while this node surely holds its lease.
     pub fence: Fence,

@@ -36,7 +36,18 @@ pub struct DispatchSettings {
     /// one store write per busy shard.
     #[serde(rename = "checkpoint_interval_ms", deserialize_with = "duration::millis")]
     pub checkpoint_interval: Duration,
+    /// How often, in milliseconds, a running window records what it answered
+    /// above the checkpoint (the envelopes that had every first attempt, and
+    /// how far into the open ones), so that the shard's next owner skips it
+    /// instead of sending it again: the repeats after a handover are then
+    /// about what was in flight. 0 never records. Unset: 100 on ScyllaDB,
+    /// where shards change owners and each record is one small write, and
+    /// 0 on redb, whose single node only replays after a restart.
+    pub progress_interval_ms: Option<u64>,
 }
+
+/// `progress_interval_ms` unset, on a store reached over the network.
+const NETWORK_PROGRESS_INTERVAL: Duration = Duration::from_millis(100);
 
 /// `subscriber_pages_ahead` unset, on a store reached over the network.
 /// Measured on the delivery scenarios against Cassandra (docs/BENCHMARKS.md).
@@ -46,6 +57,16 @@ impl DispatchSettings {
     /// The pages read ahead per shard: as set, else by where the store is.
     pub fn pages_ahead(&self, networked_store: bool) -> usize {
         self.subscriber_pages_ahead.unwrap_or(if networked_store { NETWORK_PAGES_AHEAD } else { 0 })
+    }
+
+    /// How often a running window records its progress: as set, else by
+    /// where the store is; `None` never.
+    pub fn progress_interval(&self, networked_store: bool) -> Option<Duration> {
+        match self.progress_interval_ms {
+            Some(0) => None,
+            Some(ms) => Some(Duration::from_millis(ms)),
+            None => networked_store.then_some(NETWORK_PROGRESS_INTERVAL),
+        }
     }
 }
 
@@ -59,6 +80,7 @@ impl Default for DispatchSettings {
             poll_interval: Duration::from_millis(1000),
             window_timeout: Duration::from_secs(120),
             checkpoint_interval: Duration::from_millis(1000),
+            progress_interval_ms: None,
         }
     }
 }
@@ -73,5 +95,18 @@ mod tests {
         assert_eq!((unset.pages_ahead(true), unset.pages_ahead(false)), (NETWORK_PAGES_AHEAD, 0));
         let set = DispatchSettings { subscriber_pages_ahead: Some(0), ..Default::default() };
         assert_eq!((set.pages_ahead(true), set.pages_ahead(false)), (0, 0));
+    }
+
+    #[test]
+    fn progress_is_recorded_by_default_only_on_a_networked_store() {
+        let unset = DispatchSettings::default();
+        assert_eq!(
+            (unset.progress_interval(true), unset.progress_interval(false)),
+            (Some(NETWORK_PROGRESS_INTERVAL), None)
+        );
+        let never = DispatchSettings { progress_interval_ms: Some(0), ..Default::default() };
+        assert_eq!((never.progress_interval(true), never.progress_interval(false)), (None, None));
+        let set = DispatchSettings { progress_interval_ms: Some(250), ..Default::default() };
+        assert_eq!(set.progress_interval(false), Some(Duration::from_millis(250)));
     }
 }

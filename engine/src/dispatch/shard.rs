@@ -10,7 +10,7 @@ use super::{Decision, DispatchContext, decide, suppression};
 use crate::channel::{Channels, QueueBatch};
 use crate::delivery::{Delivery, FirstAttempt, FirstAttemptLatch};
 use crate::domain::Recipient;
-use crate::domain::{Channel, HmacKey, RecipientId, ShardId, StoredEnvelope};
+use crate::domain::{Answered, Channel, HmacKey, RecipientId, ShardId, ShardProgress, StoredEnvelope};
 use crate::ticker::spawn_ticker;
 
 pub enum ShardMsg {
@@ -25,12 +25,16 @@ pub enum ShardMsg {
     PageDone { window: u64, page: u64 },
     /// Shutdown: start no new window, finish the current one, then stop.
     Drain,
+    /// Periodic (`progress_interval_ms`): record what the window answered
+    /// above the checkpoint, for the shard's next owner to skip.
+    RecordProgress,
     /// Another node takes this shard (this node is above its fair share):
     /// hand out no more pages; once every page in flight had its first
     /// attempts, store the checkpoint just below the oldest envelope not
-    /// fully done, then stop. The next owner replays from there, so it
-    /// repeats at most the pages of a partly paged envelope, not the rest
-    /// of a window that could not finish within the drain bound.
+    /// fully done (and, when progress is recorded, how far into it), then
+    /// stop. The next owner replays from there, so it repeats at most the
+    /// pages of a partly paged envelope, not the rest of a window that could
+    /// not finish within the drain bound.
     Release,
 }
 
@@ -53,6 +57,8 @@ pub struct ShardState {
     /// The fence was down at the last check (logged once per episode).
     fenced: bool,
     ticker: tokio::task::JoinHandle<()>,
+    /// Sends `RecordProgress`, when progress is recorded.
+    progress_ticker: Option<tokio::task::JoinHandle<()>>,
 }
 
 struct Window {
@@ -61,6 +67,14 @@ struct Window {
     envelopes: VecDeque<Arc<StoredEnvelope>>,
     /// Last subscriber of the front envelope already paged.
     cursor: Option<RecipientId>,
+    /// Every envelope of the window, ascending: what a record of progress
+    /// speaks of.
+    ids: Vec<u64>,
+    /// Envelopes behind the front that a former owner answered up to a
+    /// subscriber (`Answered::After`): their paging starts after it.
+    resume: HashMap<u64, RecipientId>,
+    /// The progress as last recorded by this window.
+    recorded: ShardProgress,
     /// The reads of the next pages, and the pages of small topics.
     pages_read: WindowPages,
     /// The checkpoint this window moves to when complete.
@@ -88,6 +102,9 @@ struct Window {
 /// that a replay can re-send exactly the ones that never had one.
 struct Page {
     envelope: Arc<StoredEnvelope>,
+    /// The subscriber the page was read after: every delivery of the
+    /// envelope to a subscriber at or below it was handed out earlier.
+    after: Option<RecipientId>,
     recipients: Vec<Arc<Recipient>>,
     latch: Arc<FirstAttemptLatch>,
 }
@@ -137,6 +154,7 @@ impl Window {
         myself: &ActorRef<ShardMsg>,
         page: u64,
         envelope: Arc<StoredEnvelope>,
+        after: Option<RecipientId>,
         recipients: Vec<Arc<Recipient>>,
     ) -> Vec<Delivery> {
         let window = self.id;
@@ -149,8 +167,42 @@ impl Window {
             .enumerate()
             .map(|(index, r)| Delivery::new(envelope.clone(), r.clone(), FirstAttempt { latch: latch.clone(), index }))
             .collect();
-        self.pages.insert(page, Page { envelope, recipients, latch });
+        self.pages.insert(page, Page { envelope, after, recipients, latch });
         batch
+    }
+
+    /// What this window answered above its checkpoint. An envelope fully
+    /// paged with no page in flight had every first attempt; one with a page
+    /// in flight, every one below its lowest such page (pages are handed
+    /// out in subscriber order, and one that left `pages` was answered, or
+    /// under way when a replay took its missing deliveries) and the
+    /// answered start of that page; one still to page, every one up to
+    /// where its paging starts.
+    fn answered(&self) -> ShardProgress {
+        let mut lowest: HashMap<u64, &Page> = HashMap::new();
+        for page in self.pages.values() {
+            let at = lowest.entry(page.envelope.sequence_id).or_insert(page);
+            if page.after < at.after {
+                *at = page;
+            }
+        }
+        let mut to_page: HashMap<u64, Option<RecipientId>> =
+            self.envelopes.iter().map(|e| (e.sequence_id, self.resume.get(&e.sequence_id).copied())).collect();
+        if let Some(front) = self.envelopes.front() {
+            to_page.insert(front.sequence_id, self.cursor);
+        }
+        ShardProgress::of_window(self.ids.iter().filter(|&&id| id > self.checkpoint).map(|&id| {
+            let answered = match (lowest.get(&id), to_page.get(&id)) {
+                (Some(page), _) => match page.latch.settled_prefix() {
+                    0 => page.after,
+                    n => Some(page.recipients[n - 1].id),
+                }
+                .map(Answered::After),
+                (None, Some(after)) => after.map(Answered::After),
+                (None, None) => Some(Answered::Whole),
+            };
+            (id, answered)
+        }))
     }
 }
 
@@ -165,6 +217,8 @@ impl Actor for ShardActor {
         (shard, ctx, wake_pending): Self::Arguments,
     ) -> Result<ShardState, ActorProcessingErr> {
         let interval = ctx.settings.poll_interval;
+        let progress_ticker =
+            ctx.progress_interval.map(|every| spawn_ticker(myself.clone(), every, || ShardMsg::RecordProgress));
         let ticker = spawn_ticker(myself, interval, || ShardMsg::Tick);
         Ok(ShardState {
             shard,
@@ -177,11 +231,15 @@ impl Actor for ShardActor {
             releasing: false,
             fenced: false,
             ticker,
+            progress_ticker,
         })
     }
 
     async fn post_stop(&self, _: ActorRef<ShardMsg>, state: &mut ShardState) -> Result<(), ActorProcessingErr> {
         state.ticker.abort();
+        if let Some(t) = &state.progress_ticker {
+            t.abort();
+        }
         // Whoever runs this shard next replays from the checkpoint.
         state.drop_window();
         state.set_lag(0);
@@ -210,6 +268,10 @@ impl Actor for ShardActor {
             },
             ShardMsg::Pump => state.pump(&myself).await,
             ShardMsg::PageDone { window, page } => state.page_done(&myself, window, page).await,
+            ShardMsg::RecordProgress => {
+                state.record_progress().await;
+                Ok(())
+            }
             ShardMsg::Drain => {
                 state.draining = true;
                 Ok(())
@@ -269,7 +331,11 @@ impl ShardState {
         }
         let limit = self.ctx.settings.window_envelopes.get();
         // PUSH-257: nothing above the boundary read now; nothing below the checkpoint.
-        let envelopes = store.read_window(self.shard, position.checkpoint, position.boundary, limit).await?;
+        let window = store.read_window(self.shard, position.checkpoint, position.boundary, limit);
+        let (envelopes, answered) = match self.ctx.progress_interval {
+            Some(_) => tokio::try_join!(window, store.shard_progress(self.shard))?,
+            None => (window.await?, ShardProgress::default()),
+        };
         let end = match envelopes.last() {
             Some(last) if envelopes.len() == limit => last.sequence_id,
             _ => position.boundary,
@@ -282,13 +348,44 @@ impl ShardState {
         }
         self.next_window_id += 1;
         let now = Instant::now();
-        let envelopes: VecDeque<Arc<StoredEnvelope>> = envelopes.into_iter().map(Arc::new).collect();
-        let mut pages_read = WindowPages::new(self.ctx.pages_ahead, envelopes.iter().map(|e| &e.topic));
-        pages_read.start(&store, envelopes.iter().map(|e| (&e.topic, None)), self.ctx.settings.subscriber_page.get());
+        let ids: Vec<u64> = envelopes.iter().map(|e| e.sequence_id).collect();
+        // What a former owner (or this node, before a restart) recorded it
+        // answered of these envelopes is not sent again.
+        let mut resume = HashMap::new();
+        let envelopes: VecDeque<Arc<StoredEnvelope>> = envelopes
+            .into_iter()
+            .filter(|e| match answered.of(e.sequence_id) {
+                Some(Answered::Whole) => false,
+                Some(Answered::After(r)) => resume.insert(e.sequence_id, r).is_none(),
+                None => true,
+            })
+            .map(Arc::new)
+            .collect();
+        if envelopes.len() < ids.len() || !resume.is_empty() {
+            tracing::info!(
+                shard = self.shard.index(),
+                answered = ids.len() - envelopes.len(),
+                partly = resume.len(),
+                "window resumes from recorded progress"
+            );
+        }
+        let cursor = envelopes.front().and_then(|e| resume.remove(&e.sequence_id));
+        let mut pages_read = WindowPages::new(
+            self.ctx.pages_ahead,
+            envelopes.iter().filter(|e| !resume.contains_key(&e.sequence_id)).map(|e| &e.topic),
+        );
+        let starts = envelopes
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (&e.topic, if i == 0 { cursor } else { resume.get(&e.sequence_id).copied() }));
+        pages_read.start(&store, starts, self.ctx.settings.subscriber_page.get());
         self.window = Some(Window {
             id: self.next_window_id,
             envelopes,
-            cursor: None,
+            cursor,
+            ids,
+            resume,
+            recorded: answered,
             pages_read,
             end,
             checkpoint: position.checkpoint,
@@ -343,13 +440,18 @@ impl ShardState {
         };
         let page_size = ctx.settings.subscriber_page.get();
         let page = w.pages_read.take(&ctx.store, &envelope.topic, w.cursor, page_size).await?;
+        let after = w.cursor;
         if page.len() < page_size {
             w.envelopes.pop_front();
-            w.cursor = None;
+            w.cursor = w.envelopes.front().and_then(|e| w.resume.remove(&e.sequence_id));
         } else {
             w.cursor = page.last().map(|s| s.recipient.id);
         }
-        let next = w.envelopes.iter().enumerate().map(|(i, e)| (&e.topic, if i == 0 { w.cursor } else { None }));
+        let next = w
+            .envelopes
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (&e.topic, if i == 0 { w.cursor } else { w.resume.get(&e.sequence_id).copied() }));
         w.pages_read.start(&ctx.store, next, page_size);
         // PUSH-257 per subscriber; PUSH-230 for the page at once, so the data
         // is read once per page and hashed once per distinct key.
@@ -375,7 +477,7 @@ impl ShardState {
         if !recipients.is_empty() {
             let page = w.next_page_id;
             w.next_page_id += 1;
-            let batch = w.hand_out(myself, page, envelope, recipients);
+            let batch = w.hand_out(myself, page, envelope, after, recipients);
             let batch = w.route(&ctx.channels, batch);
             if w.envelopes.is_empty() {
                 w.release_queued(); // the read is fully handed out
@@ -442,6 +544,26 @@ impl ShardState {
         Ok(())
     }
 
+    /// `RecordProgress`: stores what the window answered above the
+    /// checkpoint when it changed. Not while fenced: another node may own
+    /// the shard by now, and a stale record would only cost it repeats. A
+    /// failed write costs repeats after a handover too, nothing else, so it
+    /// is logged and the window goes on.
+    async fn record_progress(&mut self) {
+        if self.ctx.progress_interval.is_none() || self.fenced() {
+            return;
+        }
+        let Some(w) = self.window.as_mut() else { return };
+        let answered = w.answered();
+        if answered == w.recorded {
+            return;
+        }
+        match self.ctx.store.record_progress(self.shard, &answered).await {
+            Ok(()) => w.recorded = answered,
+            Err(e) => tracing::warn!(shard = self.shard.index(), error = %e, "recording dispatch progress failed"),
+        }
+    }
+
     /// `Release`: moves the checkpoint up to just below the oldest envelope
     /// that is not fully paged or has a page in flight (PUSH-257: everything
     /// at or below it had every first attempt; a partly paged envelope is
@@ -449,6 +571,10 @@ impl ShardState {
     /// window is done here and the actor stops.
     async fn release_if_answered(&mut self) -> StepResult {
         self.checkpoint_within_window(true).await?;
+        if self.window.as_ref().is_some_and(|w| w.pages.is_empty()) {
+            // How far into the envelope it stopped in, for the next owner.
+            self.record_progress().await;
+        }
         if let Some(w) = self.window.as_mut()
             && w.pages.is_empty()
         {
@@ -509,7 +635,7 @@ impl ShardState {
             let recipients = missing.into_iter().map(|i| page.recipients[i].clone()).collect();
             let id = w.next_page_id;
             w.next_page_id += 1;
-            batch.extend(w.hand_out(myself, id, page.envelope, recipients));
+            batch.extend(w.hand_out(myself, id, page.envelope, page.after, recipients));
         }
         if batch.is_empty() {
             // Every first attempt is under way (slow answers): nothing lost.
@@ -607,6 +733,7 @@ mod tests {
         gate: Arc<Gate>,
         metrics: Arc<Metrics>,
         actor: ActorRef<ShardMsg>,
+        ctx: Arc<DispatchContext>,
         recipients: Vec<RecipientId>,
         _dir: tempfile::TempDir,
     }
@@ -620,6 +747,19 @@ mod tests {
                 .await
         }
 
+        /// Like `start`, with the shard's progress recorded as `progress` of
+        /// the recipients says before the actor starts.
+        async fn start_recorded(
+            recipients: u8,
+            envelopes: usize,
+            settings: DispatchSettings,
+            progress: impl FnOnce(&[RecipientId]) -> ShardProgress,
+        ) -> Self {
+            let delivery = DeliverySettings::default();
+            let fence = Fence::default();
+            Self::start_after(recipients, envelopes, settings, 0, Duration::ZERO, delivery, fence, progress).await
+        }
+
         /// Like `start`, each answer taking `latency`, with these workers.
         async fn start_with(
             recipients: u8,
@@ -629,6 +769,23 @@ mod tests {
             latency: Duration,
             delivery: DeliverySettings,
             fence: Fence,
+        ) -> Self {
+            Self::start_after(recipients, envelopes, settings, lose_once, latency, delivery, fence, |_| {
+                ShardProgress::default()
+            })
+            .await
+        }
+
+        #[allow(clippy::too_many_arguments)]
+        async fn start_after(
+            recipients: u8,
+            envelopes: usize,
+            settings: DispatchSettings,
+            lose_once: usize,
+            latency: Duration,
+            delivery: DeliverySettings,
+            fence: Fence,
+            progress: impl FnOnce(&[RecipientId]) -> ShardProgress,
         ) -> Self {
             let dir = tempfile::tempdir().unwrap();
             let store: Arc<dyn Store> = Arc::new(RedbStore::open(dir.path(), SHARDS).unwrap());
@@ -647,6 +804,7 @@ mod tests {
             let new = |_| NewEnvelope::new(topic.clone(), SHARDS, EnvelopeKind::Application, true, None, vec![], None);
             let batch: Vec<NewEnvelope> = (0..envelopes).map(|i| new(i).unwrap()).collect();
             store.append(&batch, 2).await.unwrap();
+            store.record_progress(ShardId::FIRST, &progress(&ids)).await.unwrap();
 
             let gate = Arc::new(Gate {
                 latency,
@@ -673,15 +831,22 @@ mod tests {
                 store: store.clone(),
                 workers,
                 channels,
+                progress_interval: settings.progress_interval(false),
                 settings,
                 pages_ahead: 2,
                 metrics: metrics.clone(),
                 fence,
                 panic_hook: PanicHook::default(),
             });
-            let (actor, _) = Actor::spawn(None, ShardActor, (ShardId::FIRST, ctx, Arc::default())).await.unwrap();
+            let actor = Self::spawn(&ctx).await;
+            Self { store, gate, metrics, actor, ctx, recipients: ids, _dir: dir }
+        }
+
+        async fn spawn(ctx: &Arc<DispatchContext>) -> ActorRef<ShardMsg> {
+            let (actor, _) =
+                Actor::spawn(None, ShardActor, (ShardId::FIRST, ctx.clone(), Arc::default())).await.unwrap();
             let _ = actor.cast(ShardMsg::Wake);
-            Self { store, gate, metrics, actor, recipients: ids, _dir: dir }
+            actor
         }
 
         async fn position(&self) -> ShardPosition {
@@ -872,6 +1037,54 @@ mod tests {
         assert_eq!(sends.len(), 6, "no page after the release: {sends:?}");
         assert!(sends.keys().all(|(seq, _)| *seq <= 2));
         assert_eq!(f.metrics.windows.get(), 0, "the window was handed over, not completed");
+    }
+
+    fn recording(page: usize, pages_in_flight: usize) -> DispatchSettings {
+        DispatchSettings { progress_interval_ms: Some(100), ..settings(page, pages_in_flight) }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_released_shard_records_how_far_into_its_envelope_it_got_and_the_next_owner_goes_on_from_there() {
+        // Two envelopes to four recipients, one subscriber per page: released
+        // while the first page of envelope 1 is out. The checkpoint cannot
+        // pass envelope 1, but the record says it was answered up to the
+        // first subscriber, so the next owner sends every delivery once.
+        let f = Fixture::start(4, 2, recording(1, 1), 0).await;
+        f.until("the first page is out", |f| f.waiting() == 1).await;
+        let _ = f.actor.cast(ShardMsg::Release);
+        f.gate.permits.add_permits(1);
+        f.until("the actor stopped", |f| f.actor.get_status() == ractor::ActorStatus::Stopped).await;
+        assert_eq!(f.position().await.checkpoint, 0, "envelope 1 is only partly answered");
+        let recorded = f.store.shard_progress(ShardId::FIRST).await.unwrap();
+        assert_eq!(recorded.of(1), Some(Answered::After(f.recipients[0])));
+        assert_eq!(recorded.of(2), None);
+
+        let next = Fixture::spawn(&f.ctx).await;
+        f.gate.permits.add_permits(100);
+        f.until_checkpoint(2).await;
+        let sends = f.sends();
+        assert_eq!(sends.len(), 8, "every delivery: {sends:?}");
+        assert!(sends.values().all(|n| *n == 1), "nothing sent twice: {sends:?}");
+        next.stop(None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_window_skips_what_a_former_owner_recorded_it_answered() {
+        // Recorded: envelope 1 whole, envelope 2 up to the second subscriber.
+        let f = Fixture::start_recorded(3, 3, recording(10, 4), |ids| {
+            ShardProgress::of_window([(1, Some(Answered::Whole)), (2, Some(Answered::After(ids[1]))), (3, None)])
+        })
+        .await;
+        let third = f.recipients[2];
+        f.gate.permits.add_permits(100);
+        f.until_checkpoint(3).await;
+        let mut sent: Vec<_> = f.sends().into_keys().collect();
+        sent.sort();
+        let everyone = f.recipients.iter().map(|r| (3, *r));
+        let expected: Vec<_> = [(2, third)].into_iter().chain(everyone).collect();
+        assert_eq!(sent, expected, "envelope 1 skipped, envelope 2 resumed after the second subscriber");
+        assert!(f.sends().values().all(|n| *n == 1));
+        f.actor.stop(None);
     }
 
     #[tokio::test(start_paused = true)]
