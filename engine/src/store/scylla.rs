@@ -1,11 +1,22 @@
 //! The ScyllaDB backend (DESIGN.md, storage): the `scylla` driver against
 //! ScyllaDB or Apache Cassandra, which speak the same CQL protocol.
 //!
-//! Schema: `engine/schema/scylla/NNN_*.cql` (001 to 007), applied
+//! Schema: `engine/schema/scylla/NNN_*.cql` (001 to 008), applied
 //! in order (`schema.rs`) by [`ScyllaStore::connect`] when `migrate` is set, or
 //! by `fanout migrate`. Every statement is
 //! prepared once at connect; the driver's default load balancing is token
 //! aware, so each goes to a replica of its partition. Range reads page.
+//!
+//! # Parts
+//!
+//! [`ScyllaStore`] keeps the recipients, their subscriptions and the shard
+//! leases itself, and holds one store per other concern, each with its own
+//! statements over the one session: the shard log (`log.rs`, `ShardLog`),
+//! the relay ingress's records (`relay.rs`, `ScyllaRelay`, handed out by
+//! `Store::relay`) and the push gateway's (`gateway.rs`, `ScyllaGateway`,
+//! handed out by `Store::gateway`). What they share sits below them all in
+//! `cql.rs` (the retried conditional write, errors, write timestamps, TTLs);
+//! rows become domain values in `codec.rs`. None of them imports this file.
 //!
 //! # Atomicity
 //!
@@ -34,7 +45,7 @@
 //!   written after it read the newer version). A crash in between leaves at
 //!   worst a dangling row, which dispatch skips; a stored subscription is
 //!   never invisible to dispatch. The timestamps are not any node's wall
-//!   clock alone (issue 11): each change takes max(wall clock, the
+//!   clock alone: each change takes max(wall clock, the
 //!   recipient's `index_clocks` value + 1) and writes it back before its
 //!   batch, so a later change of the same recipient on a node whose clock
 //!   runs behind still writes with a later timestamp (`index_timestamp`).
@@ -52,7 +63,7 @@
 //!   ignore a former owner's writes) and by ingest's lease-deadline check
 //!   before acknowledging. The checkpoint is a plain write whose value is its
 //!   own write timestamp, so it never moves back.
-//! - **Shard leases** (issue 7): `shard_leases` rows live for a TTL; acquire
+//! - **Shard leases**: `shard_leases` rows live for a TTL; acquire
 //!   is `INSERT … IF NOT EXISTS USING TTL`, renewal `UPDATE … USING TTL …
 //!   IF owner = ?`, release `DELETE … IF owner = ?`, so at most one node holds
 //!   a shard's lease at a time. Node heartbeats go to `nodes` with a TTL.
@@ -64,6 +75,7 @@
 //! CQL error texts name statements and tables, not bound values.
 
 mod codec;
+mod cql;
 mod gateway;
 mod log;
 mod relay;
@@ -72,7 +84,6 @@ mod settings;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -83,81 +94,51 @@ use scylla::client::execution_profile::ExecutionProfile;
 use scylla::client::session::Session;
 use scylla::client::session::TlsContext;
 use scylla::client::session_builder::SessionBuilder;
-use scylla::response::query_result::QueryResult;
-use scylla::serialize::row::SerializeRow;
 use scylla::statement::batch::{Batch, BatchType};
 use scylla::statement::prepared::PreparedStatement;
 use scylla::statement::{Consistency, SerialConsistency};
-use scylla::value::{CqlValue, Row};
 
 pub use self::settings::{Keyspace, LogConsistency, Nodes, ScyllaSettings};
 
 use self::codec::{StaticRow, Versioned, corrupt, from_db, to_db};
+use self::cql::{
+    Execute, JOIN_CONCURRENCY, Lwt, MAX_LWT_ATTEMPTS, PAGE_ROWS, Values, WriteClock, all_ok, backoff, be, contention,
+};
+use self::gateway::ScyllaGateway;
+use self::log::ShardLog;
+use self::relay::ScyllaRelay;
 use super::{Appended, NodeId, RegistrationRemoval, ShardLeases, ShardPosition, Store, StoreError};
 use crate::domain::{
     DeliveryTarget, NewEnvelope, Recipient, RecipientId, RecipientSummary, SecretHash, ShardId, ShardProgress,
     StoredEnvelope, StoredSubscription, Subscriber, SubscriptionUpdate, Topic,
 };
 
-/// How often a conditional write is tried against concurrent changes.
-const MAX_LWT_ATTEMPTS: u32 = 50;
-/// Rows per page of every range read.
-const PAGE_ROWS: i32 = 1000;
 /// Clustering keys per `IN (...)` read.
 const IN_CHUNK: usize = 100;
-/// Writes or reads of the dispatch index run at once.
-const JOIN_CONCURRENCY: usize = 32;
 /// Recipient partitions one join read names (`recipient_id IN ?`).
 const JOIN_IN: usize = 50;
 /// Join reads of one page at once.
 const JOIN_READS: usize = 4;
-/// Envelope rows per unlogged (single-partition) batch.
-const ENVELOPE_BATCH: usize = 64;
 /// Most adds plus removes one UpdateSubscriptions can apply: all of them go in
 /// one conditional batch, and the CQL protocol counts a batch's statements in
 /// 16 bits (one statement is the recipient's own update).
 pub const MAX_SUBSCRIPTION_CHANGES: usize = u16::MAX as usize - 1;
 
-/// The ScyllaDB / Cassandra `Store`.
+/// The ScyllaDB / Cassandra `Store`. It keeps the recipients and the shard
+/// leases itself, and holds a store per other concern over the same
+/// session: the shard log (`log.rs`), the relay ingress's records
+/// (`relay.rs`) and the push gateway's (`gateway.rs`).
 pub struct ScyllaStore {
-    session: Session,
+    session: Arc<Session>,
     keyspace: String,
     shard_count: u16,
     st: Statements,
-    /// This process's term of each shard (`log.rs`); its mutex serialises
-    /// the shard's appends in this process.
-    terms: Vec<log::TermSlot>,
-    clock: WriteClock,
-}
-
-/// Maps a driver error to `Backend` with a fixed label.
-pub(super) fn be<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> StoreError {
-    move |e| StoreError::Backend(format!("scylla: {what}: {e}"))
-}
-
-/// Microsecond wall-clock write timestamps, strictly increasing in this
-/// process: the local half of the dispatch index's timestamps.
-#[derive(Default)]
-struct WriteClock {
-    last: AtomicI64,
-    /// Added to the wall clock: only tests set it, to play a skewed node.
-    skew_micros: i64,
-}
-
-impl WriteClock {
-    fn next(&self) -> i64 {
-        let now =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64)
-                + self.skew_micros;
-        let mut prev = self.last.load(Ordering::Relaxed);
-        loop {
-            let ts = now.max(prev + 1);
-            match self.last.compare_exchange_weak(prev, ts, Ordering::Relaxed, Ordering::Relaxed) {
-                Ok(_) => return ts,
-                Err(p) => prev = p,
-            }
-        }
-    }
+    log: ShardLog,
+    relay: ScyllaRelay,
+    gateway: ScyllaGateway,
+    /// The dispatch index's write timestamps, shared with the gateway's
+    /// target index.
+    clock: Arc<WriteClock>,
 }
 
 /// Every prepared statement.
@@ -188,9 +169,6 @@ struct Statements {
     lease_all: PreparedStatement,
     node_put: PreparedStatement,
     node_all: PreparedStatement,
-    log: log::LogStatements,
-    relay: relay::RelayStatements,
-    gateway: gateway::GatewayStatements,
 }
 
 const STATIC_COLS: &str = "version, secret_hash, channel, target, signing_key, renewed_at, topic_count";
@@ -297,85 +275,8 @@ impl Statements {
             ))
             .await?,
             node_all: p(format!("SELECT node FROM {ks}.nodes")).await?,
-            log: log::LogStatements::prepare(session, ks, consistency).await?,
-            relay: relay::RelayStatements::prepare(session, ks).await?,
-            gateway: gateway::GatewayStatements::prepare(session, ks).await?,
         })
     }
-}
-
-/// The outcome of one conditional statement or batch.
-struct Lwt {
-    applied: bool,
-    /// When not applied: the current values the server returned, by column name.
-    current: HashMap<String, Option<CqlValue>>,
-}
-
-impl Lwt {
-    fn from_result(result: QueryResult) -> Result<Self, StoreError> {
-        let rows = result.into_rows_result().map_err(be("reading a conditional write's result"))?;
-        let names: Vec<String> = rows.column_specs().iter().map(|s| s.name().to_owned()).collect();
-        let row: Row = rows.first_row().map_err(be("reading a conditional write's result"))?;
-        let mut current: HashMap<String, Option<CqlValue>> = names.into_iter().zip(row.columns).collect();
-        let applied = match current.remove("[applied]") {
-            Some(Some(CqlValue::Boolean(b))) => b,
-            _ => return Err(StoreError::Backend("scylla: a conditional write returned no [applied]".into())),
-        };
-        Ok(Self { applied, current })
-    }
-
-    fn current_text(&self, column: &str) -> Option<&str> {
-        match self.current.get(column) {
-            Some(Some(CqlValue::Text(v))) => Some(v),
-            _ => None,
-        }
-    }
-
-    fn current_i64(&self, column: &str) -> Option<i64> {
-        match self.current.get(column) {
-            Some(Some(CqlValue::BigInt(v))) => Some(*v),
-            _ => None,
-        }
-    }
-
-    fn current_i8(&self, column: &str) -> Option<i8> {
-        match self.current.get(column) {
-            Some(Some(CqlValue::TinyInt(v))) => Some(*v),
-            _ => None,
-        }
-    }
-
-    fn current_blob(&self, column: &str) -> Option<&[u8]> {
-        match self.current.get(column) {
-            Some(Some(CqlValue::Blob(v))) => Some(v),
-            _ => None,
-        }
-    }
-
-    fn current_u64(&self, column: &str) -> Option<u64> {
-        match self.current.get(column) {
-            Some(Some(CqlValue::BigInt(v))) => Some(from_db(*v)),
-            _ => None,
-        }
-    }
-}
-
-type Values = Box<dyn SerializeRow + Send + Sync>;
-
-/// Runs `futures`, at most `concurrency` at once; the first error wins.
-async fn all_ok(futures: Vec<BoxFuture<'_, Result<(), StoreError>>>, concurrency: usize) -> Result<(), StoreError> {
-    stream::iter(futures).buffer_unordered(concurrency).try_collect::<()>().await
-}
-
-/// A short random pause before trying a conditional write again.
-async fn backoff(attempt: u32) {
-    let cap_ms = 1u64 << attempt.min(7);
-    let ms = rand::random_range(0..=cap_ms);
-    tokio::time::sleep(Duration::from_millis(ms)).await;
-}
-
-fn contention() -> StoreError {
-    StoreError::Backend("scylla: too many concurrent changes; the write was not applied".into())
 }
 
 /// A lease or heartbeat TTL in whole seconds, at least one.
@@ -414,7 +315,7 @@ impl ScyllaStore {
         if let Some((user, password)) = settings.credentials().map_err(StoreError::Backend)? {
             builder = builder.user(user, password);
         }
-        let session = builder.build().await.map_err(be("cannot connect"))?;
+        let session = Arc::new(builder.build().await.map_err(be("cannot connect"))?);
         if settings.migrate {
             schema::migrate(&session, &settings.keyspace, &settings.replication).await?;
         } else {
@@ -423,14 +324,11 @@ impl ScyllaStore {
         let keyspace = settings.keyspace.to_string();
         check_shard_count(&session, &keyspace, shard_count).await?;
         let st = Statements::prepare(&session, &keyspace, settings.consistency).await?;
-        Ok(Self {
-            session,
-            keyspace,
-            shard_count,
-            st,
-            terms: (0..shard_count).map(|_| log::TermSlot::default()).collect(),
-            clock: WriteClock::default(),
-        })
+        let log = ShardLog::prepare(&session, &keyspace, settings.consistency, shard_count).await?;
+        let relay = ScyllaRelay::prepare(&session, &keyspace).await?;
+        let clock = Arc::new(WriteClock::default());
+        let gateway = ScyllaGateway::prepare(&session, &keyspace, Arc::clone(&clock)).await?;
+        Ok(Self { session, keyspace, shard_count, st, log, relay, gateway, clock })
     }
 
     pub fn shard_count(&self) -> u16 {
@@ -461,16 +359,6 @@ impl ScyllaStore {
         } else {
             Err(StoreError::Backend("shard id is out of range".into()))
         }
-    }
-
-    async fn lwt(&self, st: &PreparedStatement, values: impl SerializeRow) -> Result<Lwt, StoreError> {
-        let result = self.session.execute_unpaged(st, values).await.map_err(be("conditional write"))?;
-        Lwt::from_result(result)
-    }
-
-    async fn write(&self, st: &PreparedStatement, values: impl SerializeRow) -> Result<(), StoreError> {
-        self.session.execute_unpaged(st, values).await.map_err(be("write"))?;
-        Ok(())
     }
 
     // ---- recipients ----
@@ -555,12 +443,12 @@ impl ScyllaStore {
     }
 
     async fn put_index_clock(&self, id: &RecipientId, ts: i64) -> Result<(), StoreError> {
-        self.write(&self.st.clock_put, (id.as_bytes().as_slice(), ts, ts)).await
+        self.session.write(&self.st.clock_put, (id.as_bytes().as_slice(), ts, ts)).await
     }
 
     /// The boundaries of `shards`, read concurrently.
     async fn boundaries(&self, shards: BTreeSet<ShardId>) -> Result<HashMap<ShardId, u64>, StoreError> {
-        let reads = shards.into_iter().map(|shard| async move { Ok((shard, self.position(shard).await?.boundary)) });
+        let reads = shards.into_iter().map(|shard| async move { Ok((shard, self.log.position(shard).await?.boundary)) });
         stream::iter(reads).buffer_unordered(JOIN_CONCURRENCY).try_collect().await
     }
 
@@ -568,7 +456,7 @@ impl ScyllaStore {
     async fn put_topic_rows(&self, id: &RecipientId, topics: &[&[u8]], ts: i64) -> Result<(), StoreError> {
         let writes: Vec<BoxFuture<'_, Result<(), StoreError>>> = topics
             .iter()
-            .map(|t| self.write(&self.st.topic_row_put, (*t, id.as_bytes().as_slice(), ts)).boxed())
+            .map(|t| self.session.write(&self.st.topic_row_put, (*t, id.as_bytes().as_slice(), ts)).boxed())
             .collect();
         all_ok(writes, JOIN_CONCURRENCY).await
     }
@@ -579,7 +467,7 @@ impl ScyllaStore {
     async fn del_topic_rows(&self, id: &RecipientId, topics: &[Vec<u8>], ts: i64) {
         let writes: Vec<BoxFuture<'_, Result<(), StoreError>>> = topics
             .iter()
-            .map(|t| self.write(&self.st.topic_row_del, (ts, t.as_slice(), id.as_bytes().as_slice())).boxed())
+            .map(|t| self.session.write(&self.st.topic_row_del, (ts, t.as_slice(), id.as_bytes().as_slice())).boxed())
             .collect();
         let result = all_ok(writes, JOIN_CONCURRENCY).await;
         if let Err(e) = result {
@@ -688,11 +576,11 @@ impl Store for ScyllaStore {
     }
 
     fn relay(&self) -> &dyn super::RelayStore {
-        self
+        &self.relay
     }
 
     fn gateway(&self) -> &dyn super::GatewayStore {
-        self
+        &self.gateway
     }
 
     fn leases(self: Arc<Self>) -> Option<Arc<dyn ShardLeases>> {
@@ -727,13 +615,13 @@ impl Store for ScyllaStore {
                         now_ns,
                         id.as_bytes().as_slice(),
                     );
-                    (self.lwt(&self.st.create_recipient, values).await?.applied, 0)
+                    (self.session.lwt(&self.st.create_recipient, values).await?.applied, 0)
                 }
                 Some(v) if v.recipient.secret_hash != *secret_hash => return Err(StoreError::SecretMismatch),
                 Some(v) => {
                     let values =
                         (new_version(), channel, text, signing_key, now_ns, id.as_bytes().as_slice(), v.version);
-                    (self.lwt(&self.st.renew_recipient, values).await?.applied, v.recipient.topic_count)
+                    (self.session.lwt(&self.st.renew_recipient, values).await?.applied, v.recipient.topic_count)
                 }
             };
             if done {
@@ -920,7 +808,7 @@ impl Store for ScyllaStore {
                 id.as_bytes().as_slice(),
                 version,
             );
-            if self.lwt(&self.st.renew_recipient, values).await?.applied {
+            if self.session.lwt(&self.st.renew_recipient, values).await?.applied {
                 return Ok(true);
             }
             backoff(attempt).await;
@@ -980,7 +868,7 @@ impl Store for ScyllaStore {
             by_shard.entry(e.shard()).or_default().push(i);
         }
         let per_shard = futures::future::try_join_all(
-            by_shard.iter().map(|(shard, indices)| self.append_shard(*shard, envelopes, indices, now_ns)),
+            by_shard.iter().map(|(shard, indices)| self.log.append_shard(*shard, envelopes, indices, now_ns)),
         )
         .await?;
         let mut results: Vec<Option<Appended>> = vec![None; envelopes.len()];
@@ -992,7 +880,7 @@ impl Store for ScyllaStore {
 
     async fn shard_position(&self, shard: ShardId) -> Result<ShardPosition, StoreError> {
         self.check_shard(shard)?;
-        self.position(shard).await
+        self.log.position(shard).await
     }
 
     async fn read_window(
@@ -1003,27 +891,27 @@ impl Store for ScyllaStore {
         limit: usize,
     ) -> Result<Vec<StoredEnvelope>, StoreError> {
         self.check_shard(shard)?;
-        self.window(shard, after, up_to, limit).await
+        self.log.window(shard, after, up_to, limit).await
     }
 
     async fn envelope_data(&self, shard: ShardId, sequence_id: u64) -> Result<Option<Vec<u8>>, StoreError> {
         self.check_shard(shard)?;
-        self.data(shard, sequence_id).await
+        self.log.data(shard, sequence_id).await
     }
 
     async fn advance_checkpoint(&self, shard: ShardId, checkpoint: u64) -> Result<(), StoreError> {
         self.check_shard(shard)?;
-        self.checkpoint(shard, checkpoint).await
+        self.log.checkpoint(shard, checkpoint).await
     }
 
     async fn record_progress(&self, shard: ShardId, progress: &ShardProgress) -> Result<(), StoreError> {
         self.check_shard(shard)?;
-        self.put_progress(shard, progress).await
+        self.log.put_progress(shard, progress).await
     }
 
     async fn shard_progress(&self, shard: ShardId) -> Result<ShardProgress, StoreError> {
         self.check_shard(shard)?;
-        self.progress(shard).await
+        self.log.progress(shard).await
     }
 
     async fn subscribers(
@@ -1087,7 +975,7 @@ impl ShardLeases for ScyllaStore {
         // process's term of the shard may be stale, so its next append
         // claims a new one (`log.rs`).
         let held = async {
-            let insert = self.lwt(&self.st.lease_insert, (key, &node.0, address, ttl)).await?;
+            let insert = self.session.lwt(&self.st.lease_insert, (key, &node.0, address, ttl)).await?;
             if insert.applied {
                 return Ok((true, true));
             }
@@ -1095,23 +983,23 @@ impl ShardLeases for ScyllaStore {
                 return Ok((false, true));
             }
             // Ours already: renew the TTL, still only while it is ours.
-            let renewed = self.lwt(&self.st.lease_renew, (ttl, &node.0, address, key, &node.0)).await?.applied;
+            let renewed = self.session.lwt(&self.st.lease_renew, (ttl, &node.0, address, key, &node.0)).await?.applied;
             Ok((renewed, !renewed))
         }
         .await;
         match held {
             // Newly ours: a term now, so the first publish does not wait for it.
-            Ok((true, true)) => self.start_term(shard).await,
+            Ok((true, true)) => self.log.start_term(shard).await,
             Ok((_, false)) => {}
-            _ => self.forget_term(shard),
+            _ => self.log.forget_term(shard),
         }
         held.map(|(held, _)| held)
     }
 
     async fn release_lease(&self, shard: ShardId, node: &NodeId) -> Result<(), StoreError> {
         self.check_shard(shard)?;
-        self.forget_term(shard);
-        self.lwt(&self.st.lease_release, (i32::from(shard.index()), &node.0)).await?;
+        self.log.forget_term(shard);
+        self.session.lwt(&self.st.lease_release, (i32::from(shard.index()), &node.0)).await?;
         Ok(())
     }
 
@@ -1148,7 +1036,7 @@ impl ShardLeases for ScyllaStore {
     }
 
     async fn heartbeat(&self, node: &NodeId, address: &str, ttl: Duration) -> Result<(), StoreError> {
-        self.write(&self.st.node_put, (&node.0, address, ttl_secs(ttl))).await
+        self.session.write(&self.st.node_put, (&node.0, address, ttl_secs(ttl))).await
     }
 
     async fn live_nodes(&self) -> Result<Vec<NodeId>, StoreError> {
@@ -1232,7 +1120,7 @@ mod tests {
         with_store(|behind| async move {
             let nodes = test_nodes().unwrap();
             let mut ahead = ScyllaStore::connect(&settings(nodes, behind.keyspace()), SHARD_COUNT).await.unwrap();
-            ahead.clock.skew_micros = 3_600_000_000;
+            ahead.clock = Arc::new(WriteClock::skewed(3_600_000_000));
             let id = RecipientId::from_bytes([3; 32]);
             let hash = RecipientSecret::parse(&[4; 32]).unwrap().hash();
             let target = DeliveryTarget::Fcm { token: "tok".into() };
@@ -1535,6 +1423,7 @@ mod tests {
             store.register(&RecipientId::from_bytes([5; 32]), &hash, &target, 1).await.unwrap();
             for n in [1u8, 3, 5] {
                 store
+                    .session
                     .write(&store.st.topic_row_put, (topic.as_bytes(), [n; 32].as_slice(), store.clock.next()))
                     .await
                     .unwrap();

@@ -30,14 +30,15 @@
 //! Every row has a TTL ending at its `expires_at`, so retention has nothing
 //! to delete here.
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use futures::TryStreamExt;
 use scylla::client::session::Session;
 use scylla::statement::Consistency;
 use scylla::statement::prepared::PreparedStatement;
 
-use super::relay::ttl_until;
-use super::{MAX_LWT_ATTEMPTS, ScyllaStore, backoff, be, contention};
+use super::cql::{Execute, MAX_LWT_ATTEMPTS, WriteClock, backoff, be, contention, ttl_until};
 use crate::domain::{GatewayRegistration, GatewayWakeup, LeasedWakeup, NotifyClaim, NotifyKey, Revoke, RouteKey};
 use crate::store::gateway::{WAKEUP_QUEUES, wakeup_queue};
 use crate::store::{GatewayStore, StoreError};
@@ -76,7 +77,15 @@ type WakeupRow = (
     Option<i64>,
 );
 
-pub(super) struct GatewayStatements {
+/// The push gateway's `GatewayStore` on ScyllaDB.
+pub(super) struct ScyllaGateway {
+    session: Arc<Session>,
+    st: GatewayStatements,
+    /// The target index's write timestamps (the store's dispatch index clock).
+    clock: Arc<WriteClock>,
+}
+
+struct GatewayStatements {
     route_read: PreparedStatement,
     route_read_serial: PreparedStatement,
     route_insert: PreparedStatement,
@@ -102,7 +111,7 @@ pub(super) struct GatewayStatements {
 }
 
 impl GatewayStatements {
-    pub(super) async fn prepare(session: &Session, ks: &str) -> Result<Self, StoreError> {
+    async fn prepare(session: &Session, ks: &str) -> Result<Self, StoreError> {
         let p = |cql: String| async move { session.prepare(cql).await.map_err(be("preparing a statement")) };
         let serial = |mut st: PreparedStatement| {
             st.set_consistency(Consistency::LocalSerial);
@@ -276,9 +285,13 @@ fn queue_of(id: &str) -> i16 {
     wakeup_queue(id) as i16
 }
 
-impl ScyllaStore {
+impl ScyllaGateway {
+    pub(super) async fn prepare(session: &Arc<Session>, ks: &str, clock: Arc<WriteClock>) -> Result<Self, StoreError> {
+        Ok(Self { session: Arc::clone(session), st: GatewayStatements::prepare(session, ks).await?, clock })
+    }
+
     async fn read_route(&self, key: &RouteKey, serial: bool) -> Result<Option<GatewayRegistration>, StoreError> {
-        let st = &self.st.gateway;
+        let st = &self.st;
         let st = if serial { &st.route_read_serial } else { &st.route_read };
         let rows = self
             .session
@@ -295,13 +308,13 @@ impl ScyllaStore {
 
     async fn delete_target_row(&self, reg: &GatewayRegistration, timestamp: i64) -> Result<(), StoreError> {
         let values = (timestamp, &reg.tenant, &reg.push_target_id, &reg.device_id);
-        self.write(&self.st.gateway.target_del, values).await
+        self.session.write(&self.st.target_del, values).await
     }
 
     async fn read_state(&self, tenant: &str, key: &[u8]) -> Result<Option<(Vec<u8>, i64)>, StoreError> {
         let rows = self
             .session
-            .execute_unpaged(&self.st.gateway.state_read, (tenant, key))
+            .execute_unpaged(&self.st.state_read, (tenant, key))
             .await
             .map_err(be("reading a gateway state"))?
             .into_rows_result()
@@ -315,16 +328,16 @@ impl ScyllaStore {
 }
 
 #[async_trait]
-impl GatewayStore for ScyllaStore {
+impl GatewayStore for ScyllaGateway {
     async fn register(&self, reg: &GatewayRegistration) -> Result<Option<String>, StoreError> {
-        let st = &self.st.gateway;
+        let st = &self.st;
         let key = reg.route_key();
         let ttl = ttl_until(reg.expires_at_ms);
         for attempt in 0..MAX_LWT_ATTEMPTS {
             let old = self.read_route(&key, true).await?;
             // The index row first: a route is never stored without it.
             let put = (&reg.tenant, &reg.push_target_id, &reg.device_id, &reg.account_id, ttl, self.clock.next());
-            self.write(&st.target_put, put).await?;
+            self.session.write(&st.target_put, put).await?;
             let before = self.clock.next();
             let fields = (
                 &reg.registration_id,
@@ -343,7 +356,7 @@ impl GatewayStore for ScyllaStore {
                 None => {
                     let (a, b, c, d, e, f, g, h, i, j, k) = fields;
                     let values = (&reg.tenant, &reg.account_id, &reg.device_id, a, b, c, d, e, f, g, h, i, j, k, ttl);
-                    self.lwt(&st.route_insert, values).await?.applied
+                    self.session.lwt(&st.route_insert, values).await?.applied
                 }
                 Some(old) => {
                     let (a, b, c, d, e, f, g, h, i, j, k) = fields;
@@ -365,7 +378,7 @@ impl GatewayStore for ScyllaStore {
                         &reg.device_id,
                         &old.registration_id,
                     );
-                    self.lwt(&st.route_replace, values).await?.applied
+                    self.session.lwt(&st.route_replace, values).await?.applied
                 }
             };
             if applied {
@@ -392,7 +405,7 @@ impl GatewayStore for ScyllaStore {
             let before = self.clock.next();
             let r = &revoke.route;
             let values = (&r.tenant, &r.account_id, &r.device_id, &old.registration_id);
-            if self.lwt(&self.st.gateway.route_delete, values).await?.applied {
+            if self.session.lwt(&self.st.route_delete, values).await?.applied {
                 self.delete_target_row(&old, before).await?;
                 return Ok(true);
             }
@@ -413,7 +426,7 @@ impl GatewayStore for ScyllaStore {
     ) -> Result<Vec<GatewayRegistration>, StoreError> {
         let rows: Vec<(String, Option<String>)> = self
             .session
-            .execute_iter(self.st.gateway.target_read.clone(), (tenant, push_target_id))
+            .execute_iter(self.st.target_read.clone(), (tenant, push_target_id))
             .await
             .map_err(be("reading a gateway target"))?
             .rows_stream::<(String, Option<String>)>()
@@ -442,7 +455,7 @@ impl GatewayStore for ScyllaStore {
         }
         let values =
             (ttl_until(reg.expires_at_ms), &route.tenant, &route.account_id, &route.device_id, registration_id);
-        Ok(self.lwt(&self.st.gateway.route_mark, values).await?.applied)
+        Ok(self.session.lwt(&self.st.route_mark, values).await?.applied)
     }
 
     async fn notify_claim(
@@ -453,12 +466,12 @@ impl GatewayStore for ScyllaStore {
         lease_until_ms: i64,
         expires_at_ms: i64,
     ) -> Result<NotifyClaim, StoreError> {
-        let st = &self.st.gateway;
+        let st = &self.st;
         let (tenant, idem) = (key.tenant.as_str(), key.idempotency_key.as_str());
         for attempt in 0..MAX_LWT_ATTEMPTS {
             let ttl = ttl_until(expires_at_ms);
             let insert =
-                self.lwt(&st.notify_insert, (tenant, idem, lease_until_ms, expires_at_ms, &digest[..], ttl)).await?;
+                self.session.lwt(&st.notify_insert, (tenant, idem, lease_until_ms, expires_at_ms, &digest[..], ttl)).await?;
             if insert.applied {
                 return Ok(NotifyClaim::Claimed);
             }
@@ -486,7 +499,7 @@ impl GatewayStore for ScyllaStore {
                 }
             }
             let values = (ttl, lease_until_ms, expires_at_ms, &digest[..], tenant, idem, state, lease, expires);
-            if self.lwt(&st.notify_take_over, values).await?.applied {
+            if self.session.lwt(&st.notify_take_over, values).await?.applied {
                 return Ok(NotifyClaim::Claimed);
             }
             backoff(attempt).await;
@@ -502,7 +515,7 @@ impl GatewayStore for ScyllaStore {
         wakeups: &[GatewayWakeup],
         expires_at_ms: i64,
     ) -> Result<bool, StoreError> {
-        let st = &self.st.gateway;
+        let st = &self.st;
         let (tenant, idem) = (key.tenant.as_str(), key.idempotency_key.as_str());
         let rows = self
             .session
@@ -535,16 +548,16 @@ impl GatewayStore for ScyllaStore {
                 ttl_until(w.expires_at_ms),
             );
             // Not applied: that wakeup is stored already (the merge).
-            self.lwt(&st.wakeup_insert, values).await?;
+            self.session.lwt(&st.wakeup_insert, values).await?;
         }
         let values =
             (ttl_until(expires_at_ms), response, lease_until_ms, expires_at_ms, digest, tenant, idem, lease_until_ms);
-        Ok(self.lwt(&st.notify_commit, values).await?.applied)
+        Ok(self.session.lwt(&st.notify_commit, values).await?.applied)
     }
 
     async fn notify_release(&self, key: &NotifyKey, lease_until_ms: i64) -> Result<(), StoreError> {
         let values = (key.tenant.as_str(), key.idempotency_key.as_str(), lease_until_ms);
-        self.lwt(&self.st.gateway.notify_release, values).await?;
+        self.session.lwt(&self.st.notify_release, values).await?;
         Ok(())
     }
 
@@ -554,7 +567,7 @@ impl GatewayStore for ScyllaStore {
         lease_until_ms: i64,
         limit: usize,
     ) -> Result<Vec<LeasedWakeup>, StoreError> {
-        let st = &self.st.gateway;
+        let st = &self.st;
         let mut out = Vec::new();
         // Start at a random queue so that concurrent workers spread out.
         let first = rand::random_range(0..WAKEUP_QUEUES);
@@ -583,7 +596,7 @@ impl GatewayStore for ScyllaStore {
                 }
                 let w = &leased.wakeup;
                 let values = (ttl_until(w.expires_at_ms), lease_until_ms, queue, &w.id, leased.lease_until_ms);
-                if self.lwt(&st.wakeup_lease, values).await?.applied {
+                if self.session.lwt(&st.wakeup_lease, values).await?.applied {
                     out.push(LeasedWakeup { lease_until_ms, ..leased });
                 }
             }
@@ -606,13 +619,13 @@ impl GatewayStore for ScyllaStore {
             &w.id,
             leased.lease_until_ms,
         );
-        Ok(self.lwt(&self.st.gateway.wakeup_reschedule, values).await?.applied)
+        Ok(self.session.lwt(&self.st.wakeup_reschedule, values).await?.applied)
     }
 
     async fn wakeup_delete(&self, leased: &LeasedWakeup) -> Result<bool, StoreError> {
         let w = &leased.wakeup;
         let values = (queue_of(&w.id), &w.id, leased.lease_until_ms);
-        Ok(self.lwt(&self.st.gateway.wakeup_delete, values).await?.applied)
+        Ok(self.session.lwt(&self.st.wakeup_delete, values).await?.applied)
     }
 
     async fn state(&self, tenant: &str, key: &[u8], now_ms: i64) -> Result<Option<Vec<u8>>, StoreError> {
@@ -628,7 +641,7 @@ impl GatewayStore for ScyllaStore {
         now_ms: i64,
         expires_at_ms: i64,
     ) -> Result<bool, StoreError> {
-        let st = &self.st.gateway;
+        let st = &self.st;
         let ttl = ttl_until(expires_at_ms);
         let current = self.read_state(tenant, key).await?;
         let live = current.as_ref().filter(|(_, e)| *e > now_ms).map(|(v, _)| v.as_slice());
@@ -636,12 +649,12 @@ impl GatewayStore for ScyllaStore {
             return Ok(false);
         }
         match current {
-            None => Ok(self.lwt(&st.state_insert, (tenant, key, new, expires_at_ms, ttl)).await?.applied),
+            None => Ok(self.session.lwt(&st.state_insert, (tenant, key, new, expires_at_ms, ttl)).await?.applied),
             // Conditional on exactly what was read (an expired value is
             // replaced too): of two writers, one wins.
             Some((value, expires)) => {
                 let values = (ttl, new, expires_at_ms, tenant, key, value, expires);
-                Ok(self.lwt(&st.state_update, values).await?.applied)
+                Ok(self.session.lwt(&st.state_update, values).await?.applied)
             }
         }
     }

@@ -28,6 +28,7 @@
 //! handed out twice within a term.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::stream::TryStreamExt;
@@ -38,14 +39,26 @@ use scylla::statement::prepared::PreparedStatement;
 use tokio::sync::oneshot;
 
 use super::codec::{self, BUCKET_SIZE, EnvelopeRow, bucket_of, from_db, pos_of, to_db};
+use super::cql::{Execute, JOIN_CONCURRENCY, MAX_LWT_ATTEMPTS, PAGE_ROWS, Values, all_ok, backoff, be, contention};
 use super::settings::LogConsistency;
-use super::{ENVELOPE_BATCH, JOIN_CONCURRENCY, MAX_LWT_ATTEMPTS, ScyllaStore, Values, all_ok, backoff, be, contention};
 use crate::domain::{NewEnvelope, ShardId, ShardProgress, StoredEnvelope, next_sequence_id};
 use crate::store::{Appended, ShardPosition, StoreError};
 
+/// Envelope rows per unlogged (single-partition) batch.
+const ENVELOPE_BATCH: usize = 64;
+
+/// The shards' logs, with this process's term of each.
+pub(super) struct ShardLog {
+    session: Arc<Session>,
+    st: LogStatements,
+    /// This process's term of each shard; its mutex serialises the shard's
+    /// appends in this process.
+    terms: Vec<TermSlot>,
+}
+
 /// This process's term of one shard: what it may append under.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Term {
+struct Term {
     term: i64,
     /// The largest id handed out (burnt ids of a failed append included).
     last: u64,
@@ -55,9 +68,9 @@ pub(super) struct Term {
 
 /// One shard's term in this process. The mutex serialises the shard's
 /// appends here; `forgotten` is set, without waiting for an append in
-/// flight, when the lease moved or may have (`ShardLeases` on this store).
+/// flight, when the lease moved or may have (`ShardLeases` on the `ScyllaStore`).
 #[derive(Default)]
-pub(super) struct TermSlot {
+struct TermSlot {
     term: tokio::sync::Mutex<Option<Term>>,
     forgotten: AtomicBool,
     /// Appends waiting for the next group commit. Bounded by the appends
@@ -96,7 +109,7 @@ fn answer_all(group: Vec<Pending>, e: &StoreError) {
 }
 
 /// The statements of the log.
-pub(super) struct LogStatements {
+struct LogStatements {
     head: PreparedStatement,
     terms: PreparedStatement,
     claim: PreparedStatement,
@@ -129,10 +142,10 @@ const ENVELOPE_COLS: &str = "topic, kind, server_ts, sender_hmac, inline_data, m
 impl LogStatements {
     /// Writes at `consistency.writes`, reads at `consistency.reads`; the
     /// term's claim is a conditional write at the session's LOCAL_QUORUM.
-    pub(super) async fn prepare(session: &Session, ks: &str, consistency: LogConsistency) -> Result<Self, StoreError> {
+    async fn prepare(session: &Session, ks: &str, consistency: LogConsistency) -> Result<Self, StoreError> {
         let p = |cql: String| async move {
             let mut st = session.prepare(cql).await.map_err(be("preparing a statement"))?;
-            st.set_page_size(super::PAGE_ROWS);
+            st.set_page_size(PAGE_ROWS);
             let level = if st.get_statement().trim_start().starts_with("SELECT") {
                 consistency.reads
             } else {
@@ -226,12 +239,26 @@ impl Terms {
     }
 }
 
-impl ScyllaStore {
+impl ShardLog {
+    /// Prepares the log's statements, with no term of any of `shard_count` shards yet.
+    pub(super) async fn prepare(
+        session: &Arc<Session>,
+        ks: &str,
+        consistency: LogConsistency,
+        shard_count: u16,
+    ) -> Result<Self, StoreError> {
+        Ok(Self {
+            session: Arc::clone(session),
+            st: LogStatements::prepare(session, ks, consistency).await?,
+            terms: (0..shard_count).map(|_| TermSlot::default()).collect(),
+        })
+    }
+
     async fn head(&self, db_shard: i32) -> Result<Head, StoreError> {
         type HeadRow = (Option<i64>, Option<i64>, Option<i64>, Option<i64>, Option<i64>);
         let rows = self
             .session
-            .execute_unpaged(&self.st.log.head, (db_shard,))
+            .execute_unpaged(&self.st.head, (db_shard,))
             .await
             .map_err(be("reading a shard"))?
             .into_rows_result()
@@ -249,7 +276,7 @@ impl ScyllaStore {
     async fn legacy_marks(&self, db_shard: i32) -> Result<(u64, u64), StoreError> {
         let rows = self
             .session
-            .execute_unpaged(&self.st.log.legacy_shard, (db_shard,))
+            .execute_unpaged(&self.st.legacy_shard, (db_shard,))
             .await
             .map_err(be("reading a shard"))?
             .into_rows_result()
@@ -262,7 +289,7 @@ impl ScyllaStore {
     async fn terms(&self, db_shard: i32) -> Result<Terms, StoreError> {
         let rows: Vec<(Option<i64>, Option<i64>, Option<i64>)> = self
             .session
-            .execute_iter(self.st.log.terms.clone(), (db_shard,))
+            .execute_iter(self.st.terms.clone(), (db_shard,))
             .await
             .map_err(be("reading shard terms"))?
             .rows_stream::<(Option<i64>, Option<i64>, Option<i64>)>()
@@ -306,12 +333,12 @@ impl ScyllaStore {
                     let checkpoint = checkpoint.max(head.checkpoint);
                     if boundary > 0 || checkpoint > 0 {
                         let ts = to_db(checkpoint.max(1));
-                        self.write(&self.st.log.legacy_marks, (ts, ts, to_db(boundary), db_shard)).await?;
+                        self.session.write(&self.st.legacy_marks, (ts, ts, to_db(boundary), db_shard)).await?;
                     }
                     (1, boundary)
                 }
             };
-            if self.lwt(&self.st.log.claim, (db_shard, term, to_db(base))).await?.applied {
+            if self.session.lwt(&self.st.claim, (db_shard, term, to_db(base))).await?.applied {
                 tracing::debug!(shard = shard.index(), term, base, "claimed a shard term");
                 return Ok(Term { term, last: base, indexed: None });
             }
@@ -440,7 +467,7 @@ impl ScyllaStore {
             // The rows are durable: now the boundary may cover them (and
             // any gap a failed append left below them).
             let db_shard = i32::from(shard.index());
-            self.write(&self.st.log.boundary, (to_db(last), to_db(last), db_shard, current.term)).await?;
+            self.session.write(&self.st.boundary, (to_db(last), to_db(last), db_shard, current.term)).await?;
             Ok::<_, StoreError>(indexed)
         }
         .await;
@@ -465,7 +492,7 @@ impl ScyllaStore {
         }
         let new_buckets: Vec<i64> = by_bucket.keys().copied().filter(|b| term.indexed < Some(*b)).collect();
         let writes: Vec<BoxFuture<'_, Result<(), StoreError>>> =
-            new_buckets.iter().map(|b| self.write(&self.st.log.bucket_put, (db_shard, *b)).boxed()).collect();
+            new_buckets.iter().map(|b| self.session.write(&self.st.bucket_put, (db_shard, *b)).boxed()).collect();
         all_ok(writes, JOIN_CONCURRENCY).await?;
         let mut batches: Vec<BoxFuture<'_, Result<(), StoreError>>> = Vec::new();
         for (bucket, rows) in &by_bucket {
@@ -484,7 +511,7 @@ impl ScyllaStore {
         for &Row { seq, envelope: e, now_ns } in rows {
             // PUSH-230: keep the HMAC input only where suppression can use it.
             let (hmac, data) = e.suppression_data().map_or((&[][..], &[][..]), |(h, d)| (h.as_bytes(), d));
-            batch.append_statement(self.st.log.put.clone());
+            batch.append_statement(self.st.put.clone());
             values.push(Box::new((
                 shard,
                 bucket,
@@ -506,7 +533,7 @@ impl ScyllaStore {
 
     async fn buckets(&self, db_shard: i32, first: i64, last: i64) -> Result<Vec<i64>, StoreError> {
         self.session
-            .execute_iter(self.st.log.bucket_list.clone(), (db_shard, first, last))
+            .execute_iter(self.st.bucket_list.clone(), (db_shard, first, last))
             .await
             .map_err(be("reading envelope buckets"))?
             .rows_stream::<(i64,)>()
@@ -566,8 +593,8 @@ impl ScyllaStore {
     ) -> Result<(), StoreError> {
         let db_shard = i32::from(shard.index());
         let key = (db_shard, bucket, pos_of(lo), pos_of(hi));
-        let page = i32::try_from(limit - out.len()).unwrap_or(super::PAGE_ROWS).min(super::PAGE_ROWS);
-        let mut st = if terms.is_some() { self.st.log.read.clone() } else { self.st.log.legacy_read.clone() };
+        let page = i32::try_from(limit - out.len()).unwrap_or(PAGE_ROWS).min(PAGE_ROWS);
+        let mut st = if terms.is_some() { self.st.read.clone() } else { self.st.legacy_read.clone() };
         st.set_page_size(page);
         let pager = self.session.execute_iter(st, key).await.map_err(be("reading envelopes"))?;
         // Legacy rows have no term; log rows carry theirs last.
@@ -607,7 +634,7 @@ impl ScyllaStore {
         let data = if sequence_id <= terms.legacy {
             let rows = self
                 .session
-                .execute_unpaged(&self.st.log.legacy_data, key)
+                .execute_unpaged(&self.st.legacy_data, key)
                 .await
                 .map_err(be("reading envelope data"))?
                 .into_rows_result()
@@ -616,7 +643,7 @@ impl ScyllaStore {
         } else {
             let rows = self
                 .session
-                .execute_unpaged(&self.st.log.data, key)
+                .execute_unpaged(&self.st.data, key)
                 .await
                 .map_err(be("reading envelope data"))?
                 .into_rows_result()
@@ -636,7 +663,7 @@ impl ScyllaStore {
     /// `Store::record_progress`: a plain overwrite (every value states
     /// first attempts already made; schema 8).
     pub(super) async fn put_progress(&self, shard: ShardId, progress: &ShardProgress) -> Result<(), StoreError> {
-        self.write(&self.st.log.progress_put, (progress.encode(), i32::from(shard.index()))).await
+        self.session.write(&self.st.progress_put, (progress.encode(), i32::from(shard.index()))).await
     }
 
     /// `Store::shard_progress`.
@@ -644,7 +671,7 @@ impl ScyllaStore {
         const WHAT: &str = "reading shard progress";
         let row = self
             .session
-            .execute_unpaged(&self.st.log.progress_get, (i32::from(shard.index()),))
+            .execute_unpaged(&self.st.progress_get, (i32::from(shard.index()),))
             .await
             .map_err(be(WHAT))?
             .into_rows_result()
@@ -671,7 +698,7 @@ impl ScyllaStore {
         if new <= position.checkpoint {
             return Ok(());
         }
-        self.write(&self.st.log.checkpoint, (to_db(new), to_db(new), db_shard)).await?;
+        self.session.write(&self.st.checkpoint, (to_db(new), to_db(new), db_shard)).await?;
         // Every delivery at or below the checkpoint had its first attempt: drop
         // whole buckets below it, then the rows at or below it in its bucket.
         let mut drops: Vec<BoxFuture<'_, Result<(), StoreError>>> = Vec::new();
@@ -679,15 +706,15 @@ impl ScyllaStore {
             let legacy = terms.legacy > 0 && codec::seq_of(bucket, 0) <= terms.legacy;
             if codec::seq_of(bucket, (BUCKET_SIZE - 1) as i32) <= new {
                 if legacy {
-                    drops.push(self.write(&self.st.log.legacy_drop_bucket, (db_shard, bucket)).boxed());
+                    drops.push(self.session.write(&self.st.legacy_drop_bucket, (db_shard, bucket)).boxed());
                 }
-                drops.push(self.write(&self.st.log.drop_bucket, (db_shard, bucket)).boxed());
-                drops.push(self.write(&self.st.log.bucket_del, (db_shard, bucket)).boxed());
+                drops.push(self.session.write(&self.st.drop_bucket, (db_shard, bucket)).boxed());
+                drops.push(self.session.write(&self.st.bucket_del, (db_shard, bucket)).boxed());
             } else {
                 if legacy {
-                    drops.push(self.write(&self.st.log.legacy_drop_upto, (db_shard, bucket, pos_of(new))).boxed());
+                    drops.push(self.session.write(&self.st.legacy_drop_upto, (db_shard, bucket, pos_of(new))).boxed());
                 }
-                drops.push(self.write(&self.st.log.drop_upto, (db_shard, bucket, pos_of(new))).boxed());
+                drops.push(self.session.write(&self.st.drop_upto, (db_shard, bucket, pos_of(new))).boxed());
             }
         }
         // A term whose whole range is at or below the checkpoint has nothing
@@ -696,7 +723,7 @@ impl ScyllaStore {
         // base of the next kept one, which is at or below the checkpoint.
         let spent: BTreeSet<i64> = terms.bases.windows(2).filter(|w| w[1].1 <= new).map(|w| w[0].0).collect();
         for term in spent {
-            drops.push(self.write(&self.st.log.drop_term, (db_shard, term)).boxed());
+            drops.push(self.session.write(&self.st.drop_term, (db_shard, term)).boxed());
         }
         all_ok(drops, JOIN_CONCURRENCY).await
     }

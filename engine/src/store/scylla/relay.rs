@@ -4,15 +4,29 @@
 //! every write carries a TTL ending at the record's `expires_at`, so the
 //! records expire by themselves (retention has nothing to do here).
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use scylla::client::session::Session;
 use scylla::statement::prepared::PreparedStatement;
 
-use super::{MAX_LWT_ATTEMPTS, ScyllaStore, backoff, be, contention};
-use crate::domain::{RelayClaim, RelayKey, RelaySettled, Timestamp};
+use super::cql::{Execute, MAX_LWT_ATTEMPTS, backoff, be, contention, ttl_until};
+use crate::domain::{RelayClaim, RelayKey, RelaySettled};
 use crate::store::{RelayStore, StoreError};
 
-pub(super) struct RelayStatements {
+/// The relay ingress's `RelayStore` on ScyllaDB.
+pub(super) struct ScyllaRelay {
+    session: Arc<Session>,
+    st: RelayStatements,
+}
+
+impl ScyllaRelay {
+    pub(super) async fn prepare(session: &Arc<Session>, ks: &str) -> Result<Self, StoreError> {
+        Ok(Self { session: Arc::clone(session), st: RelayStatements::prepare(session, ks).await? })
+    }
+}
+
+struct RelayStatements {
     insert: PreparedStatement,
     take_over: PreparedStatement,
     settle: PreparedStatement,
@@ -20,7 +34,7 @@ pub(super) struct RelayStatements {
 }
 
 impl RelayStatements {
-    pub(super) async fn prepare(session: &Session, ks: &str) -> Result<Self, StoreError> {
+    async fn prepare(session: &Session, ks: &str) -> Result<Self, StoreError> {
         let p = |cql: String| async move { session.prepare(cql).await.map_err(be("preparing a statement")) };
         Ok(Self {
             insert: p(format!(
@@ -50,16 +64,8 @@ impl RelayStatements {
     }
 }
 
-/// Seconds from now to `expires_at_ms`, rounded up, at least one: the
-/// record's TTL.
-pub(super) fn ttl_until(expires_at_ms: i64) -> i32 {
-    let now_ms = Timestamp::now().as_millis();
-    let secs = (expires_at_ms.saturating_sub(now_ms) + 999) / 1000;
-    i32::try_from(secs.max(1)).unwrap_or(i32::MAX)
-}
-
 #[async_trait]
-impl RelayStore for ScyllaStore {
+impl RelayStore for ScyllaRelay {
     async fn claim(
         &self,
         key: &RelayKey,
@@ -67,11 +73,11 @@ impl RelayStore for ScyllaStore {
         lease_until_ms: i64,
         expires_at_ms: i64,
     ) -> Result<RelayClaim, StoreError> {
-        let st = &self.st.relay;
+        let st = &self.st;
         let (hub, id) = (key.hub_id.as_str(), key.delivery_id.as_str());
         for attempt in 0..MAX_LWT_ATTEMPTS {
             let ttl = ttl_until(expires_at_ms);
-            let insert = self.lwt(&st.insert, (hub, id, lease_until_ms, expires_at_ms, ttl)).await?;
+            let insert = self.session.lwt(&st.insert, (hub, id, lease_until_ms, expires_at_ms, ttl)).await?;
             if insert.applied {
                 return Ok(RelayClaim::Claimed);
             }
@@ -91,7 +97,7 @@ impl RelayStore for ScyllaStore {
                 }
             }
             let values = (ttl, lease_until_ms, expires_at_ms, hub, id, state, lease, expires);
-            if self.lwt(&st.take_over, values).await?.applied {
+            if self.session.lwt(&st.take_over, values).await?.applied {
                 return Ok(RelayClaim::Claimed);
             }
             backoff(attempt).await;
@@ -117,31 +123,18 @@ impl RelayStore for ScyllaStore {
             lease_until_ms,
         );
         // Not applied: someone took the claim over; its outcome will stand.
-        self.lwt(&self.st.relay.settle, values).await?;
+        self.session.lwt(&self.st.settle, values).await?;
         Ok(())
     }
 
     async fn release(&self, key: &RelayKey, lease_until_ms: i64) -> Result<(), StoreError> {
         let values = (key.hub_id.as_str(), key.delivery_id.as_str(), lease_until_ms);
-        self.lwt(&self.st.relay.release, values).await?;
+        self.session.lwt(&self.st.release, values).await?;
         Ok(())
     }
 
     async fn delete_expired(&self, _now_ms: i64) -> Result<u64, StoreError> {
         // Every record is written with a TTL ending at its expires_at.
         Ok(0)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ttls_round_up_and_stay_positive() {
-        let now_ms = Timestamp::now().as_millis();
-        assert_eq!(ttl_until(now_ms - 5_000), 1);
-        let t = ttl_until(now_ms + 86_400_000);
-        assert!((86_399..=86_400).contains(&t), "{t}");
     }
 }

@@ -3,7 +3,8 @@
 use scylla::client::session::Session;
 use scylla::statement::Statement;
 
-use super::{Keyspace, be};
+use super::cql::be;
+use super::settings::Keyspace;
 use crate::store::StoreError;
 
 /// Every schema version this binary knows, in order. Each file's statements

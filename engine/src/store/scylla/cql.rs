@@ -1,0 +1,180 @@
+//! What every part of the ScyllaDB backend shares: the session's two ways
+//! of writing (`Execute`), a conditional write's outcome (`Lwt`), driver
+//! errors as `StoreError`, the retry of a conditional write, write
+//! timestamps, TTLs and the limits of reads and writes. It imports no other
+//! part of the backend but the codec.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use futures::stream::{self, StreamExt, TryStreamExt};
+use scylla::client::session::Session;
+use scylla::response::query_result::QueryResult;
+use scylla::serialize::row::SerializeRow;
+use scylla::statement::prepared::PreparedStatement;
+use scylla::value::{CqlValue, Row};
+
+use super::codec::from_db;
+use crate::domain::Timestamp;
+use crate::store::StoreError;
+
+/// How often a conditional write is tried against concurrent changes.
+pub(super) const MAX_LWT_ATTEMPTS: u32 = 50;
+/// Rows per page of every range read.
+pub(super) const PAGE_ROWS: i32 = 1000;
+/// Writes or reads of the dispatch index run at once.
+pub(super) const JOIN_CONCURRENCY: usize = 32;
+
+/// Maps a driver error to `Backend` with a fixed label.
+pub(super) fn be<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> StoreError {
+    move |e| StoreError::Backend(format!("scylla: {what}: {e}"))
+}
+
+/// A conditional write whose outcome is read, and a plain write.
+pub(super) trait Execute {
+    async fn lwt(&self, st: &PreparedStatement, values: impl SerializeRow) -> Result<Lwt, StoreError>;
+    async fn write(&self, st: &PreparedStatement, values: impl SerializeRow) -> Result<(), StoreError>;
+}
+
+impl Execute for Session {
+    async fn lwt(&self, st: &PreparedStatement, values: impl SerializeRow) -> Result<Lwt, StoreError> {
+        let result = self.execute_unpaged(st, values).await.map_err(be("conditional write"))?;
+        Lwt::from_result(result)
+    }
+
+    async fn write(&self, st: &PreparedStatement, values: impl SerializeRow) -> Result<(), StoreError> {
+        self.execute_unpaged(st, values).await.map_err(be("write"))?;
+        Ok(())
+    }
+}
+
+/// Microsecond wall-clock write timestamps, strictly increasing in this
+/// process: the local half of the dispatch index's timestamps.
+#[derive(Default)]
+pub(super) struct WriteClock {
+    last: AtomicI64,
+    /// Added to the wall clock: only tests set it, to play a skewed node.
+    skew_micros: i64,
+}
+
+impl WriteClock {
+    /// A clock `skew_micros` ahead of this node's.
+    #[cfg(test)]
+    pub(super) fn skewed(skew_micros: i64) -> Self {
+        Self { skew_micros, ..Self::default() }
+    }
+
+    pub(super) fn next(&self) -> i64 {
+        let now =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64)
+                + self.skew_micros;
+        let mut prev = self.last.load(Ordering::Relaxed);
+        loop {
+            let ts = now.max(prev + 1);
+            match self.last.compare_exchange_weak(prev, ts, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return ts,
+                Err(p) => prev = p,
+            }
+        }
+    }
+}
+
+/// The outcome of one conditional statement or batch.
+pub(super) struct Lwt {
+    pub(super) applied: bool,
+    /// When not applied: the current values the server returned, by column name.
+    current: HashMap<String, Option<CqlValue>>,
+}
+
+impl Lwt {
+    pub(super) fn from_result(result: QueryResult) -> Result<Self, StoreError> {
+        let rows = result.into_rows_result().map_err(be("reading a conditional write's result"))?;
+        let names: Vec<String> = rows.column_specs().iter().map(|s| s.name().to_owned()).collect();
+        let row: Row = rows.first_row().map_err(be("reading a conditional write's result"))?;
+        let mut current: HashMap<String, Option<CqlValue>> = names.into_iter().zip(row.columns).collect();
+        let applied = match current.remove("[applied]") {
+            Some(Some(CqlValue::Boolean(b))) => b,
+            _ => return Err(StoreError::Backend("scylla: a conditional write returned no [applied]".into())),
+        };
+        Ok(Self { applied, current })
+    }
+
+    pub(super) fn current_text(&self, column: &str) -> Option<&str> {
+        match self.current.get(column) {
+            Some(Some(CqlValue::Text(v))) => Some(v),
+            _ => None,
+        }
+    }
+
+    pub(super) fn current_i64(&self, column: &str) -> Option<i64> {
+        match self.current.get(column) {
+            Some(Some(CqlValue::BigInt(v))) => Some(*v),
+            _ => None,
+        }
+    }
+
+    pub(super) fn current_i8(&self, column: &str) -> Option<i8> {
+        match self.current.get(column) {
+            Some(Some(CqlValue::TinyInt(v))) => Some(*v),
+            _ => None,
+        }
+    }
+
+    pub(super) fn current_blob(&self, column: &str) -> Option<&[u8]> {
+        match self.current.get(column) {
+            Some(Some(CqlValue::Blob(v))) => Some(v),
+            _ => None,
+        }
+    }
+
+    pub(super) fn current_u64(&self, column: &str) -> Option<u64> {
+        match self.current.get(column) {
+            Some(Some(CqlValue::BigInt(v))) => Some(from_db(*v)),
+            _ => None,
+        }
+    }
+}
+
+pub(super) type Values = Box<dyn SerializeRow + Send + Sync>;
+
+/// Runs `futures`, at most `concurrency` at once; the first error wins.
+pub(super) async fn all_ok(
+    futures: Vec<BoxFuture<'_, Result<(), StoreError>>>,
+    concurrency: usize,
+) -> Result<(), StoreError> {
+    stream::iter(futures).buffer_unordered(concurrency).try_collect::<()>().await
+}
+
+/// A short random pause before trying a conditional write again.
+pub(super) async fn backoff(attempt: u32) {
+    let cap_ms = 1u64 << attempt.min(7);
+    let ms = rand::random_range(0..=cap_ms);
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+}
+
+pub(super) fn contention() -> StoreError {
+    StoreError::Backend("scylla: too many concurrent changes; the write was not applied".into())
+}
+
+/// Seconds from now to `expires_at_ms`, rounded up, at least one: the
+/// record's TTL.
+pub(super) fn ttl_until(expires_at_ms: i64) -> i32 {
+    let now_ms = Timestamp::now().as_millis();
+    let secs = (expires_at_ms.saturating_sub(now_ms) + 999) / 1000;
+    i32::try_from(secs.max(1)).unwrap_or(i32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttls_round_up_and_stay_positive() {
+        let now_ms = Timestamp::now().as_millis();
+        assert_eq!(ttl_until(now_ms - 5_000), 1);
+        let t = ttl_until(now_ms + 86_400_000);
+        assert!((86_399..=86_400).contains(&t), "{t}");
+    }
+}
