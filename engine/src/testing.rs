@@ -1,8 +1,10 @@
 //! Test doubles and fixtures shared by the engine's unit tests: an in-memory
 //! lease table, a stand-in for the root supervisor, an envelope and a
-//! recipient, a scripted FCM provider and the gateway's salt secrets.
+//! recipient, a scripted FCM provider, the gateway's salt secrets and a
+//! controlled clock.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -12,7 +14,7 @@ use serde_json::{Map, Value};
 use tokio::time::Instant;
 
 use crate::channel::{Outcome, Provider, Push, RelayRefusal, RelayedPush};
-use crate::domain::{Channel, Recipient};
+use crate::domain::{Channel, Clock, Recipient};
 use crate::domain::{DeliveryTarget, EnvelopeKind, RecipientId, SecretHash, ShardId, StoredEnvelope, Topic};
 use crate::gateway::identity::{PushSecret, SaltEpochId, SaltSecrets};
 use crate::store::{NodeId, ShardLeases, StoreError};
@@ -217,4 +219,27 @@ pub fn salt_secrets() -> Arc<SaltSecrets> {
     let epoch = SaltEpochId::parse("e1").unwrap();
     let secret = PushSecret::new(vec![0x11; 32]).unwrap();
     Arc::new(SaltSecrets::new(epoch.clone(), HashMap::from([(epoch, secret)])).unwrap())
+}
+
+/// A clock that moves only when a test moves it, in Unix ms.
+pub struct TestClock(AtomicI64);
+
+impl TestClock {
+    pub fn at(ms: i64) -> Arc<Self> {
+        Arc::new(Self(AtomicI64::new(ms)))
+    }
+
+    pub fn set(&self, ms: i64) {
+        self.0.store(ms, Ordering::SeqCst);
+    }
+
+    pub fn advance(&self, by: Duration) {
+        self.0.fetch_add(i64::try_from(by.as_millis()).unwrap_or(i64::MAX), Ordering::SeqCst);
+    }
+}
+
+impl Clock for TestClock {
+    fn now_ms(&self) -> i64 {
+        self.0.load(Ordering::SeqCst)
+    }
 }

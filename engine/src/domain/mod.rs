@@ -33,7 +33,7 @@ pub use sequence::{MAX_SEQUENCE_GAP, MAX_SEQUENCE_ID, SequenceRefusal, next_sequ
 pub use subscription::{
     HMAC_KEY_LEN, HmacKey, KeyWindow, MAX_HMAC_KEYS, StoredSubscription, Subscription, SubscriptionUpdate,
 };
-pub use time::Timestamp;
+pub use time::{Clock, SystemClock, Timestamp};
 pub use topic::{ShardId, Topic, TopicKind};
 pub(crate) use webhook_url::is_host_name;
 pub use webhook_url::{UrlError, WebhookUrl};

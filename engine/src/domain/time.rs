@@ -74,6 +74,21 @@ impl Timestamp {
     }
 }
 
+/// The time rules run on, in Unix ms: the system clock in production, a
+/// controlled one in tests.
+pub trait Clock: Send + Sync {
+    fn now_ms(&self) -> i64;
+}
+
+/// The wall clock.
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> i64 {
+        Timestamp::now().as_millis()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -31,28 +31,14 @@ use super::schema::{NotifyHeaders, NotifyLimits, NotifyRequest, RegisterDevice, 
 use super::settings::GatewaySettings;
 use super::state::{batch_id, hex32, update_ledger, update_state};
 use crate::channel::Channels;
-use crate::domain::{GatewayRegistration, GatewayWakeup, NotifyClaim, NotifyKey, Revoke, RouteKey, Timestamp};
+use crate::domain::{
+    Clock, GatewayRegistration, GatewayWakeup, NotifyClaim, NotifyKey, Revoke, RouteKey, SystemClock,
+};
 use crate::metrics::Metrics;
 use crate::store::{Store, StoreError};
 
 /// Requests handled at once by default.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 256;
-
-/// The time the service's rules run on (registration expiry, claim leases,
-/// windows, dwell), in Unix ms: the system clock in production, a
-/// controlled one in tests.
-pub trait Clock: Send + Sync {
-    fn now_ms(&self) -> i64;
-}
-
-/// The wall clock.
-pub struct SystemClock;
-
-impl Clock for SystemClock {
-    fn now_ms(&self) -> i64 {
-        Timestamp::now().as_millis()
-    }
-}
 
 /// §3.1's answer.
 #[derive(Clone, PartialEq, Eq)]
@@ -186,6 +172,8 @@ pub struct GatewayService {
     delivery: Delivery,
     in_flight: Arc<Semaphore>,
     metrics: Arc<Metrics>,
+    /// The time the rules run on (registration expiry, claim leases,
+    /// windows, dwell).
     clock: Arc<dyn Clock>,
 }
 
@@ -701,8 +689,6 @@ mod tests {
     /// The rules of `register` and `notify` on a controlled clock, with a
     /// threshold of 2 wake-ups per 60 s window and a dwell of 120 s.
     mod rules {
-        use std::sync::atomic::{AtomicI64, Ordering};
-
         use serde_json::{Value, json};
 
         use super::*;
@@ -711,7 +697,7 @@ mod tests {
         use crate::gateway::schema::IdempotencyKey;
         use crate::gateway::state::held_batch;
         use crate::store::RedbStore;
-        use crate::testing::{Scripted, salt_secrets};
+        use crate::testing::{Scripted, TestClock, salt_secrets};
 
         const GATEWAY: &str = "did:web:push.example";
         const STATION: &str = "did:web:station.example";
@@ -720,14 +706,6 @@ mod tests {
         /// A window's start: 2026-01-01T00:00:00Z.
         const T0: i64 = 1_767_225_600_000;
         const WINDOW_MS: i64 = 60_000;
-
-        struct TestClock(AtomicI64);
-
-        impl Clock for TestClock {
-            fn now_ms(&self) -> i64 {
-                self.0.load(Ordering::SeqCst)
-            }
-        }
 
         struct Setup {
             _dir: tempfile::TempDir,
@@ -757,7 +735,7 @@ mod tests {
             let keys = CollapseKeys::new(salt_secrets(), settings.window);
             let delivery =
                 Delivery::new(store.clone(), channels.clone(), DeliverySettings::default(), keys, metrics.clone());
-            let clock = Arc::new(TestClock(AtomicI64::new(T0)));
+            let clock = TestClock::at(T0);
             let service =
                 GatewayService::new(settings, salt_secrets(), store.clone(), channels, delivery, 8, metrics.clone())
                     .with_clock(clock.clone());
@@ -771,7 +749,7 @@ mod tests {
 
         impl Setup {
             fn at(&self, ms: i64) {
-                self.clock.0.store(ms, Ordering::SeqCst);
+                self.clock.set(ms);
             }
 
             /// A notify for the device; `event` makes its source event.
