@@ -42,9 +42,9 @@ use super::pending::ledger_key;
 use super::schema::PushKey;
 use super::state::{held_batch, update_ledger};
 use crate::channel::{Channels, Outcome, RelayPriority, RelayRefusal, RelayedPush};
-use crate::domain::{Channel, GatewayRegistration, LeasedWakeup, Timestamp};
+use crate::domain::{Channel, Clock, GatewayRegistration, LeasedWakeup, SystemClock};
 use crate::metrics::Metrics;
-use crate::store::Store;
+use crate::store::{Store, StoreError};
 use crate::transport::ATTEMPT_TIMEOUT;
 
 /// How long a leased wakeup stays with its worker: three attempt bounds.
@@ -86,10 +86,6 @@ pub fn route_channel(route: PushRouteId) -> (Channel, bool) {
 /// The backoff before attempt `attempts + 1`: 1, 2, 4, ... s, at most 5 min.
 fn backoff(attempts: u32) -> Duration {
     Duration::from_secs(1u64 << attempts.min(8)).min(Duration::from_secs(300))
-}
-
-fn now_ms() -> i64 {
-    Timestamp::now().as_millis()
 }
 
 /// What became of one leased wakeup: the `outcome` of
@@ -157,6 +153,8 @@ pub struct Delivery {
     keys: CollapseKeys,
     wake: Arc<Notify>,
     metrics: Arc<Metrics>,
+    /// The time wakeups fall due, are retried and expire on.
+    clock: Arc<dyn Clock>,
 }
 
 impl Delivery {
@@ -167,7 +165,13 @@ impl Delivery {
         keys: CollapseKeys,
         metrics: Arc<Metrics>,
     ) -> Self {
-        Self { store, channels, settings, keys, wake: Arc::new(Notify::new()), metrics }
+        let clock = Arc::new(SystemClock);
+        Self { store, channels, settings, keys, wake: Arc::new(Notify::new()), metrics, clock }
+    }
+
+    /// The same sender on another clock.
+    pub fn with_clock(self, clock: Arc<dyn Clock>) -> Self {
+        Self { clock, ..self }
     }
 
     /// Says that wakeups were stored: the loop looks now, not at its next poll.
@@ -191,13 +195,9 @@ impl Delivery {
             let mut taken = 0;
             let mut unreadable = false;
             if free > 0 {
-                let now = now_ms();
-                let lease_until = now + LEASE.as_millis() as i64;
-                match self.store.gateway().wakeups_due(now, lease_until, free).await {
+                match self.lease_due(free).await {
                     Ok(due) => {
                         taken = due.len();
-                        let late_ms = due.iter().map(|l| now - l.wakeup.not_before_ms).max().unwrap_or(0);
-                        gauges.wakeup_lateness.set(late_ms.max(0) as f64 / 1000.0);
                         for leased in due {
                             let Ok(permit) = slots.clone().try_acquire_owned() else { break };
                             let this = self.clone();
@@ -239,6 +239,17 @@ impl Delivery {
         gauges.wakeups_in_flight.set(0);
     }
 
+    /// Leases at most `free` of the wakeups due now, and tells the lateness
+    /// gauge how late the most overdue of them is.
+    async fn lease_due(&self, free: usize) -> Result<Vec<LeasedWakeup>, StoreError> {
+        let now = self.clock.now_ms();
+        let lease_until = now + LEASE.as_millis() as i64;
+        let due = self.store.gateway().wakeups_due(now, lease_until, free).await?;
+        let late_ms = due.iter().map(|l| now - l.wakeup.not_before_ms).max().unwrap_or(0);
+        self.metrics.gateway.wakeup_lateness.set(late_ms.max(0) as f64 / 1000.0);
+        Ok(due)
+    }
+
     /// One attempt of one leased wakeup, counted by what followed.
     pub async fn send(&self, leased: LeasedWakeup) -> Sent {
         let sent = self.attempt(&leased).await;
@@ -248,7 +259,7 @@ impl Delivery {
 
     /// One attempt of one leased wakeup, and what follows from its outcome.
     async fn attempt(&self, leased: &LeasedWakeup) -> Sent {
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let w = &leased.wakeup;
         let route = match self.store.gateway().route(&w.route, now).await {
             Ok(route) => route,
@@ -330,7 +341,7 @@ impl Delivery {
             return self.finish(leased, Sent::Exhausted).await;
         }
         let wait = delay.max(backoff(attempts.saturating_sub(1)));
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let not_before = now + wait.as_millis() as i64;
         if not_before >= leased.wakeup.expires_at_ms {
             return self.finish(leased, Sent::Exhausted).await;
@@ -350,7 +361,7 @@ impl Delivery {
             // Not ours any more (the lease ran out): its holder finishes it.
             Ok(false) => {}
             Ok(true) => {
-                let now = now_ms();
+                let now = self.clock.now_ms();
                 self.change_ledger(leased, now, |l| l.remove(&leased.wakeup.id, now)).await;
             }
             Err(e) => tracing::warn!(error = %e, "cannot delete a sent wakeup; it may be sent again"),
@@ -380,15 +391,26 @@ mod tests {
     use crate::domain::{GatewayWakeup, NotifyClaim, NotifyKey, Revoke};
     use crate::gateway::pending::{Admission, PendingWakeups};
     use crate::store::RedbStore;
-    use crate::testing::{Scripted, salt_secrets as secrets};
+    use crate::testing::{Scripted, TestClock, salt_secrets as secrets};
 
     struct Setup {
         _dir: tempfile::TempDir,
         store: Arc<dyn Store>,
         provider: Arc<Scripted>,
+        clock: Arc<TestClock>,
         delivery: Delivery,
         registration: GatewayRegistration,
         metrics: Arc<Metrics>,
+    }
+
+    impl Setup {
+        fn now(&self) -> i64 {
+            self.clock.now_ms()
+        }
+
+        fn sent(&self) -> usize {
+            self.provider.sent.lock().unwrap().len()
+        }
     }
 
     async fn setup(answers: Vec<Outcome>) -> Setup {
@@ -399,8 +421,9 @@ mod tests {
         channels.insert(provider.clone());
         let metrics = Arc::new(Metrics::new());
         let keys = CollapseKeys::new(secrets(), WINDOW);
-        let delivery = Delivery::new(store.clone(), channels, DeliverySettings::default(), keys, metrics.clone());
-        let now = now_ms();
+        let clock = TestClock::at(T0);
+        let delivery = Delivery::new(store.clone(), channels, DeliverySettings::default(), keys, metrics.clone())
+            .with_clock(clock.clone());
         let registration = GatewayRegistration {
             tenant: "station".into(),
             account_id: "ak:account:a".into(),
@@ -413,14 +436,16 @@ mod tests {
             platform: None,
             app_id: Some("com.example".into()),
             visible_opt_in: false,
-            created_at_ms: now,
-            expires_at_ms: now + 3_600_000,
+            created_at_ms: T0,
+            expires_at_ms: T0 + 3_600_000,
             token_invalid: false,
         };
         store.gateway().register(&registration).await.unwrap();
-        Setup { _dir: dir, store, provider, delivery, registration, metrics }
+        Setup { _dir: dir, store, provider, clock, delivery, registration, metrics }
     }
 
+    /// A window's start: 2026-01-01T00:00:00Z.
+    const T0: i64 = 1_767_225_600_000;
     const WINDOW: Duration = Duration::from_secs(60);
     const TARGET: &str = "ak:pseudonym:push:kosc9iQ4gVct1OB-b6X364WIFIsJFVbVzn7BMBs1sm8";
 
@@ -429,29 +454,42 @@ mod tests {
         CollapseKeys::new(secrets(), WINDOW).at("e1", TARGET, at_ms as u64).unwrap().as_str().to_owned()
     }
 
-    /// Stores one wakeup for the registration (as notify does) and leases it.
-    async fn leased(s: &Setup, registration_id: &str) -> LeasedWakeup {
-        let now = now_ms();
-        let key = NotifyKey { tenant: "station".into(), idempotency_key: format!("k-{now}-{registration_id}") };
+    /// Stores one wakeup for the registration as notify does, due at
+    /// `not_before_ms`, living until `expires_at_ms`.
+    async fn stored(s: &Setup, registration_id: &str, not_before_ms: i64, expires_at_ms: i64) {
+        let now = s.now();
+        let id = format!("{:032x}", rand::random::<u128>());
+        let key = NotifyKey { tenant: "station".into(), idempotency_key: format!("k-{id}") };
         let claim = s.store.gateway().notify_claim(&key, &[1; 32], now, now + 30_000, now + 60_000).await.unwrap();
         assert_eq!(claim, NotifyClaim::Claimed);
         let wakeup = GatewayWakeup {
-            id: format!("{:032x}", rand::random::<u128>()),
+            id: id.clone(),
             route: s.registration.route_key(),
             registration_id: registration_id.into(),
             payload: br#"{"push_target_id":"ak:pseudonym:push:t","wakeup_kind":"call_invite"}"#.to_vec(),
             // The acceptance window's key: the sender uses its own window's.
             collapse_key: key_at(now),
-            not_before_ms: now,
+            not_before_ms,
             attempts: 0,
-            expires_at_ms: now + 3_600_000,
+            expires_at_ms,
         };
-        let (id, expires) = (wakeup.id.clone(), wakeup.expires_at_ms);
-        update_ledger(s.store.as_ref(), "station", &ledger_key_of(s), now, |l| l.add(&id, now, expires, now))
-            .await
-            .unwrap();
+        update_ledger(s.store.as_ref(), "station", &ledger_key_of(s), now, |l| {
+            l.add(&id, not_before_ms, expires_at_ms, now)
+        })
+        .await
+        .unwrap();
         assert!(s.store.gateway().notify_commit(&key, now + 30_000, b"{}", &[wakeup], now + 60_000).await.unwrap());
-        let mut due = s.store.gateway().wakeups_due(now, now + 30_000, 10).await.unwrap();
+    }
+
+    /// Stores one wakeup due now (as notify does) and leases it.
+    async fn leased(s: &Setup, registration_id: &str) -> LeasedWakeup {
+        leased_until(s, registration_id, s.now() + 3_600_000).await
+    }
+
+    /// The same, living until `expires_at_ms`.
+    async fn leased_until(s: &Setup, registration_id: &str, expires_at_ms: i64) -> LeasedWakeup {
+        stored(s, registration_id, s.now(), expires_at_ms).await;
+        let mut due = s.store.gateway().wakeups_due(s.now(), s.now() + 30_000, 10).await.unwrap();
         assert_eq!(due.len(), 1);
         due.remove(0)
     }
@@ -462,7 +500,7 @@ mod tests {
 
     /// The device's pending ledger as stored.
     async fn ledger(s: &Setup) -> PendingWakeups {
-        let held = s.store.gateway().state("station", &ledger_key_of(s), now_ms()).await.unwrap();
+        let held = s.store.gateway().state("station", &ledger_key_of(s), s.now()).await.unwrap();
         held.map(|b| serde_json::from_slice(&b).unwrap()).unwrap_or_default()
     }
 
@@ -478,7 +516,6 @@ mod tests {
     async fn a_delivered_wakeup_is_deleted_and_went_out_as_stored() {
         let s = setup(vec![Outcome::Delivered]).await;
         let w = leased(&s, "reg-1").await;
-        let before = now_ms();
         assert_eq!(s.delivery.send(w).await, Sent::Delivered);
         let sent = s.provider.sent.lock().unwrap().clone();
         assert_eq!(sent.len(), 1);
@@ -486,37 +523,29 @@ mod tests {
         // and the collapse key of the window it was sent in.
         assert_eq!(sent[0].0, "the-token");
         assert_eq!(sent[0].1["wakeup_kind"], "call_invite");
-        let key = sent[0].2.clone().unwrap();
-        assert!(key == key_at(before) || key == key_at(now_ms()), "{key}");
-        assert!(nothing_due(&s, now_ms() + 3_600_000).await);
+        assert_eq!(sent[0].2.clone().unwrap(), key_at(T0));
+        assert!(nothing_due(&s, s.now() + 3_600_000).await);
         // Its place in the device's ledger is free again; it was counted.
-        assert!(ledger(&s).await.is_empty(now_ms()));
+        assert!(ledger(&s).await.is_empty(s.now()));
         assert_eq!((counted(&s, Sent::Delivered), counted(&s, Sent::Retried)), (1, 0));
     }
 
     #[tokio::test]
     async fn a_retried_wakeup_carries_the_collapse_key_of_the_window_it_is_sent_in() {
-        // Accepted near the end of the previous window (its key is that
-        // window's), answered 503, retried now: every attempt carries the key
-        // of the window it is sent in (§2.4, docs/GATEWAY.md reading 3).
+        // Accepted near the end of a window, answered 503, retried in the
+        // next: every attempt carries the key of the window it is sent in
+        // (§2.4, docs/GATEWAY.md reading 3).
         let s = setup(vec![Outcome::transient(Duration::from_secs(1)), Outcome::Delivered]).await;
-        let before = now_ms();
-        let accepted_in = key_at(before - WINDOW.as_millis() as i64);
-        let mut first = leased(&s, "reg-1").await;
-        first.wakeup.collapse_key = accepted_in.clone();
+        s.clock.set(T0 + WINDOW.as_millis() as i64 - 500);
+        let first = leased(&s, "reg-1").await;
+        let accepted_in = first.wakeup.collapse_key.clone();
         assert_eq!(s.delivery.send(first).await, Sent::Retried);
-        let mut due = s.store.gateway().wakeups_due(now_ms() + 2_000, now_ms() + 32_000, 10).await.unwrap();
-        let mut retry = due.remove(0);
-        retry.wakeup.collapse_key = accepted_in.clone();
-        assert_eq!(s.delivery.send(retry).await, Sent::Delivered);
-        let after = now_ms();
-        let sent = s.provider.sent.lock().unwrap().clone();
-        assert_eq!(sent.len(), 2);
-        for (_, _, key) in sent {
-            let key = key.unwrap();
-            assert_ne!(key, accepted_in, "not the acceptance window's key");
-            assert!(key == key_at(before) || key == key_at(after), "the window it was sent in");
-        }
+        s.clock.advance(Duration::from_secs(1));
+        let mut due = s.store.gateway().wakeups_due(s.now(), s.now() + 30_000, 10).await.unwrap();
+        assert_eq!(s.delivery.send(due.remove(0)).await, Sent::Delivered);
+        let keys: Vec<String> = s.provider.sent.lock().unwrap().iter().map(|(_, _, k)| k.clone().unwrap()).collect();
+        assert_eq!(keys, [accepted_in.clone(), key_at(T0 + WINDOW.as_millis() as i64)]);
+        assert_ne!(keys[1], accepted_in, "the retry's window, not the acceptance window's");
     }
 
     #[tokio::test]
@@ -524,9 +553,9 @@ mod tests {
         let s = setup(vec![Outcome::Terminal]).await;
         let w = leased(&s, "reg-1").await;
         assert_eq!(s.delivery.send(w).await, Sent::DeadToken);
-        let route = s.store.gateway().route(&s.registration.route_key(), now_ms()).await.unwrap().unwrap();
+        let route = s.store.gateway().route(&s.registration.route_key(), s.now()).await.unwrap().unwrap();
         assert!(route.token_invalid);
-        assert!(nothing_due(&s, now_ms() + 3_600_000).await);
+        assert!(nothing_due(&s, s.now() + 3_600_000).await);
     }
 
     #[tokio::test]
@@ -534,25 +563,88 @@ mod tests {
         let answers = vec![Outcome::transient(Duration::from_secs(5)); 8];
         let s = setup(answers).await;
         let w = leased(&s, "reg-1").await;
-        let before = now_ms();
         assert_eq!(s.delivery.send(w).await, Sent::Retried);
-        assert!(nothing_due(&s, before + 4_000).await, "not before the provider's delay");
-        let mut due = s.store.gateway().wakeups_due(before + 6_000, before + 36_000, 10).await.unwrap();
+        assert!(nothing_due(&s, T0 + 4_999).await, "not before the provider's delay");
+        let mut due = s.store.gateway().wakeups_due(T0 + 5_000, T0 + 35_000, 10).await.unwrap();
         assert_eq!(due.len(), 1);
         assert_eq!(due[0].wakeup.attempts, 1);
         // Still pending for its device, next tried after the delay: a
         // device at its bound is told to retry after that attempt.
         let pending = ledger(&s).await;
-        assert_eq!(pending.len(now_ms()), 1);
-        let Admission::Full { retry_after } = pending.admit("another", 1, before) else { panic!("full") };
-        assert!(retry_after >= Duration::from_secs(15), "{retry_after:?}");
+        assert_eq!(pending.len(s.now()), 1);
+        let Admission::Full { retry_after } = pending.admit("another", 1, T0) else { panic!("full") };
+        assert_eq!(retry_after, Duration::from_secs(5) + ATTEMPT_TIMEOUT);
         // A wakeup at its last attempt is given up.
         let mut last = due.remove(0);
         last.wakeup.attempts = DeliverySettings::default().max_attempts.get() - 1;
         assert_eq!(s.delivery.send(last).await, Sent::Exhausted);
-        assert!(nothing_due(&s, now_ms() + 3_600_000).await);
-        assert!(ledger(&s).await.is_empty(now_ms()));
+        assert!(nothing_due(&s, s.now() + 3_600_000).await);
+        assert!(ledger(&s).await.is_empty(s.now()));
         assert_eq!((counted(&s, Sent::Retried), counted(&s, Sent::Exhausted)), (1, 1));
+    }
+
+    #[tokio::test]
+    async fn a_wakeup_is_sent_until_its_expiry_and_given_up_at_it() {
+        let s = setup(vec![]).await;
+        let expires = T0 + 10_000;
+        let (before, at) = (leased_until(&s, "reg-1", expires).await, leased_until(&s, "reg-1", expires).await);
+        s.clock.set(expires - 1);
+        assert_eq!(s.delivery.send(before).await, Sent::Delivered);
+        s.clock.set(expires);
+        assert_eq!(s.delivery.send(at).await, Sent::Exhausted);
+        assert_eq!(s.sent(), 1, "never sent at its expiry");
+    }
+
+    #[tokio::test]
+    async fn a_retry_that_would_fall_past_the_expiry_is_given_up() {
+        let s = setup(vec![Outcome::transient(Duration::from_secs(10))]).await;
+        let w = leased_until(&s, "reg-1", T0 + 10_000).await;
+        assert_eq!(s.delivery.send(w).await, Sent::Exhausted);
+        assert!(nothing_due(&s, T0 + 9_999).await);
+    }
+
+    #[tokio::test]
+    async fn the_worker_takes_a_wakeup_once_the_clock_reaches_its_time() {
+        let s = setup(vec![]).await;
+        stored(&s, "reg-1", T0 + 5_000, T0 + 3_600_000).await;
+        assert!(s.delivery.lease_due(10).await.unwrap().is_empty(), "not due yet");
+        s.clock.set(T0 + 4_999);
+        assert!(s.delivery.lease_due(10).await.unwrap().is_empty(), "not due yet");
+        s.clock.set(T0 + 5_250);
+        let due = s.delivery.lease_due(10).await.unwrap();
+        assert_eq!(due.len(), 1, "due: taken");
+        assert_eq!(due[0].lease_until_ms, T0 + 5_250 + LEASE.as_millis() as i64);
+        assert_eq!(s.metrics.gateway.wakeup_lateness.get(), 0.25, "taken 250 ms after its time");
+        // Leased: no other worker takes it while its lease runs.
+        s.clock.set(due[0].lease_until_ms - 1);
+        assert!(s.delivery.lease_due(10).await.unwrap().is_empty(), "leased");
+        // Its worker died: the lease ran out, the next look takes it over.
+        s.clock.set(due[0].lease_until_ms);
+        let again = s.delivery.lease_due(10).await.unwrap();
+        assert_eq!(again.len(), 1);
+        assert_eq!(s.delivery.send(again.into_iter().next().unwrap()).await, Sent::Delivered);
+        assert_eq!(s.sent(), 1);
+    }
+
+    #[tokio::test]
+    async fn the_worker_retries_on_the_clock_not_before_the_backoff() {
+        let s = setup(vec![Outcome::transient(Duration::ZERO); 2]).await;
+        stored(&s, "reg-1", T0, T0 + 3_600_000).await;
+        let first = s.delivery.lease_due(10).await.unwrap().remove(0);
+        assert_eq!(s.delivery.send(first).await, Sent::Retried);
+        s.clock.set(T0 + 999);
+        assert!(s.delivery.lease_due(10).await.unwrap().is_empty(), "the first retry waits 1 s");
+        s.clock.set(T0 + 1_000);
+        let second = s.delivery.lease_due(10).await.unwrap().remove(0);
+        assert_eq!(second.wakeup.attempts, 1);
+        assert_eq!(s.delivery.send(second).await, Sent::Retried);
+        s.clock.set(T0 + 2_999);
+        assert!(s.delivery.lease_due(10).await.unwrap().is_empty(), "the second waits 2 s");
+        s.clock.set(T0 + 3_000);
+        let third = s.delivery.lease_due(10).await.unwrap().remove(0);
+        assert_eq!(s.delivery.send(third).await, Sent::Delivered);
+        assert_eq!(s.sent(), 3);
+        assert_eq!((counted(&s, Sent::Retried), counted(&s, Sent::Delivered)), (2, 1));
     }
 
     #[tokio::test]
@@ -565,7 +657,7 @@ mod tests {
         assert!(s.store.gateway().unregister(&revoke).await.unwrap());
         assert_eq!(s.delivery.send(w).await, Sent::Revoked);
         assert!(s.provider.sent.lock().unwrap().is_empty());
-        assert!(ledger(&s).await.is_empty(now_ms()));
+        assert!(ledger(&s).await.is_empty(s.now()));
         assert_eq!(counted(&s, Sent::Revoked), 2);
     }
 
