@@ -70,6 +70,9 @@ pub struct Http2Client {
     offers_http1: bool,
     idle_timeout: Duration,
     hosts: Arc<Mutex<HashMap<HostKey, Arc<Host>>>>,
+    /// Told each time a connection is let go: tests wait for it.
+    #[cfg(test)]
+    let_go: Arc<tokio::sync::Notify>,
 }
 
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -163,7 +166,14 @@ impl Http2Client {
     /// `connector` must offer only h2 by ALPN (a plain `http://` host is
     /// spoken to with prior knowledge, as hyper's HTTP/2-only client does).
     pub fn new(connector: HttpsConnector<CountingConnector>, idle_timeout: Duration) -> Self {
-        Self { connector, offers_http1: false, idle_timeout, hosts: Arc::default() }
+        Self {
+            connector,
+            offers_http1: false,
+            idle_timeout,
+            hosts: Arc::default(),
+            #[cfg(test)]
+            let_go: Arc::default(),
+        }
     }
 
     /// For hosts whose protocol is not known yet: `connector` offers h2 and
@@ -173,7 +183,7 @@ impl Http2Client {
     /// does every request that waited for that connect. So a host's
     /// protocol is learned from its connection, never from an answer.
     pub fn probing(connector: HttpsConnector<CountingConnector>, idle_timeout: Duration) -> Self {
-        Self { connector, offers_http1: true, idle_timeout, hosts: Arc::default() }
+        Self { offers_http1: true, ..Self::new(connector, idle_timeout) }
     }
 
     /// Sends `request` with its whole body and waits for the answer's head.
@@ -279,6 +289,8 @@ impl Http2Client {
             id: live.id,
             used: live.used.clone(),
             idle_timeout: self.idle_timeout,
+            #[cfg(test)]
+            let_go: self.let_go.clone(),
         };
         tokio::spawn(watch.drive(connection));
         Ok(live)
@@ -325,6 +337,8 @@ struct Watch {
     id: u64,
     used: Arc<LastUse>,
     idle_timeout: Duration,
+    #[cfg(test)]
+    let_go: Arc<tokio::sync::Notify>,
 }
 
 impl Watch {
@@ -357,6 +371,8 @@ impl Watch {
                 release(&hosts, &self.key, &host);
             }
         }
+        #[cfg(test)]
+        self.let_go.notify_one();
     }
 }
 
@@ -440,16 +456,6 @@ mod tests {
         Request::post(url).body(Bytes::from_static(b"{\"n\":1}")).unwrap()
     }
 
-    async fn wait_until(what: &str, done: impl Fn() -> bool) {
-        for _ in 0..250 {
-            if done() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        panic!("{what} did not happen within 5 s");
-    }
-
     #[tokio::test]
     async fn concurrent_requests_share_one_connection_and_read_their_answers() {
         let pki = TestPki::generate(&[]).unwrap();
@@ -486,7 +492,9 @@ mod tests {
         let url = receiver.url("/idle");
         assert_eq!(client.request(post(&url)).await.unwrap().status(), http::StatusCode::OK);
         // Idle: the handle goes, the connection closes, the host leaves the table.
-        wait_until("the idle host's removal", || client.hosts.lock().unwrap().is_empty()).await;
+        let let_go = tokio::time::timeout(Duration::from_secs(5), client.let_go.notified()).await;
+        assert!(let_go.is_ok(), "the idle connection was not let go within 5 s");
+        assert!(client.hosts.lock().unwrap().is_empty(), "the idle host left the table");
         assert_eq!(client.request(post(&url)).await.unwrap().status(), http::StatusCode::OK);
         assert_eq!(opened.get(), 2);
         assert_eq!(receiver.received_count(), 2);
