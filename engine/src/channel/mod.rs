@@ -7,9 +7,10 @@
 //! - `classify.rs`: the channel's row of the outcome table as a pure function
 //!   from the answer to an `Outcome`, with its timeout and Retry-After rules.
 //!
-//! The contract is `provider`'s; what several channels share lies beside it
-//! (`common` value types, `collapse`, `retry_after`, `relayed`), never in
-//! another channel's folder. Every channel sends through the transport's
+//! The contract is `provider`'s (a channel that keeps its own queue is a
+//! dispatch `Sink` instead, `crate::page`); what several channels share lies
+//! beside it (`common` value types, `collapse`, `retry_after`, `relayed`,
+//! `push_log`), never in another channel's folder. Every channel sends through the transport's
 //! shared HTTP client `transport::pool::Pool` (in-flight bound, rate limit,
 //! response-body cap). `docs/ARCHITECTURE.md` walks through adding a channel.
 
@@ -20,6 +21,7 @@ pub mod fcm;
 pub mod http;
 mod outcome;
 mod provider;
+pub mod push_log;
 pub mod relay;
 pub mod relayed;
 mod retry_after;
@@ -31,19 +33,20 @@ use std::sync::Arc;
 
 pub use common::{Connections, HttpsBase, PushLifetime};
 pub use outcome::Outcome;
-pub use provider::{BuildError, ChannelContext, Provider, Push, PushQueue, QueueBatch, Refused};
-pub use relayed::{RelayPriority, RelayRefusal, RelayedPush};
+pub use provider::{BuildError, ChannelContext, Provider, Push, Refused};
+pub use relayed::{Refusal, RelayPriority, RelayedPush};
 pub use settings::ChannelSettings;
 
 use crate::domain::Channel;
+use crate::page::Sink;
 
 /// The configured channels, keyed by `Channel`. A channel without a table has
 /// no entry (section 2, PUSH-210).
 #[derive(Clone, Default)]
 pub struct Channels {
     providers: HashMap<Channel, Arc<dyn Provider>>,
-    /// The relay's debug ring, when its endpoint is enabled (003 §5).
-    push_log: Option<Arc<relay::PushLog>>,
+    /// The channels that keep their own queue: dispatch's sinks for them.
+    sinks: HashMap<Channel, Arc<dyn Sink>>,
 }
 
 impl Channels {
@@ -63,9 +66,7 @@ impl Channels {
             channels.insert(Arc::new(webpush::WebPushProvider::new(s, ctx)?));
         }
         if let Some(s) = &settings.relay {
-            let relay = relay::RelayProvider::new(s, ctx)?;
-            channels.push_log = relay.push_log();
-            channels.insert(Arc::new(relay));
+            channels.sinks.insert(Channel::Relay, Arc::new(relay::Relay::start(s, ctx)?));
         }
         Ok(channels)
     }
@@ -84,12 +85,13 @@ impl Channels {
         self.providers.values()
     }
 
-    pub fn is_configured(&self, channel: Channel) -> bool {
-        self.providers.contains_key(&channel)
+    /// The sink of a channel that keeps its own queue; `None`: the delivery
+    /// workers send its deliveries through its provider.
+    pub fn sink(&self, channel: Channel) -> Option<&Arc<dyn Sink>> {
+        self.sinks.get(&channel)
     }
 
-    /// The relay's debug ring, only when `dangerous_push_log_endpoint` is on.
-    pub fn push_log(&self) -> Option<Arc<relay::PushLog>> {
-        self.push_log.clone()
+    pub fn is_configured(&self, channel: Channel) -> bool {
+        self.providers.contains_key(&channel) || self.sinks.contains_key(&channel)
     }
 }

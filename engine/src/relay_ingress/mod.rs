@@ -36,7 +36,7 @@ use tokio::sync::Semaphore;
 use self::idempotency::{Claimed, Ledger};
 use self::request::Webhook;
 use self::signature::{SignatureError, SignatureHeader};
-use crate::channel::{BuildError, Channels, Outcome, Provider, RelayRefusal, RelayedPush};
+use crate::channel::{BuildError, Channels, Outcome, Provider, Push, Refusal, RelayedPush};
 use crate::domain::{Channel, RelaySettled};
 use crate::metrics::Metrics;
 use crate::store::Store;
@@ -239,6 +239,7 @@ impl RelayIngress {
             }
         };
         self.metrics.relay_ingress_webhooks.with_label_values(&["accepted"]).inc();
+        let keys = web_push_keys(webhook);
         let push = RelayedPush {
             token: &webhook.token,
             app_id: webhook.app_id.as_deref(),
@@ -247,18 +248,9 @@ impl RelayIngress {
             priority: webhook.priority,
             payload: &webhook.payload,
             ttl: webhook.ttl,
+            web_push_keys: keys.as_ref(),
         };
-        let attempt = async {
-            if channel != Channel::WebPush {
-                return provider.send_relayed(&push).await;
-            }
-            // §1's keys: a registration without valid ones can never be delivered.
-            match web_push_keys(webhook) {
-                Some(keys) => provider.send_relayed_web_push(&push, &keys).await,
-                None => Ok(Outcome::Rejected),
-            }
-        };
-        let outcome = match tokio::time::timeout(ATTEMPT_TIMEOUT, attempt).await {
+        let outcome = match tokio::time::timeout(ATTEMPT_TIMEOUT, provider.send(Push::Relayed(push))).await {
             Ok(outcome) => outcome,
             Err(_) => Ok(provider.timed_out()),
         };
@@ -283,12 +275,12 @@ impl RelayIngress {
                 self.ledger.settle(&claim, RelaySettled::Rejected).await;
                 Err(IngressError::ProviderRejected)
             }
-            Err(RelayRefusal::TooLarge) => {
+            Err(Refusal::TooLarge) => {
                 pushes("payload_too_large");
                 self.ledger.settle(&claim, RelaySettled::Rejected).await;
                 Err(IngressError::PayloadTooLarge)
             }
-            Err(RelayRefusal::Unsupported) => {
+            Err(Refusal::Unsupported) => {
                 self.ledger.release(&claim).await;
                 Err(IngressError::UnsupportedProvider)
             }
