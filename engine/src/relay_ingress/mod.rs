@@ -120,8 +120,7 @@ impl RelayIngress {
         }
         // Every outcome of every configured channel from the start, so rates
         // and alerts see a zero rather than nothing.
-        let relayed = [Channel::Apns, Channel::Fcm, Channel::WebPush];
-        let configured = relayed.into_iter().filter(|c| channels.get(*c).is_some());
+        let configured = Channel::ALL.iter().filter(|c| c.takes_relayed() && channels.get(**c).is_some());
         for channel in configured {
             for outcome in PUSH_OUTCOMES {
                 metrics.relay_ingress_pushes.with_label_values(&[channel.as_str(), outcome]);
@@ -183,12 +182,14 @@ impl RelayIngress {
     ) -> Result<Accepted, IngressError> {
         let permit = self.in_flight.clone().try_acquire_owned().map_err(|_| IngressError::Overloaded)?;
         let webhook = self.verify(signature, delivery, &body, now_unix_s)?;
-        let (channel, allowed) = match webhook.provider.as_str() {
-            "apns" => (Channel::Apns, Some(&self.apns_app_ids)),
-            "fcm" => (Channel::Fcm, Some(&self.fcm_app_ids)),
+        // §1's provider names the channel; only a row that takes relayed pushes delivers it.
+        let channel = Channel::parse(&webhook.provider).filter(|c| c.takes_relayed());
+        let channel = channel.ok_or(IngressError::UnsupportedProvider)?;
+        let allowed = match channel {
+            Channel::Apns => Some(&self.apns_app_ids),
+            Channel::Fcm => Some(&self.fcm_app_ids),
             // Web Push has no app ids: any app_id is one this server does not deliver.
-            "webpush" => (Channel::WebPush, None),
-            _ => return Err(IngressError::UnsupportedProvider),
+            _ => None,
         };
         let provider = self.channels.get(channel).ok_or(IngressError::ProviderNotConfigured)?.clone();
         if webhook.app_id.as_ref().is_some_and(|app| !allowed.is_some_and(|ids| ids.contains(app))) {
