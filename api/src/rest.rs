@@ -22,7 +22,7 @@ use axum::extract::{DefaultBodyLimit, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
-use fanout_engine::channel::relay::PushLog;
+use fanout_engine::channel::push_log::PushLog;
 use fanout_engine::domain::RegistrationInput;
 use fanout_engine::metrics::Metrics;
 use fanout_engine::registry::{AdmissionError, DeliveryInput, Registry};

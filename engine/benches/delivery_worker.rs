@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use fanout_engine::channel::{Channels, Outcome, Provider, Push};
+use fanout_engine::channel::{Channels, Outcome, Provider, Push, Refusal};
 use fanout_engine::delivery::{
     Delivery, DeliverySettings, DeliveryWorkers, FirstAttempt, FirstAttemptLatch, WorkerContext,
 };
@@ -53,16 +53,17 @@ impl<const LARGE: bool> Provider for Answers<LARGE> {
     fn channel(&self) -> Channel {
         Channel::Apns
     }
-    async fn send(&self, push: Push<'_>) -> Outcome {
+    async fn send(&self, push: Push<'_>) -> Result<Outcome, Refusal> {
+        let Push::Envelope { recipient, .. } = push else { return Err(Refusal::Unsupported) };
         if LARGE {
             let mut state = [0u8; LARGE_FUTURE_BYTES];
-            state[0] = push.recipient.id.as_bytes()[0];
+            state[0] = recipient.id.as_bytes()[0];
             tokio::task::yield_now().await;
             std::hint::black_box(&mut state);
         } else {
             tokio::task::yield_now().await;
         }
-        Outcome::Delivered
+        Ok(Outcome::Delivered)
     }
     fn timed_out(&self) -> Outcome {
         Outcome::transient(Duration::from_secs(1))

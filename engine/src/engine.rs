@@ -8,7 +8,7 @@ use ractor::{Actor, ActorRef};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::channel::relay::PushLog;
+use crate::channel::push_log::PushLog;
 use crate::channel::{ChannelContext, Channels};
 use crate::delivery::{DeliveryWorkers, WorkerContext};
 use crate::dispatch::{DispatchContext, PanicHook};
@@ -135,11 +135,11 @@ impl Engine {
         let shard_count = settings.shard_count.get();
         let metrics = Arc::new(Metrics::new());
         let store: Arc<dyn Store> = Arc::new(Instrumented::new(store, metrics.clone()));
-        let channels = Channels::build(
-            &settings.channels,
-            &ChannelContext { metrics: metrics.clone(), store: Some(store.clone()) },
-        )
-        .map_err(|e| EngineError::Config(e.to_string()))?;
+        let ctx = ChannelContext { store: Some(store.clone()), ..ChannelContext::new(metrics.clone()) };
+        // 003 §5: the relay's debug ring, served only when its endpoint is on.
+        let push_log = settings.channels.relay.as_ref().filter(|r| r.dangerous_push_log_endpoint);
+        let push_log = push_log.map(|_| ctx.push_log.clone());
+        let channels = Channels::build(&settings.channels, &ctx).map_err(|e| EngineError::Config(e.to_string()))?;
         let relay_ingress = match &settings.relay_ingress {
             Some(s) => Some(Arc::new(
                 RelayIngress::new(s, channels.clone(), store.clone(), metrics.clone())
@@ -205,7 +205,6 @@ impl Engine {
         };
         let (supervisor, supervisor_handle) =
             Actor::spawn(None, Supervisor, args).await.map_err(|e| EngineError::Actors(e.to_string()))?;
-        let push_log = channels.push_log();
         let registry = Arc::new(Registry::new(
             store.clone(),
             channels,

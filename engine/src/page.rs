@@ -1,4 +1,4 @@
-//! A page of deliveries as dispatch hands it to a sink (the delivery
+//! A page of deliveries as dispatch hands it to a `Sink` (the delivery
 //! workers, or a channel with its own queue): each `Delivery`, and the
 //! page's `FirstAttemptLatch`.
 
@@ -6,6 +6,31 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 
 use crate::domain::{Recipient, StoredEnvelope};
+
+/// Where dispatch hands a channel's deliveries: the delivery workers, or a
+/// channel that keeps its own queue (the relay's, spec 003 §4).
+pub trait Sink: Send + Sync + 'static {
+    /// Opens the batch of one dispatch read. Dropping it ends the read: a
+    /// queue lets go what it held so the read's pushes coalesce (003 §4).
+    fn open(&self) -> Box<dyn Batch>;
+}
+
+/// The deliveries of one dispatch read into one sink.
+pub trait Batch: Send + Sync {
+    /// Takes a page's deliveries. The sink settles each first-attempt latch
+    /// (PUSH-257) once its first attempt has an answer, or once the delivery
+    /// is coalesced away or dropped; one whose page was abandoned is dropped
+    /// unsettled (the replay sends it). The future finishes the hand-off,
+    /// waiting while the sink is full: the backpressure on dispatch.
+    fn take(&mut self, deliveries: Vec<Delivery>) -> Handoff;
+}
+
+/// The rest of a hand-off (see `Batch::take`).
+pub type Handoff = futures::future::BoxFuture<'static, Result<(), SinkStopped>>;
+
+#[derive(Debug, thiserror::Error)]
+#[error("the sink has stopped")]
+pub struct SinkStopped;
 
 /// One (envelope, subscription) send and its state.
 pub struct Delivery {

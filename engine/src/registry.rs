@@ -257,10 +257,10 @@ impl Registry {
             DeliveryInput::Relay(_) => Channel::Relay,
             DeliveryInput::WebPush { .. } => Channel::WebPush,
         };
-        let Some(provider) = self.channels.get(channel) else {
+        if !self.channels.is_configured(channel) {
             // PUSH-210
             return Err(AdmissionError::FailedPrecondition("this channel is not configured on this deployment"));
-        };
+        }
         let target = match delivery {
             DeliveryInput::Apns { token } => {
                 DeliveryTarget::check_token(token)?;
@@ -291,11 +291,13 @@ impl Registry {
                 DeliveryTarget::WebPush { endpoint, keys }
             }
         };
-        // The channel's own rules (PUSH-256 for HTTPS).
-        provider.admit(&target).await.map_err(|e| match e {
-            Refused::Invalid(rule) => AdmissionError::InvalidArgument(rule),
-            Refused::Unavailable(why) => AdmissionError::TryAgain(why),
-        })?;
+        // The channel's own rules (PUSH-256 for HTTPS); a sink has none.
+        if let Some(provider) = self.channels.get(channel) {
+            provider.admit(&target).await.map_err(|e| match e {
+                Refused::Invalid(rule) => AdmissionError::InvalidArgument(rule),
+                Refused::Unavailable(why) => AdmissionError::TryAgain(why),
+            })?;
+        }
         Ok(target)
     }
 
@@ -339,7 +341,7 @@ mod tests {
     use async_trait::async_trait;
 
     use super::*;
-    use crate::channel::{Outcome, Provider, Push};
+    use crate::channel::{Outcome, Provider, Push, Refusal};
     use crate::store::RedbStore;
 
     /// A channel that refuses every target whose URL or token says "blocked".
@@ -365,8 +367,8 @@ mod tests {
                 Ok(())
             }
         }
-        async fn send(&self, _: Push<'_>) -> Outcome {
-            Outcome::Delivered
+        async fn send(&self, _: Push<'_>) -> Result<Outcome, Refusal> {
+            Ok(Outcome::Delivered)
         }
         fn timed_out(&self) -> Outcome {
             Outcome::Rejected

@@ -210,7 +210,7 @@ mod tests {
     use async_trait::async_trait;
 
     use super::*;
-    use crate::channel::{Channels, Outcome, Provider, Push};
+    use crate::channel::{Channels, Outcome, Provider, Push, Refusal};
     use crate::delivery::{DeliverySettings, DeliveryWorkers, WorkerContext};
     use crate::dispatch::{DispatchSettings, PanicHook};
     use crate::domain::{
@@ -238,9 +238,10 @@ mod tests {
         fn channel(&self) -> Channel {
             Channel::Apns
         }
-        async fn send(&self, push: Push<'_>) -> Outcome {
-            self.sent.lock().unwrap().insert((push.envelope.sequence_id, push.recipient.id));
-            Outcome::Delivered
+        async fn send(&self, push: Push<'_>) -> Result<Outcome, Refusal> {
+            let Push::Envelope { recipient, envelope } = push else { return Err(Refusal::Unsupported) };
+            self.sent.lock().unwrap().insert((envelope.sequence_id, recipient.id));
+            Ok(Outcome::Delivered)
         }
         fn timed_out(&self) -> Outcome {
             Outcome::Rejected

@@ -13,7 +13,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use serde_json::{Map, Value};
 use tokio::time::Instant;
 
-use crate::channel::{Outcome, Provider, Push, RelayRefusal, RelayedPush};
+use crate::channel::{Outcome, Provider, Push, Refusal};
 use crate::domain::{Channel, Clock, Recipient};
 use crate::domain::{DeliveryTarget, EnvelopeKind, RecipientId, SecretHash, ShardId, StoredEnvelope, Topic};
 use crate::gateway::identity::{PushSecret, SaltEpochId, SaltSecrets};
@@ -199,11 +199,8 @@ impl Provider for Scripted {
         Channel::Fcm
     }
 
-    async fn send(&self, _push: Push<'_>) -> Outcome {
-        unreachable!("the gateway sends relayed pushes only")
-    }
-
-    async fn send_relayed(&self, push: &RelayedPush<'_>) -> Result<Outcome, RelayRefusal> {
+    async fn send(&self, push: Push<'_>) -> Result<Outcome, Refusal> {
+        let Push::Relayed(push) = push else { unreachable!("the gateway sends relayed pushes only") };
         let sent = (push.token.to_owned(), push.payload.clone(), push.collapse_id.map(str::to_owned));
         self.sent.lock().unwrap().push(sent);
         Ok(self.answers.lock().unwrap().pop_front().unwrap_or(Outcome::Delivered))

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context as _, bail};
-use fanout_engine::channel::{ChannelContext, ChannelSettings, Channels, Outcome, RelayPriority, RelayedPush};
+use fanout_engine::channel::{ChannelContext, ChannelSettings, Channels, Outcome, Push, RelayPriority, RelayedPush};
 use fanout_engine::domain::Channel;
 use fanout_engine::metrics::Metrics;
 use serde_json::{Map, Value};
@@ -97,6 +97,7 @@ impl PlatformPush {
             priority: self.priority,
             payload: &self.payload,
             ttl: self.ttl,
+            web_push_keys: None,
         }
     }
 }
@@ -124,7 +125,7 @@ pub async fn ceiling(
                 }
                 let push = push(i)?;
                 let provider = channels.get(push.channel).with_context(|| format!("no {:?} channel", push.channel))?;
-                match provider.send_relayed(&push.relayed()).await {
+                match provider.send(Push::Relayed(push.relayed())).await {
                     Ok(Outcome::Delivered) => {}
                     other => bail!("ceiling request answered {other:?}"),
                 }

@@ -1,6 +1,6 @@
 use std::sync::Arc;
 
-use fanout_engine::domain::{Channel, RegistrationInput};
+use fanout_engine::domain::RegistrationInput;
 use fanout_engine::metrics::Metrics;
 use fanout_engine::registry::{DeliveryInput, RecipientState, Registry, SubscriptionInput};
 use fanout_proto::v1 as pb;
@@ -21,14 +21,8 @@ impl NotificationApi {
 }
 
 fn state(s: RecipientState) -> pb::RecipientState {
-    let channel = match s.channel {
-        Channel::Apns => pb::Channel::Apns,
-        Channel::Fcm => pb::Channel::Fcm,
-        Channel::Http => pb::Channel::Http,
-        Channel::Relay => pb::Channel::Relay,
-        Channel::WebPush => pb::Channel::Webpush,
-    };
-    pb::RecipientState { topic_count: s.topic_count, channel: channel as i32, expires_at_ns: s.expires_at_ns }
+    let channel = i32::from(s.channel.wire());
+    pb::RecipientState { topic_count: s.topic_count, channel, expires_at_ns: s.expires_at_ns }
 }
 
 #[tonic::async_trait]
@@ -99,5 +93,24 @@ impl NotificationService for NotificationApi {
             .map_err(admission_status);
         self.count(UPDATE_SUBSCRIPTIONS, &result);
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use fanout_engine::domain::Channel;
+    use fanout_proto::v1 as pb;
+
+    /// The proto enum is not generated from the channel table: they must
+    /// name the same channels with the same numbers (PUSH-200).
+    #[test]
+    fn the_channel_table_matches_the_proto_enum() {
+        for channel in Channel::ALL {
+            let name = format!("CHANNEL_{}", channel.as_str().to_uppercase());
+            let wire = pb::Channel::from_str_name(&name).unwrap_or_else(|| panic!("{name} is not in the proto"));
+            assert_eq!(wire as i32, i32::from(channel.wire()), "{name}");
+        }
+        let in_proto = (1..=i32::from(u8::MAX)).filter(|n| pb::Channel::try_from(*n).is_ok()).count();
+        assert_eq!(in_proto, Channel::ALL.len(), "a proto channel without a row");
     }
 }

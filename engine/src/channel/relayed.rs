@@ -1,11 +1,14 @@
 //! Spec 003 §2–3, push-server side: a push another hub relayed to fanout's
 //! ingress (`crate::relay_ingress`), as a channel sends it. Unlike a
-//! `Push`, it carries its own payload, collapse id and priority; the channels
-//! that can deliver one (APNs, FCM) implement `Provider::send_relayed`.
+//! spec 000 wake-up, it carries its own payload, collapse id and priority;
+//! the channels whose row takes it (APNs, FCM, Web Push) send it as
+//! `Push::Relayed`.
 
 use std::time::Duration;
 
 use serde_json::{Map, Value};
+
+use crate::domain::WebPushKeys;
 
 /// The payload key a platform limit may drop (§3: "A push server whose
 /// platform limit is still exceeded drops `mls_message` and keeps the rest").
@@ -36,13 +39,17 @@ pub struct RelayedPush<'a> {
     pub payload: &'a Map<String, Value>,
     /// §2.3 `ttl`: how long the platform may keep trying.
     pub ttl: Duration,
+    /// §1 `p256dh` and `auth` of a Web Push registration, when present and
+    /// valid keys; the Web Push channel refuses a push without them.
+    pub web_push_keys: Option<&'a WebPushKeys>,
 }
 
-/// Why a channel sends nothing for a relayed push. Both are permanent for
-/// this push: the hub should not retry it.
+/// Why a channel sends nothing for a push. Both are permanent for this
+/// push: a hub should not retry it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum RelayRefusal {
-    #[error("this channel does not deliver relayed pushes")]
+pub enum Refusal {
+    /// The channel's row does not take this kind of push (`Channel::takes`).
+    #[error("this channel does not take this kind of push")]
     Unsupported,
     /// Over the platform's limit even without `mls_message`.
     #[error("the payload exceeds the platform's limit")]
@@ -64,18 +71,18 @@ pub fn fit(
     payload: &Map<String, Value>,
     limit: usize,
     build: impl Fn(&Map<String, Value>) -> (String, usize),
-) -> Result<Fitted, RelayRefusal> {
+) -> Result<Fitted, Refusal> {
     let (body, size) = build(payload);
     if size <= limit {
         return Ok(Fitted { body, dropped_mls_message: false });
     }
     if !payload.contains_key(DROPPABLE_KEY) {
-        return Err(RelayRefusal::TooLarge);
+        return Err(Refusal::TooLarge);
     }
     let mut smaller = payload.clone();
     smaller.remove(DROPPABLE_KEY);
     let (body, size) = build(&smaller);
-    if size <= limit { Ok(Fitted { body, dropped_mls_message: true }) } else { Err(RelayRefusal::TooLarge) }
+    if size <= limit { Ok(Fitted { body, dropped_mls_message: true }) } else { Err(Refusal::TooLarge) }
 }
 
 #[cfg(test)]
@@ -100,8 +107,8 @@ mod tests {
         let small = fit(&p, 60, measured).unwrap();
         assert!(small.dropped_mls_message);
         assert_eq!(serde_json::from_str::<Value>(&small.body).unwrap(), serde_json::json!({"v": 1, "type": "message"}));
-        assert_eq!(fit(&p, 10, measured), Err(RelayRefusal::TooLarge));
+        assert_eq!(fit(&p, 10, measured), Err(Refusal::TooLarge));
         let no_mls = object(serde_json::json!({"v": 1, "type": "wake", "collapse_id": "x".repeat(100)}));
-        assert_eq!(fit(&no_mls, 60, measured), Err(RelayRefusal::TooLarge));
+        assert_eq!(fit(&no_mls, 60, measured), Err(Refusal::TooLarge));
     }
 }

@@ -14,6 +14,7 @@ pub use settings::DeliverySettings;
 pub use worker::WorkerContext;
 
 pub use crate::page::{Delivery, FirstAttempt, FirstAttemptLatch};
+use crate::page::{Batch, Handoff, Sink, SinkStopped};
 
 /// The senders of every worker's bounded queue.
 #[derive(Clone)]
@@ -27,8 +28,7 @@ impl DeliveryWorkers {
     /// Starts `ctx.settings.workers` workers. Each ends when every clone of
     /// the returned `DeliveryWorkers` is dropped and its work has finished.
     pub fn start(ctx: Arc<WorkerContext>) -> (Self, Vec<tokio::task::JoinHandle<()>>) {
-        // The channels with their own queue (the relay) count their own series.
-        for provider in ctx.channels.providers().filter(|p| p.queue().is_none()) {
+        for provider in ctx.channels.providers() {
             series::initialise(&ctx.metrics, provider.channel());
         }
         let (queues, handles) = (0..ctx.settings.workers.get())
@@ -42,7 +42,7 @@ impl DeliveryWorkers {
 
     /// Hands a batch to the workers that own its recipients. Waits while a
     /// worker's queue is full: this is the backpressure on the shard actors.
-    pub async fn submit(&self, batch: Vec<Delivery>) -> Result<(), WorkersStopped> {
+    pub async fn submit(&self, batch: Vec<Delivery>) -> Result<(), SinkStopped> {
         let n = self.queues.len();
         let mut parts: Vec<Vec<Delivery>> = (0..n).map(|_| Vec::new()).collect();
         for d in batch {
@@ -50,7 +50,7 @@ impl DeliveryWorkers {
         }
         for (queue, part) in self.queues.iter().zip(parts) {
             if !part.is_empty() {
-                queue.send(part).await.map_err(|_| WorkersStopped)?;
+                queue.send(part).await.map_err(|_| SinkStopped)?;
                 self.queued.inc();
             }
         }
@@ -58,6 +58,16 @@ impl DeliveryWorkers {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-#[error("delivery workers have stopped")]
-pub struct WorkersStopped;
+/// The workers are the sink of every channel that has a provider.
+impl Sink for DeliveryWorkers {
+    fn open(&self) -> Box<dyn Batch> {
+        Box::new(self.clone())
+    }
+}
+
+impl Batch for DeliveryWorkers {
+    fn take(&mut self, deliveries: Vec<Delivery>) -> Handoff {
+        let workers = self.clone();
+        Box::pin(async move { workers.submit(deliveries).await })
+    }
+}

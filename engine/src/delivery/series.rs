@@ -13,8 +13,8 @@ use crate::channel::Outcome;
 use crate::domain::Channel;
 use crate::metrics::{Deleted, Metrics};
 
-/// `Channel`'s discriminants are 1..=5.
-const CHANNEL_SLOTS: usize = 6;
+/// One slot per row of the channel table (`Channel::slot`).
+const CHANNEL_SLOTS: usize = Channel::ALL.len();
 
 /// Creates every series the workers count for `channel` at zero: a failure
 /// before the first scrape is invisible to `rate()` and `increase()` when its
@@ -42,7 +42,7 @@ pub(super) struct Series {
 
 impl Series {
     pub(super) fn of(&mut self, channel: Channel) -> ChannelHandles<'_> {
-        ChannelHandles { label: channel.as_str(), series: &mut self.channels[channel as usize] }
+        ChannelHandles { label: channel.as_str(), series: &mut self.channels[channel.slot()] }
     }
 }
 
@@ -143,9 +143,8 @@ mod tests {
 
     #[test]
     fn every_channel_has_a_slot() {
-        // `Channel::from_u8` names every channel: a new one needs a slot.
-        for channel in (0..=u8::MAX).filter_map(Channel::from_u8) {
-            assert!((channel as usize) < CHANNEL_SLOTS, "{channel:?}");
+        for channel in Channel::ALL {
+            assert!(channel.slot() < CHANNEL_SLOTS, "{channel:?}");
         }
     }
 

@@ -210,11 +210,16 @@ fn attempt(
             // The channel's table was removed: fail without a provider request.
             return (delivery, Outcome::Rejected, false);
         };
-        let push = Push { recipient: &delivery.recipient, envelope: &delivery.envelope };
-        let outcome = Abortable::new(provider.send(push), registration).await.unwrap_or_else(|_| {
-            tracing::warn!(channel = channel.as_str(), "a send made no progress for the watchdog's time; trying again");
-            Outcome::NotSent { delay: WATCHDOG_DELAY }
-        });
+        let push = Push::Envelope { recipient: &delivery.recipient, envelope: &delivery.envelope };
+        let outcome = match Abortable::new(provider.send(push), registration).await {
+            Ok(Ok(outcome)) => outcome,
+            // Every worker-sent channel's row takes envelopes: refused, it is stopped.
+            Ok(Err(_)) => Outcome::Rejected,
+            Err(_) => {
+                tracing::warn!(channel = channel.as_str(), "a send made no progress for the watchdog's time; trying again");
+                Outcome::NotSent { delay: WATCHDOG_DELAY }
+            }
+        };
         let answered = !matches!(outcome, Outcome::NotSent { .. });
         (delivery, outcome, answered)
     };
@@ -303,7 +308,7 @@ mod tests {
     use async_trait::async_trait;
 
     use super::*;
-    use crate::channel::Provider;
+    use crate::channel::{Provider, Refusal};
     use crate::delivery::{DeliveryWorkers, FirstAttemptLatch};
     use crate::domain::{
         Channel, DeliveryTarget, EnvelopeKind, Recipient, RecipientId, SecretHash, ShardId, StoredEnvelope, Topic,
@@ -349,7 +354,7 @@ mod tests {
         fn channel(&self) -> Channel {
             self.channel
         }
-        async fn send(&self, _push: Push<'_>) -> Outcome {
+        async fn send(&self, _push: Push<'_>) -> Result<Outcome, Refusal> {
             self.sent.fetch_add(1, Ordering::SeqCst);
             if self.panics.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
                 panic!("a scripted panic");
@@ -361,7 +366,7 @@ mod tests {
             self.most_concurrent.fetch_max(now, Ordering::SeqCst);
             tokio::time::sleep(self.latency).await;
             self.concurrent.fetch_sub(1, Ordering::SeqCst);
-            self.script.lock().unwrap().pop_front().unwrap_or(Outcome::Delivered)
+            Ok(self.script.lock().unwrap().pop_front().unwrap_or(Outcome::Delivered))
         }
         fn timed_out(&self) -> Outcome {
             Outcome::transient(Duration::from_secs(7))

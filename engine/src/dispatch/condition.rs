@@ -51,7 +51,7 @@ mod tests {
     use sha2::Sha256;
 
     use super::*;
-    use crate::channel::{Outcome, Provider, Push};
+    use crate::channel::{Outcome, Provider, Push, Refusal};
     use crate::dispatch::suppression::is_senders_own;
     use crate::domain::{
         Channel, DeliveryTarget, EnvelopeKind, HMAC_EPOCH_SECONDS, KeyWindow, RecipientId, SecretHash, ShardId,
@@ -65,8 +65,8 @@ mod tests {
         fn channel(&self) -> Channel {
             Channel::Http
         }
-        async fn send(&self, _: Push<'_>) -> Outcome {
-            Outcome::Delivered
+        async fn send(&self, _: Push<'_>) -> Result<Outcome, Refusal> {
+            Ok(Outcome::Delivered)
         }
         fn timed_out(&self) -> Outcome {
             Outcome::Rejected

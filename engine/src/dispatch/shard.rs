@@ -7,10 +7,10 @@ use tokio::time::Instant;
 
 use super::window_pages::WindowPages;
 use super::{Decision, DispatchContext, decide, suppression};
-use crate::channel::{Channels, QueueBatch};
 use crate::delivery::{Delivery, FirstAttempt, FirstAttemptLatch};
 use crate::domain::Recipient;
 use crate::domain::{Answered, Channel, HmacKey, RecipientId, ShardId, ShardProgress, StoredEnvelope};
+use crate::page::{Batch, Handoff, Sink};
 use crate::ticker::spawn_ticker;
 
 pub enum ShardMsg {
@@ -87,10 +87,11 @@ struct Window {
     next_page_id: u64,
     pump_queued: bool,
     started: Instant,
-    /// Open batches of the channels that keep their own queue (the relay,
-    /// spec 003 §4): the deliveries of this read coalesce in them, and are
-    /// released when the read ends or pauses (`release_queued`).
-    queued: HashMap<Channel, Box<dyn QueueBatch>>,
+    /// This read's open batches, by sink: a channel that keeps its own
+    /// queue (the relay, spec 003 §4), or `None`, the delivery workers. The
+    /// deliveries of this read coalesce in a queue's, released when the read
+    /// ends or pauses (`release_queued`).
+    queued: HashMap<Option<Channel>, Box<dyn Batch>>,
     /// First attempts settled in this window (counted by the latches), and
     /// when that count last moved: the liveness measure of the window.
     progress: Arc<AtomicU64>,
@@ -121,22 +122,26 @@ impl Window {
         self.release_queued();
     }
 
-    /// Hands the deliveries of channels with their own queue to this read's
-    /// batch of that queue; returns the rest, for the delivery workers.
-    fn route(&mut self, channels: &Channels, batch: Vec<Delivery>) -> Vec<Delivery> {
-        let mut rest = Vec::with_capacity(batch.len());
+    /// Hands each delivery to this read's batch of its channel's sink: the
+    /// channel's own queue, or the delivery workers. The hand-offs finish
+    /// when awaited (backpressure).
+    fn route(&mut self, ctx: &DispatchContext, batch: Vec<Delivery>) -> Vec<Handoff> {
+        let mut parts: Vec<(Option<Channel>, Vec<Delivery>)> = Vec::new();
         for delivery in batch {
             let channel = delivery.recipient.target.channel();
-            if let Some(open) = self.queued.get_mut(&channel) {
-                open.push(delivery);
-                continue;
-            }
-            match channels.get(channel).and_then(|p| p.queue()) {
-                Some(queue) => self.queued.entry(channel).or_insert_with(|| queue.batch()).push(delivery),
-                None => rest.push(delivery),
+            let sink = ctx.channels.sink(channel).map(|_| channel);
+            match parts.iter_mut().find(|(s, _)| *s == sink) {
+                Some((_, part)) => part.push(delivery),
+                None => parts.push((sink, vec![delivery])),
             }
         }
-        rest
+        let open = |sink: Option<Channel>| -> Box<dyn Batch> {
+            match sink.and_then(|channel| ctx.channels.sink(channel)) {
+                Some(queue) => queue.open(),
+                None => ctx.workers.open(),
+            }
+        };
+        parts.into_iter().map(|(sink, part)| self.queued.entry(sink).or_insert_with(|| open(sink)).take(part)).collect()
     }
 
     /// Lets the queued deliveries of this read go. Called when the read has
@@ -478,13 +483,15 @@ impl ShardState {
             let page = w.next_page_id;
             w.next_page_id += 1;
             let batch = w.hand_out(myself, page, envelope, after, recipients);
-            let batch = w.route(&ctx.channels, batch);
+            let handoffs = w.route(&ctx, batch);
             if w.envelopes.is_empty() {
                 w.release_queued(); // the read is fully handed out
             }
             // Waits while the workers are full: backpressure.
-            if !batch.is_empty() && ctx.workers.submit(batch).await.is_err() {
-                return Ok(()); // Shutting down; the window is replayed at next start.
+            for handoff in handoffs {
+                if handoff.await.is_err() {
+                    return Ok(()); // Shutting down; the window is replayed at next start.
+                }
             }
         } else if w.envelopes.is_empty() {
             w.release_queued();
@@ -643,10 +650,12 @@ impl ShardState {
         }
         self.ctx.metrics.window_replays.inc();
         tracing::warn!(shard = self.shard.index(), "window made no progress; re-sending its lost deliveries");
-        let batch = w.route(&self.ctx.channels, batch);
+        let handoffs = w.route(&self.ctx, batch);
         w.release_queued();
-        if !batch.is_empty() && self.ctx.workers.submit(batch).await.is_err() {
-            return Ok(()); // Shutting down.
+        for handoff in handoffs {
+            if handoff.await.is_err() {
+                return Ok(()); // Shutting down.
+            }
         }
         self.complete_if_done(myself).await
     }
@@ -678,7 +687,7 @@ mod tests {
     use tokio::sync::Semaphore;
 
     use super::*;
-    use crate::channel::{Channels, Outcome, Provider, Push};
+    use crate::channel::{Channels, Outcome, Provider, Push, Refusal};
     use crate::delivery::{DeliverySettings, DeliveryWorkers, WorkerContext};
     use crate::dispatch::{DispatchSettings, PanicHook};
     use crate::domain::{
@@ -705,12 +714,13 @@ mod tests {
         fn channel(&self) -> Channel {
             Channel::Apns
         }
-        async fn send(&self, push: Push<'_>) -> Outcome {
-            let key = (push.envelope.sequence_id, push.recipient.id);
+        async fn send(&self, push: Push<'_>) -> Result<Outcome, Refusal> {
+            let Push::Envelope { recipient, envelope } = push else { return Err(Refusal::Unsupported) };
+            let key = (envelope.sequence_id, recipient.id);
             *self.sent.lock().unwrap().entry(key).or_default() += 1;
             let lost = {
                 let mut lose = self.lose_once.lock().unwrap();
-                let found = lose.iter().position(|r| *r == push.recipient.id);
+                let found = lose.iter().position(|r| *r == recipient.id);
                 found.map(|i| lose.remove(i)).is_some()
             };
             if lost {
@@ -721,7 +731,7 @@ mod tests {
             permit.forget();
             tokio::time::sleep(self.latency).await;
             self.waiting.fetch_sub(1, Ordering::SeqCst);
-            Outcome::Delivered
+            Ok(Outcome::Delivered)
         }
         fn timed_out(&self) -> Outcome {
             Outcome::Rejected

@@ -8,42 +8,98 @@ pub const MAX_TARGET_LEN: usize = 2048;
 pub const MIN_SIGNING_KEY_LEN: usize = 16;
 pub const MAX_SIGNING_KEY_LEN: usize = 64;
 
-/// How the backend reaches a recipient. Numbers match the wire enum.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum Channel {
-    Apns = 1,
-    Fcm = 2,
-    Http = 3,
-    /// Spec 003's relay webhook to the operator's push server.
-    Relay = 4,
-    /// Web Push (RFC 8030) to a browser subscription.
-    WebPush = 5,
+/// The channels, one row each, and the one list every enumeration of them
+/// derives from: the `Channel` enum here, `ChannelSettings` and
+/// `Channels::build` in `crate::channel`, the metric slots (a row's
+/// position). A row: the variant; its name (the `[engine.channels.<name>]`
+/// table, the `channel` metric label, its folder `channel/<name>/`); its
+/// wire number (proto `Channel`, PUSH-200); its storage tag (the byte both
+/// stores keep; never reused); whether it takes relayed pushes (spec 003
+/// §2–3, spec 002 §5.2) besides envelopes; its settings; and what its
+/// folder builds: a `provider` the delivery workers send through, or a
+/// `sink` that takes its deliveries from dispatch into its own queue.
+/// `for_each_channel!(m)` calls `m!` with the rows.
+macro_rules! for_each_channel {
+    ($then:ident) => {
+        $then! {
+            Apns apns wire 1 tag 1 relayed true: apns::ApnsSettings => provider apns::ApnsProvider;
+            Fcm fcm wire 2 tag 2 relayed true: fcm::FcmSettings => provider fcm::FcmProvider;
+            Http http wire 3 tag 3 relayed false: http::HttpSettings => provider http::WebhookProvider;
+            Relay relay wire 4 tag 4 relayed false: relay::RelaySettings => sink relay::Relay;
+            WebPush webpush wire 5 tag 5 relayed true: webpush::WebPushSettings => provider webpush::WebPushProvider;
+        }
+    };
+}
+pub(crate) use for_each_channel;
+
+/// `Channel` and its lookups from the rows (`for_each_channel!`).
+macro_rules! channel_enum {
+    ($($variant:ident $name:ident wire $wire:literal tag $tag:literal relayed $relayed:literal: $settings:ty => $role:ident $built:ty;)*) => {
+        /// How the backend reaches a recipient.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum Channel {
+            $($variant,)*
+        }
+
+        impl Channel {
+            /// Every channel, in the table's order.
+            pub const ALL: &[Channel] = &[$(Self::$variant),*];
+
+            /// From its wire number (proto `Channel`).
+            pub fn from_wire(v: u8) -> Option<Self> {
+                match v {
+                    $($wire => Some(Self::$variant),)*
+                    _ => None,
+                }
+            }
+
+            pub fn wire(self) -> u8 {
+                match self {
+                    $(Self::$variant => $wire,)*
+                }
+            }
+
+            /// From the byte the stores keep.
+            pub fn from_storage_tag(v: u8) -> Option<Self> {
+                match v {
+                    $($tag => Some(Self::$variant),)*
+                    _ => None,
+                }
+            }
+
+            pub fn storage_tag(self) -> u8 {
+                match self {
+                    $(Self::$variant => $tag,)*
+                }
+            }
+
+            /// A bounded label value for metrics; the settings table's name.
+            pub fn as_str(&self) -> &'static str {
+                match self {
+                    $(Self::$variant => stringify!($name),)*
+                }
+            }
+
+            pub fn parse(name: &str) -> Option<Self> {
+                Self::ALL.iter().copied().find(|c| c.as_str() == name)
+            }
+
+            /// Whether its row takes `Push::Relayed` besides envelopes.
+            pub fn takes_relayed(self) -> bool {
+                match self {
+                    $(Self::$variant => $relayed,)*
+                }
+            }
+
+            /// Its metric slot: its row's position.
+            pub fn slot(self) -> usize {
+                self as usize
+            }
+        }
+    };
 }
 
-impl Channel {
-    pub fn from_u8(v: u8) -> Option<Self> {
-        match v {
-            1 => Some(Self::Apns),
-            2 => Some(Self::Fcm),
-            3 => Some(Self::Http),
-            4 => Some(Self::Relay),
-            5 => Some(Self::WebPush),
-            _ => None,
-        }
-    }
-
-    /// A bounded label value for metrics.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            Self::Apns => "apns",
-            Self::Fcm => "fcm",
-            Self::Http => "http",
-            Self::Relay => "relay",
-            Self::WebPush => "webpush",
-        }
-    }
-}
+for_each_channel!(channel_enum);
 
 /// A webhook signing key: 16 to 64 raw bytes (PUSH-256). Debug hides it.
 #[derive(Clone, PartialEq, Eq)]
@@ -207,6 +263,39 @@ impl std::fmt::Debug for DeliveryTarget {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_table_gives_every_lookup_both_ways() {
+        assert_eq!(Channel::ALL.len(), 5);
+        for (slot, &c) in Channel::ALL.iter().enumerate() {
+            assert_eq!(c.slot(), slot, "a row's slot is its position");
+            assert_eq!(Channel::from_wire(c.wire()), Some(c));
+            assert_eq!(Channel::from_storage_tag(c.storage_tag()), Some(c));
+            assert_eq!(Channel::parse(c.as_str()), Some(c));
+        }
+        let relayed: Vec<_> = Channel::ALL.iter().filter(|c| c.takes_relayed()).map(|c| c.as_str()).collect();
+        assert_eq!(relayed, ["apns", "fcm", "webpush"]);
+    }
+
+    /// A throwaway channel is one row: the enum and its lookups follow.
+    mod throwaway {
+        macro_rules! with_probe {
+            ($($rows:tt)*) => {
+                channel_enum! { $($rows)* Probe probe wire 9 tag 7 relayed false: probe::Settings => provider probe::Probe; }
+            };
+        }
+        for_each_channel!(with_probe);
+
+        #[test]
+        fn one_more_row_is_one_more_channel() {
+            assert_eq!(Channel::ALL.len(), 6);
+            assert_eq!(Channel::parse("probe"), Some(Channel::Probe));
+            assert_eq!((Channel::Probe.wire(), Channel::Probe.storage_tag(), Channel::Probe.slot()), (9, 7, 5));
+            assert_eq!(Channel::from_wire(9).map(|c| c.as_str()), Some("probe"));
+            assert_eq!(Channel::from_storage_tag(7), Some(Channel::Probe));
+            assert!(!Channel::Probe.takes_relayed() && Channel::WebPush.takes_relayed());
+        }
+    }
 
     #[test]
     fn signing_key_bounds() {

@@ -17,6 +17,7 @@ mod topic;
 mod webhook_url;
 
 pub use channel::{Channel, DeliveryTarget, SigningKey, WebPushKeys};
+pub(crate) use channel::for_each_channel;
 pub use envelope::{
     EnvelopeKind, MAX_INLINE_DATA, MAX_MESSAGE_ID_LEN, MembershipChange, MessageId, NewEnvelope, RelayMeta,
     StoredEnvelope,

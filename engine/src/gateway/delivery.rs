@@ -4,7 +4,7 @@
 //!
 //! One loop per engine: it leases at most the free in-flight slots' worth of
 //! due wakeups (`max_in_flight` bounds the provider requests at once), sends
-//! each in its own task through the channel's `Provider::send_relayed` (the
+//! each in its own task through the channel's `Provider::send` (the
 //! APNs/FCM request builders and outcome tables of the relay ingress, in the
 //! same pools), and applies the outcome:
 //!
@@ -41,7 +41,7 @@ use super::identity::PushRouteId;
 use super::pending::ledger_key;
 use super::schema::PushKey;
 use super::state::{held_batch, update_ledger};
-use crate::channel::{Channels, Outcome, RelayPriority, RelayRefusal, RelayedPush};
+use crate::channel::{Channels, Outcome, Push, Refusal, RelayPriority, RelayedPush};
 use crate::domain::{Channel, Clock, GatewayRegistration, LeasedWakeup, SystemClock};
 use crate::metrics::Metrics;
 use crate::store::{Store, StoreError};
@@ -305,8 +305,9 @@ impl Delivery {
             priority,
             payload: &payload,
             ttl,
+            web_push_keys: None,
         };
-        let outcome = match tokio::time::timeout(ATTEMPT_TIMEOUT, provider.send_relayed(&push)).await {
+        let outcome = match tokio::time::timeout(ATTEMPT_TIMEOUT, provider.send(Push::Relayed(push))).await {
             Ok(outcome) => outcome,
             Err(_) => Ok(provider.timed_out()),
         };
@@ -318,7 +319,7 @@ impl Delivery {
                 }
                 self.finish(&leased, Sent::DeadToken).await
             }
-            Ok(Outcome::Rejected | Outcome::Mismatch) | Err(RelayRefusal::TooLarge | RelayRefusal::Unsupported) => {
+            Ok(Outcome::Rejected | Outcome::Mismatch) | Err(Refusal::TooLarge | Refusal::Unsupported) => {
                 self.finish(&leased, Sent::Rejected).await
             }
             Ok(Outcome::NotSent { delay }) => self.retry(&leased, delay, false).await,

@@ -36,7 +36,7 @@ use tokio::sync::Semaphore;
 use self::idempotency::{Claimed, Ledger};
 use self::request::Webhook;
 use self::signature::{SignatureError, SignatureHeader};
-use crate::channel::{BuildError, Channels, Outcome, Provider, RelayRefusal, RelayedPush};
+use crate::channel::{BuildError, Channels, Outcome, Provider, Push, Refusal, RelayedPush};
 use crate::domain::{Channel, RelaySettled};
 use crate::metrics::Metrics;
 use crate::store::Store;
@@ -120,8 +120,7 @@ impl RelayIngress {
         }
         // Every outcome of every configured channel from the start, so rates
         // and alerts see a zero rather than nothing.
-        let relayed = [Channel::Apns, Channel::Fcm, Channel::WebPush];
-        let configured = relayed.into_iter().filter(|c| channels.get(*c).is_some());
+        let configured = Channel::ALL.iter().filter(|c| c.takes_relayed() && channels.get(**c).is_some());
         for channel in configured {
             for outcome in PUSH_OUTCOMES {
                 metrics.relay_ingress_pushes.with_label_values(&[channel.as_str(), outcome]);
@@ -183,12 +182,14 @@ impl RelayIngress {
     ) -> Result<Accepted, IngressError> {
         let permit = self.in_flight.clone().try_acquire_owned().map_err(|_| IngressError::Overloaded)?;
         let webhook = self.verify(signature, delivery, &body, now_unix_s)?;
-        let (channel, allowed) = match webhook.provider.as_str() {
-            "apns" => (Channel::Apns, Some(&self.apns_app_ids)),
-            "fcm" => (Channel::Fcm, Some(&self.fcm_app_ids)),
+        // §1's provider names the channel; only a row that takes relayed pushes delivers it.
+        let channel = Channel::parse(&webhook.provider).filter(|c| c.takes_relayed());
+        let channel = channel.ok_or(IngressError::UnsupportedProvider)?;
+        let allowed = match channel {
+            Channel::Apns => Some(&self.apns_app_ids),
+            Channel::Fcm => Some(&self.fcm_app_ids),
             // Web Push has no app ids: any app_id is one this server does not deliver.
-            "webpush" => (Channel::WebPush, None),
-            _ => return Err(IngressError::UnsupportedProvider),
+            _ => None,
         };
         let provider = self.channels.get(channel).ok_or(IngressError::ProviderNotConfigured)?.clone();
         if webhook.app_id.as_ref().is_some_and(|app| !allowed.is_some_and(|ids| ids.contains(app))) {
@@ -239,6 +240,7 @@ impl RelayIngress {
             }
         };
         self.metrics.relay_ingress_webhooks.with_label_values(&["accepted"]).inc();
+        let keys = web_push_keys(webhook);
         let push = RelayedPush {
             token: &webhook.token,
             app_id: webhook.app_id.as_deref(),
@@ -247,18 +249,9 @@ impl RelayIngress {
             priority: webhook.priority,
             payload: &webhook.payload,
             ttl: webhook.ttl,
+            web_push_keys: keys.as_ref(),
         };
-        let attempt = async {
-            if channel != Channel::WebPush {
-                return provider.send_relayed(&push).await;
-            }
-            // §1's keys: a registration without valid ones can never be delivered.
-            match web_push_keys(webhook) {
-                Some(keys) => provider.send_relayed_web_push(&push, &keys).await,
-                None => Ok(Outcome::Rejected),
-            }
-        };
-        let outcome = match tokio::time::timeout(ATTEMPT_TIMEOUT, attempt).await {
+        let outcome = match tokio::time::timeout(ATTEMPT_TIMEOUT, provider.send(Push::Relayed(push))).await {
             Ok(outcome) => outcome,
             Err(_) => Ok(provider.timed_out()),
         };
@@ -283,12 +276,12 @@ impl RelayIngress {
                 self.ledger.settle(&claim, RelaySettled::Rejected).await;
                 Err(IngressError::ProviderRejected)
             }
-            Err(RelayRefusal::TooLarge) => {
+            Err(Refusal::TooLarge) => {
                 pushes("payload_too_large");
                 self.ledger.settle(&claim, RelaySettled::Rejected).await;
                 Err(IngressError::PayloadTooLarge)
             }
-            Err(RelayRefusal::Unsupported) => {
+            Err(Refusal::Unsupported) => {
                 self.ledger.release(&claim).await;
                 Err(IngressError::UnsupportedProvider)
             }

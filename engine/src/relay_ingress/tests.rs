@@ -11,7 +11,7 @@ use tokio::sync::{Notify, Semaphore};
 
 use super::request::Malformed;
 use super::*;
-use crate::channel::{Push, RelayPriority};
+use crate::channel::RelayPriority;
 use crate::store::RedbStore;
 
 const SECRET: &[u8] = b"example-secret-0123456789abcdef0123";
@@ -31,7 +31,7 @@ struct Seen {
 
 struct Scripted {
     channel: Channel,
-    script: Mutex<VecDeque<Result<Outcome, RelayRefusal>>>,
+    script: Mutex<VecDeque<Result<Outcome, Refusal>>>,
     seen: Mutex<Vec<Seen>>,
     sent: AtomicUsize,
     /// A held send tells `started`, then waits for a permit of `release`.
@@ -54,7 +54,7 @@ impl Scripted {
         })
     }
 
-    fn then(&self, answer: Result<Outcome, RelayRefusal>) {
+    fn then(&self, answer: Result<Outcome, Refusal>) {
         self.script.lock().unwrap().push_back(answer);
     }
 
@@ -69,11 +69,8 @@ impl Provider for Scripted {
         self.channel
     }
 
-    async fn send(&self, _push: Push<'_>) -> Outcome {
-        unreachable!("the ingress sends only relayed pushes")
-    }
-
-    async fn send_relayed(&self, push: &RelayedPush<'_>) -> Result<Outcome, RelayRefusal> {
+    async fn send(&self, push: Push<'_>) -> Result<Outcome, Refusal> {
+        let Push::Relayed(push) = push else { unreachable!("the ingress sends only relayed pushes") };
         self.sent.fetch_add(1, Ordering::SeqCst);
         self.seen.lock().unwrap().push(Seen {
             token: push.token.into(),
@@ -257,7 +254,7 @@ async fn a_dead_token_answers_gone_again_without_a_request() {
     assert_eq!(post(&s, &b2, Some(id2)).await, Err(IngressError::ProviderRejected));
     assert_eq!(post(&s, &b2, Some(id2)).await, Err(IngressError::ProviderRejected));
     let id3 = "1123456789abcdef0123456789abcdef";
-    s.apns.then(Err(RelayRefusal::TooLarge));
+    s.apns.then(Err(Refusal::TooLarge));
     assert_eq!(post(&s, &bytes_of(&body(id3, "apns", "t")), Some(id3)).await, Err(IngressError::PayloadTooLarge));
     assert_eq!(s.apns.sent(), 3);
 }

@@ -19,7 +19,7 @@ use self::token::{ProviderToken, ProviderTokens};
 use crate::channel::common::PushLifetime;
 use crate::channel::outcome::Outcome;
 use crate::channel::provider::{BuildError, ChannelContext, Provider, Push};
-use crate::channel::relayed::{RelayRefusal, RelayedPush};
+use crate::channel::relayed::Refusal;
 use crate::domain::{Channel, DeliveryTarget};
 use crate::transport::client_tls_config;
 use crate::transport::pool::{
@@ -129,24 +129,25 @@ impl Provider for ApnsProvider {
         Channel::Apns
     }
 
-    async fn send(&self, push: Push<'_>) -> Outcome {
-        let DeliveryTarget::Apns { token: device } = &push.recipient.target else {
-            return Outcome::Rejected;
+    async fn send(&self, push: Push<'_>) -> Result<Outcome, Refusal> {
+        let request = match push {
+            Push::Envelope { recipient, envelope } => {
+                let DeliveryTarget::Apns { token: device } = &recipient.target else {
+                    return Ok(Outcome::Rejected);
+                };
+                let expires_at = self.lifetime.expires_at(unix_now_secs());
+                ApnsRequest::new(&self.base, device, envelope, expires_at)
+            }
+            Push::Relayed(push) => {
+                let body = relayed_apns_body(push.payload)?;
+                let base = if push.sandbox { &self.sandbox } else { &self.production };
+                ApnsRequest::relayed(base, &push, body.body, unix_now_secs())
+            }
         };
-        let expires_at = self.lifetime.expires_at(unix_now_secs());
-        let Some(request) = ApnsRequest::new(&self.base, device, push.envelope, expires_at) else {
-            return Outcome::Rejected;
-        };
-        self.attempt(&request).await
-    }
-
-    async fn send_relayed(&self, push: &RelayedPush<'_>) -> Result<Outcome, RelayRefusal> {
-        let body = relayed_apns_body(push.payload)?;
-        let base = if push.sandbox { &self.sandbox } else { &self.production };
-        let Some(request) = ApnsRequest::relayed(base, push, body.body, unix_now_secs()) else {
-            return Ok(Outcome::Rejected);
-        };
-        Ok(self.attempt(&request).await)
+        match request {
+            Some(request) => Ok(self.attempt(&request).await),
+            None => Ok(Outcome::Rejected),
+        }
     }
 
     fn timed_out(&self) -> Outcome {
@@ -157,6 +158,7 @@ impl Provider for ApnsProvider {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::channel::relayed::RelayedPush;
     use std::num::NonZeroUsize;
     use std::sync::Arc;
     use std::time::Instant;
@@ -232,7 +234,7 @@ mod tests {
     async fn send(s: &Setup, token: &str) -> Outcome {
         let r = recipient(token);
         let e = envelope(42);
-        s.provider.send(Push { recipient: &r, envelope: &e }).await
+        s.provider.send(Push::Envelope { recipient: &r, envelope: &e }).await.unwrap()
     }
 
     fn refreshes(m: &Metrics) -> u64 {
@@ -292,7 +294,7 @@ mod tests {
         let r = recipient("long");
         for seq in [1, 2] {
             let e = StoredEnvelope { topic: crate::domain::Topic::parse(&topic).unwrap(), ..envelope(seq) };
-            assert_eq!(s.provider.send(Push { recipient: &r, envelope: &e }).await, Outcome::Delivered);
+            assert_eq!(s.provider.send(Push::Envelope { recipient: &r, envelope: &e }).await, Ok(Outcome::Delivered));
         }
         let got = s.mock.wait_for(2, T).await;
         let ids: Vec<&str> = got.iter().map(|r| r.header("apns-collapse-id").unwrap()).collect();
@@ -343,8 +345,9 @@ mod tests {
             priority: crate::channel::relayed::RelayPriority::High,
             payload: payload.as_object().unwrap(),
             ttl: Duration::from_secs(86_400),
+            web_push_keys: None,
         };
-        s.provider.send_relayed(&push).await.unwrap()
+        s.provider.send(Push::Relayed(push)).await.unwrap()
     }
 
     /// Spec 003 ingress: the registration's `sandbox` picks the host per push,
@@ -384,8 +387,9 @@ mod tests {
             priority: crate::channel::relayed::RelayPriority::Normal,
             payload: payload.as_object().unwrap(),
             ttl: Duration::from_secs(60),
+            web_push_keys: None,
         };
-        assert_eq!(s.provider.send_relayed(&push).await.unwrap(), Outcome::Delivered);
+        assert_eq!(s.provider.send(Push::Relayed(push)).await.unwrap(), Outcome::Delivered);
         let r = s.mock.received_for("dev4").pop().unwrap();
         assert_eq!(r.header("apns-collapse-id"), Some(fit_collapse_id(&long).as_ref()));
         let expiration: u64 = r.header("apns-expiration").unwrap().parse().unwrap();

@@ -8,7 +8,7 @@ use http::{HeaderName, HeaderValue, Request, Uri};
 
 use super::token::ProviderToken;
 use crate::channel::collapse::fit_collapse_id;
-use crate::channel::relayed::{Fitted, RelayRefusal, RelayedPush, fit};
+use crate::channel::relayed::{Fitted, Refusal, RelayedPush, fit};
 use crate::domain::StoredEnvelope;
 use crate::transport::pool::{decimal_len, push_path_segment};
 
@@ -19,7 +19,7 @@ pub const MAX_BODY_BYTES: usize = 4096;
 /// `payload` key holds the relayed payload object unchanged, so the app
 /// hands `userInfo["payload"]` to gim-core's process_push. Over 4096 bytes,
 /// `mls_message` is dropped.
-pub fn relayed_apns_body(payload: &serde_json::Map<String, serde_json::Value>) -> Result<Fitted, RelayRefusal> {
+pub fn relayed_apns_body(payload: &serde_json::Map<String, serde_json::Value>) -> Result<Fitted, Refusal> {
     fit(payload, MAX_BODY_BYTES, |p| {
         let body = serde_json::json!({"aps": {"content-available": 1}, "payload": p}).to_string();
         let n = body.len();

@@ -21,7 +21,7 @@ use super::common::HttpsBase;
 use crate::channel::common::PushLifetime;
 use crate::channel::outcome::Outcome;
 use crate::channel::provider::{BuildError, ChannelContext, Provider, Push};
-use crate::channel::relayed::{RelayRefusal, RelayedPush};
+use crate::channel::relayed::Refusal;
 use crate::domain::{Channel, DeliveryTarget};
 use crate::transport::client_tls_config;
 use crate::transport::pool::unix_now_secs;
@@ -124,16 +124,17 @@ impl Provider for FcmProvider {
         Channel::Fcm
     }
 
-    async fn send(&self, push: Push<'_>) -> Outcome {
-        let DeliveryTarget::Fcm { token: device } = &push.recipient.target else {
-            return Outcome::Rejected;
+    async fn send(&self, push: Push<'_>) -> Result<Outcome, Refusal> {
+        let body = match push {
+            Push::Envelope { recipient, envelope } => {
+                let DeliveryTarget::Fcm { token: device } = &recipient.target else {
+                    return Ok(Outcome::Rejected);
+                };
+                fcm_body(envelope, device, self.lifetime, unix_now_secs())
+            }
+            Push::Relayed(push) => relayed_fcm_body(&push, unix_now_secs())?.body,
         };
-        self.attempt(fcm_body(push.envelope, device, self.lifetime, unix_now_secs())).await
-    }
-
-    async fn send_relayed(&self, push: &RelayedPush<'_>) -> Result<Outcome, RelayRefusal> {
-        let body = relayed_fcm_body(push, unix_now_secs())?;
-        Ok(self.attempt(body.body).await)
+        Ok(self.attempt(body).await)
     }
 
     fn timed_out(&self) -> Outcome {
@@ -193,7 +194,7 @@ mod tests {
     async fn send(s: &Setup, token: &str) -> Outcome {
         let r = recipient(token);
         let e = envelope(42);
-        s.provider.send(Push { recipient: &r, envelope: &e }).await
+        s.provider.send(Push::Envelope { recipient: &r, envelope: &e }).await.unwrap()
     }
 
     fn count(m: &prometheus::IntCounterVec) -> u64 {

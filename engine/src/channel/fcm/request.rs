@@ -4,7 +4,7 @@ use serde_json::{Map, Value};
 
 use crate::channel::collapse::fit_collapse_id;
 use crate::channel::common::PushLifetime;
-use crate::channel::relayed::{Fitted, RelayPriority, RelayRefusal, RelayedPush, fit};
+use crate::channel::relayed::{Fitted, RelayPriority, Refusal, RelayedPush, fit};
 use crate::domain::StoredEnvelope;
 
 /// FCM refuses a message whose data is over 4096 bytes.
@@ -22,7 +22,7 @@ pub const MAX_DATA_BYTES: usize = 4096;
 /// `collapse_key` (only four keys per device at a time), so it goes as it
 /// is; the APNs block's `apns-collapse-id` reaches APNs, which refuses more
 /// than 64 bytes, so it gets the APNs channel's stand-in when longer.
-pub fn relayed_fcm_body(push: &RelayedPush<'_>, now_unix_s: u64) -> Result<Fitted, RelayRefusal> {
+pub fn relayed_fcm_body(push: &RelayedPush<'_>, now_unix_s: u64) -> Result<Fitted, Refusal> {
     fit(push.payload, MAX_DATA_BYTES, |payload: &Map<String, Value>| {
         let data = serde_json::json!({ "payload": Value::Object(payload.clone()).to_string() });
         // What FCM counts: the data's keys and values.
@@ -117,6 +117,7 @@ mod tests {
             priority: RelayPriority::Normal,
             payload: payload.as_object().unwrap(),
             ttl: std::time::Duration::from_secs(86_400),
+            web_push_keys: None,
         };
         let fitted = relayed_fcm_body(&push, now).unwrap();
         let json: Value = serde_json::from_str(&fitted.body).unwrap();

@@ -23,10 +23,11 @@ use http::{HeaderName, HeaderValue};
 use self::classify::{CONNECTION_ERROR, TIMED_OUT, classify};
 use crate::channel::outcome::Outcome;
 use crate::channel::provider::{BuildError, ChannelContext, Provider, Push, Refused};
+use crate::channel::relayed::Refusal;
 use crate::domain::{Channel, DeliveryTarget, SigningKey, Timestamp, WebhookUrl};
 use crate::metrics::Metrics;
 use crate::transport::checked::{CheckedDestinations, DestinationSettings};
-use crate::transport::destination::{HickoryResolver, HostResolver};
+use crate::transport::destination::HickoryResolver;
 use crate::transport::pool::SendError;
 
 pub use body::webhook_body;
@@ -39,20 +40,16 @@ pub struct WebhookProvider {
 }
 
 impl WebhookProvider {
-    /// Builds the channel with a resolver of `settings.dns_servers` (or the
-    /// system's configuration).
+    /// Builds the channel with the context's resolver, else one of
+    /// `settings.dns_servers` (or the system's configuration).
     pub fn new(settings: &HttpSettings, ctx: &ChannelContext) -> Result<Self, BuildError> {
-        let resolver = HickoryResolver::new(&settings.dns_servers)
-            .map_err(|e| BuildError::new("engine.channels.http.dns_servers", e.to_string()))?;
-        Self::with_resolver(settings, Arc::new(resolver), ctx)
-    }
-
-    /// Builds the channel over any `HostResolver` (tests use fixed answers).
-    pub fn with_resolver(
-        settings: &HttpSettings,
-        resolver: Arc<dyn HostResolver>,
-        ctx: &ChannelContext,
-    ) -> Result<Self, BuildError> {
+        let resolver = match &ctx.resolver {
+            Some(resolver) => resolver.clone(),
+            None => Arc::new(
+                HickoryResolver::new(&settings.dns_servers)
+                    .map_err(|e| BuildError::new("engine.channels.http.dns_servers", e.to_string()))?,
+            ),
+        };
         let destinations = CheckedDestinations::new(
             DestinationSettings {
                 channel: Channel::Http,
@@ -92,32 +89,35 @@ impl Provider for WebhookProvider {
         })
     }
 
-    async fn send(&self, push: Push<'_>) -> Outcome {
-        let DeliveryTarget::Http { url, signing_key } = &push.recipient.target else {
-            return Outcome::Rejected;
+    async fn send(&self, push: Push<'_>) -> Result<Outcome, Refusal> {
+        // A webhook carries spec 000's wake-up only (PUSH-259).
+        let Push::Envelope { recipient, envelope } = push else {
+            return Err(Refusal::Unsupported);
+        };
+        let DeliveryTarget::Http { url, signing_key } = &recipient.target else {
+            return Ok(Outcome::Rejected);
         };
         // PUSH-256: resolve again and check before every attempt; the list of
         // allowed domains binds at send time too.
         match self.destinations.check(url).await {
             Ok(()) => {}
             // A failed lookup is a connection error of the table: transient.
-            Err(e) if e.is_temporary() => return CONNECTION_ERROR,
+            Err(e) if e.is_temporary() => return Ok(CONNECTION_ERROR),
             Err(_) => {
                 self.metrics.webhook_refused_at_send.inc();
-                return Outcome::Rejected;
+                return Ok(Outcome::Rejected);
             }
         }
-        let body = webhook_body(push.envelope, push.recipient);
-        let Ok(request) = webhook_request(url, signing_key, body) else {
-            return Outcome::Rejected;
+        let Ok(request) = webhook_request(url, signing_key, webhook_body(envelope, recipient)) else {
+            return Ok(Outcome::Rejected);
         };
         // The outcome is decided on the status line (section 7's HTTPS row
         // names statuses only); the body is drained in the background.
-        match self.destinations.pool.send_for_status(request).await {
+        Ok(match self.destinations.pool.send_for_status(request).await {
             Ok(status) => classify(status.as_u16()),
             Err(SendError::Timeout) => TIMED_OUT,
             Err(SendError::Connection(_)) => CONNECTION_ERROR,
-        }
+        })
     }
 
     fn timed_out(&self) -> Outcome {
@@ -178,8 +178,8 @@ mod tests {
             connections: Connections::new(1).unwrap(),
             ..HttpSettings::default()
         };
-        let ctx = ChannelContext::new(Arc::new(Metrics::new()));
-        WebhookProvider::with_resolver(&settings, Arc::new(NoDns), &ctx).unwrap()
+        let ctx = ChannelContext { resolver: Some(Arc::new(NoDns)), ..ChannelContext::new(Arc::new(Metrics::new())) };
+        WebhookProvider::new(&settings, &ctx).unwrap()
     }
 
     async fn send(provider: &WebhookProvider, url: &str) -> Outcome {
@@ -188,7 +188,7 @@ mod tests {
             signing_key: SigningKey::parse(&[7; 32]).unwrap(),
         });
         let envelope = testing::envelope(1);
-        provider.send(Push { recipient: &recipient, envelope: &envelope }).await
+        provider.send(Push::Envelope { recipient: &recipient, envelope: &envelope }).await.unwrap()
     }
 
     #[tokio::test]

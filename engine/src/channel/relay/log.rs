@@ -1,76 +1,37 @@
 //! 003 §5: the `log` test provider. Its pushes never reach the webhook: each
 //! is a structured log line (target `gim_hub_push::log`, no token, no id) and
-//! an entry in an in-memory ring of the last 256, which `GET
-//! /v2/debug/push-log` serves when `dangerous_push_log_endpoint` is on.
-
-use std::collections::VecDeque;
-use std::sync::Mutex;
-
-use serde::Serialize;
+//! an entry in the context's `PushLog` ring, which `GET /v2/debug/push-log`
+//! serves when `dangerous_push_log_endpoint` is on.
 
 use super::coalesce::RelayPush;
 use super::payload::{LOG_PAYLOAD_LIMIT, Payload};
+use crate::channel::push_log::{LoggedPush, PushLog};
 
-/// 003 §5: the ring keeps the last 256 pushes.
-pub const RING_SIZE: usize = 256;
-
-/// One ring entry as the endpoint shows it. fanout has no user above a
-/// device: `user_id` and `device_id` are both the recipient id in hex.
-#[derive(Debug, Clone, Serialize)]
-pub struct LoggedPush {
-    pub user_id: String,
-    pub device_id: String,
-    pub token: String,
-    pub payload: serde_json::Value,
-    /// Unix milliseconds of the push's first attempt.
-    pub sent_at: i64,
-}
-
-#[derive(Default)]
-pub struct PushLog {
-    ring: Mutex<VecDeque<LoggedPush>>,
-}
-
-impl PushLog {
-    /// Logs and records one push of a `log` registration.
-    pub fn record(&self, push: &RelayPush, token: &str, minimal: bool, sent_at_ms: i64) {
-        let payload = Payload::new(&push.notification, minimal, LOG_PAYLOAD_LIMIT);
-        tracing::info!(
-            target: "gim_hub_push::log",
-            r#type = push.notification.kind.as_str(),
-            priority = push.priority.as_str(),
-            delivery_id = %push.delivery_id,
-            mls_message = payload.has_mls_message(),
-            "push (log provider)"
-        );
-        let device = hex::encode(push.recipient.id.as_bytes());
-        let entry = LoggedPush {
-            user_id: device.clone(),
-            device_id: device,
-            token: token.to_owned(),
-            payload: serde_json::to_value(&payload).unwrap_or_default(),
-            sent_at: sent_at_ms,
-        };
-        let mut ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
-        if ring.len() == RING_SIZE {
-            ring.pop_front();
-        }
-        ring.push_back(entry);
-    }
-
-    /// `{"notifications": [...]}`, oldest first, of one device (its id in
-    /// hex) or of all.
-    pub fn notifications(&self, device_id: Option<&str>) -> serde_json::Value {
-        let ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
-        let entries: Vec<&LoggedPush> =
-            ring.iter().filter(|e| device_id.is_none_or(|d| d.eq_ignore_ascii_case(&e.device_id))).collect();
-        serde_json::json!({ "notifications": entries })
-    }
+/// Logs and records one push of a `log` registration.
+pub fn record(log: &PushLog, push: &RelayPush, token: &str, minimal: bool, sent_at_ms: i64) {
+    let payload = Payload::new(&push.notification, minimal, LOG_PAYLOAD_LIMIT);
+    tracing::info!(
+        target: "gim_hub_push::log",
+        r#type = push.notification.kind.as_str(),
+        priority = push.priority.as_str(),
+        delivery_id = %push.delivery_id,
+        mls_message = payload.has_mls_message(),
+        "push (log provider)"
+    );
+    let device = hex::encode(push.recipient.id.as_bytes());
+    log.push(LoggedPush {
+        user_id: device.clone(),
+        device_id: device,
+        token: token.to_owned(),
+        payload: serde_json::to_value(&payload).unwrap_or_default(),
+        sent_at: sent_at_ms,
+    });
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::channel::push_log::RING_SIZE;
     use crate::channel::relay::coalesce::tests::push;
     use crate::channel::relay::event::EventType;
 
@@ -78,7 +39,7 @@ mod tests {
     fn the_ring_keeps_the_last_256_oldest_first() {
         let log = PushLog::default();
         for seq in 0..300 {
-            log.record(&push((seq % 2) as u8, EventType::Message, seq), "tok", false, seq as i64);
+            record(&log, &push((seq % 2) as u8, EventType::Message, seq), "tok", false, seq as i64);
         }
         let all = log.notifications(None);
         let all = all["notifications"].as_array().unwrap();
@@ -95,7 +56,7 @@ mod tests {
     #[test]
     fn minimal_mode_applies_to_the_log_provider_too() {
         let log = PushLog::default();
-        log.record(&push(1, EventType::Message, 1), "tok", true, 7);
+        record(&log, &push(1, EventType::Message, 1), "tok", true, 7);
         let v = log.notifications(None);
         assert_eq!(v["notifications"][0]["payload"], serde_json::json!({"v": 1, "type": "wake", "collapse_id": "m1"}));
         assert_eq!(v["notifications"][0]["sent_at"], 7);

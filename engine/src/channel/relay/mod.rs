@@ -11,13 +11,14 @@
 //! - `classify`: the answer table and the retry schedule (§2.4).
 //! - `coalesce`: the merge rules (§4); `queue`: the per-device queue;
 //!   `sender`: the senders and the retry timer.
-//! - `log`: the log provider and its debug ring (§5).
+//! - `log`: the log provider, recording into the context's debug ring (§5).
 //!
-//! Unlike the other channels, dispatch hands this one its deliveries
-//! directly (`Provider::queue`): the queue coalesces them, settles their
-//! first-attempt latches (PUSH-257) when they are sent, coalesced away or
-//! dropped, and retries on its own schedule, so the delivery workers'
-//! retry rules (spec 000 section 7) never apply to it.
+//! Unlike the other channels, this one is no `Provider` but a dispatch
+//! `Sink` beside the delivery workers: dispatch hands it its deliveries, the
+//! queue coalesces them, settles their first-attempt latches (PUSH-257)
+//! when they are sent, coalesced away or dropped, and retries on its own
+//! schedule, so the delivery workers' retry rules (spec 000 section 7)
+//! never apply to it.
 
 mod body;
 mod classify;
@@ -33,10 +34,7 @@ mod signing;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-
 pub use event::{gid, stand_in_message_id};
-pub use log::PushLog;
 pub use settings::{HubId, RelaySettings, RelayUrl};
 pub use signing::{HEADER_DELIVERY, HEADER_SIGNATURE, signature_header};
 
@@ -44,10 +42,9 @@ use self::coalesce::RelayPush;
 use self::queue::{Counters, HoldId, Queue};
 use self::sender::{Senders, Webhook};
 use self::signing::WebhookSecret;
-use crate::channel::outcome::Outcome;
-use crate::channel::provider::{BuildError, ChannelContext, Provider, Push, PushQueue, QueueBatch};
+use crate::channel::provider::{BuildError, ChannelContext};
 use crate::domain::{Channel, DeliveryTarget, RecipientId};
-use crate::page::Delivery;
+use crate::page::{Batch, Delivery, Handoff, Sink};
 use crate::transport::client_tls_config;
 use crate::transport::pool::{ClientOptions, Pool, PoolMetrics, PoolOptions, Protocols, Resolver};
 
@@ -57,14 +54,15 @@ const CLIENT_OPTIONS: ClientOptions =
 /// In-flight requests to the push server: the senders are the real bound.
 const MAX_IN_FLIGHT: std::num::NonZeroUsize = std::num::NonZeroUsize::new(1024).unwrap();
 
-pub struct RelayProvider {
-    queue: Arc<RelayQueue>,
-    push_log: Option<Arc<PushLog>>,
+/// The queue as dispatch sees it.
+pub struct Relay {
+    queue: Arc<Queue>,
+    member_events: bool,
 }
 
-impl RelayProvider {
+impl Relay {
     /// Builds the channel and starts its senders (inside a tokio runtime).
-    pub fn new(settings: &RelaySettings, ctx: &ChannelContext) -> Result<Self, BuildError> {
+    pub fn start(settings: &RelaySettings, ctx: &ChannelContext) -> Result<Self, BuildError> {
         let webhook = match &settings.url {
             None => None,
             Some(url) => {
@@ -102,11 +100,10 @@ impl RelayProvider {
         };
         let counters = Counters::new(&ctx.metrics);
         let queue = Arc::new(Queue::new(settings.queue_capacity.get(), counters.clone()));
-        let log = Arc::new(PushLog::default());
         Senders {
             queue: queue.clone(),
             webhook,
-            log: log.clone(),
+            log: ctx.push_log.clone(),
             hub_id: settings.hub_id.clone(),
             minimal: settings.minimal,
             timeout: settings.timeout,
@@ -115,51 +112,12 @@ impl RelayProvider {
             metrics: ctx.metrics.clone(),
         }
         .start(settings.senders.get());
-        Ok(Self {
-            queue: Arc::new(RelayQueue { queue, member_events: settings.member_events }),
-            push_log: settings.dangerous_push_log_endpoint.then_some(log),
-        })
-    }
-
-    /// The debug ring, when `dangerous_push_log_endpoint` is on.
-    pub fn push_log(&self) -> Option<Arc<PushLog>> {
-        self.push_log.clone()
+        Ok(Self { queue, member_events: settings.member_events })
     }
 }
 
-#[async_trait]
-impl Provider for RelayProvider {
-    fn channel(&self) -> Channel {
-        Channel::Relay
-    }
-
-    /// Dispatch hands deliveries to `queue()`; a push that reaches `send`
-    /// anyway is queued, unheld, and accepted.
-    async fn send(&self, push: Push<'_>) -> Outcome {
-        let recipient = Arc::new(push.recipient.clone());
-        for n in event::notifications(push.envelope, self.queue.member_events) {
-            self.queue.queue.enqueue(RelayPush::new(recipient.clone(), n, None), None);
-        }
-        Outcome::Delivered
-    }
-
-    fn timed_out(&self) -> Outcome {
-        Outcome::transient(Duration::from_secs(1))
-    }
-
-    fn queue(&self) -> Option<Arc<dyn PushQueue>> {
-        Some(self.queue.clone())
-    }
-}
-
-/// The queue as dispatch sees it.
-struct RelayQueue {
-    queue: Arc<Queue>,
-    member_events: bool,
-}
-
-impl PushQueue for RelayQueue {
-    fn batch(&self) -> Box<dyn QueueBatch> {
+impl Sink for Relay {
+    fn open(&self) -> Box<dyn Batch> {
         Box::new(RelayBatch {
             hold: self.queue.open_hold(),
             queue: self.queue.clone(),
@@ -178,7 +136,17 @@ struct RelayBatch {
     devices: Vec<RecipientId>,
 }
 
-impl QueueBatch for RelayBatch {
+impl Batch for RelayBatch {
+    /// Queued at once: nothing to wait for.
+    fn take(&mut self, deliveries: Vec<Delivery>) -> Handoff {
+        for delivery in deliveries {
+            self.push(delivery);
+        }
+        Box::pin(std::future::ready(Ok(())))
+    }
+}
+
+impl RelayBatch {
     fn push(&mut self, delivery: Delivery) {
         let Delivery { envelope, recipient, mut first_attempt, .. } = delivery;
         // A pending copy of an abandoned page: the replay sends it.
@@ -230,7 +198,7 @@ mod tests {
             ..RelaySettings::default()
         };
         let metrics = Arc::new(Metrics::new());
-        RelayProvider::new(&settings, &ChannelContext::new(metrics.clone())).unwrap();
+        Relay::start(&settings, &ChannelContext::new(metrics.clone())).unwrap();
         metrics.render()
     }
 

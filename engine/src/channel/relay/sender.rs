@@ -11,7 +11,7 @@ use tokio_util::time::DelayQueue;
 
 use super::body::{BodyInput, webhook_body};
 use super::classify::{Answer, NO_ANSWER, classify, next_delay};
-use super::log::PushLog;
+use crate::channel::push_log::PushLog;
 use super::payload::{Payload, WEBHOOK_PAYLOAD_LIMIT};
 use super::queue::{Counters, Queue, Taken};
 use super::settings::{HubId, RelayUrl};
@@ -79,7 +79,7 @@ impl Senders {
         push.attempts += 1;
         // 003 §4: provider `log` goes to the log provider, never the webhook.
         if registration.is_log() {
-            self.log.record(push, registration.token(), self.minimal, sent_at_ms);
+            super::log::record(&self.log, push, registration.token(), self.minimal, sent_at_ms);
             self.counters.sent.inc();
             push.settle();
             self.queue.finished(id);

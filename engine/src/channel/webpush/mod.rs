@@ -29,10 +29,10 @@ use self::classify::{CONNECTION_ERROR, RETRY_DELAY, TIMED_OUT, classify_answer};
 use crate::channel::common::PushLifetime;
 use crate::channel::outcome::Outcome;
 use crate::channel::provider::{BuildError, ChannelContext, Provider, Push, Refused};
-use crate::channel::relayed::{RelayRefusal, RelayedPush};
+use crate::channel::relayed::Refusal;
 use crate::domain::{Channel, DeliveryTarget, WebPushKeys, WebhookUrl};
 use crate::transport::checked::{CheckedDestinations, DestinationSettings};
-use crate::transport::destination::{HickoryResolver, HostResolver, SafetyError};
+use crate::transport::destination::{HickoryResolver, SafetyError};
 use crate::transport::pool::{SendError, unix_now_secs};
 
 pub use encryption::{EncryptError, MAX_PLAINTEXT, encrypt};
@@ -47,20 +47,16 @@ pub struct WebPushProvider {
 }
 
 impl WebPushProvider {
-    /// Reads the VAPID key and builds the channel with a resolver of
-    /// `settings.dns_servers` (or the system's configuration).
+    /// Reads the VAPID key and builds the channel with the context's
+    /// resolver, else one of `settings.dns_servers` (or the system's).
     pub fn new(settings: &WebPushSettings, ctx: &ChannelContext) -> Result<Self, BuildError> {
-        let resolver = HickoryResolver::new(&settings.dns_servers)
-            .map_err(|e| BuildError::new("engine.channels.webpush.dns_servers", e.to_string()))?;
-        Self::with_resolver(settings, Arc::new(resolver), ctx)
-    }
-
-    /// Builds the channel over any `HostResolver` (tests use fixed answers).
-    pub fn with_resolver(
-        settings: &WebPushSettings,
-        resolver: Arc<dyn HostResolver>,
-        ctx: &ChannelContext,
-    ) -> Result<Self, BuildError> {
+        let resolver = match &ctx.resolver {
+            Some(resolver) => resolver.clone(),
+            None => Arc::new(
+                HickoryResolver::new(&settings.dns_servers)
+                    .map_err(|e| BuildError::new("engine.channels.webpush.dns_servers", e.to_string()))?,
+            ),
+        };
         const KEY: &str = "engine.channels.webpush.vapid_key_file";
         let path = settings.vapid_key_file.display();
         let pem = std::fs::read(&settings.vapid_key_file)
@@ -159,31 +155,40 @@ impl Provider for WebPushProvider {
         })
     }
 
-    async fn send(&self, push: Push<'_>) -> Outcome {
-        let DeliveryTarget::WebPush { endpoint, keys } = &push.recipient.target else {
-            return Outcome::Rejected;
-        };
-        // Spec 000 wake-ups carry no collapse key (PUSH-259), so no Topic.
-        let headers = PushHeaders { ttl: u64::from(self.lifetime.seconds()), urgency: Urgency::Normal, topic: None };
-        self.attempt(endpoint, keys, wake_up(push.envelope).as_bytes(), &headers).await
-    }
-
-    /// Spec 003 §3 over Web Push: the relayed payload (without
-    /// `mls_message` when over one record), `TTL` = the push's ttl,
-    /// `Urgency` from its priority, `Topic` from its collapse id.
-    async fn send_relayed_web_push(&self, push: &RelayedPush<'_>, keys: &WebPushKeys) -> Result<Outcome, RelayRefusal> {
-        let fitted = request::relayed_payload(push)?;
-        let headers = PushHeaders {
-            ttl: push.ttl.as_secs(),
-            urgency: push.priority.into(),
-            topic: push.collapse_id.map(topic_for),
-        };
-        // The hub's token is the endpoint, parsed here as at registration; one
-        // that breaks PUSH-256's rules is refused like a blocked one.
-        let Ok(endpoint) = WebhookUrl::parse(push.token) else {
-            return Ok(Outcome::Rejected);
-        };
-        Ok(self.attempt(&endpoint, keys, fitted.body.as_bytes(), &headers).await)
+    async fn send(&self, push: Push<'_>) -> Result<Outcome, Refusal> {
+        match push {
+            Push::Envelope { recipient, envelope } => {
+                let DeliveryTarget::WebPush { endpoint, keys } = &recipient.target else {
+                    return Ok(Outcome::Rejected);
+                };
+                // Spec 000 wake-ups carry no collapse key (PUSH-259), so no Topic.
+                let headers =
+                    PushHeaders { ttl: u64::from(self.lifetime.seconds()), urgency: Urgency::Normal, topic: None };
+                Ok(self.attempt(endpoint, keys, wake_up(envelope).as_bytes(), &headers).await)
+            }
+            // Spec 003 §3 over Web Push: §1's keys (a registration without
+            // valid ones can never be delivered), the relayed payload (without
+            // `mls_message` when over one record), `TTL` = the push's ttl,
+            // `Urgency` from its priority, `Topic` from its collapse id.
+            Push::Relayed(push) => {
+                let Some(keys) = push.web_push_keys else {
+                    return Ok(Outcome::Rejected);
+                };
+                let fitted = request::relayed_payload(&push)?;
+                let headers = PushHeaders {
+                    ttl: push.ttl.as_secs(),
+                    urgency: push.priority.into(),
+                    topic: push.collapse_id.map(topic_for),
+                };
+                // The hub's token is the endpoint, parsed here as at
+                // registration; one that breaks PUSH-256's rules is refused
+                // like a blocked one.
+                let Ok(endpoint) = WebhookUrl::parse(push.token) else {
+                    return Ok(Outcome::Rejected);
+                };
+                Ok(self.attempt(&endpoint, keys, fitted.body.as_bytes(), &headers).await)
+            }
+        }
     }
 
     fn timed_out(&self) -> Outcome {
@@ -200,6 +205,7 @@ mod tests {
     use fanout_testkit::webpush::VapidTestKey;
 
     use super::*;
+    use crate::channel::relayed::RelayedPush;
     use crate::metrics::Metrics;
     use crate::testing::{self, NoDns};
 
@@ -228,10 +234,12 @@ mod tests {
         let key = VapidTestKey::generate();
         let mock = mock::start(&pki, Some(key.public_key.clone())).await.unwrap();
         let dir = tempfile::tempdir().unwrap();
-        let ctx = ChannelContext::new(Arc::new(Metrics::new()));
-        let provider =
-            WebPushProvider::with_resolver(&settings(&dir, &key, &pki, true), Arc::new(NoDns), &ctx).unwrap();
+        let provider = WebPushProvider::new(&settings(&dir, &key, &pki, true), &no_dns()).unwrap();
         Setup { mock, provider, key, _dir: dir }
+    }
+
+    fn no_dns() -> ChannelContext {
+        ChannelContext { resolver: Some(Arc::new(NoDns)), ..ChannelContext::new(Arc::new(Metrics::new())) }
     }
 
     fn target(s: &MockSubscription) -> DeliveryTarget {
@@ -244,7 +252,7 @@ mod tests {
     async fn send(s: &Setup, sub: &MockSubscription, seq: u64) -> Outcome {
         let recipient = testing::recipient(target(sub));
         let envelope = testing::envelope(seq);
-        s.provider.send(Push { recipient: &recipient, envelope: &envelope }).await
+        s.provider.send(Push::Envelope { recipient: &recipient, envelope: &envelope }).await.unwrap()
     }
 
     #[tokio::test]
@@ -308,14 +316,16 @@ mod tests {
             priority: RelayPriority::High,
             payload: payload.as_object().unwrap(),
             ttl: Duration::from_secs(3600),
+            web_push_keys: Some(&keys),
         };
-        assert_eq!(s.provider.send_relayed_web_push(&push, &keys).await, Ok(Outcome::Delivered));
+        assert_eq!(s.provider.send(Push::Relayed(push)).await, Ok(Outcome::Delivered));
         let r = &s.mock.wait_for(&sub.id, 1, Duration::from_secs(5)).await[0];
         assert_eq!(r.json(), Some(payload.clone()));
         assert_eq!((r.header("ttl"), r.header("urgency")), (Some("3600"), Some("high")));
         assert_eq!(r.header("topic"), Some(topic_for("c1").as_str()));
-        // Only the Web Push entry point delivers a relayed push here.
-        assert_eq!(s.provider.send_relayed(&push).await, Err(RelayRefusal::Unsupported));
+        // Without §1's keys it can never be delivered.
+        let keyless = RelayedPush { web_push_keys: None, ..push };
+        assert_eq!(s.provider.send(Push::Relayed(keyless)).await, Ok(Outcome::Rejected));
     }
 
     #[tokio::test]
@@ -335,8 +345,7 @@ mod tests {
         let key = VapidTestKey::generate();
         let mock = mock::start(&pki, None).await.unwrap();
         let dir = tempfile::tempdir().unwrap();
-        let ctx = ChannelContext::new(Arc::new(Metrics::new()));
-        let strict = WebPushProvider::with_resolver(&settings(&dir, &key, &pki, false), Arc::new(NoDns), &ctx).unwrap();
+        let strict = WebPushProvider::new(&settings(&dir, &key, &pki, false), &no_dns()).unwrap();
         let sub = mock.subscribe();
         let refused = |rule: &str| Err(Refused::Invalid(rule.to_owned()));
         assert_eq!(
@@ -351,7 +360,7 @@ mod tests {
         // At send too (the rules may have changed since registration): nothing leaves.
         let recipient = testing::recipient(target(&sub));
         let envelope = testing::envelope(1);
-        assert_eq!(strict.send(Push { recipient: &recipient, envelope: &envelope }).await, Outcome::Rejected);
+        assert_eq!(strict.send(Push::Envelope { recipient: &recipient, envelope: &envelope }).await, Ok(Outcome::Rejected));
         assert!(mock.received().is_empty());
     }
 
@@ -361,12 +370,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut s = settings(&dir, &VapidTestKey::generate(), &pki, true);
         std::fs::write(&s.vapid_key_file, "not a key").unwrap();
-        let ctx = ChannelContext::new(Arc::new(Metrics::new()));
-        let err = WebPushProvider::with_resolver(&s, Arc::new(NoDns), &ctx).err().unwrap();
+        let err = WebPushProvider::new(&s, &no_dns()).err().unwrap();
         assert_eq!(err.key, "engine.channels.webpush.vapid_key_file");
         assert!(err.message.contains("holds no PEM private key"), "{}", err.message);
         s.vapid_key_file = dir.path().join("missing.pem");
-        let err = WebPushProvider::with_resolver(&s, Arc::new(NoDns), &ctx).err().unwrap();
+        let err = WebPushProvider::new(&s, &no_dns()).err().unwrap();
         assert!(err.message.contains("cannot read"), "{}", err.message);
     }
 }

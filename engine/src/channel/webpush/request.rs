@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 use super::encryption::MAX_PLAINTEXT;
-use crate::channel::relayed::{Fitted, RelayPriority, RelayRefusal, RelayedPush, fit};
+use crate::channel::relayed::{Fitted, RelayPriority, Refusal, RelayedPush, fit};
 use crate::domain::StoredEnvelope;
 
 /// RFC 8030 section 5.3. Spec 000 wake-ups go `normal`: delivered on battery
@@ -64,7 +64,7 @@ pub fn wake_up(envelope: &StoredEnvelope) -> String {
 /// Spec 003 section 3 over Web Push: the relayed payload as JSON, within
 /// one record (the body stays within 4096 bytes); over it, `mls_message` is
 /// dropped.
-pub fn relayed_payload(push: &RelayedPush<'_>) -> Result<Fitted, RelayRefusal> {
+pub fn relayed_payload(push: &RelayedPush<'_>) -> Result<Fitted, Refusal> {
     fit(push.payload, MAX_PLAINTEXT, |payload: &Map<String, Value>| {
         let json = Value::Object(payload.clone()).to_string();
         let size = json.len();
@@ -155,6 +155,7 @@ mod tests {
             priority: RelayPriority::High,
             payload: payload.as_object().unwrap(),
             ttl: std::time::Duration::from_secs(60),
+            web_push_keys: None,
         };
         let fitted = relayed_payload(&push).unwrap();
         assert_eq!(serde_json::from_str::<Value>(&fitted.body).unwrap(), payload);
@@ -165,6 +166,6 @@ mod tests {
         let fitted = relayed_payload(&RelayedPush { payload: &big, ..push }).unwrap();
         assert!(fitted.dropped_mls_message && fitted.body.len() <= MAX_PLAINTEXT);
         big.insert("other".into(), "A".repeat(MAX_PLAINTEXT).into());
-        assert_eq!(relayed_payload(&RelayedPush { payload: &big, ..push }), Err(RelayRefusal::TooLarge));
+        assert_eq!(relayed_payload(&RelayedPush { payload: &big, ..push }), Err(Refusal::TooLarge));
     }
 }

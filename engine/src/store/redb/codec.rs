@@ -114,7 +114,7 @@ impl<'a> Reader<'a> {
 
 pub(super) fn encode_recipient(r: &Recipient) -> Vec<u8> {
     let mut w = Writer::new();
-    w.raw(&r.secret_hash.0).i64(r.renewed_at_ns).u64(r.topic_count).u8(r.target.channel() as u8);
+    w.raw(&r.secret_hash.0).i64(r.renewed_at_ns).u64(r.topic_count).u8(r.target.channel().storage_tag());
     match &r.target {
         DeliveryTarget::Apns { token } | DeliveryTarget::Fcm { token } => w.bytes(token.as_bytes()),
         DeliveryTarget::Http { url, signing_key } => w.bytes(url.as_str().as_bytes()).bytes(signing_key.as_bytes()),
@@ -182,7 +182,7 @@ pub(super) fn decode_recipient(id: RecipientId, buf: &[u8]) -> Result<Recipient,
     let secret_hash = SecretHash(r.array()?);
     let renewed_at_ns = r.i64()?;
     let topic_count = r.u64()?;
-    let target = match Channel::from_u8(r.u8()?).ok_or_else(|| corrupt(WHAT))? {
+    let target = match Channel::from_storage_tag(r.u8()?).ok_or_else(|| corrupt(WHAT))? {
         Channel::Apns => DeliveryTarget::Apns { token: r.string()? },
         Channel::Fcm => DeliveryTarget::Fcm { token: r.string()? },
         Channel::Http => DeliveryTarget::Http {

@@ -62,7 +62,7 @@ pub(super) fn decode_static(id: RecipientId, row: StaticRow) -> Result<Option<Ve
     };
     let hash: [u8; 32] = hash.as_deref().and_then(|h| h.try_into().ok()).ok_or_else(|| corrupt(WHAT))?;
     let target_text = target.ok_or_else(|| corrupt(WHAT))?;
-    let channel = channel.and_then(|c| u8::try_from(c).ok()).and_then(Channel::from_u8).ok_or_else(|| corrupt(WHAT))?;
+    let channel = channel.and_then(|c| u8::try_from(c).ok()).and_then(Channel::from_storage_tag).ok_or_else(|| corrupt(WHAT))?;
     let target = match channel {
         Channel::Apns => DeliveryTarget::Apns { token: target_text },
         Channel::Fcm => DeliveryTarget::Fcm { token: target_text },
@@ -99,7 +99,7 @@ pub(super) fn decode_static(id: RecipientId, row: StaticRow) -> Result<Option<Ve
 /// endpoint, or a relay registration as a JSON object of its §1 fields),
 /// signing key (a webhook's, or a Web Push subscription's p256dh || auth).
 pub(super) fn encode_target(target: &DeliveryTarget) -> (i8, Cow<'_, str>, Option<Cow<'_, [u8]>>) {
-    let channel = target.channel() as u8 as i8;
+    let channel = target.channel().storage_tag() as i8;
     match target {
         DeliveryTarget::Apns { token } | DeliveryTarget::Fcm { token } => (channel, Cow::Borrowed(token), None),
         DeliveryTarget::Http { url, signing_key } => {
