@@ -409,7 +409,7 @@ mod tests {
     #[tokio::test]
     async fn an_unowned_shard_is_redirected_to_its_owner_or_refused() {
         let leases = Arc::new(MemoryLeases::default());
-        let (_, owned) = watch::channel(OwnedShards { shards: BTreeMap::new(), settled: true });
+        let (_, owned) = watch::channel(OwnedShards { settled: true, ..OwnedShards::default() });
         let f = fixture(Some(ShardOwnership { owned, leases: leases.clone() })).await;
         let topic = [0u8, 7];
         let shard = Topic::parse(&topic).unwrap().shard(SHARDS);
@@ -436,7 +436,7 @@ mod tests {
         let topic = [0u8, 7];
         let shard = Topic::parse(&topic).unwrap().shard(SHARDS);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-        let (tx, owned) = watch::channel(OwnedShards { shards: BTreeMap::from([(shard, deadline)]), settled: true });
+        let (tx, owned) = watch::channel(OwnedShards { shards: BTreeMap::from([(shard, deadline)]), settled: true, ..Default::default() });
         let f = fixture(Some(ShardOwnership { owned, leases })).await;
         let results = f.ingest.publish(vec![input(&topic, EnvelopeKind::Application, 0)]).await.unwrap();
         assert_eq!(results[0].1, Ok(1), "held: stored");
@@ -465,7 +465,7 @@ mod tests {
         let now = tokio::time::Instant::now();
         let deadlines =
             BTreeMap::from([(shard, now + Duration::from_secs(5)), (other_shard, now + Duration::from_secs(60))]);
-        let (_tx, owned) = watch::channel(OwnedShards { shards: deadlines, settled: true });
+        let (_tx, owned) = watch::channel(OwnedShards { shards: deadlines, settled: true, ..Default::default() });
         let f = fixture(Some(ShardOwnership { owned, leases })).await;
         let envelopes = |topic: &[u8]| {
             let e = input(topic, EnvelopeKind::Application, 0);

@@ -61,14 +61,26 @@ const RENEW_CONCURRENCY: usize = 16;
 pub struct OwnedShards {
     /// Each owned shard with its local lease deadline.
     pub shards: BTreeMap<ShardId, Instant>,
+    /// Shards being released above the fair share, with the deadline of the
+    /// lease this node still holds: nothing more is appended to them, but
+    /// their dispatch answers its pages in flight and records how far it
+    /// got, so the next owner repeats none of it.
+    pub draining: BTreeMap<ShardId, Instant>,
     /// The lease actor has completed at least one round.
     pub settled: bool,
 }
 
 impl OwnedShards {
-    /// Owned, and its lease is surely still this node's at `now` (fencing).
+    /// Owned, and its lease is surely still this node's at `now`: ingest
+    /// may append to it (fencing).
     pub fn holds(&self, shard: ShardId, now: Instant) -> bool {
         self.shards.get(&shard).is_some_and(|deadline| now < *deadline)
+    }
+
+    /// Owned or draining, and its lease is surely still this node's at
+    /// `now`: dispatch may go on with it.
+    pub fn dispatches(&self, shard: ShardId, now: Instant) -> bool {
+        self.holds(shard, now) || self.draining.get(&shard).is_some_and(|deadline| now < *deadline)
     }
 }
 
@@ -82,8 +94,9 @@ pub fn local_deadline(sent: Instant, ttl: Duration) -> Instant {
     sent + ttl - margin
 }
 
-/// Whether this node may still append to and dispatch a shard (issue 11).
-/// With one node (no leases) every shard is always held.
+/// Whether this node may still dispatch a shard: owned or draining, within
+/// its local lease deadline. With one node (no leases) every shard is always
+/// held.
 #[derive(Clone, Default)]
 pub struct Fence(Option<watch::Receiver<OwnedShards>>);
 
@@ -93,7 +106,7 @@ impl Fence {
     }
 
     pub fn holds(&self, shard: ShardId) -> bool {
-        self.0.as_ref().is_none_or(|owned| owned.borrow().holds(shard, Instant::now()))
+        self.0.as_ref().is_none_or(|owned| owned.borrow().dispatches(shard, Instant::now()))
     }
 }
 
@@ -151,7 +164,10 @@ impl Actor for LeaseActor {
         // Stopping (drain or shutdown): give every lease up so another node
         // takes the shards without waiting for the TTL. Best effort.
         let owned = state.owned();
-        state.config.owned.send_modify(|o| o.shards.clear());
+        state.config.owned.send_modify(|o| {
+            o.shards.clear();
+            o.draining.clear();
+        });
         let release = async {
             for shard in owned {
                 let _ = state.config.leases.release_lease(shard, &state.config.node).await;
@@ -290,9 +306,16 @@ impl LeaseState {
         if shards.is_empty() {
             return;
         }
+        // Appends stop now. A released shard's dispatch goes on while its
+        // lease is still this node's, so that its pages in flight are
+        // answered and recorded rather than left for the next owner to repeat.
         self.config.owned.send_modify(|o| {
             for shard in shards {
-                o.shards.remove(shard);
+                if let Some(deadline) = o.shards.remove(shard)
+                    && drain
+                {
+                    o.draining.insert(*shard, deadline);
+                }
             }
         });
         let wait = self.config.ttl / 3;
@@ -304,6 +327,11 @@ impl LeaseState {
             }
         });
         futures::future::join_all(stops).await;
+        self.config.owned.send_modify(|o| {
+            for shard in shards {
+                o.draining.remove(shard);
+            }
+        });
     }
 }
 
@@ -414,6 +442,27 @@ mod tests {
         let other = NodeId("other".into());
         assert!(!leases.acquire_lease(ShardId::FIRST, &other, "o:1", TTL).await.unwrap(), "still a's on the store");
         assert!(Fence::default().holds(ShardId::FIRST), "one node: always held");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_released_shard_is_dispatched_while_it_drains_and_never_appended_to() {
+        let leases = Arc::new(MemoryLeases::default());
+        let mut a = node(&leases, 2).await;
+        a.supervisor = StandIn::with_stuck_shards().await;
+        a.round().await.unwrap();
+        let mut b = node(&leases, 2).await;
+        b.round().await.unwrap(); // two live nodes: a's next round releases one shard
+        let (fence, owned) = (Fence::leased(a.config.owned.subscribe()), a.config.owned.subscribe());
+        let released = ShardId::parse(1, 2).unwrap();
+        let round = tokio::spawn(async move { a.round().await });
+        // The stuck shard actor drains for a third of the TTL, then is killed.
+        tokio::time::sleep(TTL / 6).await;
+        assert!(!owned.borrow().holds(released, Instant::now()), "no appends once it is being released");
+        assert!(fence.holds(released), "its dispatch answers what it has in flight");
+        assert!(fence.holds(ShardId::FIRST));
+        round.await.unwrap().unwrap();
+        assert!(!fence.holds(released), "released: no dispatch either");
+        assert!(fence.holds(ShardId::FIRST), "the kept shard is untouched");
     }
 
     #[tokio::test(start_paused = true)]

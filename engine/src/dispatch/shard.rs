@@ -1101,7 +1101,7 @@ mod tests {
     async fn a_fenced_shard_dispatches_nothing_until_its_lease_is_renewed() {
         // The lease deadline is 2 s away and no renewal comes.
         let deadline = Instant::now() + Duration::from_secs(2);
-        let owned = OwnedShards { shards: [(ShardId::FIRST, deadline)].into(), settled: true };
+        let owned = OwnedShards { shards: [(ShardId::FIRST, deadline)].into(), settled: true, ..Default::default() };
         let (tx, rx) = tokio::sync::watch::channel(owned);
         let s = settings(1, 1); // one subscriber per page, one page at a time
         let delivery = DeliverySettings::default();
