@@ -1,4 +1,4 @@
-//! Who may call what (issue 16). Three principals: publishers
+//! Who may call what. Three principals: publishers
 //! (`PublishService`), recipient clients (`NotificationService`, only when
 //! `recipient_required`: spec 000 already authenticates each recipient by
 //! its secret) and operators (gRPC reflection, `/metrics`). A caller proves

@@ -20,7 +20,7 @@ use tokio::sync::Mutex;
 
 use crate::auth::{Authenticator, Denied, Peer, Role};
 
-/// Issue 16: `/readyz` answers from a check at most this old, so a probe
+/// `/readyz` answers from a check at most this old, so a probe
 /// storm costs the store one read per second at most.
 const READINESS_CACHE: Duration = Duration::from_secs(1);
 

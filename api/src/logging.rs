@@ -1,7 +1,7 @@
 //! The log: a tracing filter from `log.level` (or RUST_LOG), text or JSON
 //! lines on stderr.
 //!
-//! PUSH-254 at debug level (issue 16): the HTTP, HTTP/2, TLS and DNS crates
+//! PUSH-254 at debug level: the HTTP, HTTP/2, TLS and DNS crates
 //! under the channels log where they connect at debug (a webhook's host and
 //! port: `pooling idle connection for ("https", host:port)`; the name a TLS
 //! session is cached for; the name a DNS query asks) and more at trace. A

@@ -109,7 +109,7 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn serve(config: Config) -> anyhow::Result<()> {
-    // Issue 16: certificates and token files are read before anything
+    // Certificates and token files are read before anything
     // listens; a bad file stops the start, naming it.
     let server_tls = config.server.tls.as_ref().map(tls::ServerTls::load).transpose()?;
     let authenticator = config.server.auth.as_ref().map(auth::Authenticator::load).transpose()?;

@@ -1,4 +1,4 @@
-//! The HTTP edge of the spec 003 push-server endpoint (issue 13), a route
+//! The HTTP edge of the spec 003 push-server endpoint, a route
 //! of the product listener (`server.api_listen`, `rest.rs`): reads the body
 //! within `max_body_bytes`, hands the raw bytes and the two headers to
 //! `fanout_engine::relay_ingress`, and maps its answer to a status once.

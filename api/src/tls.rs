@@ -1,4 +1,4 @@
-//! Server-side TLS for every listener (issue 16): `[server.tls]` names the
+//! Server-side TLS for every listener: `[server.tls]` names the
 //! certificate chain and key files and, optionally, a CA whose clients are
 //! verified (mTLS). The files are read again on SIGHUP and whenever their
 //! modification time changes (checked every `reload_interval_seconds`), so a

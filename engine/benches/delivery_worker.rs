@@ -1,4 +1,4 @@
-//! The delivery workers' own CPU per attempt (issue 18 item 3), without a
+//! The delivery workers' own CPU per attempt, without a
 //! network or a receiver: 1,000,000 deliveries through `DeliveryWorkers`
 //! (eight workers, 1,000 attempts in flight in all, as for one channel of
 //! 1,000 slots) to a provider that answers `Delivered` after one yield, so

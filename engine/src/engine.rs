@@ -62,7 +62,7 @@ pub enum NotReady {
 const READY_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Answers whether the engine is ready: the store answers and, with several
-/// nodes (issue 7), this node owns a shard or has finished a lease round.
+/// nodes (shard leases), this node owns a shard or has finished a lease round.
 #[derive(Clone)]
 pub struct Readiness {
     store: Arc<dyn Store>,
@@ -152,7 +152,7 @@ impl Engine {
             .as_ref()
             .map(|s| Gateway::start(s, store.clone(), channels.clone(), metrics.clone()))
             .transpose()?;
-        // Issue 7: on a coordinating store, shards are leased, not all owned.
+        // On a coordinating store, shards are leased, not all owned.
         let (lease, ownership) = match store.clone().leases() {
             Some(leases) => {
                 let (tx, rx) = watch::channel(OwnedShards::default());

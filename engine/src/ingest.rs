@@ -23,7 +23,7 @@ use crate::supervision::SupervisorMsg;
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct IngestSettings {
-    /// Issue 11: the largest envelope `data` accepted, in bytes. A larger one
+    /// The largest envelope `data` accepted, in bytes. A larger one
     /// is refused on its own (INVALID_ARGUMENT), its neighbours are stored.
     /// The data is PUSH-230's HMAC input, kept until its window completes
     /// and hashed once per subscriber key; this bounds both.
@@ -61,21 +61,21 @@ pub struct EnvelopeInput {
 pub enum EnvelopeRejection {
     #[error("{0}")]
     Invalid(&'static str),
-    /// Issue 11: `data` above `engine.ingest.max_data_bytes`.
+    /// `data` above `engine.ingest.max_data_bytes`.
     #[error("envelope data is larger than the limit of {limit} bytes (engine.ingest.max_data_bytes)")]
     DataTooLarge { limit: usize },
     #[error("sequence_id is not above the shard's last id {last}")]
     SequenceNotIncreasing { last: u64 },
-    /// Issue 11: a publisher id may not run ahead of its shard by more than
+    /// A publisher id may not run ahead of its shard by more than
     /// `MAX_SEQUENCE_GAP`, nor pass `MAX_SEQUENCE_ID` (2^63 − 1).
     #[error("sequence_id is more than 2^32 above the shard's last id {last}, or above 2^63-1")]
     SequenceTooFarAhead { last: u64 },
     #[error("the shard has no sequence ids left")]
     SequenceExhausted,
-    /// Issue 7 redirect contract: another node owns the shard; publish there.
+    /// The redirect contract of several nodes: another node owns the shard; publish there.
     #[error("shard {shard} is owned by {address}; publish there")]
     OwnedElsewhere { shard: u16, address: String },
-    /// Issue 7: no node owns the shard right now (leases are moving); retry.
+    /// No node owns the shard right now (leases are moving); retry.
     #[error("shard {shard} has no owner yet; retry")]
     NoOwner { shard: u16 },
     /// The shard's lease ran out while the envelope was being stored: it may
@@ -179,14 +179,14 @@ impl Ingest {
         appended.iter().map(NewEnvelope::shard).filter(|shard| !owned.holds(*shard, now)).collect()
     }
 
-    /// Issue 7: only the owner of a shard appends to it. An envelope of a
+    /// Only the owner of a shard appends to it. An envelope of a
     /// shard this node does not own is answered with where to publish it.
     async fn redirect_unowned(
         &self,
         parsed: Vec<Result<NewEnvelope, (Option<ShardId>, EnvelopeRejection)>>,
     ) -> Result<Vec<Result<NewEnvelope, (Option<ShardId>, EnvelopeRejection)>>, StoreError> {
         let Some(ownership) = &self.ownership else { return Ok(parsed) };
-        // Issue 11 (fencing): a shard whose local lease deadline passed is
+        // Fencing: a shard whose local lease deadline passed is
         // not this node's any more, whatever the lease actor last decided.
         let owned = ownership.owned.borrow().clone();
         let now = tokio::time::Instant::now();
@@ -480,7 +480,7 @@ mod tests {
         assert!(message.contains("outcome unknown"), "{message}");
     }
 
-    /// Issue 16 item 7: the gRPC envelope fields as received, property-tested.
+    /// The gRPC envelope fields as received, property-tested.
     mod properties {
         use super::*;
         use proptest::prelude::*;

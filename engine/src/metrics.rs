@@ -51,7 +51,7 @@ pub struct Metrics {
     pub gateway: GatewayMetrics,
 }
 
-/// A configured input limit (issue 11), as the `limit` label names it.
+/// A configured input limit (docs/OPERATIONS.md "Limits"), as the `limit` label names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Limit {
     /// `engine.ingest.max_data_bytes`: one envelope refused.
@@ -365,7 +365,7 @@ impl Metrics {
     }
 }
 
-// ---- spec 002, the push gateway (issue 14 operability) ----
+// ---- spec 002, the push gateway ----
 
 /// The push gateway's families (docs/METRICS.md "Push gateway"). Label values
 /// are the fixed symbols of `crate::gateway` (gateway status, reason code,

@@ -1,4 +1,4 @@
-//! Shard ownership across several nodes (issue 7; DESIGN.md, lease actors).
+//! Shard ownership across several nodes (DESIGN.md, lease actors).
 //!
 //! Only when the store coordinates (ScyllaDB). Every `ttl / 3` the lease
 //! actor renews the shards it owns, heartbeats this node, computes its fair
@@ -13,7 +13,7 @@
 //! finishes a step): both deliver from the same checkpoint, so a delivery may
 //! repeat, never be skipped.
 //!
-//! Fencing (issue 11): every owned shard carries a *local* lease deadline,
+//! Fencing: every owned shard carries a *local* lease deadline,
 //! counted on this node's monotonic clock from the moment the acquiring or
 //! renewing request was sent, minus a margin (see [`local_deadline`]). Ingest
 //! and dispatch check it ([`Fence`]) before every step, so a node whose lease
@@ -110,7 +110,7 @@ impl Fence {
     }
 }
 
-/// Who this node is and how it leases (issue 7).
+/// Who this node is and how it leases.
 #[derive(Clone)]
 pub struct LeaseConfig {
     pub leases: Arc<dyn ShardLeases>,
@@ -217,7 +217,7 @@ impl LeaseState {
         let c = self.config.clone();
         let started = Instant::now();
         let budget = c.ttl / 3;
-        // Renew first (issue 11): nothing else in the round, a failing
+        // Renew first: nothing else in the round, a failing
         // heartbeat included, may keep owned leases from being renewed.
         // A renewal that fails or errs means the lease may be gone.
         let renewals = self.request_leases(self.owned().into_iter().collect()).await;

@@ -18,7 +18,7 @@ use crate::metrics::{Limit, Metrics};
 use crate::store::{MAX_SUBSCRIPTION_CHANGES, RegistrationRemoval, Store, StoreError};
 
 /// `engine.max_subscription_changes`: the most adds plus removes one
-/// UpdateSubscriptions may carry (issue 11), 1000 to 65534, default 2000.
+/// UpdateSubscriptions may carry, 1000 to 65534, default 2000.
 /// All of them are applied in one transaction (PUSH-216), so this bounds
 /// that transaction. Spec clients send at most 1000 subscriptions per
 /// request (section 8) and stop for good on INVALID_ARGUMENT (PUSH-262), so
@@ -218,7 +218,7 @@ impl Registry {
     ) -> Result<RecipientState, AdmissionError> {
         let (id, secret) = parse_credentials(recipient_id, recipient_secret)?;
         self.admit_existing(&id, &secret).await?;
-        // Row 4, first: the request's size (issue 11), before any topic is
+        // Row 4, first: the request's size (`engine.max_subscription_changes`), before any topic is
         // parsed or anything written.
         let limit = self.max_subscription_changes.get();
         if adds.len().saturating_add(removes.len()) > limit {
@@ -525,7 +525,7 @@ mod tests {
         }
     }
 
-    /// Issue 16 item 7: UpdateSubscriptions as received, property-tested.
+    /// UpdateSubscriptions as received, property-tested.
     mod properties {
         use super::*;
         use proptest::prelude::*;

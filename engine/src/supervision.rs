@@ -10,7 +10,7 @@ pub enum SupervisorMsg {
     Wake(Vec<ShardId>),
     /// Let every shard finish its current window and stop; then stop.
     Drain,
-    /// The lease actor acquired this shard: start its actor (issue 7).
+    /// The lease actor acquired this shard: start its actor.
     Own(ShardId),
     /// The lease actor gave this shard up or lost it: stop supervising its
     /// actor, ask it to release the shard (`drain`: stop at its pages in

@@ -24,7 +24,7 @@ pub struct SupervisorArgs {
     /// Owned from the start: every shard on a single node, none with leases.
     pub shards: Vec<ShardId>,
     pub retention: RetentionArgs,
-    /// Several nodes (issue 7): shards come and go as leases say.
+    /// Several nodes (shard leases): shards come and go as leases say.
     pub lease: Option<LeaseConfig>,
 }
 

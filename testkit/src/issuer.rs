@@ -1,5 +1,5 @@
 //! A test certificate authority that keeps its key, for the engine's own
-//! listeners (issue 16): it issues a server certificate for the engine and
+//! listeners: it issues a server certificate for the engine and
 //! client certificates with chosen identities (mTLS), written as PEM files
 //! the engine's `[server.tls]` reads, and builds the matching rustls client
 //! configurations.

@@ -1,4 +1,4 @@
-//! Clients for an engine whose listeners speak TLS (issue 16): HTTP/1.1
+//! Clients for an engine whose listeners speak TLS: HTTP/1.1
 //! requests and gRPC channels over rustls, checking the engine's
 //! certificate against the test CA as `localhost`.
 

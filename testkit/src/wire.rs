@@ -1,7 +1,7 @@
 //! What an HTTP/2 client put on the wire, as a mock server read it after TLS:
 //! bytes, requests (request header blocks), HPACK header-block bytes, DATA
 //! bytes, and the bytes of `authorization` literals. The mock APNs reports
-//! bytes per request with it (issue 19), so a header that costs every request
+//! bytes per request with it, so a header that costs every request
 //! shows up as a figure rather than a guess.
 //!
 //! [`Tap`] wraps a connection's stream and feeds every byte read to a frame

@@ -6,7 +6,7 @@
 //! `TestDns::set` (a rebinding host) is seen by the next lookup.
 //!
 //! A name can also be made to fail, for the lookups that say nothing about
-//! the host (issue 11): `TestDns::fail` answers it with SERVFAIL, and
+//! the host: `TestDns::fail` answers it with SERVFAIL, and
 //! `TestDns::hang` never answers it at all (UDP: no reply; TCP: the connection
 //! stays open and silent), so the client's lookup times out. Both apply to
 //! every query type of the name until `set` gives it addresses again or
@@ -111,7 +111,7 @@ impl Drop for TestDns {
 /// The names every end-to-end test may use, under `fanout.test`: one public
 /// name (registration only; nothing may ever connect to it), one name per
 /// blocked address class, one per reserved class beyond the spec's table
-/// (issue 16: [`RESERVED_NAMES`]), `nat64public` (a DNS64 answer for the
+/// ([`RESERVED_NAMES`]), `nat64public` (a DNS64 answer for the
 /// public address), `mixed`, `empty`, and `receiver` (127.0.0.1, for a real
 /// receiver under allow_private_addresses).
 pub fn standard_zone() -> Vec<(String, Vec<IpAddr>)> {
@@ -158,7 +158,7 @@ pub fn standard_zone() -> Vec<(String, Vec<IpAddr>)> {
 }
 
 /// The labels of `standard_zone` (under `fanout.test`) whose address is in a
-/// reserved class beyond spec 000's table (issue 16 item 6): refused while
+/// reserved class beyond spec 000's table: refused while
 /// `allow_reserved_addresses` is false, whatever `allow_private_addresses`
 /// says. Each pairs with one address of its class. The 6to4, v4compat and
 /// nat64local addresses embed the public 93.184.216.34: those prefixes are

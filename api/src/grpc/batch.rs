@@ -44,14 +44,14 @@ pub(super) async fn publish_batch(
 
 fn rejection(e: EnvelopeRejection) -> pb::PublishError {
     let code = match e {
-        // Issue 11: an envelope over `engine.ingest.max_data_bytes` is invalid
+        // An envelope over `engine.ingest.max_data_bytes` is invalid
         // for this deployment whatever its state; resending it cannot help.
         EnvelopeRejection::Invalid(_)
         | EnvelopeRejection::DataTooLarge { .. }
         | EnvelopeRejection::SequenceTooFarAhead { .. } => tonic::Code::InvalidArgument,
         EnvelopeRejection::SequenceExhausted => tonic::Code::ResourceExhausted,
         EnvelopeRejection::SequenceNotIncreasing { .. } => tonic::Code::FailedPrecondition,
-        // Issue 7 redirect contract (see the proto): publish to the named owner, or retry.
+        // The redirect contract of several nodes (see the proto): publish to the named owner, or retry.
         EnvelopeRejection::OwnedElsewhere { .. }
         | EnvelopeRejection::NoOwner { .. }
         | EnvelopeRejection::LeaseLost { .. } => tonic::Code::Unavailable,

@@ -1,4 +1,4 @@
-//! The role check of every gRPC service (issue 16), as a tonic interceptor:
+//! The role check of every gRPC service, as a tonic interceptor:
 //! it runs before the request is decoded, so a refused call changes nothing.
 
 use std::sync::Arc;

@@ -16,7 +16,7 @@ pub use status::initialise_metrics;
 
 #[cfg(test)]
 mod tests {
-    //! Issue 16 item 7: the gRPC messages as the network delivers them, before
+    //! The gRPC messages as the network delivers them, before
     //! the engine's parsers (property-tested beside them) see their fields.
 
     use fanout_proto::v1 as pb;

@@ -1,4 +1,4 @@
-//! `PublishStream` (issue 11 item 8): a bidirectional stream that answers
+//! `PublishStream`: a bidirectional stream that answers
 //! each batch with its own acknowledgement as soon as it is stored.
 //!
 //! One task per stream reads a batch, stores it to the end (never

@@ -85,7 +85,7 @@ fn code_label(code: tonic::Code) -> &'static str {
         Unavailable => "UNAVAILABLE",
         Cancelled => "CANCELLED",
         DeadlineExceeded => "DEADLINE_EXCEEDED",
-        // Issue 11: a message over server.grpc_max_message_bytes.
+        // A message over server.grpc_max_message_bytes.
         OutOfRange => "OUT_OF_RANGE",
         _ => "OTHER",
     }

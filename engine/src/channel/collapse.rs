@@ -5,7 +5,7 @@
 //! the table classifies as rejected), and TOPIC-001 allows a 64-byte
 //! identifier: a topic whose identifier is 48 bytes or more (49 topic bytes
 //! with the kind byte) has a base64 of 68 characters or more, so every push
-//! on it would be lost. **Deviation from PUSH-259 (issue 19):** a value
+//! on it would be lost. **Deviation from PUSH-259:** a value
 //! that fits is sent as the spec says; one that does not is replaced by
 //! `~` followed by the standard base64 of SHA-256(`TAG` ‖ value). That is 45
 //! bytes, the same for every push of the topic (APNs still collapses per

@@ -72,7 +72,7 @@ pub struct PushLifetime(u32);
 
 impl PushLifetime {
     pub const MAX_SECONDS: u32 = 28 * 24 * 3600;
-    /// One day (issue 19): see `fanout.example.toml` for why.
+    /// One day: see `fanout.example.toml` for why.
     pub const DEFAULT: Self = Self(86_400);
 
     pub const fn new(seconds: u32) -> Option<Self> {

@@ -9,7 +9,7 @@ pub enum Decision<'a> {
     Excluded,
     /// PUSH-230 may apply: deliver unless HMAC-SHA256 of the envelope's data
     /// under this key equals its sender_hmac (`suppression::own_keys`). The
-    /// data is not in the envelope (issue 11), so the comparison is made per
+    /// data is not in the envelope (windows do not hold it), so the comparison is made per
     /// page, once per distinct key.
     DeliverUnlessOwn(&'a HmacKey),
 }

@@ -36,7 +36,7 @@ pub struct DispatchContext {
     /// (`DispatchSettings::progress_interval`); `None` never.
     pub progress_interval: Option<std::time::Duration>,
     pub metrics: Arc<Metrics>,
-    /// Issue 11: a shard is dispatched only while this node surely holds its lease.
+    /// Fencing: a shard is dispatched only while this node surely holds its lease.
     pub fence: Fence,
     /// Test hook: the first shard actor to process this many pages panics once.
     pub panic_hook: PanicHook,

@@ -311,7 +311,7 @@ impl ShardState {
         }
     }
 
-    /// Issue 11 (fencing): whether this node surely still holds the shard's
+    /// Fencing: whether this node surely still holds the shard's
     /// lease. While it does not, no window starts, no page is produced and
     /// nothing is re-sent; the workers hold the first attempts they have of it.
     fn fenced(&mut self) -> bool {
@@ -962,7 +962,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn answers_slower_than_the_timeout_are_waited_for_not_re_sent() {
-        // Issue 11's measurement in small: every receiver answers after 3 s,
+        // A slow but progressing window (PUSH-257), in small: every receiver answers after 3 s,
         // the window timeout is 2 s. Every first attempt is under way, so
         // nothing is re-sent.
         let mut s = settings(10, 16);

@@ -1,7 +1,7 @@
 //! PUSH-230 for one page of deliveries: which of the page's keys make the
 //! envelope the recipient's own.
 //!
-//! Issue 11: the HMAC input (`data`, up to `engine.ingest.max_data_bytes`)
+//! The HMAC input (`data`, up to `engine.ingest.max_data_bytes`)
 //! stays out of windows, pages and deliveries. It cannot be hashed once at
 //! ingest: the key is each subscription's (an inbox's key for the epoch), and
 //! subscriptions change between ingest and dispatch. So a page that has keys

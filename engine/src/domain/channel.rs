@@ -367,7 +367,7 @@ mod tests {
         assert!(DeliveryTarget::check_endpoint_text(&"é".repeat(2048)).is_ok());
     }
 
-    /// Issue 16 item 7: device tokens, webhook URL text and signing keys, property-tested.
+    /// Device tokens, webhook URL text and signing keys, property-tested.
     mod properties {
         use super::*;
         use proptest::prelude::*;

@@ -193,7 +193,7 @@ impl NewEnvelope {
 }
 
 /// A push-eligible envelope as dispatch reads it: what a window, a page and a
-/// delivery need, never the ciphertext. Issue 11: `data` can be large and a
+/// delivery need, never the ciphertext. `data` can be large and a
 /// window holds hundreds of envelopes, each shared by every delivery (and
 /// retry) of it, so the HMAC input stays in the store and is read for a page
 /// only when PUSH-230 needs it (`Store::envelope_data`).
@@ -209,7 +209,7 @@ pub struct StoredEnvelope {
     pub sender_hmac: Option<SenderHmac>,
     /// The data itself only when at most `MAX_INLINE_DATA` bytes: the relay
     /// channel's `mls_message` (003 §3). Larger data stays in the store and
-    /// is read per page for suppression only (issue 11: windows hold what
+    /// is read per page for suppression only (windows hold what
     /// dispatch needs, not whole payloads).
     pub data: Vec<u8>,
     pub relay: RelayMeta,
@@ -265,7 +265,7 @@ mod tests {
         assert!(env(EnvelopeKind::Application, &[1, 1], true).is_err());
     }
 
-    /// Issue 16 item 7: publisher-sent fields, property-tested.
+    /// Publisher-sent fields, property-tested.
     mod properties {
         use super::*;
         use proptest::prelude::*;

@@ -197,7 +197,7 @@ mod tests {
         assert!(!format!("{r:?}").contains("secret-token"));
     }
 
-    /// Issue 16 item 7: spec 003 section 1 registrations, property-tested.
+    /// Spec 003 section 1 registrations, property-tested.
     mod properties {
         use super::*;
         use proptest::prelude::*;

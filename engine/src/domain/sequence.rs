@@ -1,6 +1,6 @@
 //! Per-shard sequence ids: what a publisher may ask for, and what is allocated.
 //!
-//! Issue 11: a publisher-supplied id must not make a shard unusable. Ids are
+//! A publisher-supplied id must not make a shard unusable. Ids are
 //! kept at or below `MAX_SEQUENCE_ID` (so they also fit CQL's signed bigint),
 //! and a publisher id may jump at most `MAX_SEQUENCE_GAP` above the shard's
 //! last id, so that no publisher can push a shard near the end of its ids.

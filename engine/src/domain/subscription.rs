@@ -127,7 +127,7 @@ mod tests {
         assert!(SubscriptionUpdate::new(vec![sub], vec![Topic::parse(&[1, 1]).unwrap()]).is_ok());
     }
 
-    /// Issue 16 item 7: a subscription as a client sends it, property-tested.
+    /// A subscription as a client sends it, property-tested.
     mod properties {
         use super::*;
         use proptest::prelude::*;

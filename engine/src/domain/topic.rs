@@ -163,7 +163,7 @@ mod tests {
         assert_eq!(ShardId::all(0).count(), 0);
     }
 
-    /// Issue 16 item 7: outside bytes, property-tested.
+    /// Outside bytes, property-tested.
     mod properties {
         use super::*;
         use proptest::prelude::*;

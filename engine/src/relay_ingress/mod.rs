@@ -1,4 +1,4 @@
-//! Spec 003, push-server side (issue 13): fanout receives the signed webhooks
+//! Spec 003, push-server side: fanout receives the signed webhooks
 //! of hubs (§2) and delivers each push over its own APNs or FCM channel.
 //!
 //! One webhook, in order, nothing acted on before it is verified:
@@ -14,7 +14,7 @@
 //!
 //! **When the answer is 2xx.** fanout answers 200 only after the provider
 //! (APNs, FCM) accepted the push: the provider's acceptance is the durable
-//! one, so "never 2xx before the push is durably accepted" (issue 13 item 4)
+//! one, so "never 2xx before the push is durably accepted" (003 §2.4)
 //! holds without a second queue here. A transient provider answer releases
 //! the claim and answers 503 with Retry-After, so the retry is the hub's (its
 //! §2.4 schedule: 1, 2, 4, 8 s); fanout keeps no push it did not deliver.

@@ -243,7 +243,7 @@ mod tests {
         assert_eq!(hub_id(b"[]"), Err(Malformed::Shape));
     }
 
-    /// Issue 16 item 7: webhook bodies from hubs, property-tested.
+    /// Webhook bodies from hubs, property-tested.
     mod properties {
         use super::*;
         use proptest::prelude::*;

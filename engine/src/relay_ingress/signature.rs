@@ -193,7 +193,7 @@ mod tests {
         }
     }
 
-    /// Issue 16 item 7: X-Gim-Signature headers, property-tested.
+    /// X-Gim-Signature headers, property-tested.
     mod properties {
         use super::*;
         use proptest::prelude::*;

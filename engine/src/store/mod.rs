@@ -46,7 +46,7 @@ pub enum Appended {
     Refused(SequenceRefusal),
 }
 
-/// One engine process among several sharing a store (issue 7): random per start.
+/// One engine process among several sharing a store: random per start.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct NodeId(pub String);
 
@@ -180,8 +180,8 @@ pub trait Store: Send + Sync + 'static {
 
     /// PUSH-230's HMAC input: the `data` stored with envelope `sequence_id` of
     /// `shard`. `None` when none was kept (no 32-byte sender_hmac) or the
-    /// envelope is gone (at or below the checkpoint). Windows never carry it
-    /// (issue 11); dispatch reads it for a page that needs it.
+    /// envelope is gone (at or below the checkpoint). Windows never carry it;
+    /// dispatch reads it for a page that needs it.
     async fn envelope_data(&self, shard: ShardId, sequence_id: u64) -> Result<Option<Vec<u8>>, StoreError>;
 
     /// Moves the checkpoint forward (never back) and drops envelopes at or below it.
@@ -213,12 +213,12 @@ pub trait Store: Send + Sync + 'static {
     /// The push gateway's records (spec 002).
     fn gateway(&self) -> &dyn GatewayStore;
 
-    /// Shard leases when several nodes share this store (issue 7): `None` on
+    /// Shard leases when several nodes share this store: `None` on
     /// a store that one node owns alone, which then owns every shard.
     fn leases(self: Arc<Self>) -> Option<Arc<dyn ShardLeases>>;
 }
 
-/// Cluster coordination (issue 7): shard leases and node heartbeats on a
+/// Cluster coordination: shard leases and node heartbeats on a
 /// store that several engine nodes share.
 #[async_trait]
 pub trait ShardLeases: Send + Sync + 'static {

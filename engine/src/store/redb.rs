@@ -364,7 +364,7 @@ impl Store for RedbStore {
             let mut subs = Subs::open(txn)?;
 
             // First read what the update would do, then write: PUSH-217 is
-            // decided before any write (issue 11), so a refused update costs
+            // decided before any write, so a refused update costs
             // reads only. PUSH-215 keeps a topic out of both lists.
             let mut count = r.topic_count;
             let mut removed = Vec::with_capacity(update.removes.len());

@@ -256,7 +256,7 @@ impl Statements {
                 "SELECT recipient_id FROM {ks}.topic_subscriptions WHERE topic = ? AND recipient_id > ?"
             ))
             .await?),
-            // Issue 7: a lease is a row that lives for its TTL; every change is an LWT.
+            // Shard leases: a lease is a row that lives for its TTL; every change is an LWT.
             lease_insert: p(format!(
                 "INSERT INTO {ks}.shard_leases (shard, owner, owner_address, acquired_at) \
                  VALUES (?, ?, ?, toTimestamp(now())) IF NOT EXISTS USING TTL ?"
@@ -307,7 +307,7 @@ impl ScyllaStore {
             .known_nodes(settings.nodes.as_slice())
             .default_execution_profile_handle(profile)
             .connection_timeout(timeout.min(Duration::from_secs(10)));
-        // Issue 16: TLS and password authentication to the nodes.
+        // TLS and password authentication to the nodes.
         if let Some(tls) = &settings.tls {
             let config = crate::transport::client_tls_config(&tls.ca_files).map_err(StoreError::Backend)?;
             builder = builder.tls_context(Some(TlsContext::Rustls023(Arc::new(config))));
@@ -1072,7 +1072,7 @@ mod tests {
 
     // The conformance suite runs on this backend in tests/store_conformance.
 
-    /// Issue 7: two nodes contend for one shard; exactly one wins, the loser
+    /// Shard leases: two nodes contend for one shard; exactly one wins, the loser
     /// cannot renew, and once the winner's TTL runs out the other acquires.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn shard_leases_are_exclusive_and_expire() {
@@ -1110,7 +1110,7 @@ mod tests {
         .await;
     }
 
-    /// Issue 11: two nodes whose clocks are an hour apart change one
+    /// Clock skew: two nodes whose clocks are an hour apart change one
     /// recipient's subscriptions in turn. The node ahead removes a topic (or
     /// deletes the recipient), the node behind adds it back right after: the
     /// dispatch index must still list it, or a stored, counted subscription

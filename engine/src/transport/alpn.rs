@@ -1,6 +1,6 @@
 //! Which HTTP version each receiver host speaks, so that a burst to an
 //! HTTP/2 host shares one connection per client instead of opening one per
-//! request (issue 18).
+//! request.
 //!
 //! hyper-util's pooled client cannot know that a host speaks HTTP/2 before
 //! ALPN has said so on a connection: when the version is left to ALPN, every

@@ -312,7 +312,7 @@ impl Pool {
     /// Like `send`, but the answer is decided on the status line, and the
     /// in-flight slot is free again as soon as it is in: a receiver that
     /// streams a long, slow or endless body holds neither the attempt, nor
-    /// the slot, nor memory (issue 11).
+    /// the slot, nor memory.
     ///
     /// The body is read and thrown away in the background, frame by frame,
     /// up to the 64 KiB cap and for at most `DRAIN_TIMEOUT`, so that a

@@ -291,8 +291,8 @@ pub struct PublishStats {
     pub first_error: Option<String>,
     /// From the first Publish RPC sent to the last one answered.
     pub seconds: f64,
-    /// Envelopes stored per second of `seconds`: the ingest rate of a burst
-    /// (issue 18), the achieved rate of a steady run.
+    /// Envelopes stored per second of `seconds`: the ingest rate of a burst,
+    /// the achieved rate of a steady run.
     pub envelopes_per_second: f64,
     /// Envelopes per Publish RPC, and RPCs in flight at once.
     pub batch_size: usize,

@@ -1,4 +1,4 @@
-//! The independent ceiling (issue 18): nghttp2's `h2load` sends the run's
+//! The independent ceiling: nghttp2's `h2load` sends the run's
 //! request (the same body, headers and signature as the engine's first
 //! delivery) to the same mock receivers. The bare-client ceiling
 //! (`ceiling.rs`) uses the engine's own client stack, so a ratio against it

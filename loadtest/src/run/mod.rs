@@ -1301,7 +1301,7 @@ mod tests {
         run_passing("relay-smoke.toml").await;
     }
 
-    /// The Web Push scenario end to end (issue 17): every push reaches the
+    /// The Web Push scenario end to end: every push reaches the
     /// mock push service with a VAPID token it verifies, and every body
     /// decrypts with the recipient's key (RFC 8291), with a ceiling made of
     /// the same encrypted, signed requests.
@@ -1315,7 +1315,7 @@ mod tests {
 
     /// The APNs scenario end to end: every push reaches the mock APNs with a
     /// provider token it verifies, and the report gives bytes per request
-    /// for the engine and the ceiling (issue 19).
+    /// for the engine and the ceiling.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn apns_smoke_scenario_end_to_end() {
         let report = run_passing("apns-smoke.toml").await;
@@ -1332,7 +1332,7 @@ mod tests {
         assert!(report.text().contains("bytes/request received"));
     }
 
-    /// The APNs scenario into Pushy's validating MockApnsServer (issue 18):
+    /// The APNs scenario into Pushy's validating MockApnsServer:
     /// the server verifies every provider token and device token and accepts
     /// every push the engine sends, and Pushy's own client sends as many
     /// into a fresh server, all accepted; the report has both rates and the
@@ -1553,7 +1553,7 @@ mod tests {
             scenario: Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/smoke.toml"),
             engine_bin: Some(binary),
             with_ceiling: true,
-            // The independent ceiling (issue 18) where h2load is installed;
+            // The independent ceiling where h2load is installed;
             // CI (.ci/run installs it) must measure it.
             with_h2load: h2load::available() || std::env::var_os("CI").is_some(),
             h2load_connections: 1,

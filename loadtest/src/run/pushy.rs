@@ -1,4 +1,4 @@
-//! The Pushy comparison (issue 18): Pushy's validating `MockApnsServer` as
+//! The Pushy comparison: Pushy's validating `MockApnsServer` as
 //! the APNs peer of an apns scenario (`--apns-server pushy`), and Pushy's
 //! `ApnsClient` sending the same pushes into a fresh one of those servers, so
 //! the engine's APNs channel is measured against an independent, widely used

@@ -58,7 +58,7 @@ pub struct Report {
     /// mock: Pushy's client into a fresh server of the kind the engine's
     /// phase had (`apns_server`), every configuration tried.
     pub pushy: Option<PushyReport>,
-    /// Engine deliveries/s ÷ Pushy's best pushes/s (issue 18 asks for ≥ 1.5).
+    /// Engine deliveries/s ÷ Pushy's best pushes/s (the target in docs/BENCHMARKS.md is ≥ 1.5).
     pub ratio_pushy: Option<f64>,
     pub windows: Windows,
     /// What the mock APNs read on the wire from the engine (apns scenarios).
@@ -67,7 +67,7 @@ pub struct Report {
     pub nodes: Option<NodesReport>,
 }
 
-/// Bytes per request as the mock APNs read them after TLS (issue 19):
+/// Bytes per request as the mock APNs read them after TLS:
 /// everything, the HPACK header blocks, the `authorization` literals inside
 /// them, the bodies.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -264,7 +264,7 @@ impl Report {
         if d.unexpected > explained {
             failures.push(format!("{} requests were not for an expected delivery", d.unexpected - explained));
         }
-        // Issue 11: unexplained duplicates or replays are a failed run.
+        // Unexplained duplicates or replays are a failed run.
         let duplicate_ratio = if d.expected == 0 { 0.0 } else { d.duplicates as f64 / d.expected as f64 };
         if duplicate_ratio > self.plan.max_duplicate_ratio {
             failures.push(format!(

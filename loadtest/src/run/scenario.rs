@@ -592,7 +592,7 @@ mod tests {
         }
     }
 
-    /// Issue 18 item 4's ingest and scale scenarios measure what their
+    /// The ingest and scale scenarios (docs/BENCHMARKS.md) measure what their
     /// comments say, at every override their documented commands use.
     #[test]
     fn ingest_and_scale_scenarios_have_their_documented_shape() {

@@ -469,7 +469,7 @@ fn token_endpoint(mut request: ProviderRequest, state: &State) -> Response<Full<
     } else {
         let id = state.next_id.fetch_add(1, Ordering::Relaxed);
         let token = format!("ya29.mock-{id}-{:x}", unix_now());
-        // A lifetime past the clock's range (issue 16 tests u64::MAX) never expires.
+        // A lifetime past the clock's range (the engine's tests ask for u64::MAX) never expires.
         let expires = Instant::now().checked_add(state.token_lifetime).unwrap_or_else(|| Instant::now() + FAR_FUTURE);
         lock(&state.issued).insert(token.clone(), expires);
         let body = serde_json::json!({

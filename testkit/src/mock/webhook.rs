@@ -7,7 +7,7 @@
 //! unscripted answer with `MockWebhookConfig::default_body`) sends the status
 //! line and headers at once, then a body that never ends, a chunk at a time,
 //! until the client resets the stream or closes the connection;
-//! `MockWebhook::open_bodies` counts those still being sent (issue 11: a
+//! `MockWebhook::open_bodies` counts those still being sent (a
 //! receiver must not hold an attempt, a pool slot or memory with its body).
 //!
 //! Signatures are checked independently of the engine: the Standard Webhooks v1

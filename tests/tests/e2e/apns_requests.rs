@@ -1,4 +1,4 @@
-//! APNs requests as an independent APNs server sees them (issue 19): the real
+//! APNs requests as an independent APNs server sees them: the real
 //! engine against the mock APNs, which refuses what Apple refuses, among it
 //! an `apns-collapse-id` over 64 bytes (400 BadCollapseId) and an
 //! `apns-expiration` that is not Unix seconds (400 BadExpirationDate).

@@ -100,7 +100,7 @@ async fn senders_own_messages_are_suppressed_and_everything_else_fails_open() {
     suppression_cases(b"ciphertext".to_vec()).await;
 }
 
-/// Issue 11: windows do not carry the data; a page reads it and, this large
+/// Windows do not carry the data; a page reads it and, this large
 /// (more than 64 KiB of hashing), hashes it off the shard actor's thread.
 #[tokio::test]
 async fn large_messages_are_suppressed_the_same_way() {

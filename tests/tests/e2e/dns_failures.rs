@@ -1,4 +1,4 @@
-//! DNS failures (issue 11 item 4) through the real test DNS server: a lookup
+//! DNS failures through the real test DNS server: a lookup
 //! that fails (SERVFAIL) or never answers (timeout) says nothing about the
 //! host, so Register answers `UNAVAILABLE` (retryable) and stores nothing,
 //! and at send time the attempt is transient and retried until the name

@@ -1,4 +1,4 @@
-//! Spec 002 (issue 14) end to end: the real `fanout` binary with
+//! Spec 002 end to end: the real `fanout` binary with
 //! `[engine.gateway]` and `[station]`, the real APNs and FCM mocks. Devices
 //! register on the Station routes with a bearer session; a Station service
 //! calls notify, signed here with RFC 9421 over Ed25519 (`ring`, building

@@ -1,4 +1,4 @@
-//! Hostile inputs (issue 11): an input that could make a shard unusable is
+//! Hostile inputs: an input that could make a shard unusable is
 //! refused on its own envelope, changes nothing, and leaves the shard and the
 //! rest of the batch working; every configured limit is answered with a
 //! precise status and changes nothing.

@@ -1,7 +1,7 @@
-//! Issue 7: two `fanout serve` nodes on one Cassandra keyspace split the
+//! Two `fanout serve` nodes on one Cassandra keyspace split the
 //! shards by lease; `kill -9` one of them mid-window; the survivor takes its
 //! shards after the lease TTL and replays from its checkpoint: zero missing
-//! deliveries, duplicates counted. Issue 11: one node is frozen (SIGSTOP)
+//! deliveries, duplicates counted. Fencing: one node is frozen (SIGSTOP)
 //! while publishes to it are under way, for longer than the lease TTL, then
 //! resumed: it must act on no lease it lost, and every acknowledged envelope
 //! is delivered. Needs a CQL server:
@@ -177,7 +177,7 @@ async fn kill_9_one_of_two_nodes_and_the_survivor_delivers_everything() {
     );
 }
 
-/// Issue 11 item 9: the second node is frozen with SIGSTOP while a
+/// Fencing: the second node is frozen with SIGSTOP while a
 /// publisher keeps sending it envelopes (so appends and windows are under
 /// way), for three lease TTLs; the first node takes its shards. Resumed, the
 /// second node must act on none of the leases it lost (its local deadlines
@@ -308,7 +308,7 @@ async fn publish_with_timeouts(addresses: &[String], topic: &[u8]) -> Option<u64
 }
 
 /// Publishes one envelope, resending it where an UNAVAILABLE redirect says
-/// (issue 7 contract) and retrying while a shard has no reachable owner.
+/// (the redirect contract of several nodes) and retrying while a shard has no reachable owner.
 /// Returns the sequence id and how many redirects were followed.
 async fn publish_following(nodes: &[&Fanout], topic: &[u8]) -> (u64, usize) {
     let deadline = Instant::now() + Duration::from_secs(30);

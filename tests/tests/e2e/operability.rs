@@ -1,4 +1,4 @@
-//! Operability (issue 6): the dashboard and the Prometheus rules name only
+//! Operability: the dashboard and the Prometheus rules name only
 //! metrics the engine's own `/metrics` exports; labels stay bounded and free of
 //! ids, tokens, URLs and topics (PUSH-254); `/healthz`, `/readyz` and unknown
 //! paths answer as docs/OPERATIONS.md says.
@@ -210,7 +210,7 @@ fn provider_tables(dir: &std::path::Path) -> String {
     });
     let account_file = dir.join("fcm-test-only.json");
     std::fs::write(&account_file, account.to_string()).expect("write service account");
-    // The relay ingress too, so its families are exported (issue 13).
+    // The relay ingress too, so its families are exported (spec 003 push-server side).
     let hub_secret = dir.join("hub.secret");
     std::fs::write(&hub_secret, "operability-hub-secret-0123456789").expect("write hub secret");
     // And the spec 002 gateway, whose families are created with it.
@@ -283,7 +283,7 @@ async fn dashboards_and_rules_name_only_exported_metrics() {
     let apns_token = "a1b2c3d4".repeat(8);
     let fcm_token = "operability-test-fcm-registration-token";
     // The FCM token endpoint is unreachable, so FCM sends are never attempts
-    // and their window never completes (issue 11): FCM gets its own topic,
+    // and their window never completes: FCM gets its own topic,
     // published to once the first window is done.
     let fcm_topic = group_topic();
     for (recipient, delivery, topic) in [

@@ -390,7 +390,7 @@ async fn fcm_setup() -> FcmSetup {
     FcmSetup { fanout, mock, _dir: dir }
 }
 
-/// Issue 19: `apns-expiration` is explicit, a day (the default) after the
+/// `apns-expiration` is explicit, a day (the default) after the
 /// request left, in Unix seconds.
 fn check_a_day(ck: &mut Check, what: &str, r: &ProviderRequest, expiration: Option<&str>) {
     let sent = r.received_at.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
@@ -412,7 +412,7 @@ fn check_fcm_request(ck: &mut Check, c: &Case, r: &ProviderRequest, project: &st
         what("authorization is `Bearer <token>`"),
         r.header("authorization").is_some_and(|a| a.starts_with("Bearer ")),
     );
-    // Issue 19: kept for ttl_seconds (default a day) on both platforms.
+    // Kept for ttl_seconds (default a day) on both platforms.
     let mut json = r.json().unwrap_or_default();
     let expiration = json["message"]["apns"]["headers"].as_object_mut().and_then(|h| h.remove("apns-expiration"));
     check_a_day(ck, &what("apns-expiration"), r, expiration.as_ref().and_then(|e| e.as_str()));
@@ -440,7 +440,7 @@ async fn fcm_outcome_table_end_to_end() {
     let fcm = |token: &str| pb::register_request::Delivery::Fcm(pb::FcmDelivery { token: token.into() });
     let mut ck = Check::default();
 
-    // A failed token fetch sends nothing, so it is not an attempt (issue 11):
+    // A failed token fetch sends nothing, so it is not an attempt (spec 000 "Terms"):
     // tried again after 10 s, counted in fanout_unsent_total.
     mock.script_token_endpoint(vec![500]);
     let mut first = vec![case("token fetch fails then 200", 1, Some("delivered"), kept, None)];

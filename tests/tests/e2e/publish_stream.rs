@@ -1,4 +1,4 @@
-//! `PublishStream` (issue 11 item 8): one acknowledgement per batch, in
+//! `PublishStream`: one acknowledgement per batch, in
 //! order, as each is stored; open as long as the client keeps it; ended by
 //! the server only after the acknowledgements of every stored batch.
 

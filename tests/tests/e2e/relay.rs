@@ -1,4 +1,4 @@
-//! Spec 003, hub side (issue 12): the relay channel against the real binary.
+//! Spec 003, hub side: the relay channel against the real binary.
 //! Registration over HTTP and gRPC (§1), the signed webhook (§2) checked by
 //! the testkit receiver and, independently, by a Python receiver, the
 //! per-device coalescing queue (§4), each answer row of §2.4, minimal mode

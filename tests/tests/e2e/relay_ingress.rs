@@ -1,4 +1,4 @@
-//! Spec 003 push-server side (issue 13) end to end: the real `fanout` binary
+//! Spec 003 push-server side end to end: the real `fanout` binary
 //! with `[engine.relay_ingress]`, APNs (a sandbox and a production mock) and
 //! FCM mocks. Webhooks are signed here with the `hmac` crate, independently
 //! of the engine's code, and POSTed over plain HTTP/1.1 on 127.0.0.1.

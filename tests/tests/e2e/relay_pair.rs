@@ -1,4 +1,4 @@
-//! Spec 003 end to end across two `fanout` processes (issues 12 and 13): a
+//! Spec 003 end to end across two `fanout` processes (hub side and push-server side): a
 //! hub (the relay channel, `[engine.channels.relay]`) posts its signed
 //! webhooks to a push server (`[engine.relay_ingress]`), which delivers them
 //! to the mock APNs. Nothing in between is fanout's test code: the hub's
@@ -18,7 +18,7 @@ use crate::relay::{metric, named_group, put, stand_in};
 use crate::relay_ingress::{APP, HUB, PATH, SECRET, Setup, setup};
 
 /// The hub, posting to the push server's ingress over plain HTTP on
-/// loopback (TLS is the listener's business, issue 16), with a 1 s request
+/// loopback (TLS is the listener's business), with a 1 s request
 /// timeout so that a slow provider makes the hub retry.
 async fn hub(push_server: &Setup, dir: &tempfile::TempDir) -> Fanout {
     let secret = dir.path().join("hub.secret");

@@ -1,4 +1,4 @@
-//! Issue 16 item 8, PUSH-254 under traffic: two engines at debug level, in
+//! PUSH-254 under traffic: two engines at debug level, in
 //! the text and the JSON log format, carry pushes over every channel, and
 //! neither log, neither `/metrics` and no error message (gRPC status, HTTP
 //! problem body) holds a recipient id or secret, a signing key, a device

@@ -1,4 +1,4 @@
-//! Issue 16 end to end: TLS on every listener, roles per service by bearer
+//! Security end to end: TLS on every listener, roles per service by bearer
 //! token and by client certificate (mTLS), certificates and tokens reloaded
 //! on SIGHUP without dropping open connections, the unsafe configurations
 //! that refuse to start, and the connection and header-read limits. The

@@ -1,4 +1,4 @@
-//! Webhook answers with hostile bodies (issue 11 item 5): a receiver answers
+//! Webhook answers with hostile bodies: a receiver answers
 //! 200 at once and then sends a body that never ends, trickling (a few bytes
 //! a second) or flooding (as fast as the connection takes it). The outcome is
 //! decided on the status line, so every delivery is `delivered` at its first

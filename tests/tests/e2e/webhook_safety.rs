@@ -1,7 +1,7 @@
 //! PUSH-256 at registration: scheme, userinfo, signing-key length, every
 //! blocked address class by DNS name and as an IP literal, hosts that resolve
 //! to nothing, allowed_domains matching, and allow_private_addresses; and the
-//! reserved classes beyond the spec's table (issue 16 item 6) at registration
+//! reserved classes beyond the spec's table at registration
 //! and at send, with allow_reserved_addresses.
 //!
 //! Registration only resolves a host; the registration tests never subscribe
@@ -45,7 +45,7 @@ const BLOCKED_NAMES: &[&str] = &[
     "mappedloop",
     "mixed",
     "receiver",
-    // Judged as its IPv4 address, 10.0.0.1 (issue 16).
+    // NAT64: judged as its IPv4 address, 10.0.0.1.
     "nat64private",
 ];
 
@@ -81,7 +81,7 @@ const PUBLIC_EDGES: &[(&str, &str)] = &[
     ("edge-before-multicast.fanout.test", "223.255.255.254"),
     ("edge-public6.fanout.test", "2001:4860:4860::8888"),
     ("edge-before-ula.fanout.test", "fbff::1"),
-    // Just outside the reserved classes of issue 16.
+    // Just outside the reserved classes beyond the spec's table.
     ("edge-before-ietf.fanout.test", "191.255.255.255"),
     ("edge-after-testnet1.fanout.test", "192.0.3.1"),
     ("edge-before-benchmark.fanout.test", "198.17.255.255"),
@@ -94,7 +94,7 @@ const PUBLIC_EDGES: &[(&str, &str)] = &[
     ("edge-nat64-public.fanout.test", "64:ff9b::93.184.216.34"),
 ];
 
-/// One IP literal per reserved class of issue 16, as a URL host.
+/// One IP literal per reserved class beyond the spec's table, as a URL host.
 const RESERVED_LITERALS: &[&str] = &[
     "192.0.0.8",
     "192.0.2.1",
@@ -273,7 +273,7 @@ async fn registration_refuses_unsafe_webhook_destinations() {
         "[::ffff:169.254.1.1]",
         "[::ffff:192.168.0.1]",
         "[::ffff:0.0.0.0]",
-        // NAT64 (issue 16): judged as 10.0.0.1.
+        // NAT64: judged as 10.0.0.1.
         "[64:ff9b::10.0.0.1]",
         // Other spellings of 127.0.0.1 that URL parsers normalise.
         "2130706433",
@@ -441,7 +441,7 @@ async fn allow_private_addresses_accepts_blocked_classes_only_there() {
 /// The environment variable that lifts the reserved classes.
 const ALLOW_RESERVED: &str = "FANOUT__ENGINE__CHANNELS__HTTP__ALLOW_RESERVED_ADDRESSES";
 
-/// Issue 16 item 6: the reserved classes stay refused when the spec's table
+/// The reserved classes stay refused when the spec's table
 /// is lifted (allow_private_addresses = true, as every test engine runs), at
 /// Register and before every attempt.
 ///

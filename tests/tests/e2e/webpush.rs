@@ -1,4 +1,4 @@
-//! The Web Push channel end to end (issue 17): the real engine against the
+//! The Web Push channel end to end: the real engine against the
 //! mock push service (`fanout_testkit::mock::webpush`) over TLS on
 //! 127.0.0.1. The mock verifies every VAPID token against the key the
 //! engine was given and decrypts every body with the subscription's private

@@ -88,7 +88,7 @@ mod tests {
         assert_eq!(reason(b""), None);
     }
 
-    /// Issue 16 item 7: APNs answers, property-tested.
+    /// APNs answers, property-tested.
     mod properties {
         use super::*;
         use proptest::prelude::*;

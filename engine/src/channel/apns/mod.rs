@@ -275,7 +275,7 @@ mod tests {
             assert_eq!(r.header("apns-push-type"), Some("background"));
             assert_eq!(r.header("apns-priority"), Some("5"));
             assert_eq!(r.header("apns-collapse-id"), Some("AAECAw=="));
-            // Issue 19: explicit, `expiration_seconds` (3600 here) from now.
+            // `apns-expiration` is explicit: `expiration_seconds` (3600 here) from now.
             let expiration: u64 = r.header("apns-expiration").unwrap().parse().unwrap();
             let now = unix_now_secs();
             assert!((now + 3590..=now + 3600).contains(&expiration), "{expiration} vs now {now}");
@@ -283,8 +283,8 @@ mod tests {
         }
     }
 
-    /// Issue 19: a topic with a 64-byte identifier (base64 of 88 bytes) is
-    /// delivered under a 45-byte stand-in collapse id, the same for each of
+    /// Deviation from PUSH-259: a topic with a 64-byte identifier (base64 of
+    /// 88 bytes) is delivered under a 45-byte stand-in collapse id, the same for each of
     /// its pushes; the mock refuses collapse ids over 64 bytes as APNs does.
     #[tokio::test]
     async fn long_topics_get_a_collapse_id_apns_accepts() {

@@ -80,7 +80,7 @@ pub(super) struct ApnsRequest {
 
 impl ApnsRequest {
     /// A spec 000 push (PUSH-259) that APNs may store until `expires_at`
-    /// (issue 19: sent explicitly, from `expiration_seconds`). `None` when
+    /// (`apns-expiration`, sent explicitly from `expiration_seconds`). `None` when
     /// the device token or topic cannot form a request.
     pub(super) fn new(base: &str, device: &str, envelope: &StoredEnvelope, expires_at: u64) -> Option<Self> {
         let uri = device_uri(base, device)?;
@@ -159,7 +159,7 @@ mod tests {
         StoredEnvelope { topic: Topic::parse(&bytes).unwrap(), ..envelope(5) }
     }
 
-    /// PUSH-259's headers, the collapse id fitted to 64 bytes (issue 19):
+    /// PUSH-259's headers, the collapse id fitted to 64 bytes (the deviation in `channel::collapse`):
     /// a 47-byte identifier keeps the spec's value (64 characters), 48 and
     /// 64 get the stand-in; `apns-expiration` is the value given.
     #[test]

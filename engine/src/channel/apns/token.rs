@@ -59,8 +59,8 @@ impl ProviderTokens {
         let mut authorization = HeaderValue::try_from(format!("bearer {jwt}"))
             .map_err(|_| jsonwebtoken::errors::ErrorKind::InvalidToken)?;
         // Sensitive: never printed, and sent as an HPACK never-indexed
-        // literal on every request. Issue 19 asked whether to let HPACK index
-        // it instead, as Pushy (Netty) and apns2 (Go) do. RFC 7541 §7.1.3
+        // literal on every request. Letting HPACK index it instead, as Pushy
+        // (Netty) and apns2 (Go) do, was weighed. RFC 7541 §7.1.3
         // would allow it: the value is a high-entropy signature, replaced
         // within the hour, on connections only fanout writes to, so no
         // guessing attack applies. It stays a literal because h2 (hyper's

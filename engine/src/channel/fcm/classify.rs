@@ -177,7 +177,7 @@ mod tests {
         assert_eq!(answer(429, Some("Wednesday, 21-Oct-15 07:30:00 GMT")), t(120), "RFC 850");
     }
 
-    /// Issue 16 item 7: FCM answers, property-tested.
+    /// FCM answers, property-tested.
     mod properties {
         use super::*;
         use proptest::prelude::*;

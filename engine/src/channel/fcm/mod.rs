@@ -217,7 +217,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_token_endpoint_answering_expires_in_u64_max_does_not_panic() {
-        // Issue 16: `Instant + Duration` overflowed on such an answer.
+        // `Instant + Duration` once overflowed on such an answer.
         let lifetime = Duration::from_secs(u64::MAX);
         let s = setup(MockFcmConfig { token_lifetime: lifetime, ..MockFcmConfig::default() }).await;
         assert_eq!(send(&s, "reg-a").await, Outcome::Delivered);

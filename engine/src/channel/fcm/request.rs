@@ -18,7 +18,7 @@ pub const MAX_DATA_BYTES: usize = 4096;
 /// (Apple's rule for content-available). Over 4096 bytes of data,
 /// `mls_message` is dropped.
 ///
-/// Collapse ids (issue 19): FCM documents no length limit for
+/// Collapse ids: FCM documents no length limit for
 /// `collapse_key` (only four keys per device at a time), so it goes as it
 /// is; the APNs block's `apns-collapse-id` reaches APNs, which refuses more
 /// than 64 bytes, so it gets the APNs channel's stand-in when longer.
@@ -51,7 +51,7 @@ pub fn relayed_fcm_body(push: &RelayedPush<'_>, now_unix_s: u64) -> Result<Fitte
 
 /// The FCM message (PUSH-259): data holding only the topic (standard base64)
 /// and the sequence id (decimal text), a high-priority Android message, a
-/// background APNs push at priority 5, and no collapse key. Issue 19 adds how
+/// background APNs push at priority 5, and no collapse key. It also says how
 /// long FCM may keep it for an offline device (`ttl_seconds`): Android
 /// `ttl`, and for Apple devices `apns-expiration` (Unix seconds from
 /// `now_unix_s`, or 0 for "deliver once, store nothing", as on the APNs

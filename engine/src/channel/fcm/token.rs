@@ -18,7 +18,7 @@ use crate::transport::pool::{HttpsClient, bounded, encode_path_segment, request,
 /// An access token is replaced this long before it expires.
 const TOKEN_EXPIRY_MARGIN: Duration = Duration::from_secs(300);
 /// The longest `expires_in` believed. Google's tokens live an hour; a token
-/// endpoint that answers more (up to u64::MAX seconds, issue 16) costs a
+/// endpoint that answers more (up to u64::MAX seconds) costs a
 /// refresh a day instead of an `Instant` overflow.
 const MAX_TOKEN_LIFETIME: Duration = Duration::from_secs(86_400);
 /// The OAuth2 scope of the FCM HTTP v1 API.

@@ -116,7 +116,7 @@ mod tests {
         assert_eq!(next_delay(5, parse_retry_after("1", now())), None, "five attempts in all");
     }
 
-    /// Issue 16 item 7: push server answers, property-tested.
+    /// Push server answers, property-tested.
     mod properties {
         use super::*;
         use proptest::prelude::*;

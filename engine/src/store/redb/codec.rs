@@ -260,7 +260,7 @@ pub(super) fn encode_envelope(e: &StoredEnvelope, data: &[u8]) -> Vec<u8> {
         .finish()
 }
 
-/// The envelope without its data (issue 11: windows do not hold it).
+/// The envelope without its data (windows do not hold it).
 pub(super) fn decode_envelope(shard: ShardId, sequence_id: u64, buf: &[u8]) -> Result<StoredEnvelope, StoreError> {
     let (envelope, _data) = decode_envelope_parts(shard, sequence_id, buf)?;
     Ok(envelope)
@@ -304,7 +304,7 @@ fn decode_envelope_parts(shard: ShardId, sequence_id: u64, buf: &[u8]) -> Result
         kind,
         server_ts_ns,
         sender_hmac,
-        // 003 §3: the relay's mls_message; larger data stays here (issue 11).
+        // 003 §3: the relay's mls_message; larger data stays here, out of windows.
         data: if data.len() <= MAX_INLINE_DATA { data.to_vec() } else { Vec::new() },
         relay,
     };

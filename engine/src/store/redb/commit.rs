@@ -1,4 +1,4 @@
-//! Group commit (issue 18): one writer thread runs the writes that wait
+//! Group commit: one writer thread runs the writes that wait
 //! together in one redb transaction, so one fsync makes a whole batch
 //! durable instead of one fsync per caller.
 //!

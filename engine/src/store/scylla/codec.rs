@@ -177,7 +177,7 @@ pub(super) fn encode_subscription(s: &StoredSubscription) -> (i64, bool, Option<
 
 /// The envelope columns a window reads: pos, topic, kind, server_ts,
 /// sender_hmac, inline_data, message_id, membership (the last three: schema
-/// 4, 003 §3). Never `data` (issue 11): `inline_data` holds it only when it
+/// 4, 003 §3). Never `data`: `inline_data` holds it only when it
 /// is at most `MAX_INLINE_DATA` bytes, for the relay channel.
 pub(super) type EnvelopeRow = (i32, Vec<u8>, i8, i64, Option<Vec<u8>>, Option<Vec<u8>>, Option<String>, Option<i8>);
 

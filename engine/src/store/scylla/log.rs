@@ -189,7 +189,7 @@ impl LogStatements {
                  inline_data, message_id, membership) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
             ))
             .await?,
-            // Issue 11: a window never reads the data; `data` does, per page.
+            // A window never reads the data; `data` does, per page (PUSH-230).
             read: p(format!(
                 "SELECT pos, {ENVELOPE_COLS}, term FROM {ks}.shard_log \
                  WHERE shard = ? AND bucket = ? AND pos >= ? AND pos <= ?"

@@ -21,10 +21,10 @@ pub struct ScyllaSettings {
     /// Client-side bound on every request.
     #[serde(rename = "request_timeout_ms", deserialize_with = "duration::millis")]
     pub request_timeout: Duration,
-    /// Issue 16: TLS to every node (Cassandra's client_encryption_options,
+    /// TLS to every node (Cassandra's client_encryption_options,
     /// ScyllaDB's client encryption). Absent: plaintext.
     pub tls: Option<ScyllaTls>,
-    /// Issue 16: password authentication (PasswordAuthenticator): the role
+    /// Password authentication (PasswordAuthenticator): the role
     /// name here, its password in `password_file` (never in the config).
     pub username: Option<String>,
     pub password_file: Option<PathBuf>,

@@ -1,6 +1,6 @@
 //! Which addresses a webhook may never reach: the blocked address table of
 //! spec 000 section 2 (PUSH-256), and the reserved classes beyond it
-//! (issue 16 item 6).
+//! (`RESERVED_V4`, `RESERVED_V6`: NAT64, 6to4, Teredo, the TEST-NETs and more).
 //!
 //! The two tables have their own switch: `allow_private_addresses` (the
 //! spec's, development and test only) lifts the spec's table,
@@ -406,7 +406,7 @@ mod tests {
         }
     }
 
-    /// Issue 16 item 7: addresses from DNS, property-tested.
+    /// Addresses from DNS, property-tested.
     mod properties {
         use super::*;
         use proptest::prelude::*;

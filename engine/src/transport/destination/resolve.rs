@@ -210,7 +210,7 @@ mod tests {
         }
     }
 
-    /// Issue 16 item 7: DNS answers, property-tested against a server that says anything.
+    /// DNS answers, property-tested against a server that says anything.
     mod properties {
         use super::*;
         use proptest::prelude::*;

@@ -25,7 +25,8 @@ pub enum SafetyError {
     #[error("webhook host does not resolve to an allowed address")]
     BlockedAddress,
     /// The lookup itself failed (timeout, SERVFAIL, no resolver): nothing is
-    /// known about the host yet, so this is worth trying again (issue 11).
+    /// known about the host yet, so this is worth trying again (transient at
+    /// send, UNAVAILABLE at Register).
     #[error("webhook host cannot be resolved right now")]
     DnsUnavailable,
 }
@@ -98,7 +99,7 @@ pub struct WebhookPolicy {
     pub allowed_domains: Vec<DomainPattern>,
     /// Development and test only: skip the blocked address table.
     pub allow_private_addresses: bool,
-    /// Skip the reserved classes beyond the spec's table (issue 16).
+    /// Skip the reserved classes beyond the spec's table (see `blocked`).
     pub allow_reserved_addresses: bool,
 }
 
@@ -352,7 +353,7 @@ mod tests {
         }
     }
 
-    /// Issue 16 item 7: webhook URLs and allowed_domains entries, property-tested.
+    /// Webhook URLs and allowed_domains entries, property-tested.
     mod properties {
         use super::*;
         use proptest::prelude::*;

@@ -53,7 +53,7 @@ import java.util.concurrent.atomic.AtomicLong;
 import java.util.concurrent.atomic.AtomicReference;
 
 /**
- * The load harness's Pushy peer (issue 18), two modes:
+ * The load harness's Pushy peer, two modes:
  *
  * <ul>
  *   <li>{@code server}: Pushy's validating {@link MockApnsServer} on 127.0.0.1. Prints {@code P <port>} first, then
