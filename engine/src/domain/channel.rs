@@ -47,10 +47,7 @@ macro_rules! channel_enum {
 
             /// From its wire number (proto `Channel`).
             pub fn from_wire(v: u8) -> Option<Self> {
-                match v {
-                    $($wire => Some(Self::$variant),)*
-                    _ => None,
-                }
+                Self::ALL.iter().copied().find(|c| c.wire() == v)
             }
 
             pub fn wire(self) -> u8 {
@@ -61,10 +58,7 @@ macro_rules! channel_enum {
 
             /// From the byte the stores keep.
             pub fn from_storage_tag(v: u8) -> Option<Self> {
-                match v {
-                    $($tag => Some(Self::$variant),)*
-                    _ => None,
-                }
+                Self::ALL.iter().copied().find(|c| c.storage_tag() == v)
             }
 
             pub fn storage_tag(self) -> u8 {
