@@ -28,10 +28,7 @@ pub mod service;
 mod state;
 
 pub use self::egress::{DedupKey, Egress, EgressPolicy, ProviderWakeup, RateWindow, WakeupPayload};
-pub use self::identity::{
-    AccountId, CollapseKey, DeliveryWindowId, DeviceId, IdError, PushRouteId, PushSecret, PushTargetId, RegistrationId,
-    SaltEpochId, SaltSecrets, SecretError, ServiceId,
-};
+pub use self::identity::{CollapseKey, DeliveryWindowId, PushSecret, SaltSecrets, SecretError};
 pub use self::outcome::{DeviceOutcome, GatewayStatus, NoFanout, NotifyResponse, ReasonCode, Rejection, TargetFailure};
 pub use self::schema::{
     NotifyHeaders, NotifyLimits, NotifyRequest, Operation, RegisterDevice, SchemaViolation, UnregisterDevice,
