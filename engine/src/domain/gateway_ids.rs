@@ -39,6 +39,8 @@ pub enum IdError {
     PushRoute,
     #[error("registration_id must be 22 to 128 base64url characters, never \"ak:\"-prefixed")]
     Registration,
+    #[error("Idempotency-Key is 1 to 255 visible ASCII characters")]
+    IdempotencyKey,
 }
 
 /// Visible ASCII (0x21..=0x7E), 1 to `max` bytes: the shape of the opaque ids
@@ -140,6 +142,15 @@ string_id!(
     IdError::Registration
 );
 
+string_id!(
+    /// An `Idempotency-Key` (§5.2). Reading: an opaque value of 1 to 255
+    /// visible ASCII characters, compared byte for byte (a structured-field
+    /// string's quotes are part of it).
+    IdempotencyKey,
+    |s| visible_ascii(s, 255),
+    IdError::IdempotencyKey
+);
+
 impl fmt::Debug for DeviceId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("DeviceId(..)")
@@ -167,6 +178,12 @@ impl fmt::Debug for SaltEpochId {
 impl fmt::Debug for RegistrationId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("RegistrationId(..)")
+    }
+}
+
+impl fmt::Debug for IdempotencyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("IdempotencyKey(..)")
     }
 }
 
@@ -279,28 +296,6 @@ impl<'de> Deserialize<'de> for PushTargetId {
     }
 }
 
-/// An `Idempotency-Key` (§5.2). Reading: an opaque value of 1 to 255
-/// visible ASCII characters, compared byte for byte (a structured-field
-/// string's quotes are part of it).
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct IdempotencyKey(String);
-
-impl IdempotencyKey {
-    pub fn parse(s: &str) -> Option<Self> {
-        visible_ascii(s, 255).then(|| Self(s.to_owned()))
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for IdempotencyKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("IdempotencyKey(..)")
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -396,7 +391,7 @@ mod tests {
         assert_eq!(SaltEpochId::parse("2026-05.a_b").unwrap().as_str(), "2026-05.a_b");
         assert_eq!(PushRouteId::parse("fcm_main"), Ok(PushRouteId::FcmMain));
         assert_eq!(PushRouteId::parse("fcm"), Err(IdError::PushRoute));
-        assert!(IdempotencyKey::parse(&"k".repeat(255)).is_some());
-        assert!(IdempotencyKey::parse("a key").is_none());
+        assert!(IdempotencyKey::parse(&"k".repeat(255)).is_ok());
+        assert_eq!(IdempotencyKey::parse("a key"), Err(IdError::IdempotencyKey));
     }
 }

@@ -602,3 +602,23 @@ pub(super) fn prune_batch(txn: &WriteTransaction, now_ms: i64) -> Result<usize, 
     }
     Ok(expired.len())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stored_id_that_no_longer_parses_is_a_corrupt_record() {
+        let wakeup = |device: &str| {
+            let mut w = Writer::new();
+            for text in ["0".repeat(32).as_str(), "station", "ak:account:a", device, "registration-current-1"] {
+                w.bytes(text.as_bytes());
+            }
+            w.bytes(b"{}").bytes(b"key").i64(0).u64(0).i64(1).i64(0);
+            w.finish()
+        };
+        assert!(decode_wakeup(&wakeup("ak:device:01964137-0000-7000-8000-000000000001")).is_ok());
+        let err = decode_wakeup(&wakeup("ak:device:other")).unwrap_err();
+        assert_eq!(err.to_string(), corrupt("wakeup").to_string());
+    }
+}

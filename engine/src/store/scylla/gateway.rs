@@ -673,3 +673,26 @@ impl GatewayStore for ScyllaGateway {
         Ok(0)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stored_id_that_no_longer_parses_is_a_corrupt_row() {
+        let key = RouteKey {
+            tenant: ServiceId::parse("station").unwrap(),
+            account_id: AccountId::parse("ak:account:a").unwrap(),
+            device_id: DeviceId::parse("ak:device:01964137-0000-7000-8000-000000000001").unwrap(),
+        };
+        let target = "ak:pseudonym:push:kosc9iQ4gVct1OB-b6X364WIFIsJFVbVzn7BMBs1sm8";
+        let row = |registration_id: &str| -> RouteRow {
+            let text = |s: &str| Some(s.to_owned());
+            let id = text(registration_id);
+            (id, text(target), text("fcm_main"), text("e1"), text("fcm:t"), None, None, None, None, Some(1), None)
+        };
+        assert!(decode_route(&key, row("registration-current-1")).unwrap().is_some());
+        let err = decode_route(&key, row("reg-1")).unwrap_err();
+        assert_eq!(err.to_string(), corrupt("route").to_string());
+    }
+}
