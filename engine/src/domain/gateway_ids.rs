@@ -49,8 +49,17 @@ pub(crate) fn visible_ascii(s: &str, max: usize) -> bool {
     (1..=max).contains(&s.len()) && s.bytes().all(|b| (0x21..=0x7e).contains(&b))
 }
 
+/// An id held as its text: `parse`, `as_str`, `FromStr`, `Display` and serde
+/// as that text, and a `Debug` that shows the value only when it is not
+/// personal (`shown`; `hidden` ids show none of it).
 macro_rules! string_id {
-    ($(#[$doc:meta])* $name:ident, $check:expr, $err:expr) => {
+    (@debug hidden, $f:expr, $name:ident, $value:expr) => {
+        write!($f, "{}(..)", stringify!($name))
+    };
+    (@debug shown, $f:expr, $name:ident, $value:expr) => {
+        write!($f, "{}({})", stringify!($name), $value)
+    };
+    ($(#[$doc:meta])* $name:ident, $check:expr, $err:expr, $debug:ident) => {
         $(#[$doc])*
         #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
         pub struct $name(String);
@@ -80,6 +89,12 @@ macro_rules! string_id {
             }
         }
 
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                string_id!(@debug $debug, f, $name, self.0)
+            }
+        }
+
         impl Serialize for $name {
             fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
                 s.serialize_str(&self.0)
@@ -98,11 +113,11 @@ macro_rules! string_id {
 string_id!(
     /// §3.1 `device_id`: `ak:device:<uuidv7>`. Compared byte for byte (§3.2),
     /// so only the lowercase canonical text form is accepted: an uppercase
-    /// twin would be a second id for the same device. Debug shows nothing of
-    /// it (personal data).
+    /// twin would be a second id for the same device.
     DeviceId,
     is_device_id,
-    IdError::Device
+    IdError::Device,
+    hidden
 );
 
 string_id!(
@@ -110,7 +125,8 @@ string_id!(
     /// of the pseudonym, never taken from a body. Opaque to the gateway.
     AccountId,
     |s| visible_ascii(s, 255),
-    IdError::Account
+    IdError::Account,
+    hidden
 );
 
 string_id!(
@@ -119,27 +135,30 @@ string_id!(
     /// (§3.4). Opaque; compared byte for byte.
     ServiceId,
     |s| visible_ascii(s, 255),
-    IdError::Service
+    IdError::Service,
+    shown
 );
 
 string_id!(
     /// `salt_epoch_id` (§2.2): names the secret a pseudonym was derived under.
     SaltEpochId,
     |s| (1..=64).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)),
-    IdError::SaltEpoch
+    IdError::SaltEpoch,
+    shown
 );
 
 string_id!(
     /// §3.1 `registration_id`: opaque, at least 128 bits of entropy, never
     /// `ak:`-prefixed, encoding nothing. Any opaque id of the base64url
     /// alphabet from 22 characters (128 bits) to 128 parses; fanout's own
-    /// are 43 (`RegistrationId::generate`). Debug shows nothing of it.
+    /// are 43 (`RegistrationId::generate`).
     RegistrationId,
     |s| {
         let alphabet = s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
         (22..=128).contains(&s.len()) && alphabet && !s.starts_with("ak:")
     },
-    IdError::Registration
+    IdError::Registration,
+    hidden
 );
 
 string_id!(
@@ -148,44 +167,9 @@ string_id!(
     /// string's quotes are part of it).
     IdempotencyKey,
     |s| visible_ascii(s, 255),
-    IdError::IdempotencyKey
+    IdError::IdempotencyKey,
+    hidden
 );
-
-impl fmt::Debug for DeviceId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("DeviceId(..)")
-    }
-}
-
-impl fmt::Debug for AccountId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("AccountId(..)")
-    }
-}
-
-impl fmt::Debug for ServiceId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "ServiceId({})", self.0)
-    }
-}
-
-impl fmt::Debug for SaltEpochId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "SaltEpochId({})", self.0)
-    }
-}
-
-impl fmt::Debug for RegistrationId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("RegistrationId(..)")
-    }
-}
-
-impl fmt::Debug for IdempotencyKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("IdempotencyKey(..)")
-    }
-}
 
 /// `ak:device:` + `xxxxxxxx-xxxx-7xxx-[89ab]xxx-xxxxxxxxxxxx`, lowercase hex.
 fn is_device_id(s: &str) -> bool {
