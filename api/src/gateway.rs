@@ -23,7 +23,7 @@ use axum::extract::{ConnectInfo, State};
 use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use fanout_engine::gateway::identity::{AccountId, ServiceId};
+use fanout_engine::domain::{AccountId, ServiceId};
 use fanout_engine::gateway::schema::NotifyHeaders;
 use fanout_engine::gateway::schema::{Operation, RegisterDevice, SchemaViolation, UnregisterDevice, check_operation};
 use fanout_engine::gateway::service::{GatewayService, NotifyError, StationError};

@@ -14,9 +14,9 @@ use serde_json::{Map, Value};
 use tokio::time::Instant;
 
 use crate::channel::{Outcome, Provider, Push, Refusal};
-use crate::domain::{Channel, Clock, Recipient};
+use crate::domain::{Channel, Clock, Recipient, SaltEpochId};
 use crate::domain::{DeliveryTarget, EnvelopeKind, RecipientId, SecretHash, ShardId, StoredEnvelope, Topic};
-use crate::gateway::identity::{PushSecret, SaltEpochId, SaltSecrets};
+use crate::gateway::identity::{PushSecret, SaltSecrets};
 use crate::store::{NodeId, ShardLeases, StoreError};
 
 /// A resolver for destinations reached by IP literal: it never resolves.

@@ -1,5 +1,6 @@
-//! The push gateway's durable records (spec 002), as its store keeps them:
-//! plain strings and bytes, checked by the gateway before they get here.
+//! The push gateway's durable records (spec 002): typed ids
+//! (`gateway_ids.rs`), parsed at the edge and again when a store reads them
+//! back; the provider's push key, platform and app id as registered.
 //!
 //! - **Registrations** (§3.1–3.3): one current route per (tenant, account,
 //!   device); a new registration atomically supersedes the old one, so there
@@ -19,22 +20,26 @@
 //! The tenant is the authenticated Source-Service-ID (§3.4 "以 authenticated
 //! Source-Service-ID 为顶层 tenant partition"): every key starts with it.
 
+use super::gateway_ids::{
+    AccountId, DeviceId, IdempotencyKey, PushRouteId, PushTargetId, RegistrationId, SaltEpochId, ServiceId,
+};
+
 /// One registration. Debug shows no value: push keys, account and device ids
 /// never reach a log line.
 #[derive(Clone, PartialEq, Eq)]
 pub struct GatewayRegistration {
     /// The Station service id the registration belongs to (tenant partition).
-    pub tenant: String,
+    pub tenant: ServiceId,
     /// The authenticated session's AccountId (never from a request body).
-    pub account_id: String,
-    pub device_id: String,
-    /// Opaque, ≥ 128 random bits, new for every registration.
-    pub registration_id: String,
-    pub push_target_id: String,
+    pub account_id: AccountId,
+    pub device_id: DeviceId,
+    /// New for every registration.
+    pub registration_id: RegistrationId,
+    pub push_target_id: PushTargetId,
     /// The configured provider route the push key belongs to.
-    pub push_route_id: String,
-    pub salt_epoch_id: String,
-    /// The provider token.
+    pub push_route_id: PushRouteId,
+    pub salt_epoch_id: SaltEpochId,
+    /// The provider token as registered (`gateway::schema::PushKey`).
     pub push_key: String,
     pub platform: Option<String>,
     pub app_id: Option<String>,
@@ -58,9 +63,9 @@ impl std::fmt::Debug for GatewayRegistration {
 /// The key of one current route. Debug shows nothing.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct RouteKey {
-    pub tenant: String,
-    pub account_id: String,
-    pub device_id: String,
+    pub tenant: ServiceId,
+    pub account_id: AccountId,
+    pub device_id: DeviceId,
 }
 
 impl std::fmt::Debug for RouteKey {
@@ -93,8 +98,8 @@ impl std::fmt::Debug for Revoke {
 /// A notify request's idempotency key, per tenant. Debug shows nothing.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct NotifyKey {
-    pub tenant: String,
-    pub idempotency_key: String,
+    pub tenant: ServiceId,
+    pub idempotency_key: IdempotencyKey,
 }
 
 impl std::fmt::Debug for NotifyKey {
@@ -128,7 +133,7 @@ pub struct GatewayWakeup {
     pub id: String,
     pub route: RouteKey,
     /// The registration the wakeup was accepted for.
-    pub registration_id: String,
+    pub registration_id: RegistrationId,
     /// The provider payload, rebuilt from allowed fields only (JSON object).
     pub payload: Vec<u8>,
     /// The collapse key (§2.4) of the window the wakeup was accepted in. A

@@ -4,6 +4,7 @@ mod channel;
 mod envelope;
 mod epoch;
 mod gateway;
+mod gateway_ids;
 mod ids;
 mod progress;
 mod recipient;
@@ -16,14 +17,19 @@ mod time;
 mod topic;
 mod webhook_url;
 
-pub use channel::{Channel, DeliveryTarget, SigningKey, WebPushKeys};
 pub(crate) use channel::for_each_channel;
+pub use channel::{Channel, DeliveryTarget, SigningKey, WebPushKeys};
 pub use envelope::{
     EnvelopeKind, MAX_INLINE_DATA, MAX_MESSAGE_ID_LEN, MembershipChange, MessageId, NewEnvelope, RelayMeta,
     StoredEnvelope,
 };
 pub use epoch::{HMAC_EPOCH_SECONDS, hmac_epoch};
 pub use gateway::{GatewayRegistration, GatewayWakeup, LeasedWakeup, NotifyClaim, NotifyKey, Revoke, RouteKey};
+pub(crate) use gateway_ids::visible_ascii;
+pub use gateway_ids::{
+    AccountId, DEVICE_PREFIX, DeviceId, IdError, IdempotencyKey, PUSH_TARGET_PREFIX, PushRouteId, PushTargetId,
+    RegistrationId, SaltEpochId, ServiceId,
+};
 pub use ids::{RecipientId, RecipientSecret, SecretHash};
 pub use progress::{Answered, ShardProgress};
 pub use recipient::{Recipient, RecipientSummary, Subscriber};

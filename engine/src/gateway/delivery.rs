@@ -37,12 +37,11 @@ use tokio::sync::{Notify, Semaphore, watch};
 use tokio::task::JoinSet;
 
 use super::egress::CollapseKeys;
-use super::identity::PushRouteId;
 use super::pending::ledger_key;
 use super::schema::PushKey;
 use super::state::{held_batch, update_ledger};
 use crate::channel::{Channels, Outcome, Push, Refusal, RelayPriority, RelayedPush};
-use crate::domain::{Channel, Clock, GatewayRegistration, LeasedWakeup, SystemClock};
+use crate::domain::{Channel, Clock, GatewayRegistration, LeasedWakeup, PushRouteId, SystemClock};
 use crate::metrics::Metrics;
 use crate::store::{Store, StoreError};
 use crate::transport::ATTEMPT_TIMEOUT;
@@ -329,7 +328,7 @@ impl Delivery {
 
     /// The channel, APNs host and provider token of a registration.
     fn route_of(&self, reg: &GatewayRegistration) -> Option<(Channel, bool, String)> {
-        let route = PushRouteId::parse(&reg.push_route_id)?;
+        let route = reg.push_route_id;
         let platform = reg.platform.as_deref().and_then(super::schema::Platform::parse);
         let key = PushKey::parse(&reg.push_key, platform).ok()?;
         let (channel, sandbox) = route_channel(route);
@@ -389,7 +388,10 @@ impl Delivery {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::{GatewayWakeup, NotifyClaim, NotifyKey, Revoke};
+    use crate::domain::{
+        AccountId, DeviceId, GatewayWakeup, IdempotencyKey, NotifyClaim, NotifyKey, PushTargetId, RegistrationId,
+        Revoke, SaltEpochId, ServiceId,
+    };
     use crate::gateway::pending::{Admission, PendingWakeups};
     use crate::store::RedbStore;
     use crate::testing::{Scripted, TestClock, salt_secrets as secrets};
@@ -426,13 +428,13 @@ mod tests {
         let delivery = Delivery::new(store.clone(), channels, DeliverySettings::default(), keys, metrics.clone())
             .with_clock(clock.clone());
         let registration = GatewayRegistration {
-            tenant: "station".into(),
-            account_id: "ak:account:a".into(),
-            device_id: "ak:device:01964137-0000-7000-8000-000000000001".into(),
-            registration_id: "reg-1".into(),
-            push_target_id: TARGET.into(),
-            push_route_id: "fcm_main".into(),
-            salt_epoch_id: "e1".into(),
+            tenant: station(),
+            account_id: AccountId::parse("ak:account:a").unwrap(),
+            device_id: DeviceId::parse("ak:device:01964137-0000-7000-8000-000000000001").unwrap(),
+            registration_id: RegistrationId::parse(REG).unwrap(),
+            push_target_id: PushTargetId::parse(TARGET).unwrap(),
+            push_route_id: PushRouteId::FcmMain,
+            salt_epoch_id: SaltEpochId::parse("e1").unwrap(),
             push_key: "fcm:the-token".into(),
             platform: None,
             app_id: Some("com.example".into()),
@@ -449,10 +451,18 @@ mod tests {
     const T0: i64 = 1_767_225_600_000;
     const WINDOW: Duration = Duration::from_secs(60);
     const TARGET: &str = "ak:pseudonym:push:kosc9iQ4gVct1OB-b6X364WIFIsJFVbVzn7BMBs1sm8";
+    /// The registration's id, and one it superseded.
+    const REG: &str = "registration-current-1";
+    const SUPERSEDED: &str = "registration-superseded";
+
+    fn station() -> ServiceId {
+        ServiceId::parse("station").unwrap()
+    }
 
     /// §2.4's key for the registration's wake-ups sent in the window of `at_ms`.
     fn key_at(at_ms: i64) -> String {
-        CollapseKeys::new(secrets(), WINDOW).at("e1", TARGET, at_ms as u64).unwrap().as_str().to_owned()
+        let (epoch, target) = (SaltEpochId::parse("e1").unwrap(), PushTargetId::parse(TARGET).unwrap());
+        CollapseKeys::new(secrets(), WINDOW).at(&epoch, &target, at_ms as u64).unwrap().as_str().to_owned()
     }
 
     /// Stores one wakeup for the registration as notify does, due at
@@ -460,13 +470,13 @@ mod tests {
     async fn stored(s: &Setup, registration_id: &str, not_before_ms: i64, expires_at_ms: i64) {
         let now = s.now();
         let id = format!("{:032x}", rand::random::<u128>());
-        let key = NotifyKey { tenant: "station".into(), idempotency_key: format!("k-{id}") };
+        let key = NotifyKey { tenant: station(), idempotency_key: IdempotencyKey::parse(&format!("k-{id}")).unwrap() };
         let claim = s.store.gateway().notify_claim(&key, &[1; 32], now, now + 30_000, now + 60_000).await.unwrap();
         assert_eq!(claim, NotifyClaim::Claimed);
         let wakeup = GatewayWakeup {
             id: id.clone(),
             route: s.registration.route_key(),
-            registration_id: registration_id.into(),
+            registration_id: RegistrationId::parse(registration_id).unwrap(),
             payload: br#"{"push_target_id":"ak:pseudonym:push:t","wakeup_kind":"call_invite"}"#.to_vec(),
             // The acceptance window's key: the sender uses its own window's.
             collapse_key: key_at(now),
@@ -474,7 +484,7 @@ mod tests {
             attempts: 0,
             expires_at_ms,
         };
-        update_ledger(s.store.as_ref(), "station", &ledger_key_of(s), now, |l| {
+        update_ledger(s.store.as_ref(), &station(), &ledger_key_of(s), now, |l| {
             l.add(&id, not_before_ms, expires_at_ms, now)
         })
         .await
@@ -501,7 +511,7 @@ mod tests {
 
     /// The device's pending ledger as stored.
     async fn ledger(s: &Setup) -> PendingWakeups {
-        let held = s.store.gateway().state("station", &ledger_key_of(s), s.now()).await.unwrap();
+        let held = s.store.gateway().state(&station(), &ledger_key_of(s), s.now()).await.unwrap();
         held.map(|b| serde_json::from_slice(&b).unwrap()).unwrap_or_default()
     }
 
@@ -516,7 +526,7 @@ mod tests {
     #[tokio::test]
     async fn a_delivered_wakeup_is_deleted_and_went_out_as_stored() {
         let s = setup(vec![Outcome::Delivered]).await;
-        let w = leased(&s, "reg-1").await;
+        let w = leased(&s, REG).await;
         assert_eq!(s.delivery.send(w).await, Sent::Delivered);
         let sent = s.provider.sent.lock().unwrap().clone();
         assert_eq!(sent.len(), 1);
@@ -538,7 +548,7 @@ mod tests {
         // (§2.4, docs/GATEWAY.md reading 3).
         let s = setup(vec![Outcome::transient(Duration::from_secs(1)), Outcome::Delivered]).await;
         s.clock.set(T0 + WINDOW.as_millis() as i64 - 500);
-        let first = leased(&s, "reg-1").await;
+        let first = leased(&s, REG).await;
         let accepted_in = first.wakeup.collapse_key.clone();
         assert_eq!(s.delivery.send(first).await, Sent::Retried);
         s.clock.advance(Duration::from_secs(1));
@@ -552,7 +562,7 @@ mod tests {
     #[tokio::test]
     async fn a_dead_token_marks_the_registration_it_was_sent_for() {
         let s = setup(vec![Outcome::Terminal]).await;
-        let w = leased(&s, "reg-1").await;
+        let w = leased(&s, REG).await;
         assert_eq!(s.delivery.send(w).await, Sent::DeadToken);
         let route = s.store.gateway().route(&s.registration.route_key(), s.now()).await.unwrap().unwrap();
         assert!(route.token_invalid);
@@ -563,7 +573,7 @@ mod tests {
     async fn a_transient_answer_is_retried_after_its_delay_and_then_given_up() {
         let answers = vec![Outcome::transient(Duration::from_secs(5)); 8];
         let s = setup(answers).await;
-        let w = leased(&s, "reg-1").await;
+        let w = leased(&s, REG).await;
         assert_eq!(s.delivery.send(w).await, Sent::Retried);
         assert!(nothing_due(&s, T0 + 4_999).await, "not before the provider's delay");
         let mut due = s.store.gateway().wakeups_due(T0 + 5_000, T0 + 35_000, 10).await.unwrap();
@@ -588,7 +598,7 @@ mod tests {
     async fn a_wakeup_is_sent_until_its_expiry_and_given_up_at_it() {
         let s = setup(vec![]).await;
         let expires = T0 + 10_000;
-        let (before, at) = (leased_until(&s, "reg-1", expires).await, leased_until(&s, "reg-1", expires).await);
+        let (before, at) = (leased_until(&s, REG, expires).await, leased_until(&s, REG, expires).await);
         s.clock.set(expires - 1);
         assert_eq!(s.delivery.send(before).await, Sent::Delivered);
         s.clock.set(expires);
@@ -599,7 +609,7 @@ mod tests {
     #[tokio::test]
     async fn a_retry_that_would_fall_past_the_expiry_is_given_up() {
         let s = setup(vec![Outcome::transient(Duration::from_secs(10))]).await;
-        let w = leased_until(&s, "reg-1", T0 + 10_000).await;
+        let w = leased_until(&s, REG, T0 + 10_000).await;
         assert_eq!(s.delivery.send(w).await, Sent::Exhausted);
         assert!(nothing_due(&s, T0 + 9_999).await);
     }
@@ -607,7 +617,7 @@ mod tests {
     #[tokio::test]
     async fn the_worker_takes_a_wakeup_once_the_clock_reaches_its_time() {
         let s = setup(vec![]).await;
-        stored(&s, "reg-1", T0 + 5_000, T0 + 3_600_000).await;
+        stored(&s, REG, T0 + 5_000, T0 + 3_600_000).await;
         assert!(s.delivery.lease_due(10).await.unwrap().is_empty(), "not due yet");
         s.clock.set(T0 + 4_999);
         assert!(s.delivery.lease_due(10).await.unwrap().is_empty(), "not due yet");
@@ -630,7 +640,7 @@ mod tests {
     #[tokio::test]
     async fn the_worker_retries_on_the_clock_not_before_the_backoff() {
         let s = setup(vec![Outcome::transient(Duration::ZERO); 2]).await;
-        stored(&s, "reg-1", T0, T0 + 3_600_000).await;
+        stored(&s, REG, T0, T0 + 3_600_000).await;
         let first = s.delivery.lease_due(10).await.unwrap().remove(0);
         assert_eq!(s.delivery.send(first).await, Sent::Retried);
         s.clock.set(T0 + 999);
@@ -651,9 +661,9 @@ mod tests {
     #[tokio::test]
     async fn a_superseded_or_revoked_route_is_never_used() {
         let s = setup(vec![]).await;
-        let stale = leased(&s, "reg-0").await;
+        let stale = leased(&s, SUPERSEDED).await;
         assert_eq!(s.delivery.send(stale).await, Sent::Revoked);
-        let w = leased(&s, "reg-1").await;
+        let w = leased(&s, REG).await;
         let revoke = Revoke { route: s.registration.route_key(), push_key: None, app_id: None };
         assert!(s.store.gateway().unregister(&revoke).await.unwrap());
         assert_eq!(s.delivery.send(w).await, Sent::Revoked);

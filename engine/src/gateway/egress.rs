@@ -23,11 +23,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::grid::{BucketIndex, CountGrid};
-use super::identity::{
-    AccountId, CollapseKey, DeliveryWindowId, DeviceId, PushRouteId, PushSecret, PushTargetId, SaltEpochId, SaltSecrets,
-};
+use super::identity::{CollapseKey, DeliveryWindowId, PushSecret, SaltSecrets};
 use super::jcs;
 use super::schema::{CountValue, L10nKey, Notification, PushHint, RequestDigest, WakeupKind};
+use crate::domain::{AccountId, DeviceId, PushRouteId, PushTargetId, SaltEpochId};
 
 /// A count as a provider may see it: a flag or a bucket label.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -237,12 +236,10 @@ impl CollapseKeys {
 
     /// The key of a wake-up for `push_target_id` (of salt epoch
     /// `salt_epoch_id`) sent at `now_ms`; `None` when the epoch was retired
-    /// from the configuration (its registrations no longer resolve) or the
-    /// id does not parse.
-    pub fn at(&self, salt_epoch_id: &str, push_target_id: &str, now_ms: u64) -> Option<CollapseKey> {
-        let secret = self.secrets.get(&SaltEpochId::parse(salt_epoch_id).ok()?)?;
-        let target = PushTargetId::parse(push_target_id).ok()?;
-        Some(CollapseKey::derive(secret, &target, DeliveryWindowId::at(now_ms, self.window_secs)))
+    /// from the configuration (its registrations no longer resolve).
+    pub fn at(&self, salt_epoch_id: &SaltEpochId, push_target_id: &PushTargetId, now_ms: u64) -> Option<CollapseKey> {
+        let secret = self.secrets.get(salt_epoch_id)?;
+        Some(CollapseKey::derive(secret, push_target_id, DeliveryWindowId::at(now_ms, self.window_secs)))
     }
 }
 

@@ -1,197 +1,24 @@
-//! Spec 002's identities: the typed ids a request names (`DeviceId`,
-//! `AccountId`, service DIDs), the pairwise pseudonym `PushTargetId` (§2.2)
-//! with the per-epoch secrets it is derived under, the opaque
-//! `RegistrationId` (§3.1) and the per-window collapse key (§2.4).
+//! Spec 002's derived identities: the pairwise pseudonym `PushTargetId`
+//! (§2.2) under the per-epoch secrets it is derived with, fresh
+//! `RegistrationId`s (§3.1) and the per-window collapse key (§2.4). The ids
+//! themselves, which only parse, are domain types (`domain/gateway_ids.rs`);
+//! what needs a secret, a CSPRNG or canonical JSON is here.
 //!
-//! Every type here parses strictly and is valid once built; none of their
-//! `Debug` output shows a secret, and error messages name the rule, never the
-//! value (ids are personal data: they stay out of logs and error bodies).
+//! None of these types' `Debug` output shows a secret.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::path::Path;
-use std::str::FromStr;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use hmac::{Hmac, KeyInit, Mac};
 use rand::RngCore;
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 
 use super::jcs;
-
-/// §2.2: the wire prefix of a push target pseudonym.
-pub const PUSH_TARGET_PREFIX: &str = "ak:pseudonym:push:";
-/// §3.1: the prefix of a typed device id.
-pub const DEVICE_PREFIX: &str = "ak:device:";
-
-/// Why an id was refused. The message names the rule only.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum IdError {
-    #[error("push_target_id must be \"ak:pseudonym:push:\" and the canonical unpadded base64url of 32 octets")]
-    PushTarget,
-    #[error("device_id must be \"ak:device:\" and a lowercase UUIDv7")]
-    Device,
-    #[error("account ids are 1 to 255 visible ASCII characters")]
-    Account,
-    #[error("service ids are 1 to 255 visible ASCII characters")]
-    Service,
-    #[error("salt epoch ids are 1 to 64 characters of A-Z a-z 0-9 . _ -")]
-    SaltEpoch,
-    #[error("registration_id must be 22 to 128 base64url characters, never \"ak:\"-prefixed")]
-    Registration,
-}
-
-/// Visible ASCII (0x21..=0x7E), 1 to `max` bytes: the shape of the opaque ids
-/// and header values spec 002 leaves unspecified.
-pub(crate) fn visible_ascii(s: &str, max: usize) -> bool {
-    (1..=max).contains(&s.len()) && s.bytes().all(|b| (0x21..=0x7e).contains(&b))
-}
-
-macro_rules! string_id {
-    ($(#[$doc:meta])* $name:ident, $check:expr, $err:expr) => {
-        $(#[$doc])*
-        #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-        pub struct $name(String);
-
-        impl $name {
-            pub fn parse(s: &str) -> Result<Self, IdError> {
-                let check: fn(&str) -> bool = $check;
-                if check(s) { Ok(Self(s.to_owned())) } else { Err($err) }
-            }
-
-            pub fn as_str(&self) -> &str {
-                &self.0
-            }
-        }
-
-        impl FromStr for $name {
-            type Err = IdError;
-
-            fn from_str(s: &str) -> Result<Self, IdError> {
-                Self::parse(s)
-            }
-        }
-
-        impl fmt::Display for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(&self.0)
-            }
-        }
-
-        impl Serialize for $name {
-            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-                s.serialize_str(&self.0)
-            }
-        }
-
-        impl<'de> Deserialize<'de> for $name {
-            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-                let s = String::deserialize(d)?;
-                Self::parse(&s).map_err(serde::de::Error::custom)
-            }
-        }
-    };
-}
-
-string_id!(
-    /// §3.1 `device_id`: `ak:device:<uuidv7>`. Compared byte for byte (§3.2),
-    /// so only the lowercase canonical text form is accepted: an uppercase
-    /// twin would be a second id for the same device. Debug shows nothing of
-    /// it (personal data).
-    DeviceId,
-    is_device_id,
-    IdError::Device
-);
-
-string_id!(
-    /// The complete AccountId of the authenticated session (§3.1): an input
-    /// of the pseudonym, never taken from a body. Opaque to the gateway.
-    AccountId,
-    |s| visible_ascii(s, 255),
-    IdError::Account
-);
-
-string_id!(
-    /// A service DID as carried by `Source-Service-ID` / `Destination-Service-ID`
-    /// (§5.1) and named in the settings. Opaque; compared byte for byte.
-    ServiceId,
-    |s| visible_ascii(s, 255),
-    IdError::Service
-);
-
-string_id!(
-    /// `salt_epoch_id` (§2.2): names the secret a pseudonym was derived under.
-    SaltEpochId,
-    |s| (1..=64).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)),
-    IdError::SaltEpoch
-);
-
-impl fmt::Debug for DeviceId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("DeviceId(..)")
-    }
-}
-
-impl fmt::Debug for AccountId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("AccountId(..)")
-    }
-}
-
-impl fmt::Debug for ServiceId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "ServiceId({})", self.0)
-    }
-}
-
-impl fmt::Debug for SaltEpochId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "SaltEpochId({})", self.0)
-    }
-}
-
-/// `ak:device:` + `xxxxxxxx-xxxx-7xxx-[89ab]xxx-xxxxxxxxxxxx`, lowercase hex.
-fn is_device_id(s: &str) -> bool {
-    let Some(uuid) = s.strip_prefix(DEVICE_PREFIX) else { return false };
-    let b = uuid.as_bytes();
-    b.len() == 36
-        && b.iter().enumerate().all(|(i, &c)| match i {
-            8 | 13 | 18 | 23 => c == b'-',
-            _ => matches!(c, b'0'..=b'9' | b'a'..=b'f'),
-        })
-        // RFC 9562: version nibble 7, variant 10xx.
-        && b[14] == b'7'
-        && matches!(b[19], b'8' | b'9' | b'a' | b'b')
-}
-
-/// `push_route_id` (§2.2's third input): the provider route a registration
-/// uses. Reading (docs/GATEWAY.md): one route per provider environment, named
-/// `fcm_main`, `apns_main`, `apns_sandbox` (the checklist's vector uses
-/// `fcm_main`); a token rotation on the same route keeps the pseudonym.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum PushRouteId {
-    FcmMain,
-    ApnsMain,
-    ApnsSandbox,
-}
-
-impl PushRouteId {
-    pub const ALL: [Self; 3] = [Self::FcmMain, Self::ApnsMain, Self::ApnsSandbox];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::FcmMain => "fcm_main",
-            Self::ApnsMain => "apns_main",
-            Self::ApnsSandbox => "apns_sandbox",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|r| r.as_str() == s)
-    }
-}
+use crate::domain::{AccountId, DeviceId, PushRouteId, PushTargetId, RegistrationId, SaltEpochId};
 
 /// A per-epoch `service_push_secret` (§2.2). Never on the wire, never
 /// printed.
@@ -293,11 +120,6 @@ impl SaltSecrets {
     }
 }
 
-/// §2.2 `push_target_id`: the full 32-octet HMAC tag, on the wire as
-/// `ak:pseudonym:push:` + canonical unpadded base64url (43 characters).
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct PushTargetId([u8; 32]);
-
 /// The JCS input of §2.2, fields in JCS order.
 #[derive(Serialize)]
 struct PseudonymInput<'a> {
@@ -325,124 +147,19 @@ impl PushTargetId {
         };
         let mut mac = secret.mac();
         mac.update(&jcs::to_vec(&input));
-        Self(mac.finalize().into_bytes().into())
-    }
-
-    /// Strict (§2.2 "接收方 MUST 解码恰好 32 octets 并执行 canonical 重编码校验"):
-    /// the prefix, unpadded base64url of exactly 32 octets, and the text must
-    /// be the re-encoding of those octets (the `…sm9` twin of `…sm8` decodes
-    /// leniently to the same bytes and is refused).
-    pub fn parse(s: &str) -> Result<Self, IdError> {
-        let b64 = s.strip_prefix(PUSH_TARGET_PREFIX).ok_or(IdError::PushTarget)?;
-        if b64.len() != 43 {
-            return Err(IdError::PushTarget);
-        }
-        let bytes = URL_SAFE_NO_PAD.decode(b64).map_err(|_| IdError::PushTarget)?;
-        let tag: [u8; 32] = bytes.try_into().map_err(|_| IdError::PushTarget)?;
-        // The engine refuses non-zero trailing bits already; the re-encoding
-        // comparison is the spec's own rule and does not depend on that.
-        if URL_SAFE_NO_PAD.encode(tag) != b64 {
-            return Err(IdError::PushTarget);
-        }
-        Ok(Self(tag))
-    }
-
-    pub fn as_bytes(&self) -> &[u8; 32] {
-        &self.0
-    }
-
-    pub fn from_bytes(tag: [u8; 32]) -> Self {
-        Self(tag)
+        Self::from_bytes(mac.finalize().into_bytes().into())
     }
 }
-
-impl fmt::Display for PushTargetId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(PUSH_TARGET_PREFIX)?;
-        f.write_str(&URL_SAFE_NO_PAD.encode(self.0))
-    }
-}
-
-impl fmt::Debug for PushTargetId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("PushTargetId(..)")
-    }
-}
-
-impl FromStr for PushTargetId {
-    type Err = IdError;
-
-    fn from_str(s: &str) -> Result<Self, IdError> {
-        Self::parse(s)
-    }
-}
-
-impl Serialize for PushTargetId {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for PushTargetId {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        Self::parse(&s).map_err(serde::de::Error::custom)
-    }
-}
-
-/// §3.1 `registration_id`: opaque, at least 128 bits of entropy, never
-/// `ak:`-prefixed, encoding nothing. fanout's own are 256 random bits in
-/// unpadded base64url (43 characters; `:` is not in that alphabet, so the
-/// `ak:` rule holds by construction). Parsing accepts any opaque id of that
-/// alphabet from 22 characters (128 bits) to 128.
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RegistrationId(String);
 
 impl RegistrationId {
-    /// A fresh id from the thread's CSPRNG: new for every registration,
-    /// token rotation or replacement, so never a revoked one.
+    /// A fresh id from the thread's CSPRNG: 256 random bits in unpadded
+    /// base64url (43 characters; `:` is not in that alphabet, so the `ak:`
+    /// rule holds by construction), new for every registration, token
+    /// rotation or replacement, so never a revoked one (§3.1).
     pub fn generate() -> Self {
         let mut bytes = [0u8; 32];
         rand::rng().fill_bytes(&mut bytes);
-        Self(URL_SAFE_NO_PAD.encode(bytes))
-    }
-
-    pub fn parse(s: &str) -> Result<Self, IdError> {
-        let alphabet = s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-        if (22..=128).contains(&s.len()) && alphabet && !s.starts_with("ak:") {
-            Ok(Self(s.to_owned()))
-        } else {
-            Err(IdError::Registration)
-        }
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for RegistrationId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl fmt::Debug for RegistrationId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("RegistrationId(..)")
-    }
-}
-
-impl Serialize for RegistrationId {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.0)
-    }
-}
-
-impl<'de> Deserialize<'de> for RegistrationId {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        Self::parse(&s).map_err(serde::de::Error::custom)
+        Self::parse(&URL_SAFE_NO_PAD.encode(bytes)).expect("43 base64url characters")
     }
 }
 
@@ -515,9 +232,8 @@ impl fmt::Debug for CollapseKey {
 mod tests {
     use super::*;
 
-    /// The spec's example pseudonym (§5.1) and its non-canonical twin.
+    /// The spec's example pseudonym (§5.1).
     const SPEC_EXAMPLE: &str = "ak:pseudonym:push:kosc9iQ4gVct1OB-b6X364WIFIsJFVbVzn7BMBs1sm8";
-    const SPEC_EXAMPLE_TWIN: &str = "ak:pseudonym:push:kosc9iQ4gVct1OB-b6X364WIFIsJFVbVzn7BMBs1sm9";
     /// Checklist rule 2's derived vector.
     const DERIVED: &str = "ak:pseudonym:push:t4HdMLcxrKLBBUctAnf0JllNzR_ofUKouLhxnri6FOQ";
     const DEVICE: &str = "ak:device:01964137-0000-7000-8000-000000000000";
@@ -538,24 +254,6 @@ mod tests {
             &DeviceId::parse(DEVICE).unwrap(),
             PushRouteId::FcmMain,
         )
-    }
-
-    #[test]
-    fn the_spec_example_is_canonical_and_its_twin_is_refused() {
-        let id = PushTargetId::parse(SPEC_EXAMPLE).unwrap();
-        assert_eq!(id.to_string(), SPEC_EXAMPLE);
-        assert_eq!(hex::encode(id.as_bytes()), "928b1cf6243881572dd4e07e6fa5f7eb8588148b091556d5ce7ec1301b35b26f");
-        // A lenient decoder maps the twin to the same 32 octets; the
-        // re-encoding differs, so it is refused.
-        let lenient = base64::engine::GeneralPurpose::new(
-            &base64::alphabet::URL_SAFE,
-            base64::engine::GeneralPurposeConfig::new()
-                .with_decode_allow_trailing_bits(true)
-                .with_decode_padding_mode(base64::engine::DecodePaddingMode::RequireNone),
-        );
-        let twin_bytes = lenient.decode(&SPEC_EXAMPLE_TWIN[PUSH_TARGET_PREFIX.len()..]).unwrap();
-        assert_eq!(twin_bytes, id.as_bytes());
-        assert_eq!(PushTargetId::parse(SPEC_EXAMPLE_TWIN), Err(IdError::PushTarget));
     }
 
     #[test]
@@ -608,55 +306,7 @@ mod tests {
     }
 
     #[test]
-    fn malformed_push_target_ids_are_refused() {
-        let b64 = &DERIVED[PUSH_TARGET_PREFIX.len()..];
-        for bad in [
-            String::new(),
-            b64.to_owned(),                                                     // no prefix
-            format!("ak:pseudonym:push:{b64}="),                                // padded
-            format!("ak:pseudonym:push:{}", &b64[..42]),                        // 31.5 octets
-            format!("ak:pseudonym:push:{b64}AA"),                               // 33 octets
-            format!("ak:pseudonym:push:{}", b64.replace('_', "/")),             // standard alphabet
-            format!("AK:pseudonym:push:{b64}"),                                 // prefix case
-            format!("ak:pseudonym:push: {}", &b64[1..]),                        // space
-            format!("ak:pseudonym:push:{}", URL_SAFE_NO_PAD.encode([0u8; 16])), // raw 16
-        ] {
-            assert_eq!(PushTargetId::parse(&bad), Err(IdError::PushTarget), "{bad}");
-        }
-        // The spec example written with '+' and '/' for '-' and '_'.
-        let std_alphabet = SPEC_EXAMPLE.replace('-', "+");
-        assert_eq!(PushTargetId::parse(&std_alphabet), Err(IdError::PushTarget));
-        assert!(serde_json::from_str::<PushTargetId>("\"ak:pseudonym:push:x\"").is_err());
-    }
-
-    #[test]
-    fn device_ids_are_strict_uuidv7() {
-        for good in
-            [DEVICE, "ak:device:0192f3a1-4c2b-7d5e-9f10-2a3b4c5d6e7f", "ak:device:0192f3a1-4c2b-7d5e-b021-3c4d5e6f7a8b"]
-        {
-            assert_eq!(DeviceId::parse(good).unwrap().as_str(), good);
-        }
-        for bad in [
-            "",
-            "01964137-0000-7000-8000-000000000000",            // no prefix
-            "ak:device:01964137-0000-4000-8000-000000000000",  // v4
-            "ak:device:01964137-0000-7000-c000-000000000000",  // variant 110x
-            "ak:device:01964137-0000-7000-8000-00000000000",   // short
-            "ak:device:01964137-0000-7000-8000-0000000000000", // long
-            "ak:device:01964137000070008000000000000000",      // no hyphens
-            "ak:device:0192F3A1-4C2B-7D5E-9F10-2A3B4C5D6E7F",  // uppercase
-            "ak:device:{01964137-0000-7000-8000-000000000000}",
-            "ak:Device:01964137-0000-7000-8000-000000000000",
-            "ak:device:01964137-0000-7000-8000-00000000000g",
-            "ak:device:01964137_0000-7000-8000-000000000000",
-        ] {
-            assert_eq!(DeviceId::parse(bad), Err(IdError::Device), "{bad}");
-        }
-        assert_eq!(format!("{:?}", DeviceId::parse(DEVICE).unwrap()), "DeviceId(..)");
-    }
-
-    #[test]
-    fn registration_ids_are_fresh_opaque_and_never_ak() {
+    fn registration_ids_are_fresh_and_never_ak() {
         let a = RegistrationId::generate();
         let b = RegistrationId::generate();
         assert_ne!(a, b);
@@ -664,12 +314,6 @@ mod tests {
         assert_eq!(URL_SAFE_NO_PAD.decode(a.as_str()).unwrap().len(), 32);
         assert!(!a.as_str().starts_with("ak:"));
         assert_eq!(RegistrationId::parse(a.as_str()).unwrap(), a);
-        for bad in ["", "ak:0123456789abcdefghijklmnop", "short", "has space 0123456789abcdefgh", "ak:registration:x"] {
-            assert_eq!(RegistrationId::parse(bad), Err(IdError::Registration), "{bad}");
-        }
-        assert_eq!(RegistrationId::parse(&"a".repeat(129)), Err(IdError::Registration));
-        assert!(RegistrationId::parse(&"a".repeat(22)).is_ok());
-        assert_eq!(format!("{a:?}"), "RegistrationId(..)");
     }
 
     #[test]
@@ -724,18 +368,5 @@ mod tests {
         let err = SaltSecrets::load(&id1, [(&id1, missing.as_path())]).unwrap_err();
         assert!(matches!(err, SecretError::Unreadable { .. }), "{err}");
         assert_eq!(format!("{:?}", secrets.current()), "PushSecret(..)");
-    }
-
-    #[test]
-    fn opaque_ids_are_visible_ascii() {
-        assert!(ServiceId::parse("did:web:station.example").is_ok());
-        assert_eq!(ServiceId::parse(""), Err(IdError::Service));
-        assert_eq!(ServiceId::parse("did:web:a b"), Err(IdError::Service));
-        assert_eq!(ServiceId::parse(&"x".repeat(256)), Err(IdError::Service));
-        assert_eq!(AccountId::parse("ak:account:é"), Err(IdError::Account));
-        assert_eq!(SaltEpochId::parse("e 1"), Err(IdError::SaltEpoch));
-        assert_eq!(SaltEpochId::parse("2026-05.a_b").unwrap().as_str(), "2026-05.a_b");
-        assert_eq!(PushRouteId::parse("fcm_main"), Some(PushRouteId::FcmMain));
-        assert_eq!(PushRouteId::parse("fcm"), None);
     }
 }

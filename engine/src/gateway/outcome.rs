@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::identity::{DeviceId, PushTargetId};
 use super::schema::{CallerReason, Devices, NotifyRequest};
+use crate::domain::{DeviceId, PushTargetId};
 
 /// §5.2 `gateway_status`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

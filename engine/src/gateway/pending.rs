@@ -24,6 +24,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::domain::{AccountId, DeviceId};
 use crate::transport::ATTEMPT_TIMEOUT;
 
 /// The longest `retry_after_ms` a `rate_limited` outcome names: the
@@ -129,9 +130,9 @@ impl PendingWakeups {
 /// so that no stored key spells either (the tenant is the store's
 /// partition). Per device, not per route: a device has one current route,
 /// and a wake-up only knows its device.
-pub fn ledger_key(account_id: &str, device_id: &str) -> Vec<u8> {
+pub fn ledger_key(account_id: &AccountId, device_id: &DeviceId) -> Vec<u8> {
     let mut h = Sha256::new();
-    for part in [account_id, device_id] {
+    for part in [account_id.as_str(), device_id.as_str()] {
         h.update((part.len() as u32).to_be_bytes());
         h.update(part.as_bytes());
     }
@@ -205,12 +206,13 @@ mod tests {
 
     #[test]
     fn ledger_keys_hash_the_device_and_tell_devices_apart() {
-        let k = ledger_key("ak:account:a", "ak:device:1");
+        let account = |a: &str| AccountId::parse(a).unwrap();
+        let device = |n: u8| DeviceId::parse(&format!("ak:device:01964137-0000-7000-8000-0000000000{n:02x}")).unwrap();
+        let k = ledger_key(&account("ak:account:a"), &device(1));
         assert_eq!(k.len(), 33);
         assert_eq!(k[0], b'p');
         assert!(!k.windows(11).any(|w| w == b"ak:account:"));
-        assert_ne!(k, ledger_key("ak:account:a", "ak:device:2"));
-        // Length-prefixed: the split between the parts matters.
-        assert_ne!(ledger_key("ab", "c"), ledger_key("a", "bc"));
+        assert_ne!(k, ledger_key(&account("ak:account:a"), &device(2)));
+        assert_ne!(k, ledger_key(&account("ak:account:b"), &device(1)));
     }
 }

@@ -21,10 +21,7 @@ use super::delivery::{Delivery, route_channel};
 use super::egress::{
     BucketDwell, DedupKey, DedupScope, Egress, EgressCount, EgressPolicy, ProviderWakeup, RateWindow, WakeupPayload,
 };
-use super::identity::{
-    AccountId, DeliveryWindowId, DeviceId, PushRouteId, PushTargetId, RegistrationId, SaltEpochId, SaltSecrets,
-    ServiceId,
-};
+use super::identity::{DeliveryWindowId, SaltSecrets};
 use super::outcome::{DeviceOutcome, GatewayStatus, NoFanout, NotifyResponse, ReasonCode, Rejection, TargetFailure};
 use super::pending::{Admission, PendingWakeups, ledger_key};
 use super::schema::{NotifyHeaders, NotifyLimits, NotifyRequest, RegisterDevice, SchemaViolation, UnregisterDevice};
@@ -32,7 +29,8 @@ use super::settings::GatewaySettings;
 use super::state::{batch_id, hex32, update_ledger, update_state};
 use crate::channel::Channels;
 use crate::domain::{
-    Clock, GatewayRegistration, GatewayWakeup, NotifyClaim, NotifyKey, Revoke, RouteKey, SystemClock,
+    AccountId, Clock, DeviceId, GatewayRegistration, GatewayWakeup, NotifyClaim, NotifyKey, PushTargetId,
+    RegistrationId, Revoke, RouteKey, ServiceId, SystemClock,
 };
 use crate::metrics::Metrics;
 use crate::store::{Store, StoreError};
@@ -238,13 +236,13 @@ impl GatewayService {
         let now = self.clock.now_ms();
         let expires_at_ms = now.saturating_add(self.settings.registration_ttl.as_millis() as i64);
         let registration = GatewayRegistration {
-            tenant: tenant.as_str().to_owned(),
-            account_id: account.as_str().to_owned(),
-            device_id: request.device_id.as_str().to_owned(),
-            registration_id: registration_id.as_str().to_owned(),
-            push_target_id: push_target_id.to_string(),
-            push_route_id: route.as_str().to_owned(),
-            salt_epoch_id: epoch.as_str().to_owned(),
+            tenant: tenant.clone(),
+            account_id: account.clone(),
+            device_id: request.device_id.clone(),
+            registration_id: registration_id.clone(),
+            push_target_id,
+            push_route_id: route,
+            salt_epoch_id: epoch.clone(),
             push_key: request.push_key.as_registered().to_owned(),
             platform: request.platform.map(|p| p.as_str().to_owned()),
             app_id: request.app_id.clone(),
@@ -271,9 +269,9 @@ impl GatewayService {
         let _slot = self.slot().ok_or(StationError::Overloaded)?;
         let revoke = Revoke {
             route: RouteKey {
-                tenant: tenant.as_str().to_owned(),
-                account_id: account.as_str().to_owned(),
-                device_id: request.device_id.as_str().to_owned(),
+                tenant: tenant.clone(),
+                account_id: account.clone(),
+                device_id: request.device_id.clone(),
             },
             push_key: request.push_key.clone(),
             app_id: request.app_id.clone(),
@@ -307,10 +305,7 @@ impl GatewayService {
             max_devices: self.settings.max_devices_per_notify,
         };
         let request = NotifyRequest::parse(body, &limits)?;
-        let key = NotifyKey {
-            tenant: headers.source.as_str().to_owned(),
-            idempotency_key: headers.idempotency_key.as_str().to_owned(),
-        };
+        let key = NotifyKey { tenant: headers.source.clone(), idempotency_key: headers.idempotency_key.clone() };
         let now = self.clock.now_ms();
         let lease_until = now + CLAIM_LEASE.as_millis() as i64;
         let expires_at = now.saturating_add(self.settings.idempotency_retention.as_millis() as i64);
@@ -383,10 +378,10 @@ impl GatewayService {
         let registrations: Vec<_> = self
             .store
             .gateway()
-            .target(source.as_str(), &target.to_string(), now)
+            .target(source, &target, now)
             .await?
             .into_iter()
-            .filter(|r| SaltEpochId::parse(&r.salt_epoch_id).is_ok_and(|e| self.secrets.get(&e).is_some()))
+            .filter(|r| self.secrets.get(&r.salt_epoch_id).is_some())
             .collect();
         if registrations.is_empty() {
             return Ok((NotifyResponse::whole_target(target, &n.devices, TargetFailure::Unknown), Vec::new()));
@@ -398,7 +393,7 @@ impl GatewayService {
         let mut outcomes = HashMap::new();
         let mut wakeups = Vec::new();
         for device in n.devices.iter() {
-            let registration = registrations.iter().find(|r| r.device_id == device.as_str());
+            let registration = registrations.iter().find(|r| r.device_id == *device);
             let outcome = match registration {
                 None => DeviceOutcome::Rejected(Rejection::terminal(ReasonCode::PushTokenUnknown)),
                 Some(r) if r.token_invalid => {
@@ -425,20 +420,13 @@ impl GatewayService {
         now: i64,
         wakeups: &mut Vec<GatewayWakeup>,
     ) -> Result<DeviceOutcome, StoreError> {
-        let tenant = source.as_str();
-        let (Some(route), Ok(epoch), Ok(account)) = (
-            PushRouteId::parse(&reg.push_route_id),
-            SaltEpochId::parse(&reg.salt_epoch_id),
-            AccountId::parse(&reg.account_id),
-        ) else {
-            return Ok(DeviceOutcome::Rejected(Rejection::terminal(ReasonCode::PushTokenUnknown)));
-        };
+        let (tenant, route, epoch, account) = (source, reg.push_route_id, &reg.salt_epoch_id, &reg.account_id);
         if !self.channels.is_configured(route_channel(route).0) {
             // The operator removed the provider: retryable once it is back.
             let rejection = Rejection::retry(ReasonCode::PushGatewayUnreachable, Duration::from_secs(60));
             return Ok(DeviceOutcome::Rejected(rejection.expect("retryable")));
         }
-        let secret = self.secrets.get(&epoch).expect("filtered to known epochs");
+        let secret = self.secrets.get(epoch).expect("filtered to known epochs");
         let window_secs = self.settings.window.as_secs().max(1);
         let now_u = now.max(0) as u64;
         let window = DeliveryWindowId::at(now_u, window_secs);
@@ -447,8 +435,7 @@ impl GatewayService {
         // §2.4: one wakeup per (account, device, route, source event) per
         // window. The marker holds the request's `owner`, so a take-over of
         // this very request (its claim's holder died) is not a duplicate.
-        let scope =
-            DedupScope { account: &account, device, route, epoch: &epoch, source_event: &request.wakeup_digest };
+        let scope = DedupScope { account, device, route, epoch, source_event: &request.wakeup_digest };
         let dedup = DedupKey::derive(secret, scope, window);
         let marker = [b"d".as_slice(), dedup.as_bytes()].concat();
         let taken_by_other = |held: Option<Vec<u8>>| held.is_some_and(|h| h != owner[..]);
@@ -561,7 +548,7 @@ impl GatewayService {
     /// A window state value, or its default when absent or unreadable.
     async fn read_state<T: DeserializeOwned + Default>(
         &self,
-        tenant: &str,
+        tenant: &ServiceId,
         key: &[u8],
         now: i64,
     ) -> Result<T, StoreError> {
@@ -573,7 +560,7 @@ impl GatewayService {
     /// again when another request changed it in between.
     async fn update_state<T, R>(
         &self,
-        tenant: &str,
+        tenant: &ServiceId,
         key: &[u8],
         expires_at_ms: i64,
         now: i64,
@@ -589,8 +576,8 @@ impl GatewayService {
 /// The id of the wakeup a request stores for a device at once: the same for
 /// the same request (Idempotency-Key and body), so a request decided again
 /// stores, and lists, the same wakeup.
-fn now_wakeup_id(tenant: &str, owner: &[u8; 32], device: &DeviceId) -> String {
-    hex32(&[tenant.as_bytes(), owner.as_slice(), device.as_str().as_bytes()])
+fn now_wakeup_id(tenant: &ServiceId, owner: &[u8; 32], device: &DeviceId) -> String {
+    hex32(&[tenant.as_str().as_bytes(), owner.as_slice(), device.as_str().as_bytes()])
 }
 
 /// §4.5: a batch wakeup carries `evaluation_locus_unresolved = true`.
@@ -619,7 +606,7 @@ pub const WAKEUP_LIFETIME: Duration = Duration::from_secs(24 * 3600);
 /// that no stored key spells an account or device id.
 fn route_state_key(reg: &GatewayRegistration) -> Vec<u8> {
     let mut h = Sha256::new();
-    for part in [&reg.account_id, &reg.device_id, &reg.push_route_id] {
+    for part in [reg.account_id.as_str(), reg.device_id.as_str(), reg.push_route_id.as_str()] {
         h.update((part.len() as u32).to_be_bytes());
         h.update(part.as_bytes());
     }
@@ -692,9 +679,9 @@ mod tests {
         use serde_json::{Value, json};
 
         use super::*;
+        use crate::domain::IdempotencyKey;
         use crate::gateway::delivery::DeliverySettings;
         use crate::gateway::egress::CollapseKeys;
-        use crate::gateway::schema::IdempotencyKey;
         use crate::gateway::state::held_batch;
         use crate::store::RedbStore;
         use crate::testing::{Scripted, TestClock, salt_secrets};
@@ -881,7 +868,10 @@ mod tests {
             let body = s.body(json!({}));
             let limits = s.service.settings.notify_limits();
             let digest = NotifyRequest::parse(body.to_string().as_bytes(), &limits).unwrap().digest;
-            let key = NotifyKey { tenant: STATION.into(), idempotency_key: "k1".into() };
+            let key = NotifyKey {
+                tenant: ServiceId::parse(STATION).unwrap(),
+                idempotency_key: IdempotencyKey::parse("k1").unwrap(),
+            };
             let lease_until = T0 + CLAIM_LEASE.as_millis() as i64;
             let claim = s.store.gateway().notify_claim(&key, &digest.0, T0, lease_until, T0 + 86_400_000).await;
             assert_eq!(claim.unwrap(), NotifyClaim::Claimed, "another request holds it");

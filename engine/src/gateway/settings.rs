@@ -15,9 +15,9 @@ use serde::Deserialize;
 use super::delivery::DeliverySettings;
 use super::egress::EgressPolicy;
 use super::grid::CountGrid;
-use super::identity::{SaltEpochId, ServiceId};
 use super::schema::{NotifyLimits, is_event_kind};
 use super::signature::{SignaturePolicy, SourceService};
+use crate::domain::{SaltEpochId, ServiceId};
 use crate::duration;
 
 /// §2.4: the delivery window when the policy names none.
@@ -282,7 +282,7 @@ impl TryFrom<RawGatewaySettings> for GatewaySettings {
             }
             let mut key_ids = BTreeSet::new();
             for k in &s.keys {
-                if !crate::gateway::identity::visible_ascii(&k.key_id, 255) || !key_ids.insert(k.key_id.as_str()) {
+                if !crate::domain::visible_ascii(&k.key_id, 255) || !key_ids.insert(k.key_id.as_str()) {
                     return Err(
                         "source_services: key_id must be 1 to 255 visible ASCII characters, unique per service".into(),
                     );

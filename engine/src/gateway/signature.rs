@@ -26,7 +26,7 @@ use sfv::{BareItem, Dictionary, FieldType as _, InnerList, Item, List, ListEntry
 use sha2::{Digest as _, Sha256, Sha512};
 use subtle::ConstantTimeEq;
 
-use super::identity::ServiceId;
+use crate::domain::ServiceId;
 
 pub const HEADER_SIGNATURE_INPUT: &str = "signature-input";
 pub const HEADER_SIGNATURE: &str = "signature";
@@ -481,7 +481,7 @@ mod tests {
 
     use super::ServiceKey;
     use super::*;
-    use crate::gateway::identity::ServiceId;
+    use crate::domain::ServiceId;
 
     fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();

@@ -9,7 +9,7 @@ use sha2::{Digest, Sha256};
 
 use super::egress::WakeupPayload;
 use super::pending::PendingWakeups;
-use crate::domain::GatewayWakeup;
+use crate::domain::{GatewayWakeup, ServiceId};
 use crate::store::{Store, StoreError};
 
 /// Compare-and-set attempts of one state change.
@@ -20,7 +20,7 @@ const STATE_ATTEMPTS: usize = 16;
 /// `expires_at_ms` of the new value.
 pub(super) async fn update_state<T, R>(
     store: &dyn Store,
-    tenant: &str,
+    tenant: &ServiceId,
     key: &[u8],
     expires_at_ms: impl Fn(&T) -> i64,
     now: i64,
@@ -46,7 +46,7 @@ where
 /// expires.
 pub async fn update_ledger<R>(
     store: &dyn Store,
-    tenant: &str,
+    tenant: &ServiceId,
     key: &[u8],
     now: i64,
     change: impl FnMut(&mut PendingWakeups) -> R,
@@ -79,8 +79,8 @@ pub(super) fn hex32(parts: &[&[u8]]) -> String {
 /// A batch wakeup's id: `B` (never in lowercase hex, so never a plain
 /// wakeup's) and 31 hex characters, one per route and flush time, so the
 /// wakeups held for it are one.
-pub(super) fn batch_id(tenant: &str, route_key: &[u8], flush_at_ms: u64) -> String {
-    let h = hex32(&[tenant.as_bytes(), route_key, &flush_at_ms.to_be_bytes()]);
+pub(super) fn batch_id(tenant: &ServiceId, route_key: &[u8], flush_at_ms: u64) -> String {
+    let h = hex32(&[tenant.as_str().as_bytes(), route_key, &flush_at_ms.to_be_bytes()]);
     format!("B{}", &h[..31])
 }
 
@@ -94,11 +94,12 @@ mod tests {
 
     #[test]
     fn batch_ids_are_told_apart() {
-        let b = batch_id("station", b"route", 60_000);
+        let (station, other) = (ServiceId::parse("station").unwrap(), ServiceId::parse("other").unwrap());
+        let b = batch_id(&station, b"route", 60_000);
         assert_eq!(b.len(), 32);
         assert!(is_batch_id(&b));
         assert!((0..64u8).all(|i| !is_batch_id(&hex32(&[&[i]]))));
-        assert_ne!(b, batch_id("station", b"route", 120_000));
-        assert_ne!(b, batch_id("other", b"route", 60_000));
+        assert_ne!(b, batch_id(&station, b"route", 120_000));
+        assert_ne!(b, batch_id(&other, b"route", 60_000));
     }
 }

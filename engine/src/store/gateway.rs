@@ -4,7 +4,10 @@
 use async_trait::async_trait;
 
 use super::StoreError;
-use crate::domain::{GatewayRegistration, GatewayWakeup, LeasedWakeup, NotifyClaim, NotifyKey, Revoke, RouteKey};
+use crate::domain::{
+    GatewayRegistration, GatewayWakeup, LeasedWakeup, NotifyClaim, NotifyKey, PushTargetId, RegistrationId, Revoke,
+    RouteKey, ServiceId,
+};
 
 /// The gateway records of a backend: `Store::gateway`.
 #[async_trait]
@@ -13,7 +16,7 @@ pub trait GatewayStore: Send + Sync {
     /// account, device) in one atomic step, superseding the previous one,
     /// whose push_target_id then no longer finds it: never two current
     /// routes. Returns the superseded registration's id.
-    async fn register(&self, registration: &GatewayRegistration) -> Result<Option<String>, StoreError>;
+    async fn register(&self, registration: &GatewayRegistration) -> Result<Option<RegistrationId>, StoreError>;
 
     /// §3.2: deletes the current route of `revoke.route` when it has the
     /// push key and app id the request names (either may be left out).
@@ -27,15 +30,15 @@ pub trait GatewayStore: Send + Sync {
     /// `expires_at > now_ms`, dead-token marks included, in device id order.
     async fn target(
         &self,
-        tenant: &str,
-        push_target_id: &str,
+        tenant: &ServiceId,
+        push_target_id: &PushTargetId,
         now_ms: i64,
     ) -> Result<Vec<GatewayRegistration>, StoreError>;
 
     /// Marks the route's token dead when its current registration is still
     /// `registration_id` (a device that registered again keeps its new
     /// route). Returns whether it marked.
-    async fn mark_token_invalid(&self, route: &RouteKey, registration_id: &str) -> Result<bool, StoreError>;
+    async fn mark_token_invalid(&self, route: &RouteKey, registration_id: &RegistrationId) -> Result<bool, StoreError>;
 
     /// §5.2 idempotency, in one atomic step: a live record (`expires_at >
     /// now_ms`) with another digest answers `Conflict`; with this digest, its
@@ -93,14 +96,14 @@ pub trait GatewayStore: Send + Sync {
     async fn wakeup_delete(&self, leased: &LeasedWakeup) -> Result<bool, StoreError>;
 
     /// A window state value while its `expires_at > now_ms`.
-    async fn state(&self, tenant: &str, key: &[u8], now_ms: i64) -> Result<Option<Vec<u8>>, StoreError>;
+    async fn state(&self, tenant: &ServiceId, key: &[u8], now_ms: i64) -> Result<Option<Vec<u8>>, StoreError>;
 
     /// Compare-and-set of a window state value: sets `new` until
     /// `expires_at_ms` when the live value is `expected` (`None`: absent or
     /// expired). Returns whether it set.
     async fn state_cas(
         &self,
-        tenant: &str,
+        tenant: &ServiceId,
         key: &[u8],
         expected: Option<&[u8]>,
         new: &[u8],
@@ -114,8 +117,8 @@ pub trait GatewayStore: Send + Sync {
     async fn delete_expired(&self, now_ms: i64) -> Result<u64, StoreError>;
 }
 
-/// Most bytes of a tenant, account id, device id, key or route field the
-/// stores accept: the gateway's own checks keep them far below.
+/// Most bytes of a window-state key or wakeup id the stores accept (the
+/// gateway's own are 33 and 32); every id of a record is bounded by its type.
 pub const MAX_GATEWAY_TEXT: usize = 1024;
 
 /// The number of wakeup queues: ScyllaDB partitions the wakeups by queue.

@@ -11,9 +11,10 @@ use super::{
     Appended, GatewayStore, NodeId, RegistrationRemoval, RelayStore, ShardLeases, ShardPosition, Store, StoreError,
 };
 use crate::domain::{
-    DeliveryTarget, GatewayRegistration, GatewayWakeup, LeasedWakeup, NewEnvelope, NotifyClaim, NotifyKey, Recipient,
-    RecipientId, RecipientSummary, RelayClaim, RelayKey, RelaySettled, Revoke, RouteKey, SecretHash, ShardId,
-    ShardProgress, StoredEnvelope, StoredSubscription, Subscriber, SubscriptionUpdate, Topic,
+    DeliveryTarget, GatewayRegistration, GatewayWakeup, LeasedWakeup, NewEnvelope, NotifyClaim, NotifyKey,
+    PushTargetId, Recipient, RecipientId, RecipientSummary, RegistrationId, RelayClaim, RelayKey, RelaySettled, Revoke,
+    RouteKey, SecretHash, ServiceId, ShardId, ShardProgress, StoredEnvelope, StoredSubscription, Subscriber,
+    SubscriptionUpdate, Topic,
 };
 use crate::metrics::Metrics;
 
@@ -132,11 +133,13 @@ instrumented! {
 
 instrumented! {
     GatewayStore for dyn Store, via gateway, labels GATEWAY_OPERATIONS {
-        "gateway_register": fn register(&self, registration: &GatewayRegistration) -> Option<String>;
+        "gateway_register": fn register(&self, registration: &GatewayRegistration) -> Option<RegistrationId>;
         "gateway_unregister": fn unregister(&self, revoke: &Revoke) -> bool;
         "gateway_route": fn route(&self, route: &RouteKey, now_ms: i64) -> Option<GatewayRegistration>;
-        "gateway_target": fn target(&self, tenant: &str, push_target_id: &str, now_ms: i64) -> Vec<GatewayRegistration>;
-        "gateway_mark_token_invalid": fn mark_token_invalid(&self, route: &RouteKey, registration_id: &str) -> bool;
+        "gateway_target": fn target(&self, tenant: &ServiceId, push_target_id: &PushTargetId, now_ms: i64)
+            -> Vec<GatewayRegistration>;
+        "gateway_mark_token_invalid": fn mark_token_invalid(&self, route: &RouteKey, registration_id: &RegistrationId)
+            -> bool;
         "gateway_notify_claim": fn notify_claim(&self, key: &NotifyKey, digest: &[u8; 32], now_ms: i64,
             lease_until_ms: i64, expires_at_ms: i64) -> NotifyClaim;
         "gateway_notify_commit": fn notify_commit(&self, key: &NotifyKey, lease_until_ms: i64, response: &[u8],
@@ -147,8 +150,8 @@ instrumented! {
         "gateway_wakeup_reschedule": fn wakeup_reschedule(&self, leased: &LeasedWakeup, not_before_ms: i64,
             attempts: u32) -> bool;
         "gateway_wakeup_delete": fn wakeup_delete(&self, leased: &LeasedWakeup) -> bool;
-        "gateway_state": fn state(&self, tenant: &str, key: &[u8], now_ms: i64) -> Option<Vec<u8>>;
-        "gateway_state_cas": fn state_cas(&self, tenant: &str, key: &[u8], expected: Option<&[u8]>, new: &[u8],
+        "gateway_state": fn state(&self, tenant: &ServiceId, key: &[u8], now_ms: i64) -> Option<Vec<u8>>;
+        "gateway_state_cas": fn state_cas(&self, tenant: &ServiceId, key: &[u8], expected: Option<&[u8]>, new: &[u8],
             now_ms: i64, expires_at_ms: i64) -> bool;
         "delete_expired_gateway": fn delete_expired(&self, now_ms: i64) -> u64;
     }

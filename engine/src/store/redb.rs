@@ -35,9 +35,10 @@ use self::codec::{OrBackend, ShardRow, corrupt};
 use self::recipient_cache::RecipientCache;
 use super::{Appended, RegistrationRemoval, ShardLeases, ShardPosition, Store, StoreError};
 use crate::domain::{
-    DeliveryTarget, GatewayRegistration, GatewayWakeup, LeasedWakeup, NewEnvelope, NotifyClaim, NotifyKey, Recipient,
-    RecipientId, RecipientSummary, RelayClaim, RelayKey, RelaySettled, Revoke, RouteKey, SecretHash, ShardId,
-    ShardProgress, StoredEnvelope, StoredSubscription, Subscriber, SubscriptionUpdate, Topic, next_sequence_id,
+    DeliveryTarget, GatewayRegistration, GatewayWakeup, LeasedWakeup, NewEnvelope, NotifyClaim, NotifyKey,
+    PushTargetId, Recipient, RecipientId, RecipientSummary, RegistrationId, RelayClaim, RelayKey, RelaySettled, Revoke,
+    RouteKey, SecretHash, ServiceId, ShardId, ShardProgress, StoredEnvelope, StoredSubscription, Subscriber,
+    SubscriptionUpdate, Topic, next_sequence_id,
 };
 
 /// The database file inside the configured directory.
@@ -682,7 +683,7 @@ impl super::RelayStore for RedbStore {
 
 #[async_trait]
 impl super::GatewayStore for RedbStore {
-    async fn register(&self, registration: &GatewayRegistration) -> Result<Option<String>, StoreError> {
+    async fn register(&self, registration: &GatewayRegistration) -> Result<Option<RegistrationId>, StoreError> {
         let registration = registration.clone();
         self.write(move |txn| gateway::register(txn, &registration)).await
     }
@@ -699,16 +700,16 @@ impl super::GatewayStore for RedbStore {
 
     async fn target(
         &self,
-        tenant: &str,
-        push_target_id: &str,
+        tenant: &ServiceId,
+        push_target_id: &PushTargetId,
         now_ms: i64,
     ) -> Result<Vec<GatewayRegistration>, StoreError> {
-        let (tenant, target) = (tenant.to_owned(), push_target_id.to_owned());
+        let (tenant, target) = (tenant.clone(), *push_target_id);
         self.read(move |txn| gateway::target(txn, &tenant, &target, now_ms)).await
     }
 
-    async fn mark_token_invalid(&self, route: &RouteKey, registration_id: &str) -> Result<bool, StoreError> {
-        let (route, id) = (route.clone(), registration_id.to_owned());
+    async fn mark_token_invalid(&self, route: &RouteKey, registration_id: &RegistrationId) -> Result<bool, StoreError> {
+        let (route, id) = (route.clone(), registration_id.clone());
         self.write(move |txn| gateway::mark_token_invalid(txn, &route, &id)).await
     }
 
@@ -766,22 +767,21 @@ impl super::GatewayStore for RedbStore {
         self.write(move |txn| gateway::wakeup_delete(txn, &leased)).await
     }
 
-    async fn state(&self, tenant: &str, key: &[u8], now_ms: i64) -> Result<Option<Vec<u8>>, StoreError> {
-        let (tenant, key) = (tenant.to_owned(), key.to_vec());
+    async fn state(&self, tenant: &ServiceId, key: &[u8], now_ms: i64) -> Result<Option<Vec<u8>>, StoreError> {
+        let (tenant, key) = (tenant.clone(), key.to_vec());
         self.read(move |txn| gateway::state(txn, &tenant, &key, now_ms)).await
     }
 
     async fn state_cas(
         &self,
-        tenant: &str,
+        tenant: &ServiceId,
         key: &[u8],
         expected: Option<&[u8]>,
         new: &[u8],
         now_ms: i64,
         expires_at_ms: i64,
     ) -> Result<bool, StoreError> {
-        let (tenant, key, expected, new) =
-            (tenant.to_owned(), key.to_vec(), expected.map(<[u8]>::to_vec), new.to_vec());
+        let (tenant, key, expected, new) = (tenant.clone(), key.to_vec(), expected.map(<[u8]>::to_vec), new.to_vec());
         self.write(move |txn| gateway::state_cas(txn, &tenant, &key, expected.as_deref(), &new, now_ms, expires_at_ms))
             .await
     }

@@ -1,10 +1,8 @@
 //! The transport headers (§5.1): the operation selector and notify's
 //! idempotency key and service ids, each read exactly once.
 
-use std::fmt;
-
 use super::{Result, Rule, SchemaViolation};
-use crate::gateway::identity::{ServiceId, visible_ascii};
+use crate::domain::{IdempotencyKey, ServiceId, visible_ascii};
 
 pub const HEADER_OPERATION: &str = "arkret-operation";
 pub const HEADER_IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -68,28 +66,6 @@ pub fn check_operation(headers: &http::HeaderMap, op: Operation) -> Result<()> {
             Err(SchemaViolation::header(SHOWN, Rule::WrongOperation))
         }
         Err(e) => Err(e),
-    }
-}
-
-/// An `Idempotency-Key` (§5.2). Reading: an opaque value of 1 to 255
-/// visible ASCII characters, compared byte for byte (a structured-field
-/// string's quotes are part of it).
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct IdempotencyKey(String);
-
-impl IdempotencyKey {
-    pub fn parse(s: &str) -> Option<Self> {
-        visible_ascii(s, 255).then(|| Self(s.to_owned()))
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for IdempotencyKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("IdempotencyKey(..)")
     }
 }
 

@@ -15,8 +15,8 @@ mod register;
 mod strict_json;
 
 pub use self::headers::{
-    HEADER_DESTINATION_SERVICE, HEADER_IDEMPOTENCY_KEY, HEADER_OPERATION, HEADER_SOURCE_SERVICE, IdempotencyKey,
-    NotifyHeaders, Operation, check_operation,
+    HEADER_DESTINATION_SERVICE, HEADER_IDEMPOTENCY_KEY, HEADER_OPERATION, HEADER_SOURCE_SERVICE, NotifyHeaders,
+    Operation, check_operation,
 };
 pub use self::notify::{
     AuditEnvelope, CallerReason, CountValue, Counts, Devices, L10nKey, Notification, NotifyLimits, NotifyRequest,

@@ -8,8 +8,8 @@ use serde_json::{Map, Value};
 
 use super::strict_json::{boolean, closed, device_id, member, required, strict_json, string, token};
 use super::{Result, Rule, SchemaViolation};
+use crate::domain::{DeviceId, IdError, PushTargetId};
 use crate::gateway::grid::{BucketIndex, CountGrid};
-use crate::gateway::identity::{DeviceId, IdError, PushTargetId};
 use crate::gateway::jcs;
 
 /// §5.1 `wakeup_kind`: a coarse class, never Realm or sender information.

@@ -5,7 +5,7 @@ use std::fmt;
 
 use super::strict_json::{boolean, closed, device_id, required, strict_json, string, token};
 use super::{Result, Rule, SchemaViolation};
-use crate::gateway::identity::{DeviceId, PushRouteId, visible_ascii};
+use crate::domain::{DeviceId, PushRouteId, visible_ascii};
 
 /// §3.1 `platform`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

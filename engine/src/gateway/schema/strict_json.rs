@@ -9,7 +9,7 @@ use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
 use super::{Result, Rule, SchemaViolation};
-use crate::gateway::identity::{DeviceId, visible_ascii};
+use crate::domain::{DeviceId, visible_ascii};
 
 /// A JSON value read with repeated member names refused.
 struct Strict(Value);

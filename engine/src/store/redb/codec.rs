@@ -107,6 +107,11 @@ impl<'a> Reader<'a> {
     pub(super) fn string(&mut self) -> Result<String, StoreError> {
         String::from_utf8(self.bytes()?.to_vec()).map_err(|_| corrupt(self.what))
     }
+    /// A text that must parse as `T` again: one that no longer does is a
+    /// corrupt record.
+    pub(super) fn parsed<T, E>(&mut self, parse: impl FnOnce(&str) -> Result<T, E>) -> Result<T, StoreError> {
+        parse(&self.string()?).map_err(|_| corrupt(self.what))
+    }
     pub(super) fn end(&self) -> Result<(), StoreError> {
         if self.buf.is_empty() { Ok(()) } else { Err(corrupt(self.what)) }
     }

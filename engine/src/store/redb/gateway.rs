@@ -19,7 +19,10 @@ use redb::{ReadTransaction, ReadableTable, TableDefinition, WriteTransaction};
 
 use super::codec::OrBackend;
 use super::codec::{Reader, Writer};
-use crate::domain::{GatewayRegistration, GatewayWakeup, LeasedWakeup, NotifyClaim, NotifyKey, Revoke, RouteKey};
+use crate::domain::{
+    AccountId, DeviceId, GatewayRegistration, GatewayWakeup, LeasedWakeup, NotifyClaim, NotifyKey, PushRouteId,
+    PushTargetId, RegistrationId, Revoke, RouteKey, SaltEpochId, ServiceId,
+};
 use crate::store::StoreError;
 use crate::store::gateway::MAX_GATEWAY_TEXT;
 
@@ -49,7 +52,8 @@ fn corrupt(what: &str) -> StoreError {
     StoreError::Backend(format!("corrupt gateway {what} record"))
 }
 
-/// Keys of length-prefixed parts; refuses empty or over-long parts.
+/// Keys of length-prefixed parts; refuses empty or over-long parts (the
+/// typed ids never are: this bounds the window-state keys).
 fn key(parts: &[&[u8]]) -> Result<Vec<u8>, StoreError> {
     let mut k = Vec::with_capacity(parts.iter().map(|p| p.len() + 2).sum());
     for p in parts {
@@ -63,23 +67,24 @@ fn key(parts: &[&[u8]]) -> Result<Vec<u8>, StoreError> {
 }
 
 fn route_key(r: &RouteKey) -> Result<Vec<u8>, StoreError> {
-    key(&[r.tenant.as_bytes(), r.account_id.as_bytes(), r.device_id.as_bytes()])
+    key(&[r.tenant.as_str().as_bytes(), r.account_id.as_str().as_bytes(), r.device_id.as_str().as_bytes()])
 }
 
-fn target_prefix(tenant: &str, target: &str) -> Result<Vec<u8>, StoreError> {
-    key(&[tenant.as_bytes(), target.as_bytes()])
+fn target_prefix(tenant: &ServiceId, target: &PushTargetId) -> Result<Vec<u8>, StoreError> {
+    key(&[tenant.as_str().as_bytes(), target.to_string().as_bytes()])
 }
 
 fn target_key(reg: &GatewayRegistration) -> Result<Vec<u8>, StoreError> {
-    key(&[reg.tenant.as_bytes(), reg.push_target_id.as_bytes(), reg.device_id.as_bytes()])
+    let target = reg.push_target_id.to_string();
+    key(&[reg.tenant.as_str().as_bytes(), target.as_bytes(), reg.device_id.as_str().as_bytes()])
 }
 
 fn notify_key(k: &NotifyKey) -> Result<Vec<u8>, StoreError> {
-    key(&[k.tenant.as_bytes(), k.idempotency_key.as_bytes()])
+    key(&[k.tenant.as_str().as_bytes(), k.idempotency_key.as_str().as_bytes()])
 }
 
-fn state_key(tenant: &str, k: &[u8]) -> Result<Vec<u8>, StoreError> {
-    key(&[tenant.as_bytes(), k])
+fn state_key(tenant: &ServiceId, k: &[u8]) -> Result<Vec<u8>, StoreError> {
+    key(&[tenant.as_str().as_bytes(), k])
 }
 
 fn at(ms: i64) -> [u8; 8] {
@@ -113,14 +118,15 @@ fn read_opt(r: &mut Reader<'_>) -> Result<Option<String>, StoreError> {
 
 fn encode_registration(reg: &GatewayRegistration) -> Vec<u8> {
     let mut w = Writer::new();
+    let target = reg.push_target_id.to_string();
     for text in [
-        &reg.tenant,
-        &reg.account_id,
-        &reg.device_id,
-        &reg.registration_id,
-        &reg.push_target_id,
-        &reg.push_route_id,
-        &reg.salt_epoch_id,
+        reg.tenant.as_str(),
+        reg.account_id.as_str(),
+        reg.device_id.as_str(),
+        reg.registration_id.as_str(),
+        &target,
+        reg.push_route_id.as_str(),
+        reg.salt_epoch_id.as_str(),
         &reg.push_key,
     ] {
         w.bytes(text.as_bytes());
@@ -134,13 +140,13 @@ fn encode_registration(reg: &GatewayRegistration) -> Vec<u8> {
 fn decode_registration(buf: &[u8]) -> Result<GatewayRegistration, StoreError> {
     let mut r = Reader::new(buf, "gateway registration")?;
     let reg = GatewayRegistration {
-        tenant: r.string()?,
-        account_id: r.string()?,
-        device_id: r.string()?,
-        registration_id: r.string()?,
-        push_target_id: r.string()?,
-        push_route_id: r.string()?,
-        salt_epoch_id: r.string()?,
+        tenant: r.parsed(ServiceId::parse)?,
+        account_id: r.parsed(AccountId::parse)?,
+        device_id: r.parsed(DeviceId::parse)?,
+        registration_id: r.parsed(RegistrationId::parse)?,
+        push_target_id: r.parsed(PushTargetId::parse)?,
+        push_route_id: r.parsed(PushRouteId::parse)?,
+        salt_epoch_id: r.parsed(SaltEpochId::parse)?,
         push_key: r.string()?,
         platform: read_opt(&mut r)?,
         app_id: read_opt(&mut r)?,
@@ -182,7 +188,10 @@ fn decode_notify(buf: &[u8]) -> Result<NotifyRecord, StoreError> {
 
 fn encode_wakeup(w: &GatewayWakeup, lease_until: i64) -> Vec<u8> {
     let mut out = Writer::new();
-    for text in [&w.id, &w.route.tenant, &w.route.account_id, &w.route.device_id, &w.registration_id] {
+    let r = &w.route;
+    for text in
+        [w.id.as_str(), r.tenant.as_str(), r.account_id.as_str(), r.device_id.as_str(), w.registration_id.as_str()]
+    {
         out.bytes(text.as_bytes());
     }
     out.bytes(&w.payload)
@@ -197,11 +206,15 @@ fn encode_wakeup(w: &GatewayWakeup, lease_until: i64) -> Vec<u8> {
 fn decode_wakeup(buf: &[u8]) -> Result<LeasedWakeup, StoreError> {
     let mut r = Reader::new(buf, "gateway wakeup")?;
     let id = r.string()?;
-    let route = RouteKey { tenant: r.string()?, account_id: r.string()?, device_id: r.string()? };
+    let route = RouteKey {
+        tenant: r.parsed(ServiceId::parse)?,
+        account_id: r.parsed(AccountId::parse)?,
+        device_id: r.parsed(DeviceId::parse)?,
+    };
     let wakeup = GatewayWakeup {
         id,
         route,
-        registration_id: r.string()?,
+        registration_id: r.parsed(RegistrationId::parse)?,
         payload: r.bytes()?.to_vec(),
         collapse_key: r.string()?,
         not_before_ms: r.i64()?,
@@ -242,12 +255,15 @@ fn remove_route(txn: &WriteTransaction, k: &[u8], old: &GatewayRegistration) -> 
 
 fn put_route(txn: &WriteTransaction, k: &[u8], reg: &GatewayRegistration) -> Result<(), StoreError> {
     txn.open_table(ROUTES).be()?.insert(k, encode_registration(reg).as_slice()).be()?;
-    txn.open_table(TARGETS).be()?.insert(target_key(reg)?.as_slice(), reg.account_id.as_bytes()).be()?;
+    txn.open_table(TARGETS).be()?.insert(target_key(reg)?.as_slice(), reg.account_id.as_str().as_bytes()).be()?;
     txn.open_table(EXPIRY).be()?.insert(expiry_key(reg.expires_at_ms, KIND_ROUTE, k).as_slice(), [].as_slice()).be()?;
     Ok(())
 }
 
-pub(super) fn register(txn: &WriteTransaction, reg: &GatewayRegistration) -> Result<Option<String>, StoreError> {
+pub(super) fn register(
+    txn: &WriteTransaction,
+    reg: &GatewayRegistration,
+) -> Result<Option<RegistrationId>, StoreError> {
     let k = route_key(&reg.route_key())?;
     // Checked before anything is written: a bad part changes nothing.
     target_key(reg)?;
@@ -289,8 +305,8 @@ pub(super) fn route(
 
 pub(super) fn target(
     txn: &ReadTransaction,
-    tenant: &str,
-    push_target_id: &str,
+    tenant: &ServiceId,
+    push_target_id: &PushTargetId,
     now_ms: i64,
 ) -> Result<Vec<GatewayRegistration>, StoreError> {
     let prefix = target_prefix(tenant, push_target_id)?;
@@ -302,9 +318,9 @@ pub(super) fn target(
         let Some(device) = k.value().strip_prefix(prefix.as_slice()) else { break };
         // The device part: its own length prefix, then the id.
         let device = device.get(2..).ok_or_else(|| corrupt("target"))?;
-        let rk = key(&[tenant.as_bytes(), account.value(), device])?;
+        let rk = key(&[tenant.as_str().as_bytes(), account.value(), device])?;
         if let Some(reg) = routes.get(rk.as_slice()).be()?.map(|g| decode_registration(g.value())).transpose()?
-            && reg.push_target_id == push_target_id
+            && reg.push_target_id == *push_target_id
             && reg.expires_at_ms > now_ms
         {
             out.push(reg);
@@ -316,11 +332,11 @@ pub(super) fn target(
 pub(super) fn mark_token_invalid(
     txn: &WriteTransaction,
     route: &RouteKey,
-    registration_id: &str,
+    registration_id: &RegistrationId,
 ) -> Result<bool, StoreError> {
     let k = route_key(route)?;
     match get_route(txn, &k)? {
-        Some(mut reg) if reg.registration_id == registration_id => {
+        Some(mut reg) if reg.registration_id == *registration_id => {
             if !reg.token_invalid {
                 reg.token_invalid = true;
                 txn.open_table(ROUTES).be()?.insert(k.as_slice(), encode_registration(&reg).as_slice()).be()?;
@@ -510,7 +526,12 @@ fn decode_state(buf: &[u8]) -> Result<(i64, Vec<u8>), StoreError> {
     Ok(v)
 }
 
-pub(super) fn state(txn: &ReadTransaction, tenant: &str, k: &[u8], now_ms: i64) -> Result<Option<Vec<u8>>, StoreError> {
+pub(super) fn state(
+    txn: &ReadTransaction,
+    tenant: &ServiceId,
+    k: &[u8],
+    now_ms: i64,
+) -> Result<Option<Vec<u8>>, StoreError> {
     let k = state_key(tenant, k)?;
     let table = txn.open_table(STATE).be()?;
     let found = table.get(k.as_slice()).be()?.map(|g| decode_state(g.value())).transpose()?;
@@ -519,7 +540,7 @@ pub(super) fn state(txn: &ReadTransaction, tenant: &str, k: &[u8], now_ms: i64) 
 
 pub(super) fn state_cas(
     txn: &WriteTransaction,
-    tenant: &str,
+    tenant: &ServiceId,
     k: &[u8],
     expected: Option<&[u8]>,
     new: &[u8],
@@ -580,4 +601,24 @@ pub(super) fn prune_batch(txn: &WriteTransaction, now_ms: i64) -> Result<usize, 
         }
     }
     Ok(expired.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stored_id_that_no_longer_parses_is_a_corrupt_record() {
+        let wakeup = |device: &str| {
+            let mut w = Writer::new();
+            for text in ["0".repeat(32).as_str(), "station", "ak:account:a", device, "registration-current-1"] {
+                w.bytes(text.as_bytes());
+            }
+            w.bytes(b"{}").bytes(b"key").i64(0).u64(0).i64(1).i64(0);
+            w.finish()
+        };
+        assert!(decode_wakeup(&wakeup("ak:device:01964137-0000-7000-8000-000000000001")).is_ok());
+        let err = decode_wakeup(&wakeup("ak:device:other")).unwrap_err();
+        assert_eq!(err.to_string(), corrupt("wakeup").to_string());
+    }
 }

@@ -39,7 +39,10 @@ use scylla::statement::Consistency;
 use scylla::statement::prepared::PreparedStatement;
 
 use super::cql::{Execute, MAX_LWT_ATTEMPTS, WriteClock, backoff, be, contention, ttl_until};
-use crate::domain::{GatewayRegistration, GatewayWakeup, LeasedWakeup, NotifyClaim, NotifyKey, Revoke, RouteKey};
+use crate::domain::{
+    AccountId, DeviceId, GatewayRegistration, GatewayWakeup, LeasedWakeup, NotifyClaim, NotifyKey, PushRouteId,
+    PushTargetId, RegistrationId, Revoke, RouteKey, SaltEpochId, ServiceId,
+};
 use crate::store::gateway::{WAKEUP_QUEUES, wakeup_queue};
 use crate::store::{GatewayStore, StoreError};
 
@@ -230,6 +233,12 @@ fn corrupt(what: &str) -> StoreError {
     StoreError::Backend(format!("corrupt gateway {what} row"))
 }
 
+/// A stored text that must parse as `T` again: one that no longer does is a
+/// corrupt row.
+fn parsed<T, E>(what: &str, text: &str, parse: impl FnOnce(&str) -> Result<T, E>) -> Result<T, StoreError> {
+    parse(text).map_err(|_| corrupt(what))
+}
+
 fn decode_route(key: &RouteKey, row: RouteRow) -> Result<Option<GatewayRegistration>, StoreError> {
     let (registration_id, target, route, epoch, push_key, platform, app_id, visible, created, expires, invalid) = row;
     // A row caught while its TTL runs out (or a lone mark) is no route.
@@ -243,10 +252,10 @@ fn decode_route(key: &RouteKey, row: RouteRow) -> Result<Option<GatewayRegistrat
         tenant: key.tenant.clone(),
         account_id: key.account_id.clone(),
         device_id: key.device_id.clone(),
-        registration_id,
-        push_target_id,
-        push_route_id,
-        salt_epoch_id,
+        registration_id: parsed("route", &registration_id, RegistrationId::parse)?,
+        push_target_id: parsed("route", &push_target_id, PushTargetId::parse)?,
+        push_route_id: parsed("route", &push_route_id, PushRouteId::parse)?,
+        salt_epoch_id: parsed("route", &salt_epoch_id, SaltEpochId::parse)?,
         push_key,
         platform,
         app_id,
@@ -266,11 +275,16 @@ fn decode_wakeup(queue_row: WakeupRow) -> Result<Option<LeasedWakeup>, StoreErro
     else {
         return Err(corrupt("wakeup"));
     };
+    let route = RouteKey {
+        tenant: parsed("wakeup", &tenant, ServiceId::parse)?,
+        account_id: parsed("wakeup", &account_id, AccountId::parse)?,
+        device_id: parsed("wakeup", &device_id, DeviceId::parse)?,
+    };
     Ok(Some(LeasedWakeup {
         wakeup: GatewayWakeup {
             id,
-            route: RouteKey { tenant, account_id, device_id },
-            registration_id,
+            route,
+            registration_id: parsed("wakeup", &registration_id, RegistrationId::parse)?,
             payload: payload.unwrap_or_default(),
             collapse_key: collapse.unwrap_or_default(),
             not_before_ms: not_before.unwrap_or(0),
@@ -295,7 +309,7 @@ impl ScyllaGateway {
         let st = if serial { &st.route_read_serial } else { &st.route_read };
         let rows = self
             .session
-            .execute_unpaged(st, (&key.tenant, &key.account_id, &key.device_id))
+            .execute_unpaged(st, (key.tenant.as_str(), key.account_id.as_str(), key.device_id.as_str()))
             .await
             .map_err(be("reading a gateway route"))?
             .into_rows_result()
@@ -307,14 +321,14 @@ impl ScyllaGateway {
     }
 
     async fn delete_target_row(&self, reg: &GatewayRegistration, timestamp: i64) -> Result<(), StoreError> {
-        let values = (timestamp, &reg.tenant, &reg.push_target_id, &reg.device_id);
+        let values = (timestamp, reg.tenant.as_str(), reg.push_target_id.to_string(), reg.device_id.as_str());
         self.session.write(&self.st.target_del, values).await
     }
 
-    async fn read_state(&self, tenant: &str, key: &[u8]) -> Result<Option<(Vec<u8>, i64)>, StoreError> {
+    async fn read_state(&self, tenant: &ServiceId, key: &[u8]) -> Result<Option<(Vec<u8>, i64)>, StoreError> {
         let rows = self
             .session
-            .execute_unpaged(&self.st.state_read, (tenant, key))
+            .execute_unpaged(&self.st.state_read, (tenant.as_str(), key))
             .await
             .map_err(be("reading a gateway state"))?
             .into_rows_result()
@@ -329,21 +343,23 @@ impl ScyllaGateway {
 
 #[async_trait]
 impl GatewayStore for ScyllaGateway {
-    async fn register(&self, reg: &GatewayRegistration) -> Result<Option<String>, StoreError> {
+    async fn register(&self, reg: &GatewayRegistration) -> Result<Option<RegistrationId>, StoreError> {
         let st = &self.st;
         let key = reg.route_key();
+        let (tenant, account, device) = (key.tenant.as_str(), key.account_id.as_str(), key.device_id.as_str());
+        let target = reg.push_target_id.to_string();
         let ttl = ttl_until(reg.expires_at_ms);
         for attempt in 0..MAX_LWT_ATTEMPTS {
             let old = self.read_route(&key, true).await?;
             // The index row first: a route is never stored without it.
-            let put = (&reg.tenant, &reg.push_target_id, &reg.device_id, &reg.account_id, ttl, self.clock.next());
+            let put = (tenant, &target, device, account, ttl, self.clock.next());
             self.session.write(&st.target_put, put).await?;
             let before = self.clock.next();
             let fields = (
-                &reg.registration_id,
-                &reg.push_target_id,
-                &reg.push_route_id,
-                &reg.salt_epoch_id,
+                reg.registration_id.as_str(),
+                &target,
+                reg.push_route_id.as_str(),
+                reg.salt_epoch_id.as_str(),
                 &reg.push_key,
                 &reg.platform,
                 &reg.app_id,
@@ -355,29 +371,13 @@ impl GatewayStore for ScyllaGateway {
             let applied = match &old {
                 None => {
                     let (a, b, c, d, e, f, g, h, i, j, k) = fields;
-                    let values = (&reg.tenant, &reg.account_id, &reg.device_id, a, b, c, d, e, f, g, h, i, j, k, ttl);
+                    let values = (tenant, account, device, a, b, c, d, e, f, g, h, i, j, k, ttl);
                     self.session.lwt(&st.route_insert, values).await?.applied
                 }
                 Some(old) => {
                     let (a, b, c, d, e, f, g, h, i, j, k) = fields;
-                    let values = (
-                        ttl,
-                        a,
-                        b,
-                        c,
-                        d,
-                        e,
-                        f,
-                        g,
-                        h,
-                        i,
-                        j,
-                        k,
-                        &reg.tenant,
-                        &reg.account_id,
-                        &reg.device_id,
-                        &old.registration_id,
-                    );
+                    let values =
+                        (ttl, a, b, c, d, e, f, g, h, i, j, k, tenant, account, device, old.registration_id.as_str());
                     self.session.lwt(&st.route_replace, values).await?.applied
                 }
             };
@@ -404,7 +404,7 @@ impl GatewayStore for ScyllaGateway {
             }
             let before = self.clock.next();
             let r = &revoke.route;
-            let values = (&r.tenant, &r.account_id, &r.device_id, &old.registration_id);
+            let values = (r.tenant.as_str(), r.account_id.as_str(), r.device_id.as_str(), old.registration_id.as_str());
             if self.session.lwt(&self.st.route_delete, values).await?.applied {
                 self.delete_target_row(&old, before).await?;
                 return Ok(true);
@@ -420,13 +420,13 @@ impl GatewayStore for ScyllaGateway {
 
     async fn target(
         &self,
-        tenant: &str,
-        push_target_id: &str,
+        tenant: &ServiceId,
+        push_target_id: &PushTargetId,
         now_ms: i64,
     ) -> Result<Vec<GatewayRegistration>, StoreError> {
         let rows: Vec<(String, Option<String>)> = self
             .session
-            .execute_iter(self.st.target_read.clone(), (tenant, push_target_id))
+            .execute_iter(self.st.target_read.clone(), (tenant.as_str(), push_target_id.to_string()))
             .await
             .map_err(be("reading a gateway target"))?
             .rows_stream::<(String, Option<String>)>()
@@ -437,9 +437,13 @@ impl GatewayStore for ScyllaGateway {
         let mut out = Vec::with_capacity(rows.len());
         for (device_id, account_id) in rows {
             let Some(account_id) = account_id else { continue };
-            let key = RouteKey { tenant: tenant.to_owned(), account_id, device_id };
+            let key = RouteKey {
+                tenant: tenant.clone(),
+                account_id: parsed("target", &account_id, AccountId::parse)?,
+                device_id: parsed("target", &device_id, DeviceId::parse)?,
+            };
             if let Some(reg) = self.read_route(&key, false).await?
-                && reg.push_target_id == push_target_id
+                && reg.push_target_id == *push_target_id
                 && reg.expires_at_ms > now_ms
             {
                 out.push(reg);
@@ -448,13 +452,13 @@ impl GatewayStore for ScyllaGateway {
         Ok(out)
     }
 
-    async fn mark_token_invalid(&self, route: &RouteKey, registration_id: &str) -> Result<bool, StoreError> {
+    async fn mark_token_invalid(&self, route: &RouteKey, registration_id: &RegistrationId) -> Result<bool, StoreError> {
         let Some(reg) = self.read_route(route, true).await? else { return Ok(false) };
-        if reg.registration_id != registration_id {
+        if reg.registration_id != *registration_id {
             return Ok(false);
         }
-        let values =
-            (ttl_until(reg.expires_at_ms), &route.tenant, &route.account_id, &route.device_id, registration_id);
+        let r = (route.tenant.as_str(), route.account_id.as_str(), route.device_id.as_str());
+        let values = (ttl_until(reg.expires_at_ms), r.0, r.1, r.2, registration_id.as_str());
         Ok(self.session.lwt(&self.st.route_mark, values).await?.applied)
     }
 
@@ -470,8 +474,10 @@ impl GatewayStore for ScyllaGateway {
         let (tenant, idem) = (key.tenant.as_str(), key.idempotency_key.as_str());
         for attempt in 0..MAX_LWT_ATTEMPTS {
             let ttl = ttl_until(expires_at_ms);
-            let insert =
-                self.session.lwt(&st.notify_insert, (tenant, idem, lease_until_ms, expires_at_ms, &digest[..], ttl)).await?;
+            let insert = self
+                .session
+                .lwt(&st.notify_insert, (tenant, idem, lease_until_ms, expires_at_ms, &digest[..], ttl))
+                .await?;
             if insert.applied {
                 return Ok(NotifyClaim::Claimed);
             }
@@ -536,10 +542,10 @@ impl GatewayStore for ScyllaGateway {
             let values = (
                 queue_of(&w.id),
                 &w.id,
-                &r.tenant,
-                &r.account_id,
-                &r.device_id,
-                &w.registration_id,
+                r.tenant.as_str(),
+                r.account_id.as_str(),
+                r.device_id.as_str(),
+                w.registration_id.as_str(),
                 &w.payload,
                 &w.collapse_key,
                 w.not_before_ms,
@@ -628,13 +634,13 @@ impl GatewayStore for ScyllaGateway {
         Ok(self.session.lwt(&self.st.wakeup_delete, values).await?.applied)
     }
 
-    async fn state(&self, tenant: &str, key: &[u8], now_ms: i64) -> Result<Option<Vec<u8>>, StoreError> {
+    async fn state(&self, tenant: &ServiceId, key: &[u8], now_ms: i64) -> Result<Option<Vec<u8>>, StoreError> {
         Ok(self.read_state(tenant, key).await?.filter(|(_, e)| *e > now_ms).map(|(v, _)| v))
     }
 
     async fn state_cas(
         &self,
-        tenant: &str,
+        tenant: &ServiceId,
         key: &[u8],
         expected: Option<&[u8]>,
         new: &[u8],
@@ -649,11 +655,14 @@ impl GatewayStore for ScyllaGateway {
             return Ok(false);
         }
         match current {
-            None => Ok(self.session.lwt(&st.state_insert, (tenant, key, new, expires_at_ms, ttl)).await?.applied),
+            None => {
+                let values = (tenant.as_str(), key, new, expires_at_ms, ttl);
+                Ok(self.session.lwt(&st.state_insert, values).await?.applied)
+            }
             // Conditional on exactly what was read (an expired value is
             // replaced too): of two writers, one wins.
             Some((value, expires)) => {
-                let values = (ttl, new, expires_at_ms, tenant, key, value, expires);
+                let values = (ttl, new, expires_at_ms, tenant.as_str(), key, value, expires);
                 Ok(self.session.lwt(&st.state_update, values).await?.applied)
             }
         }
@@ -662,5 +671,28 @@ impl GatewayStore for ScyllaGateway {
     async fn delete_expired(&self, _now_ms: i64) -> Result<u64, StoreError> {
         // Every row is written with a TTL ending at its expires_at.
         Ok(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stored_id_that_no_longer_parses_is_a_corrupt_row() {
+        let key = RouteKey {
+            tenant: ServiceId::parse("station").unwrap(),
+            account_id: AccountId::parse("ak:account:a").unwrap(),
+            device_id: DeviceId::parse("ak:device:01964137-0000-7000-8000-000000000001").unwrap(),
+        };
+        let target = "ak:pseudonym:push:kosc9iQ4gVct1OB-b6X364WIFIsJFVbVzn7BMBs1sm8";
+        let row = |registration_id: &str| -> RouteRow {
+            let text = |s: &str| Some(s.to_owned());
+            let id = text(registration_id);
+            (id, text(target), text("fcm_main"), text("e1"), text("fcm:t"), None, None, None, None, Some(1), None)
+        };
+        assert!(decode_route(&key, row("registration-current-1")).unwrap().is_some());
+        let err = decode_route(&key, row("reg-1")).unwrap_err();
+        assert_eq!(err.to_string(), corrupt("route").to_string());
     }
 }

@@ -2,22 +2,39 @@
 //! `Store::gateway`).
 
 use fanout_engine::domain::{
-    GatewayRegistration, GatewayWakeup, LeasedWakeup, NotifyClaim, NotifyKey, Revoke, RouteKey,
+    AccountId, DeviceId, GatewayRegistration, GatewayWakeup, IdempotencyKey, LeasedWakeup, NotifyClaim, NotifyKey,
+    PushRouteId, PushTargetId, RegistrationId, Revoke, RouteKey, SaltEpochId, ServiceId,
 };
 use fanout_engine::store::Store;
 
 use super::{HOUR_MS, base_ms};
 
-fn registration(tenant: &str, device: u8, n: u32, now: i64) -> GatewayRegistration {
+fn tenant(name: &str) -> ServiceId {
+    ServiceId::parse(name).unwrap()
+}
+
+fn device(n: u8) -> DeviceId {
+    DeviceId::parse(&format!("ak:device:01964137-0000-7000-8000-0000000000{n:02x}")).unwrap()
+}
+
+/// The `n`th registration id of a device (22 base64url characters).
+fn reg_id(device: u8, n: u32) -> RegistrationId {
+    RegistrationId::parse(&format!("registration-{device:03}-{n:05}")).unwrap()
+}
+
+fn registration(tenant_name: &str, device_n: u8, n: u32, now: i64) -> GatewayRegistration {
+    let mut target = [0; 32];
+    target[0] = device_n;
+    target[1..5].copy_from_slice(&n.to_be_bytes());
     GatewayRegistration {
-        tenant: tenant.into(),
-        account_id: "ak:account:alice".into(),
-        device_id: format!("ak:device:01964137-0000-7000-8000-0000000000{device:02x}"),
-        registration_id: format!("reg-{device}-{n}"),
-        push_target_id: format!("ak:pseudonym:push:target-{device}-{n}"),
-        push_route_id: "fcm_main".into(),
-        salt_epoch_id: "e1".into(),
-        push_key: format!("token-{device}-{n}"),
+        tenant: tenant(tenant_name),
+        account_id: AccountId::parse("ak:account:alice").unwrap(),
+        device_id: device(device_n),
+        registration_id: reg_id(device_n, n),
+        push_target_id: PushTargetId::from_bytes(target),
+        push_route_id: PushRouteId::FcmMain,
+        salt_epoch_id: SaltEpochId::parse("e1").unwrap(),
+        push_key: format!("token-{device_n}-{n}"),
         platform: Some("android".into()),
         app_id: Some("com.example.app".into()),
         visible_opt_in: n % 2 == 1,
@@ -27,7 +44,7 @@ fn registration(tenant: &str, device: u8, n: u32, now: i64) -> GatewayRegistrati
     }
 }
 
-async fn target_ids<S: Store>(store: &S, reg: &GatewayRegistration, now: i64) -> Vec<String> {
+async fn target_ids<S: Store>(store: &S, reg: &GatewayRegistration, now: i64) -> Vec<RegistrationId> {
     let found = store.gateway().target(&reg.tenant, &reg.push_target_id, now).await.unwrap();
     found.into_iter().map(|r| r.registration_id).collect()
 }
@@ -49,24 +66,22 @@ pub async fn gateway_register_supersedes<S: Store>(store: &S) {
     assert_eq!(store.gateway().route(&first.route_key(), now).await.unwrap(), Some(second.clone()));
 
     // The same target again (same epoch and route): found once, the new one.
-    let third =
-        GatewayRegistration { registration_id: "reg-1-3".into(), push_key: "token-1-3".into(), ..second.clone() };
+    let third = GatewayRegistration { registration_id: reg_id(1, 3), push_key: "token-1-3".into(), ..second.clone() };
     assert_eq!(store.gateway().register(&third).await.unwrap(), Some(second.registration_id.clone()));
-    assert_eq!(target_ids(store, &third, now).await, vec!["reg-1-3".to_owned()]);
+    assert_eq!(target_ids(store, &third, now).await, vec![reg_id(1, 3)]);
 
     // Another device of the same target name, and the same device in another tenant.
     let other_device =
-        GatewayRegistration { device_id: "ak:device:other".into(), ..registration("station-a", 2, 1, now) };
-    let other_device = GatewayRegistration { push_target_id: third.push_target_id.clone(), ..other_device };
+        GatewayRegistration { push_target_id: third.push_target_id, ..registration("station-a", 2, 1, now) };
     store.gateway().register(&other_device).await.unwrap();
     let mut both = target_ids(store, &third, now).await;
     both.sort();
-    assert_eq!(both, vec!["reg-1-3".to_owned(), "reg-2-1".to_owned()]);
+    assert_eq!(both, vec![reg_id(1, 3), reg_id(2, 1)]);
     let elsewhere = registration("station-b", 1, 1, now);
     assert_eq!(store.gateway().register(&elsewhere).await.unwrap(), None);
-    assert_eq!(store.gateway().route(&third.route_key(), now).await.unwrap().unwrap().registration_id, "reg-1-3");
-    assert!(store.gateway().target("station-b", &third.push_target_id, now).await.unwrap().is_empty());
-    assert_eq!(target_ids(store, &elsewhere, now).await, vec!["reg-1-1".to_owned()]);
+    assert_eq!(store.gateway().route(&third.route_key(), now).await.unwrap().unwrap().registration_id, reg_id(1, 3));
+    assert!(store.gateway().target(&tenant("station-b"), &third.push_target_id, now).await.unwrap().is_empty());
+    assert_eq!(target_ids(store, &elsewhere, now).await, vec![reg_id(1, 1)]);
 }
 
 /// Never two current routes, whatever the interleaving of registers.
@@ -111,11 +126,7 @@ pub async fn gateway_unregister_and_expiry<S: Store>(store: &S) {
     assert_eq!(store.gateway().route(&reg.route_key(), now).await.unwrap(), None);
     assert!(!store.gateway().unregister(&revoke(None, None)).await.unwrap());
     // Unknown devices and tenants: nothing to do, no error.
-    let nobody = Revoke {
-        route: RouteKey { tenant: "t".into(), account_id: "a".into(), device_id: "d".into() },
-        push_key: None,
-        app_id: None,
-    };
+    let nobody = Revoke { route: nobody(), push_key: None, app_id: None };
     assert!(!store.gateway().unregister(&nobody).await.unwrap());
 
     // Expiry.
@@ -130,9 +141,14 @@ pub async fn gateway_unregister_and_expiry<S: Store>(store: &S) {
     assert!(deleted <= 1, "{deleted}");
     assert_eq!(target_ids(store, &long, now + 2 * HOUR_MS).await, vec![long.registration_id.clone()]);
     // A device whose registration expired registers again.
-    let again = GatewayRegistration { registration_id: "reg-5-2".into(), ..registration("station-a", 5, 1, now) };
+    let again = GatewayRegistration { registration_id: reg_id(5, 2), ..registration("station-a", 5, 1, now) };
     store.gateway().register(&again).await.unwrap();
-    assert_eq!(target_ids(store, &again, now).await, vec!["reg-5-2".to_owned()]);
+    assert_eq!(target_ids(store, &again, now).await, vec![reg_id(5, 2)]);
+}
+
+/// A route nothing was registered for.
+fn nobody() -> RouteKey {
+    RouteKey { tenant: tenant("t"), account_id: AccountId::parse("a").unwrap(), device_id: device(0xdd) }
 }
 
 /// §5.2 `push_token_invalid`: a dead-token mark applies only to the
@@ -141,7 +157,7 @@ pub async fn gateway_dead_token_mark<S: Store>(store: &S) {
     let now = base_ms();
     let reg = registration("station-a", 7, 1, now);
     store.gateway().register(&reg).await.unwrap();
-    assert!(!store.gateway().mark_token_invalid(&reg.route_key(), "reg-other").await.unwrap());
+    assert!(!store.gateway().mark_token_invalid(&reg.route_key(), &reg_id(7, 99)).await.unwrap());
     assert!(!store.gateway().target(&reg.tenant, &reg.push_target_id, now).await.unwrap()[0].token_invalid);
     assert!(store.gateway().mark_token_invalid(&reg.route_key(), &reg.registration_id).await.unwrap());
     let found = store.gateway().target(&reg.tenant, &reg.push_target_id, now).await.unwrap();
@@ -152,12 +168,11 @@ pub async fn gateway_dead_token_mark<S: Store>(store: &S) {
     store.gateway().register(&fresh).await.unwrap();
     assert!(!store.gateway().route(&fresh.route_key(), now).await.unwrap().unwrap().token_invalid);
     assert!(!store.gateway().mark_token_invalid(&reg.route_key(), &reg.registration_id).await.unwrap());
-    let nobody = RouteKey { tenant: "t".into(), account_id: "a".into(), device_id: "d".into() };
-    assert!(!store.gateway().mark_token_invalid(&nobody, "r").await.unwrap());
+    assert!(!store.gateway().mark_token_invalid(&nobody(), &reg_id(0, 0)).await.unwrap());
 }
 
-fn notify_key(tenant: &str, n: u8) -> NotifyKey {
-    NotifyKey { tenant: tenant.into(), idempotency_key: format!("idem-{n}") }
+fn notify_key(name: &str, n: u8) -> NotifyKey {
+    NotifyKey { tenant: tenant(name), idempotency_key: IdempotencyKey::parse(&format!("idem-{n}")).unwrap() }
 }
 
 fn wakeup(id: &str, device: u8, not_before_ms: i64, now: i64) -> GatewayWakeup {
@@ -339,24 +354,25 @@ pub async fn gateway_state_compare_and_set<S: Store>(store: &S) {
     let now = base_ms();
     let expires = now + HOUR_MS;
     let key = b"dedup\x00window-1";
-    assert_eq!(store.gateway().state("station-a", key, now).await.unwrap(), None);
-    assert!(store.gateway().state_cas("station-a", key, None, b"a", now, expires).await.unwrap());
-    assert!(!store.gateway().state_cas("station-a", key, None, b"b", now, expires).await.unwrap());
-    assert_eq!(store.gateway().state("station-a", key, now).await.unwrap(), Some(b"a".to_vec()));
-    assert!(!store.gateway().state_cas("station-a", key, Some(b"x"), b"b", now, expires).await.unwrap());
-    assert!(store.gateway().state_cas("station-a", key, Some(b"a"), b"b", now, expires).await.unwrap());
-    assert_eq!(store.gateway().state("station-a", key, now).await.unwrap(), Some(b"b".to_vec()));
-    assert_eq!(store.gateway().state("station-b", key, now).await.unwrap(), None);
-    assert!(store.gateway().state_cas("station-b", key, None, b"z", now, expires).await.unwrap());
+    let (station_a, station_b) = (tenant("station-a"), tenant("station-b"));
+    assert_eq!(store.gateway().state(&station_a, key, now).await.unwrap(), None);
+    assert!(store.gateway().state_cas(&station_a, key, None, b"a", now, expires).await.unwrap());
+    assert!(!store.gateway().state_cas(&station_a, key, None, b"b", now, expires).await.unwrap());
+    assert_eq!(store.gateway().state(&station_a, key, now).await.unwrap(), Some(b"a".to_vec()));
+    assert!(!store.gateway().state_cas(&station_a, key, Some(b"x"), b"b", now, expires).await.unwrap());
+    assert!(store.gateway().state_cas(&station_a, key, Some(b"a"), b"b", now, expires).await.unwrap());
+    assert_eq!(store.gateway().state(&station_a, key, now).await.unwrap(), Some(b"b".to_vec()));
+    assert_eq!(store.gateway().state(&station_b, key, now).await.unwrap(), None);
+    assert!(store.gateway().state_cas(&station_b, key, None, b"z", now, expires).await.unwrap());
     // Expired: absent, and set again from absent.
-    assert_eq!(store.gateway().state("station-a", key, expires).await.unwrap(), None);
-    assert!(!store.gateway().state_cas("station-a", key, Some(b"b"), b"c", expires, expires + HOUR_MS).await.unwrap());
-    assert!(store.gateway().state_cas("station-a", key, None, b"c", expires, expires + HOUR_MS).await.unwrap());
-    assert_eq!(store.gateway().state("station-a", key, expires).await.unwrap(), Some(b"c".to_vec()));
+    assert_eq!(store.gateway().state(&station_a, key, expires).await.unwrap(), None);
+    assert!(!store.gateway().state_cas(&station_a, key, Some(b"b"), b"c", expires, expires + HOUR_MS).await.unwrap());
+    assert!(store.gateway().state_cas(&station_a, key, None, b"c", expires, expires + HOUR_MS).await.unwrap());
+    assert_eq!(store.gateway().state(&station_a, key, expires).await.unwrap(), Some(b"c".to_vec()));
     // Concurrent setters from absent: one wins.
     let k2 = b"count";
     let values: Vec<[u8; 1]> = (0..6u8).map(|i| [i]).collect();
-    let sets = values.iter().map(|v| store.gateway().state_cas("station-a", k2, None, v, now, expires));
+    let sets = values.iter().map(|v| store.gateway().state_cas(&station_a, k2, None, v, now, expires));
     let won = futures::future::join_all(sets).await.into_iter().filter(|r| matches!(r, Ok(true))).count();
     assert_eq!(won, 1);
     let deleted = store.gateway().delete_expired(expires + 2 * HOUR_MS).await.unwrap();
