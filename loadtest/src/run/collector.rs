@@ -108,6 +108,8 @@ struct Inner {
     latency_us: Histogram<u64>,
     /// First deliveries per second since `start`.
     per_second: Vec<u64>,
+    /// Duplicates per second since `start`: which handoff repeated what.
+    duplicates_per_second: Vec<u64>,
     start: Option<Instant>,
     last_delivery: Option<Instant>,
 }
@@ -193,6 +195,8 @@ pub struct Summary {
     pub latency: Percentiles,
     /// First deliveries in each second since the first publish.
     pub per_second: Vec<u64>,
+    /// Duplicates in each second since the first publish.
+    pub duplicates_per_second: Vec<u64>,
     /// A few missing pairs, "topic/sequence_id/recipient" (indices), for debugging.
     pub missing_examples: Vec<String>,
 }
@@ -238,6 +242,7 @@ impl Collector {
                 statuses: BTreeMap::new(),
                 latency_us: latency_histogram(),
                 per_second: Vec::new(),
+                duplicates_per_second: Vec::new(),
                 start: None,
                 last_delivery: None,
             }),
@@ -561,6 +566,7 @@ impl Collector {
             deliveries_per_second: if seconds > 0.0 { inner.distinct as f64 / seconds } else { 0.0 },
             latency: Percentiles::from_histogram_us(&inner.latency_us),
             per_second: inner.per_second.clone(),
+            duplicates_per_second: inner.duplicates_per_second.clone(),
             missing_examples,
         }
     }
@@ -604,6 +610,16 @@ fn is_ok(answer: &ScriptedResponse) -> bool {
     (200..300).contains(&answer.status)
 }
 
+/// Adds one to the second of `at` since `start`, when started.
+fn count_second(per_second: &mut Vec<u64>, start: Option<Instant>, at: Instant) {
+    let Some(start) = start else { return };
+    let second = at.saturating_duration_since(start).as_secs() as usize;
+    if per_second.len() <= second {
+        per_second.resize(second + 1, 0);
+    }
+    per_second[second] += 1;
+}
+
 impl Inner {
     /// A 2xx answer for `pair`: its first delivery, or a duplicate.
     fn first_or_duplicate(&mut self, pair: usize, published_at: Instant, at: Instant) {
@@ -611,19 +627,14 @@ impl Inner {
         self.delivered[pair] = seen.saturating_add(1);
         if seen > 0 {
             self.duplicates += 1;
+            count_second(&mut self.duplicates_per_second, self.start, at);
             return;
         }
         self.distinct += 1;
         // Arrivals before the Publish RPC returned count as zero latency.
         let us = at.saturating_duration_since(published_at).as_micros() as u64;
         self.latency_us.saturating_record(us);
-        if let Some(start) = self.start {
-            let second = at.saturating_duration_since(start).as_secs() as usize;
-            if self.per_second.len() <= second {
-                self.per_second.resize(second + 1, 0);
-            }
-            self.per_second[second] += 1;
-        }
+        count_second(&mut self.per_second, self.start, at);
         if self.last_delivery.is_none_or(|l| at > l) {
             self.last_delivery = Some(at);
         }
@@ -680,6 +691,7 @@ mod tests {
         assert_eq!(s.unexpected, 2);
         assert_eq!(s.latency.count, 4);
         assert_eq!(s.per_second, vec![4]);
+        assert_eq!(s.duplicates_per_second, vec![1]);
         assert_eq!(s.missing_examples.len(), 2);
         // The early arrival counts as zero latency, the others 9-10 ms.
         assert_eq!(s.latency.max_ms.round(), 10.0);

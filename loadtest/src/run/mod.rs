@@ -1027,7 +1027,7 @@ async fn execute_inner(
             &publish,
             d.seconds,
             d.delivered,
-            d.duplicates,
+            &d.duplicates_per_second,
             d.unacknowledged,
         );
         Some(r)

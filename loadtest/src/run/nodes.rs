@@ -260,6 +260,10 @@ pub struct NodesReport {
     pub handoffs: u64,
     /// Duplicate deliveries ÷ handoffs.
     pub duplicates_per_handoff: Option<f64>,
+    /// The seconds since the first publish in which duplicates arrived, and
+    /// how many: set beside the fault's time and the nodes' logs, they tell
+    /// which handoff repeated what.
+    pub duplicates_by_second: Vec<(usize, u64)>,
     /// Deliveries of envelope copies whose publish had an unknown outcome.
     pub unacknowledged: u64,
     pub redirects: u64,
@@ -290,9 +294,12 @@ impl NodesReport {
         publish: &PublishStats,
         delivery_seconds: f64,
         distinct: u64,
-        duplicates: u64,
+        duplicates: &[u64],
         unacknowledged: u64,
     ) -> NodesReport {
+        let duplicates_by_second: Vec<(usize, u64)> =
+            duplicates.iter().copied().enumerate().filter(|&(_, n)| n > 0).collect();
+        let duplicates: u64 = duplicates.iter().sum();
         let per = |n: f64, s: f64| n / s.max(1e-9);
         let nodes: Vec<NodeReport> = figures
             .into_iter()
@@ -331,6 +338,7 @@ impl NodesReport {
         NodesReport {
             handoffs,
             duplicates_per_handoff: (handoffs > 0).then(|| duplicates as f64 / handoffs as f64),
+            duplicates_by_second,
             unacknowledged,
             redirects: publish.redirects,
             retries: publish.retries,
@@ -380,6 +388,10 @@ impl NodesReport {
                 f.delivered_before,
                 f.paused_seconds.map(|p| format!(", resumed {p:.1} s later")).unwrap_or_default()
             ));
+        }
+        if !self.duplicates_by_second.is_empty() {
+            let by_second: Vec<String> = self.duplicates_by_second.iter().map(|(s, n)| format!("{s} s: {n}")).collect();
+            lines.push(format!("duplicates by second since the first publish: {}", by_second.join(", ")));
         }
         lines.push(format!(
             "handoffs: {} ({}); publish: {} redirected, {} retried, {} of unknown outcome resent ({} deliveries \
@@ -451,14 +463,16 @@ mod tests {
         };
         let setup = SetupStats { seconds: 2.0, rpcs_per_node: vec![10, 10], ..Default::default() };
         let publish = PublishStats { seconds: 1.0, stored_per_node: vec![5, 7], redirects: 3, ..Default::default() };
-        let r = NodesReport::new(figures, Some(fault), &setup, &publish, 4.0, 2000, 16, 0);
+        let r = NodesReport::new(figures, Some(fault), &setup, &publish, 4.0, 2000, &[0, 0, 10, 0, 6], 0);
         assert_eq!(r.handoffs, 8);
         assert_eq!(r.duplicates_per_handoff, Some(2.0));
+        assert_eq!(r.duplicates_by_second, vec![(2, 10), (4, 6)]);
         assert_eq!((r.engine_cpu_seconds_delivery, r.engine_cpu_seconds_per_1k_deliveries), (3.0, 1.5));
         assert_eq!((r.nodes[0].deliveries_per_second, r.nodes[1].envelopes_per_second), (375.0, 7.0));
         assert_eq!((r.nodes[1].fault.as_deref(), r.nodes[1].owned_shards_end), (Some("killed"), None));
         let text = r.lines().join("\n");
         assert!(text.contains("node 1 127.0.0.1:2 (killed)"), "{text}");
         assert!(text.contains("8 (2.0 duplicates per handoff)"), "{text}");
+        assert!(text.contains("duplicates by second since the first publish: 2 s: 10, 4 s: 6"), "{text}");
     }
 }

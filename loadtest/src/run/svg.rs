@@ -234,6 +234,7 @@ mod tests {
                     mean_ms: 1.5,
                 },
                 per_second: vec![4, 6],
+                duplicates_per_second: vec![],
                 missing_examples: vec![],
             },
             resources: None,
