@@ -18,6 +18,7 @@ pub const MAX_SIGNING_KEY_LEN: usize = 64;
 /// §2–3, spec 002 §5.2) besides envelopes; its settings; and what its
 /// folder builds: a `provider` the delivery workers send through, or a
 /// `sink` that takes its deliveries from dispatch into its own queue.
+/// A row's attributes (`#[cfg(..)]`) go onto everything generated from it.
 /// `for_each_channel!(m)` calls `m!` with the rows.
 macro_rules! for_each_channel {
     ($then:ident) => {
@@ -34,16 +35,42 @@ pub(crate) use for_each_channel;
 
 /// `Channel` and its lookups from the rows (`for_each_channel!`).
 macro_rules! channel_enum {
-    ($($variant:ident $name:ident wire $wire:literal tag $tag:literal relayed $relayed:literal: $settings:ty => $role:ident $built:ty;)*) => {
+    ($($(#[$meta:meta])* $variant:ident $name:ident wire $wire:literal tag $tag:literal relayed $relayed:literal: $settings:ty => $role:ident $built:ty;)*) => {
         /// How the backend reaches a recipient.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         pub enum Channel {
-            $($variant,)*
+            $($(#[$meta])* $variant,)*
         }
 
         impl Channel {
-            /// Every channel, in the table's order.
-            pub const ALL: &[Channel] = &[$(Self::$variant),*];
+            /// Every channel, in the table's order. An array's elements take
+            /// no `#[cfg]`, so it is filled slot by slot from `at_slot`.
+            pub const ALL: &[Channel] = &{
+                let mut all = [Self::at_slot(0).expect("the table has a row"); Self::COUNT];
+                let mut slot = 1;
+                while slot < Self::COUNT {
+                    all[slot] = Self::at_slot(slot).expect("slots below COUNT are rows");
+                    slot += 1;
+                }
+                all
+            };
+
+            /// How many rows this build has.
+            const COUNT: usize = {
+                let mut n = 0;
+                while Self::at_slot(n).is_some() {
+                    n += 1;
+                }
+                n
+            };
+
+            /// The channel whose metric slot is `slot`.
+            const fn at_slot(slot: usize) -> Option<Self> {
+                match slot {
+                    $($(#[$meta])* s if s == Self::$variant as usize => Some(Self::$variant),)*
+                    _ => None,
+                }
+            }
 
             /// From its wire number (proto `Channel`).
             pub fn from_wire(v: u8) -> Option<Self> {
@@ -52,7 +79,7 @@ macro_rules! channel_enum {
 
             pub fn wire(self) -> u8 {
                 match self {
-                    $(Self::$variant => $wire,)*
+                    $($(#[$meta])* Self::$variant => $wire,)*
                 }
             }
 
@@ -63,14 +90,14 @@ macro_rules! channel_enum {
 
             pub fn storage_tag(self) -> u8 {
                 match self {
-                    $(Self::$variant => $tag,)*
+                    $($(#[$meta])* Self::$variant => $tag,)*
                 }
             }
 
             /// A bounded label value for metrics; the settings table's name.
             pub fn as_str(&self) -> &'static str {
                 match self {
-                    $(Self::$variant => stringify!($name),)*
+                    $($(#[$meta])* Self::$variant => stringify!($name),)*
                 }
             }
 
@@ -81,7 +108,7 @@ macro_rules! channel_enum {
             /// Whether its row takes `Push::Relayed` besides envelopes.
             pub fn takes_relayed(self) -> bool {
                 match self {
-                    $(Self::$variant => $relayed,)*
+                    $($(#[$meta])* Self::$variant => $relayed,)*
                 }
             }
 
