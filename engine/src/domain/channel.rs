@@ -14,7 +14,7 @@ pub const MAX_SIGNING_KEY_LEN: usize = 64;
 /// position). A row: the variant; its name (the `[engine.channels.<name>]`
 /// table, the `channel` metric label, its folder `channel/<name>/`); its
 /// wire number (proto `Channel`, PUSH-200); its storage tag (the byte both
-/// stores keep; never reused); whether it takes relayed pushes (spec 003
+/// stores keep, at most 127; never reused); whether it takes relayed pushes (spec 003
 /// §2–3, spec 002 §5.2) besides envelopes; its settings; and what its
 /// folder builds: a `provider` the delivery workers send through, or a
 /// `sink` that takes its deliveries from dispatch into its own queue.
@@ -117,6 +117,9 @@ macro_rules! channel_enum {
                 self as usize
             }
         }
+
+        // The ScyllaDB store keeps a tag in a `tinyint` (engine/schema/scylla/001_init.cql).
+        $($(#[$meta])* const _: () = assert!($tag <= i8::MAX as u8, concat!(stringify!($name), "'s tag does not fit a tinyint"));)*
     };
 }
 
