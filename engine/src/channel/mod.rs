@@ -20,6 +20,8 @@ mod common;
 pub mod fcm;
 pub mod http;
 mod outcome;
+#[cfg(test)]
+mod probe;
 mod provider;
 pub mod push_log;
 pub mod relay;
