@@ -356,6 +356,7 @@ mod tests {
             let text = match target {
                 DeliveryTarget::Http { url, .. } => url.as_str(),
                 DeliveryTarget::Apns { token } | DeliveryTarget::Fcm { token } => token,
+                DeliveryTarget::Probe { token } => token,
                 DeliveryTarget::Relay(r) => r.as_ref().map_or("", RelayRegistration::token),
                 DeliveryTarget::WebPush { endpoint, .. } => endpoint.as_str(),
             };

@@ -20,6 +20,8 @@ mod common;
 pub mod fcm;
 pub mod http;
 mod outcome;
+#[cfg(test)]
+mod probe;
 mod provider;
 pub mod push_log;
 pub mod relay;
@@ -78,7 +80,7 @@ impl Channels {
 /// `ChannelSettings`, its workers' bound and `Channels::build` from the rows
 /// of the channel table (`crate::domain::for_each_channel!`).
 macro_rules! channel_table {
-    ($($variant:ident $name:ident wire $wire:literal tag $tag:literal relayed $relayed:literal: $settings:ty => $role:ident $built:ty;)*) => {
+    ($($(#[$meta:meta])* $variant:ident $name:ident wire $wire:literal tag $tag:literal relayed $relayed:literal: $settings:ty => $role:ident $built:ty;)*) => {
         /// `[engine.channels]`: one optional table per channel, named as the
         /// channel is everywhere else (`Channel::as_str`). A channel exists
         /// only when its table is present (section 2, PUSH-210). With no
@@ -88,7 +90,7 @@ macro_rules! channel_table {
         #[derive(Debug, Clone, Default, Deserialize)]
         #[serde(default, deny_unknown_fields)]
         pub struct ChannelSettings {
-            $(pub $name: Option<$settings>,)*
+            $($(#[$meta])* pub $name: Option<$settings>,)*
         }
 
         impl ChannelSettings {
@@ -97,7 +99,12 @@ macro_rules! channel_table {
             /// A sink (the relay) is not among them: it sends from its own
             /// queue, never through the workers.
             pub fn max_in_flight(&self) -> usize {
-                0 $(+ self.$name.as_ref().map_or(0, |_s| role!($role in_flight _s)))*
+                // Statements, not a sum: a row's `#[cfg]` takes a statement.
+                let mut bound = 0;
+                $($(#[$meta])* if let Some(_s) = &self.$name {
+                    bound += role!($role in_flight _s);
+                })*
+                bound
             }
         }
 
@@ -105,7 +112,7 @@ macro_rules! channel_table {
             /// Builds every channel whose table is present.
             pub fn build(settings: &ChannelSettings, ctx: &ChannelContext) -> Result<Self, BuildError> {
                 let mut channels = Self::default();
-                $(if let Some(s) = &settings.$name {
+                $($(#[$meta])* if let Some(s) = &settings.$name {
                     role!($role build channels Channel::$variant, $built, s, ctx);
                 })*
                 Ok(channels)

@@ -308,7 +308,7 @@ mod tests {
     use async_trait::async_trait;
 
     use super::*;
-    use crate::channel::{Provider, Refusal};
+    use crate::channel::{ChannelContext, ChannelSettings, Provider, Refusal, RelayPriority, RelayedPush};
     use crate::delivery::{DeliveryWorkers, FirstAttemptLatch};
     use crate::domain::{
         Channel, DeliveryTarget, EnvelopeKind, Recipient, RecipientId, SecretHash, ShardId, StoredEnvelope, Topic,
@@ -420,12 +420,22 @@ mod tests {
         used: Vec<Recipient>,
         settings: DeliverySettings,
     ) -> Run {
+        let mut channels = Channels::default();
+        channels.insert(provider);
+        deliver_through(channels, stored, used, settings).await
+    }
+
+    /// `deliver_all` over the channels given.
+    async fn deliver_through(
+        channels: Channels,
+        stored: &Recipient,
+        used: Vec<Recipient>,
+        settings: DeliverySettings,
+    ) -> Run {
         let dir = tempfile::tempdir().unwrap();
         let store: Arc<dyn Store> = Arc::new(RedbStore::open(dir.path(), 4).unwrap());
         store.register(&stored.id, &stored.secret_hash, &stored.target, 1).await.unwrap();
         let metrics = Arc::new(Metrics::new());
-        let mut channels = Channels::default();
-        channels.insert(provider);
         let ctx = Arc::new(WorkerContext {
             // Unless a test sets it: room for any test's deliveries.
             max_in_flight: settings.in_flight_per_worker(512 * settings.workers.get()),
@@ -751,5 +761,56 @@ mod tests {
         let run = deliver(p.clone(), &r, r.clone()).await;
         assert_eq!(p.sent.load(Ordering::SeqCst), 0);
         assert_eq!(count(&run.metrics.deliveries, Channel::Apns, "rejected"), 1);
+    }
+
+    /// The probe channel (`channel/probe/`) exists only as a folder and a
+    /// test-only row of the channel table: from its `[engine.channels.probe]`
+    /// table alone it is built, counted in the workers' bound, stored under
+    /// its row's tag, and delivered through by a real worker, which counts
+    /// it under its row's metric slot.
+    #[tokio::test(start_paused = true)]
+    async fn a_channel_that_is_a_folder_and_a_row_is_built_and_delivered_through() {
+        let file: toml::Table = toml::from_str("[engine.channels]\nhttp = {}\nprobe = { max_in_flight = 8 }").unwrap();
+        let table: ChannelSettings = file["engine"]["channels"].clone().try_into().unwrap();
+        assert_eq!(table.max_in_flight(), 1000 + 8, "the webhook's default and the probe's");
+        let ctx = ChannelContext::new(Arc::new(Metrics::new()));
+        let channels = Channels::build(&table, &ctx).unwrap();
+        assert!(channels.is_configured(Channel::Probe) && channels.is_configured(Channel::Http));
+        assert!(!channels.is_configured(Channel::Apns), "no table, no channel (PUSH-210)");
+        let probe = channels.get(Channel::Probe).expect("built as a provider");
+        assert_eq!(probe.channel(), Channel::Probe);
+        // Its row says `relayed false`.
+        let payload = serde_json::Map::new();
+        let relayed = RelayedPush {
+            token: "t",
+            app_id: None,
+            sandbox: false,
+            collapse_id: None,
+            priority: RelayPriority::High,
+            payload: &payload,
+            ttl: Duration::from_secs(60),
+            web_push_keys: None,
+        };
+        assert_eq!(probe.send(Push::Relayed(relayed)).await, Err(Refusal::Unsupported));
+
+        let r = recipient(DeliveryTarget::Probe { token: "probe-token".into() });
+        let three: Vec<_> = (0..3u8).map(|i| Recipient { id: RecipientId::from_bytes([i; 32]), ..r.clone() }).collect();
+        let settings = DeliverySettings { workers: NonZeroUsize::MIN, ..DeliverySettings::default() };
+        let run = deliver_through(channels, &r, three.clone(), settings).await;
+
+        let logged = ctx.push_log.notifications(None);
+        let mut devices: Vec<&str> =
+            logged["notifications"].as_array().unwrap().iter().map(|e| e["device_id"].as_str().unwrap()).collect();
+        devices.sort_unstable();
+        let expected: Vec<String> = three.iter().map(|r| hex::encode(r.id.as_bytes())).collect();
+        assert_eq!(devices, expected, "each delivery reached the probe once, the relayed push none");
+        assert!(logged["notifications"].as_array().unwrap().iter().all(|e| e["token"] == "probe-token"));
+        assert_eq!(count(&run.metrics.attempts, Channel::Probe, "delivered"), 3);
+        assert_eq!(count(&run.metrics.deliveries, Channel::Probe, "delivered"), 3);
+        let exposed = run.metrics.render();
+        assert!(exposed.contains(r#"fanout_deliveries_total{channel="probe",outcome="delivered"} 3"#), "{exposed}");
+        assert_eq!(run.first_attempts.load(Ordering::SeqCst), 1, "the page's latch fired once");
+        let stored = run.store.recipient(&r.id).await.unwrap().expect("stored under the probe's tag");
+        assert_eq!(stored.target, r.target);
     }
 }

@@ -122,6 +122,8 @@ pub(super) fn encode_recipient(r: &Recipient) -> Vec<u8> {
     w.raw(&r.secret_hash.0).i64(r.renewed_at_ns).u64(r.topic_count).u8(r.target.channel().storage_tag());
     match &r.target {
         DeliveryTarget::Apns { token } | DeliveryTarget::Fcm { token } => w.bytes(token.as_bytes()),
+        #[cfg(test)]
+        DeliveryTarget::Probe { token } => w.bytes(token.as_bytes()),
         DeliveryTarget::Http { url, signing_key } => w.bytes(url.as_str().as_bytes()).bytes(signing_key.as_bytes()),
         DeliveryTarget::WebPush { endpoint, keys } => {
             w.bytes(endpoint.as_str().as_bytes()).bytes(keys.p256dh()).bytes(keys.auth())
@@ -190,6 +192,8 @@ pub(super) fn decode_recipient(id: RecipientId, buf: &[u8]) -> Result<Recipient,
     let target = match Channel::from_storage_tag(r.u8()?).ok_or_else(|| corrupt(WHAT))? {
         Channel::Apns => DeliveryTarget::Apns { token: r.string()? },
         Channel::Fcm => DeliveryTarget::Fcm { token: r.string()? },
+        #[cfg(test)]
+        Channel::Probe => DeliveryTarget::Probe { token: r.string()? },
         Channel::Http => DeliveryTarget::Http {
             url: WebhookUrl::parse(&r.string()?).map_err(|_| corrupt(WHAT))?,
             signing_key: SigningKey::parse(r.bytes()?).map_err(|_| corrupt(WHAT))?,

@@ -66,6 +66,8 @@ pub(super) fn decode_static(id: RecipientId, row: StaticRow) -> Result<Option<Ve
     let target = match channel {
         Channel::Apns => DeliveryTarget::Apns { token: target_text },
         Channel::Fcm => DeliveryTarget::Fcm { token: target_text },
+        #[cfg(test)]
+        Channel::Probe => DeliveryTarget::Probe { token: target_text },
         Channel::Http => DeliveryTarget::Http {
             url: WebhookUrl::parse(&target_text).map_err(|_| corrupt(WHAT))?,
             signing_key: signing_key.as_deref().and_then(|k| SigningKey::parse(k).ok()).ok_or_else(|| corrupt(WHAT))?,
@@ -102,6 +104,8 @@ pub(super) fn encode_target(target: &DeliveryTarget) -> (i8, Cow<'_, str>, Optio
     let channel = target.channel().storage_tag() as i8;
     match target {
         DeliveryTarget::Apns { token } | DeliveryTarget::Fcm { token } => (channel, Cow::Borrowed(token), None),
+        #[cfg(test)]
+        DeliveryTarget::Probe { token } => (channel, Cow::Borrowed(token), None),
         DeliveryTarget::Http { url, signing_key } => {
             (channel, Cow::Borrowed(url.as_str()), Some(Cow::Borrowed(signing_key.as_bytes())))
         }
