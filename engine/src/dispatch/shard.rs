@@ -110,17 +110,24 @@ struct Page {
     latch: Arc<FirstAttemptLatch>,
 }
 
-impl Window {
-    /// A dropped window's deliveries that no worker has sent yet are dropped
-    /// by the workers too: the next window (here, or on the shard's next
-    /// owner) reads them again from the stored checkpoint, which is below
-    /// every page still here, and sends them.
-    fn abandon(&mut self) {
+/// A dropped window's deliveries that no worker has sent yet are dropped by
+/// the workers too: the next window (here, or on the shard's next owner)
+/// reads them again from the stored checkpoint, which is below every page
+/// still here, and sends them. On `Drop`, not in the actor's `post_stop`:
+/// a shard actor killed when its lease is lost, or when a release outlasts
+/// its bound, runs no `post_stop`, and the first attempts its workers still
+/// held would go out if this node took the shard again, after its next
+/// owner had sent them. A window dropped complete has no page left.
+impl Drop for Window {
+    fn drop(&mut self) {
         for page in self.pages.values() {
             page.latch.drop_window();
         }
         self.release_queued();
     }
+}
+
+impl Window {
 
     /// Hands each delivery to this read's batch of its channel's sink: the
     /// channel's own queue, or the delivery workers. The hand-offs finish
@@ -305,10 +312,9 @@ impl Actor for ShardActor {
 type StepResult = Result<(), crate::store::StoreError>;
 
 impl ShardState {
+    /// Drops the running window (`Drop for Window`).
     fn drop_window(&mut self) {
-        if let Some(mut w) = self.window.take() {
-            w.abandon();
-        }
+        self.window = None;
     }
 
     /// Fencing: whether this node surely still holds the shard's
@@ -1047,6 +1053,26 @@ mod tests {
         assert_eq!(sends.len(), 6, "no page after the release: {sends:?}");
         assert!(sends.keys().all(|(seq, _)| *seq <= 2));
         assert_eq!(f.metrics.windows.get(), 0, "the window was handed over, not completed");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_killed_shard_actors_first_attempts_not_yet_sent_are_never_sent() {
+        // One worker sending one request at a time: the first delivery waits
+        // at the provider, the other three in the worker, when the actor is
+        // killed (a lost lease) and runs no post_stop.
+        let one_at_a_time = DeliverySettings {
+            workers: NonZeroUsize::MIN,
+            max_in_flight_per_worker: Some(NonZeroUsize::MIN),
+            ..DeliverySettings::default()
+        };
+        let f = Fixture::start_with(4, 1, settings(10, 4), 0, Duration::ZERO, one_at_a_time, Fence::default()).await;
+        f.until("the first delivery is at the provider", |f| f.waiting() == 1).await;
+        f.actor.kill();
+        f.until("the actor stopped", |f| f.actor.get_status() == ractor::ActorStatus::Stopped).await;
+        f.gate.permits.add_permits(100);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(f.sends().len(), 1, "only the attempt under way: the replay sends the rest");
+        assert_eq!(f.position().await.checkpoint, 0);
     }
 
     fn recording(page: usize, pages_in_flight: usize) -> DispatchSettings {
