@@ -391,7 +391,7 @@ pub async fn topic_limit_applies_nothing<S: Store>(store: &S) {
     assert_eq!(store.recipient(&a).await.unwrap().unwrap().renewed_at_ns, 50);
 }
 
-/// Issue 18 (group commit): many writers at once, of every kind, each
+/// Group commit: many writers at once, of every kind, each
 /// answered with its own result and all of them stored; appends to one
 /// shard from concurrent publishes get distinct, gap-free ids.
 pub async fn concurrent_writes_all_land<S: Store>(store: &S) {
@@ -425,7 +425,7 @@ pub async fn concurrent_writes_all_land<S: Store>(store: &S) {
     assert_eq!(store.shard_position(t.shard(SHARD_COUNT)).await.unwrap().boundary, u64::from(N));
 }
 
-/// Issue 18 (group commit): a refused write among concurrent ones (a wrong
+/// Group commit: a refused write among concurrent ones (a wrong
 /// secret, the topic limit) gets its own error, changes nothing, and fails
 /// none of the writes it may have shared a transaction with.
 pub async fn a_refused_write_among_concurrent_ones_fails_alone<S: Store>(store: &S) {
@@ -597,7 +597,7 @@ pub async fn publisher_sequence_ids<S: Store>(store: &S) {
         tags.push(store.envelope_data(shard_id(4), e.sequence_id).await.unwrap().unwrap()[0]);
     }
     assert_eq!(tags, vec![5, 7, 8, 10], "refused ones not stored");
-    // Issue 11: an id too far ahead fails alone and leaves the shard usable.
+    // An id too far ahead fails alone and leaves the shard usable.
     let far = 10 + fanout_engine::domain::MAX_SEQUENCE_GAP + 1;
     assert_eq!(
         store.append(&[e(Some(far), 1), e(Some(u64::MAX), 2), e(None, 11)], 4).await.unwrap(),
@@ -798,7 +798,7 @@ pub async fn removing_a_relay_registration_keeps_the_device_and_its_subscription
     assert_eq!(page[0].recipient.target, relay_target("apns", "tok-2", None, None));
 }
 
-/// Issue 17: a Web Push subscription (endpoint, p256dh, auth) is stored
+/// A Web Push subscription (endpoint, p256dh, auth) is stored
 /// whole, and a 404/410 deletes it only while it is unchanged.
 pub async fn webpush_subscription_round_trips_and_compare_and_deletes<S: Store>(store: &S) {
     use base64::Engine as _;

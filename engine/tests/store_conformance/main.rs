@@ -68,7 +68,7 @@ mod scylla {
     cases::for_each_case!(conformance_cases);
 }
 
-/// Issue 16, only against a secure server (`scripts/cassandra.sh
+/// Only against a secure server (`scripts/cassandra.sh
 /// start-secure`): without TLS, or without the right password, the store
 /// does not connect, and says so.
 mod secure {

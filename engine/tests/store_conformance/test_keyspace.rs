@@ -30,7 +30,7 @@ pub fn test_nodes() -> Option<Vec<String>> {
     }
 }
 
-/// Issue 16: a server with client encryption and password authentication
+/// A server with client encryption and password authentication
 /// (`scripts/cassandra.sh start-secure`): its CA file, and the role and
 /// password file to log in with.
 const TEST_CQL_CA_ENV: &str = "FANOUT_TEST_CQL_CA";

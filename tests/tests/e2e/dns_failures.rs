@@ -104,7 +104,7 @@ async fn a_failing_lookup_at_register_is_unavailable_and_changes_nothing() {
     );
     ck.eq("requests in all", setup.receiver.received_count(), 1);
 
-    ck.finish("issue 11 item 4, Register", &setup.fanout.log());
+    ck.finish("a failing lookup at Register", &setup.fanout.log());
 }
 
 #[tokio::test]
@@ -155,7 +155,7 @@ async fn no_name_no_address_and_a_blocked_address_read_the_same() {
     ck.code("SERVFAIL", result, Code::Unavailable);
     ck.absent(&mut c, &r, "SERVFAIL").await;
 
-    ck.finish("issue 11 item 4, refusal messages", &fanout.log());
+    ck.finish("refusal messages", &fanout.log());
 }
 
 #[tokio::test]

@@ -508,7 +508,7 @@ async fn reserved_classes_are_refused_at_register_and_at_send() {
     publish(fanout, vec![envelope(&topic, pb::EnvelopeKind::Application, true)]).await;
     ck.eq("a push after the name is safe again", setup.receiver.wait_for(2, DELIVERY_WAIT).await.len(), 2);
 
-    ck.finish("issue 16 item 6, reserved classes", &fanout.log());
+    ck.finish("reserved address classes", &fanout.log());
 }
 
 /// The one address `label` has in the standard zone.
@@ -551,5 +551,5 @@ async fn allow_reserved_addresses_lifts_only_the_reserved_classes() {
     // alone does not list 64:ff9b::/96.
     register(&mut ck, &mut c, "NAT64 of 10.0.0.1", "https://nat64private.fanout.test/hook", &KEY, Code::Ok).await;
 
-    ck.finish("issue 16 item 6, allow_reserved_addresses = true", &fanout.log());
+    ck.finish("allow_reserved_addresses = true", &fanout.log());
 }
