@@ -59,6 +59,11 @@ pub struct ShardState {
     ticker: tokio::task::JoinHandle<()>,
     /// Sends `RecordProgress`, when progress is recorded.
     progress_ticker: Option<tokio::task::JoinHandle<()>>,
+    /// The next window reads the recorded progress: the first window of
+    /// this actor (after a handover, a restart) and the one after a dropped
+    /// window. A completed window's checkpoint passed every envelope a
+    /// record could name, so the windows after it do not read it.
+    read_progress: bool,
 }
 
 struct Window {
@@ -128,7 +133,6 @@ impl Drop for Window {
 }
 
 impl Window {
-
     /// Hands each delivery to this read's batch of its channel's sink: the
     /// channel's own queue, or the delivery workers. The hand-offs finish
     /// when awaited (backpressure).
@@ -244,6 +248,7 @@ impl Actor for ShardActor {
             fenced: false,
             ticker,
             progress_ticker,
+            read_progress: true,
         })
     }
 
@@ -312,9 +317,11 @@ impl Actor for ShardActor {
 type StepResult = Result<(), crate::store::StoreError>;
 
 impl ShardState {
-    /// Drops the running window (`Drop for Window`).
+    /// Drops the running window (`Drop for Window`); the next one reads
+    /// what this one recorded.
     fn drop_window(&mut self) {
         self.window = None;
+        self.read_progress = true;
     }
 
     /// Fencing: whether this node surely still holds the shard's
@@ -344,9 +351,10 @@ impl ShardState {
         // PUSH-257: nothing above the boundary read now; nothing below the checkpoint.
         let window = store.read_window(self.shard, position.checkpoint, position.boundary, limit);
         let (envelopes, answered) = match self.ctx.progress_interval {
-            Some(_) => tokio::try_join!(window, store.shard_progress(self.shard))?,
-            None => (window.await?, ShardProgress::default()),
+            Some(_) if self.read_progress => tokio::try_join!(window, store.shard_progress(self.shard))?,
+            _ => (window.await?, ShardProgress::default()),
         };
+        self.read_progress = false;
         let end = match envelopes.last() {
             Some(last) if envelopes.len() == limit => last.sequence_id,
             _ => position.boundary,
@@ -901,6 +909,15 @@ mod tests {
         }
     }
 
+    /// One worker sending one request at a time.
+    fn one_at_a_time() -> DeliverySettings {
+        DeliverySettings {
+            workers: NonZeroUsize::MIN,
+            max_in_flight_per_worker: Some(NonZeroUsize::MIN),
+            ..DeliverySettings::default()
+        }
+    }
+
     fn settings(page: usize, pages_in_flight: usize) -> DispatchSettings {
         DispatchSettings {
             subscriber_page: NonZeroUsize::new(page).unwrap(),
@@ -989,12 +1006,7 @@ mod tests {
         // 40 deliveries one at a time, 1 s each: a 40 s window, a 2 s timeout.
         let mut s = settings(10, 16);
         s.window_timeout = Duration::from_secs(2);
-        let one_at_a_time = DeliverySettings {
-            workers: NonZeroUsize::MIN,
-            max_in_flight_per_worker: Some(NonZeroUsize::MIN),
-            ..DeliverySettings::default()
-        };
-        let f = Fixture::start_with(40, 1, s, 0, Duration::from_secs(1), one_at_a_time, Fence::default()).await;
+        let f = Fixture::start_with(40, 1, s, 0, Duration::from_secs(1), one_at_a_time(), Fence::default()).await;
         f.gate.permits.add_permits(1000);
         let started = Instant::now();
         f.until_checkpoint(1).await;
@@ -1013,13 +1025,9 @@ mod tests {
         // while the third is held, and the checkpoint must still follow the
         // first ones, so a replay after a kill -9 or a handover would repeat
         // only what is left.
-        let one_at_a_time = DeliverySettings {
-            workers: NonZeroUsize::MIN,
-            max_in_flight_per_worker: Some(NonZeroUsize::MIN),
-            ..DeliverySettings::default()
-        };
-        let f = Fixture::start_with(2, 3, settings(10, 16), 0, Duration::from_secs(1), one_at_a_time, Fence::default())
-            .await;
+        let f =
+            Fixture::start_with(2, 3, settings(10, 16), 0, Duration::from_secs(1), one_at_a_time(), Fence::default())
+                .await;
         f.gate.permits.add_permits(4);
         f.until_checkpoint(1).await;
         let checkpoint = f.position().await.checkpoint;
@@ -1060,12 +1068,7 @@ mod tests {
         // One worker sending one request at a time: the first delivery waits
         // at the provider, the other three in the worker, when the actor is
         // killed (a lost lease) and runs no post_stop.
-        let one_at_a_time = DeliverySettings {
-            workers: NonZeroUsize::MIN,
-            max_in_flight_per_worker: Some(NonZeroUsize::MIN),
-            ..DeliverySettings::default()
-        };
-        let f = Fixture::start_with(4, 1, settings(10, 4), 0, Duration::ZERO, one_at_a_time, Fence::default()).await;
+        let f = Fixture::start_with(4, 1, settings(10, 4), 0, Duration::ZERO, one_at_a_time(), Fence::default()).await;
         f.until("the first delivery is at the provider", |f| f.waiting() == 1).await;
         f.actor.kill();
         f.until("the actor stopped", |f| f.actor.get_status() == ractor::ActorStatus::Stopped).await;
