@@ -1,4 +1,4 @@
-//! Shard ownership across several nodes (DESIGN.md, lease actors).
+//! Shard ownership across several nodes: the lease actor.
 //!
 //! Only when the store coordinates (ScyllaDB). Every `ttl / 3` the lease
 //! actor renews the shards it owns, heartbeats this node, computes its fair

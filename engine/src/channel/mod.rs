@@ -10,9 +10,10 @@
 //! The contract is `provider`'s (a channel that keeps its own queue is a
 //! dispatch `Sink` instead, `crate::page`); what several channels share lies
 //! beside it (`common` value types, `collapse`, `retry_after`, `relayed`,
-//! `push_log`), never in another channel's folder. Every channel sends through the transport's
-//! shared HTTP client `transport::pool::Pool` (in-flight bound, rate limit,
-//! response-body cap). `docs/ARCHITECTURE.md` walks through adding a channel.
+//! `push_log`), never in another channel's folder. Every channel sends
+//! through the transport's shared HTTP client `transport::pool::Pool`
+//! (in-flight bound, rate limit, response-body cap). `docs/ARCHITECTURE.md`
+//! walks through adding a channel.
 
 pub mod apns;
 pub mod collapse;

@@ -16,7 +16,7 @@ use crate::store::Store;
 use crate::transport::destination::HostResolver;
 
 /// What one attempt sends. Each channel's row of the table says which kinds
-/// it takes (`Channel::takes`); handed another, a provider answers
+/// it takes (`Channel::takes_relayed`); handed another, a provider answers
 /// `Refusal::Unsupported` without a request.
 #[derive(Debug, Clone, Copy)]
 pub enum Push<'a> {

@@ -46,4 +46,3 @@ impl PushLog {
         serde_json::json!({ "notifications": entries })
     }
 }
-

@@ -4,7 +4,7 @@ use serde_json::{Map, Value};
 
 use crate::channel::collapse::fit_collapse_id;
 use crate::channel::common::PushLifetime;
-use crate::channel::relayed::{Fitted, RelayPriority, Refusal, RelayedPush, fit};
+use crate::channel::relayed::{Fitted, Refusal, RelayPriority, RelayedPush, fit};
 use crate::domain::StoredEnvelope;
 
 /// FCM refuses a message whose data is over 4096 bytes.

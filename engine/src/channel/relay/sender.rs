@@ -11,11 +11,11 @@ use tokio_util::time::DelayQueue;
 
 use super::body::{BodyInput, webhook_body};
 use super::classify::{Answer, NO_ANSWER, classify, next_delay};
-use crate::channel::push_log::PushLog;
 use super::payload::{Payload, WEBHOOK_PAYLOAD_LIMIT};
 use super::queue::{Counters, Queue, Taken};
 use super::settings::{HubId, RelayUrl};
 use super::signing::{HEADER_DELIVERY, HEADER_SIGNATURE, WebhookSecret, signature_header};
+use crate::channel::push_log::PushLog;
 use crate::domain::Timestamp;
 use crate::domain::{Channel, DeliveryTarget};
 use crate::metrics::Metrics;

@@ -360,7 +360,10 @@ mod tests {
         // At send too (the rules may have changed since registration): nothing leaves.
         let recipient = testing::recipient(target(&sub));
         let envelope = testing::envelope(1);
-        assert_eq!(strict.send(Push::Envelope { recipient: &recipient, envelope: &envelope }).await, Ok(Outcome::Rejected));
+        assert_eq!(
+            strict.send(Push::Envelope { recipient: &recipient, envelope: &envelope }).await,
+            Ok(Outcome::Rejected)
+        );
         assert!(mock.received().is_empty());
     }
 

@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 use super::encryption::MAX_PLAINTEXT;
-use crate::channel::relayed::{Fitted, RelayPriority, Refusal, RelayedPush, fit};
+use crate::channel::relayed::{Fitted, Refusal, RelayPriority, RelayedPush, fit};
 use crate::domain::StoredEnvelope;
 
 /// RFC 8030 section 5.3. Spec 000 wake-ups go `normal`: delivered on battery
