@@ -59,11 +59,6 @@ pub struct ShardState {
     ticker: tokio::task::JoinHandle<()>,
     /// Sends `RecordProgress`, when progress is recorded.
     progress_ticker: Option<tokio::task::JoinHandle<()>>,
-    /// The next window reads the recorded progress: the first window of
-    /// this actor (after a handover, a restart) and the one after a dropped
-    /// window. A completed window's checkpoint passed every envelope a
-    /// record could name, so the windows after it do not read it.
-    read_progress: bool,
 }
 
 struct Window {
@@ -248,7 +243,6 @@ impl Actor for ShardActor {
             fenced: false,
             ticker,
             progress_ticker,
-            read_progress: true,
         })
     }
 
@@ -317,11 +311,9 @@ impl Actor for ShardActor {
 type StepResult = Result<(), crate::store::StoreError>;
 
 impl ShardState {
-    /// Drops the running window (`Drop for Window`); the next one reads
-    /// what this one recorded.
+    /// Drops the running window (`Drop for Window`).
     fn drop_window(&mut self) {
         self.window = None;
-        self.read_progress = true;
     }
 
     /// Fencing: whether this node surely still holds the shard's
@@ -351,10 +343,9 @@ impl ShardState {
         // PUSH-257: nothing above the boundary read now; nothing below the checkpoint.
         let window = store.read_window(self.shard, position.checkpoint, position.boundary, limit);
         let (envelopes, answered) = match self.ctx.progress_interval {
-            Some(_) if self.read_progress => tokio::try_join!(window, store.shard_progress(self.shard))?,
-            _ => (window.await?, ShardProgress::default()),
+            Some(_) => tokio::try_join!(window, store.shard_progress(self.shard))?,
+            None => (window.await?, ShardProgress::default()),
         };
-        self.read_progress = false;
         let end = match envelopes.last() {
             Some(last) if envelopes.len() == limit => last.sequence_id,
             _ => position.boundary,
