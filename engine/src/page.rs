@@ -132,6 +132,12 @@ impl FirstAttemptLatch {
         self.state.iter().take_while(|s| s.load(Ordering::Acquire) == SETTLED).count()
     }
 
+    /// The deliveries whose first attempt is answered, wherever they are in
+    /// the page (workers answer out of order).
+    pub fn settled(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.state.len()).filter(|&i| self.state[i].load(Ordering::Acquire) == SETTLED)
+    }
+
     /// Marks the page replayed; returns the pending deliveries' indices.
     pub fn abandon(&self) -> Vec<usize> {
         self.abandoned.store(true, Ordering::Release);

@@ -9,7 +9,7 @@ use super::window_pages::WindowPages;
 use super::{Decision, DispatchContext, decide, suppression};
 use crate::delivery::{Delivery, FirstAttempt, FirstAttemptLatch};
 use crate::domain::Recipient;
-use crate::domain::{Answered, Channel, HmacKey, RecipientId, ShardId, ShardProgress, StoredEnvelope};
+use crate::domain::{Answered, Channel, HmacKey, Partly, RecipientId, ShardId, ShardProgress, StoredEnvelope};
 use crate::page::{Batch, Handoff, Sink};
 use crate::ticker::spawn_ticker;
 
@@ -71,8 +71,11 @@ struct Window {
     /// speaks of.
     ids: Vec<u64>,
     /// Envelopes behind the front that a former owner answered up to a
-    /// subscriber (`Answered::After`): their paging starts after it.
+    /// subscriber (`Partly::upto`): their paging starts after it.
     resume: HashMap<u64, RecipientId>,
+    /// The subscribers above that a former owner answered too
+    /// (`Partly::also`, ascending): never handed out again.
+    skip: HashMap<u64, Vec<RecipientId>>,
     /// The progress as last recorded by this window.
     recorded: ShardProgress,
     /// The reads of the next pages, and the pages of small topics.
@@ -183,19 +186,18 @@ impl Window {
     }
 
     /// What this window answered above its checkpoint. An envelope fully
-    /// paged with no page in flight had every first attempt; one with a page
-    /// in flight, every one below its lowest such page (pages are handed
+    /// paged with no page in flight had every first attempt. One with pages
+    /// in flight: every one below its lowest such page (pages are handed
     /// out in subscriber order, and one that left `pages` was answered, or
     /// under way when a replay took its missing deliveries) and the
-    /// answered start of that page; one still to page, every one up to
-    /// where its paging starts.
+    /// answered start of that page, then each answered delivery of its
+    /// pages in flight (workers answer out of order). One still to page:
+    /// every one up to where its paging starts. Both keep what a former
+    /// owner answered above that (`skip`).
     fn answered(&self) -> ShardProgress {
-        let mut lowest: HashMap<u64, &Page> = HashMap::new();
+        let mut in_flight: HashMap<u64, Vec<&Page>> = HashMap::new();
         for page in self.pages.values() {
-            let at = lowest.entry(page.envelope.sequence_id).or_insert(page);
-            if page.after < at.after {
-                *at = page;
-            }
+            in_flight.entry(page.envelope.sequence_id).or_default().push(page);
         }
         let mut to_page: HashMap<u64, Option<RecipientId>> =
             self.envelopes.iter().map(|e| (e.sequence_id, self.resume.get(&e.sequence_id).copied())).collect();
@@ -203,13 +205,18 @@ impl Window {
             to_page.insert(front.sequence_id, self.cursor);
         }
         ShardProgress::of_window(self.ids.iter().filter(|&&id| id > self.checkpoint).map(|&id| {
-            let answered = match (lowest.get(&id), to_page.get(&id)) {
-                (Some(page), _) => match page.latch.settled_prefix() {
-                    0 => page.after,
-                    n => Some(page.recipients[n - 1].id),
+            let skipped = self.skip.get(&id).into_iter().flatten().copied();
+            let answered = match (in_flight.get(&id), to_page.get(&id)) {
+                (Some(pages), _) => {
+                    let lowest = pages.iter().min_by_key(|p| p.after).expect("an envelope in flight has a page");
+                    let upto = match lowest.latch.settled_prefix() {
+                        0 => lowest.after,
+                        n => Some(lowest.recipients[n - 1].id),
+                    };
+                    let settled = pages.iter().flat_map(|p| p.latch.settled().map(|i| p.recipients[i].id));
+                    Partly::new(upto, settled.chain(skipped)).map(Answered::Partly)
                 }
-                .map(Answered::After),
-                (None, Some(after)) => after.map(Answered::After),
+                (None, Some(after)) => Partly::new(*after, skipped).map(Answered::Partly),
                 (None, None) => Some(Answered::Whole),
             };
             (id, answered)
@@ -361,21 +368,28 @@ impl ShardState {
         let ids: Vec<u64> = envelopes.iter().map(|e| e.sequence_id).collect();
         // What a former owner (or this node, before a restart) recorded it
         // answered of these envelopes is not sent again.
-        let mut resume = HashMap::new();
+        let (mut resume, mut skip) = (HashMap::new(), HashMap::new());
         let envelopes: VecDeque<Arc<StoredEnvelope>> = envelopes
             .into_iter()
             .filter(|e| match answered.of(e.sequence_id) {
                 Some(Answered::Whole) => false,
-                Some(Answered::After(r)) => resume.insert(e.sequence_id, r).is_none(),
+                Some(Answered::Partly(Partly { upto, also })) => {
+                    resume.extend(upto.map(|r| (e.sequence_id, r)));
+                    if !also.is_empty() {
+                        skip.insert(e.sequence_id, also);
+                    }
+                    true
+                }
                 None => true,
             })
             .map(Arc::new)
             .collect();
-        if envelopes.len() < ids.len() || !resume.is_empty() {
+        let partly = resume.keys().chain(skip.keys()).collect::<HashSet<_>>().len();
+        if envelopes.len() < ids.len() || partly > 0 {
             tracing::info!(
                 shard = self.shard.index(),
                 answered = ids.len() - envelopes.len(),
-                partly = resume.len(),
+                partly,
                 "window resumes from recorded progress"
             );
         }
@@ -395,6 +409,7 @@ impl ShardState {
             cursor,
             ids,
             resume,
+            skip,
             recorded: answered,
             pages_read,
             end,
@@ -466,7 +481,11 @@ impl ShardState {
         // PUSH-257 per subscriber; PUSH-230 for the page at once, so the data
         // is read once per page and hashed once per distinct key.
         let mut candidates = Vec::with_capacity(page.len());
+        let skip = w.skip.get(&envelope.sequence_id).map_or(&[][..], Vec::as_slice);
         for subscriber in page.iter() {
+            if skip.binary_search(&subscriber.recipient.id).is_ok() {
+                continue; // its first attempt was made before a handover
+            }
             let key = match decide(&envelope, subscriber, &ctx.channels) {
                 Decision::Excluded => continue,
                 Decision::Deliver => None,
@@ -704,11 +723,13 @@ mod tests {
 
     const SHARDS: u16 = 1;
 
-    /// Answers `Delivered` once a permit is available; panics (losing the
-    /// attempt) for the recipients in `lose_once`, the first time only.
+    /// Answers `Delivered` once a permit is available (at once for the
+    /// recipients in `free`); panics (losing the attempt) for the recipients
+    /// in `lose_once`, the first time only.
     struct Gate {
         latency: Duration,
         permits: Semaphore,
+        free: Mutex<Vec<RecipientId>>,
         waiting: AtomicUsize,
         sent: Mutex<HashMap<(u64, RecipientId), usize>>,
         lose_once: Mutex<Vec<RecipientId>>,
@@ -730,6 +751,9 @@ mod tests {
             };
             if lost {
                 panic!("attempt lost (test)");
+            }
+            if self.free.lock().unwrap().contains(&recipient.id) {
+                return Ok(Outcome::Delivered);
             }
             self.waiting.fetch_add(1, Ordering::SeqCst);
             let permit = self.permits.acquire().await.unwrap();
@@ -824,6 +848,7 @@ mod tests {
             let gate = Arc::new(Gate {
                 latency,
                 permits: Semaphore::new(0),
+                free: Mutex::default(),
                 waiting: AtomicUsize::new(0),
                 sent: Mutex::default(),
                 lose_once: Mutex::new(ids.iter().take(lose_once).copied().collect()),
@@ -1086,7 +1111,7 @@ mod tests {
         f.until("the actor stopped", |f| f.actor.get_status() == ractor::ActorStatus::Stopped).await;
         assert_eq!(f.position().await.checkpoint, 0, "envelope 1 is only partly answered");
         let recorded = f.store.shard_progress(ShardId::FIRST).await.unwrap();
-        assert_eq!(recorded.of(1), Some(Answered::After(f.recipients[0])));
+        assert_eq!(recorded.of(1), Some(Answered::Partly(Partly::upto(f.recipients[0]))));
         assert_eq!(recorded.of(2), None);
 
         let next = Fixture::spawn(&f.ctx).await;
@@ -1102,7 +1127,8 @@ mod tests {
     async fn a_window_skips_what_a_former_owner_recorded_it_answered() {
         // Recorded: envelope 1 whole, envelope 2 up to the second subscriber.
         let f = Fixture::start_recorded(3, 3, recording(10, 4), |ids| {
-            ShardProgress::of_window([(1, Some(Answered::Whole)), (2, Some(Answered::After(ids[1]))), (3, None)])
+            let after_second = Answered::Partly(Partly::upto(ids[1]));
+            ShardProgress::of_window([(1, Some(Answered::Whole)), (2, Some(after_second)), (3, None)])
         })
         .await;
         let third = f.recipients[2];
@@ -1115,6 +1141,57 @@ mod tests {
         assert_eq!(sent, expected, "envelope 1 skipped, envelope 2 resumed after the second subscriber");
         assert!(f.sends().values().all(|n| *n == 1));
         f.actor.stop(None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_window_skips_the_subscribers_a_former_owner_answered_out_of_order() {
+        // Recorded: envelope 1 answered to the second subscriber only,
+        // envelope 2 up to the first and to the third.
+        let f = Fixture::start_recorded(4, 2, recording(10, 4), |ids| {
+            let one = Partly::new(None, [ids[1]]).map(Answered::Partly);
+            let two = Partly::new(Some(ids[0]), [ids[2]]).map(Answered::Partly);
+            ShardProgress::of_window([(1, one), (2, two)])
+        })
+        .await;
+        let r = f.recipients.clone();
+        f.gate.permits.add_permits(100);
+        f.until_checkpoint(2).await;
+        let mut sent: Vec<_> = f.sends().into_keys().collect();
+        sent.sort();
+        assert_eq!(sent, [(1, r[0]), (1, r[2]), (1, r[3]), (2, r[1]), (2, r[3])]);
+        assert!(f.sends().values().all(|n| *n == 1));
+        f.actor.stop(None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_killed_owners_answers_beyond_its_oldest_open_delivery_are_not_repeated() {
+        // One page of four: the first delivery waits at the provider, the
+        // other three are answered at once. The record names those three, so
+        // after the actor is killed (a lost lease) the next owner sends only
+        // the first again: the one in flight at the handover.
+        let f = Fixture::start(4, 1, recording(10, 4), 0).await;
+        let r = f.recipients.clone();
+        f.gate.free.lock().unwrap().extend(&r[1..]);
+        let expected = Answered::Partly(Partly::new(None, r[1..].iter().copied()).unwrap());
+        let mut recorded = None;
+        for _ in 0..100 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            recorded = f.store.shard_progress(ShardId::FIRST).await.unwrap().of(1);
+            if recorded.as_ref() == Some(&expected) {
+                break;
+            }
+        }
+        assert_eq!(recorded, Some(expected), "the answered deliveries beyond the open one are recorded");
+        f.actor.kill();
+        f.until("the actor stopped", |f| f.actor.get_status() == ractor::ActorStatus::Stopped).await;
+
+        let next = Fixture::spawn(&f.ctx).await;
+        f.gate.permits.add_permits(100);
+        f.until_checkpoint(1).await;
+        let sends = f.sends();
+        assert_eq!(sends[&(1, r[0])], 2, "in flight at the handover: sent by each owner");
+        assert!(r[1..].iter().all(|id| sends[&(1, *id)] == 1), "answered before it: never again: {sends:?}");
+        next.stop(None);
     }
 
     #[tokio::test(start_paused = true)]

@@ -31,7 +31,7 @@ pub use gateway_ids::{
     RegistrationId, SaltEpochId, ServiceId,
 };
 pub use ids::{RecipientId, RecipientSecret, SecretHash};
-pub use progress::{Answered, ShardProgress};
+pub use progress::{Answered, Partly, ShardProgress};
 pub use recipient::{Recipient, RecipientSummary, Subscriber};
 pub use registration::{FieldError, LOG_PROVIDER, RegistrationInput, RelayRegistration};
 pub use relay::{RelayClaim, RelayKey, RelaySettled};

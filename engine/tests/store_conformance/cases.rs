@@ -14,10 +14,10 @@ use std::future::Future;
 pub use self::gateway::*;
 
 use fanout_engine::domain::{
-    Answered, Channel, DeliveryTarget, EnvelopeKind, KeyWindow, NewEnvelope, Recipient, RecipientId, RecipientSecret,
-    RecipientSummary, RelayClaim, RelayKey, RelaySettled, SecretHash, SenderHmac, SequenceRefusal, ShardId,
-    ShardProgress, SigningKey, StoredEnvelope, StoredSubscription, Subscriber, Subscription, SubscriptionUpdate, Topic,
-    WebhookUrl,
+    Answered, Channel, DeliveryTarget, EnvelopeKind, KeyWindow, NewEnvelope, Partly, Recipient, RecipientId,
+    RecipientSecret, RecipientSummary, RelayClaim, RelayKey, RelaySettled, SecretHash, SenderHmac, SequenceRefusal,
+    ShardId, ShardProgress, SigningKey, StoredEnvelope, StoredSubscription, Subscriber, Subscription,
+    SubscriptionUpdate, Topic, WebhookUrl,
 };
 use fanout_engine::store::{Appended, RegistrationRemoval, ShardPosition, Store, StoreError};
 
@@ -869,8 +869,15 @@ pub async fn advance_checkpoint_forward_and_prunes<S: Store>(store: &S) {
 /// is empty before any; an invalid shard is refused.
 pub async fn shard_progress_is_kept_per_shard_and_replaced<S: Store>(store: &S) {
     assert!(store.shard_progress(shard_id(3)).await.unwrap().is_empty(), "none recorded yet");
-    let after = Answered::After(RecipientId::from_bytes([7; 32]));
-    let first = ShardProgress::of_window([(4, Some(Answered::Whole)), (5, Some(Answered::Whole)), (6, Some(after))]);
+    let id = |b: u8| RecipientId::from_bytes([b; 32]);
+    let after = Answered::Partly(Partly::upto(id(7)));
+    let out_of_order = Partly::new(Some(id(2)), [id(9), id(5)]).map(Answered::Partly);
+    let first = ShardProgress::of_window([
+        (4, Some(Answered::Whole)),
+        (5, Some(Answered::Whole)),
+        (6, Some(after.clone())),
+        (7, out_of_order),
+    ]);
     store.record_progress(shard_id(3), &first).await.unwrap();
     assert_eq!(store.shard_progress(shard_id(3)).await.unwrap(), first);
     assert!(store.shard_progress(shard_id(4)).await.unwrap().is_empty(), "another shard's is its own");
