@@ -448,7 +448,8 @@ impl ScyllaStore {
 
     /// The boundaries of `shards`, read concurrently.
     async fn boundaries(&self, shards: BTreeSet<ShardId>) -> Result<HashMap<ShardId, u64>, StoreError> {
-        let reads = shards.into_iter().map(|shard| async move { Ok((shard, self.log.position(shard).await?.boundary)) });
+        let reads =
+            shards.into_iter().map(|shard| async move { Ok((shard, self.log.position(shard).await?.boundary)) });
         stream::iter(reads).buffer_unordered(JOIN_CONCURRENCY).try_collect().await
     }
 
@@ -1214,6 +1215,45 @@ mod tests {
             let window = owner.read_window(shard, 4, 10, 10).await.unwrap();
             assert_eq!(window.iter().map(|e| e.sequence_id).collect::<Vec<_>>(), vec![5]);
             owner
+        })
+        .await;
+    }
+
+    /// An append is answered once its rows are durable; its boundary write
+    /// follows. When that write never lands (the node died first), the next
+    /// term's claim still takes the answered rows into the old term's range
+    /// (PUSH-257: nothing acknowledged is left unread).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_answered_append_whose_boundary_never_landed_is_read_after_a_handover() {
+        with_store(|former| async move {
+            let nodes = test_nodes().unwrap();
+            let next = ScyllaStore::connect(&settings(nodes, former.keyspace()), SHARD_COUNT).await.unwrap();
+            let topic = Topic::parse(&[0, 6]).unwrap();
+            let e = NewEnvelope::new(topic, SHARD_COUNT, EnvelopeKind::Application, true, None, vec![], None).unwrap();
+            let shard = e.shard();
+            let stored = |n| vec![Appended::Stored { sequence_id: n }];
+            assert_eq!(former.append(std::slice::from_ref(&e), 1).await.unwrap(), stored(1));
+            assert_eq!(former.append(std::slice::from_ref(&e), 2).await.unwrap(), stored(2));
+            assert_eq!(former.shard_position(shard).await.unwrap().boundary, 2, "its own: from memory");
+            // Its boundary write, landed or not, is undone: a newer cell of 0.
+            let (ks, db_shard) = (former.keyspace().to_owned(), i32::from(shard.index()));
+            let q = |cql: String| {
+                let session = &former.session;
+                async move { session.query_unpaged(cql, ()).await.unwrap() }
+            };
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            let head = q(format!("SELECT term FROM {ks}.shard_terms WHERE shard = {db_shard} LIMIT 1")).await;
+            let (term,) = head.into_rows_result().unwrap().first_row::<(i64,)>().unwrap();
+            q(format!(
+                "UPDATE {ks}.shard_terms USING TIMESTAMP 1000000 SET boundary = 0 WHERE shard = {db_shard} AND term = {term}"
+            ))
+            .await;
+            assert_eq!(next.shard_position(shard).await.unwrap().boundary, 0, "the stored boundary lags");
+
+            assert_eq!(next.append(std::slice::from_ref(&e), 3).await.unwrap(), stored(3), "above the rows");
+            let window = next.read_window(shard, 0, 10, 10).await.unwrap();
+            assert_eq!(window.iter().map(|e| e.sequence_id).collect::<Vec<_>>(), vec![1, 2, 3]);
+            next
         })
         .await;
     }

@@ -62,7 +62,8 @@ pub(super) fn decode_static(id: RecipientId, row: StaticRow) -> Result<Option<Ve
     };
     let hash: [u8; 32] = hash.as_deref().and_then(|h| h.try_into().ok()).ok_or_else(|| corrupt(WHAT))?;
     let target_text = target.ok_or_else(|| corrupt(WHAT))?;
-    let channel = channel.and_then(|c| u8::try_from(c).ok()).and_then(Channel::from_storage_tag).ok_or_else(|| corrupt(WHAT))?;
+    let channel =
+        channel.and_then(|c| u8::try_from(c).ok()).and_then(Channel::from_storage_tag).ok_or_else(|| corrupt(WHAT))?;
     let target = match channel {
         Channel::Apns => DeliveryTarget::Apns { token: target_text },
         Channel::Fcm => DeliveryTarget::Fcm { token: target_text },

@@ -11,6 +11,16 @@
 //! boundary itself as the cell's write timestamp so that the largest value
 //! wins whatever order writes land in.
 //!
+//! An append is answered once its rows are durable, not its boundary: the
+//! boundary write follows on its own, beside the next appends, so a Publish
+//! waits for one round trip. Until it lands the stored boundary lags what
+//! this process has made durable: its own dispatcher (the shard's only one)
+//! reads the boundary from memory, a subscription added meanwhile starts at
+//! the stored one (an envelope above it is not yet settled, PUSH-216), and
+//! the next term's claim takes as its base the highest row of the term
+//! before it as well as that term's boundary, so an acknowledged envelope
+//! is never left outside every term's range.
+//!
 //! Fencing. Readers take the boundary of the highest term only, and accept a
 //! log row of term `t` at id `x` only while `base(t) < x <= base(next term)`.
 //! A former owner that was paused or partitioned can still write (plain
@@ -19,8 +29,8 @@
 //! of the new term's (the term is part of the key). It must also not
 //! *acknowledge* such writes: ingest checks the local lease deadline after
 //! the append (`Fence`, `ownership.rs`), so an append is acknowledged only
-//! when its boundary write completed before the lease could have moved, and
-//! the next term's claim, made after the lease moved, read that boundary.
+//! when its rows were durable before the lease could have moved, and the
+//! next term's claim, made after the lease moved, finds them.
 //!
 //! Failures. An append that fails after its ids were taken burns them: the
 //! next append's boundary covers the gap (its rows, if any landed, were never
@@ -29,7 +39,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
 use futures::stream::TryStreamExt;
 use futures::{FutureExt, StreamExt, future::BoxFuture};
@@ -73,6 +83,10 @@ struct Term {
 struct TermSlot {
     term: tokio::sync::Mutex<Option<Term>>,
     forgotten: AtomicBool,
+    /// The term `durable` is of (0: none), and the largest id whose rows
+    /// are durable under it: the boundary before its write lands.
+    durable_term: AtomicI64,
+    durable: AtomicU64,
     /// Appends waiting for the next group commit. Bounded by the appends
     /// in flight: each caller waits on its own.
     queue: std::sync::Mutex<Vec<Pending>>,
@@ -132,6 +146,7 @@ struct LogStatements {
     legacy_drop_upto: PreparedStatement,
     progress_put: PreparedStatement,
     progress_get: PreparedStatement,
+    last_rows: PreparedStatement,
 }
 
 /// A `shard_log` row as a window reads it: the legacy columns, then its term.
@@ -209,6 +224,10 @@ impl LogStatements {
                 .await?,
             progress_put: p(format!("UPDATE {ks}.shard_progress SET progress = ? WHERE shard = ?")).await?,
             progress_get: p(format!("SELECT progress FROM {ks}.shard_progress WHERE shard = ?")).await?,
+            last_rows: p(format!(
+                "SELECT pos, term FROM {ks}.shard_log WHERE shard = ? AND bucket = ? ORDER BY pos DESC, term DESC"
+            ))
+            .await?,
         })
     }
 }
@@ -311,8 +330,14 @@ impl ShardLog {
     pub(super) async fn position(&self, shard: ShardId) -> Result<ShardPosition, StoreError> {
         let db_shard = i32::from(shard.index());
         let head = self.head(db_shard).await?;
-        if head.term.is_some() {
-            return Ok(ShardPosition { boundary: head.boundary, checkpoint: head.checkpoint });
+        if let Some(term) = head.term {
+            // This process's own term: what it made durable, written or not yet.
+            let slot = &self.terms[usize::from(shard.index())];
+            let durable = (slot.durable_term.load(Ordering::Acquire) == term
+                && !slot.forgotten.load(Ordering::Acquire))
+            .then(|| slot.durable.load(Ordering::Acquire));
+            let boundary = head.boundary.max(durable.unwrap_or(0));
+            return Ok(ShardPosition { boundary, checkpoint: head.checkpoint });
         }
         let (boundary, checkpoint) = self.legacy_marks(db_shard).await?;
         Ok(ShardPosition { boundary, checkpoint: checkpoint.max(head.checkpoint) })
@@ -325,7 +350,11 @@ impl ShardLog {
         for attempt in 0..MAX_LWT_ATTEMPTS {
             let head = self.head(db_shard).await?;
             let (term, base) = match head.term {
-                Some(t) => (t + 1, head.boundary),
+                // Its boundary may lag its answered appends (the module's doc).
+                Some(t) => {
+                    let written = head.boundary.max(head.checkpoint);
+                    (t + 1, written.max(self.last_row(db_shard, t, written).await?.unwrap_or(0)))
+                }
                 None => {
                     // The first term after schema 6: carry its marks over
                     // (idempotent, before the claim makes the term visible).
@@ -340,6 +369,9 @@ impl ShardLog {
             };
             if self.session.lwt(&self.st.claim, (db_shard, term, to_db(base))).await?.applied {
                 tracing::debug!(shard = shard.index(), term, base, "claimed a shard term");
+                let slot = &self.terms[usize::from(shard.index())];
+                slot.durable.store(base, Ordering::Release);
+                slot.durable_term.store(term, Ordering::Release);
                 return Ok(Term { term, last: base, indexed: None });
             }
             backoff(attempt).await;
@@ -462,24 +494,66 @@ impl ShardLog {
         // Taken before any write: a failure below burns these ids, never reuses them.
         let t = term.as_mut().expect("claimed above");
         t.last = last;
-        let written = async {
-            let indexed = self.write_rows(shard, current, rows).await?;
-            // The rows are durable: now the boundary may cover them (and
-            // any gap a failed append left below them).
-            let db_shard = i32::from(shard.index());
-            self.session.write(&self.st.boundary, (to_db(last), to_db(last), db_shard, current.term)).await?;
-            Ok::<_, StoreError>(indexed)
-        }
-        .await;
-        match written {
+        match self.write_rows(shard, current, rows).await {
             Ok(indexed) => {
                 t.indexed = t.indexed.max(indexed);
+                // The rows are durable: the boundary may cover them (and any
+                // gap a failed append left below them), here at once and in
+                // the store once its write lands.
+                slot.durable.fetch_max(last, Ordering::AcqRel);
                 for (pending, mine) in group.into_iter().zip(results) {
                     let _ = pending.reply.send(Ok(mine));
                 }
+                self.write_boundary(shard, current.term, last);
             }
             Err(e) => answer_all(group, &e),
         }
+    }
+
+    /// Writes a term's boundary beside the next appends, a few times on
+    /// failure. One that never lands costs only lag: a later append's
+    /// boundary covers it, and the next term's claim finds the rows.
+    fn write_boundary(&self, shard: ShardId, term: i64, boundary: u64) {
+        const ATTEMPTS: u32 = 5;
+        let (session, st) = (Arc::clone(&self.session), self.st.boundary.clone());
+        let values = (to_db(boundary), to_db(boundary), i32::from(shard.index()), term);
+        tokio::spawn(async move {
+            for attempt in 1..=ATTEMPTS {
+                match session.write(&st, values).await {
+                    Ok(()) => return,
+                    Err(e) if attempt == ATTEMPTS => {
+                        tracing::warn!(shard = shard.index(), term, error = %e, "a shard boundary write failed")
+                    }
+                    Err(_) => backoff(attempt + 3).await,
+                }
+            }
+        });
+    }
+
+    /// The highest id with a row of `term` above `floor`, if any: the
+    /// buckets from the top down, each from its highest position.
+    async fn last_row(&self, db_shard: i32, term: i64, floor: u64) -> Result<Option<u64>, StoreError> {
+        const WHAT: &str = "reading a term's last envelope";
+        let buckets = self.buckets(db_shard, bucket_of(floor.saturating_add(1)), i64::MAX).await?;
+        for bucket in buckets.into_iter().rev() {
+            let mut rows = self
+                .session
+                .execute_iter(self.st.last_rows.clone(), (db_shard, bucket))
+                .await
+                .map_err(be(WHAT))?
+                .rows_stream::<(i32, i64)>()
+                .map_err(be(WHAT))?;
+            while let Some((pos, t)) = rows.try_next().await.map_err(be(WHAT))? {
+                let seq = codec::seq_of(bucket, pos);
+                if seq <= floor {
+                    return Ok(None);
+                }
+                if t == term {
+                    return Ok(Some(seq));
+                }
+            }
+        }
+        Ok(None)
     }
 
     /// The bucket index rows this term has not written yet, then the rows in
