@@ -4,6 +4,7 @@
 use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
+use strum::VariantArray;
 
 use crate::domain::Channel;
 
@@ -52,7 +53,8 @@ pub struct Metrics {
 }
 
 /// A configured input limit (docs/OPERATIONS.md "Limits"), as the `limit` label names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
 pub enum Limit {
     /// `engine.ingest.max_data_bytes`: one envelope refused.
     EnvelopeData,
@@ -61,18 +63,14 @@ pub enum Limit {
 }
 
 impl Limit {
-    pub const ALL: [Limit; 2] = [Limit::EnvelopeData, Limit::SubscriptionChanges];
-
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::EnvelopeData => "envelope_data",
-            Self::SubscriptionChanges => "subscription_changes",
-        }
+        self.into()
     }
 }
 
 /// Why the engine deleted a recipient, as the `reason` label names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum Deleted {
     /// A terminal outcome, the stored registration unchanged (PUSH-234).
     Terminal,
@@ -81,31 +79,22 @@ pub enum Deleted {
 }
 
 impl Deleted {
-    pub const ALL: [Deleted; 2] = [Deleted::Terminal, Deleted::Expired];
-
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Terminal => "terminal",
-            Self::Expired => "expired",
-        }
+        self.into()
     }
 }
 
 /// What became of a published envelope, as the `result` label names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
 pub enum PublishResult {
     Stored,
     Rejected,
 }
 
 impl PublishResult {
-    pub const ALL: [PublishResult; 2] = [PublishResult::Stored, PublishResult::Rejected];
-
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Stored => "stored",
-            Self::Rejected => "rejected",
-        }
+        self.into()
     }
 }
 
@@ -320,11 +309,11 @@ impl Metrics {
             metrics.relay_ingress_webhooks.with_label_values(&[result]);
         }
         // At zero from the start: a refusal rate is worth an alert.
-        for limit in Limit::ALL {
+        for limit in Limit::VARIANTS {
             metrics.limit_refusals.with_label_values(&[limit.as_str()]);
         }
         // The publish service and the retention pass run on every engine.
-        for result in PublishResult::ALL {
+        for result in PublishResult::VARIANTS {
             metrics.envelopes_published.with_label_values(&[result.as_str()]);
         }
         metrics.recipients_deleted_by(Deleted::Expired);
