@@ -248,11 +248,7 @@ impl fmt::Display for PushTargetId {
     }
 }
 
-impl fmt::Debug for PushTargetId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("PushTargetId(..)")
-    }
-}
+crate::domain::redacted_debug!(PushTargetId);
 
 impl FromStr for PushTargetId {
     type Err = IdError;

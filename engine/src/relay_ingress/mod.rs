@@ -61,11 +61,7 @@ pub enum Accepted {
 /// A hub's secret. Debug prints nothing of it.
 struct Secret(Vec<u8>);
 
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Secret(..)")
-    }
-}
+crate::domain::redacted_debug!(Secret);
 
 /// §1's `p256dh` and `auth` (base64url, padding optional) as Web Push
 /// keys; `None` when either is missing or not a valid key.

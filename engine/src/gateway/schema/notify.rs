@@ -114,11 +114,7 @@ pub struct RouteTokens {
     pub scope_route_token: Option<String>,
 }
 
-impl fmt::Debug for RouteTokens {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("RouteTokens(..)")
-    }
-}
+crate::domain::redacted_debug!(RouteTokens);
 
 /// §5.1 `notification.devices`: non-empty, unique, in request order (the
 /// order of the response's outcomes, §5.2).
