@@ -25,8 +25,9 @@ use subtle::ConstantTimeEq;
 
 use crate::tls::Reloadable;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, strum::IntoStaticStr)]
 #[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
 pub enum Role {
     Publisher,
     Recipient,
@@ -35,11 +36,7 @@ pub enum Role {
 
 impl Role {
     pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Publisher => "publisher",
-            Role::Recipient => "recipient",
-            Role::Operator => "operator",
-        }
+        self.into()
     }
 }
 

@@ -31,6 +31,7 @@ use fanout_engine::gateway::signature::{self, SignatureError, SignaturePolicy, S
 use fanout_engine::metrics::Metrics;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
+use strum::VariantArray;
 
 use crate::problem::Problem;
 
@@ -219,7 +220,8 @@ fn initialise_metrics(metrics: &Metrics) {
         }
     }
     let refused = &metrics.gateway.notify_unauthorized;
-    for reason in [UNKNOWN_SOURCE, CONTENT_DIGEST].into_iter().chain(SignatureError::ALL.map(SignatureError::label)) {
+    for reason in [UNKNOWN_SOURCE, CONTENT_DIGEST].into_iter().chain(SignatureError::VARIANTS.iter().map(|e| e.label()))
+    {
         refused.with_label_values(&[reason]);
     }
 }

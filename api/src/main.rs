@@ -179,19 +179,18 @@ async fn serve(config: Config) -> anyhow::Result<()> {
             PublishServiceServer::new(publish).max_decoding_message_size(max_message),
             grpc::Guard::new(authenticator.clone(), Role::Publisher),
         ));
-    let grpc_server = listener::serve(
-        listener::Listener {
-            tcp: grpc_listener,
-            tls: tls_for(tls::ServerTls::grpc),
-            router: grpc::router(routes, config.server.grpc_request_timeout),
-            protocol: listener::Protocol::Grpc {
-                max_concurrent_streams: config.server.grpc_max_concurrent_streams.get(),
-                keepalive_interval: config.server.grpc_keepalive_interval,
-            },
-            closes: grpc_closes,
+    let serve = |tcp, tls, router, protocol, closes| {
+        listener::serve(listener::Listener { tcp, tls, router, protocol, closes }, limits, shutdown_rx.clone())
+    };
+    let grpc_server = serve(
+        grpc_listener,
+        tls_for(tls::ServerTls::grpc),
+        grpc::router(routes, config.server.grpc_request_timeout),
+        listener::Protocol::Grpc {
+            max_concurrent_streams: config.server.grpc_max_concurrent_streams.get(),
+            keepalive_interval: config.server.grpc_keepalive_interval,
         },
-        limits,
-        shutdown_rx.clone(),
+        grpc_closes,
     );
     let gateway = gateway_state(&config, &engine)?;
     let api_router = rest::router(
@@ -204,28 +203,11 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         },
         config.server.api_max_body_bytes.get(),
     );
-    let api_server = listener::serve(
-        listener::Listener {
-            tcp: api_listener,
-            tls: tls_for(tls::ServerTls::http),
-            router: api_router,
-            protocol: listener::Protocol::Http,
-            closes: api_closes,
-        },
-        limits,
-        shutdown_rx.clone(),
-    );
-    let http_server = listener::serve(
-        listener::Listener {
-            tcp: http_listener,
-            tls: tls_for(tls::ServerTls::http),
-            router: http::router(http::HttpState::new(engine.metrics(), engine.readiness(), authenticator.clone())),
-            protocol: listener::Protocol::Http,
-            closes: http_closes,
-        },
-        limits,
-        shutdown_rx,
-    );
+    let api_server =
+        serve(api_listener, tls_for(tls::ServerTls::http), api_router, listener::Protocol::Http, api_closes);
+    let http_router = http::router(http::HttpState::new(engine.metrics(), engine.readiness(), authenticator.clone()));
+    let http_server =
+        serve(http_listener, tls_for(tls::ServerTls::http), http_router, listener::Protocol::Http, http_closes);
     tracing::info!(
         grpc = %config.server.grpc_listen,
         http = %config.server.http_listen,

@@ -79,19 +79,14 @@ pub fn router(state: ApiState, max_body_bytes: usize) -> Router {
         .clone()
         .map(|ingress| Router::new().route(ingress.path(), post(crate::relay_ingress::handle)).with_state(ingress));
     let gateway = state.gateway.clone().map(crate::gateway::router);
-    let router = Router::new()
+    let mut router = Router::new()
         .route("/v2/push/registration", put(put_registration).delete(delete_registration))
         .route("/v2/debug/push-log", get(push_log))
         .fallback(|| async { Problem::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint").into_response() })
         .with_state(state);
-    let router = match ingress {
-        Some(ingress) => router.merge(ingress),
-        None => router,
-    };
-    let router = match gateway {
-        Some(gateway) => router.merge(gateway),
-        None => router,
-    };
+    for routes in [ingress, gateway].into_iter().flatten() {
+        router = router.merge(routes);
+    }
     router.layer(DefaultBodyLimit::max(max_body_bytes))
 }
 

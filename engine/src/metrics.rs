@@ -4,6 +4,7 @@
 use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
+use strum::VariantArray;
 
 use crate::domain::Channel;
 
@@ -52,7 +53,8 @@ pub struct Metrics {
 }
 
 /// A configured input limit (docs/OPERATIONS.md "Limits"), as the `limit` label names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
 pub enum Limit {
     /// `engine.ingest.max_data_bytes`: one envelope refused.
     EnvelopeData,
@@ -61,18 +63,14 @@ pub enum Limit {
 }
 
 impl Limit {
-    pub const ALL: [Limit; 2] = [Limit::EnvelopeData, Limit::SubscriptionChanges];
-
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::EnvelopeData => "envelope_data",
-            Self::SubscriptionChanges => "subscription_changes",
-        }
+        self.into()
     }
 }
 
 /// Why the engine deleted a recipient, as the `reason` label names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum Deleted {
     /// A terminal outcome, the stored registration unchanged (PUSH-234).
     Terminal,
@@ -81,31 +79,22 @@ pub enum Deleted {
 }
 
 impl Deleted {
-    pub const ALL: [Deleted; 2] = [Deleted::Terminal, Deleted::Expired];
-
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Terminal => "terminal",
-            Self::Expired => "expired",
-        }
+        self.into()
     }
 }
 
 /// What became of a published envelope, as the `result` label names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
 pub enum PublishResult {
     Stored,
     Rejected,
 }
 
 impl PublishResult {
-    pub const ALL: [PublishResult; 2] = [PublishResult::Stored, PublishResult::Rejected];
-
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Stored => "stored",
-            Self::Rejected => "rejected",
-        }
+        self.into()
     }
 }
 
@@ -134,38 +123,17 @@ impl Metrics {
     pub fn new() -> Self {
         let registry = Registry::new();
         let counter_vec = |name: &str, help: &str, labels: &[&str]| {
-            let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
-            registry.register(Box::new(c.clone())).expect("unique metric");
-            c
+            register(&registry, IntCounterVec::new(Opts::new(name, help), labels))
         };
-        let counter = |name: &str, help: &str| {
-            let c = IntCounter::new(name, help).expect("valid metric");
-            registry.register(Box::new(c.clone())).expect("unique metric");
-            c
-        };
+        let counter = |name: &str, help: &str| register(&registry, IntCounter::new(name, help));
+        let latency = |name: &str, help: &str| HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec());
         let histogram_vec = |name: &str, help: &str, labels: &[&str]| {
-            let opts = HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec());
-            let h = HistogramVec::new(opts, labels).expect("valid metric");
-            registry.register(Box::new(h.clone())).expect("unique metric");
-            h
+            register(&registry, HistogramVec::new(latency(name, help), labels))
         };
-        let gauge = |name: &str, help: &str| {
-            let g = IntGauge::new(name, help).expect("valid metric");
-            registry.register(Box::new(g.clone())).expect("unique metric");
-            g
+        let gauge = |name: &str, help: &str| register(&registry, IntGauge::new(name, help));
+        let gauge_vec = |name: &str, help: &str, labels: &[&str]| {
+            register(&registry, IntGaugeVec::new(Opts::new(name, help), labels))
         };
-        let in_flight = IntGaugeVec::new(
-            Opts::new("fanout_in_flight_attempts", "Attempts awaiting a provider answer"),
-            &["channel"],
-        )
-        .expect("valid metric");
-        registry.register(Box::new(in_flight.clone())).expect("unique metric");
-        let window_duration = Histogram::with_opts(
-            HistogramOpts::new("fanout_window_duration_seconds", "Time from reading a window to its checkpoint")
-                .buckets(LATENCY_BUCKETS.to_vec()),
-        )
-        .expect("valid metric");
-        registry.register(Box::new(window_duration.clone())).expect("unique metric");
         let metrics = Self {
             deliveries: counter_vec(
                 "fanout_deliveries_total",
@@ -217,7 +185,7 @@ impl Metrics {
                 "Duration of one provider attempt",
                 &["channel"],
             ),
-            in_flight,
+            in_flight: gauge_vec("fanout_in_flight_attempts", "Attempts awaiting a provider answer", &["channel"]),
             retry_queue: gauge("fanout_retry_queue_depth", "Deliveries waiting for a retry timer"),
             recipients_deleted: counter_vec(
                 "fanout_recipients_deleted_total",
@@ -237,7 +205,13 @@ impl Metrics {
                 "fanout_window_replays_total",
                 "Windows abandoned and replayed from the checkpoint",
             ),
-            window_duration,
+            window_duration: register(
+                &registry,
+                Histogram::with_opts(latency(
+                    "fanout_window_duration_seconds",
+                    "Time from reading a window to its checkpoint",
+                )),
+            ),
             dispatch_lag: gauge("fanout_dispatch_lag_envelopes", "Sum over shards of boundary minus checkpoint"),
             shard_restarts: counter("fanout_shard_restarts_total", "Shard actors restarted by the supervisor"),
             owned_shards: gauge(
@@ -270,18 +244,11 @@ impl Metrics {
                 "HTTP/2 connections opened to a provider (APNs, FCM), by channel; a rate means reconnects",
                 &["channel"],
             ),
-            provider_waiting_sends: {
-                let g = IntGaugeVec::new(
-                    Opts::new(
-                        "fanout_provider_waiting_sends",
-                        "Sends waiting for a provider's in-flight slot or rate limit",
-                    ),
-                    &["channel"],
-                )
-                .expect("valid metric");
-                registry.register(Box::new(g.clone())).expect("unique metric");
-                g
-            },
+            provider_waiting_sends: gauge_vec(
+                "fanout_provider_waiting_sends",
+                "Sends waiting for a provider's in-flight slot or rate limit",
+                &["channel"],
+            ),
             provider_token_failures: counter_vec(
                 "fanout_provider_token_failures_total",
                 "Provider credentials that could not be obtained, by channel",
@@ -320,11 +287,11 @@ impl Metrics {
             metrics.relay_ingress_webhooks.with_label_values(&[result]);
         }
         // At zero from the start: a refusal rate is worth an alert.
-        for limit in Limit::ALL {
+        for limit in Limit::VARIANTS {
             metrics.limit_refusals.with_label_values(&[limit.as_str()]);
         }
         // The publish service and the retention pass run on every engine.
-        for result in PublishResult::ALL {
+        for result in PublishResult::VARIANTS {
             metrics.envelopes_published.with_label_values(&[result.as_str()]);
         }
         metrics.recipients_deleted_by(Deleted::Expired);
@@ -396,21 +363,9 @@ pub struct GatewayMetrics {
 impl GatewayMetrics {
     fn register(registry: &Registry) -> Self {
         let counter_vec = |name: &str, help: &str, label: &str| {
-            let c = IntCounterVec::new(Opts::new(name, help), &[label]).expect("valid metric");
-            registry.register(Box::new(c.clone())).expect("unique metric");
-            c
+            register(registry, IntCounterVec::new(Opts::new(name, help), &[label]))
         };
-        let gauge = |name: &str, help: &str| {
-            let g = prometheus::Gauge::new(name, help).expect("valid metric");
-            registry.register(Box::new(g.clone())).expect("unique metric");
-            g
-        };
-        let wakeups_in_flight = IntGauge::new(
-            "fanout_gateway_wakeups_in_flight",
-            "Spec 002 wake-ups leased by this node's worker and being sent to APNs/FCM",
-        )
-        .expect("valid metric");
-        registry.register(Box::new(wakeups_in_flight.clone())).expect("unique metric");
+        let gauge = |name: &str, help: &str| register(registry, prometheus::Gauge::new(name, help));
         Self {
             device_outcomes: counter_vec(
                 "fanout_gateway_device_outcomes_total",
@@ -437,7 +392,13 @@ impl GatewayMetrics {
                 "Spec 002 wake-up attempts by what followed: delivered, retried, dead_token, rejected, exhausted, revoked",
                 "outcome",
             ),
-            wakeups_in_flight,
+            wakeups_in_flight: register(
+                registry,
+                IntGauge::new(
+                    "fanout_gateway_wakeups_in_flight",
+                    "Spec 002 wake-ups leased by this node's worker and being sent to APNs/FCM",
+                ),
+            ),
             wakeup_lateness: gauge(
                 "fanout_gateway_wakeup_lateness_seconds",
                 "Spec 002: how long past its due time the longest-waiting wake-up of the worker's last lease waited",
@@ -448,6 +409,13 @@ impl GatewayMetrics {
             ),
         }
     }
+}
+
+/// `metric`, registered in `registry`.
+fn register<M: prometheus::core::Collector + Clone + 'static>(registry: &Registry, metric: prometheus::Result<M>) -> M {
+    let metric = metric.expect("valid metric");
+    registry.register(Box::new(metric.clone())).expect("unique metric");
+    metric
 }
 
 impl Default for Metrics {

@@ -4,7 +4,8 @@
 
 use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum CloseReason {
     /// No complete first request (TLS handshake included) within
     /// `server.first_request_timeout_seconds`.
@@ -26,12 +27,7 @@ impl CloseReason {
     ];
 
     pub fn as_str(self) -> &'static str {
-        match self {
-            CloseReason::FirstRequestTimeout => "first_request_timeout",
-            CloseReason::TlsHandshakeTimeout => "tls_handshake_timeout",
-            CloseReason::TlsHandshakeFailed => "tls_handshake_failed",
-            CloseReason::IdleTimeout => "idle_timeout",
-        }
+        self.into()
     }
 }
 

@@ -147,11 +147,7 @@ impl SigningKey {
     }
 }
 
-impl std::fmt::Debug for SigningKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("SigningKey(..)")
-    }
-}
+crate::domain::redacted_debug!(SigningKey);
 
 /// A browser's Web Push subscription keys (RFC 8291 section 2): the user
 /// agent's ECDH public key `p256dh`, an uncompressed P-256 point on the
@@ -187,11 +183,7 @@ impl WebPushKeys {
     }
 }
 
-impl std::fmt::Debug for WebPushKeys {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("WebPushKeys(..)")
-    }
-}
+crate::domain::redacted_debug!(WebPushKeys);
 
 /// Where a recipient's pushes go. The URL of an `Http` target and the
 /// endpoint of a `WebPush` one are kept parsed (`WebhookUrl`: the syntactic

@@ -68,11 +68,7 @@ pub struct RouteKey {
     pub device_id: DeviceId,
 }
 
-impl std::fmt::Debug for RouteKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("RouteKey(..)")
-    }
-}
+crate::domain::redacted_debug!(RouteKey);
 
 impl GatewayRegistration {
     pub fn route_key(&self) -> RouteKey {
@@ -89,11 +85,7 @@ pub struct Revoke {
     pub app_id: Option<String>,
 }
 
-impl std::fmt::Debug for Revoke {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Revoke(..)")
-    }
-}
+crate::domain::redacted_debug!(Revoke);
 
 /// A notify request's idempotency key, per tenant. Debug shows nothing.
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -102,11 +94,7 @@ pub struct NotifyKey {
     pub idempotency_key: IdempotencyKey,
 }
 
-impl std::fmt::Debug for NotifyKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("NotifyKey(..)")
-    }
-}
+crate::domain::redacted_debug!(NotifyKey);
 
 /// The answer of `GatewayStore::notify_claim`.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -189,7 +189,8 @@ fn is_device_id(s: &str) -> bool {
 /// uses. Reading (docs/GATEWAY.md): one route per provider environment, named
 /// `fcm_main`, `apns_main`, `apns_sandbox` (the checklist's vector uses
 /// `fcm_main`); a token rotation on the same route keeps the pseudonym.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::EnumString)]
+#[strum(serialize_all = "snake_case")]
 pub enum PushRouteId {
     FcmMain,
     ApnsMain,
@@ -197,18 +198,12 @@ pub enum PushRouteId {
 }
 
 impl PushRouteId {
-    pub const ALL: [Self; 3] = [Self::FcmMain, Self::ApnsMain, Self::ApnsSandbox];
-
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::FcmMain => "fcm_main",
-            Self::ApnsMain => "apns_main",
-            Self::ApnsSandbox => "apns_sandbox",
-        }
+        self.into()
     }
 
     pub fn parse(s: &str) -> Result<Self, IdError> {
-        Self::ALL.into_iter().find(|r| r.as_str() == s).ok_or(IdError::PushRoute)
+        s.parse().map_err(|_| IdError::PushRoute)
     }
 }
 
@@ -253,11 +248,7 @@ impl fmt::Display for PushTargetId {
     }
 }
 
-impl fmt::Debug for PushTargetId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("PushTargetId(..)")
-    }
-}
+crate::domain::redacted_debug!(PushTargetId);
 
 impl FromStr for PushTargetId {
     type Err = IdError;

@@ -43,11 +43,7 @@ impl RecipientId {
     }
 }
 
-impl std::fmt::Debug for RecipientId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("RecipientId(..)")
-    }
-}
+crate::domain::redacted_debug!(RecipientId);
 
 /// The bearer secret. Only its SHA-256 is ever stored (PUSH-254).
 #[derive(Clone)]
@@ -63,11 +59,7 @@ impl RecipientSecret {
     }
 }
 
-impl std::fmt::Debug for RecipientSecret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("RecipientSecret(..)")
-    }
-}
+crate::domain::redacted_debug!(RecipientSecret);
 
 /// SHA-256 of a recipient secret. Equality is constant-time (PUSH-253 check 3).
 #[derive(Clone, Copy)]
@@ -80,11 +72,7 @@ impl PartialEq for SecretHash {
 }
 impl Eq for SecretHash {}
 
-impl std::fmt::Debug for SecretHash {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("SecretHash(..)")
-    }
-}
+crate::domain::redacted_debug!(SecretHash);
 
 #[cfg(test)]
 mod tests {

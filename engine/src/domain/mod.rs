@@ -45,6 +45,19 @@ pub use topic::{ShardId, Topic, TopicKind};
 pub(crate) use webhook_url::is_host_name;
 pub use webhook_url::{UrlError, WebhookUrl};
 
+/// `Debug` that prints the type's name only, for values that hold a secret,
+/// a token, an address or an id that must not reach a log line (PUSH-254).
+macro_rules! redacted_debug {
+    ($name:ident) => {
+        impl std::fmt::Debug for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(concat!(stringify!($name), "(..)"))
+            }
+        }
+    };
+}
+pub(crate) use redacted_debug;
+
 /// Why a value from outside failed to parse. Messages never echo the value
 /// itself: ids, topics and secrets stay out of status messages (PUSH-254).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -9,11 +9,7 @@ pub struct RelayKey {
     pub delivery_id: String,
 }
 
-impl std::fmt::Debug for RelayKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("RelayKey(..)")
-    }
-}
+crate::domain::redacted_debug!(RelayKey);
 
 /// How a relayed delivery ended, kept for its ttl so a retry of it gets the
 /// same answer without another provider request.

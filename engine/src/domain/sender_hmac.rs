@@ -21,11 +21,7 @@ impl SenderHmac {
     }
 }
 
-impl std::fmt::Debug for SenderHmac {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("SenderHmac(..)")
-    }
-}
+crate::domain::redacted_debug!(SenderHmac);
 
 #[cfg(test)]
 mod tests {

@@ -10,11 +10,7 @@ pub const MAX_HMAC_KEYS: usize = 3;
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct HmacKey(pub [u8; HMAC_KEY_LEN]);
 
-impl std::fmt::Debug for HmacKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("HmacKey(..)")
-    }
-}
+crate::domain::redacted_debug!(HmacKey);
 
 /// Up to three keys for consecutive HMAC epochs starting at `epoch_base`.
 /// Only exists with at least one key: no base is stored without keys (section 3).

@@ -2,7 +2,6 @@
 //! parsed once at registration (or when a stored one is read) and kept
 //! parsed: an attempt resolves and checks its host but never parses again.
 
-use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// Which syntactic rule a URL broke. `describe` words it for the field it
@@ -105,11 +104,7 @@ impl WebhookUrl {
     }
 }
 
-impl fmt::Debug for WebhookUrl {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("WebhookUrl(..)")
-    }
-}
+crate::domain::redacted_debug!(WebhookUrl);
 
 /// A DNS host name: dot-separated labels of ASCII letters, digits, '-' and
 /// '_', each 1 to 63 bytes, at most 253 bytes, one optional trailing dot,

@@ -89,7 +89,8 @@ fn backoff(attempts: u32) -> Duration {
 
 /// What became of one leased wakeup: the `outcome` of
 /// `fanout_gateway_wakeups_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
 pub enum Sent {
     /// The provider took it; deleted.
     Delivered,
@@ -109,18 +110,8 @@ pub enum Sent {
 }
 
 impl Sent {
-    pub const ALL: [Self; 6] =
-        [Self::Delivered, Self::Retried, Self::DeadToken, Self::Rejected, Self::Exhausted, Self::Revoked];
-
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Delivered => "delivered",
-            Self::Retried => "retried",
-            Self::DeadToken => "dead_token",
-            Self::Rejected => "rejected",
-            Self::Exhausted => "exhausted",
-            Self::Revoked => "revoked",
-        }
+        self.into()
     }
 }
 

@@ -293,11 +293,7 @@ impl DedupKey {
     }
 }
 
-impl std::fmt::Debug for DedupKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("DedupKey(..)")
-    }
-}
+crate::domain::redacted_debug!(DedupKey);
 
 /// When a wake-up goes to its provider.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,7 +7,6 @@
 //! None of these types' `Debug` output shows a secret.
 
 use std::collections::HashMap;
-use std::fmt;
 use std::path::Path;
 
 use base64::Engine as _;
@@ -53,11 +52,7 @@ impl PushSecret {
     }
 }
 
-impl fmt::Debug for PushSecret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("PushSecret(..)")
-    }
-}
+crate::domain::redacted_debug!(PushSecret);
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SecretError {
@@ -222,11 +217,7 @@ impl CollapseKey {
     }
 }
 
-impl fmt::Debug for CollapseKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("CollapseKey(..)")
-    }
-}
+crate::domain::redacted_debug!(CollapseKey);
 
 #[cfg(test)]
 mod tests {

@@ -17,8 +17,11 @@ use super::schema::{CallerReason, Devices, NotifyRequest};
 use crate::domain::{DeviceId, PushTargetId};
 
 /// §5.2 `gateway_status`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, strum::IntoStaticStr, strum::VariantArray,
+)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum GatewayStatus {
     /// This request durably took over the device's route.
     Accepted,
@@ -29,21 +32,18 @@ pub enum GatewayStatus {
 }
 
 impl GatewayStatus {
-    pub const ALL: [Self; 3] = [Self::Accepted, Self::Duplicate, Self::Rejected];
-
     /// The wire value (also the metric label).
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Accepted => "accepted",
-            Self::Duplicate => "duplicate",
-            Self::Rejected => "rejected",
-        }
+        self.into()
     }
 }
 
 /// §5.2's closed reason codes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, strum::IntoStaticStr, strum::VariantArray,
+)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum ReasonCode {
     PushTargetUnknown,
     PushPayloadTooLarge,
@@ -63,26 +63,8 @@ pub enum Scope {
 }
 
 impl ReasonCode {
-    pub const ALL: [Self; 7] = [
-        Self::PushTargetUnknown,
-        Self::PushPayloadTooLarge,
-        Self::UnsupportedProfile,
-        Self::PushTokenUnknown,
-        Self::PushTokenInvalid,
-        Self::PushGatewayUnreachable,
-        Self::RateLimited,
-    ];
-
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::PushTargetUnknown => "push_target_unknown",
-            Self::PushPayloadTooLarge => "push_payload_too_large",
-            Self::UnsupportedProfile => "unsupported_profile",
-            Self::PushTokenUnknown => "push_token_unknown",
-            Self::PushTokenInvalid => "push_token_invalid",
-            Self::PushGatewayUnreachable => "push_gateway_unreachable",
-            Self::RateLimited => "rate_limited",
-        }
+        self.into()
     }
 
     pub fn scope(self) -> Scope {
@@ -343,6 +325,8 @@ mod tests {
 
     use serde_json::json;
 
+    use strum::VariantArray;
+
     use super::*;
     use crate::gateway::grid::CountGrid;
     use crate::gateway::schema::NotifyLimits;
@@ -366,7 +350,7 @@ mod tests {
 
     #[test]
     fn reason_codes_have_their_scope_and_retryability() {
-        let table: Vec<_> = ReasonCode::ALL.iter().map(|r| (r.as_str(), r.scope(), r.retryable())).collect();
+        let table: Vec<_> = ReasonCode::VARIANTS.iter().map(|r| (r.as_str(), r.scope(), r.retryable())).collect();
         assert_eq!(
             table,
             [
@@ -379,7 +363,7 @@ mod tests {
                 ("rate_limited", Scope::Device, true),
             ]
         );
-        for r in ReasonCode::ALL {
+        for &r in ReasonCode::VARIANTS {
             assert_eq!(serde_json::to_value(r).unwrap(), json!(r.as_str()));
             assert_eq!(Rejection::retry(r, Duration::from_secs(1)).is_some(), r.retryable());
         }

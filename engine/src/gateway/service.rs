@@ -15,6 +15,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
+use strum::VariantArray;
 use tokio::sync::Semaphore;
 
 use super::delivery::{Delivery, route_channel};
@@ -118,7 +119,8 @@ impl StationError {
 
 /// What a Station request changed, as `fanout_gateway_registrations_total`
 /// counts it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
 pub enum StationChange {
     /// A device's first current route (or its previous one had expired).
     Registered,
@@ -131,15 +133,8 @@ pub enum StationChange {
 }
 
 impl StationChange {
-    pub const ALL: [Self; 4] = [Self::Registered, Self::Superseded, Self::Revoked, Self::NotRegistered];
-
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Registered => "registered",
-            Self::Superseded => "superseded",
-            Self::Revoked => "revoked",
-            Self::NotRegistered => "not_registered",
-        }
+        self.into()
     }
 }
 
@@ -147,16 +142,16 @@ impl StationChange {
 /// so that rates and alerts see them before the first event.
 fn initialise_metrics(metrics: &Metrics) {
     let g = &metrics.gateway;
-    for status in GatewayStatus::ALL {
+    for status in GatewayStatus::VARIANTS {
         g.device_outcomes.with_label_values(&[status.as_str()]);
     }
-    for reason in ReasonCode::ALL {
+    for reason in ReasonCode::VARIANTS {
         g.device_rejections.with_label_values(&[reason.as_str()]);
     }
-    for change in StationChange::ALL {
+    for change in StationChange::VARIANTS {
         g.registrations.with_label_values(&[change.as_str()]);
     }
-    for sent in super::delivery::Sent::ALL {
+    for sent in super::delivery::Sent::VARIANTS {
         g.wakeups.with_label_values(&[sent.as_str()]);
     }
 }

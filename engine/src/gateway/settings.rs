@@ -1,9 +1,9 @@
 //! `[engine.gateway]`: spec 002's Station and Gateway roles. Absent, both are
 //! off (their paths answer 404 like any unknown one).
 //!
-//! The table deserializes through `RawGatewaySettings` and one `TryFrom`
-//! that checks the rules between keys (the current salt epoch has a secret,
-//! the dwell covers the window, ...): settings that deserialized are valid.
+//! The table deserializes as its fields, then `check` tests the rules
+//! between keys (the current salt epoch has a secret, the dwell covers the
+//! window, ...): settings that deserialized are valid.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::num::NonZeroU32;
@@ -28,7 +28,7 @@ pub const DEFAULT_AGGRESSIVE_THRESHOLD: u32 = 30;
 pub const MIN_HARDENED_BUCKET: Duration = Duration::from_secs(300);
 
 #[derive(Debug, Clone, Deserialize)]
-#[serde(try_from = "RawGatewaySettings")]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct GatewaySettings {
     /// This gateway's service DID: a notify whose `Destination-Service-ID`
     /// differs is refused (§5.1).
@@ -39,46 +39,91 @@ pub struct GatewaySettings {
     /// least 32 bytes). Removing an epoch retires its registrations.
     pub salt_secrets: BTreeMap<SaltEpochId, PathBuf>,
     /// §3.1 `expires_at`: how long a registration is used after it is made.
+    #[serde(
+        rename = "registration_ttl_seconds",
+        default = "default_registration_ttl",
+        deserialize_with = "duration::seconds"
+    )]
     pub registration_ttl: Duration,
     /// §2.4: the delivery window (dedup, collapse key, wake-up rate).
+    #[serde(rename = "window_seconds", default = "default_window", deserialize_with = "duration::seconds")]
     pub window: Duration,
     /// §4.5: wake-ups per route per window sent at once; beyond, they merge
     /// into one batch wake-up at the window's end.
+    #[serde(default = "default_threshold")]
     pub aggressive_threshold: NonZeroU32,
     /// §5.1: the closed bucket grid of counts.
+    #[serde(default)]
     pub count_grid: CountGrid,
-    /// §5.1: a bucket, once switched, stays at least this long.
+    /// §5.1: a bucket, once switched, stays at least this long. Absent (zero,
+    /// which the key refuses): the window.
+    #[serde(rename = "count_dwell_seconds", default, deserialize_with = "duration::seconds")]
     pub count_dwell: Duration,
     /// §5.1: the largest `unread_increment` a notify may carry.
+    #[serde(default = "default_max_unread_increment")]
     pub max_unread_increment: u32,
     /// §4.5 / §8: every route is `traffic_metadata_hardened` (batch only, in
     /// `hardened_bucket` buckets); a source service may also be marked alone.
+    #[serde(default)]
     pub hardened: bool,
+    #[serde(
+        rename = "hardened_bucket_seconds",
+        default = "default_hardened_bucket",
+        deserialize_with = "duration::seconds"
+    )]
     pub hardened_bucket: Duration,
     /// §5.2: how long an Idempotency-Key's record answers replays and
     /// conflicts.
+    #[serde(
+        rename = "idempotency_retention_seconds",
+        default = "default_idempotency_retention",
+        deserialize_with = "duration::seconds"
+    )]
     pub idempotency_retention: Duration,
     /// §5.1: `event_kind` values answered with the no-fanout ack.
+    #[serde(default)]
     pub no_fanout_event_kinds: BTreeSet<String>,
     /// §3.3: the pre-onboarded gateways a registration's `push_gateway_url`
     /// must name exactly.
+    #[serde(default)]
     pub gateways: Vec<OnboardedGateway>,
     /// §5.1: the Stations that may call notify, with their Ed25519 keys.
+    #[serde(default)]
     pub source_services: Vec<SourceService>,
     /// RFC 9421 `created` older than this is refused.
+    #[serde(
+        rename = "signature_max_age_seconds",
+        default = "default_signature_max_age",
+        deserialize_with = "duration::seconds"
+    )]
     pub signature_max_age: Duration,
-    /// Tolerance for clocks ahead (`created`) or behind (`expires`).
+    /// Tolerance for clocks ahead (`created`) or behind (`expires`); 0 allowed.
+    #[serde(rename = "clock_skew_seconds", default = "default_clock_skew", deserialize_with = "whole_seconds")]
     pub clock_skew: Duration,
     /// §5.2 `push_payload_too_large`: the rebuilt provider payload's limit.
+    #[serde(default = "default_max_provider_payload_bytes")]
     pub max_provider_payload_bytes: usize,
     /// Devices one notify may name.
+    #[serde(default = "default_max_devices")]
     pub max_devices_per_notify: usize,
     /// §5.2 `rate_limited` (reading 26): accepted wake-ups of one device
     /// that may be stored and unfinished at once; beyond, the device is
     /// `rate_limited` and nothing more is stored for it.
+    #[serde(default = "default_max_pending_wakeups")]
     pub max_pending_wakeups_per_device: usize,
     /// `[engine.gateway.delivery]`: the wake-up worker.
+    #[serde(default)]
     pub delivery: DeliverySettings,
+}
+
+impl<'de> Deserialize<'de> for GatewaySettings {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Self::deserialize(d)?.check().map_err(serde::de::Error::custom)
+    }
+}
+
+fn whole_seconds<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    u64::deserialize(d).map(Duration::from_secs)
 }
 
 impl GatewaySettings {
@@ -140,55 +185,6 @@ pub struct OnboardedGateway {
     pub service_id: ServiceId,
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawGatewaySettings {
-    service_id: ServiceId,
-    salt_epoch: SaltEpochId,
-    salt_secrets: BTreeMap<SaltEpochId, PathBuf>,
-    #[serde(default = "default_registration_ttl", deserialize_with = "duration::seconds")]
-    registration_ttl_seconds: Duration,
-    #[serde(default = "default_window", deserialize_with = "duration::seconds")]
-    window_seconds: Duration,
-    #[serde(default = "default_threshold")]
-    aggressive_threshold: NonZeroU32,
-    #[serde(default)]
-    count_grid: CountGrid,
-    /// Default: the window.
-    #[serde(default, deserialize_with = "optional_seconds")]
-    count_dwell_seconds: Option<Duration>,
-    #[serde(default = "default_max_unread_increment")]
-    max_unread_increment: u32,
-    #[serde(default)]
-    hardened: bool,
-    #[serde(default = "default_hardened_bucket", deserialize_with = "duration::seconds")]
-    hardened_bucket_seconds: Duration,
-    #[serde(default = "default_idempotency_retention", deserialize_with = "duration::seconds")]
-    idempotency_retention_seconds: Duration,
-    #[serde(default)]
-    no_fanout_event_kinds: BTreeSet<String>,
-    #[serde(default)]
-    gateways: Vec<OnboardedGateway>,
-    #[serde(default)]
-    source_services: Vec<SourceService>,
-    #[serde(default = "default_signature_max_age", deserialize_with = "duration::seconds")]
-    signature_max_age_seconds: Duration,
-    #[serde(default = "default_clock_skew")]
-    clock_skew_seconds: u64,
-    #[serde(default = "default_max_provider_payload_bytes")]
-    max_provider_payload_bytes: usize,
-    #[serde(default = "default_max_devices")]
-    max_devices_per_notify: usize,
-    #[serde(default = "default_max_pending_wakeups")]
-    max_pending_wakeups_per_device: usize,
-    #[serde(default)]
-    delivery: DeliverySettings,
-}
-
-fn optional_seconds<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-    duration::seconds(d).map(Some)
-}
-
 fn default_registration_ttl() -> Duration {
     Duration::from_secs(30 * 86_400)
 }
@@ -210,8 +206,8 @@ fn default_idempotency_retention() -> Duration {
 fn default_signature_max_age() -> Duration {
     Duration::from_secs(300)
 }
-fn default_clock_skew() -> u64 {
-    30
+fn default_clock_skew() -> Duration {
+    Duration::from_secs(30)
 }
 fn default_max_provider_payload_bytes() -> usize {
     4096
@@ -228,38 +224,38 @@ fn default_max_pending_wakeups() -> usize {
     DEFAULT_MAX_PENDING_WAKEUPS
 }
 
-impl TryFrom<RawGatewaySettings> for GatewaySettings {
-    type Error = String;
-
-    fn try_from(raw: RawGatewaySettings) -> Result<Self, String> {
-        if raw.salt_secrets.values().any(|p| p.as_os_str().is_empty()) {
+impl GatewaySettings {
+    fn check(mut self) -> Result<Self, String> {
+        if self.salt_secrets.values().any(|p| p.as_os_str().is_empty()) {
             return Err("salt_secrets: every epoch needs a secret file".into());
         }
-        if !raw.salt_secrets.contains_key(&raw.salt_epoch) {
+        if !self.salt_secrets.contains_key(&self.salt_epoch) {
             return Err("salt_secrets must name the file of the current salt_epoch".into());
         }
-        if raw.window_seconds > Duration::from_secs(3600) {
+        if self.window > Duration::from_secs(3600) {
             return Err("window_seconds must be between 1 and 3600".into());
         }
-        let count_dwell = raw.count_dwell_seconds.unwrap_or(raw.window_seconds);
+        if self.count_dwell.is_zero() {
+            self.count_dwell = self.window;
+        }
         // §5.1: dwell ≥ max(aggregation window, provider refresh interval).
-        if count_dwell < raw.window_seconds {
+        if self.count_dwell < self.window {
             return Err("count_dwell_seconds must be at least window_seconds".into());
         }
-        if !(1..=1000).contains(&raw.max_unread_increment) {
+        if !(1..=1000).contains(&self.max_unread_increment) {
             return Err("max_unread_increment must be between 1 and 1000".into());
         }
-        if raw.hardened_bucket_seconds < MIN_HARDENED_BUCKET || raw.hardened_bucket_seconds < raw.window_seconds {
+        if self.hardened_bucket < MIN_HARDENED_BUCKET || self.hardened_bucket < self.window {
             return Err("hardened_bucket_seconds must be at least 300 and at least window_seconds".into());
         }
-        if raw.idempotency_retention_seconds < raw.window_seconds {
+        if self.idempotency_retention < self.window {
             return Err("idempotency_retention_seconds must be at least window_seconds".into());
         }
-        if !raw.no_fanout_event_kinds.iter().all(|k| is_event_kind(k)) {
+        if !self.no_fanout_event_kinds.iter().all(|k| is_event_kind(k)) {
             return Err("no_fanout_event_kinds: each is 1 to 128 characters of a-z 0-9 . _ -".into());
         }
         let mut urls = BTreeSet::new();
-        for g in &raw.gateways {
+        for g in &self.gateways {
             let rest = g.url.strip_prefix("https://").unwrap_or("");
             let host_end = rest.find('/').unwrap_or(rest.len());
             if rest[..host_end].is_empty()
@@ -273,7 +269,7 @@ impl TryFrom<RawGatewaySettings> for GatewaySettings {
             }
         }
         let mut ids = BTreeSet::new();
-        for s in &raw.source_services {
+        for s in &self.source_services {
             if !ids.insert(&s.id) {
                 return Err("source_services: each id may be listed once".into());
             }
@@ -289,42 +285,20 @@ impl TryFrom<RawGatewaySettings> for GatewaySettings {
                 }
             }
         }
-        if raw.clock_skew_seconds > 300 {
+        if self.clock_skew > Duration::from_secs(300) {
             return Err("clock_skew_seconds must be between 0 and 300".into());
         }
-        if !(256..=65536).contains(&raw.max_provider_payload_bytes) {
+        if !(256..=65536).contains(&self.max_provider_payload_bytes) {
             return Err("max_provider_payload_bytes must be between 256 and 65536".into());
         }
-        if !(1..=1000).contains(&raw.max_devices_per_notify) {
+        if !(1..=1000).contains(&self.max_devices_per_notify) {
             return Err("max_devices_per_notify must be between 1 and 1000".into());
         }
         // The ledger is one stored value per device: keep it small.
-        if !(1..=1000).contains(&raw.max_pending_wakeups_per_device) {
+        if !(1..=1000).contains(&self.max_pending_wakeups_per_device) {
             return Err("max_pending_wakeups_per_device must be between 1 and 1000".into());
         }
-        Ok(Self {
-            service_id: raw.service_id,
-            salt_epoch: raw.salt_epoch,
-            salt_secrets: raw.salt_secrets,
-            registration_ttl: raw.registration_ttl_seconds,
-            window: raw.window_seconds,
-            aggressive_threshold: raw.aggressive_threshold,
-            count_grid: raw.count_grid,
-            count_dwell,
-            max_unread_increment: raw.max_unread_increment,
-            hardened: raw.hardened,
-            hardened_bucket: raw.hardened_bucket_seconds,
-            idempotency_retention: raw.idempotency_retention_seconds,
-            no_fanout_event_kinds: raw.no_fanout_event_kinds,
-            gateways: raw.gateways,
-            source_services: raw.source_services,
-            signature_max_age: raw.signature_max_age_seconds,
-            clock_skew: Duration::from_secs(raw.clock_skew_seconds),
-            max_provider_payload_bytes: raw.max_provider_payload_bytes,
-            max_devices_per_notify: raw.max_devices_per_notify,
-            max_pending_wakeups_per_device: raw.max_pending_wakeups_per_device,
-            delivery: raw.delivery,
-        })
+        Ok(self)
     }
 }
 

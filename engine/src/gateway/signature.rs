@@ -37,7 +37,8 @@ const TARGET_COMPONENTS: [&str; 3] = ["@target-uri", "@path", "@request-target"]
 
 /// Why a signature is refused. Every variant answers 401; the labels are
 /// bounded, for the rejection counter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error, strum::IntoStaticStr, strum::VariantArray)]
+#[strum(serialize_all = "snake_case", prefix = "signature_")]
 pub enum SignatureError {
     #[error("Signature-Input or Signature is missing")]
     Missing,
@@ -48,6 +49,7 @@ pub enum SignatureError {
     #[error("a covered header is absent from the request")]
     ComponentAbsent,
     #[error("the signature does not cover every required component")]
+    #[strum(serialize = "not_covering")]
     NotCovered,
     #[error("the signature names no key of the source service")]
     UnknownKey,
@@ -62,32 +64,8 @@ pub enum SignatureError {
 }
 
 impl SignatureError {
-    pub const ALL: [Self; 10] = [
-        Self::Missing,
-        Self::Malformed,
-        Self::UnsupportedComponent,
-        Self::ComponentAbsent,
-        Self::NotCovered,
-        Self::UnknownKey,
-        Self::UnsupportedAlgorithm,
-        Self::Stale,
-        Self::FromFuture,
-        Self::Mismatch,
-    ];
-
     pub fn label(self) -> &'static str {
-        match self {
-            Self::Missing => "signature_missing",
-            Self::Malformed => "signature_malformed",
-            Self::UnsupportedComponent => "signature_unsupported_component",
-            Self::ComponentAbsent => "signature_component_absent",
-            Self::NotCovered => "signature_not_covering",
-            Self::UnknownKey => "signature_unknown_key",
-            Self::UnsupportedAlgorithm => "signature_unsupported_algorithm",
-            Self::Stale => "signature_stale",
-            Self::FromFuture => "signature_from_future",
-            Self::Mismatch => "signature_mismatch",
-        }
+        self.into()
     }
 }
 

@@ -61,11 +61,7 @@ pub enum Accepted {
 /// A hub's secret. Debug prints nothing of it.
 struct Secret(Vec<u8>);
 
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Secret(..)")
-    }
-}
+crate::domain::redacted_debug!(Secret);
 
 /// §1's `p256dh` and `auth` (base64url, padding optional) as Web Push
 /// keys; `None` when either is missing or not a valid key.
@@ -257,42 +253,31 @@ impl RelayIngress {
         };
         let pushes =
             |label: &str| self.metrics.relay_ingress_pushes.with_label_values(&[channel.as_str(), label]).inc();
-        match outcome {
-            Ok(Outcome::Delivered) => {
-                pushes("delivered");
-                // Delivered whatever the store says now: a failed settle only
-                // means a retry of this delivery_id may be sent again (a
-                // duplicate push, which §2.5 tolerates), never a lost one.
-                self.ledger.settle(&claim, RelaySettled::Delivered).await;
-                Ok(Accepted::Delivered)
-            }
-            Ok(Outcome::Terminal) => {
-                pushes("dead_token");
-                self.ledger.settle(&claim, RelaySettled::Gone).await;
-                Err(IngressError::DeadToken)
-            }
+        let (label, settled, answer) = match outcome {
+            Ok(Outcome::Delivered) => ("delivered", RelaySettled::Delivered, Ok(Accepted::Delivered)),
+            Ok(Outcome::Terminal) => ("dead_token", RelaySettled::Gone, Err(IngressError::DeadToken)),
             Ok(Outcome::Rejected | Outcome::Mismatch) => {
-                pushes("rejected");
-                self.ledger.settle(&claim, RelaySettled::Rejected).await;
-                Err(IngressError::ProviderRejected)
+                ("rejected", RelaySettled::Rejected, Err(IngressError::ProviderRejected))
             }
-            Err(Refusal::TooLarge) => {
-                pushes("payload_too_large");
-                self.ledger.settle(&claim, RelaySettled::Rejected).await;
-                Err(IngressError::PayloadTooLarge)
-            }
+            Err(Refusal::TooLarge) => ("payload_too_large", RelaySettled::Rejected, Err(IngressError::PayloadTooLarge)),
             Err(Refusal::Unsupported) => {
                 self.ledger.release(&claim).await;
-                Err(IngressError::UnsupportedProvider)
+                return Err(IngressError::UnsupportedProvider);
             }
             Ok(Outcome::Transient { delay } | Outcome::Gone { delay } | Outcome::NotSent { delay }) => {
                 pushes("transient");
                 // The hub retries (§2.4); its retry must send again.
                 self.ledger.release(&claim).await;
                 let retry_after_secs = delay.as_secs_f64().ceil().clamp(1.0, MAX_RETRY_AFTER_SECS as f64) as u64;
-                Err(IngressError::ProviderUnavailable { retry_after_secs })
+                return Err(IngressError::ProviderUnavailable { retry_after_secs });
             }
-        }
+        };
+        pushes(label);
+        // Delivered whatever the store says now: a failed settle only means a
+        // retry of this delivery_id may be sent again (a duplicate push, which
+        // §2.5 tolerates), never a lost one.
+        self.ledger.settle(&claim, settled).await;
+        answer
     }
 }
 

@@ -16,7 +16,8 @@ pub const HEADER_SIGNATURE: &str = "x-gim-signature";
 
 /// Why a signature is refused. Every variant answers 401; the variants
 /// exist for the `reason` label of the rejection counter and for tests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case", prefix = "signature_")]
 pub enum SignatureError {
     #[error("the X-Gim-Signature header is missing")]
     Missing,
@@ -31,12 +32,7 @@ pub enum SignatureError {
 impl SignatureError {
     /// A bounded label value.
     pub fn label(self) -> &'static str {
-        match self {
-            Self::Missing => "signature_missing",
-            Self::Malformed => "signature_malformed",
-            Self::Stale => "signature_stale",
-            Self::Mismatch => "signature_mismatch",
-        }
+        self.into()
     }
 }
 

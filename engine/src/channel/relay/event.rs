@@ -8,22 +8,20 @@ use sha2::{Digest, Sha256};
 use crate::domain::{EnvelopeKind, MembershipChange, StoredEnvelope};
 
 /// The event types of 003 §3.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum EventType {
     Message,
     Welcome,
+    #[strum(serialize = "group.member_added")]
     MemberAdded,
+    #[strum(serialize = "group.member_removed")]
     MemberRemoved,
 }
 
 impl EventType {
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Message => "message",
-            Self::Welcome => "welcome",
-            Self::MemberAdded => "group.member_added",
-            Self::MemberRemoved => "group.member_removed",
-        }
+        self.into()
     }
 
     /// 003 §4: an alert for `message` and `welcome`, silent for membership events.
@@ -36,7 +34,8 @@ impl EventType {
 }
 
 /// 003 §4: exactly two levels; an alert outranks a silent push.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, strum::IntoStaticStr)]
+#[strum(serialize_all = "lowercase")]
 pub enum Priority {
     /// Silent.
     Normal,
@@ -46,10 +45,7 @@ pub enum Priority {
 
 impl Priority {
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Normal => "normal",
-            Self::High => "high",
-        }
+        self.into()
     }
 }
 

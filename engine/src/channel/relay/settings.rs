@@ -138,11 +138,7 @@ impl TryFrom<String> for RelayUrl {
     }
 }
 
-impl std::fmt::Debug for RelayUrl {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("RelayUrl(..)")
-    }
-}
+crate::domain::redacted_debug!(RelayUrl);
 
 #[cfg(test)]
 mod tests {

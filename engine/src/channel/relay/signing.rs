@@ -30,11 +30,7 @@ impl WebhookSecret {
     }
 }
 
-impl std::fmt::Debug for WebhookSecret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("WebhookSecret(..)")
-    }
-}
+crate::domain::redacted_debug!(WebhookSecret);
 
 /// The header value for `body` sent at `t` (Unix seconds).
 pub fn signature_header(secret: &WebhookSecret, t: i64, body: &[u8]) -> String {

@@ -18,7 +18,8 @@ use crate::domain::StoredEnvelope;
 /// wake-up that waits for a charger is a message that arrives hours late;
 /// `low` would wait for power or Wi-Fi. Relayed pushes map their priority:
 /// `high` to `high`, `normal` to `normal`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "lowercase")]
 pub enum Urgency {
     Normal,
     High,
@@ -26,10 +27,7 @@ pub enum Urgency {
 
 impl Urgency {
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Normal => "normal",
-            Self::High => "high",
-        }
+        self.into()
     }
 }
 

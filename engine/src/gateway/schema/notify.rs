@@ -13,7 +13,8 @@ use crate::gateway::grid::{BucketIndex, CountGrid};
 use crate::gateway::jcs;
 
 /// §5.1 `wakeup_kind`: a coarse class, never Realm or sender information.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::EnumString, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
 pub enum WakeupKind {
     Message,
     Mention,
@@ -27,34 +28,12 @@ pub enum WakeupKind {
 }
 
 impl WakeupKind {
-    pub const ALL: [Self; 9] = [
-        Self::Message,
-        Self::Mention,
-        Self::Assignment,
-        Self::Schedule,
-        Self::Reaction,
-        Self::CallInvite,
-        Self::Reminder,
-        Self::ScheduledSend,
-        Self::ExpiryInvalidation,
-    ];
-
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Message => "message",
-            Self::Mention => "mention",
-            Self::Assignment => "assignment",
-            Self::Schedule => "schedule",
-            Self::Reaction => "reaction",
-            Self::CallInvite => "call_invite",
-            Self::Reminder => "reminder",
-            Self::ScheduledSend => "scheduled_send",
-            Self::ExpiryInvalidation => "expiry_invalidation",
-        }
+        self.into()
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|k| k.as_str() == s)
+        s.parse().ok()
     }
 }
 
@@ -135,11 +114,7 @@ pub struct RouteTokens {
     pub scope_route_token: Option<String>,
 }
 
-impl fmt::Debug for RouteTokens {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("RouteTokens(..)")
-    }
-}
+crate::domain::redacted_debug!(RouteTokens);
 
 /// §5.1 `notification.devices`: non-empty, unique, in request order (the
 /// order of the response's outcomes, §5.2).
@@ -512,7 +487,7 @@ mod tests {
         assert_eq!(r.event_kind.as_deref(), Some("ak.message.create"));
         assert_eq!(r.reason_code, Some(CallerReason::HistoricalOnly));
         assert_eq!(r.audit_envelope.unwrap().access_kind, "e2ee_late_recovery");
-        for kind in WakeupKind::ALL {
+        for &kind in <WakeupKind as strum::VariantArray>::VARIANTS {
             let v = edited(|v| v["notification"]["wakeup_kind"] = kind.as_str().into());
             assert_eq!(parse(&v).unwrap().notification.wakeup_kind, kind);
         }

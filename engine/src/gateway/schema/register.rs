@@ -8,7 +8,8 @@ use super::{Result, Rule, SchemaViolation};
 use crate::domain::{DeviceId, PushRouteId, visible_ascii};
 
 /// §3.1 `platform`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::EnumString)]
+#[strum(serialize_all = "lowercase")]
 pub enum Platform {
     Android,
     Ios,
@@ -18,16 +19,11 @@ pub enum Platform {
 
 impl Platform {
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Android => "android",
-            Self::Ios => "ios",
-            Self::Web => "web",
-            Self::Desktop => "desktop",
-        }
+        self.into()
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        [Self::Android, Self::Ios, Self::Web, Self::Desktop].into_iter().find(|p| p.as_str() == s)
+        s.parse().ok()
     }
 }
 

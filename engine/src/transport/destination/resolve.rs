@@ -5,7 +5,6 @@
 //! use an in-memory map, end-to-end tests point `HickoryResolver` at a DNS
 //! server on 127.0.0.1.
 
-use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
@@ -94,11 +93,7 @@ impl HickoryResolver {
     }
 }
 
-impl fmt::Debug for HickoryResolver {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("HickoryResolver(..)")
-    }
-}
+crate::domain::redacted_debug!(HickoryResolver);
 
 #[async_trait::async_trait]
 impl HostResolver for HickoryResolver {
