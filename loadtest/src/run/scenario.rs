@@ -646,6 +646,7 @@ mod tests {
                 "ingest",
                 "many-topics",
                 "nodes",
+                "publish",
                 "registration",
                 "relay-smoke",
                 "scale-10m",
