@@ -100,9 +100,10 @@ use scylla::statement::{Consistency, SerialConsistency};
 
 pub use self::settings::{Keyspace, LogConsistency, Nodes, ScyllaSettings};
 
-use self::codec::{StaticRow, Versioned, corrupt, from_db, to_db};
+use self::codec::{Versioned, corrupt, from_db, to_db};
 use self::cql::{
-    Execute, JOIN_CONCURRENCY, Lwt, MAX_LWT_ATTEMPTS, PAGE_ROWS, Values, WriteClock, all_ok, backoff, be, contention,
+    Execute, JOIN_CONCURRENCY, Lwt, MAX_LWT_ATTEMPTS, PAGE_ROWS, Values, WriteClock, all_ok, all_rows, backoff, be,
+    contention, first_row, rows,
 };
 use self::gateway::ScyllaGateway;
 use self::log::ShardLog;
@@ -364,31 +365,15 @@ impl ScyllaStore {
     // ---- recipients ----
 
     async fn read_static(&self, id: &RecipientId) -> Result<Option<Versioned>, StoreError> {
-        let rows = self
-            .session
-            .execute_unpaged(&self.st.static_read, (id.as_bytes().as_slice(),))
-            .await
-            .map_err(be("reading a recipient"))?
-            .into_rows_result()
-            .map_err(be("reading a recipient"))?;
-        match rows.maybe_first_row::<StaticRow>().map_err(be("reading a recipient"))? {
-            Some(row) => codec::decode_static(*id, row),
-            None => Ok(None),
-        }
+        let row = first_row(&self.session, &self.st.static_read, (id.as_bytes().as_slice(),), "reading a recipient");
+        let Some(row) = row.await? else { return Ok(None) };
+        codec::decode_static(*id, row)
     }
 
     /// Every topic stored in a recipient's partition.
     async fn read_topics(&self, id: &RecipientId) -> Result<Vec<Vec<u8>>, StoreError> {
-        self.session
-            .execute_iter(self.st.topics_read.clone(), (id.as_bytes().as_slice(),))
-            .await
-            .map_err(be("reading subscriptions"))?
-            .rows_stream::<(Option<Vec<u8>>,)>()
-            .map_err(be("reading subscriptions"))?
-            .try_filter_map(|(topic,)| async move { Ok(topic) })
-            .try_collect()
-            .await
-            .map_err(be("reading subscriptions"))
+        let rows = rows(&self.session, &self.st.topics_read, (id.as_bytes().as_slice(),), "reading subscriptions");
+        rows.await?.try_filter_map(|(topic,)| async move { Ok(topic) }).try_collect().await
     }
 
     /// The start positions of those of `topics` the recipient holds.
@@ -396,18 +381,10 @@ impl ScyllaStore {
         let mut out = HashMap::new();
         for chunk in topics.chunks(IN_CHUNK) {
             let list: Vec<&[u8]> = chunk.iter().map(|t| t.as_bytes()).collect();
-            let mut rows = self
-                .session
-                .execute_iter(self.st.subs_in.clone(), (id.as_bytes().as_slice(), list))
-                .await
-                .map_err(be("reading subscriptions"))?
-                .rows_stream::<(Vec<u8>, Option<i64>)>()
-                .map_err(be("reading subscriptions"))?;
-            while let Some((topic, start)) = rows.try_next().await.map_err(be("reading subscriptions"))? {
-                if let Some(start) = start {
-                    out.insert(topic, from_db(start));
-                }
-            }
+            let values = (id.as_bytes().as_slice(), list);
+            let rows: Vec<(Vec<u8>, Option<i64>)> =
+                all_rows(&self.session, &self.st.subs_in, values, "reading subscriptions").await?;
+            out.extend(rows.into_iter().filter_map(|(topic, start)| Some((topic, from_db(start?)))));
         }
         Ok(out)
     }
@@ -428,14 +405,9 @@ impl ScyllaStore {
     /// clock before its batch, and one that applies after it fails the
     /// version check.
     async fn read_index_clock(&self, id: &RecipientId) -> Result<Option<i64>, StoreError> {
-        let rows = self
-            .session
-            .execute_unpaged(&self.st.clock_read, (id.as_bytes().as_slice(),))
-            .await
-            .map_err(be("reading an index clock"))?
-            .into_rows_result()
-            .map_err(be("reading an index clock"))?;
-        Ok(rows.maybe_first_row::<(Option<i64>,)>().map_err(be("reading an index clock"))?.and_then(|r| r.0))
+        let values = (id.as_bytes().as_slice(),);
+        let row = first_row(&self.session, &self.st.clock_read, values, "reading an index clock").await?;
+        Ok(row.and_then(|(clock,): (Option<i64>,)| clock))
     }
 
     fn next_index_timestamp(&self, stored: Option<i64>) -> i64 {
@@ -448,7 +420,8 @@ impl ScyllaStore {
 
     /// The boundaries of `shards`, read concurrently.
     async fn boundaries(&self, shards: BTreeSet<ShardId>) -> Result<HashMap<ShardId, u64>, StoreError> {
-        let reads = shards.into_iter().map(|shard| async move { Ok((shard, self.log.position(shard).await?.boundary)) });
+        let reads =
+            shards.into_iter().map(|shard| async move { Ok((shard, self.log.position(shard).await?.boundary)) });
         stream::iter(reads).buffer_unordered(JOIN_CONCURRENCY).try_collect().await
     }
 
@@ -750,15 +723,11 @@ impl Store for ScyllaStore {
     }
 
     async fn subscriptions(&self, id: &RecipientId) -> Result<Vec<StoredSubscription>, StoreError> {
-        let mut rows = self
-            .session
-            .execute_iter(self.st.subs_read.clone(), (id.as_bytes().as_slice(),))
-            .await
-            .map_err(be("reading subscriptions"))?
-            .rows_stream::<(Option<Vec<u8>>, Option<i64>, Option<bool>, Option<i64>, Option<Vec<Vec<u8>>>)>()
-            .map_err(be("reading subscriptions"))?;
+        type Row = (Option<Vec<u8>>, Option<i64>, Option<bool>, Option<i64>, Option<Vec<Vec<u8>>>);
+        let values = (id.as_bytes().as_slice(),);
+        let mut rows = rows::<Row>(&self.session, &self.st.subs_read, values, "reading subscriptions").await?;
         let mut out = Vec::new();
-        while let Some((topic, start, ic, base, keys)) = rows.try_next().await.map_err(be("reading subscriptions"))? {
+        while let Some((topic, start, ic, base, keys)) = rows.try_next().await? {
             // The row of a recipient without subscriptions carries only the static columns.
             let Some(topic) = topic else { continue };
             let topic = Topic::parse(&topic).map_err(|_| corrupt("subscription"))?;
@@ -818,15 +787,9 @@ impl Store for ScyllaStore {
 
     async fn delete_expired(&self, renewed_before_ns: i64) -> Result<u64, StoreError> {
         // A paged scan of the recipients' static columns (one row per partition).
-        let candidates: Vec<RecipientId> = self
-            .session
-            .execute_iter(self.st.expired_scan.clone(), ())
-            .await
-            .map_err(be("scanning recipients"))?
-            .rows_stream::<(Vec<u8>, Option<i64>)>()
-            .map_err(be("scanning recipients"))?
-            .map_err(be("scanning recipients"))
-            .try_filter_map(|(id, renewed_at)| async move {
+        let candidates: Vec<RecipientId> = rows(&self.session, &self.st.expired_scan, (), "scanning recipients")
+            .await?
+            .try_filter_map(|(id, renewed_at): (Vec<u8>, Option<i64>)| async move {
                 // PUSH-226: strictly older than the cutoff.
                 if renewed_at.is_some_and(|t| t < renewed_before_ns) {
                     RecipientId::parse(&id).map(Some).map_err(|_| corrupt("recipient"))
@@ -924,20 +887,13 @@ impl Store for ScyllaStore {
             return Ok(Vec::new());
         }
         let page_rows = i32::try_from(limit).unwrap_or(PAGE_ROWS).min(PAGE_ROWS);
-        let pager = match after {
-            Some(a) => {
-                let mut st = self.st.topic_page_after.clone();
-                st.set_page_size(page_rows);
-                self.session.execute_iter(st, (topic.as_bytes(), a.as_bytes().as_slice())).await
-            }
-            None => {
-                let mut st = self.st.topic_page.clone();
-                st.set_page_size(page_rows);
-                self.session.execute_iter(st, (topic.as_bytes(),)).await
-            }
-        }
-        .map_err(be("reading subscribers"))?;
-        let mut ids = pager.rows_stream::<(Vec<u8>,)>().map_err(be("reading subscribers"))?;
+        let (st, values) = match after {
+            Some(a) => (&self.st.topic_page_after, vec![topic.as_bytes(), a.as_bytes().as_slice()]),
+            None => (&self.st.topic_page, vec![topic.as_bytes()]),
+        };
+        let mut st = st.clone();
+        st.set_page_size(page_rows);
+        let mut ids = rows::<(Vec<u8>,)>(&self.session, &st, values, "reading subscribers").await?;
         let mut out = Vec::with_capacity(limit.min(PAGE_ROWS as usize));
         // Keep reading index rows until the page is full: dangling rows are
         // skipped, and a short page tells dispatch the topic is done.
@@ -945,7 +901,7 @@ impl Store for ScyllaStore {
             let need = limit - out.len();
             let mut chunk = Vec::with_capacity(need);
             while chunk.len() < need {
-                match ids.try_next().await.map_err(be("reading subscribers"))? {
+                match ids.try_next().await? {
                     Some((id,)) => chunk.push(RecipientId::parse(&id).map_err(|_| corrupt("topic subscription"))?),
                     None => break,
                 }
@@ -1005,28 +961,15 @@ impl ShardLeases for ScyllaStore {
 
     async fn lease_owner(&self, shard: ShardId) -> Result<Option<(NodeId, String)>, StoreError> {
         self.check_shard(shard)?;
-        let rows = self
-            .session
-            .execute_unpaged(&self.st.lease_read, (i32::from(shard.index()),))
-            .await
-            .map_err(be("reading a lease"))?
-            .into_rows_result()
-            .map_err(be("reading a lease"))?;
-        let row = rows.maybe_first_row::<(Option<String>, Option<String>)>().map_err(be("reading a lease"))?;
-        Ok(row.and_then(|(owner, address)| Some((NodeId(owner?), address.unwrap_or_default()))))
+        let row = first_row(&self.session, &self.st.lease_read, (i32::from(shard.index()),), "reading a lease").await?;
+        Ok(row.and_then(|(owner, address): (Option<String>, Option<String>)| {
+            Some((NodeId(owner?), address.unwrap_or_default()))
+        }))
     }
 
     async fn lease_owners(&self) -> Result<Vec<(ShardId, NodeId)>, StoreError> {
-        let rows: Vec<(i32, Option<String>)> = self
-            .session
-            .execute_iter(self.st.lease_all.clone(), ())
-            .await
-            .map_err(be("reading the leases"))?
-            .rows_stream::<(i32, Option<String>)>()
-            .map_err(be("reading the leases"))?
-            .try_collect()
-            .await
-            .map_err(be("reading the leases"))?;
+        let rows: Vec<(i32, Option<String>)> =
+            all_rows(&self.session, &self.st.lease_all, (), "reading the leases").await?;
         Ok(rows
             .into_iter()
             .filter_map(|(shard, owner)| {
@@ -1040,16 +983,7 @@ impl ShardLeases for ScyllaStore {
     }
 
     async fn live_nodes(&self) -> Result<Vec<NodeId>, StoreError> {
-        let rows: Vec<(String,)> = self
-            .session
-            .execute_iter(self.st.node_all.clone(), ())
-            .await
-            .map_err(be("reading the nodes"))?
-            .rows_stream::<(String,)>()
-            .map_err(be("reading the nodes"))?
-            .try_collect()
-            .await
-            .map_err(be("reading the nodes"))?;
+        let rows: Vec<(String,)> = all_rows(&self.session, &self.st.node_all, (), "reading the nodes").await?;
         Ok(rows.into_iter().map(|(n,)| NodeId(n)).collect())
     }
 }

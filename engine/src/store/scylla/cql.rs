@@ -1,5 +1,6 @@
 //! What every part of the ScyllaDB backend shares: the session's two ways
-//! of writing (`Execute`), a conditional write's outcome (`Lwt`), driver
+//! of writing (`Execute`) and of reading (`first_row`, `rows`), a
+//! conditional write's outcome (`Lwt`), driver
 //! errors as `StoreError`, the retry of a conditional write, write
 //! timestamps, TTLs and the limits of reads and writes. It imports no other
 //! part of the backend but the codec.
@@ -9,8 +10,9 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use futures::stream::{self, StreamExt, TryStreamExt};
+use futures::stream::{self, Stream, StreamExt, TryStreamExt};
 use scylla::client::session::Session;
+use scylla::deserialize::row::DeserializeRow;
 use scylla::response::query_result::QueryResult;
 use scylla::serialize::row::SerializeRow;
 use scylla::statement::prepared::PreparedStatement;
@@ -48,6 +50,43 @@ impl Execute for Session {
         self.execute_unpaged(st, values).await.map_err(be("write"))?;
         Ok(())
     }
+}
+
+/// A row as a read returns it, owned.
+pub(super) trait OwnedRow: for<'f, 'm> DeserializeRow<'f, 'm> + Send + 'static {}
+
+impl<R: for<'f, 'm> DeserializeRow<'f, 'm> + Send + 'static> OwnedRow for R {}
+
+/// The first row of an unpaged read, if any; errors labelled `what`.
+pub(super) async fn first_row<R: OwnedRow>(
+    session: &Session,
+    st: &PreparedStatement,
+    values: impl SerializeRow,
+    what: &'static str,
+) -> Result<Option<R>, StoreError> {
+    let rows = session.execute_unpaged(st, values).await.map_err(be(what))?.into_rows_result().map_err(be(what))?;
+    rows.maybe_first_row::<R>().map_err(be(what))
+}
+
+/// The rows of a paged read, fetched as they are taken; errors labelled `what`.
+pub(super) async fn rows<R: OwnedRow>(
+    session: &Session,
+    st: &PreparedStatement,
+    values: impl SerializeRow,
+    what: &'static str,
+) -> Result<impl Stream<Item = Result<R, StoreError>> + Send + Unpin, StoreError> {
+    let pager = session.execute_iter(st.clone(), values).await.map_err(be(what))?;
+    Ok(pager.rows_stream::<R>().map_err(be(what))?.map_err(be(what)))
+}
+
+/// Every row of a paged read.
+pub(super) async fn all_rows<R: OwnedRow>(
+    session: &Session,
+    st: &PreparedStatement,
+    values: impl SerializeRow,
+    what: &'static str,
+) -> Result<Vec<R>, StoreError> {
+    rows(session, st, values, what).await?.try_collect().await
 }
 
 /// Microsecond wall-clock write timestamps, strictly increasing in this

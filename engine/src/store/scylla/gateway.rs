@@ -33,12 +33,11 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use futures::TryStreamExt;
 use scylla::client::session::Session;
 use scylla::statement::Consistency;
 use scylla::statement::prepared::PreparedStatement;
 
-use super::cql::{Execute, MAX_LWT_ATTEMPTS, WriteClock, backoff, be, contention, ttl_until};
+use super::cql::{Execute, MAX_LWT_ATTEMPTS, WriteClock, all_rows, backoff, be, contention, first_row, ttl_until};
 use crate::domain::{
     AccountId, DeviceId, GatewayRegistration, GatewayWakeup, LeasedWakeup, NotifyClaim, NotifyKey, PushRouteId,
     PushTargetId, RegistrationId, Revoke, RouteKey, SaltEpochId, ServiceId,
@@ -307,17 +306,9 @@ impl ScyllaGateway {
     async fn read_route(&self, key: &RouteKey, serial: bool) -> Result<Option<GatewayRegistration>, StoreError> {
         let st = &self.st;
         let st = if serial { &st.route_read_serial } else { &st.route_read };
-        let rows = self
-            .session
-            .execute_unpaged(st, (key.tenant.as_str(), key.account_id.as_str(), key.device_id.as_str()))
-            .await
-            .map_err(be("reading a gateway route"))?
-            .into_rows_result()
-            .map_err(be("reading a gateway route"))?;
-        match rows.maybe_first_row::<RouteRow>().map_err(be("reading a gateway route"))? {
-            Some(row) => decode_route(key, row),
-            None => Ok(None),
-        }
+        let values = (key.tenant.as_str(), key.account_id.as_str(), key.device_id.as_str());
+        let Some(row) = first_row(&self.session, st, values, "reading a gateway route").await? else { return Ok(None) };
+        decode_route(key, row)
     }
 
     async fn delete_target_row(&self, reg: &GatewayRegistration, timestamp: i64) -> Result<(), StoreError> {
@@ -326,15 +317,8 @@ impl ScyllaGateway {
     }
 
     async fn read_state(&self, tenant: &ServiceId, key: &[u8]) -> Result<Option<(Vec<u8>, i64)>, StoreError> {
-        let rows = self
-            .session
-            .execute_unpaged(&self.st.state_read, (tenant.as_str(), key))
-            .await
-            .map_err(be("reading a gateway state"))?
-            .into_rows_result()
-            .map_err(be("reading a gateway state"))?;
-        let row = rows.maybe_first_row::<(Option<Vec<u8>>, Option<i64>)>().map_err(be("reading a gateway state"))?;
-        Ok(match row {
+        let row = first_row(&self.session, &self.st.state_read, (tenant.as_str(), key), "reading a gateway state");
+        Ok(match row.await? {
             Some((Some(value), Some(expires))) => Some((value, expires)),
             _ => None,
         })
@@ -424,16 +408,9 @@ impl GatewayStore for ScyllaGateway {
         push_target_id: &PushTargetId,
         now_ms: i64,
     ) -> Result<Vec<GatewayRegistration>, StoreError> {
-        let rows: Vec<(String, Option<String>)> = self
-            .session
-            .execute_iter(self.st.target_read.clone(), (tenant.as_str(), push_target_id.to_string()))
-            .await
-            .map_err(be("reading a gateway target"))?
-            .rows_stream::<(String, Option<String>)>()
-            .map_err(be("reading a gateway target"))?
-            .try_collect()
-            .await
-            .map_err(be("reading a gateway target"))?;
+        let values = (tenant.as_str(), push_target_id.to_string());
+        let rows: Vec<(String, Option<String>)> =
+            all_rows(&self.session, &self.st.target_read, values, "reading a gateway target").await?;
         let mut out = Vec::with_capacity(rows.len());
         for (device_id, account_id) in rows {
             let Some(account_id) = account_id else { continue };
@@ -523,17 +500,9 @@ impl GatewayStore for ScyllaGateway {
     ) -> Result<bool, StoreError> {
         let st = &self.st;
         let (tenant, idem) = (key.tenant.as_str(), key.idempotency_key.as_str());
-        let rows = self
-            .session
-            .execute_unpaged(&st.notify_read_serial, (tenant, idem))
-            .await
-            .map_err(be("reading a notify record"))?
-            .into_rows_result()
-            .map_err(be("reading a notify record"))?;
-        let row = rows
-            .maybe_first_row::<(Option<i8>, Option<i64>, Option<i64>, Option<Vec<u8>>)>()
-            .map_err(be("reading a notify record"))?;
-        let Some((Some(0), Some(lease), _, Some(digest))) = row else { return Ok(false) };
+        type Row = (Option<i8>, Option<i64>, Option<i64>, Option<Vec<u8>>);
+        let row = first_row::<Row>(&self.session, &st.notify_read_serial, (tenant, idem), "reading a notify record");
+        let Some((Some(0), Some(lease), _, Some(digest))) = row.await? else { return Ok(false) };
         if lease != lease_until_ms {
             return Ok(false);
         }
@@ -582,16 +551,8 @@ impl GatewayStore for ScyllaGateway {
                 break;
             }
             let queue = ((first + i) % WAKEUP_QUEUES) as i16;
-            let rows: Vec<WakeupRow> = self
-                .session
-                .execute_iter(st.wakeup_queue.clone(), (queue,))
-                .await
-                .map_err(be("reading the wakeups"))?
-                .rows_stream::<WakeupRow>()
-                .map_err(be("reading the wakeups"))?
-                .try_collect()
-                .await
-                .map_err(be("reading the wakeups"))?;
+            let rows: Vec<WakeupRow> =
+                all_rows(&self.session, &st.wakeup_queue, (queue,), "reading the wakeups").await?;
             for row in rows {
                 if out.len() >= limit {
                     break;
