@@ -95,15 +95,14 @@ use scylla::client::session::Session;
 use scylla::client::session::TlsContext;
 use scylla::client::session_builder::SessionBuilder;
 use scylla::statement::batch::{Batch, BatchType};
-use scylla::statement::prepared::PreparedStatement;
 use scylla::statement::{Consistency, SerialConsistency};
 
 pub use self::settings::{Keyspace, LogConsistency, Nodes, ScyllaSettings};
 
 use self::codec::{Versioned, corrupt, from_db, to_db};
 use self::cql::{
-    Execute, JOIN_CONCURRENCY, Lwt, MAX_LWT_ATTEMPTS, PAGE_ROWS, Values, WriteClock, all_ok, all_rows, backoff, be,
-    contention, first_row, rows,
+    Execute, JOIN_CONCURRENCY, Lwt, MAX_LWT_ATTEMPTS, PAGE_ROWS, Values, WriteClock, all_ok, all_rows, at, backoff, be,
+    contention, first_row, rows, statements,
 };
 use self::gateway::ScyllaGateway;
 use self::log::ShardLog;
@@ -142,142 +141,56 @@ pub struct ScyllaStore {
     clock: Arc<WriteClock>,
 }
 
-/// Every prepared statement.
-struct Statements {
-    static_read: PreparedStatement,
-    topics_read: PreparedStatement,
-    subs_read: PreparedStatement,
-    subs_in: PreparedStatement,
-    join_read: PreparedStatement,
-    expired_scan: PreparedStatement,
-    create_recipient: PreparedStatement,
-    renew_recipient: PreparedStatement,
-    update_statics: PreparedStatement,
-    put_sub: PreparedStatement,
-    del_sub: PreparedStatement,
-    delete_statics: PreparedStatement,
-    delete_rows: PreparedStatement,
-    topic_row_put: PreparedStatement,
-    topic_row_del: PreparedStatement,
-    topic_page: PreparedStatement,
-    clock_read: PreparedStatement,
-    clock_put: PreparedStatement,
-    topic_page_after: PreparedStatement,
-    lease_insert: PreparedStatement,
-    lease_renew: PreparedStatement,
-    lease_release: PreparedStatement,
-    lease_read: PreparedStatement,
-    lease_all: PreparedStatement,
-    node_put: PreparedStatement,
-    node_all: PreparedStatement,
-}
-
 const STATIC_COLS: &str = "version, secret_hash, channel, target, signing_key, renewed_at, topic_count";
 const SUB_COLS: &str = "start_position, include_commits, hmac_epoch_base, hmac_keys";
 
-impl Statements {
-    async fn prepare(session: &Session, ks: &str, consistency: LogConsistency) -> Result<Self, StoreError> {
-        let p = |cql: String| async move {
-            let mut st = session.prepare(cql).await.map_err(be("preparing a statement"))?;
-            st.set_page_size(PAGE_ROWS);
-            Ok::<_, StoreError>(st)
-        };
-        let serial = |mut st: PreparedStatement| {
-            st.set_consistency(Consistency::LocalSerial);
-            st
-        };
-        // Dispatch's reads of subscribers: `store.scylla.consistency.reads`.
-        // The recipients' conditional writes decide on the session's
-        // LOCAL_QUORUM reads: a stale one fails its condition and reads again.
-        let reading = |mut st: PreparedStatement| {
-            st.set_consistency(consistency.reads.cql());
-            st
-        };
-        // DISTINCT reads only the static row: no walk over the row tombstones
-        // that removed subscriptions leave behind.
-        let static_read =
-            p(format!("SELECT DISTINCT {STATIC_COLS} FROM {ks}.recipients WHERE recipient_id = ?")).await?;
-        Ok(Self {
-            static_read,
-            topics_read: p(format!("SELECT topic FROM {ks}.recipients WHERE recipient_id = ?")).await?,
-            subs_read: p(format!("SELECT topic, {SUB_COLS} FROM {ks}.recipients WHERE recipient_id = ?")).await?,
-            subs_in: p(format!(
-                "SELECT topic, start_position FROM {ks}.recipients WHERE recipient_id = ? AND topic IN ?"
-            ))
-            .await?,
-            join_read: reading(p(format!(
-                "SELECT recipient_id, {STATIC_COLS}, {SUB_COLS} FROM {ks}.recipients WHERE recipient_id IN ? AND topic = ?"
-            ))
-            .await?),
-            expired_scan: p(format!("SELECT DISTINCT recipient_id, renewed_at FROM {ks}.recipients")).await?,
-            create_recipient: p(format!(
-                "UPDATE {ks}.recipients SET version = ?, secret_hash = ?, channel = ?, target = ?, signing_key = ?, \
-                 renewed_at = ?, topic_count = 0 WHERE recipient_id = ? IF version = null"
-            ))
-            .await?,
-            renew_recipient: p(format!(
-                "UPDATE {ks}.recipients SET version = ?, channel = ?, target = ?, signing_key = ?, renewed_at = ? \
-                 WHERE recipient_id = ? IF version = ?"
-            ))
-            .await?,
-            update_statics: p(format!(
-                "UPDATE {ks}.recipients SET version = ?, renewed_at = ?, topic_count = ? \
-                 WHERE recipient_id = ? IF version = ?"
-            ))
-            .await?,
-            put_sub: p(format!(
-                "INSERT INTO {ks}.recipients (recipient_id, topic, start_position, include_commits, \
-                 hmac_epoch_base, hmac_keys) VALUES (?, ?, ?, ?, ?, ?)"
-            ))
-            .await?,
-            del_sub: p(format!("DELETE FROM {ks}.recipients WHERE recipient_id = ? AND topic = ?")).await?,
-            // CQL refuses a conditional delete of a whole partition: the statics
-            // go with the condition, the rows with a range delete in the same batch.
-            delete_statics: p(format!(
-                "DELETE {STATIC_COLS} FROM {ks}.recipients WHERE recipient_id = ? IF version = ?"
-            ))
-            .await?,
-            delete_rows: p(format!("DELETE FROM {ks}.recipients WHERE recipient_id = ?")).await?,
-            topic_row_put: p(format!(
-                "INSERT INTO {ks}.topic_subscriptions (topic, recipient_id) VALUES (?, ?) USING TIMESTAMP ?"
-            ))
-            .await?,
-            topic_row_del: p(format!(
-                "DELETE FROM {ks}.topic_subscriptions USING TIMESTAMP ? WHERE topic = ? AND recipient_id = ?"
-            ))
-            .await?,
-            topic_page: reading(p(format!("SELECT recipient_id FROM {ks}.topic_subscriptions WHERE topic = ?")).await?),
-            clock_read: p(format!("SELECT clock FROM {ks}.index_clocks WHERE recipient_id = ?")).await?,
-            // The value is its own write timestamp: last-write-wins keeps the largest.
-            clock_put: p(format!(
-                "INSERT INTO {ks}.index_clocks (recipient_id, clock) VALUES (?, ?) USING TIMESTAMP ?"
-            ))
-            .await?,
-            topic_page_after: reading(p(format!(
-                "SELECT recipient_id FROM {ks}.topic_subscriptions WHERE topic = ? AND recipient_id > ?"
-            ))
-            .await?),
-            // Shard leases: a lease is a row that lives for its TTL; every change is an LWT.
-            lease_insert: p(format!(
-                "INSERT INTO {ks}.shard_leases (shard, owner, owner_address, acquired_at) \
-                 VALUES (?, ?, ?, toTimestamp(now())) IF NOT EXISTS USING TTL ?"
-            ))
-            .await?,
-            lease_renew: p(format!(
-                "UPDATE {ks}.shard_leases USING TTL ? SET owner = ?, owner_address = ?, acquired_at = toTimestamp(now()) \
-                 WHERE shard = ? IF owner = ?"
-            ))
-            .await?,
-            lease_release: p(format!("DELETE FROM {ks}.shard_leases WHERE shard = ? IF owner = ?")).await?,
-            lease_read: serial(p(format!("SELECT owner, owner_address FROM {ks}.shard_leases WHERE shard = ?")).await?),
-            lease_all: p(format!("SELECT shard, owner FROM {ks}.shard_leases")).await?,
-            node_put: p(format!(
-                "INSERT INTO {ks}.nodes (node, address, seen_at) VALUES (?, ?, toTimestamp(now())) USING TTL ?"
-            ))
-            .await?,
-            node_all: p(format!("SELECT node FROM {ks}.nodes")).await?,
-        })
-    }
+// Dispatch's reads of subscribers run at `store.scylla.consistency.reads`.
+// The recipients' conditional writes decide on the session's LOCAL_QUORUM
+// reads: a stale one fails its condition and reads again.
+statements! {
+    /// Every prepared statement.
+    struct Statements;
+    fn prepare(session, ks, consistency: LogConsistency);
+    // DISTINCT reads only the static row: no walk over the row tombstones
+    // that removed subscriptions leave behind.
+    static_read: "SELECT DISTINCT {STATIC_COLS} FROM {ks}.recipients WHERE recipient_id = ?",
+    topics_read: "SELECT topic FROM {ks}.recipients WHERE recipient_id = ?",
+    subs_read: "SELECT topic, {SUB_COLS} FROM {ks}.recipients WHERE recipient_id = ?",
+    subs_in: "SELECT topic, start_position FROM {ks}.recipients WHERE recipient_id = ? AND topic IN ?",
+    join_read: "SELECT recipient_id, {STATIC_COLS}, {SUB_COLS} FROM {ks}.recipients \
+                WHERE recipient_id IN ? AND topic = ?" => at(consistency.reads.cql()),
+    expired_scan: "SELECT DISTINCT recipient_id, renewed_at FROM {ks}.recipients",
+    create_recipient: "UPDATE {ks}.recipients SET version = ?, secret_hash = ?, channel = ?, target = ?, \
+                       signing_key = ?, renewed_at = ?, topic_count = 0 WHERE recipient_id = ? IF version = null",
+    renew_recipient: "UPDATE {ks}.recipients SET version = ?, channel = ?, target = ?, signing_key = ?, \
+                      renewed_at = ? WHERE recipient_id = ? IF version = ?",
+    update_statics: "UPDATE {ks}.recipients SET version = ?, renewed_at = ?, topic_count = ? \
+                     WHERE recipient_id = ? IF version = ?",
+    put_sub: "INSERT INTO {ks}.recipients (recipient_id, topic, start_position, include_commits, \
+              hmac_epoch_base, hmac_keys) VALUES (?, ?, ?, ?, ?, ?)",
+    del_sub: "DELETE FROM {ks}.recipients WHERE recipient_id = ? AND topic = ?",
+    // CQL refuses a conditional delete of a whole partition: the statics
+    // go with the condition, the rows with a range delete in the same batch.
+    delete_statics: "DELETE {STATIC_COLS} FROM {ks}.recipients WHERE recipient_id = ? IF version = ?",
+    delete_rows: "DELETE FROM {ks}.recipients WHERE recipient_id = ?",
+    topic_row_put: "INSERT INTO {ks}.topic_subscriptions (topic, recipient_id) VALUES (?, ?) USING TIMESTAMP ?",
+    topic_row_del: "DELETE FROM {ks}.topic_subscriptions USING TIMESTAMP ? WHERE topic = ? AND recipient_id = ?",
+    topic_page: "SELECT recipient_id FROM {ks}.topic_subscriptions WHERE topic = ?" => at(consistency.reads.cql()),
+    clock_read: "SELECT clock FROM {ks}.index_clocks WHERE recipient_id = ?",
+    // The value is its own write timestamp: last-write-wins keeps the largest.
+    clock_put: "INSERT INTO {ks}.index_clocks (recipient_id, clock) VALUES (?, ?) USING TIMESTAMP ?",
+    topic_page_after: "SELECT recipient_id FROM {ks}.topic_subscriptions WHERE topic = ? AND recipient_id > ?"
+        => at(consistency.reads.cql()),
+    // Shard leases: a lease is a row that lives for its TTL; every change is an LWT.
+    lease_insert: "INSERT INTO {ks}.shard_leases (shard, owner, owner_address, acquired_at) \
+                   VALUES (?, ?, ?, toTimestamp(now())) IF NOT EXISTS USING TTL ?",
+    lease_renew: "UPDATE {ks}.shard_leases USING TTL ? SET owner = ?, owner_address = ?, \
+                  acquired_at = toTimestamp(now()) WHERE shard = ? IF owner = ?",
+    lease_release: "DELETE FROM {ks}.shard_leases WHERE shard = ? IF owner = ?",
+    lease_read: "SELECT owner, owner_address FROM {ks}.shard_leases WHERE shard = ?" => at(Consistency::LocalSerial),
+    lease_all: "SELECT shard, owner FROM {ks}.shard_leases",
+    node_put: "INSERT INTO {ks}.nodes (node, address, seen_at) VALUES (?, ?, toTimestamp(now())) USING TTL ?",
+    node_all: "SELECT node FROM {ks}.nodes",
 }
 
 /// A lease or heartbeat TTL in whole seconds, at least one.

@@ -15,6 +15,7 @@ use scylla::client::session::Session;
 use scylla::deserialize::row::DeserializeRow;
 use scylla::response::query_result::QueryResult;
 use scylla::serialize::row::SerializeRow;
+use scylla::statement::Consistency;
 use scylla::statement::prepared::PreparedStatement;
 use scylla::value::{CqlValue, Row};
 
@@ -49,6 +50,54 @@ impl Execute for Session {
     async fn write(&self, st: &PreparedStatement, values: impl SerializeRow) -> Result<(), StoreError> {
         self.execute_unpaged(st, values).await.map_err(be("write"))?;
         Ok(())
+    }
+}
+
+/// Declares a struct of prepared statements and its `prepare`. Each field is
+/// the statement of its CQL text, formatted as by `format!` (so `{ks}` is the
+/// keyspace), passed through `=> f` when given (`at` a consistency).
+macro_rules! statements {
+    (
+        $(#[$meta:meta])*
+        struct $name:ident;
+        fn prepare($session:ident, $ks:ident $(, $param:ident: $param_ty:ty)*);
+        $($(#[$field_meta:meta])* $field:ident: $cql:literal $(=> $tune:expr)?,)*
+    ) => {
+        $(#[$meta])*
+        struct $name {
+            $($(#[$field_meta])* $field: ::scylla::statement::prepared::PreparedStatement,)*
+        }
+
+        impl $name {
+            async fn prepare(
+                $session: &::scylla::client::session::Session,
+                $ks: &str
+                $(, $param: $param_ty)*
+            ) -> Result<Self, $crate::store::StoreError> {
+                $(
+                    let $field = $crate::store::scylla::cql::prepare($session, format!($cql)).await?;
+                    $(let $field = ($tune)($field);)?
+                )*
+                Ok(Self { $($field,)* })
+            }
+        }
+    };
+}
+
+pub(super) use statements;
+
+/// Prepares `cql`; a paged read of it pages by `PAGE_ROWS`.
+pub(super) async fn prepare(session: &Session, cql: String) -> Result<PreparedStatement, StoreError> {
+    let mut st = session.prepare(cql).await.map_err(be("preparing a statement"))?;
+    st.set_page_size(PAGE_ROWS);
+    Ok(st)
+}
+
+/// A statement's setting for `statements!`: run at `consistency`.
+pub(super) fn at(consistency: Consistency) -> impl Fn(PreparedStatement) -> PreparedStatement {
+    move |mut st| {
+        st.set_consistency(consistency);
+        st
     }
 }
 
