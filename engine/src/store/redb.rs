@@ -94,50 +94,34 @@ impl RedbStore {
         let db = redb::Builder::new().set_cache_size(cache_bytes).create(dir.join(DB_FILE_NAME)).be()?;
 
         let txn = db.begin_write().be()?;
+        // Create every table up front, so read transactions can always open them.
+        txn.open_table(RECIPIENTS).be()?;
+        txn.open_table(SHARDS).be()?;
+        txn.open_table(ENVELOPES).be()?;
+        txn.open_table(PROGRESS).be()?;
+        let byte_tables = [RECIPIENT_SUBS, TOPIC_SUBS, relay::RELAY, relay::RELAY_EXPIRY];
+        for table in byte_tables.into_iter().chain(gateway::TABLES) {
+            txn.open_table(table).be()?;
+        }
         let stored = {
-            // Create every table up front, so read transactions can always open them.
-            txn.open_table(RECIPIENTS).be()?;
-            txn.open_table(RECIPIENT_SUBS).be()?;
-            txn.open_table(TOPIC_SUBS).be()?;
-            txn.open_table(SHARDS).be()?;
-            txn.open_table(ENVELOPES).be()?;
-            txn.open_table(PROGRESS).be()?;
-            txn.open_table(relay::RELAY).be()?;
-            txn.open_table(relay::RELAY_EXPIRY).be()?;
-            for table in gateway::TABLES {
-                txn.open_table(table).be()?;
-            }
             let mut meta = txn.open_table(META).be()?;
             let stored = meta.get(META_SHARD_COUNT).be()?.map(|g| g.value().to_vec());
-            match stored {
-                Some(bytes) => {
-                    Some(<[u8; 2]>::try_from(bytes.as_slice()).map(u16::from_be_bytes).map_err(|_| corrupt("meta"))?)
-                }
-                None => {
-                    meta.insert(META_SHARD_COUNT, shard_count.to_be_bytes().as_slice()).be()?;
-                    None
-                }
+            if stored.is_none() {
+                meta.insert(META_SHARD_COUNT, shard_count.to_be_bytes().as_slice()).be()?;
             }
+            stored.map(|bytes| <[u8; 2]>::try_from(bytes.as_slice()).map(u16::from_be_bytes)).transpose()
         };
-        match stored {
-            Some(existing) if existing != shard_count => {
-                txn.abort().be()?;
-                Err(StoreError::Backend(format!(
-                    "the database was created with {existing} shards but {shard_count} are configured; \
-                     the shard count cannot change"
-                )))
-            }
-            _ => {
-                txn.commit().be()?;
-                let db = Arc::new(db);
-                Ok(Self {
-                    writer: commit::GroupCommit::start(db.clone())?,
-                    db,
-                    shard_count,
-                    recipients: Arc::new(RecipientCache::new(recipient_cache::CAPACITY)),
-                })
-            }
+        if let Some(existing) = stored.map_err(|_| corrupt("meta"))?.filter(|&n| n != shard_count) {
+            txn.abort().be()?;
+            return Err(StoreError::Backend(format!(
+                "the database was created with {existing} shards but {shard_count} are configured; \
+                 the shard count cannot change"
+            )));
         }
+        txn.commit().be()?;
+        let db = Arc::new(db);
+        let recipients = Arc::new(RecipientCache::new(recipient_cache::CAPACITY));
+        Ok(Self { writer: commit::GroupCommit::start(db.clone())?, db, shard_count, recipients })
     }
 
     /// Runs `f` in a read transaction on the blocking pool.
@@ -147,7 +131,8 @@ impl RedbStore {
         F: FnOnce(&redb::ReadTransaction) -> Result<T, StoreError> + Send + 'static,
     {
         let db = self.db.clone();
-        blocking(move || f(&db.begin_read().be()?)).await
+        let task = tokio::task::spawn_blocking(move || f(&db.begin_read().be()?));
+        task.await.map_err(|e| StoreError::Backend(format!("storage task failed: {e}")))?
     }
 
     /// Runs `f` in a write transaction, shared with the writes queued with
@@ -178,20 +163,6 @@ impl RedbStore {
             }
         }
     }
-
-    fn check_shard(&self, shard: ShardId) -> Result<(), StoreError> {
-        if shard.index() < self.shard_count {
-            Ok(())
-        } else {
-            Err(StoreError::Backend("shard id is out of range".into()))
-        }
-    }
-}
-
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
-) -> Result<T, StoreError> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| StoreError::Backend(format!("storage task failed: {e}")))?
 }
 
 fn summary(r: &Recipient) -> RecipientSummary {
@@ -307,20 +278,20 @@ fn at(ms: i64) -> [u8; 8] {
     (ms.max(0) as u64).to_be_bytes()
 }
 
-/// The keys of an expiry index (expires_at as u64 big-endian, then the
-/// record's key) due at `now_ms`, oldest first, at most `PRUNE_BATCH`.
-fn expired_keys(expiry: &BytesTable<'_>, now_ms: i64) -> Result<Vec<Vec<u8>>, StoreError> {
+/// The keys of a time index (a time as `at`, then the record's key) due
+/// at `now_ms`, oldest first, at most `limit`: expiry indexes, wakeups due.
+fn due_keys(index: &BytesTable<'_>, now_ms: i64, limit: usize) -> Result<Vec<Vec<u8>>, StoreError> {
     let now = at(now_ms);
-    let mut expired = Vec::new();
-    for row in expiry.range::<&[u8]>(..).be()?.take(PRUNE_BATCH) {
+    let mut due = Vec::new();
+    for row in index.range::<&[u8]>(..).be()?.take(limit) {
         let (k, _) = row.be()?;
-        // `expires_at <= now`: the first 8 bytes at or below now's.
+        // `time <= now`: the first 8 bytes at or below now's.
         if k.value()[..8] > now[..] {
             break;
         }
-        expired.push(k.value().to_vec());
+        due.push(k.value().to_vec());
     }
-    Ok(expired)
+    Ok(due)
 }
 
 /// Deletes a recipient and every subscription it holds (PUSH-207/226/234).
@@ -453,13 +424,12 @@ impl Store for RedbStore {
         self.read(move |txn| {
             let table = txn.open_table(RECIPIENT_SUBS).be()?;
             let (lo, hi) = recipient_sub_bounds(&id);
-            let mut out = Vec::new();
-            for row in table.range(lo.as_slice()..=hi.as_slice()).be()? {
+            let rows = table.range(lo.as_slice()..=hi.as_slice()).be()?;
+            rows.map(|row| {
                 let (k, v) = row.be()?;
-                let topic = Topic::from_stored(k.value()[32..].to_vec());
-                out.push(codec::decode_subscription(topic, v.value())?);
-            }
-            Ok(out)
+                codec::decode_subscription(Topic::from_stored(k.value()[32..].to_vec()), v.value())
+            })
+            .collect()
         })
         .await
     }
@@ -497,18 +467,14 @@ impl Store for RedbStore {
     async fn delete_expired(&self, renewed_before_ns: i64) -> Result<u64, StoreError> {
         self.write(move |txn| {
             // PUSH-226: strictly older than the cutoff.
-            let expired = {
-                let recipients = txn.open_table(RECIPIENTS).be()?;
-                let mut expired = Vec::new();
-                for row in recipients.iter().be()? {
-                    let (k, v) = row.be()?;
-                    let id = RecipientId::from_bytes(*k.value());
-                    if codec::decode_recipient(id, v.value())?.renewed_at_ns < renewed_before_ns {
-                        expired.push(id);
-                    }
+            let mut expired = Vec::new();
+            for row in txn.open_table(RECIPIENTS).be()?.iter().be()? {
+                let (k, v) = row.be()?;
+                let id = RecipientId::from_bytes(*k.value());
+                if codec::decode_recipient(id, v.value())?.renewed_at_ns < renewed_before_ns {
+                    expired.push(id);
                 }
-                expired
-            };
+            }
             for id in &expired {
                 delete_recipient(txn, id)?;
             }
@@ -595,12 +561,8 @@ impl Store for RedbStore {
         self.read(move |txn| {
             let table = txn.open_table(ENVELOPES).be()?;
             let range = (Bound::Excluded((shard.index(), after)), Bound::Included((shard.index(), up_to)));
-            let mut out = Vec::new();
-            for row in table.range(range).be()?.take(limit) {
-                let (k, v) = row.be()?;
-                out.push(codec::decode_envelope(shard, k.value().1, v.value())?);
-            }
-            Ok(out)
+            let rows = table.range(range).be()?.take(limit);
+            rows.map(|row| row.be().and_then(|(k, v)| codec::decode_envelope(shard, k.value().1, v.value()))).collect()
         })
         .await
     }
@@ -618,7 +580,7 @@ impl Store for RedbStore {
     }
 
     async fn advance_checkpoint(&self, shard: ShardId, checkpoint: u64) -> Result<(), StoreError> {
-        self.check_shard(shard)?;
+        super::check_shard(shard, self.shard_count)?;
         self.write(move |txn| {
             let mut shards = txn.open_table(SHARDS).be()?;
             let mut row = get_shard(&shards, shard)?;
@@ -637,7 +599,7 @@ impl Store for RedbStore {
     }
 
     async fn record_progress(&self, shard: ShardId, progress: &ShardProgress) -> Result<(), StoreError> {
-        self.check_shard(shard)?;
+        super::check_shard(shard, self.shard_count)?;
         let bytes = progress.encode();
         self.write(move |txn| {
             txn.open_table(PROGRESS).be()?.insert(shard.index(), bytes.as_slice()).be()?;
@@ -647,7 +609,7 @@ impl Store for RedbStore {
     }
 
     async fn shard_progress(&self, shard: ShardId) -> Result<ShardProgress, StoreError> {
-        self.check_shard(shard)?;
+        super::check_shard(shard, self.shard_count)?;
         self.read(move |txn| {
             let table = txn.open_table(PROGRESS).be()?;
             let Some(value) = table.get(shard.index()).be()? else { return Ok(ShardProgress::default()) };
@@ -687,10 +649,7 @@ trait Arg<'a> {
     fn lend(owned: &'a Self::Owned) -> Self;
 }
 
-impl<'a, T: ToOwned + ?Sized> Arg<'a> for &'a T
-where
-    T::Owned: Send + 'static,
-{
+impl<'a, T: ToOwned<Owned: Send + 'static> + ?Sized> Arg<'a> for &'a T {
     type Owned = T::Owned;
     fn own(self) -> T::Owned {
         self.to_owned()

@@ -124,10 +124,7 @@ const JOIN_READS: usize = 4;
 /// 16 bits (one statement is the recipient's own update).
 pub const MAX_SUBSCRIPTION_CHANGES: usize = u16::MAX as usize - 1;
 
-/// The ScyllaDB / Cassandra `Store`. It keeps the recipients and the shard
-/// leases itself, and holds a store per other concern over the same
-/// session: the shard log (`log.rs`), the relay ingress's records
-/// (`relay.rs`) and the push gateway's (`gateway.rs`).
+/// The ScyllaDB / Cassandra `Store`, in parts (module docs, "Parts").
 pub struct ScyllaStore {
     session: Arc<Session>,
     keyspace: String,
@@ -268,11 +265,7 @@ impl ScyllaStore {
     }
 
     fn check_shard(&self, shard: ShardId) -> Result<(), StoreError> {
-        if shard.index() < self.shard_count {
-            Ok(())
-        } else {
-            Err(StoreError::Backend("shard id is out of range".into()))
-        }
+        super::check_shard(shard, self.shard_count)
     }
 
     // ---- recipients ----
@@ -445,7 +438,7 @@ async fn check_shard_count(session: &Session, keyspace: &str, shard_count: u16) 
     if lwt.applied {
         return Ok(());
     }
-    match lwt.current_u64("value") {
+    match lwt.current_i64("value").map(from_db) {
         Some(existing) if existing == u64::from(shard_count) => Ok(()),
         Some(existing) => Err(StoreError::Backend(format!(
             "the keyspace was created with {existing} shards but {shard_count} are configured; \
@@ -487,26 +480,18 @@ impl Store for ScyllaStore {
         let (channel, text, signing_key) = codec::encode_target(target);
         let text = text.as_ref();
         let signing_key = signing_key.as_deref();
+        let (hash, key) = (secret_hash.0.as_slice(), id.as_bytes().as_slice());
         for attempt in 0..MAX_LWT_ATTEMPTS {
             let current = self.read_static(id).await?;
             // PUSH-255: create with no subscriptions, or replace the target and keep them.
             let (done, topic_count) = match &current {
                 None => {
-                    let values = (
-                        new_version(),
-                        secret_hash.0.as_slice(),
-                        channel,
-                        text,
-                        signing_key,
-                        now_ns,
-                        id.as_bytes().as_slice(),
-                    );
+                    let values = (new_version(), hash, channel, text, signing_key, now_ns, key);
                     (self.session.lwt(&self.st.create_recipient, values).await?.applied, 0)
                 }
                 Some(v) if v.recipient.secret_hash != *secret_hash => return Err(StoreError::SecretMismatch),
                 Some(v) => {
-                    let values =
-                        (new_version(), channel, text, signing_key, now_ns, id.as_bytes().as_slice(), v.version);
+                    let values = (new_version(), channel, text, signing_key, now_ns, key, v.version);
                     (self.session.lwt(&self.st.renew_recipient, values).await?.applied, v.recipient.topic_count)
                 }
             };
@@ -564,9 +549,13 @@ impl Store for ScyllaStore {
                 .filter(|t| existing.contains_key(t.as_bytes()))
                 .map(|t| t.as_bytes().to_vec())
                 .collect();
-            count = count.saturating_sub(removed.len() as u64);
-            let new_topics = update.adds.iter().filter(|s| !existing.contains_key(s.topic.as_bytes())).count();
-            count += new_topics as u64;
+            let new_shards: Vec<ShardId> = update
+                .adds
+                .iter()
+                .filter(|s| !existing.contains_key(s.topic.as_bytes()))
+                .map(|s| s.topic.shard(self.shard_count))
+                .collect();
+            count = count.saturating_sub(removed.len() as u64) + new_shards.len() as u64;
             // PUSH-217: over the limit, nothing is written.
             if count > max_topics {
                 return Err(StoreError::TopicLimit);
@@ -574,13 +563,7 @@ impl Store for ScyllaStore {
 
             // PUSH-216: a new topic starts at its shard's boundary, read now,
             // after the recipient read and right before the conditional batch.
-            let new_shards = update
-                .adds
-                .iter()
-                .filter(|s| !existing.contains_key(s.topic.as_bytes()))
-                .map(|s| s.topic.shard(self.shard_count))
-                .collect();
-            let boundaries = self.boundaries(new_shards).await?;
+            let boundaries = self.boundaries(new_shards.into_iter().collect()).await?;
             let stored: Vec<StoredSubscription> = update
                 .adds
                 .iter()
@@ -681,15 +664,8 @@ impl Store for ScyllaStore {
                 return Ok(false);
             };
             let (channel, text, signing_key) = codec::encode_target(&r.target);
-            let values = (
-                new_version(),
-                channel,
-                text.as_ref(),
-                signing_key.as_deref(),
-                r.renewed_at_ns,
-                id.as_bytes().as_slice(),
-                version,
-            );
+            let (text, signing_key, key) = (text.as_ref(), signing_key.as_deref(), id.as_bytes().as_slice());
+            let values = (new_version(), channel, text, signing_key, r.renewed_at_ns, key, version);
             if self.session.lwt(&self.st.renew_recipient, values).await?.applied {
                 return Ok(true);
             }
@@ -714,8 +690,7 @@ impl Store for ScyllaStore {
             .await?;
         let mut deleted = 0;
         for id in candidates {
-            let mut attempt = 0;
-            loop {
+            for attempt in 1.. {
                 // Re-checked on the serial read: a renewal since the scan keeps it.
                 let Some(v) = self.read_static(&id).await? else { break };
                 if v.recipient.renewed_at_ns >= renewed_before_ns {
@@ -725,7 +700,6 @@ impl Store for ScyllaStore {
                     deleted += 1;
                     break;
                 }
-                attempt += 1;
                 if attempt >= MAX_LWT_ATTEMPTS {
                     return Err(contention());
                 }

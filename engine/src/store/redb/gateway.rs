@@ -17,14 +17,14 @@
 
 use redb::{ReadTransaction, ReadableTable, TableDefinition, WriteTransaction};
 
-use super::at;
 use super::codec::{OrBackend, Reader, Writer};
+use super::{PRUNE_BATCH, at};
 use crate::domain::{
     AccountId, DeviceId, GatewayRegistration, GatewayWakeup, LeasedWakeup, NotifyClaim, NotifyKey, PushRouteId,
     PushTargetId, RegistrationId, Revoke, RouteKey, SaltEpochId, ServiceId,
 };
 use crate::store::StoreError;
-use crate::store::gateway::MAX_GATEWAY_TEXT;
+use crate::store::gateway::{MAX_GATEWAY_TEXT, revokes};
 
 pub(super) const ROUTES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("gw_routes");
 pub(super) const TARGETS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("gw_targets");
@@ -250,16 +250,10 @@ pub(super) fn register(
     Ok(old.map(|o| o.registration_id))
 }
 
-/// §3.2: the current route when it has the named push key and app id.
-fn matches(reg: &GatewayRegistration, revoke: &Revoke) -> bool {
-    revoke.push_key.as_ref().is_none_or(|k| *k == reg.push_key)
-        && revoke.app_id.as_ref().is_none_or(|a| reg.app_id.as_ref() == Some(a))
-}
-
 pub(super) fn unregister(txn: &WriteTransaction, revoke: &Revoke) -> Result<bool, StoreError> {
     let k = route_key(&revoke.route)?;
     match get_route(txn, &k)? {
-        Some(old) if matches(&old, revoke) => {
+        Some(old) if revokes(revoke, &old) => {
             remove_route(txn, &k, &old)?;
             Ok(true)
         }
@@ -328,15 +322,10 @@ fn get_notify(txn: &WriteTransaction, k: &[u8]) -> Result<Option<NotifyRecord>, 
     txn.open_table(NOTIFY).be()?.get(k).be()?.map(|g| decode_notify(g.value())).transpose()
 }
 
-fn put_notify(
-    txn: &WriteTransaction,
-    k: &[u8],
-    old: Option<&NotifyRecord>,
-    n: &NotifyRecord,
-) -> Result<(), StoreError> {
+fn put_notify(txn: &WriteTransaction, k: &[u8], old_expires: Option<i64>, n: &NotifyRecord) -> Result<(), StoreError> {
     let mut expiry = txn.open_table(EXPIRY).be()?;
-    if let Some(old) = old {
-        expiry.remove(expiry_key(old.expires_at, KIND_NOTIFY, k).as_slice()).be()?;
+    if let Some(old) = old_expires {
+        expiry.remove(expiry_key(old, KIND_NOTIFY, k).as_slice()).be()?;
     }
     expiry.insert(expiry_key(n.expires_at, KIND_NOTIFY, k).as_slice(), [].as_slice()).be()?;
     txn.open_table(NOTIFY).be()?.insert(k, encode_notify(n).as_slice()).be()?;
@@ -371,7 +360,7 @@ pub(super) fn notify_claim(
         digest: *digest,
         response: Vec::new(),
     };
-    put_notify(txn, &k, old.as_ref(), &claim)?;
+    put_notify(txn, &k, old.map(|o| o.expires_at), &claim)?;
     Ok(NotifyClaim::Claimed)
 }
 
@@ -401,14 +390,9 @@ pub(super) fn notify_commit(
             due_index.insert(due_key(w.not_before_ms, &w.id).as_slice(), [].as_slice()).be()?;
         }
     }
-    let record = NotifyRecord {
-        state: COMMITTED,
-        lease_until: lease_until_ms,
-        expires_at: expires_at_ms,
-        digest: old.digest,
-        response: response.to_vec(),
-    };
-    put_notify(txn, &k, Some(&old), &record)?;
+    // `own_claim`: its lease is `lease_until_ms`.
+    let record = NotifyRecord { state: COMMITTED, expires_at: expires_at_ms, response: response.to_vec(), ..old };
+    put_notify(txn, &k, Some(old.expires_at), &record)?;
     Ok(true)
 }
 
@@ -431,19 +415,7 @@ pub(super) fn wakeups_due(
 ) -> Result<Vec<LeasedWakeup>, StoreError> {
     let mut due_index = txn.open_table(WAKEUP_DUE).be()?;
     let mut table = txn.open_table(WAKEUPS).be()?;
-    let upper = at(now_ms);
-    let mut taken = Vec::new();
-    for row in due_index.range::<&[u8]>(..).be()? {
-        if taken.len() == limit {
-            break;
-        }
-        let (k, _) = row.be()?;
-        let k = k.value();
-        if k[..8] > upper[..] {
-            break;
-        }
-        taken.push(k.to_vec());
-    }
+    let taken = super::due_keys(&due_index, now_ms, limit)?;
     let mut out = Vec::with_capacity(taken.len());
     for k in taken {
         due_index.remove(k.as_slice()).be()?;
@@ -544,7 +516,7 @@ pub(super) fn state_cas(
 /// `PRUNE_BATCH` means none is left).
 pub(super) fn prune_batch(txn: &WriteTransaction, now_ms: i64) -> Result<usize, StoreError> {
     let mut expiry = txn.open_table(EXPIRY).be()?;
-    let expired = super::expired_keys(&expiry, now_ms)?;
+    let expired = super::due_keys(&expiry, now_ms, PRUNE_BATCH)?;
     for k in &expired {
         expiry.remove(k.as_slice()).be()?;
         let (kind, record) = (k[8], &k[9..]);

@@ -23,11 +23,15 @@ struct Record {
     expires_at: i64,
 }
 
-fn key_bytes(key: &RelayKey) -> Vec<u8> {
-    // `check` keeps hub ids within 255 bytes, so the length byte is exact
-    // and two (hub, id) pairs never share a key.
+/// The record's key: len(hub) ‖ hub ‖ delivery_id. Hub ids are kept within
+/// 255 bytes, so the length byte is exact and two (hub, id) pairs never
+/// share a key.
+fn key_bytes(key: &RelayKey) -> Result<Vec<u8>, StoreError> {
     let hub = key.hub_id.as_bytes();
-    [&[u8::try_from(hub.len()).unwrap_or(u8::MAX)], hub, key.delivery_id.as_bytes()].concat()
+    match u8::try_from(hub.len()) {
+        Ok(len) if len > 0 => Ok([&[len], hub, key.delivery_id.as_bytes()].concat()),
+        _ => Err(StoreError::Backend("relay hub id must be 1 to 255 bytes".into())),
+    }
 }
 
 fn expiry_key(expires_at: i64, key: &[u8]) -> Vec<u8> {
@@ -49,13 +53,6 @@ fn decode(buf: &[u8]) -> Result<Record, StoreError> {
         lease_until: i64::from_be_bytes(buf[1..9].try_into().expect("8 bytes")),
         expires_at: i64::from_be_bytes(buf[9..17].try_into().expect("8 bytes")),
     })
-}
-
-fn check(key: &RelayKey) -> Result<(), StoreError> {
-    if key.hub_id.is_empty() || key.hub_id.len() > 255 {
-        return Err(StoreError::Backend("relay hub id must be 1 to 255 bytes".into()));
-    }
-    Ok(())
 }
 
 fn get(txn: &WriteTransaction, key: &[u8]) -> Result<Option<Record>, StoreError> {
@@ -86,8 +83,7 @@ pub(super) fn claim(
     lease_until_ms: i64,
     expires_at_ms: i64,
 ) -> Result<RelayClaim, StoreError> {
-    check(key)?;
-    let k = key_bytes(key);
+    let k = key_bytes(key)?;
     let old = get(txn, &k)?;
     if let Some(r) = old.filter(|r| r.expires_at > now_ms) {
         if let Some(settled) = RelaySettled::from_code(r.state) {
@@ -113,8 +109,7 @@ pub(super) fn settle(
     settled: RelaySettled,
     expires_at_ms: i64,
 ) -> Result<(), StoreError> {
-    check(key)?;
-    let k = key_bytes(key);
+    let k = key_bytes(key)?;
     if let Some(old) = own_claim(txn, &k, lease_until_ms)? {
         let record = Record { state: settled.code(), lease_until: lease_until_ms, expires_at: expires_at_ms };
         put(txn, &k, Some(old), record)?;
@@ -123,8 +118,7 @@ pub(super) fn settle(
 }
 
 pub(super) fn release(txn: &WriteTransaction, key: &RelayKey, lease_until_ms: i64) -> Result<(), StoreError> {
-    check(key)?;
-    let k = key_bytes(key);
+    let k = key_bytes(key)?;
     if let Some(old) = own_claim(txn, &k, lease_until_ms)? {
         remove(txn, &k, old)?;
     }
@@ -135,7 +129,7 @@ pub(super) fn release(txn: &WriteTransaction, key: &RelayKey, lease_until_ms: i6
 /// `PRUNE_BATCH` means none is left).
 pub(super) fn prune_batch(txn: &WriteTransaction, now_ms: i64) -> Result<usize, StoreError> {
     let mut expiry = txn.open_table(RELAY_EXPIRY).be()?;
-    let expired = super::expired_keys(&expiry, now_ms)?;
+    let expired = super::due_keys(&expiry, now_ms, super::PRUNE_BATCH)?;
     let mut records = txn.open_table(RELAY).be()?;
     for k in &expired {
         expiry.remove(k.as_slice()).be()?;

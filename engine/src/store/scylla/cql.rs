@@ -1,9 +1,9 @@
-//! What every part of the ScyllaDB backend shares: the session's two ways
-//! of writing (`Execute`) and of reading (`first_row`, `rows`), a
-//! conditional write's outcome (`Lwt`), driver
-//! errors as `StoreError`, the retry of a conditional write, write
+//! What every part of the ScyllaDB backend shares: statements
+//! (`statements!`), the session's two ways of writing (`Execute`) and of
+//! reading (`first_row`, `rows`), a conditional write's outcome (`Lwt`),
+//! driver errors as `StoreError`, the retry of a conditional write, write
 //! timestamps, TTLs and the limits of reads and writes. It imports no other
-//! part of the backend but the codec.
+//! part of the backend.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -19,7 +19,6 @@ use scylla::statement::Consistency;
 use scylla::statement::prepared::PreparedStatement;
 use scylla::value::{CqlValue, Row};
 
-use super::codec::from_db;
 use crate::domain::Timestamp;
 use crate::store::StoreError;
 
@@ -189,39 +188,24 @@ impl Lwt {
         Ok(Self { applied, current })
     }
 
+    fn current(&self, column: &str) -> Option<&CqlValue> {
+        self.current.get(column)?.as_ref()
+    }
+
     pub(super) fn current_text(&self, column: &str) -> Option<&str> {
-        match self.current.get(column) {
-            Some(Some(CqlValue::Text(v))) => Some(v),
-            _ => None,
-        }
+        self.current(column)?.as_text().map(String::as_str)
     }
 
     pub(super) fn current_i64(&self, column: &str) -> Option<i64> {
-        match self.current.get(column) {
-            Some(Some(CqlValue::BigInt(v))) => Some(*v),
-            _ => None,
-        }
+        self.current(column)?.as_bigint()
     }
 
     pub(super) fn current_i8(&self, column: &str) -> Option<i8> {
-        match self.current.get(column) {
-            Some(Some(CqlValue::TinyInt(v))) => Some(*v),
-            _ => None,
-        }
+        self.current(column)?.as_tinyint()
     }
 
     pub(super) fn current_blob(&self, column: &str) -> Option<&[u8]> {
-        match self.current.get(column) {
-            Some(Some(CqlValue::Blob(v))) => Some(v),
-            _ => None,
-        }
-    }
-
-    pub(super) fn current_u64(&self, column: &str) -> Option<u64> {
-        match self.current.get(column) {
-            Some(Some(CqlValue::BigInt(v))) => Some(from_db(*v)),
-            _ => None,
-        }
+        self.current(column)?.as_blob().map(Vec::as_slice)
     }
 }
 

@@ -44,7 +44,7 @@ use crate::domain::{
     AccountId, DeviceId, GatewayRegistration, GatewayWakeup, LeasedWakeup, NotifyClaim, NotifyKey, PushRouteId,
     PushTargetId, RegistrationId, Revoke, RouteKey, SaltEpochId, ServiceId,
 };
-use crate::store::gateway::{WAKEUP_QUEUES, wakeup_queue};
+use crate::store::gateway::{WAKEUP_QUEUES, revokes, wakeup_queue};
 use crate::store::{GatewayStore, StoreError};
 
 const ROUTE_COLS: &str = "registration_id, push_target_id, push_route_id, salt_epoch_id, push_key, platform, \
@@ -230,10 +230,7 @@ impl ScyllaGateway {
 
     async fn read_state(&self, tenant: &ServiceId, key: &[u8]) -> Result<Option<(Vec<u8>, i64)>, StoreError> {
         let row = first_row(&self.session, &self.st.state_read, (tenant.as_str(), key), "reading a gateway state");
-        Ok(match row.await? {
-            Some((Some(value), Some(expires))) => Some((value, expires)),
-            _ => None,
-        })
+        Ok(row.await?.and_then(|(value, expires): (Option<Vec<u8>>, Option<i64>)| Some((value?, expires?))))
     }
 }
 
@@ -293,9 +290,7 @@ impl GatewayStore for ScyllaGateway {
     async fn unregister(&self, revoke: &Revoke) -> Result<bool, StoreError> {
         for attempt in 0..MAX_LWT_ATTEMPTS {
             let Some(old) = self.read_route(&revoke.route, true).await? else { return Ok(false) };
-            let matches = revoke.push_key.as_ref().is_none_or(|k| *k == old.push_key)
-                && revoke.app_id.as_ref().is_none_or(|a| old.app_id.as_ref() == Some(a));
-            if !matches {
+            if !revokes(revoke, &old) {
                 return Ok(false);
             }
             let before = self.clock.next();
