@@ -117,6 +117,13 @@ pub trait GatewayStore: Send + Sync {
     async fn delete_expired(&self, now_ms: i64) -> Result<u64, StoreError>;
 }
 
+/// §3.2: whether `revoke` names `reg`, the current route of its device: the
+/// push key and app id it names (either may be left out) are `reg`'s.
+pub fn revokes(revoke: &Revoke, reg: &GatewayRegistration) -> bool {
+    revoke.push_key.as_ref().is_none_or(|k| *k == reg.push_key)
+        && revoke.app_id.as_ref().is_none_or(|a| reg.app_id.as_ref() == Some(a))
+}
+
 /// Most bytes of a window-state key or wakeup id the stores accept (the
 /// gateway's own are 33 and 32); every id of a record is bounded by its type.
 pub const MAX_GATEWAY_TEXT: usize = 1024;

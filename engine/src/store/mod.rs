@@ -248,6 +248,11 @@ pub trait ShardLeases: Send + Sync + 'static {
     async fn live_nodes(&self) -> Result<Vec<NodeId>, StoreError>;
 }
 
+/// `Backend` for a shard id of another shard count than the store's.
+fn check_shard(shard: ShardId, shard_count: u16) -> Result<(), StoreError> {
+    if shard.index() < shard_count { Ok(()) } else { Err(StoreError::Backend("shard id is out of range".into())) }
+}
+
 /// Whether a page of `subscribers` is empty without reading: none asked
 /// for, or none can follow the highest recipient id there is.
 fn nothing_after(after: Option<&RecipientId>, limit: usize) -> bool {

@@ -22,6 +22,7 @@ mod gateway;
 mod recipient_cache;
 mod relay;
 
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
 use std::collections::btree_map::Entry;
 use std::ops::Bound;
@@ -54,6 +55,10 @@ const ENVELOPES: TableDefinition<(u16, u64), &[u8]> = TableDefinition::new("enve
 const PROGRESS: TableDefinition<u16, &[u8]> = TableDefinition::new("shard_progress");
 
 const META_SHARD_COUNT: &str = "shard_count";
+
+/// Expired records deleted per retention transaction, so one pass never
+/// holds a huge write transaction.
+const PRUNE_BATCH: usize = 10_000;
 
 type RecipientsTable<'t> = redb::Table<'t, &'static [u8; 32], &'static [u8]>;
 type BytesTable<'t> = redb::Table<'t, &'static [u8], &'static [u8]>;
@@ -89,54 +94,34 @@ impl RedbStore {
         let db = redb::Builder::new().set_cache_size(cache_bytes).create(dir.join(DB_FILE_NAME)).be()?;
 
         let txn = db.begin_write().be()?;
+        // Create every table up front, so read transactions can always open them.
+        txn.open_table(RECIPIENTS).be()?;
+        txn.open_table(SHARDS).be()?;
+        txn.open_table(ENVELOPES).be()?;
+        txn.open_table(PROGRESS).be()?;
+        let byte_tables = [RECIPIENT_SUBS, TOPIC_SUBS, relay::RELAY, relay::RELAY_EXPIRY];
+        for table in byte_tables.into_iter().chain(gateway::TABLES) {
+            txn.open_table(table).be()?;
+        }
         let stored = {
-            // Create every table up front, so read transactions can always open them.
-            txn.open_table(RECIPIENTS).be()?;
-            txn.open_table(RECIPIENT_SUBS).be()?;
-            txn.open_table(TOPIC_SUBS).be()?;
-            txn.open_table(SHARDS).be()?;
-            txn.open_table(ENVELOPES).be()?;
-            txn.open_table(PROGRESS).be()?;
-            txn.open_table(relay::RELAY).be()?;
-            txn.open_table(relay::RELAY_EXPIRY).be()?;
-            for table in gateway::TABLES {
-                txn.open_table(table).be()?;
-            }
             let mut meta = txn.open_table(META).be()?;
             let stored = meta.get(META_SHARD_COUNT).be()?.map(|g| g.value().to_vec());
-            match stored {
-                Some(bytes) => {
-                    Some(<[u8; 2]>::try_from(bytes.as_slice()).map(u16::from_be_bytes).map_err(|_| corrupt("meta"))?)
-                }
-                None => {
-                    meta.insert(META_SHARD_COUNT, shard_count.to_be_bytes().as_slice()).be()?;
-                    None
-                }
+            if stored.is_none() {
+                meta.insert(META_SHARD_COUNT, shard_count.to_be_bytes().as_slice()).be()?;
             }
+            stored.map(|bytes| <[u8; 2]>::try_from(bytes.as_slice()).map(u16::from_be_bytes)).transpose()
         };
-        match stored {
-            Some(existing) if existing != shard_count => {
-                txn.abort().be()?;
-                Err(StoreError::Backend(format!(
-                    "the database was created with {existing} shards but {shard_count} are configured; \
-                     the shard count cannot change"
-                )))
-            }
-            _ => {
-                txn.commit().be()?;
-                let db = Arc::new(db);
-                Ok(Self {
-                    writer: commit::GroupCommit::start(db.clone())?,
-                    db,
-                    shard_count,
-                    recipients: Arc::new(RecipientCache::new(recipient_cache::CAPACITY)),
-                })
-            }
+        if let Some(existing) = stored.map_err(|_| corrupt("meta"))?.filter(|&n| n != shard_count) {
+            txn.abort().be()?;
+            return Err(StoreError::Backend(format!(
+                "the database was created with {existing} shards but {shard_count} are configured; \
+                 the shard count cannot change"
+            )));
         }
-    }
-
-    pub fn shard_count(&self) -> u16 {
-        self.shard_count
+        txn.commit().be()?;
+        let db = Arc::new(db);
+        let recipients = Arc::new(RecipientCache::new(recipient_cache::CAPACITY));
+        Ok(Self { writer: commit::GroupCommit::start(db.clone())?, db, shard_count, recipients })
     }
 
     /// Runs `f` in a read transaction on the blocking pool.
@@ -146,7 +131,8 @@ impl RedbStore {
         F: FnOnce(&redb::ReadTransaction) -> Result<T, StoreError> + Send + 'static,
     {
         let db = self.db.clone();
-        blocking(move || f(&db.begin_read().be()?)).await
+        let task = tokio::task::spawn_blocking(move || f(&db.begin_read().be()?));
+        task.await.map_err(|e| StoreError::Backend(format!("storage task failed: {e}")))?
     }
 
     /// Runs `f` in a write transaction, shared with the writes queued with
@@ -161,19 +147,22 @@ impl RedbStore {
         self.writer.write(f).await
     }
 
-    fn check_shard(&self, shard: ShardId) -> Result<(), StoreError> {
-        if shard.index() < self.shard_count {
-            Ok(())
-        } else {
-            Err(StoreError::Backend("shard id is out of range".into()))
+    /// Retention: `prune_batch` in write transactions, until one deletes
+    /// fewer than `PRUNE_BATCH`. Returns how many were deleted.
+    async fn prune(
+        &self,
+        prune_batch: fn(&WriteTransaction, i64) -> Result<usize, StoreError>,
+        now_ms: i64,
+    ) -> Result<u64, StoreError> {
+        let mut deleted = 0u64;
+        loop {
+            let n = self.write(move |txn| prune_batch(txn, now_ms)).await?;
+            deleted += n as u64;
+            if n < PRUNE_BATCH {
+                return Ok(deleted);
+            }
         }
     }
-}
-
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
-) -> Result<T, StoreError> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| StoreError::Backend(format!("storage task failed: {e}")))?
 }
 
 fn summary(r: &Recipient) -> RecipientSummary {
@@ -281,6 +270,28 @@ impl<'t> Subs<'t> {
         }
         Ok(())
     }
+}
+
+/// A time in an index key: milliseconds as u64 big-endian, so that keys
+/// sort by time.
+fn at(ms: i64) -> [u8; 8] {
+    (ms.max(0) as u64).to_be_bytes()
+}
+
+/// The keys of a time index (a time as `at`, then the record's key) due
+/// at `now_ms`, oldest first, at most `limit`: expiry indexes, wakeups due.
+fn due_keys(index: &BytesTable<'_>, now_ms: i64, limit: usize) -> Result<Vec<Vec<u8>>, StoreError> {
+    let now = at(now_ms);
+    let mut due = Vec::new();
+    for row in index.range::<&[u8]>(..).be()?.take(limit) {
+        let (k, _) = row.be()?;
+        // `time <= now`: the first 8 bytes at or below now's.
+        if k.value()[..8] > now[..] {
+            break;
+        }
+        due.push(k.value().to_vec());
+    }
+    Ok(due)
 }
 
 /// Deletes a recipient and every subscription it holds (PUSH-207/226/234).
@@ -413,13 +424,12 @@ impl Store for RedbStore {
         self.read(move |txn| {
             let table = txn.open_table(RECIPIENT_SUBS).be()?;
             let (lo, hi) = recipient_sub_bounds(&id);
-            let mut out = Vec::new();
-            for row in table.range(lo.as_slice()..=hi.as_slice()).be()? {
+            let rows = table.range(lo.as_slice()..=hi.as_slice()).be()?;
+            rows.map(|row| {
                 let (k, v) = row.be()?;
-                let topic = Topic::from_stored(k.value()[32..].to_vec());
-                out.push(codec::decode_subscription(topic, v.value())?);
-            }
-            Ok(out)
+                codec::decode_subscription(Topic::from_stored(k.value()[32..].to_vec()), v.value())
+            })
+            .collect()
         })
         .await
     }
@@ -457,18 +467,14 @@ impl Store for RedbStore {
     async fn delete_expired(&self, renewed_before_ns: i64) -> Result<u64, StoreError> {
         self.write(move |txn| {
             // PUSH-226: strictly older than the cutoff.
-            let expired = {
-                let recipients = txn.open_table(RECIPIENTS).be()?;
-                let mut expired = Vec::new();
-                for row in recipients.iter().be()? {
-                    let (k, v) = row.be()?;
-                    let id = RecipientId::from_bytes(*k.value());
-                    if codec::decode_recipient(id, v.value())?.renewed_at_ns < renewed_before_ns {
-                        expired.push(id);
-                    }
+            let mut expired = Vec::new();
+            for row in txn.open_table(RECIPIENTS).be()?.iter().be()? {
+                let (k, v) = row.be()?;
+                let id = RecipientId::from_bytes(*k.value());
+                if codec::decode_recipient(id, v.value())?.renewed_at_ns < renewed_before_ns {
+                    expired.push(id);
                 }
-                expired
-            };
+            }
             for id in &expired {
                 delete_recipient(txn, id)?;
             }
@@ -555,12 +561,8 @@ impl Store for RedbStore {
         self.read(move |txn| {
             let table = txn.open_table(ENVELOPES).be()?;
             let range = (Bound::Excluded((shard.index(), after)), Bound::Included((shard.index(), up_to)));
-            let mut out = Vec::new();
-            for row in table.range(range).be()?.take(limit) {
-                let (k, v) = row.be()?;
-                out.push(codec::decode_envelope(shard, k.value().1, v.value())?);
-            }
-            Ok(out)
+            let rows = table.range(range).be()?.take(limit);
+            rows.map(|row| row.be().and_then(|(k, v)| codec::decode_envelope(shard, k.value().1, v.value()))).collect()
         })
         .await
     }
@@ -578,7 +580,7 @@ impl Store for RedbStore {
     }
 
     async fn advance_checkpoint(&self, shard: ShardId, checkpoint: u64) -> Result<(), StoreError> {
-        self.check_shard(shard)?;
+        super::check_shard(shard, self.shard_count)?;
         self.write(move |txn| {
             let mut shards = txn.open_table(SHARDS).be()?;
             let mut row = get_shard(&shards, shard)?;
@@ -597,7 +599,7 @@ impl Store for RedbStore {
     }
 
     async fn record_progress(&self, shard: ShardId, progress: &ShardProgress) -> Result<(), StoreError> {
-        self.check_shard(shard)?;
+        super::check_shard(shard, self.shard_count)?;
         let bytes = progress.encode();
         self.write(move |txn| {
             txn.open_table(PROGRESS).be()?.insert(shard.index(), bytes.as_slice()).be()?;
@@ -607,7 +609,7 @@ impl Store for RedbStore {
     }
 
     async fn shard_progress(&self, shard: ShardId) -> Result<ShardProgress, StoreError> {
-        self.check_shard(shard)?;
+        super::check_shard(shard, self.shard_count)?;
         self.read(move |txn| {
             let table = txn.open_table(PROGRESS).be()?;
             let Some(value) = table.get(shard.index()).be()? else { return Ok(ShardProgress::default()) };
@@ -638,163 +640,108 @@ impl Store for RedbStore {
     }
 }
 
-// The relay and gateway traits are named by path: imported, their
-// `register`, `delete_expired` ... would be ambiguous with `Store`'s here.
-#[async_trait]
-impl super::RelayStore for RedbStore {
-    async fn claim(
-        &self,
-        key: &RelayKey,
-        now_ms: i64,
-        lease_until_ms: i64,
-        expires_at_ms: i64,
-    ) -> Result<RelayClaim, StoreError> {
-        let key = key.clone();
-        self.write(move |txn| relay::claim(txn, &key, now_ms, lease_until_ms, expires_at_ms)).await
-    }
+/// An argument of a `RedbStore` method as its transaction's closure holds
+/// it: owned, since the closure outlives the call, and lent back to the
+/// function the closure calls.
+trait Arg<'a> {
+    type Owned: Send + 'static;
+    fn own(self) -> Self::Owned;
+    fn lend(owned: &'a Self::Owned) -> Self;
+}
 
-    async fn settle(
-        &self,
-        key: &RelayKey,
-        lease_until_ms: i64,
-        settled: RelaySettled,
-        expires_at_ms: i64,
-    ) -> Result<(), StoreError> {
-        let key = key.clone();
-        self.write(move |txn| relay::settle(txn, &key, lease_until_ms, settled, expires_at_ms)).await
+impl<'a, T: ToOwned<Owned: Send + 'static> + ?Sized> Arg<'a> for &'a T {
+    type Owned = T::Owned;
+    fn own(self) -> T::Owned {
+        self.to_owned()
     }
-
-    async fn release(&self, key: &RelayKey, lease_until_ms: i64) -> Result<(), StoreError> {
-        let key = key.clone();
-        self.write(move |txn| relay::release(txn, &key, lease_until_ms)).await
-    }
-
-    async fn delete_expired(&self, now_ms: i64) -> Result<u64, StoreError> {
-        let mut deleted = 0u64;
-        loop {
-            let n = self.write(move |txn| relay::prune_batch(txn, now_ms)).await?;
-            deleted += n as u64;
-            if n < relay::PRUNE_BATCH_SIZE {
-                return Ok(deleted);
-            }
-        }
+    fn lend(owned: &'a T::Owned) -> &'a T {
+        owned.borrow()
     }
 }
 
-#[async_trait]
-impl super::GatewayStore for RedbStore {
-    async fn register(&self, registration: &GatewayRegistration) -> Result<Option<RegistrationId>, StoreError> {
-        let registration = registration.clone();
-        self.write(move |txn| gateway::register(txn, &registration)).await
+impl<'a> Arg<'a> for Option<&'a [u8]> {
+    type Owned = Option<Vec<u8>>;
+    fn own(self) -> Option<Vec<u8>> {
+        self.map(<[u8]>::to_vec)
     }
-
-    async fn unregister(&self, revoke: &Revoke) -> Result<bool, StoreError> {
-        let revoke = revoke.clone();
-        self.write(move |txn| gateway::unregister(txn, &revoke)).await
+    fn lend(owned: &'a Option<Vec<u8>>) -> Self {
+        owned.as_deref()
     }
+}
 
-    async fn route(&self, route: &RouteKey, now_ms: i64) -> Result<Option<GatewayRegistration>, StoreError> {
-        let route = route.clone();
-        self.read(move |txn| gateway::route(txn, &route, now_ms)).await
-    }
+macro_rules! copied_args {
+    ($($t:ty),*) => {$(
+        impl Arg<'_> for $t {
+            type Owned = $t;
+            fn own(self) -> $t {
+                self
+            }
+            fn lend(owned: &$t) -> $t {
+                *owned
+            }
+        }
+    )*};
+}
 
-    async fn target(
-        &self,
-        tenant: &ServiceId,
-        push_target_id: &PushTargetId,
-        now_ms: i64,
-    ) -> Result<Vec<GatewayRegistration>, StoreError> {
-        let (tenant, target) = (tenant.clone(), *push_target_id);
-        self.read(move |txn| gateway::target(txn, &tenant, &target, now_ms)).await
-    }
+copied_args!(i64, u32, usize, RelaySettled);
 
-    async fn mark_token_invalid(&self, route: &RouteKey, registration_id: &RegistrationId) -> Result<bool, StoreError> {
-        let (route, id) = (route.clone(), registration_id.clone());
-        self.write(move |txn| gateway::mark_token_invalid(txn, &route, &id)).await
-    }
+/// Implements `$trait` for `RedbStore`: each listed method runs the function
+/// of its name in `$module` in a `read` or a `write` transaction, with its
+/// arguments (`Arg`); what follows the list is the trait's other methods.
+/// (The traits are named by path: imported, their `register`,
+/// `delete_expired` ... would be ambiguous with `Store`'s here.)
+macro_rules! in_transactions {
+    (
+        $trait:path, $module:ident {
+            $($mode:ident fn $name:ident($($arg:ident: $ty:ty),*) -> $ok:ty;)*
+        }
+        $($other:tt)*
+    ) => {
+        #[async_trait]
+        impl $trait for RedbStore {
+            $(async fn $name(&self, $($arg: $ty),*) -> Result<$ok, StoreError> {
+                $(let $arg = Arg::own($arg);)*
+                self.$mode(move |txn| $module::$name(txn, $(Arg::lend(&$arg)),*)).await
+            })*
+            $($other)*
+        }
+    };
+}
 
-    async fn notify_claim(
-        &self,
-        key: &NotifyKey,
-        digest: &[u8; 32],
-        now_ms: i64,
-        lease_until_ms: i64,
-        expires_at_ms: i64,
-    ) -> Result<NotifyClaim, StoreError> {
-        let (key, digest) = (key.clone(), *digest);
-        self.write(move |txn| gateway::notify_claim(txn, &key, &digest, now_ms, lease_until_ms, expires_at_ms)).await
-    }
-
-    async fn notify_commit(
-        &self,
-        key: &NotifyKey,
-        lease_until_ms: i64,
-        response: &[u8],
-        wakeups: &[GatewayWakeup],
-        expires_at_ms: i64,
-    ) -> Result<bool, StoreError> {
-        let (key, response, wakeups) = (key.clone(), response.to_vec(), wakeups.to_vec());
-        self.write(move |txn| gateway::notify_commit(txn, &key, lease_until_ms, &response, &wakeups, expires_at_ms))
-            .await
-    }
-
-    async fn notify_release(&self, key: &NotifyKey, lease_until_ms: i64) -> Result<(), StoreError> {
-        let key = key.clone();
-        self.write(move |txn| gateway::notify_release(txn, &key, lease_until_ms)).await
-    }
-
-    async fn wakeups_due(
-        &self,
-        now_ms: i64,
-        lease_until_ms: i64,
-        limit: usize,
-    ) -> Result<Vec<LeasedWakeup>, StoreError> {
-        self.write(move |txn| gateway::wakeups_due(txn, now_ms, lease_until_ms, limit)).await
-    }
-
-    async fn wakeup_reschedule(
-        &self,
-        leased: &LeasedWakeup,
-        not_before_ms: i64,
-        attempts: u32,
-    ) -> Result<bool, StoreError> {
-        let leased = leased.clone();
-        self.write(move |txn| gateway::wakeup_reschedule(txn, &leased, not_before_ms, attempts)).await
-    }
-
-    async fn wakeup_delete(&self, leased: &LeasedWakeup) -> Result<bool, StoreError> {
-        let leased = leased.clone();
-        self.write(move |txn| gateway::wakeup_delete(txn, &leased)).await
-    }
-
-    async fn state(&self, tenant: &ServiceId, key: &[u8], now_ms: i64) -> Result<Option<Vec<u8>>, StoreError> {
-        let (tenant, key) = (tenant.clone(), key.to_vec());
-        self.read(move |txn| gateway::state(txn, &tenant, &key, now_ms)).await
-    }
-
-    async fn state_cas(
-        &self,
-        tenant: &ServiceId,
-        key: &[u8],
-        expected: Option<&[u8]>,
-        new: &[u8],
-        now_ms: i64,
-        expires_at_ms: i64,
-    ) -> Result<bool, StoreError> {
-        let (tenant, key, expected, new) = (tenant.clone(), key.to_vec(), expected.map(<[u8]>::to_vec), new.to_vec());
-        self.write(move |txn| gateway::state_cas(txn, &tenant, &key, expected.as_deref(), &new, now_ms, expires_at_ms))
-            .await
+in_transactions! {
+    super::RelayStore, relay {
+        write fn claim(key: &RelayKey, now_ms: i64, lease_until_ms: i64, expires_at_ms: i64) -> RelayClaim;
+        write fn settle(key: &RelayKey, lease_until_ms: i64, settled: RelaySettled, expires_at_ms: i64) -> ();
+        write fn release(key: &RelayKey, lease_until_ms: i64) -> ();
     }
 
     async fn delete_expired(&self, now_ms: i64) -> Result<u64, StoreError> {
-        let mut deleted = 0u64;
-        loop {
-            let n = self.write(move |txn| gateway::prune_batch(txn, now_ms)).await?;
-            deleted += n as u64;
-            if n < gateway::PRUNE_BATCH {
-                return Ok(deleted);
-            }
-        }
+        self.prune(relay::prune_batch, now_ms).await
+    }
+}
+
+in_transactions! {
+    super::GatewayStore, gateway {
+        write fn register(registration: &GatewayRegistration) -> Option<RegistrationId>;
+        write fn unregister(revoke: &Revoke) -> bool;
+        read fn route(route: &RouteKey, now_ms: i64) -> Option<GatewayRegistration>;
+        read fn target(tenant: &ServiceId, push_target_id: &PushTargetId, now_ms: i64) -> Vec<GatewayRegistration>;
+        write fn mark_token_invalid(route: &RouteKey, registration_id: &RegistrationId) -> bool;
+        write fn notify_claim(key: &NotifyKey, digest: &[u8; 32], now_ms: i64, lease_until_ms: i64, expires_at_ms: i64)
+            -> NotifyClaim;
+        write fn notify_commit(key: &NotifyKey, lease_until_ms: i64, response: &[u8], wakeups: &[GatewayWakeup],
+            expires_at_ms: i64) -> bool;
+        write fn notify_release(key: &NotifyKey, lease_until_ms: i64) -> ();
+        write fn wakeups_due(now_ms: i64, lease_until_ms: i64, limit: usize) -> Vec<LeasedWakeup>;
+        write fn wakeup_reschedule(leased: &LeasedWakeup, not_before_ms: i64, attempts: u32) -> bool;
+        write fn wakeup_delete(leased: &LeasedWakeup) -> bool;
+        read fn state(tenant: &ServiceId, key: &[u8], now_ms: i64) -> Option<Vec<u8>>;
+        write fn state_cas(tenant: &ServiceId, key: &[u8], expected: Option<&[u8]>, new: &[u8], now_ms: i64,
+            expires_at_ms: i64) -> bool;
+    }
+
+    async fn delete_expired(&self, now_ms: i64) -> Result<u64, StoreError> {
+        self.prune(gateway::prune_batch, now_ms).await
     }
 }
 

@@ -95,14 +95,14 @@ use scylla::client::session::Session;
 use scylla::client::session::TlsContext;
 use scylla::client::session_builder::SessionBuilder;
 use scylla::statement::batch::{Batch, BatchType};
-use scylla::statement::prepared::PreparedStatement;
 use scylla::statement::{Consistency, SerialConsistency};
 
 pub use self::settings::{Keyspace, LogConsistency, Nodes, ScyllaSettings};
 
-use self::codec::{StaticRow, Versioned, corrupt, from_db, to_db};
+use self::codec::{Versioned, corrupt, from_db, to_db};
 use self::cql::{
-    Execute, JOIN_CONCURRENCY, Lwt, MAX_LWT_ATTEMPTS, PAGE_ROWS, Values, WriteClock, all_ok, backoff, be, contention,
+    Execute, JOIN_CONCURRENCY, Lwt, MAX_LWT_ATTEMPTS, PAGE_ROWS, Values, WriteClock, all_ok, all_rows, at, backoff, be,
+    contention, first_row, rows, statements,
 };
 use self::gateway::ScyllaGateway;
 use self::log::ShardLog;
@@ -124,10 +124,7 @@ const JOIN_READS: usize = 4;
 /// 16 bits (one statement is the recipient's own update).
 pub const MAX_SUBSCRIPTION_CHANGES: usize = u16::MAX as usize - 1;
 
-/// The ScyllaDB / Cassandra `Store`. It keeps the recipients and the shard
-/// leases itself, and holds a store per other concern over the same
-/// session: the shard log (`log.rs`), the relay ingress's records
-/// (`relay.rs`) and the push gateway's (`gateway.rs`).
+/// The ScyllaDB / Cassandra `Store`, in parts (module docs, "Parts").
 pub struct ScyllaStore {
     session: Arc<Session>,
     keyspace: String,
@@ -141,142 +138,56 @@ pub struct ScyllaStore {
     clock: Arc<WriteClock>,
 }
 
-/// Every prepared statement.
-struct Statements {
-    static_read: PreparedStatement,
-    topics_read: PreparedStatement,
-    subs_read: PreparedStatement,
-    subs_in: PreparedStatement,
-    join_read: PreparedStatement,
-    expired_scan: PreparedStatement,
-    create_recipient: PreparedStatement,
-    renew_recipient: PreparedStatement,
-    update_statics: PreparedStatement,
-    put_sub: PreparedStatement,
-    del_sub: PreparedStatement,
-    delete_statics: PreparedStatement,
-    delete_rows: PreparedStatement,
-    topic_row_put: PreparedStatement,
-    topic_row_del: PreparedStatement,
-    topic_page: PreparedStatement,
-    clock_read: PreparedStatement,
-    clock_put: PreparedStatement,
-    topic_page_after: PreparedStatement,
-    lease_insert: PreparedStatement,
-    lease_renew: PreparedStatement,
-    lease_release: PreparedStatement,
-    lease_read: PreparedStatement,
-    lease_all: PreparedStatement,
-    node_put: PreparedStatement,
-    node_all: PreparedStatement,
-}
-
 const STATIC_COLS: &str = "version, secret_hash, channel, target, signing_key, renewed_at, topic_count";
 const SUB_COLS: &str = "start_position, include_commits, hmac_epoch_base, hmac_keys";
 
-impl Statements {
-    async fn prepare(session: &Session, ks: &str, consistency: LogConsistency) -> Result<Self, StoreError> {
-        let p = |cql: String| async move {
-            let mut st = session.prepare(cql).await.map_err(be("preparing a statement"))?;
-            st.set_page_size(PAGE_ROWS);
-            Ok::<_, StoreError>(st)
-        };
-        let serial = |mut st: PreparedStatement| {
-            st.set_consistency(Consistency::LocalSerial);
-            st
-        };
-        // Dispatch's reads of subscribers: `store.scylla.consistency.reads`.
-        // The recipients' conditional writes decide on the session's
-        // LOCAL_QUORUM reads: a stale one fails its condition and reads again.
-        let reading = |mut st: PreparedStatement| {
-            st.set_consistency(consistency.reads.cql());
-            st
-        };
-        // DISTINCT reads only the static row: no walk over the row tombstones
-        // that removed subscriptions leave behind.
-        let static_read =
-            p(format!("SELECT DISTINCT {STATIC_COLS} FROM {ks}.recipients WHERE recipient_id = ?")).await?;
-        Ok(Self {
-            static_read,
-            topics_read: p(format!("SELECT topic FROM {ks}.recipients WHERE recipient_id = ?")).await?,
-            subs_read: p(format!("SELECT topic, {SUB_COLS} FROM {ks}.recipients WHERE recipient_id = ?")).await?,
-            subs_in: p(format!(
-                "SELECT topic, start_position FROM {ks}.recipients WHERE recipient_id = ? AND topic IN ?"
-            ))
-            .await?,
-            join_read: reading(p(format!(
-                "SELECT recipient_id, {STATIC_COLS}, {SUB_COLS} FROM {ks}.recipients WHERE recipient_id IN ? AND topic = ?"
-            ))
-            .await?),
-            expired_scan: p(format!("SELECT DISTINCT recipient_id, renewed_at FROM {ks}.recipients")).await?,
-            create_recipient: p(format!(
-                "UPDATE {ks}.recipients SET version = ?, secret_hash = ?, channel = ?, target = ?, signing_key = ?, \
-                 renewed_at = ?, topic_count = 0 WHERE recipient_id = ? IF version = null"
-            ))
-            .await?,
-            renew_recipient: p(format!(
-                "UPDATE {ks}.recipients SET version = ?, channel = ?, target = ?, signing_key = ?, renewed_at = ? \
-                 WHERE recipient_id = ? IF version = ?"
-            ))
-            .await?,
-            update_statics: p(format!(
-                "UPDATE {ks}.recipients SET version = ?, renewed_at = ?, topic_count = ? \
-                 WHERE recipient_id = ? IF version = ?"
-            ))
-            .await?,
-            put_sub: p(format!(
-                "INSERT INTO {ks}.recipients (recipient_id, topic, start_position, include_commits, \
-                 hmac_epoch_base, hmac_keys) VALUES (?, ?, ?, ?, ?, ?)"
-            ))
-            .await?,
-            del_sub: p(format!("DELETE FROM {ks}.recipients WHERE recipient_id = ? AND topic = ?")).await?,
-            // CQL refuses a conditional delete of a whole partition: the statics
-            // go with the condition, the rows with a range delete in the same batch.
-            delete_statics: p(format!(
-                "DELETE {STATIC_COLS} FROM {ks}.recipients WHERE recipient_id = ? IF version = ?"
-            ))
-            .await?,
-            delete_rows: p(format!("DELETE FROM {ks}.recipients WHERE recipient_id = ?")).await?,
-            topic_row_put: p(format!(
-                "INSERT INTO {ks}.topic_subscriptions (topic, recipient_id) VALUES (?, ?) USING TIMESTAMP ?"
-            ))
-            .await?,
-            topic_row_del: p(format!(
-                "DELETE FROM {ks}.topic_subscriptions USING TIMESTAMP ? WHERE topic = ? AND recipient_id = ?"
-            ))
-            .await?,
-            topic_page: reading(p(format!("SELECT recipient_id FROM {ks}.topic_subscriptions WHERE topic = ?")).await?),
-            clock_read: p(format!("SELECT clock FROM {ks}.index_clocks WHERE recipient_id = ?")).await?,
-            // The value is its own write timestamp: last-write-wins keeps the largest.
-            clock_put: p(format!(
-                "INSERT INTO {ks}.index_clocks (recipient_id, clock) VALUES (?, ?) USING TIMESTAMP ?"
-            ))
-            .await?,
-            topic_page_after: reading(p(format!(
-                "SELECT recipient_id FROM {ks}.topic_subscriptions WHERE topic = ? AND recipient_id > ?"
-            ))
-            .await?),
-            // Shard leases: a lease is a row that lives for its TTL; every change is an LWT.
-            lease_insert: p(format!(
-                "INSERT INTO {ks}.shard_leases (shard, owner, owner_address, acquired_at) \
-                 VALUES (?, ?, ?, toTimestamp(now())) IF NOT EXISTS USING TTL ?"
-            ))
-            .await?,
-            lease_renew: p(format!(
-                "UPDATE {ks}.shard_leases USING TTL ? SET owner = ?, owner_address = ?, acquired_at = toTimestamp(now()) \
-                 WHERE shard = ? IF owner = ?"
-            ))
-            .await?,
-            lease_release: p(format!("DELETE FROM {ks}.shard_leases WHERE shard = ? IF owner = ?")).await?,
-            lease_read: serial(p(format!("SELECT owner, owner_address FROM {ks}.shard_leases WHERE shard = ?")).await?),
-            lease_all: p(format!("SELECT shard, owner FROM {ks}.shard_leases")).await?,
-            node_put: p(format!(
-                "INSERT INTO {ks}.nodes (node, address, seen_at) VALUES (?, ?, toTimestamp(now())) USING TTL ?"
-            ))
-            .await?,
-            node_all: p(format!("SELECT node FROM {ks}.nodes")).await?,
-        })
-    }
+// Dispatch's reads of subscribers run at `store.scylla.consistency.reads`.
+// The recipients' conditional writes decide on the session's LOCAL_QUORUM
+// reads: a stale one fails its condition and reads again.
+statements! {
+    /// Every prepared statement.
+    struct Statements;
+    fn prepare(session, ks, consistency: LogConsistency);
+    // DISTINCT reads only the static row: no walk over the row tombstones
+    // that removed subscriptions leave behind.
+    static_read: "SELECT DISTINCT {STATIC_COLS} FROM {ks}.recipients WHERE recipient_id = ?",
+    topics_read: "SELECT topic FROM {ks}.recipients WHERE recipient_id = ?",
+    subs_read: "SELECT topic, {SUB_COLS} FROM {ks}.recipients WHERE recipient_id = ?",
+    subs_in: "SELECT topic, start_position FROM {ks}.recipients WHERE recipient_id = ? AND topic IN ?",
+    join_read: "SELECT recipient_id, {STATIC_COLS}, {SUB_COLS} FROM {ks}.recipients \
+                WHERE recipient_id IN ? AND topic = ?" => at(consistency.reads.cql()),
+    expired_scan: "SELECT DISTINCT recipient_id, renewed_at FROM {ks}.recipients",
+    create_recipient: "UPDATE {ks}.recipients SET version = ?, secret_hash = ?, channel = ?, target = ?, \
+                       signing_key = ?, renewed_at = ?, topic_count = 0 WHERE recipient_id = ? IF version = null",
+    renew_recipient: "UPDATE {ks}.recipients SET version = ?, channel = ?, target = ?, signing_key = ?, \
+                      renewed_at = ? WHERE recipient_id = ? IF version = ?",
+    update_statics: "UPDATE {ks}.recipients SET version = ?, renewed_at = ?, topic_count = ? \
+                     WHERE recipient_id = ? IF version = ?",
+    put_sub: "INSERT INTO {ks}.recipients (recipient_id, topic, start_position, include_commits, \
+              hmac_epoch_base, hmac_keys) VALUES (?, ?, ?, ?, ?, ?)",
+    del_sub: "DELETE FROM {ks}.recipients WHERE recipient_id = ? AND topic = ?",
+    // CQL refuses a conditional delete of a whole partition: the statics
+    // go with the condition, the rows with a range delete in the same batch.
+    delete_statics: "DELETE {STATIC_COLS} FROM {ks}.recipients WHERE recipient_id = ? IF version = ?",
+    delete_rows: "DELETE FROM {ks}.recipients WHERE recipient_id = ?",
+    topic_row_put: "INSERT INTO {ks}.topic_subscriptions (topic, recipient_id) VALUES (?, ?) USING TIMESTAMP ?",
+    topic_row_del: "DELETE FROM {ks}.topic_subscriptions USING TIMESTAMP ? WHERE topic = ? AND recipient_id = ?",
+    topic_page: "SELECT recipient_id FROM {ks}.topic_subscriptions WHERE topic = ?" => at(consistency.reads.cql()),
+    clock_read: "SELECT clock FROM {ks}.index_clocks WHERE recipient_id = ?",
+    // The value is its own write timestamp: last-write-wins keeps the largest.
+    clock_put: "INSERT INTO {ks}.index_clocks (recipient_id, clock) VALUES (?, ?) USING TIMESTAMP ?",
+    topic_page_after: "SELECT recipient_id FROM {ks}.topic_subscriptions WHERE topic = ? AND recipient_id > ?"
+        => at(consistency.reads.cql()),
+    // Shard leases: a lease is a row that lives for its TTL; every change is an LWT.
+    lease_insert: "INSERT INTO {ks}.shard_leases (shard, owner, owner_address, acquired_at) \
+                   VALUES (?, ?, ?, toTimestamp(now())) IF NOT EXISTS USING TTL ?",
+    lease_renew: "UPDATE {ks}.shard_leases USING TTL ? SET owner = ?, owner_address = ?, \
+                  acquired_at = toTimestamp(now()) WHERE shard = ? IF owner = ?",
+    lease_release: "DELETE FROM {ks}.shard_leases WHERE shard = ? IF owner = ?",
+    lease_read: "SELECT owner, owner_address FROM {ks}.shard_leases WHERE shard = ?" => at(Consistency::LocalSerial),
+    lease_all: "SELECT shard, owner FROM {ks}.shard_leases",
+    node_put: "INSERT INTO {ks}.nodes (node, address, seen_at) VALUES (?, ?, toTimestamp(now())) USING TTL ?",
+    node_all: "SELECT node FROM {ks}.nodes",
 }
 
 /// A lease or heartbeat TTL in whole seconds, at least one.
@@ -354,41 +265,21 @@ impl ScyllaStore {
     }
 
     fn check_shard(&self, shard: ShardId) -> Result<(), StoreError> {
-        if shard.index() < self.shard_count {
-            Ok(())
-        } else {
-            Err(StoreError::Backend("shard id is out of range".into()))
-        }
+        super::check_shard(shard, self.shard_count)
     }
 
     // ---- recipients ----
 
     async fn read_static(&self, id: &RecipientId) -> Result<Option<Versioned>, StoreError> {
-        let rows = self
-            .session
-            .execute_unpaged(&self.st.static_read, (id.as_bytes().as_slice(),))
-            .await
-            .map_err(be("reading a recipient"))?
-            .into_rows_result()
-            .map_err(be("reading a recipient"))?;
-        match rows.maybe_first_row::<StaticRow>().map_err(be("reading a recipient"))? {
-            Some(row) => codec::decode_static(*id, row),
-            None => Ok(None),
-        }
+        let row = first_row(&self.session, &self.st.static_read, (id.as_bytes().as_slice(),), "reading a recipient");
+        let Some(row) = row.await? else { return Ok(None) };
+        codec::decode_static(*id, row)
     }
 
     /// Every topic stored in a recipient's partition.
     async fn read_topics(&self, id: &RecipientId) -> Result<Vec<Vec<u8>>, StoreError> {
-        self.session
-            .execute_iter(self.st.topics_read.clone(), (id.as_bytes().as_slice(),))
-            .await
-            .map_err(be("reading subscriptions"))?
-            .rows_stream::<(Option<Vec<u8>>,)>()
-            .map_err(be("reading subscriptions"))?
-            .try_filter_map(|(topic,)| async move { Ok(topic) })
-            .try_collect()
-            .await
-            .map_err(be("reading subscriptions"))
+        let rows = rows(&self.session, &self.st.topics_read, (id.as_bytes().as_slice(),), "reading subscriptions");
+        rows.await?.try_filter_map(|(topic,)| async move { Ok(topic) }).try_collect().await
     }
 
     /// The start positions of those of `topics` the recipient holds.
@@ -396,18 +287,10 @@ impl ScyllaStore {
         let mut out = HashMap::new();
         for chunk in topics.chunks(IN_CHUNK) {
             let list: Vec<&[u8]> = chunk.iter().map(|t| t.as_bytes()).collect();
-            let mut rows = self
-                .session
-                .execute_iter(self.st.subs_in.clone(), (id.as_bytes().as_slice(), list))
-                .await
-                .map_err(be("reading subscriptions"))?
-                .rows_stream::<(Vec<u8>, Option<i64>)>()
-                .map_err(be("reading subscriptions"))?;
-            while let Some((topic, start)) = rows.try_next().await.map_err(be("reading subscriptions"))? {
-                if let Some(start) = start {
-                    out.insert(topic, from_db(start));
-                }
-            }
+            let values = (id.as_bytes().as_slice(), list);
+            let rows: Vec<(Vec<u8>, Option<i64>)> =
+                all_rows(&self.session, &self.st.subs_in, values, "reading subscriptions").await?;
+            out.extend(rows.into_iter().filter_map(|(topic, start)| Some((topic, from_db(start?)))));
         }
         Ok(out)
     }
@@ -428,14 +311,9 @@ impl ScyllaStore {
     /// clock before its batch, and one that applies after it fails the
     /// version check.
     async fn read_index_clock(&self, id: &RecipientId) -> Result<Option<i64>, StoreError> {
-        let rows = self
-            .session
-            .execute_unpaged(&self.st.clock_read, (id.as_bytes().as_slice(),))
-            .await
-            .map_err(be("reading an index clock"))?
-            .into_rows_result()
-            .map_err(be("reading an index clock"))?;
-        Ok(rows.maybe_first_row::<(Option<i64>,)>().map_err(be("reading an index clock"))?.and_then(|r| r.0))
+        let values = (id.as_bytes().as_slice(),);
+        let row = first_row(&self.session, &self.st.clock_read, values, "reading an index clock").await?;
+        Ok(row.and_then(|(clock,): (Option<i64>,)| clock))
     }
 
     fn next_index_timestamp(&self, stored: Option<i64>) -> i64 {
@@ -560,7 +438,7 @@ async fn check_shard_count(session: &Session, keyspace: &str, shard_count: u16) 
     if lwt.applied {
         return Ok(());
     }
-    match lwt.current_u64("value") {
+    match lwt.current_i64("value").map(from_db) {
         Some(existing) if existing == u64::from(shard_count) => Ok(()),
         Some(existing) => Err(StoreError::Backend(format!(
             "the keyspace was created with {existing} shards but {shard_count} are configured; \
@@ -602,26 +480,18 @@ impl Store for ScyllaStore {
         let (channel, text, signing_key) = codec::encode_target(target);
         let text = text.as_ref();
         let signing_key = signing_key.as_deref();
+        let (hash, key) = (secret_hash.0.as_slice(), id.as_bytes().as_slice());
         for attempt in 0..MAX_LWT_ATTEMPTS {
             let current = self.read_static(id).await?;
             // PUSH-255: create with no subscriptions, or replace the target and keep them.
             let (done, topic_count) = match &current {
                 None => {
-                    let values = (
-                        new_version(),
-                        secret_hash.0.as_slice(),
-                        channel,
-                        text,
-                        signing_key,
-                        now_ns,
-                        id.as_bytes().as_slice(),
-                    );
+                    let values = (new_version(), hash, channel, text, signing_key, now_ns, key);
                     (self.session.lwt(&self.st.create_recipient, values).await?.applied, 0)
                 }
                 Some(v) if v.recipient.secret_hash != *secret_hash => return Err(StoreError::SecretMismatch),
                 Some(v) => {
-                    let values =
-                        (new_version(), channel, text, signing_key, now_ns, id.as_bytes().as_slice(), v.version);
+                    let values = (new_version(), channel, text, signing_key, now_ns, key, v.version);
                     (self.session.lwt(&self.st.renew_recipient, values).await?.applied, v.recipient.topic_count)
                 }
             };
@@ -679,9 +549,13 @@ impl Store for ScyllaStore {
                 .filter(|t| existing.contains_key(t.as_bytes()))
                 .map(|t| t.as_bytes().to_vec())
                 .collect();
-            count = count.saturating_sub(removed.len() as u64);
-            let new_topics = update.adds.iter().filter(|s| !existing.contains_key(s.topic.as_bytes())).count();
-            count += new_topics as u64;
+            let new_shards: Vec<ShardId> = update
+                .adds
+                .iter()
+                .filter(|s| !existing.contains_key(s.topic.as_bytes()))
+                .map(|s| s.topic.shard(self.shard_count))
+                .collect();
+            count = count.saturating_sub(removed.len() as u64) + new_shards.len() as u64;
             // PUSH-217: over the limit, nothing is written.
             if count > max_topics {
                 return Err(StoreError::TopicLimit);
@@ -689,13 +563,7 @@ impl Store for ScyllaStore {
 
             // PUSH-216: a new topic starts at its shard's boundary, read now,
             // after the recipient read and right before the conditional batch.
-            let new_shards = update
-                .adds
-                .iter()
-                .filter(|s| !existing.contains_key(s.topic.as_bytes()))
-                .map(|s| s.topic.shard(self.shard_count))
-                .collect();
-            let boundaries = self.boundaries(new_shards).await?;
+            let boundaries = self.boundaries(new_shards.into_iter().collect()).await?;
             let stored: Vec<StoredSubscription> = update
                 .adds
                 .iter()
@@ -751,15 +619,11 @@ impl Store for ScyllaStore {
     }
 
     async fn subscriptions(&self, id: &RecipientId) -> Result<Vec<StoredSubscription>, StoreError> {
-        let mut rows = self
-            .session
-            .execute_iter(self.st.subs_read.clone(), (id.as_bytes().as_slice(),))
-            .await
-            .map_err(be("reading subscriptions"))?
-            .rows_stream::<(Option<Vec<u8>>, Option<i64>, Option<bool>, Option<i64>, Option<Vec<Vec<u8>>>)>()
-            .map_err(be("reading subscriptions"))?;
+        type Row = (Option<Vec<u8>>, Option<i64>, Option<bool>, Option<i64>, Option<Vec<Vec<u8>>>);
+        let values = (id.as_bytes().as_slice(),);
+        let mut rows = rows::<Row>(&self.session, &self.st.subs_read, values, "reading subscriptions").await?;
         let mut out = Vec::new();
-        while let Some((topic, start, ic, base, keys)) = rows.try_next().await.map_err(be("reading subscriptions"))? {
+        while let Some((topic, start, ic, base, keys)) = rows.try_next().await? {
             // The row of a recipient without subscriptions carries only the static columns.
             let Some(topic) = topic else { continue };
             let topic = Topic::parse(&topic).map_err(|_| corrupt("subscription"))?;
@@ -800,15 +664,8 @@ impl Store for ScyllaStore {
                 return Ok(false);
             };
             let (channel, text, signing_key) = codec::encode_target(&r.target);
-            let values = (
-                new_version(),
-                channel,
-                text.as_ref(),
-                signing_key.as_deref(),
-                r.renewed_at_ns,
-                id.as_bytes().as_slice(),
-                version,
-            );
+            let (text, signing_key, key) = (text.as_ref(), signing_key.as_deref(), id.as_bytes().as_slice());
+            let values = (new_version(), channel, text, signing_key, r.renewed_at_ns, key, version);
             if self.session.lwt(&self.st.renew_recipient, values).await?.applied {
                 return Ok(true);
             }
@@ -819,15 +676,9 @@ impl Store for ScyllaStore {
 
     async fn delete_expired(&self, renewed_before_ns: i64) -> Result<u64, StoreError> {
         // A paged scan of the recipients' static columns (one row per partition).
-        let candidates: Vec<RecipientId> = self
-            .session
-            .execute_iter(self.st.expired_scan.clone(), ())
-            .await
-            .map_err(be("scanning recipients"))?
-            .rows_stream::<(Vec<u8>, Option<i64>)>()
-            .map_err(be("scanning recipients"))?
-            .map_err(be("scanning recipients"))
-            .try_filter_map(|(id, renewed_at)| async move {
+        let candidates: Vec<RecipientId> = rows(&self.session, &self.st.expired_scan, (), "scanning recipients")
+            .await?
+            .try_filter_map(|(id, renewed_at): (Vec<u8>, Option<i64>)| async move {
                 // PUSH-226: strictly older than the cutoff.
                 if renewed_at.is_some_and(|t| t < renewed_before_ns) {
                     RecipientId::parse(&id).map(Some).map_err(|_| corrupt("recipient"))
@@ -839,8 +690,7 @@ impl Store for ScyllaStore {
             .await?;
         let mut deleted = 0;
         for id in candidates {
-            let mut attempt = 0;
-            loop {
+            for attempt in 1.. {
                 // Re-checked on the serial read: a renewal since the scan keeps it.
                 let Some(v) = self.read_static(&id).await? else { break };
                 if v.recipient.renewed_at_ns >= renewed_before_ns {
@@ -850,7 +700,6 @@ impl Store for ScyllaStore {
                     deleted += 1;
                     break;
                 }
-                attempt += 1;
                 if attempt >= MAX_LWT_ATTEMPTS {
                     return Err(contention());
                 }
@@ -925,20 +774,13 @@ impl Store for ScyllaStore {
             return Ok(Vec::new());
         }
         let page_rows = i32::try_from(limit).unwrap_or(PAGE_ROWS).min(PAGE_ROWS);
-        let pager = match after {
-            Some(a) => {
-                let mut st = self.st.topic_page_after.clone();
-                st.set_page_size(page_rows);
-                self.session.execute_iter(st, (topic.as_bytes(), a.as_bytes().as_slice())).await
-            }
-            None => {
-                let mut st = self.st.topic_page.clone();
-                st.set_page_size(page_rows);
-                self.session.execute_iter(st, (topic.as_bytes(),)).await
-            }
-        }
-        .map_err(be("reading subscribers"))?;
-        let mut ids = pager.rows_stream::<(Vec<u8>,)>().map_err(be("reading subscribers"))?;
+        let (st, values) = match after {
+            Some(a) => (&self.st.topic_page_after, vec![topic.as_bytes(), a.as_bytes().as_slice()]),
+            None => (&self.st.topic_page, vec![topic.as_bytes()]),
+        };
+        let mut st = st.clone();
+        st.set_page_size(page_rows);
+        let mut ids = rows::<(Vec<u8>,)>(&self.session, &st, values, "reading subscribers").await?;
         let mut out = Vec::with_capacity(limit.min(PAGE_ROWS as usize));
         // Keep reading index rows until the page is full: dangling rows are
         // skipped, and a short page tells dispatch the topic is done.
@@ -946,7 +788,7 @@ impl Store for ScyllaStore {
             let need = limit - out.len();
             let mut chunk = Vec::with_capacity(need);
             while chunk.len() < need {
-                match ids.try_next().await.map_err(be("reading subscribers"))? {
+                match ids.try_next().await? {
                     Some((id,)) => chunk.push(RecipientId::parse(&id).map_err(|_| corrupt("topic subscription"))?),
                     None => break,
                 }
@@ -1006,28 +848,15 @@ impl ShardLeases for ScyllaStore {
 
     async fn lease_owner(&self, shard: ShardId) -> Result<Option<(NodeId, String)>, StoreError> {
         self.check_shard(shard)?;
-        let rows = self
-            .session
-            .execute_unpaged(&self.st.lease_read, (i32::from(shard.index()),))
-            .await
-            .map_err(be("reading a lease"))?
-            .into_rows_result()
-            .map_err(be("reading a lease"))?;
-        let row = rows.maybe_first_row::<(Option<String>, Option<String>)>().map_err(be("reading a lease"))?;
-        Ok(row.and_then(|(owner, address)| Some((NodeId(owner?), address.unwrap_or_default()))))
+        let row = first_row(&self.session, &self.st.lease_read, (i32::from(shard.index()),), "reading a lease").await?;
+        Ok(row.and_then(|(owner, address): (Option<String>, Option<String>)| {
+            Some((NodeId(owner?), address.unwrap_or_default()))
+        }))
     }
 
     async fn lease_owners(&self) -> Result<Vec<(ShardId, NodeId)>, StoreError> {
-        let rows: Vec<(i32, Option<String>)> = self
-            .session
-            .execute_iter(self.st.lease_all.clone(), ())
-            .await
-            .map_err(be("reading the leases"))?
-            .rows_stream::<(i32, Option<String>)>()
-            .map_err(be("reading the leases"))?
-            .try_collect()
-            .await
-            .map_err(be("reading the leases"))?;
+        let rows: Vec<(i32, Option<String>)> =
+            all_rows(&self.session, &self.st.lease_all, (), "reading the leases").await?;
         Ok(rows
             .into_iter()
             .filter_map(|(shard, owner)| {
@@ -1041,16 +870,7 @@ impl ShardLeases for ScyllaStore {
     }
 
     async fn live_nodes(&self) -> Result<Vec<NodeId>, StoreError> {
-        let rows: Vec<(String,)> = self
-            .session
-            .execute_iter(self.st.node_all.clone(), ())
-            .await
-            .map_err(be("reading the nodes"))?
-            .rows_stream::<(String,)>()
-            .map_err(be("reading the nodes"))?
-            .try_collect()
-            .await
-            .map_err(be("reading the nodes"))?;
+        let rows: Vec<(String,)> = all_rows(&self.session, &self.st.node_all, (), "reading the nodes").await?;
         Ok(rows.into_iter().map(|(n,)| NodeId(n)).collect())
     }
 }

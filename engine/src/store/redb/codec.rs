@@ -62,6 +62,13 @@ impl Writer {
         self.0.extend_from_slice(&len.to_be_bytes());
         self.raw(v)
     }
+    /// An optional text: 0 (absent), or 1 and the text.
+    pub(super) fn opt(&mut self, v: Option<&str>) -> &mut Self {
+        match v {
+            None => self.u8(0),
+            Some(v) => self.u8(1).bytes(v.as_bytes()),
+        }
+    }
     pub(super) fn finish(&mut self) -> Vec<u8> {
         std::mem::take(&mut self.0)
     }
@@ -107,6 +114,14 @@ impl<'a> Reader<'a> {
     pub(super) fn string(&mut self) -> Result<String, StoreError> {
         String::from_utf8(self.bytes()?.to_vec()).map_err(|_| corrupt(self.what))
     }
+    /// What `Writer::opt` wrote.
+    pub(super) fn opt(&mut self) -> Result<Option<String>, StoreError> {
+        match self.u8()? {
+            0 => Ok(None),
+            1 => self.string().map(Some),
+            _ => Err(corrupt(self.what)),
+        }
+    }
     /// A text that must parse as `T` again: one that no longer does is a
     /// corrupt record.
     pub(super) fn parsed<T, E>(&mut self, parse: impl FnOnce(&str) -> Result<T, E>) -> Result<T, StoreError> {
@@ -134,12 +149,7 @@ pub(super) fn encode_recipient(r: &Recipient) -> Vec<u8> {
         DeliveryTarget::Relay(None) => w.bytes(b""),
         DeliveryTarget::Relay(Some(r)) => {
             w.bytes(r.provider().as_bytes()).bytes(r.token().as_bytes());
-            for text in [r.app_id(), r.p256dh(), r.auth()] {
-                match text {
-                    None => w.u8(0),
-                    Some(t) => w.u8(1).bytes(t.as_bytes()),
-                };
-            }
+            w.opt(r.app_id()).opt(r.p256dh()).opt(r.auth());
             w.u8(match r.sandbox() {
                 None => 0,
                 Some(false) => 1,
@@ -157,14 +167,7 @@ fn decode_relay(r: &mut Reader<'_>) -> Result<Option<RelayRegistration>, StoreEr
         return Ok(None);
     }
     let token = r.string()?;
-    let mut optional = || -> Result<Option<String>, StoreError> {
-        match r.u8()? {
-            0 => Ok(None),
-            1 => r.string().map(Some),
-            _ => Err(corrupt(what)),
-        }
-    };
-    let (app_id, p256dh, auth) = (optional()?, optional()?, optional()?);
+    let (app_id, p256dh, auth) = (r.opt()?, r.opt()?, r.opt()?);
     let sandbox = match r.u8()? {
         0 => None,
         1 => Some(false),

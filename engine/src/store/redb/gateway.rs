@@ -17,14 +17,14 @@
 
 use redb::{ReadTransaction, ReadableTable, TableDefinition, WriteTransaction};
 
-use super::codec::OrBackend;
-use super::codec::{Reader, Writer};
+use super::codec::{OrBackend, Reader, Writer};
+use super::{PRUNE_BATCH, at};
 use crate::domain::{
     AccountId, DeviceId, GatewayRegistration, GatewayWakeup, LeasedWakeup, NotifyClaim, NotifyKey, PushRouteId,
     PushTargetId, RegistrationId, Revoke, RouteKey, SaltEpochId, ServiceId,
 };
 use crate::store::StoreError;
-use crate::store::gateway::MAX_GATEWAY_TEXT;
+use crate::store::gateway::{MAX_GATEWAY_TEXT, revokes};
 
 pub(super) const ROUTES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("gw_routes");
 pub(super) const TARGETS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("gw_targets");
@@ -37,9 +37,6 @@ pub(super) const EXPIRY: TableDefinition<&[u8], &[u8]> = TableDefinition::new("g
 /// Every table, created at open.
 pub(super) const TABLES: [TableDefinition<&[u8], &[u8]>; 7] =
     [ROUTES, TARGETS, NOTIFY, STATE, WAKEUPS, WAKEUP_DUE, EXPIRY];
-
-/// Records deleted per retention transaction.
-pub(super) const PRUNE_BATCH: usize = 10_000;
 
 const KIND_ROUTE: u8 = 1;
 const KIND_NOTIFY: u8 = 2;
@@ -87,10 +84,6 @@ fn state_key(tenant: &ServiceId, k: &[u8]) -> Result<Vec<u8>, StoreError> {
     key(&[tenant.as_str().as_bytes(), k])
 }
 
-fn at(ms: i64) -> [u8; 8] {
-    (ms.max(0) as u64).to_be_bytes()
-}
-
 fn expiry_key(expires_at: i64, kind: u8, k: &[u8]) -> Vec<u8> {
     [at(expires_at).as_slice(), &[kind], k].concat()
 }
@@ -100,21 +93,6 @@ fn due_key(due: i64, id: &str) -> Vec<u8> {
 }
 
 // ---- codecs ----
-
-fn opt(w: &mut Writer, v: Option<&str>) {
-    match v {
-        None => w.u8(0),
-        Some(v) => w.u8(1).bytes(v.as_bytes()),
-    };
-}
-
-fn read_opt(r: &mut Reader<'_>) -> Result<Option<String>, StoreError> {
-    match r.u8()? {
-        0 => Ok(None),
-        1 => r.string().map(Some),
-        _ => Err(corrupt("registration")),
-    }
-}
 
 fn encode_registration(reg: &GatewayRegistration) -> Vec<u8> {
     let mut w = Writer::new();
@@ -131,8 +109,7 @@ fn encode_registration(reg: &GatewayRegistration) -> Vec<u8> {
     ] {
         w.bytes(text.as_bytes());
     }
-    opt(&mut w, reg.platform.as_deref());
-    opt(&mut w, reg.app_id.as_deref());
+    w.opt(reg.platform.as_deref()).opt(reg.app_id.as_deref());
     w.u8(reg.visible_opt_in as u8).i64(reg.created_at_ms).i64(reg.expires_at_ms).u8(reg.token_invalid as u8);
     w.finish()
 }
@@ -148,8 +125,8 @@ fn decode_registration(buf: &[u8]) -> Result<GatewayRegistration, StoreError> {
         push_route_id: r.parsed(PushRouteId::parse)?,
         salt_epoch_id: r.parsed(SaltEpochId::parse)?,
         push_key: r.string()?,
-        platform: read_opt(&mut r)?,
-        app_id: read_opt(&mut r)?,
+        platform: r.opt()?,
+        app_id: r.opt()?,
         visible_opt_in: r.u8()? == 1,
         created_at_ms: r.i64()?,
         expires_at_ms: r.i64()?,
@@ -240,9 +217,7 @@ fn check_wakeup_id(id: &str) -> Result<(), StoreError> {
 // ---- registrations ----
 
 fn get_route(txn: &WriteTransaction, k: &[u8]) -> Result<Option<GatewayRegistration>, StoreError> {
-    let table = txn.open_table(ROUTES).be()?;
-    let found = table.get(k).be()?.map(|g| decode_registration(g.value())).transpose();
-    found
+    txn.open_table(ROUTES).be()?.get(k).be()?.map(|g| decode_registration(g.value())).transpose()
 }
 
 /// Removes a route with its target index and expiry entries.
@@ -275,16 +250,10 @@ pub(super) fn register(
     Ok(old.map(|o| o.registration_id))
 }
 
-/// §3.2: the current route when it has the named push key and app id.
-fn matches(reg: &GatewayRegistration, revoke: &Revoke) -> bool {
-    revoke.push_key.as_ref().is_none_or(|k| *k == reg.push_key)
-        && revoke.app_id.as_ref().is_none_or(|a| reg.app_id.as_ref() == Some(a))
-}
-
 pub(super) fn unregister(txn: &WriteTransaction, revoke: &Revoke) -> Result<bool, StoreError> {
     let k = route_key(&revoke.route)?;
     match get_route(txn, &k)? {
-        Some(old) if matches(&old, revoke) => {
+        Some(old) if revokes(revoke, &old) => {
             remove_route(txn, &k, &old)?;
             Ok(true)
         }
@@ -350,20 +319,13 @@ pub(super) fn mark_token_invalid(
 // ---- notify records ----
 
 fn get_notify(txn: &WriteTransaction, k: &[u8]) -> Result<Option<NotifyRecord>, StoreError> {
-    let table = txn.open_table(NOTIFY).be()?;
-    let found = table.get(k).be()?.map(|g| decode_notify(g.value())).transpose();
-    found
+    txn.open_table(NOTIFY).be()?.get(k).be()?.map(|g| decode_notify(g.value())).transpose()
 }
 
-fn put_notify(
-    txn: &WriteTransaction,
-    k: &[u8],
-    old: Option<&NotifyRecord>,
-    n: &NotifyRecord,
-) -> Result<(), StoreError> {
+fn put_notify(txn: &WriteTransaction, k: &[u8], old_expires: Option<i64>, n: &NotifyRecord) -> Result<(), StoreError> {
     let mut expiry = txn.open_table(EXPIRY).be()?;
-    if let Some(old) = old {
-        expiry.remove(expiry_key(old.expires_at, KIND_NOTIFY, k).as_slice()).be()?;
+    if let Some(old) = old_expires {
+        expiry.remove(expiry_key(old, KIND_NOTIFY, k).as_slice()).be()?;
     }
     expiry.insert(expiry_key(n.expires_at, KIND_NOTIFY, k).as_slice(), [].as_slice()).be()?;
     txn.open_table(NOTIFY).be()?.insert(k, encode_notify(n).as_slice()).be()?;
@@ -398,7 +360,7 @@ pub(super) fn notify_claim(
         digest: *digest,
         response: Vec::new(),
     };
-    put_notify(txn, &k, old.as_ref(), &claim)?;
+    put_notify(txn, &k, old.map(|o| o.expires_at), &claim)?;
     Ok(NotifyClaim::Claimed)
 }
 
@@ -428,14 +390,9 @@ pub(super) fn notify_commit(
             due_index.insert(due_key(w.not_before_ms, &w.id).as_slice(), [].as_slice()).be()?;
         }
     }
-    let record = NotifyRecord {
-        state: COMMITTED,
-        lease_until: lease_until_ms,
-        expires_at: expires_at_ms,
-        digest: old.digest,
-        response: response.to_vec(),
-    };
-    put_notify(txn, &k, Some(&old), &record)?;
+    // `own_claim`: its lease is `lease_until_ms`.
+    let record = NotifyRecord { state: COMMITTED, expires_at: expires_at_ms, response: response.to_vec(), ..old };
+    put_notify(txn, &k, Some(old.expires_at), &record)?;
     Ok(true)
 }
 
@@ -458,19 +415,7 @@ pub(super) fn wakeups_due(
 ) -> Result<Vec<LeasedWakeup>, StoreError> {
     let mut due_index = txn.open_table(WAKEUP_DUE).be()?;
     let mut table = txn.open_table(WAKEUPS).be()?;
-    let upper = at(now_ms);
-    let mut taken = Vec::new();
-    for row in due_index.range::<&[u8]>(..).be()? {
-        if taken.len() == limit {
-            break;
-        }
-        let (k, _) = row.be()?;
-        let k = k.value();
-        if k[..8] > upper[..] {
-            break;
-        }
-        taken.push(k.to_vec());
-    }
+    let taken = super::due_keys(&due_index, now_ms, limit)?;
     let mut out = Vec::with_capacity(taken.len());
     for k in taken {
         due_index.remove(k.as_slice()).be()?;
@@ -570,17 +515,8 @@ pub(super) fn state_cas(
 /// One batch of expired records; returns how many it deleted (fewer than
 /// `PRUNE_BATCH` means none is left).
 pub(super) fn prune_batch(txn: &WriteTransaction, now_ms: i64) -> Result<usize, StoreError> {
-    let upper = at(now_ms);
     let mut expiry = txn.open_table(EXPIRY).be()?;
-    let mut expired = Vec::new();
-    for row in expiry.range::<&[u8]>(..).be()? {
-        let (k, _) = row.be()?;
-        let k = k.value();
-        if k[..8] > upper[..] || expired.len() == PRUNE_BATCH {
-            break;
-        }
-        expired.push(k.to_vec());
-    }
+    let expired = super::due_keys(&expiry, now_ms, PRUNE_BATCH)?;
     for k in &expired {
         expiry.remove(k.as_slice()).be()?;
         let (kind, record) = (k[8], &k[9..]);

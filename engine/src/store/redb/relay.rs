@@ -14,10 +14,6 @@ use crate::store::StoreError;
 pub(super) const RELAY: TableDefinition<&[u8], &[u8]> = TableDefinition::new("relay_deliveries");
 pub(super) const RELAY_EXPIRY: TableDefinition<&[u8], &[u8]> = TableDefinition::new("relay_expiry");
 
-/// Records deleted per retention transaction, so one pass never holds a
-/// huge write transaction.
-const PRUNE_BATCH: usize = 10_000;
-
 const PENDING: i8 = 0;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,22 +23,19 @@ struct Record {
     expires_at: i64,
 }
 
-fn key_bytes(key: &RelayKey) -> Vec<u8> {
-    // `check` keeps hub ids within 255 bytes, so the length byte is exact
-    // and two (hub, id) pairs never share a key.
+/// The record's key: len(hub) ‖ hub ‖ delivery_id. Hub ids are kept within
+/// 255 bytes, so the length byte is exact and two (hub, id) pairs never
+/// share a key.
+fn key_bytes(key: &RelayKey) -> Result<Vec<u8>, StoreError> {
     let hub = key.hub_id.as_bytes();
-    let mut k = Vec::with_capacity(1 + hub.len() + key.delivery_id.len());
-    k.push(u8::try_from(hub.len()).unwrap_or(u8::MAX));
-    k.extend_from_slice(hub);
-    k.extend_from_slice(key.delivery_id.as_bytes());
-    k
+    match u8::try_from(hub.len()) {
+        Ok(len) if len > 0 => Ok([&[len], hub, key.delivery_id.as_bytes()].concat()),
+        _ => Err(StoreError::Backend("relay hub id must be 1 to 255 bytes".into())),
+    }
 }
 
 fn expiry_key(expires_at: i64, key: &[u8]) -> Vec<u8> {
-    let mut k = Vec::with_capacity(8 + key.len());
-    k.extend_from_slice(&(expires_at.max(0) as u64).to_be_bytes());
-    k.extend_from_slice(key);
-    k
+    [&super::at(expires_at), key].concat()
 }
 
 fn encode(r: Record) -> [u8; 17] {
@@ -62,17 +55,8 @@ fn decode(buf: &[u8]) -> Result<Record, StoreError> {
     })
 }
 
-fn check(key: &RelayKey) -> Result<(), StoreError> {
-    if key.hub_id.is_empty() || key.hub_id.len() > 255 {
-        return Err(StoreError::Backend("relay hub id must be 1 to 255 bytes".into()));
-    }
-    Ok(())
-}
-
 fn get(txn: &WriteTransaction, key: &[u8]) -> Result<Option<Record>, StoreError> {
-    let table = txn.open_table(RELAY).be()?;
-    let found = table.get(key).be()?.map(|g| decode(g.value())).transpose();
-    found
+    txn.open_table(RELAY).be()?.get(key).be()?.map(|g| decode(g.value())).transpose()
 }
 
 /// Writes `record` under `key`, moving its expiry index entry.
@@ -99,8 +83,7 @@ pub(super) fn claim(
     lease_until_ms: i64,
     expires_at_ms: i64,
 ) -> Result<RelayClaim, StoreError> {
-    check(key)?;
-    let k = key_bytes(key);
+    let k = key_bytes(key)?;
     let old = get(txn, &k)?;
     if let Some(r) = old.filter(|r| r.expires_at > now_ms) {
         if let Some(settled) = RelaySettled::from_code(r.state) {
@@ -126,8 +109,7 @@ pub(super) fn settle(
     settled: RelaySettled,
     expires_at_ms: i64,
 ) -> Result<(), StoreError> {
-    check(key)?;
-    let k = key_bytes(key);
+    let k = key_bytes(key)?;
     if let Some(old) = own_claim(txn, &k, lease_until_ms)? {
         let record = Record { state: settled.code(), lease_until: lease_until_ms, expires_at: expires_at_ms };
         put(txn, &k, Some(old), record)?;
@@ -136,8 +118,7 @@ pub(super) fn settle(
 }
 
 pub(super) fn release(txn: &WriteTransaction, key: &RelayKey, lease_until_ms: i64) -> Result<(), StoreError> {
-    check(key)?;
-    let k = key_bytes(key);
+    let k = key_bytes(key)?;
     if let Some(old) = own_claim(txn, &k, lease_until_ms)? {
         remove(txn, &k, old)?;
     }
@@ -147,18 +128,8 @@ pub(super) fn release(txn: &WriteTransaction, key: &RelayKey, lease_until_ms: i6
 /// One batch of expired records; returns how many it deleted (fewer than
 /// `PRUNE_BATCH` means none is left).
 pub(super) fn prune_batch(txn: &WriteTransaction, now_ms: i64) -> Result<usize, StoreError> {
-    let upper = expiry_key(now_ms, &[]);
     let mut expiry = txn.open_table(RELAY_EXPIRY).be()?;
-    let mut expired = Vec::new();
-    for row in expiry.range::<&[u8]>(..).be()? {
-        let (k, _) = row.be()?;
-        let k = k.value();
-        // `expires_at <= now`: the first 8 bytes at or below now's.
-        if k[..8] > upper[..8] || expired.len() == PRUNE_BATCH {
-            break;
-        }
-        expired.push(k.to_vec());
-    }
+    let expired = super::due_keys(&expiry, now_ms, super::PRUNE_BATCH)?;
     let mut records = txn.open_table(RELAY).be()?;
     for k in &expired {
         expiry.remove(k.as_slice()).be()?;
@@ -166,5 +137,3 @@ pub(super) fn prune_batch(txn: &WriteTransaction, now_ms: i64) -> Result<usize, 
     }
     Ok(expired.len())
 }
-
-pub(super) const PRUNE_BATCH_SIZE: usize = PRUNE_BATCH;

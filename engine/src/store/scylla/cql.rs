@@ -1,22 +1,24 @@
-//! What every part of the ScyllaDB backend shares: the session's two ways
-//! of writing (`Execute`), a conditional write's outcome (`Lwt`), driver
-//! errors as `StoreError`, the retry of a conditional write, write
+//! What every part of the ScyllaDB backend shares: statements
+//! (`statements!`), the session's two ways of writing (`Execute`) and of
+//! reading (`first_row`, `rows`), a conditional write's outcome (`Lwt`),
+//! driver errors as `StoreError`, the retry of a conditional write, write
 //! timestamps, TTLs and the limits of reads and writes. It imports no other
-//! part of the backend but the codec.
+//! part of the backend.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use futures::stream::{self, StreamExt, TryStreamExt};
+use futures::stream::{self, Stream, StreamExt, TryStreamExt};
 use scylla::client::session::Session;
+use scylla::deserialize::row::DeserializeRow;
 use scylla::response::query_result::QueryResult;
 use scylla::serialize::row::SerializeRow;
+use scylla::statement::Consistency;
 use scylla::statement::prepared::PreparedStatement;
 use scylla::value::{CqlValue, Row};
 
-use super::codec::from_db;
 use crate::domain::Timestamp;
 use crate::store::StoreError;
 
@@ -48,6 +50,91 @@ impl Execute for Session {
         self.execute_unpaged(st, values).await.map_err(be("write"))?;
         Ok(())
     }
+}
+
+/// Declares a struct of prepared statements and its `prepare`. Each field is
+/// the statement of its CQL text, formatted as by `format!` (so `{ks}` is the
+/// keyspace), passed through `=> f` when given (`at` a consistency).
+macro_rules! statements {
+    (
+        $(#[$meta:meta])*
+        struct $name:ident;
+        fn prepare($session:ident, $ks:ident $(, $param:ident: $param_ty:ty)*);
+        $($(#[$field_meta:meta])* $field:ident: $cql:literal $(=> $tune:expr)?,)*
+    ) => {
+        $(#[$meta])*
+        struct $name {
+            $($(#[$field_meta])* $field: ::scylla::statement::prepared::PreparedStatement,)*
+        }
+
+        impl $name {
+            async fn prepare(
+                $session: &::scylla::client::session::Session,
+                $ks: &str
+                $(, $param: $param_ty)*
+            ) -> Result<Self, $crate::store::StoreError> {
+                $(
+                    let $field = $crate::store::scylla::cql::prepare($session, format!($cql)).await?;
+                    $(let $field = ($tune)($field);)?
+                )*
+                Ok(Self { $($field,)* })
+            }
+        }
+    };
+}
+
+pub(super) use statements;
+
+/// Prepares `cql`; a paged read of it pages by `PAGE_ROWS`.
+pub(super) async fn prepare(session: &Session, cql: String) -> Result<PreparedStatement, StoreError> {
+    let mut st = session.prepare(cql).await.map_err(be("preparing a statement"))?;
+    st.set_page_size(PAGE_ROWS);
+    Ok(st)
+}
+
+/// A statement's setting for `statements!`: run at `consistency`.
+pub(super) fn at(consistency: Consistency) -> impl Fn(PreparedStatement) -> PreparedStatement {
+    move |mut st| {
+        st.set_consistency(consistency);
+        st
+    }
+}
+
+/// A row as a read returns it, owned.
+pub(super) trait OwnedRow: for<'f, 'm> DeserializeRow<'f, 'm> + Send + 'static {}
+
+impl<R: for<'f, 'm> DeserializeRow<'f, 'm> + Send + 'static> OwnedRow for R {}
+
+/// The first row of an unpaged read, if any; errors labelled `what`.
+pub(super) async fn first_row<R: OwnedRow>(
+    session: &Session,
+    st: &PreparedStatement,
+    values: impl SerializeRow,
+    what: &'static str,
+) -> Result<Option<R>, StoreError> {
+    let rows = session.execute_unpaged(st, values).await.map_err(be(what))?.into_rows_result().map_err(be(what))?;
+    rows.maybe_first_row::<R>().map_err(be(what))
+}
+
+/// The rows of a paged read, fetched as they are taken; errors labelled `what`.
+pub(super) async fn rows<R: OwnedRow>(
+    session: &Session,
+    st: &PreparedStatement,
+    values: impl SerializeRow,
+    what: &'static str,
+) -> Result<impl Stream<Item = Result<R, StoreError>> + Send + Unpin, StoreError> {
+    let pager = session.execute_iter(st.clone(), values).await.map_err(be(what))?;
+    Ok(pager.rows_stream::<R>().map_err(be(what))?.map_err(be(what)))
+}
+
+/// Every row of a paged read.
+pub(super) async fn all_rows<R: OwnedRow>(
+    session: &Session,
+    st: &PreparedStatement,
+    values: impl SerializeRow,
+    what: &'static str,
+) -> Result<Vec<R>, StoreError> {
+    rows(session, st, values, what).await?.try_collect().await
 }
 
 /// Microsecond wall-clock write timestamps, strictly increasing in this
@@ -101,39 +188,24 @@ impl Lwt {
         Ok(Self { applied, current })
     }
 
+    fn current(&self, column: &str) -> Option<&CqlValue> {
+        self.current.get(column)?.as_ref()
+    }
+
     pub(super) fn current_text(&self, column: &str) -> Option<&str> {
-        match self.current.get(column) {
-            Some(Some(CqlValue::Text(v))) => Some(v),
-            _ => None,
-        }
+        self.current(column)?.as_text().map(String::as_str)
     }
 
     pub(super) fn current_i64(&self, column: &str) -> Option<i64> {
-        match self.current.get(column) {
-            Some(Some(CqlValue::BigInt(v))) => Some(*v),
-            _ => None,
-        }
+        self.current(column)?.as_bigint()
     }
 
     pub(super) fn current_i8(&self, column: &str) -> Option<i8> {
-        match self.current.get(column) {
-            Some(Some(CqlValue::TinyInt(v))) => Some(*v),
-            _ => None,
-        }
+        self.current(column)?.as_tinyint()
     }
 
     pub(super) fn current_blob(&self, column: &str) -> Option<&[u8]> {
-        match self.current.get(column) {
-            Some(Some(CqlValue::Blob(v))) => Some(v),
-            _ => None,
-        }
-    }
-
-    pub(super) fn current_u64(&self, column: &str) -> Option<u64> {
-        match self.current.get(column) {
-            Some(Some(CqlValue::BigInt(v))) => Some(from_db(*v)),
-            _ => None,
-        }
+        self.current(column)?.as_blob().map(Vec::as_slice)
     }
 }
 

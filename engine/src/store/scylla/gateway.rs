@@ -33,17 +33,18 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use futures::TryStreamExt;
 use scylla::client::session::Session;
 use scylla::statement::Consistency;
 use scylla::statement::prepared::PreparedStatement;
 
-use super::cql::{Execute, MAX_LWT_ATTEMPTS, WriteClock, backoff, be, contention, ttl_until};
+use super::cql::{
+    Execute, MAX_LWT_ATTEMPTS, WriteClock, all_rows, at, backoff, contention, first_row, statements, ttl_until,
+};
 use crate::domain::{
     AccountId, DeviceId, GatewayRegistration, GatewayWakeup, LeasedWakeup, NotifyClaim, NotifyKey, PushRouteId,
     PushTargetId, RegistrationId, Revoke, RouteKey, SaltEpochId, ServiceId,
 };
-use crate::store::gateway::{WAKEUP_QUEUES, wakeup_queue};
+use crate::store::gateway::{WAKEUP_QUEUES, revokes, wakeup_queue};
 use crate::store::{GatewayStore, StoreError};
 
 const ROUTE_COLS: &str = "registration_id, push_target_id, push_route_id, salt_epoch_id, push_key, platform, \
@@ -84,149 +85,58 @@ type WakeupRow = (
 pub(super) struct ScyllaGateway {
     session: Arc<Session>,
     st: GatewayStatements,
+    /// `route_read` at SERIAL consistency.
+    route_read_serial: PreparedStatement,
     /// The target index's write timestamps (the store's dispatch index clock).
     clock: Arc<WriteClock>,
 }
 
-struct GatewayStatements {
-    route_read: PreparedStatement,
-    route_read_serial: PreparedStatement,
-    route_insert: PreparedStatement,
-    route_replace: PreparedStatement,
-    route_delete: PreparedStatement,
-    route_mark: PreparedStatement,
-    target_put: PreparedStatement,
-    target_del: PreparedStatement,
-    target_read: PreparedStatement,
-    notify_read_serial: PreparedStatement,
-    notify_insert: PreparedStatement,
-    notify_take_over: PreparedStatement,
-    notify_commit: PreparedStatement,
-    notify_release: PreparedStatement,
-    wakeup_insert: PreparedStatement,
-    wakeup_queue: PreparedStatement,
-    wakeup_lease: PreparedStatement,
-    wakeup_reschedule: PreparedStatement,
-    wakeup_delete: PreparedStatement,
-    state_read: PreparedStatement,
-    state_insert: PreparedStatement,
-    state_update: PreparedStatement,
-}
-
-impl GatewayStatements {
-    async fn prepare(session: &Session, ks: &str) -> Result<Self, StoreError> {
-        let p = |cql: String| async move { session.prepare(cql).await.map_err(be("preparing a statement")) };
-        let serial = |mut st: PreparedStatement| {
-            st.set_consistency(Consistency::LocalSerial);
-            st
-        };
-        let route_read = p(format!(
-            "SELECT {ROUTE_COLS} FROM {ks}.gateway_routes WHERE tenant = ? AND account_id = ? AND device_id = ?"
-        ))
-        .await?;
-        let notify_read = p(format!(
-            "SELECT state, lease_until, expires_at, digest FROM {ks}.gateway_notify \
-             WHERE tenant = ? AND idempotency_key = ?"
-        ))
-        .await?;
-        let state_read =
-            p(format!("SELECT value, expires_at FROM {ks}.gateway_state WHERE tenant = ? AND key = ?")).await?;
-        Ok(Self {
-            route_read_serial: serial(route_read.clone()),
-            route_read,
-            route_insert: p(format!(
-                "INSERT INTO {ks}.gateway_routes (tenant, account_id, device_id, {ROUTE_COLS}) \
-                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS USING TTL ?"
-            ))
-            .await?,
-            route_replace: p(format!(
-                "UPDATE {ks}.gateway_routes USING TTL ? SET registration_id = ?, push_target_id = ?, \
-                 push_route_id = ?, salt_epoch_id = ?, push_key = ?, platform = ?, app_id = ?, visible_opt_in = ?, \
-                 created_at = ?, expires_at = ?, token_invalid = ? \
-                 WHERE tenant = ? AND account_id = ? AND device_id = ? IF registration_id = ?"
-            ))
-            .await?,
-            route_delete: p(format!(
-                "DELETE FROM {ks}.gateway_routes WHERE tenant = ? AND account_id = ? AND device_id = ? \
-                 IF registration_id = ?"
-            ))
-            .await?,
-            route_mark: p(format!(
-                "UPDATE {ks}.gateway_routes USING TTL ? SET token_invalid = true \
-                 WHERE tenant = ? AND account_id = ? AND device_id = ? IF registration_id = ?"
-            ))
-            .await?,
-            target_put: p(format!(
-                "INSERT INTO {ks}.gateway_targets (tenant, push_target_id, device_id, account_id) \
-                 VALUES (?, ?, ?, ?) USING TTL ? AND TIMESTAMP ?"
-            ))
-            .await?,
-            target_del: p(format!(
-                "DELETE FROM {ks}.gateway_targets USING TIMESTAMP ? \
-                 WHERE tenant = ? AND push_target_id = ? AND device_id = ?"
-            ))
-            .await?,
-            target_read: p(format!(
-                "SELECT device_id, account_id FROM {ks}.gateway_targets WHERE tenant = ? AND push_target_id = ?"
-            ))
-            .await?,
-            notify_read_serial: serial(notify_read),
-            notify_insert: p(format!(
-                "INSERT INTO {ks}.gateway_notify (tenant, idempotency_key, state, lease_until, expires_at, digest) \
-                 VALUES (?, ?, 0, ?, ?, ?) IF NOT EXISTS USING TTL ?"
-            ))
-            .await?,
-            notify_take_over: p(format!(
-                "UPDATE {ks}.gateway_notify USING TTL ? SET state = 0, lease_until = ?, expires_at = ?, digest = ?, \
-                 response = null WHERE tenant = ? AND idempotency_key = ? \
-                 IF state = ? AND lease_until = ? AND expires_at = ?"
-            ))
-            .await?,
-            // Every column is written again so that all of them get the new TTL.
-            notify_commit: p(format!(
-                "UPDATE {ks}.gateway_notify USING TTL ? SET state = 1, response = ?, lease_until = ?, \
-                 expires_at = ?, digest = ? WHERE tenant = ? AND idempotency_key = ? \
-                 IF state = 0 AND lease_until = ?"
-            ))
-            .await?,
-            notify_release: p(format!(
-                "DELETE FROM {ks}.gateway_notify WHERE tenant = ? AND idempotency_key = ? \
-                 IF state = 0 AND lease_until = ?"
-            ))
-            .await?,
-            wakeup_insert: p(format!(
-                "INSERT INTO {ks}.gateway_wakeups (queue, {WAKEUP_COLS}) \
-                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0) IF NOT EXISTS USING TTL ?"
-            ))
-            .await?,
-            wakeup_queue: p(format!("SELECT {WAKEUP_COLS} FROM {ks}.gateway_wakeups WHERE queue = ?")).await?,
-            wakeup_lease: p(format!(
-                "UPDATE {ks}.gateway_wakeups USING TTL ? SET lease_until = ? WHERE queue = ? AND wakeup_id = ? \
-                 IF lease_until = ?"
-            ))
-            .await?,
-            wakeup_reschedule: p(format!(
-                "UPDATE {ks}.gateway_wakeups USING TTL ? SET not_before = ?, attempts = ?, lease_until = 0 \
-                 WHERE queue = ? AND wakeup_id = ? IF lease_until = ?"
-            ))
-            .await?,
-            wakeup_delete: p(format!(
-                "DELETE FROM {ks}.gateway_wakeups WHERE queue = ? AND wakeup_id = ? IF lease_until = ?"
-            ))
-            .await?,
-            state_read: serial(state_read),
-            state_insert: p(format!(
-                "INSERT INTO {ks}.gateway_state (tenant, key, value, expires_at) VALUES (?, ?, ?, ?) \
-                 IF NOT EXISTS USING TTL ?"
-            ))
-            .await?,
-            state_update: p(format!(
-                "UPDATE {ks}.gateway_state USING TTL ? SET value = ?, expires_at = ? WHERE tenant = ? AND key = ? \
-                 IF value = ? AND expires_at = ?"
-            ))
-            .await?,
-        })
-    }
+statements! {
+    struct GatewayStatements;
+    fn prepare(session, ks);
+    route_read: "SELECT {ROUTE_COLS} FROM {ks}.gateway_routes WHERE tenant = ? AND account_id = ? AND device_id = ?",
+    route_insert: "INSERT INTO {ks}.gateway_routes (tenant, account_id, device_id, {ROUTE_COLS}) \
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS USING TTL ?",
+    route_replace: "UPDATE {ks}.gateway_routes USING TTL ? SET registration_id = ?, push_target_id = ?, \
+                    push_route_id = ?, salt_epoch_id = ?, push_key = ?, platform = ?, app_id = ?, visible_opt_in = ?, \
+                    created_at = ?, expires_at = ?, token_invalid = ? \
+                    WHERE tenant = ? AND account_id = ? AND device_id = ? IF registration_id = ?",
+    route_delete: "DELETE FROM {ks}.gateway_routes WHERE tenant = ? AND account_id = ? AND device_id = ? \
+                   IF registration_id = ?",
+    route_mark: "UPDATE {ks}.gateway_routes USING TTL ? SET token_invalid = true \
+                 WHERE tenant = ? AND account_id = ? AND device_id = ? IF registration_id = ?",
+    target_put: "INSERT INTO {ks}.gateway_targets (tenant, push_target_id, device_id, account_id) \
+                 VALUES (?, ?, ?, ?) USING TTL ? AND TIMESTAMP ?",
+    target_del: "DELETE FROM {ks}.gateway_targets USING TIMESTAMP ? \
+                 WHERE tenant = ? AND push_target_id = ? AND device_id = ?",
+    target_read: "SELECT device_id, account_id FROM {ks}.gateway_targets WHERE tenant = ? AND push_target_id = ?",
+    notify_read_serial: "SELECT state, lease_until, expires_at, digest FROM {ks}.gateway_notify \
+                         WHERE tenant = ? AND idempotency_key = ?" => at(Consistency::LocalSerial),
+    notify_insert: "INSERT INTO {ks}.gateway_notify (tenant, idempotency_key, state, lease_until, expires_at, digest) \
+                    VALUES (?, ?, 0, ?, ?, ?) IF NOT EXISTS USING TTL ?",
+    notify_take_over: "UPDATE {ks}.gateway_notify USING TTL ? SET state = 0, lease_until = ?, expires_at = ?, \
+                       digest = ?, response = null WHERE tenant = ? AND idempotency_key = ? \
+                       IF state = ? AND lease_until = ? AND expires_at = ?",
+    // Every column is written again so that all of them get the new TTL.
+    notify_commit: "UPDATE {ks}.gateway_notify USING TTL ? SET state = 1, response = ?, lease_until = ?, \
+                    expires_at = ?, digest = ? WHERE tenant = ? AND idempotency_key = ? \
+                    IF state = 0 AND lease_until = ?",
+    notify_release: "DELETE FROM {ks}.gateway_notify WHERE tenant = ? AND idempotency_key = ? \
+                     IF state = 0 AND lease_until = ?",
+    wakeup_insert: "INSERT INTO {ks}.gateway_wakeups (queue, {WAKEUP_COLS}) \
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0) IF NOT EXISTS USING TTL ?",
+    wakeup_queue: "SELECT {WAKEUP_COLS} FROM {ks}.gateway_wakeups WHERE queue = ?",
+    wakeup_lease: "UPDATE {ks}.gateway_wakeups USING TTL ? SET lease_until = ? WHERE queue = ? AND wakeup_id = ? \
+                   IF lease_until = ?",
+    wakeup_reschedule: "UPDATE {ks}.gateway_wakeups USING TTL ? SET not_before = ?, attempts = ?, lease_until = 0 \
+                        WHERE queue = ? AND wakeup_id = ? IF lease_until = ?",
+    wakeup_delete: "DELETE FROM {ks}.gateway_wakeups WHERE queue = ? AND wakeup_id = ? IF lease_until = ?",
+    state_read: "SELECT value, expires_at FROM {ks}.gateway_state WHERE tenant = ? AND key = ?"
+        => at(Consistency::LocalSerial),
+    state_insert: "INSERT INTO {ks}.gateway_state (tenant, key, value, expires_at) VALUES (?, ?, ?, ?) \
+                   IF NOT EXISTS USING TTL ?",
+    state_update: "UPDATE {ks}.gateway_state USING TTL ? SET value = ?, expires_at = ? WHERE tenant = ? AND key = ? \
+                   IF value = ? AND expires_at = ?",
 }
 
 fn corrupt(what: &str) -> StoreError {
@@ -301,23 +211,16 @@ fn queue_of(id: &str) -> i16 {
 
 impl ScyllaGateway {
     pub(super) async fn prepare(session: &Arc<Session>, ks: &str, clock: Arc<WriteClock>) -> Result<Self, StoreError> {
-        Ok(Self { session: Arc::clone(session), st: GatewayStatements::prepare(session, ks).await?, clock })
+        let st = GatewayStatements::prepare(session, ks).await?;
+        let route_read_serial = at(Consistency::LocalSerial)(st.route_read.clone());
+        Ok(Self { session: Arc::clone(session), st, route_read_serial, clock })
     }
 
     async fn read_route(&self, key: &RouteKey, serial: bool) -> Result<Option<GatewayRegistration>, StoreError> {
-        let st = &self.st;
-        let st = if serial { &st.route_read_serial } else { &st.route_read };
-        let rows = self
-            .session
-            .execute_unpaged(st, (key.tenant.as_str(), key.account_id.as_str(), key.device_id.as_str()))
-            .await
-            .map_err(be("reading a gateway route"))?
-            .into_rows_result()
-            .map_err(be("reading a gateway route"))?;
-        match rows.maybe_first_row::<RouteRow>().map_err(be("reading a gateway route"))? {
-            Some(row) => decode_route(key, row),
-            None => Ok(None),
-        }
+        let st = if serial { &self.route_read_serial } else { &self.st.route_read };
+        let values = (key.tenant.as_str(), key.account_id.as_str(), key.device_id.as_str());
+        let Some(row) = first_row(&self.session, st, values, "reading a gateway route").await? else { return Ok(None) };
+        decode_route(key, row)
     }
 
     async fn delete_target_row(&self, reg: &GatewayRegistration, timestamp: i64) -> Result<(), StoreError> {
@@ -326,18 +229,8 @@ impl ScyllaGateway {
     }
 
     async fn read_state(&self, tenant: &ServiceId, key: &[u8]) -> Result<Option<(Vec<u8>, i64)>, StoreError> {
-        let rows = self
-            .session
-            .execute_unpaged(&self.st.state_read, (tenant.as_str(), key))
-            .await
-            .map_err(be("reading a gateway state"))?
-            .into_rows_result()
-            .map_err(be("reading a gateway state"))?;
-        let row = rows.maybe_first_row::<(Option<Vec<u8>>, Option<i64>)>().map_err(be("reading a gateway state"))?;
-        Ok(match row {
-            Some((Some(value), Some(expires))) => Some((value, expires)),
-            _ => None,
-        })
+        let row = first_row(&self.session, &self.st.state_read, (tenant.as_str(), key), "reading a gateway state");
+        Ok(row.await?.and_then(|(value, expires): (Option<Vec<u8>>, Option<i64>)| Some((value?, expires?))))
     }
 }
 
@@ -397,9 +290,7 @@ impl GatewayStore for ScyllaGateway {
     async fn unregister(&self, revoke: &Revoke) -> Result<bool, StoreError> {
         for attempt in 0..MAX_LWT_ATTEMPTS {
             let Some(old) = self.read_route(&revoke.route, true).await? else { return Ok(false) };
-            let matches = revoke.push_key.as_ref().is_none_or(|k| *k == old.push_key)
-                && revoke.app_id.as_ref().is_none_or(|a| old.app_id.as_ref() == Some(a));
-            if !matches {
+            if !revokes(revoke, &old) {
                 return Ok(false);
             }
             let before = self.clock.next();
@@ -424,16 +315,9 @@ impl GatewayStore for ScyllaGateway {
         push_target_id: &PushTargetId,
         now_ms: i64,
     ) -> Result<Vec<GatewayRegistration>, StoreError> {
-        let rows: Vec<(String, Option<String>)> = self
-            .session
-            .execute_iter(self.st.target_read.clone(), (tenant.as_str(), push_target_id.to_string()))
-            .await
-            .map_err(be("reading a gateway target"))?
-            .rows_stream::<(String, Option<String>)>()
-            .map_err(be("reading a gateway target"))?
-            .try_collect()
-            .await
-            .map_err(be("reading a gateway target"))?;
+        let values = (tenant.as_str(), push_target_id.to_string());
+        let rows: Vec<(String, Option<String>)> =
+            all_rows(&self.session, &self.st.target_read, values, "reading a gateway target").await?;
         let mut out = Vec::with_capacity(rows.len());
         for (device_id, account_id) in rows {
             let Some(account_id) = account_id else { continue };
@@ -523,17 +407,9 @@ impl GatewayStore for ScyllaGateway {
     ) -> Result<bool, StoreError> {
         let st = &self.st;
         let (tenant, idem) = (key.tenant.as_str(), key.idempotency_key.as_str());
-        let rows = self
-            .session
-            .execute_unpaged(&st.notify_read_serial, (tenant, idem))
-            .await
-            .map_err(be("reading a notify record"))?
-            .into_rows_result()
-            .map_err(be("reading a notify record"))?;
-        let row = rows
-            .maybe_first_row::<(Option<i8>, Option<i64>, Option<i64>, Option<Vec<u8>>)>()
-            .map_err(be("reading a notify record"))?;
-        let Some((Some(0), Some(lease), _, Some(digest))) = row else { return Ok(false) };
+        type Row = (Option<i8>, Option<i64>, Option<i64>, Option<Vec<u8>>);
+        let row = first_row::<Row>(&self.session, &st.notify_read_serial, (tenant, idem), "reading a notify record");
+        let Some((Some(0), Some(lease), _, Some(digest))) = row.await? else { return Ok(false) };
         if lease != lease_until_ms {
             return Ok(false);
         }
@@ -582,16 +458,8 @@ impl GatewayStore for ScyllaGateway {
                 break;
             }
             let queue = ((first + i) % WAKEUP_QUEUES) as i16;
-            let rows: Vec<WakeupRow> = self
-                .session
-                .execute_iter(st.wakeup_queue.clone(), (queue,))
-                .await
-                .map_err(be("reading the wakeups"))?
-                .rows_stream::<WakeupRow>()
-                .map_err(be("reading the wakeups"))?
-                .try_collect()
-                .await
-                .map_err(be("reading the wakeups"))?;
+            let rows: Vec<WakeupRow> =
+                all_rows(&self.session, &st.wakeup_queue, (queue,), "reading the wakeups").await?;
             for row in rows {
                 if out.len() >= limit {
                     break;

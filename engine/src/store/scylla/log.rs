@@ -49,7 +49,10 @@ use scylla::statement::prepared::PreparedStatement;
 use tokio::sync::oneshot;
 
 use super::codec::{self, BUCKET_SIZE, EnvelopeRow, bucket_of, from_db, pos_of, to_db};
-use super::cql::{Execute, JOIN_CONCURRENCY, MAX_LWT_ATTEMPTS, PAGE_ROWS, Values, all_ok, backoff, be, contention};
+use super::cql::{
+    Execute, JOIN_CONCURRENCY, MAX_LWT_ATTEMPTS, PAGE_ROWS, Values, all_ok, all_rows, backoff, be, contention,
+    first_row, rows,
+};
 use super::settings::LogConsistency;
 use crate::domain::{NewEnvelope, ShardId, ShardProgress, StoredEnvelope, next_sequence_id};
 use crate::store::{Appended, ShardPosition, StoreError};
@@ -275,14 +278,7 @@ impl ShardLog {
 
     async fn head(&self, db_shard: i32) -> Result<Head, StoreError> {
         type HeadRow = (Option<i64>, Option<i64>, Option<i64>, Option<i64>, Option<i64>);
-        let rows = self
-            .session
-            .execute_unpaged(&self.st.head, (db_shard,))
-            .await
-            .map_err(be("reading a shard"))?
-            .into_rows_result()
-            .map_err(be("reading a shard"))?;
-        let row = rows.maybe_first_row::<HeadRow>().map_err(be("reading a shard"))?;
+        let row = first_row::<HeadRow>(&self.session, &self.st.head, (db_shard,), "reading a shard").await?;
         let (term, base, boundary, checkpoint, _) = row.unwrap_or_default();
         Ok(Head {
             term,
@@ -293,29 +289,14 @@ impl ShardLog {
 
     /// The row a shard had in `shards` before schema 7: boundary and checkpoint.
     async fn legacy_marks(&self, db_shard: i32) -> Result<(u64, u64), StoreError> {
-        let rows = self
-            .session
-            .execute_unpaged(&self.st.legacy_shard, (db_shard,))
-            .await
-            .map_err(be("reading a shard"))?
-            .into_rows_result()
-            .map_err(be("reading a shard"))?;
-        let row = rows.maybe_first_row::<(Option<i64>, Option<i64>)>().map_err(be("reading a shard"))?;
-        let (boundary, checkpoint) = row.unwrap_or_default();
+        let row = first_row(&self.session, &self.st.legacy_shard, (db_shard,), "reading a shard").await?;
+        let (boundary, checkpoint): (Option<i64>, Option<i64>) = row.unwrap_or_default();
         Ok((from_db(boundary.unwrap_or(0)), from_db(checkpoint.unwrap_or(0))))
     }
 
     async fn terms(&self, db_shard: i32) -> Result<Terms, StoreError> {
-        let rows: Vec<(Option<i64>, Option<i64>, Option<i64>)> = self
-            .session
-            .execute_iter(self.st.terms.clone(), (db_shard,))
-            .await
-            .map_err(be("reading shard terms"))?
-            .rows_stream::<(Option<i64>, Option<i64>, Option<i64>)>()
-            .map_err(be("reading shard terms"))?
-            .try_collect()
-            .await
-            .map_err(be("reading shard terms"))?;
+        let rows: Vec<(Option<i64>, Option<i64>, Option<i64>)> =
+            all_rows(&self.session, &self.st.terms, (db_shard,), "reading shard terms").await?;
         let legacy = rows.first().and_then(|r| r.2).map(from_db);
         let mut bases: Vec<(i64, u64)> =
             rows.iter().filter_map(|(term, base, _)| Some(((*term)?, from_db(base.unwrap_or(0))))).collect();
@@ -606,16 +587,8 @@ impl ShardLog {
     }
 
     async fn buckets(&self, db_shard: i32, first: i64, last: i64) -> Result<Vec<i64>, StoreError> {
-        self.session
-            .execute_iter(self.st.bucket_list.clone(), (db_shard, first, last))
-            .await
-            .map_err(be("reading envelope buckets"))?
-            .rows_stream::<(i64,)>()
-            .map_err(be("reading envelope buckets"))?
-            .map_ok(|(b,)| b)
-            .try_collect()
-            .await
-            .map_err(be("reading envelope buckets"))
+        let rows = rows(&self.session, &self.st.bucket_list, (db_shard, first, last), "reading envelope buckets");
+        rows.await?.map_ok(|(b,): (i64,)| b).try_collect().await
     }
 
     /// `Store::read_window`: the valid rows of `after < id <= up_to`.
@@ -706,14 +679,8 @@ impl ShardLog {
         let key = (db_shard, bucket_of(sequence_id), pos_of(sequence_id));
         let terms = self.terms(db_shard).await?;
         let data = if sequence_id <= terms.legacy {
-            let rows = self
-                .session
-                .execute_unpaged(&self.st.legacy_data, key)
-                .await
-                .map_err(be("reading envelope data"))?
-                .into_rows_result()
-                .map_err(be("reading envelope data"))?;
-            rows.maybe_first_row::<(Option<Vec<u8>>,)>().map_err(be("reading envelope data"))?.and_then(|(d,)| d)
+            let row = first_row(&self.session, &self.st.legacy_data, key, "reading envelope data").await?;
+            row.and_then(|(d,): (Option<Vec<u8>>,)| d)
         } else {
             let rows = self
                 .session
@@ -742,17 +709,9 @@ impl ShardLog {
 
     /// `Store::shard_progress`.
     pub(super) async fn progress(&self, shard: ShardId) -> Result<ShardProgress, StoreError> {
-        const WHAT: &str = "reading shard progress";
-        let row = self
-            .session
-            .execute_unpaged(&self.st.progress_get, (i32::from(shard.index()),))
-            .await
-            .map_err(be(WHAT))?
-            .into_rows_result()
-            .map_err(be(WHAT))?
-            .maybe_first_row::<(Option<Vec<u8>>,)>()
-            .map_err(be(WHAT))?;
-        match row.and_then(|(bytes,)| bytes) {
+        let values = (i32::from(shard.index()),);
+        let row = first_row(&self.session, &self.st.progress_get, values, "reading shard progress").await?;
+        match row.and_then(|(bytes,): (Option<Vec<u8>>,)| bytes) {
             Some(bytes) => ShardProgress::decode(&bytes).map_err(|_| codec::corrupt("shard progress")),
             None => Ok(ShardProgress::default()),
         }

@@ -8,9 +8,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use scylla::client::session::Session;
-use scylla::statement::prepared::PreparedStatement;
 
-use super::cql::{Execute, MAX_LWT_ATTEMPTS, backoff, be, contention, ttl_until};
+use super::cql::{Execute, MAX_LWT_ATTEMPTS, backoff, contention, statements, ttl_until};
 use crate::domain::{RelayClaim, RelayKey, RelaySettled};
 use crate::store::{RelayStore, StoreError};
 
@@ -26,42 +25,20 @@ impl ScyllaRelay {
     }
 }
 
-struct RelayStatements {
-    insert: PreparedStatement,
-    take_over: PreparedStatement,
-    settle: PreparedStatement,
-    release: PreparedStatement,
-}
-
-impl RelayStatements {
-    async fn prepare(session: &Session, ks: &str) -> Result<Self, StoreError> {
-        let p = |cql: String| async move { session.prepare(cql).await.map_err(be("preparing a statement")) };
-        Ok(Self {
-            insert: p(format!(
-                "INSERT INTO {ks}.relay_deliveries (hub_id, delivery_id, state, lease_until, expires_at) \
-                 VALUES (?, ?, 0, ?, ?) IF NOT EXISTS USING TTL ?"
-            ))
-            .await?,
-            // A dead claimant's or an expired record is taken over only if it
-            // is still exactly what was read: of two callers, one wins.
-            take_over: p(format!(
-                "UPDATE {ks}.relay_deliveries USING TTL ? SET state = 0, lease_until = ?, expires_at = ? \
-                 WHERE hub_id = ? AND delivery_id = ? IF state = ? AND lease_until = ? AND expires_at = ?"
-            ))
-            .await?,
-            // Every column is written again so that all of them get the new TTL.
-            settle: p(format!(
-                "UPDATE {ks}.relay_deliveries USING TTL ? SET state = ?, lease_until = ?, expires_at = ? \
-                 WHERE hub_id = ? AND delivery_id = ? IF state = 0 AND lease_until = ?"
-            ))
-            .await?,
-            release: p(format!(
-                "DELETE FROM {ks}.relay_deliveries WHERE hub_id = ? AND delivery_id = ? \
-                 IF state = 0 AND lease_until = ?"
-            ))
-            .await?,
-        })
-    }
+statements! {
+    struct RelayStatements;
+    fn prepare(session, ks);
+    insert: "INSERT INTO {ks}.relay_deliveries (hub_id, delivery_id, state, lease_until, expires_at) \
+             VALUES (?, ?, 0, ?, ?) IF NOT EXISTS USING TTL ?",
+    // A dead claimant's or an expired record is taken over only if it
+    // is still exactly what was read: of two callers, one wins.
+    take_over: "UPDATE {ks}.relay_deliveries USING TTL ? SET state = 0, lease_until = ?, expires_at = ? \
+                WHERE hub_id = ? AND delivery_id = ? IF state = ? AND lease_until = ? AND expires_at = ?",
+    // Every column is written again so that all of them get the new TTL.
+    settle: "UPDATE {ks}.relay_deliveries USING TTL ? SET state = ?, lease_until = ?, expires_at = ? \
+             WHERE hub_id = ? AND delivery_id = ? IF state = 0 AND lease_until = ?",
+    release: "DELETE FROM {ks}.relay_deliveries WHERE hub_id = ? AND delivery_id = ? \
+              IF state = 0 AND lease_until = ?",
 }
 
 #[async_trait]

@@ -1,9 +1,10 @@
 //! The versioned CQL schema (`engine/schema/scylla/NNN_*.cql`) and its application.
 
 use scylla::client::session::Session;
+use scylla::serialize::row::SerializeRow;
 use scylla::statement::Statement;
 
-use super::cql::be;
+use super::cql::{OwnedRow, be};
 use super::settings::Keyspace;
 use crate::store::StoreError;
 
@@ -73,34 +74,27 @@ pub(super) fn statements(file: &str, keyspace: &str, replication: &str) -> Vec<S
 /// The versions recorded in the keyspace; empty when the keyspace or the
 /// table does not exist yet.
 async fn applied_versions(session: &Session, keyspace: &str) -> Result<Vec<i32>, StoreError> {
-    let exists = session
-        .query_unpaged(
-            "SELECT table_name FROM system_schema.tables WHERE keyspace_name = ? AND table_name = 'schema_version'",
-            (keyspace,),
-        )
-        .await
-        .map_err(be("reading the schema tables"))?
-        .into_rows_result()
-        .map_err(be("reading the schema tables"))?
-        .rows_num()
-        > 0;
-    if !exists {
+    let cql = "SELECT table_name FROM system_schema.tables WHERE keyspace_name = ? AND table_name = 'schema_version'";
+    let tables: Vec<(String,)> = query(session, cql, (keyspace,), "reading the schema tables").await?;
+    if tables.is_empty() {
         return Ok(Vec::new());
     }
-    let rows = session
-        .query_unpaged(format!("SELECT version FROM {keyspace}.schema_version"), ())
-        .await
-        .map_err(be("reading the schema version"))?
-        .into_rows_result()
-        .map_err(be("reading the schema version"))?;
-    let mut versions = rows
-        .rows::<(i32,)>()
-        .map_err(be("reading the schema version"))?
-        .map(|r| r.map(|(v,)| v))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(be("reading the schema version"))?;
+    let cql = format!("SELECT version FROM {keyspace}.schema_version");
+    let rows: Vec<(i32,)> = query(session, cql, (), "reading the schema version").await?;
+    let mut versions: Vec<i32> = rows.into_iter().map(|(v,)| v).collect();
     versions.sort_unstable();
     Ok(versions)
+}
+
+/// The rows of an unprepared, unpaged read.
+async fn query<R: OwnedRow>(
+    session: &Session,
+    cql: impl Into<Statement>,
+    values: impl SerializeRow,
+    what: &'static str,
+) -> Result<Vec<R>, StoreError> {
+    let rows = session.query_unpaged(cql, values).await.map_err(be(what))?.into_rows_result().map_err(be(what))?;
+    rows.rows::<R>().map_err(be(what))?.collect::<Result<_, _>>().map_err(be(what))
 }
 
 /// Applies every migration not yet recorded, in order. Returns the schema

@@ -38,7 +38,7 @@ pub struct ScyllaSettings {
 /// every acknowledged write, so the two levels must overlap (at replication
 /// factor n: replicas written + replicas read > n): both quorums, or one of
 /// them `all`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(try_from = "RawLogConsistency")]
 pub struct LogConsistency {
     /// Envelope rows, boundaries, checkpoints. Default `local_quorum`.
@@ -47,24 +47,11 @@ pub struct LogConsistency {
     pub reads: Level,
 }
 
-impl Default for LogConsistency {
-    fn default() -> Self {
-        Self { writes: Level::LocalQuorum, reads: Level::LocalQuorum }
-    }
-}
-
-#[derive(Deserialize)]
+#[derive(Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 struct RawLogConsistency {
     writes: Level,
     reads: Level,
-}
-
-impl Default for RawLogConsistency {
-    fn default() -> Self {
-        let d = LogConsistency::default();
-        Self { writes: d.writes, reads: d.reads }
-    }
 }
 
 impl TryFrom<RawLogConsistency> for LogConsistency {
@@ -83,12 +70,13 @@ impl TryFrom<RawLogConsistency> for LogConsistency {
 }
 
 /// A CQL consistency level, as the config names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Level {
     One,
     LocalOne,
     Quorum,
+    #[default]
     LocalQuorum,
     EachQuorum,
     All,
