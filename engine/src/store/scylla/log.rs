@@ -44,14 +44,14 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use futures::stream::TryStreamExt;
 use futures::{FutureExt, StreamExt, future::BoxFuture};
 use scylla::client::session::Session;
+use scylla::statement::Consistency;
 use scylla::statement::batch::{Batch, BatchType};
-use scylla::statement::prepared::PreparedStatement;
 use tokio::sync::oneshot;
 
 use super::codec::{self, BUCKET_SIZE, EnvelopeRow, bucket_of, from_db, pos_of, to_db};
 use super::cql::{
-    Execute, JOIN_CONCURRENCY, MAX_LWT_ATTEMPTS, PAGE_ROWS, Values, all_ok, all_rows, backoff, be, contention,
-    first_row, rows,
+    Execute, JOIN_CONCURRENCY, MAX_LWT_ATTEMPTS, PAGE_ROWS, Values, all_ok, all_rows, at, backoff, be, contention,
+    first_row, rows, statements,
 };
 use super::settings::LogConsistency;
 use crate::domain::{NewEnvelope, ShardId, ShardProgress, StoredEnvelope, next_sequence_id};
@@ -125,114 +125,48 @@ fn answer_all(group: Vec<Pending>, e: &StoreError) {
     }
 }
 
-/// The statements of the log.
-struct LogStatements {
-    head: PreparedStatement,
-    terms: PreparedStatement,
-    claim: PreparedStatement,
-    boundary: PreparedStatement,
-    checkpoint: PreparedStatement,
-    legacy_marks: PreparedStatement,
-    drop_term: PreparedStatement,
-    legacy_shard: PreparedStatement,
-    bucket_put: PreparedStatement,
-    bucket_list: PreparedStatement,
-    bucket_del: PreparedStatement,
-    put: PreparedStatement,
-    read: PreparedStatement,
-    data: PreparedStatement,
-    drop_bucket: PreparedStatement,
-    drop_upto: PreparedStatement,
-    legacy_read: PreparedStatement,
-    legacy_data: PreparedStatement,
-    legacy_drop_bucket: PreparedStatement,
-    legacy_drop_upto: PreparedStatement,
-    progress_put: PreparedStatement,
-    progress_get: PreparedStatement,
-    last_rows: PreparedStatement,
-}
-
 /// A `shard_log` row as a window reads it: the legacy columns, then its term.
 type LogRow = (i32, Vec<u8>, i8, i64, Option<Vec<u8>>, Option<Vec<u8>>, Option<String>, Option<i8>, i64);
 
 const ENVELOPE_COLS: &str = "topic, kind, server_ts, sender_hmac, inline_data, message_id, membership";
 
-impl LogStatements {
-    /// Writes at `consistency.writes`, reads at `consistency.reads`; the
-    /// term's claim is a conditional write at the session's LOCAL_QUORUM.
-    async fn prepare(session: &Session, ks: &str, consistency: LogConsistency) -> Result<Self, StoreError> {
-        let p = |cql: String| async move {
-            let mut st = session.prepare(cql).await.map_err(be("preparing a statement"))?;
-            st.set_page_size(PAGE_ROWS);
-            let level = if st.get_statement().trim_start().starts_with("SELECT") {
-                consistency.reads
-            } else {
-                consistency.writes
-            };
-            st.set_consistency(level.cql());
-            Ok::<_, StoreError>(st)
-        };
-        let mut claim =
-            p(format!("INSERT INTO {ks}.shard_terms (shard, term, base) VALUES (?, ?, ?) IF NOT EXISTS")).await?;
-        claim.set_consistency(scylla::statement::Consistency::LocalQuorum);
-        Ok(Self {
-            claim,
-            // The highest term first (CLUSTERING ORDER BY term DESC); a
-            // partition holding only static cells answers one row with a null term.
-            head: p(format!(
-                "SELECT term, base, boundary, checkpoint, legacy_boundary FROM {ks}.shard_terms WHERE shard = ? LIMIT 1"
-            ))
-            .await?,
-            terms: p(format!("SELECT term, base, legacy_boundary FROM {ks}.shard_terms WHERE shard = ?")).await?,
-            boundary: p(format!(
-                "UPDATE {ks}.shard_terms USING TIMESTAMP ? SET boundary = ? WHERE shard = ? AND term = ?"
-            ))
-            .await?,
-            checkpoint: p(format!("UPDATE {ks}.shard_terms USING TIMESTAMP ? SET checkpoint = ? WHERE shard = ?"))
-                .await?,
-            legacy_marks: p(format!(
-                "UPDATE {ks}.shard_terms USING TIMESTAMP ? SET checkpoint = ?, legacy_boundary = ? WHERE shard = ?"
-            ))
-            .await?,
-            drop_term: p(format!("DELETE FROM {ks}.shard_terms WHERE shard = ? AND term = ?")).await?,
-            legacy_shard: p(format!("SELECT boundary, checkpoint FROM {ks}.shards WHERE shard = ?")).await?,
-            bucket_put: p(format!("INSERT INTO {ks}.envelope_buckets (shard, bucket) VALUES (?, ?)")).await?,
-            bucket_list: p(format!(
-                "SELECT bucket FROM {ks}.envelope_buckets WHERE shard = ? AND bucket >= ? AND bucket <= ?"
-            ))
-            .await?,
-            bucket_del: p(format!("DELETE FROM {ks}.envelope_buckets WHERE shard = ? AND bucket = ?")).await?,
-            put: p(format!(
-                "INSERT INTO {ks}.shard_log (shard, bucket, pos, term, topic, kind, server_ts, sender_hmac, data, \
-                 inline_data, message_id, membership) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-            ))
-            .await?,
-            // A window never reads the data; `data` does, per page (PUSH-230).
-            read: p(format!(
-                "SELECT pos, {ENVELOPE_COLS}, term FROM {ks}.shard_log \
-                 WHERE shard = ? AND bucket = ? AND pos >= ? AND pos <= ?"
-            ))
-            .await?,
-            data: p(format!("SELECT term, data FROM {ks}.shard_log WHERE shard = ? AND bucket = ? AND pos = ?")).await?,
-            drop_bucket: p(format!("DELETE FROM {ks}.shard_log WHERE shard = ? AND bucket = ?")).await?,
-            drop_upto: p(format!("DELETE FROM {ks}.shard_log WHERE shard = ? AND bucket = ? AND pos <= ?")).await?,
-            legacy_read: p(format!(
-                "SELECT pos, {ENVELOPE_COLS} FROM {ks}.envelopes WHERE shard = ? AND bucket = ? AND pos >= ? AND pos <= ?"
-            ))
-            .await?,
-            legacy_data: p(format!("SELECT data FROM {ks}.envelopes WHERE shard = ? AND bucket = ? AND pos = ?"))
-                .await?,
-            legacy_drop_bucket: p(format!("DELETE FROM {ks}.envelopes WHERE shard = ? AND bucket = ?")).await?,
-            legacy_drop_upto: p(format!("DELETE FROM {ks}.envelopes WHERE shard = ? AND bucket = ? AND pos <= ?"))
-                .await?,
-            progress_put: p(format!("UPDATE {ks}.shard_progress SET progress = ? WHERE shard = ?")).await?,
-            progress_get: p(format!("SELECT progress FROM {ks}.shard_progress WHERE shard = ?")).await?,
-            last_rows: p(format!(
-                "SELECT pos, term FROM {ks}.shard_log WHERE shard = ? AND bucket = ? ORDER BY pos DESC, term DESC"
-            ))
-            .await?,
-        })
-    }
+statements! {
+    /// The statements of the log: writes at `consistency.writes`, reads at
+    /// `consistency.reads`; the term's claim is a conditional write at LOCAL_QUORUM.
+    struct LogStatements;
+    fn prepare(session, ks, consistency: LogConsistency);
+    claim: "INSERT INTO {ks}.shard_terms (shard, term, base) VALUES (?, ?, ?) IF NOT EXISTS"
+        => at(Consistency::LocalQuorum),
+    // The highest term first (CLUSTERING ORDER BY term DESC); a partition
+    // holding only static cells answers one row with a null term.
+    head: "SELECT term, base, boundary, checkpoint, legacy_boundary FROM {ks}.shard_terms WHERE shard = ? LIMIT 1"
+        => at(consistency.reads.cql()),
+    terms: "SELECT term, base, legacy_boundary FROM {ks}.shard_terms WHERE shard = ?" => at(consistency.reads.cql()),
+    boundary: "UPDATE {ks}.shard_terms USING TIMESTAMP ? SET boundary = ? WHERE shard = ? AND term = ?" => at(consistency.writes.cql()),
+    checkpoint: "UPDATE {ks}.shard_terms USING TIMESTAMP ? SET checkpoint = ? WHERE shard = ?" => at(consistency.writes.cql()),
+    legacy_marks: "UPDATE {ks}.shard_terms USING TIMESTAMP ? SET checkpoint = ?, legacy_boundary = ? WHERE shard = ?"
+        => at(consistency.writes.cql()),
+    drop_term: "DELETE FROM {ks}.shard_terms WHERE shard = ? AND term = ?" => at(consistency.writes.cql()),
+    legacy_shard: "SELECT boundary, checkpoint FROM {ks}.shards WHERE shard = ?" => at(consistency.reads.cql()),
+    bucket_put: "INSERT INTO {ks}.envelope_buckets (shard, bucket) VALUES (?, ?)" => at(consistency.writes.cql()),
+    bucket_list: "SELECT bucket FROM {ks}.envelope_buckets WHERE shard = ? AND bucket >= ? AND bucket <= ?" => at(consistency.reads.cql()),
+    bucket_del: "DELETE FROM {ks}.envelope_buckets WHERE shard = ? AND bucket = ?" => at(consistency.writes.cql()),
+    put: "INSERT INTO {ks}.shard_log (shard, bucket, pos, term, topic, kind, server_ts, sender_hmac, data, \
+          inline_data, message_id, membership) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)" => at(consistency.writes.cql()),
+    // A window never reads the data; `data` does, per page (PUSH-230).
+    read: "SELECT pos, {ENVELOPE_COLS}, term FROM {ks}.shard_log \
+           WHERE shard = ? AND bucket = ? AND pos >= ? AND pos <= ?" => at(consistency.reads.cql()),
+    data: "SELECT term, data FROM {ks}.shard_log WHERE shard = ? AND bucket = ? AND pos = ?" => at(consistency.reads.cql()),
+    drop_bucket: "DELETE FROM {ks}.shard_log WHERE shard = ? AND bucket = ?" => at(consistency.writes.cql()),
+    drop_upto: "DELETE FROM {ks}.shard_log WHERE shard = ? AND bucket = ? AND pos <= ?" => at(consistency.writes.cql()),
+    legacy_read: "SELECT pos, {ENVELOPE_COLS} FROM {ks}.envelopes \
+                  WHERE shard = ? AND bucket = ? AND pos >= ? AND pos <= ?" => at(consistency.reads.cql()),
+    legacy_data: "SELECT data FROM {ks}.envelopes WHERE shard = ? AND bucket = ? AND pos = ?" => at(consistency.reads.cql()),
+    legacy_drop_bucket: "DELETE FROM {ks}.envelopes WHERE shard = ? AND bucket = ?" => at(consistency.writes.cql()),
+    legacy_drop_upto: "DELETE FROM {ks}.envelopes WHERE shard = ? AND bucket = ? AND pos <= ?" => at(consistency.writes.cql()),
+    progress_put: "UPDATE {ks}.shard_progress SET progress = ? WHERE shard = ?" => at(consistency.writes.cql()),
+    progress_get: "SELECT progress FROM {ks}.shard_progress WHERE shard = ?" => at(consistency.reads.cql()),
+    last_rows: "SELECT pos, term FROM {ks}.shard_log WHERE shard = ? AND bucket = ? ORDER BY pos DESC, term DESC" => at(consistency.reads.cql()),
 }
 
 /// The head of `shard_terms`: the current term and the shard's marks.
