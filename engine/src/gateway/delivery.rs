@@ -251,9 +251,8 @@ impl Delivery {
     async fn attempt(&self, leased: &LeasedWakeup) -> Sent {
         let now = self.clock.now_ms();
         let w = &leased.wakeup;
-        let route = match self.store.gateway().route(&w.route, now).await {
-            Ok(route) => route,
-            Err(_) => return self.retry(&leased, Duration::from_secs(1), false).await,
+        let Ok(route) = self.store.gateway().route(&w.route, now).await else {
+            return self.retry(leased, Duration::from_secs(1), false).await;
         };
         let Some(reg) = route.filter(|r| r.registration_id == w.registration_id && !r.token_invalid) else {
             return self.finish(&leased, Sent::Revoked).await;
@@ -275,9 +274,8 @@ impl Delivery {
             return self.finish(&leased, Sent::Rejected).await;
         };
         let held = held_batch(self.store.as_ref(), w, now).await;
-        let payload: Map<String, Value> = match serde_json::from_slice(held.as_deref().unwrap_or(&w.payload)) {
-            Ok(p) => p,
-            Err(_) => return self.finish(&leased, Sent::Rejected).await,
+        let Ok(payload) = serde_json::from_slice::<Map<String, Value>>(held.as_deref().unwrap_or(&w.payload)) else {
+            return self.finish(leased, Sent::Rejected).await;
         };
         let priority = if payload.get("wakeup_kind").and_then(Value::as_str) == Some("call_invite") {
             RelayPriority::High
@@ -297,10 +295,9 @@ impl Delivery {
             ttl,
             web_push_keys: None,
         };
-        let outcome = match tokio::time::timeout(ATTEMPT_TIMEOUT, provider.send(Push::Relayed(push))).await {
-            Ok(outcome) => outcome,
-            Err(_) => Ok(provider.timed_out()),
-        };
+        let outcome = tokio::time::timeout(ATTEMPT_TIMEOUT, provider.send(Push::Relayed(push)))
+            .await
+            .unwrap_or_else(|_| Ok(provider.timed_out()));
         match outcome {
             Ok(Outcome::Delivered) => self.finish(&leased, Sent::Delivered).await,
             Ok(Outcome::Terminal) => {
