@@ -259,10 +259,6 @@ fn retrying(problem: Problem) -> Problem {
     }
 }
 
-fn not_found() -> Problem {
-    Problem::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
-}
-
 fn unauthorized() -> Problem {
     Problem::new(StatusCode::UNAUTHORIZED, "unauthorized", "an authenticated session is required")
 }
@@ -284,7 +280,9 @@ fn station_request<T>(
     body: &Bytes,
     parse: impl FnOnce(&[u8]) -> Result<T, SchemaViolation>,
 ) -> Result<StationRequest<T>, Problem> {
-    let Some(station) = &state.station else { return Err(not_found()) };
+    let Some(station) = &state.station else {
+        return Err(Problem::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint"));
+    };
     let account = station.1.account(headers, Some(peer.ip())).ok_or_else(unauthorized)?;
     check_operation(headers, operation).map_err(|v| schema_problem(&v))?;
     if body.len() > MAX_STATION_BODY {
