@@ -255,13 +255,13 @@ impl Delivery {
             return self.retry(leased, Duration::from_secs(1), false).await;
         };
         let Some(reg) = route.filter(|r| r.registration_id == w.registration_id && !r.token_invalid) else {
-            return self.finish(&leased, Sent::Revoked).await;
+            return self.finish(leased, Sent::Revoked).await;
         };
         if w.expires_at_ms <= now {
-            return self.finish(&leased, Sent::Exhausted).await;
+            return self.finish(leased, Sent::Exhausted).await;
         }
         let Some((channel, sandbox, token)) = self.route_of(&reg) else {
-            return self.finish(&leased, Sent::Rejected).await;
+            return self.finish(leased, Sent::Rejected).await;
         };
         // §2.4: the key of the window this attempt is sent in, not the one the
         // wake-up was accepted in (a retry may cross into the next window).
@@ -271,7 +271,7 @@ impl Delivery {
         };
         let Some(provider) = self.channels.get(channel).cloned() else {
             // Configuration changed since the wakeup was accepted.
-            return self.finish(&leased, Sent::Rejected).await;
+            return self.finish(leased, Sent::Rejected).await;
         };
         let held = held_batch(self.store.as_ref(), w, now).await;
         let Ok(payload) = serde_json::from_slice::<Map<String, Value>>(held.as_deref().unwrap_or(&w.payload)) else {
@@ -299,18 +299,18 @@ impl Delivery {
             .await
             .unwrap_or_else(|_| Ok(provider.timed_out()));
         match outcome {
-            Ok(Outcome::Delivered) => self.finish(&leased, Sent::Delivered).await,
+            Ok(Outcome::Delivered) => self.finish(leased, Sent::Delivered).await,
             Ok(Outcome::Terminal) => {
                 if let Err(e) = self.store.gateway().mark_token_invalid(&w.route, &w.registration_id).await {
                     tracing::warn!(error = %e, "cannot mark a dead push token");
                 }
-                self.finish(&leased, Sent::DeadToken).await
+                self.finish(leased, Sent::DeadToken).await
             }
             Ok(Outcome::Rejected | Outcome::Mismatch) | Err(Refusal::TooLarge | Refusal::Unsupported) => {
-                self.finish(&leased, Sent::Rejected).await
+                self.finish(leased, Sent::Rejected).await
             }
-            Ok(Outcome::NotSent { delay }) => self.retry(&leased, delay, false).await,
-            Ok(Outcome::Transient { delay } | Outcome::Gone { delay }) => self.retry(&leased, delay, true).await,
+            Ok(Outcome::NotSent { delay }) => self.retry(leased, delay, false).await,
+            Ok(Outcome::Transient { delay } | Outcome::Gone { delay }) => self.retry(leased, delay, true).await,
         }
     }
 
