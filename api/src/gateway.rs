@@ -27,7 +27,7 @@ use fanout_engine::domain::{AccountId, ServiceId};
 use fanout_engine::gateway::schema::NotifyHeaders;
 use fanout_engine::gateway::schema::{Operation, RegisterDevice, SchemaViolation, UnregisterDevice, check_operation};
 use fanout_engine::gateway::service::{GatewayService, NotifyError, StationError};
-use fanout_engine::gateway::signature::{self, SignatureError, SignaturePolicy, SignedRequest};
+use fanout_engine::gateway::signature::{self, SignatureError, SignedRequest};
 use fanout_engine::metrics::Metrics;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -239,22 +239,24 @@ pub(crate) fn schema_problem(v: &SchemaViolation) -> Problem {
     Problem::new(StatusCode::BAD_REQUEST, SchemaViolation::CODE, v.to_string())
 }
 
+/// The problem of a refused Station request; 429 and 503 carry a Retry-After.
 fn station_problem(e: &StationError) -> Problem {
-    let status = match e {
+    let (status, code) = match e {
         StationError::Schema(v) => return schema_problem(v),
-        StationError::GatewayNotOnboarded | StationError::RouteNotConfigured => StatusCode::UNPROCESSABLE_ENTITY,
-        StationError::Overloaded => StatusCode::TOO_MANY_REQUESTS,
-        StationError::Storage => StatusCode::SERVICE_UNAVAILABLE,
+        StationError::GatewayNotOnboarded => (StatusCode::UNPROCESSABLE_ENTITY, "push_gateway_not_onboarded"),
+        StationError::RouteNotConfigured => (StatusCode::UNPROCESSABLE_ENTITY, "push_route_not_configured"),
+        StationError::Overloaded => (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
+        StationError::Storage => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
     };
-    let problem = Problem::new(status, e.code(), e.to_string());
-    match e {
-        StationError::Overloaded | StationError::Storage => problem.retry_after(1),
-        _ => problem,
-    }
+    retrying(Problem::new(status, code, e.to_string()))
 }
 
-fn not_found() -> Problem {
-    Problem::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
+/// `problem`, with a Retry-After when it is a 429 or a 503.
+fn retrying(problem: Problem) -> Problem {
+    match problem.status {
+        StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => problem.retry_after(1),
+        _ => problem,
+    }
 }
 
 fn unauthorized() -> Problem {
@@ -278,7 +280,9 @@ fn station_request<T>(
     body: &Bytes,
     parse: impl FnOnce(&[u8]) -> Result<T, SchemaViolation>,
 ) -> Result<StationRequest<T>, Problem> {
-    let Some(station) = &state.station else { return Err(not_found()) };
+    let Some(station) = &state.station else {
+        return Err(Problem::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint"));
+    };
     let account = station.1.account(headers, Some(peer.ip())).ok_or_else(unauthorized)?;
     check_operation(headers, operation).map_err(|v| schema_problem(&v))?;
     if body.len() > MAX_STATION_BODY {
@@ -322,19 +326,16 @@ async fn unregister_device(
 }
 
 fn notify_problem(e: &NotifyError) -> Problem {
-    let status = match e {
+    let (status, code) = match e {
         NotifyError::Schema(v) => return schema_problem(v),
-        NotifyError::UnknownSource => StatusCode::UNAUTHORIZED,
-        NotifyError::WrongDestination => StatusCode::MISDIRECTED_REQUEST,
-        NotifyError::DuplicateConflict => StatusCode::CONFLICT,
-        NotifyError::Overloaded => StatusCode::TOO_MANY_REQUESTS,
-        NotifyError::InProgress | NotifyError::Storage => StatusCode::SERVICE_UNAVAILABLE,
+        NotifyError::UnknownSource => (StatusCode::UNAUTHORIZED, "unauthorized"),
+        NotifyError::WrongDestination => (StatusCode::MISDIRECTED_REQUEST, "wrong_destination"),
+        NotifyError::DuplicateConflict => (StatusCode::CONFLICT, "duplicate_conflict"),
+        NotifyError::InProgress => (StatusCode::SERVICE_UNAVAILABLE, "in_progress"),
+        NotifyError::Overloaded => (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
+        NotifyError::Storage => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
     };
-    let problem = Problem::new(status, e.code(), e.to_string());
-    match e {
-        NotifyError::Overloaded | NotifyError::InProgress | NotifyError::Storage => problem.retry_after(1),
-        _ => problem,
-    }
+    retrying(Problem::new(status, code, e.to_string()))
 }
 
 fn now_unix_s() -> i64 {
@@ -380,8 +381,7 @@ async fn notify(
             path_and_query,
             headers: &headers,
         };
-        let policy = SignaturePolicy::notify(settings.signature_max_age, settings.clock_skew);
-        signature::verify(&request, source, &policy, now_unix_s()).map_err(|e| {
+        signature::verify(&request, source, &settings.notify_signature_policy(), now_unix_s()).map_err(|e| {
             tracing::info!(reason = e.label(), "notify signature refused");
             unauthorized(e.label(), e.to_string())
         })?;

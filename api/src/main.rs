@@ -148,12 +148,8 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         server_tls.clone().map(|t| Arc::new(move || pick(&t)) as listener::TlsSource)
     };
     let mut reloadable: Vec<Arc<dyn tls::Reloadable>> = Vec::new();
-    if let Some(t) = &server_tls {
-        reloadable.push(t.clone());
-    }
-    if let Some(a) = &authenticator {
-        reloadable.push(a.clone());
-    }
+    reloadable.extend(server_tls.clone().map(|t| t as _));
+    reloadable.extend(authenticator.clone().map(|a| a as _));
     let reload_interval = server_tls.as_ref().map_or(Duration::from_secs(60), |t| t.reload_interval());
     tokio::spawn(tls::watch_files(reloadable, reload_interval, shutdown_rx.clone()));
 
@@ -251,12 +247,12 @@ fn gateway_state(config: &Config, engine: &Engine) -> anyhow::Result<Option<gate
     Ok(Some(gateway::GatewayState { service, station, metrics: engine.metrics(), scheme }))
 }
 
-/// The embedded store in `store.path`, created if missing.
 /// A test hook's count from the environment; unset or not a number is 0 (off).
 fn dangerous_count(var: &str) -> u64 {
     std::env::var(var).ok().and_then(|v| v.parse().ok()).unwrap_or(0)
 }
 
+/// The embedded store in `store.path`, created if missing.
 fn open_redb(config: &Config) -> anyhow::Result<RedbStore> {
     let cache_bytes = config.store.cache_size_mb.get() << 20;
     RedbStore::open_with_cache(&config.store.path, config.engine.shard_count.get(), cache_bytes)

@@ -85,12 +85,6 @@ pub enum EnvelopeRejection {
     LeaseLost { shard: u16 },
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Published {
-    pub shard: ShardId,
-    pub sequence_id: u64,
-}
-
 pub struct Ingest {
     pub store: Arc<dyn Store>,
     pub shard_count: u16,

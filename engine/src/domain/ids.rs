@@ -23,11 +23,6 @@ impl RecipientId {
         &self.0
     }
 
-    /// Lowercase hex, as the webhook body carries it (PUSH-259).
-    pub fn to_hex(&self) -> String {
-        hex::encode(self.0)
-    }
-
     /// A stable partition index, e.g. for choosing a delivery worker. Every
     /// byte counts: ids that share a prefix (a client's or a harness's own
     /// scheme) still spread over the partitions.

@@ -251,18 +251,17 @@ impl Delivery {
     async fn attempt(&self, leased: &LeasedWakeup) -> Sent {
         let now = self.clock.now_ms();
         let w = &leased.wakeup;
-        let route = match self.store.gateway().route(&w.route, now).await {
-            Ok(route) => route,
-            Err(_) => return self.retry(&leased, Duration::from_secs(1), false).await,
+        let Ok(route) = self.store.gateway().route(&w.route, now).await else {
+            return self.retry(leased, Duration::from_secs(1), false).await;
         };
         let Some(reg) = route.filter(|r| r.registration_id == w.registration_id && !r.token_invalid) else {
-            return self.finish(&leased, Sent::Revoked).await;
+            return self.finish(leased, Sent::Revoked).await;
         };
         if w.expires_at_ms <= now {
-            return self.finish(&leased, Sent::Exhausted).await;
+            return self.finish(leased, Sent::Exhausted).await;
         }
         let Some((channel, sandbox, token)) = self.route_of(&reg) else {
-            return self.finish(&leased, Sent::Rejected).await;
+            return self.finish(leased, Sent::Rejected).await;
         };
         // §2.4: the key of the window this attempt is sent in, not the one the
         // wake-up was accepted in (a retry may cross into the next window).
@@ -272,12 +271,11 @@ impl Delivery {
         };
         let Some(provider) = self.channels.get(channel).cloned() else {
             // Configuration changed since the wakeup was accepted.
-            return self.finish(&leased, Sent::Rejected).await;
+            return self.finish(leased, Sent::Rejected).await;
         };
         let held = held_batch(self.store.as_ref(), w, now).await;
-        let payload: Map<String, Value> = match serde_json::from_slice(held.as_deref().unwrap_or(&w.payload)) {
-            Ok(p) => p,
-            Err(_) => return self.finish(&leased, Sent::Rejected).await,
+        let Ok(payload) = serde_json::from_slice::<Map<String, Value>>(held.as_deref().unwrap_or(&w.payload)) else {
+            return self.finish(leased, Sent::Rejected).await;
         };
         let priority = if payload.get("wakeup_kind").and_then(Value::as_str) == Some("call_invite") {
             RelayPriority::High
@@ -297,23 +295,22 @@ impl Delivery {
             ttl,
             web_push_keys: None,
         };
-        let outcome = match tokio::time::timeout(ATTEMPT_TIMEOUT, provider.send(Push::Relayed(push))).await {
-            Ok(outcome) => outcome,
-            Err(_) => Ok(provider.timed_out()),
-        };
+        let outcome = tokio::time::timeout(ATTEMPT_TIMEOUT, provider.send(Push::Relayed(push)))
+            .await
+            .unwrap_or_else(|_| Ok(provider.timed_out()));
         match outcome {
-            Ok(Outcome::Delivered) => self.finish(&leased, Sent::Delivered).await,
+            Ok(Outcome::Delivered) => self.finish(leased, Sent::Delivered).await,
             Ok(Outcome::Terminal) => {
                 if let Err(e) = self.store.gateway().mark_token_invalid(&w.route, &w.registration_id).await {
                     tracing::warn!(error = %e, "cannot mark a dead push token");
                 }
-                self.finish(&leased, Sent::DeadToken).await
+                self.finish(leased, Sent::DeadToken).await
             }
             Ok(Outcome::Rejected | Outcome::Mismatch) | Err(Refusal::TooLarge | Refusal::Unsupported) => {
-                self.finish(&leased, Sent::Rejected).await
+                self.finish(leased, Sent::Rejected).await
             }
-            Ok(Outcome::NotSent { delay }) => self.retry(&leased, delay, false).await,
-            Ok(Outcome::Transient { delay } | Outcome::Gone { delay }) => self.retry(&leased, delay, true).await,
+            Ok(Outcome::NotSent { delay }) => self.retry(leased, delay, false).await,
+            Ok(Outcome::Transient { delay } | Outcome::Gone { delay }) => self.retry(leased, delay, true).await,
         }
     }
 

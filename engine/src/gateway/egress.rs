@@ -95,14 +95,6 @@ impl WakeupPayload {
         }
     }
 
-    pub fn push_target_id(&self) -> &PushTargetId {
-        &self.push_target_id
-    }
-
-    pub fn wakeup_kind(&self) -> WakeupKind {
-        self.wakeup_kind
-    }
-
     pub fn counts(&self) -> &EgressCounts {
         &self.counts
     }

@@ -268,10 +268,6 @@ impl NotifyResponse {
         check_conservation(target, requested, &self.push_target_id, &self.outcomes)
     }
 
-    pub fn push_target_id(&self) -> &PushTargetId {
-        &self.push_target_id
-    }
-
     pub fn outcomes(&self) -> &[Outcome] {
         &self.outcomes
     }

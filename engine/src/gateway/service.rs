@@ -20,12 +20,12 @@ use tokio::sync::Semaphore;
 
 use super::delivery::{Delivery, route_channel};
 use super::egress::{
-    BucketDwell, DedupKey, DedupScope, Egress, EgressCount, EgressPolicy, ProviderWakeup, RateWindow, WakeupPayload,
+    BucketDwell, DedupKey, DedupScope, Egress, EgressCount, ProviderWakeup, RateWindow, WakeupPayload,
 };
 use super::identity::{DeliveryWindowId, SaltSecrets};
 use super::outcome::{DeviceOutcome, GatewayStatus, NoFanout, NotifyResponse, ReasonCode, Rejection, TargetFailure};
 use super::pending::{Admission, PendingWakeups, ledger_key};
-use super::schema::{NotifyHeaders, NotifyLimits, NotifyRequest, RegisterDevice, SchemaViolation, UnregisterDevice};
+use super::schema::{NotifyHeaders, NotifyRequest, RegisterDevice, SchemaViolation, UnregisterDevice};
 use super::settings::GatewaySettings;
 use super::state::{batch_id, hex32, update_ledger, update_state};
 use crate::channel::Channels;
@@ -102,19 +102,6 @@ pub enum StationError {
     /// 503.
     #[error("storage unavailable; retry")]
     Storage,
-}
-
-impl StationError {
-    /// The stable problem code.
-    pub fn code(&self) -> &'static str {
-        match self {
-            Self::Schema(_) => super::schema::SchemaViolation::CODE,
-            Self::GatewayNotOnboarded => "push_gateway_not_onboarded",
-            Self::RouteNotConfigured => "push_route_not_configured",
-            Self::Overloaded => "rate_limited",
-            Self::Storage => "unavailable",
-        }
-    }
 }
 
 /// What a Station request changed, as `fanout_gateway_registrations_total`
@@ -294,12 +281,7 @@ impl GatewayService {
         if self.settings.source_service(&headers.source).is_none() {
             return Err(NotifyError::UnknownSource);
         }
-        let limits = NotifyLimits {
-            grid: &self.settings.count_grid,
-            max_unread_increment: self.settings.max_unread_increment,
-            max_devices: self.settings.max_devices_per_notify,
-        };
-        let request = NotifyRequest::parse(body, &limits)?;
+        let request = NotifyRequest::parse(body, &self.settings.notify_limits())?;
         let key = NotifyKey { tenant: headers.source.clone(), idempotency_key: headers.idempotency_key.clone() };
         let now = self.clock.now_ms();
         let lease_until = now + CLAIM_LEASE.as_millis() as i64;
@@ -474,11 +456,7 @@ impl GatewayService {
 
         // §4.5 / §8: at once up to the threshold per window, else (or on a
         // hardened route always) one batch wakeup at the bucket's end.
-        let policy = EgressPolicy {
-            window: self.settings.window,
-            aggressive_threshold: self.settings.aggressive_threshold.get(),
-            hardened_bucket: self.settings.is_hardened(source).then_some(self.settings.hardened_bucket),
-        };
+        let policy = self.settings.egress_policy(source);
         let keep = window_end + self.settings.window.as_millis() as i64;
         let egress = self
             .update_state(tenant, &[b"r".as_slice(), &route_key].concat(), keep, now, |r: &mut RateWindow| {
@@ -638,21 +616,6 @@ pub enum NotifyError {
 impl From<StoreError> for NotifyError {
     fn from(_: StoreError) -> Self {
         Self::Storage
-    }
-}
-
-impl NotifyError {
-    /// The stable problem code.
-    pub fn code(&self) -> &'static str {
-        match self {
-            Self::Schema(_) => SchemaViolation::CODE,
-            Self::UnknownSource => "unauthorized",
-            Self::WrongDestination => "wrong_destination",
-            Self::DuplicateConflict => "duplicate_conflict",
-            Self::InProgress => "in_progress",
-            Self::Overloaded => "rate_limited",
-            Self::Storage => "unavailable",
-        }
     }
 }
 

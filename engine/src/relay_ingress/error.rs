@@ -2,19 +2,22 @@
 
 use super::request::Malformed;
 use super::signature::SignatureError;
+use strum::{IntoEnumIterator, VariantArray};
 
 /// Why a webhook is not answered 2xx. `fanout-api` maps each to its status
 /// once (`api/src/relay_ingress.rs`). Messages name the rule, never a value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error, strum::EnumIter)]
 pub enum IngressError {
     /// 401.
     #[error(transparent)]
+    #[strum(disabled)]
     Signature(#[from] SignatureError),
     /// 401: no secret is configured for the body's hub_id.
     #[error("unknown hub")]
     UnknownHub,
     /// 400.
     #[error(transparent)]
+    #[strum(disabled)]
     Malformed(#[from] Malformed),
     /// 413: over `max_body_bytes` (decided by the HTTP edge while reading).
     #[error("the body exceeds the configured limit")]
@@ -87,27 +90,9 @@ impl IngressError {
     }
 
     /// Every label value, so the series exist at zero.
-    pub const LABELS: &'static [&'static str] = &[
-        "signature_missing",
-        "signature_malformed",
-        "signature_stale",
-        "signature_mismatch",
-        "unknown_hub",
-        "malformed",
-        "version",
-        "delivery_id",
-        "registration",
-        "ttl",
-        "body_too_large",
-        "unsupported_provider",
-        "provider_not_configured",
-        "unknown_app",
-        "payload_too_large",
-        "dead_token",
-        "provider_rejected",
-        "overloaded",
-        "in_progress",
-        "provider_unavailable",
-        "storage",
-    ];
+    pub fn labels() -> impl Iterator<Item = &'static str> {
+        let signature = SignatureError::VARIANTS.iter().map(|e| e.label());
+        let malformed = Malformed::VARIANTS.iter().map(|m| m.label());
+        signature.chain(malformed).chain(Self::iter().map(|e| e.label()))
+    }
 }

@@ -111,7 +111,7 @@ impl RelayIngress {
             }
             secrets.insert(hub.clone(), Secret(bytes[..len].to_vec()));
         }
-        for reason in IngressError::LABELS {
+        for reason in IngressError::labels() {
             metrics.relay_ingress_rejected.with_label_values(&[reason]);
         }
         // Every outcome of every configured channel from the start, so rates
@@ -247,10 +247,9 @@ impl RelayIngress {
             ttl: webhook.ttl,
             web_push_keys: keys.as_ref(),
         };
-        let outcome = match tokio::time::timeout(ATTEMPT_TIMEOUT, provider.send(Push::Relayed(push))).await {
-            Ok(outcome) => outcome,
-            Err(_) => Ok(provider.timed_out()),
-        };
+        let outcome = tokio::time::timeout(ATTEMPT_TIMEOUT, provider.send(Push::Relayed(push)))
+            .await
+            .unwrap_or_else(|_| Ok(provider.timed_out()));
         let pushes =
             |label: &str| self.metrics.relay_ingress_pushes.with_label_values(&[channel.as_str(), label]).inc();
         let (label, settled, answer) = match outcome {

@@ -18,7 +18,7 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(86_400);
 pub const MAX_TTL: Duration = Duration::from_secs(7 * 86_400);
 
 /// Why a body is malformed (400). Messages name the rule, never a value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error, strum::VariantArray)]
 pub enum Malformed {
     #[error("the body is not a JSON object of the webhook's shape")]
     Shape,

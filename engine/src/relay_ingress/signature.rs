@@ -16,7 +16,7 @@ pub const HEADER_SIGNATURE: &str = "x-gim-signature";
 
 /// Why a signature is refused. Every variant answers 401; the variants
 /// exist for the `reason` label of the rejection counter and for tests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error, strum::IntoStaticStr)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error, strum::IntoStaticStr, strum::VariantArray)]
 #[strum(serialize_all = "snake_case", prefix = "signature_")]
 pub enum SignatureError {
     #[error("the X-Gim-Signature header is missing")]

@@ -137,19 +137,6 @@ pub fn http2_client(
     Http2Client::new(connector(tls, Protocols::Http2, resolver, opened, allow_plain_http), idle_timeout)
 }
 
-/// The HTTP/2 client of a pool whose hosts may speak HTTP/1.1: its
-/// connector offers both, and a host that picks http/1.1 is told apart on
-/// the connection, before any request is sent (`alpn`).
-fn probing_http2_client(
-    tls: rustls::ClientConfig,
-    idle_timeout: Duration,
-    resolver: Resolver,
-    opened: Option<IntCounter>,
-    allow_plain_http: bool,
-) -> Http2Client {
-    Http2Client::probing(connector(tls, Protocols::Http1Or2, resolver, opened, allow_plain_http), idle_timeout)
-}
-
 /// A complete answer: status, headers and at most `MAX_RESPONSE_BODY` bytes.
 #[derive(Debug)]
 pub struct Answer {
@@ -272,17 +259,21 @@ impl Pool {
     ) -> Self {
         let opened = Some(metrics.connections_opened.clone());
         let with_alpn = options.client.protocols == Protocols::Http1Or2;
+        let idle_timeout = options.client.idle_timeout;
         let lanes = (0..options.connections.get())
-            .map(|_| Lane {
-                http2: (if with_alpn { probing_http2_client } else { http2_client })(
-                    tls.clone(),
-                    options.client.idle_timeout,
-                    resolver.clone(),
-                    opened.clone(),
-                    allow_plain_http,
-                ),
-                alpn: with_alpn
-                    .then(|| client(tls.clone(), options.client, resolver.clone(), opened.clone(), allow_plain_http)),
+            .map(|_| {
+                let connect =
+                    |protocols| connector(tls.clone(), protocols, resolver.clone(), opened.clone(), allow_plain_http);
+                // With ALPN, the HTTP/2 client's connector offers both, and a host that picks
+                // http/1.1 is told apart on the connection, before any request is sent (`alpn`).
+                let http2 = if with_alpn {
+                    Http2Client::probing(connect(Protocols::Http1Or2), idle_timeout)
+                } else {
+                    Http2Client::new(connect(Protocols::Http2), idle_timeout)
+                };
+                let alpn = with_alpn
+                    .then(|| client(tls.clone(), options.client, resolver.clone(), opened.clone(), allow_plain_http));
+                Lane { http2, alpn }
             })
             .collect();
         let hosts = with_alpn.then(HostProtocols::default);
