@@ -21,6 +21,7 @@ mod commit;
 mod gateway;
 mod recipient_cache;
 mod relay;
+mod time_index;
 
 use std::borrow::Borrow;
 use std::collections::BTreeMap;
@@ -34,6 +35,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTran
 
 use self::codec::{OrBackend, ShardRow, corrupt};
 use self::recipient_cache::RecipientCache;
+use self::time_index::{BytesTable, PRUNE_BATCH};
 use super::{Appended, RegistrationRemoval, ShardLeases, ShardPosition, Store, StoreError};
 use crate::domain::{
     DeliveryTarget, GatewayRegistration, GatewayWakeup, LeasedWakeup, NewEnvelope, NotifyClaim, NotifyKey,
@@ -56,12 +58,7 @@ const PROGRESS: TableDefinition<u16, &[u8]> = TableDefinition::new("shard_progre
 
 const META_SHARD_COUNT: &str = "shard_count";
 
-/// Expired records deleted per retention transaction, so one pass never
-/// holds a huge write transaction.
-const PRUNE_BATCH: usize = 10_000;
-
 type RecipientsTable<'t> = redb::Table<'t, &'static [u8; 32], &'static [u8]>;
-type BytesTable<'t> = redb::Table<'t, &'static [u8], &'static [u8]>;
 
 /// The embedded `Store` on redb.
 pub struct RedbStore {
@@ -270,28 +267,6 @@ impl<'t> Subs<'t> {
         }
         Ok(())
     }
-}
-
-/// A time in an index key: milliseconds as u64 big-endian, so that keys
-/// sort by time.
-fn at(ms: i64) -> [u8; 8] {
-    (ms.max(0) as u64).to_be_bytes()
-}
-
-/// The keys of a time index (a time as `at`, then the record's key) due
-/// at `now_ms`, oldest first, at most `limit`: expiry indexes, wakeups due.
-fn due_keys(index: &BytesTable<'_>, now_ms: i64, limit: usize) -> Result<Vec<Vec<u8>>, StoreError> {
-    let now = at(now_ms);
-    let mut due = Vec::new();
-    for row in index.range::<&[u8]>(..).be()?.take(limit) {
-        let (k, _) = row.be()?;
-        // `time <= now`: the first 8 bytes at or below now's.
-        if k.value()[..8] > now[..] {
-            break;
-        }
-        due.push(k.value().to_vec());
-    }
-    Ok(due)
 }
 
 /// Deletes a recipient and every subscription it holds (PUSH-207/226/234).

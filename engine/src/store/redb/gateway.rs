@@ -18,7 +18,7 @@
 use redb::{ReadTransaction, ReadableTable, TableDefinition, WriteTransaction};
 
 use super::codec::{OrBackend, Reader, Writer};
-use super::{PRUNE_BATCH, at};
+use super::time_index::{PRUNE_BATCH, at, due_keys};
 use crate::domain::{
     AccountId, DeviceId, GatewayRegistration, GatewayWakeup, LeasedWakeup, NotifyClaim, NotifyKey, PushRouteId,
     PushTargetId, RegistrationId, Revoke, RouteKey, SaltEpochId, ServiceId,
@@ -415,7 +415,7 @@ pub(super) fn wakeups_due(
 ) -> Result<Vec<LeasedWakeup>, StoreError> {
     let mut due_index = txn.open_table(WAKEUP_DUE).be()?;
     let mut table = txn.open_table(WAKEUPS).be()?;
-    let taken = super::due_keys(&due_index, now_ms, limit)?;
+    let taken = due_keys(&due_index, now_ms, limit)?;
     let mut out = Vec::with_capacity(taken.len());
     for k in taken {
         due_index.remove(k.as_slice()).be()?;
@@ -516,7 +516,7 @@ pub(super) fn state_cas(
 /// `PRUNE_BATCH` means none is left).
 pub(super) fn prune_batch(txn: &WriteTransaction, now_ms: i64) -> Result<usize, StoreError> {
     let mut expiry = txn.open_table(EXPIRY).be()?;
-    let expired = super::due_keys(&expiry, now_ms, PRUNE_BATCH)?;
+    let expired = due_keys(&expiry, now_ms, PRUNE_BATCH)?;
     for k in &expired {
         expiry.remove(k.as_slice()).be()?;
         let (kind, record) = (k[8], &k[9..]);

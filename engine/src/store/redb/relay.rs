@@ -8,6 +8,7 @@
 use redb::{ReadableTable, TableDefinition, WriteTransaction};
 
 use super::codec::OrBackend;
+use super::time_index::{PRUNE_BATCH, at, due_keys};
 use crate::domain::{RelayClaim, RelayKey, RelaySettled};
 use crate::store::StoreError;
 
@@ -35,7 +36,7 @@ fn key_bytes(key: &RelayKey) -> Result<Vec<u8>, StoreError> {
 }
 
 fn expiry_key(expires_at: i64, key: &[u8]) -> Vec<u8> {
-    [&super::at(expires_at), key].concat()
+    [&at(expires_at), key].concat()
 }
 
 fn encode(r: Record) -> [u8; 17] {
@@ -129,7 +130,7 @@ pub(super) fn release(txn: &WriteTransaction, key: &RelayKey, lease_until_ms: i6
 /// `PRUNE_BATCH` means none is left).
 pub(super) fn prune_batch(txn: &WriteTransaction, now_ms: i64) -> Result<usize, StoreError> {
     let mut expiry = txn.open_table(RELAY_EXPIRY).be()?;
-    let expired = super::due_keys(&expiry, now_ms, super::PRUNE_BATCH)?;
+    let expired = due_keys(&expiry, now_ms, PRUNE_BATCH)?;
     let mut records = txn.open_table(RELAY).be()?;
     for k in &expired {
         expiry.remove(k.as_slice()).be()?;
