@@ -769,11 +769,10 @@ impl Store for ScyllaStore {
         loop {
             let need = limit - out.len();
             let mut chunk = Vec::with_capacity(need);
-            while chunk.len() < need {
-                match ids.try_next().await? {
-                    Some((id,)) => chunk.push(RecipientId::parse(&id).map_err(|_| corrupt("topic subscription"))?),
-                    None => break,
-                }
+            while chunk.len() < need
+                && let Some((id,)) = ids.try_next().await?
+            {
+                chunk.push(RecipientId::parse(&id).map_err(|_| corrupt("topic subscription"))?);
             }
             let exhausted = chunk.len() < need;
             out.extend(self.join(topic, chunk).await?);
