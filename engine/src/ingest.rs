@@ -190,20 +190,16 @@ impl Ingest {
             match p {
                 Ok(e) if !owned.holds(e.shard(), now) => {
                     let shard = e.shard();
-                    let rejection = match owners.get(&shard) {
-                        Some(r) => r.clone(),
-                        None => {
-                            let r = match ownership.leases.lease_owner(shard).await? {
-                                Some((_, address)) if !address.is_empty() && address != self.advertise_address => {
-                                    EnvelopeRejection::OwnedElsewhere { shard: shard.index(), address }
-                                }
-                                _ => EnvelopeRejection::NoOwner { shard: shard.index() },
-                            };
-                            owners.insert(shard, r.clone());
-                            r
-                        }
-                    };
-                    out.push(Err((Some(shard), rejection)));
+                    if !owners.contains_key(&shard) {
+                        let rejection = match ownership.leases.lease_owner(shard).await? {
+                            Some((_, address)) if !address.is_empty() && address != self.advertise_address => {
+                                EnvelopeRejection::OwnedElsewhere { shard: shard.index(), address }
+                            }
+                            _ => EnvelopeRejection::NoOwner { shard: shard.index() },
+                        };
+                        owners.insert(shard, rejection);
+                    }
+                    out.push(Err((Some(shard), owners[&shard].clone())));
                 }
                 other => out.push(other),
             }
@@ -232,11 +228,8 @@ impl Ingest {
                     .ok_or(EnvelopeRejection::Invalid("membership_change is unknown"))?,
             ),
         };
-        let message_id = if input.message_id.is_empty() {
-            None
-        } else {
-            Some(MessageId::parse(&input.message_id).map_err(invalid)?)
-        };
+        let message_id =
+            (!input.message_id.is_empty()).then(|| MessageId::parse(&input.message_id)).transpose().map_err(invalid)?;
         // PUSH-230 fails open: a sender_hmac of another length than 32 is
         // no HMAC (the envelope is delivered), not an invalid envelope.
         let sender_hmac = SenderHmac::parse(&input.sender_hmac);

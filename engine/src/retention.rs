@@ -115,12 +115,7 @@ impl Actor for RetentionActor {
         args: &mut RetentionArgs,
     ) -> Result<(), ActorProcessingErr> {
         run_pass(args).await;
-        let me = myself.clone();
-        let interval = args.interval.get();
-        tokio::spawn(async move {
-            tokio::time::sleep(interval).await;
-            let _ = me.cast(RetentionMsg::Pass);
-        });
+        myself.send_after(args.interval.get(), || RetentionMsg::Pass);
         Ok(())
     }
 }

@@ -161,17 +161,17 @@ impl Window {
         self.queued.clear();
     }
 
-    /// Records page `page` and returns its deliveries, each with its place in
-    /// the page's latch.
+    /// Records the next page and returns its deliveries, each with its place
+    /// in the page's latch.
     fn hand_out(
         &mut self,
         myself: &ActorRef<ShardMsg>,
-        page: u64,
         envelope: Arc<StoredEnvelope>,
         after: Option<RecipientId>,
         recipients: Vec<Arc<Recipient>>,
     ) -> Vec<Delivery> {
-        let window = self.id;
+        let (window, page) = (self.id, self.next_page_id);
+        self.next_page_id += 1;
         let me = myself.clone();
         let latch = Arc::new(FirstAttemptLatch::new(recipients.len(), self.progress.clone(), move || {
             let _ = me.cast(ShardMsg::PageDone { window, page });
@@ -504,9 +504,7 @@ impl ShardState {
             }
         }
         if !recipients.is_empty() {
-            let page = w.next_page_id;
-            w.next_page_id += 1;
-            let batch = w.hand_out(myself, page, envelope, after, recipients);
+            let batch = w.hand_out(myself, envelope, after, recipients);
             let handoffs = w.route(&ctx, batch);
             if w.envelopes.is_empty() {
                 w.release_queued(); // the read is fully handed out
@@ -664,9 +662,7 @@ impl ShardState {
             }
             let Some(page) = w.pages.remove(&old) else { continue };
             let recipients = missing.into_iter().map(|i| page.recipients[i].clone()).collect();
-            let id = w.next_page_id;
-            w.next_page_id += 1;
-            batch.extend(w.hand_out(myself, id, page.envelope, page.after, recipients));
+            batch.extend(w.hand_out(myself, page.envelope, page.after, recipients));
         }
         if batch.is_empty() {
             // Every first attempt is under way (slow answers): nothing lost.

@@ -101,8 +101,8 @@ pub use self::settings::{Keyspace, LogConsistency, Nodes, ScyllaSettings};
 
 use self::codec::{Versioned, corrupt, from_db, to_db};
 use self::cql::{
-    Execute, JOIN_CONCURRENCY, Lwt, MAX_LWT_ATTEMPTS, PAGE_ROWS, Values, WriteClock, all_ok, all_rows, at, backoff, be,
-    contention, first_row, rows, statements,
+    Execute, JOIN_CONCURRENCY, Lwt, PAGE_ROWS, Values, WriteClock, all_ok, all_rows, at, be, first_row, retry, rows,
+    statements,
 };
 use self::gateway::ScyllaGateway;
 use self::log::ShardLog;
@@ -481,7 +481,7 @@ impl Store for ScyllaStore {
         let text = text.as_ref();
         let signing_key = signing_key.as_deref();
         let (hash, key) = (secret_hash.0.as_slice(), id.as_bytes().as_slice());
-        for attempt in 0..MAX_LWT_ATTEMPTS {
+        retry(|| async move {
             let current = self.read_static(id).await?;
             // PUSH-255: create with no subscriptions, or replace the target and keep them.
             let (done, topic_count) = match &current {
@@ -495,27 +495,21 @@ impl Store for ScyllaStore {
                     (self.session.lwt(&self.st.renew_recipient, values).await?.applied, v.recipient.topic_count)
                 }
             };
-            if done {
-                return Ok(RecipientSummary { topic_count, channel: target.channel(), renewed_at_ns: now_ns });
-            }
-            backoff(attempt).await;
-        }
-        Err(contention())
+            Ok(done.then(|| RecipientSummary { topic_count, channel: target.channel(), renewed_at_ns: now_ns }))
+        })
+        .await
     }
 
     async fn unregister(&self, id: &RecipientId, secret_hash: &SecretHash) -> Result<(), StoreError> {
-        for attempt in 0..MAX_LWT_ATTEMPTS {
+        retry(|| async move {
             let v = self.read_static(id).await?.ok_or(StoreError::NotFound)?;
             if v.recipient.secret_hash != *secret_hash {
                 return Err(StoreError::SecretMismatch);
             }
             // PUSH-207: the recipient and every subscription it holds, in one partition delete.
-            if self.delete_versioned(&v).await? {
-                return Ok(());
-            }
-            backoff(attempt).await;
-        }
-        Err(contention())
+            Ok(self.delete_versioned(&v).await?.then_some(()))
+        })
+        .await
     }
 
     async fn update_subscriptions(
@@ -526,20 +520,20 @@ impl Store for ScyllaStore {
         now_ns: i64,
         max_topics: u64,
     ) -> Result<RecipientSummary, StoreError> {
-        let asked: Vec<&Topic> = update.adds.iter().map(|s| &s.topic).chain(update.removes.iter()).collect();
+        let asked: &Vec<&Topic> = &update.adds.iter().map(|s| &s.topic).chain(update.removes.iter()).collect();
         if asked.len() > MAX_SUBSCRIPTION_CHANGES {
             return Err(StoreError::Backend(format!(
                 "scylla: one update may carry at most {MAX_SUBSCRIPTION_CHANGES} adds and removes; send them in batches"
             )));
         }
-        for attempt in 0..MAX_LWT_ATTEMPTS {
+        retry(|| async move {
             let (v, clock) = futures::try_join!(self.read_static(id), self.read_index_clock(id))?;
             let v = v.ok_or(StoreError::NotFound)?;
             if v.recipient.secret_hash != *secret_hash {
                 return Err(StoreError::SecretMismatch);
             }
             // Read after the version: a change after this read changes the version too.
-            let existing = self.read_existing(id, &asked).await?;
+            let existing = self.read_existing(id, asked).await?;
             let mut count = v.recipient.topic_count;
 
             // PUSH-216: a removed topic that is not stored changes nothing.
@@ -604,18 +598,18 @@ impl Store for ScyllaStore {
                 )));
             }
             let result = self.session.batch(&batch, values).await.map_err(be("conditional batch"))?;
-            if Lwt::from_result(result)?.applied {
-                self.del_topic_rows(id, &removed, ts).await;
-                // PUSH-255: the renewal time is set in the same batch.
-                return Ok(RecipientSummary {
-                    topic_count: count,
-                    channel: v.recipient.target.channel(),
-                    renewed_at_ns: now_ns,
-                });
+            if !Lwt::from_result(result)?.applied {
+                return Ok(None);
             }
-            backoff(attempt).await;
-        }
-        Err(contention())
+            self.del_topic_rows(id, &removed, ts).await;
+            // PUSH-255: the renewal time is set in the same batch.
+            Ok(Some(RecipientSummary {
+                topic_count: count,
+                channel: v.recipient.target.channel(),
+                renewed_at_ns: now_ns,
+            }))
+        })
+        .await
     }
 
     async fn subscriptions(&self, id: &RecipientId) -> Result<Vec<StoredSubscription>, StoreError> {
@@ -635,43 +629,37 @@ impl Store for ScyllaStore {
     }
 
     async fn delete_recipient_if_unchanged(&self, expected: &Recipient) -> Result<bool, StoreError> {
-        for attempt in 0..MAX_LWT_ATTEMPTS {
+        retry(|| async move {
             let Some(v) = self.read_static(&expected.id).await? else {
-                return Ok(false);
+                return Ok(Some(false));
             };
             // PUSH-234: the target (for a relay registration its provider and
             // token, 003 §2.4) and the secret hash must still match.
             if !v.recipient.target.still_names(&expected.target) || v.recipient.secret_hash != expected.secret_hash {
-                return Ok(false);
+                return Ok(Some(false));
             }
-            if self.delete_versioned(&v).await? {
-                return Ok(true);
-            }
-            backoff(attempt).await;
-        }
-        Err(contention())
+            Ok(self.delete_versioned(&v).await?.then_some(true))
+        })
+        .await
     }
 
     async fn remove_relay_registration(&self, removal: &RegistrationRemoval) -> Result<bool, StoreError> {
         let id = removal.id();
-        for attempt in 0..MAX_LWT_ATTEMPTS {
+        retry(|| async move {
             let stored = self.read_static(id).await?;
             let version = stored.as_ref().map(|v| v.version);
             // 003 §1: the registration goes, the recipient and its subscriptions
             // stay. One LWT on the version read: a registration in between
             // changes the version, and the removal is decided again.
             let (Some(r), Some(version)) = (removal.apply(stored.map(|v| v.recipient))?, version) else {
-                return Ok(false);
+                return Ok(Some(false));
             };
             let (channel, text, signing_key) = codec::encode_target(&r.target);
             let (text, signing_key, key) = (text.as_ref(), signing_key.as_deref(), id.as_bytes().as_slice());
             let values = (new_version(), channel, text, signing_key, r.renewed_at_ns, key, version);
-            if self.session.lwt(&self.st.renew_recipient, values).await?.applied {
-                return Ok(true);
-            }
-            backoff(attempt).await;
-        }
-        Err(contention())
+            Ok(self.session.lwt(&self.st.renew_recipient, values).await?.applied.then_some(true))
+        })
+        .await
     }
 
     async fn delete_expired(&self, renewed_before_ns: i64) -> Result<u64, StoreError> {
@@ -690,21 +678,15 @@ impl Store for ScyllaStore {
             .await?;
         let mut deleted = 0;
         for id in candidates {
-            for attempt in 1.. {
+            deleted += retry(|| async move {
                 // Re-checked on the serial read: a renewal since the scan keeps it.
-                let Some(v) = self.read_static(&id).await? else { break };
+                let Some(v) = self.read_static(&id).await? else { return Ok(Some(0)) };
                 if v.recipient.renewed_at_ns >= renewed_before_ns {
-                    break;
+                    return Ok(Some(0));
                 }
-                if self.delete_versioned(&v).await? {
-                    deleted += 1;
-                    break;
-                }
-                if attempt >= MAX_LWT_ATTEMPTS {
-                    return Err(contention());
-                }
-                backoff(attempt).await;
-            }
+                Ok(self.delete_versioned(&v).await?.then_some(1))
+            })
+            .await?;
         }
         Ok(deleted)
     }
@@ -787,11 +769,10 @@ impl Store for ScyllaStore {
         loop {
             let need = limit - out.len();
             let mut chunk = Vec::with_capacity(need);
-            while chunk.len() < need {
-                match ids.try_next().await? {
-                    Some((id,)) => chunk.push(RecipientId::parse(&id).map_err(|_| corrupt("topic subscription"))?),
-                    None => break,
-                }
+            while chunk.len() < need
+                && let Some((id,)) = ids.try_next().await?
+            {
+                chunk.push(RecipientId::parse(&id).map_err(|_| corrupt("topic subscription"))?);
             }
             let exhausted = chunk.len() < need;
             out.extend(self.join(topic, chunk).await?);

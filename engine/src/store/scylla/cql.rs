@@ -226,7 +226,23 @@ pub(super) async fn backoff(attempt: u32) {
     tokio::time::sleep(Duration::from_millis(ms)).await;
 }
 
-pub(super) fn contention() -> StoreError {
+/// Runs `attempt` until it gives a value (`None`: a conditional write lost
+/// to a concurrent change), with a `backoff` between tries; `contention()`
+/// after `MAX_LWT_ATTEMPTS`.
+pub(super) async fn retry<T, F>(mut attempt: impl FnMut() -> F) -> Result<T, StoreError>
+where
+    F: Future<Output = Result<Option<T>, StoreError>>,
+{
+    for n in 0..MAX_LWT_ATTEMPTS {
+        if let Some(done) = attempt().await? {
+            return Ok(done);
+        }
+        backoff(n).await;
+    }
+    Err(contention())
+}
+
+fn contention() -> StoreError {
     StoreError::Backend("scylla: too many concurrent changes; the write was not applied".into())
 }
 

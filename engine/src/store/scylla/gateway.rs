@@ -37,9 +37,7 @@ use scylla::client::session::Session;
 use scylla::statement::Consistency;
 use scylla::statement::prepared::PreparedStatement;
 
-use super::cql::{
-    Execute, MAX_LWT_ATTEMPTS, WriteClock, all_rows, at, backoff, contention, first_row, statements, ttl_until,
-};
+use super::cql::{Execute, WriteClock, all_rows, at, first_row, retry, statements, ttl_until};
 use crate::domain::{
     AccountId, DeviceId, GatewayRegistration, GatewayWakeup, LeasedWakeup, NotifyClaim, NotifyKey, PushRouteId,
     PushTargetId, RegistrationId, Revoke, RouteKey, SaltEpochId, ServiceId,
@@ -238,19 +236,19 @@ impl ScyllaGateway {
 impl GatewayStore for ScyllaGateway {
     async fn register(&self, reg: &GatewayRegistration) -> Result<Option<RegistrationId>, StoreError> {
         let st = &self.st;
-        let key = reg.route_key();
+        let key = &reg.route_key();
         let (tenant, account, device) = (key.tenant.as_str(), key.account_id.as_str(), key.device_id.as_str());
-        let target = reg.push_target_id.to_string();
+        let target = &reg.push_target_id.to_string();
         let ttl = ttl_until(reg.expires_at_ms);
-        for attempt in 0..MAX_LWT_ATTEMPTS {
-            let old = self.read_route(&key, true).await?;
+        retry(|| async move {
+            let old = self.read_route(key, true).await?;
             // The index row first: a route is never stored without it.
-            let put = (tenant, &target, device, account, ttl, self.clock.next());
+            let put = (tenant, target, device, account, ttl, self.clock.next());
             self.session.write(&st.target_put, put).await?;
             let before = self.clock.next();
             let fields = (
                 reg.registration_id.as_str(),
-                &target,
+                target,
                 reg.push_route_id.as_str(),
                 reg.salt_epoch_id.as_str(),
                 &reg.push_key,
@@ -274,35 +272,35 @@ impl GatewayStore for ScyllaGateway {
                     self.session.lwt(&st.route_replace, values).await?.applied
                 }
             };
-            if applied {
-                if let Some(old) = &old
-                    && old.push_target_id != reg.push_target_id
-                {
-                    self.delete_target_row(old, before).await?;
-                }
-                return Ok(old.map(|o| o.registration_id));
+            if !applied {
+                return Ok(None);
             }
-            backoff(attempt).await;
-        }
-        Err(contention())
+            if let Some(old) = &old
+                && old.push_target_id != reg.push_target_id
+            {
+                self.delete_target_row(old, before).await?;
+            }
+            Ok(Some(old.map(|o| o.registration_id)))
+        })
+        .await
     }
 
     async fn unregister(&self, revoke: &Revoke) -> Result<bool, StoreError> {
-        for attempt in 0..MAX_LWT_ATTEMPTS {
-            let Some(old) = self.read_route(&revoke.route, true).await? else { return Ok(false) };
+        retry(|| async move {
+            let Some(old) = self.read_route(&revoke.route, true).await? else { return Ok(Some(false)) };
             if !revokes(revoke, &old) {
-                return Ok(false);
+                return Ok(Some(false));
             }
             let before = self.clock.next();
             let r = &revoke.route;
             let values = (r.tenant.as_str(), r.account_id.as_str(), r.device_id.as_str(), old.registration_id.as_str());
-            if self.session.lwt(&self.st.route_delete, values).await?.applied {
-                self.delete_target_row(&old, before).await?;
-                return Ok(true);
+            if !self.session.lwt(&self.st.route_delete, values).await?.applied {
+                return Ok(None);
             }
-            backoff(attempt).await;
-        }
-        Err(contention())
+            self.delete_target_row(&old, before).await?;
+            Ok(Some(true))
+        })
+        .await
     }
 
     async fn route(&self, route: &RouteKey, now_ms: i64) -> Result<Option<GatewayRegistration>, StoreError> {
@@ -356,14 +354,14 @@ impl GatewayStore for ScyllaGateway {
     ) -> Result<NotifyClaim, StoreError> {
         let st = &self.st;
         let (tenant, idem) = (key.tenant.as_str(), key.idempotency_key.as_str());
-        for attempt in 0..MAX_LWT_ATTEMPTS {
+        retry(|| async move {
             let ttl = ttl_until(expires_at_ms);
             let insert = self
                 .session
                 .lwt(&st.notify_insert, (tenant, idem, lease_until_ms, expires_at_ms, &digest[..], ttl))
                 .await?;
             if insert.applied {
-                return Ok(NotifyClaim::Claimed);
+                return Ok(Some(NotifyClaim::Claimed));
             }
             let read = (
                 insert.current_i8("state"),
@@ -372,29 +370,23 @@ impl GatewayStore for ScyllaGateway {
                 insert.current_blob("digest"),
             );
             // A row caught half expired: try again.
-            let (Some(state), Some(lease), Some(expires), Some(stored_digest)) = read else {
-                backoff(attempt).await;
-                continue;
-            };
+            let (Some(state), Some(lease), Some(expires), Some(stored_digest)) = read else { return Ok(None) };
             if expires > now_ms {
                 if stored_digest != digest {
-                    return Ok(NotifyClaim::Conflict);
+                    return Ok(Some(NotifyClaim::Conflict));
                 }
                 if state == 1 {
                     let response = insert.current_blob("response").unwrap_or_default().to_vec();
-                    return Ok(NotifyClaim::Replay(response));
+                    return Ok(Some(NotifyClaim::Replay(response)));
                 }
                 if lease > now_ms {
-                    return Ok(NotifyClaim::Busy { lease_until_ms: lease });
+                    return Ok(Some(NotifyClaim::Busy { lease_until_ms: lease }));
                 }
             }
             let values = (ttl, lease_until_ms, expires_at_ms, &digest[..], tenant, idem, state, lease, expires);
-            if self.session.lwt(&st.notify_take_over, values).await?.applied {
-                return Ok(NotifyClaim::Claimed);
-            }
-            backoff(attempt).await;
-        }
-        Err(contention())
+            Ok(self.session.lwt(&st.notify_take_over, values).await?.applied.then_some(NotifyClaim::Claimed))
+        })
+        .await
     }
 
     async fn notify_commit(

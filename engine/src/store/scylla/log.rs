@@ -50,8 +50,7 @@ use tokio::sync::oneshot;
 
 use super::codec::{self, BUCKET_SIZE, EnvelopeRow, bucket_of, from_db, pos_of, to_db};
 use super::cql::{
-    Execute, JOIN_CONCURRENCY, MAX_LWT_ATTEMPTS, PAGE_ROWS, Values, all_ok, all_rows, at, backoff, be, contention,
-    first_row, rows, statements,
+    Execute, JOIN_CONCURRENCY, PAGE_ROWS, Values, all_ok, all_rows, at, backoff, be, first_row, retry, rows, statements,
 };
 use super::settings::LogConsistency;
 use crate::domain::{NewEnvelope, ShardId, ShardProgress, StoredEnvelope, next_sequence_id};
@@ -262,7 +261,7 @@ impl ShardLog {
     /// the current term's boundary (or the legacy row's), read just before.
     async fn claim_term(&self, shard: ShardId) -> Result<Term, StoreError> {
         let db_shard = i32::from(shard.index());
-        for attempt in 0..MAX_LWT_ATTEMPTS {
+        retry(|| async move {
             let head = self.head(db_shard).await?;
             let (term, base) = match head.term {
                 // Its boundary may lag its answered appends (the module's doc).
@@ -282,16 +281,16 @@ impl ShardLog {
                     (1, boundary)
                 }
             };
-            if self.session.lwt(&self.st.claim, (db_shard, term, to_db(base))).await?.applied {
-                tracing::debug!(shard = shard.index(), term, base, "claimed a shard term");
-                let slot = &self.terms[usize::from(shard.index())];
-                slot.durable.store(base, Ordering::Release);
-                slot.durable_term.store(term, Ordering::Release);
-                return Ok(Term { term, last: base, indexed: None });
+            if !self.session.lwt(&self.st.claim, (db_shard, term, to_db(base))).await?.applied {
+                return Ok(None);
             }
-            backoff(attempt).await;
-        }
-        Err(contention())
+            tracing::debug!(shard = shard.index(), term, base, "claimed a shard term");
+            let slot = &self.terms[usize::from(shard.index())];
+            slot.durable.store(base, Ordering::Release);
+            slot.durable_term.store(term, Ordering::Release);
+            Ok(Some(Term { term, last: base, indexed: None }))
+        })
+        .await
     }
 
     /// Forgets this process's term of `shard`: its lease moved (or may have),

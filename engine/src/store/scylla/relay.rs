@@ -9,7 +9,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use scylla::client::session::Session;
 
-use super::cql::{Execute, MAX_LWT_ATTEMPTS, backoff, contention, statements, ttl_until};
+use super::cql::{Execute, retry, statements, ttl_until};
 use crate::domain::{RelayClaim, RelayKey, RelaySettled};
 use crate::store::{RelayStore, StoreError};
 
@@ -52,34 +52,28 @@ impl RelayStore for ScyllaRelay {
     ) -> Result<RelayClaim, StoreError> {
         let st = &self.st;
         let (hub, id) = (key.hub_id.as_str(), key.delivery_id.as_str());
-        for attempt in 0..MAX_LWT_ATTEMPTS {
+        retry(|| async move {
             let ttl = ttl_until(expires_at_ms);
             let insert = self.session.lwt(&st.insert, (hub, id, lease_until_ms, expires_at_ms, ttl)).await?;
             if insert.applied {
-                return Ok(RelayClaim::Claimed);
+                return Ok(Some(RelayClaim::Claimed));
             }
             let read =
                 (insert.current_i8("state"), insert.current_i64("lease_until"), insert.current_i64("expires_at"));
             // A row caught half expired (some cells gone): try again.
-            let (Some(state), Some(lease), Some(expires)) = read else {
-                backoff(attempt).await;
-                continue;
-            };
+            let (Some(state), Some(lease), Some(expires)) = read else { return Ok(None) };
             if expires > now_ms {
                 if let Some(settled) = RelaySettled::from_code(state) {
-                    return Ok(RelayClaim::Settled(settled));
+                    return Ok(Some(RelayClaim::Settled(settled)));
                 }
                 if lease > now_ms {
-                    return Ok(RelayClaim::Busy { lease_until_ms: lease });
+                    return Ok(Some(RelayClaim::Busy { lease_until_ms: lease }));
                 }
             }
             let values = (ttl, lease_until_ms, expires_at_ms, hub, id, state, lease, expires);
-            if self.session.lwt(&st.take_over, values).await?.applied {
-                return Ok(RelayClaim::Claimed);
-            }
-            backoff(attempt).await;
-        }
-        Err(contention())
+            Ok(self.session.lwt(&st.take_over, values).await?.applied.then_some(RelayClaim::Claimed))
+        })
+        .await
     }
 
     async fn settle(
