@@ -163,8 +163,8 @@ impl Ingest {
     /// The shards of `appended` whose local lease deadline passed while they
     /// were stored. On a shared store an append is acknowledged only when it
     /// completed while the lease was surely this node's: the next owner's
-    /// term starts from the boundary it reads after taking the lease over,
-    /// and a write that completed later may lie above it, never to be read
+    /// term starts above the rows it finds after taking the lease over, and
+    /// a write that completed later may lie above that, never to be read
     /// (`store/scylla/log.rs`).
     fn fenced_after_append(&self, appended: &[NewEnvelope]) -> BTreeSet<ShardId> {
         let Some(ownership) = &self.ownership else { return BTreeSet::new() };
