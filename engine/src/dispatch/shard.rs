@@ -368,12 +368,13 @@ impl ShardState {
         let ids: Vec<u64> = envelopes.iter().map(|e| e.sequence_id).collect();
         // What a former owner (or this node, before a restart) recorded it
         // answered of these envelopes is not sent again.
-        let (mut resume, mut skip) = (HashMap::new(), HashMap::new());
+        let (mut resume, mut skip, mut partly) = (HashMap::new(), HashMap::new(), 0);
         let envelopes: VecDeque<Arc<StoredEnvelope>> = envelopes
             .into_iter()
             .filter(|e| match answered.of(e.sequence_id) {
                 Some(Answered::Whole) => false,
                 Some(Answered::Partly(Partly { upto, also })) => {
+                    partly += 1;
                     resume.extend(upto.map(|r| (e.sequence_id, r)));
                     if !also.is_empty() {
                         skip.insert(e.sequence_id, also);
@@ -384,7 +385,6 @@ impl ShardState {
             })
             .map(Arc::new)
             .collect();
-        let partly = resume.keys().chain(skip.keys()).collect::<HashSet<_>>().len();
         if envelopes.len() < ids.len() || partly > 0 {
             tracing::info!(
                 shard = self.shard.index(),

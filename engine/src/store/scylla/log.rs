@@ -130,42 +130,44 @@ type LogRow = (i32, Vec<u8>, i8, i64, Option<Vec<u8>>, Option<Vec<u8>>, Option<S
 const ENVELOPE_COLS: &str = "topic, kind, server_ts, sender_hmac, inline_data, message_id, membership";
 
 statements! {
-    /// The statements of the log: writes at `consistency.writes`, reads at
-    /// `consistency.reads`; the term's claim is a conditional write at LOCAL_QUORUM.
+    /// The statements of the log: writes at `store.scylla.consistency.writes`,
+    /// reads at `.reads`; the term's claim is a conditional write at LOCAL_QUORUM.
     struct LogStatements;
-    fn prepare(session, ks, consistency: LogConsistency);
+    fn prepare(session, ks, reads: Consistency, writes: Consistency);
     claim: "INSERT INTO {ks}.shard_terms (shard, term, base) VALUES (?, ?, ?) IF NOT EXISTS"
         => at(Consistency::LocalQuorum),
     // The highest term first (CLUSTERING ORDER BY term DESC); a partition
     // holding only static cells answers one row with a null term.
     head: "SELECT term, base, boundary, checkpoint, legacy_boundary FROM {ks}.shard_terms WHERE shard = ? LIMIT 1"
-        => at(consistency.reads.cql()),
-    terms: "SELECT term, base, legacy_boundary FROM {ks}.shard_terms WHERE shard = ?" => at(consistency.reads.cql()),
-    boundary: "UPDATE {ks}.shard_terms USING TIMESTAMP ? SET boundary = ? WHERE shard = ? AND term = ?" => at(consistency.writes.cql()),
-    checkpoint: "UPDATE {ks}.shard_terms USING TIMESTAMP ? SET checkpoint = ? WHERE shard = ?" => at(consistency.writes.cql()),
+        => at(reads),
+    terms: "SELECT term, base, legacy_boundary FROM {ks}.shard_terms WHERE shard = ?" => at(reads),
+    boundary: "UPDATE {ks}.shard_terms USING TIMESTAMP ? SET boundary = ? WHERE shard = ? AND term = ?" => at(writes),
+    checkpoint: "UPDATE {ks}.shard_terms USING TIMESTAMP ? SET checkpoint = ? WHERE shard = ?" => at(writes),
     legacy_marks: "UPDATE {ks}.shard_terms USING TIMESTAMP ? SET checkpoint = ?, legacy_boundary = ? WHERE shard = ?"
-        => at(consistency.writes.cql()),
-    drop_term: "DELETE FROM {ks}.shard_terms WHERE shard = ? AND term = ?" => at(consistency.writes.cql()),
-    legacy_shard: "SELECT boundary, checkpoint FROM {ks}.shards WHERE shard = ?" => at(consistency.reads.cql()),
-    bucket_put: "INSERT INTO {ks}.envelope_buckets (shard, bucket) VALUES (?, ?)" => at(consistency.writes.cql()),
-    bucket_list: "SELECT bucket FROM {ks}.envelope_buckets WHERE shard = ? AND bucket >= ? AND bucket <= ?" => at(consistency.reads.cql()),
-    bucket_del: "DELETE FROM {ks}.envelope_buckets WHERE shard = ? AND bucket = ?" => at(consistency.writes.cql()),
+        => at(writes),
+    drop_term: "DELETE FROM {ks}.shard_terms WHERE shard = ? AND term = ?" => at(writes),
+    legacy_shard: "SELECT boundary, checkpoint FROM {ks}.shards WHERE shard = ?" => at(reads),
+    bucket_put: "INSERT INTO {ks}.envelope_buckets (shard, bucket) VALUES (?, ?)" => at(writes),
+    bucket_list: "SELECT bucket FROM {ks}.envelope_buckets WHERE shard = ? AND bucket >= ? AND bucket <= ?"
+        => at(reads),
+    bucket_del: "DELETE FROM {ks}.envelope_buckets WHERE shard = ? AND bucket = ?" => at(writes),
     put: "INSERT INTO {ks}.shard_log (shard, bucket, pos, term, topic, kind, server_ts, sender_hmac, data, \
-          inline_data, message_id, membership) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)" => at(consistency.writes.cql()),
+          inline_data, message_id, membership) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)" => at(writes),
     // A window never reads the data; `data` does, per page (PUSH-230).
     read: "SELECT pos, {ENVELOPE_COLS}, term FROM {ks}.shard_log \
-           WHERE shard = ? AND bucket = ? AND pos >= ? AND pos <= ?" => at(consistency.reads.cql()),
-    data: "SELECT term, data FROM {ks}.shard_log WHERE shard = ? AND bucket = ? AND pos = ?" => at(consistency.reads.cql()),
-    drop_bucket: "DELETE FROM {ks}.shard_log WHERE shard = ? AND bucket = ?" => at(consistency.writes.cql()),
-    drop_upto: "DELETE FROM {ks}.shard_log WHERE shard = ? AND bucket = ? AND pos <= ?" => at(consistency.writes.cql()),
+           WHERE shard = ? AND bucket = ? AND pos >= ? AND pos <= ?" => at(reads),
+    data: "SELECT term, data FROM {ks}.shard_log WHERE shard = ? AND bucket = ? AND pos = ?" => at(reads),
+    drop_bucket: "DELETE FROM {ks}.shard_log WHERE shard = ? AND bucket = ?" => at(writes),
+    drop_upto: "DELETE FROM {ks}.shard_log WHERE shard = ? AND bucket = ? AND pos <= ?" => at(writes),
     legacy_read: "SELECT pos, {ENVELOPE_COLS} FROM {ks}.envelopes \
-                  WHERE shard = ? AND bucket = ? AND pos >= ? AND pos <= ?" => at(consistency.reads.cql()),
-    legacy_data: "SELECT data FROM {ks}.envelopes WHERE shard = ? AND bucket = ? AND pos = ?" => at(consistency.reads.cql()),
-    legacy_drop_bucket: "DELETE FROM {ks}.envelopes WHERE shard = ? AND bucket = ?" => at(consistency.writes.cql()),
-    legacy_drop_upto: "DELETE FROM {ks}.envelopes WHERE shard = ? AND bucket = ? AND pos <= ?" => at(consistency.writes.cql()),
-    progress_put: "UPDATE {ks}.shard_progress SET progress = ? WHERE shard = ?" => at(consistency.writes.cql()),
-    progress_get: "SELECT progress FROM {ks}.shard_progress WHERE shard = ?" => at(consistency.reads.cql()),
-    last_rows: "SELECT pos, term FROM {ks}.shard_log WHERE shard = ? AND bucket = ? ORDER BY pos DESC, term DESC" => at(consistency.reads.cql()),
+                  WHERE shard = ? AND bucket = ? AND pos >= ? AND pos <= ?" => at(reads),
+    legacy_data: "SELECT data FROM {ks}.envelopes WHERE shard = ? AND bucket = ? AND pos = ?" => at(reads),
+    legacy_drop_bucket: "DELETE FROM {ks}.envelopes WHERE shard = ? AND bucket = ?" => at(writes),
+    legacy_drop_upto: "DELETE FROM {ks}.envelopes WHERE shard = ? AND bucket = ? AND pos <= ?" => at(writes),
+    progress_put: "UPDATE {ks}.shard_progress SET progress = ? WHERE shard = ?" => at(writes),
+    progress_get: "SELECT progress FROM {ks}.shard_progress WHERE shard = ?" => at(reads),
+    last_rows: "SELECT pos, term FROM {ks}.shard_log WHERE shard = ? AND bucket = ? ORDER BY pos DESC, term DESC"
+        => at(reads),
 }
 
 /// The head of `shard_terms`: the current term and the shard's marks.
@@ -204,7 +206,7 @@ impl ShardLog {
     ) -> Result<Self, StoreError> {
         Ok(Self {
             session: Arc::clone(session),
-            st: LogStatements::prepare(session, ks, consistency).await?,
+            st: LogStatements::prepare(session, ks, consistency.reads.cql(), consistency.writes.cql()).await?,
             terms: (0..shard_count).map(|_| TermSlot::default()).collect(),
         })
     }
@@ -450,14 +452,8 @@ impl ShardLog {
         const WHAT: &str = "reading a term's last envelope";
         let buckets = self.buckets(db_shard, bucket_of(floor.saturating_add(1)), i64::MAX).await?;
         for bucket in buckets.into_iter().rev() {
-            let mut rows = self
-                .session
-                .execute_iter(self.st.last_rows.clone(), (db_shard, bucket))
-                .await
-                .map_err(be(WHAT))?
-                .rows_stream::<(i32, i64)>()
-                .map_err(be(WHAT))?;
-            while let Some((pos, t)) = rows.try_next().await.map_err(be(WHAT))? {
+            let mut rows = rows::<(i32, i64)>(&self.session, &self.st.last_rows, (db_shard, bucket), WHAT).await?;
+            while let Some((pos, t)) = rows.try_next().await? {
                 let seq = codec::seq_of(bucket, pos);
                 if seq <= floor {
                     return Ok(None);
