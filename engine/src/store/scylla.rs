@@ -58,8 +58,8 @@
 //!   was open. It is never delivered an envelope settled before it subscribed.
 //! - **Sequence ids, boundary, checkpoint** (`log.rs`, schema 7): the lease
 //!   holder claims a term per shard (one conditional insert per term), then
-//!   allocates ids and moves the boundary in memory and writes plain,
-//!   group-committed, per-partition batches, fenced by the term (readers
+//!   allocates ids and moves the boundary in memory and writes plain
+//!   per-partition batches, side by side, fenced by the term (readers
 //!   ignore a former owner's writes) and by ingest's lease-deadline check
 //!   before acknowledging. The checkpoint is a plain write whose value is its
 //!   own write timestamp, so it never moves back.
@@ -1020,6 +1020,60 @@ mod tests {
         .await;
     }
 
+    /// Appends to one shard written side by side: publishes over every
+    /// shard at once, each envelope stored once under its own id with none
+    /// skipped, read back whole, and every shard's boundary landing at its
+    /// last id (for another node's reads) without another append.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_publishes_over_every_shard_take_every_id_once_and_their_boundaries_land() {
+        with_store(|store| async move {
+            const PUBLISHES: usize = 8;
+            const PER_PUBLISH: usize = 64;
+            let envelope = |p: usize, i: usize| {
+                let topic = Topic::parse(&[0, (p * PER_PUBLISH + i) as u8, p as u8]).unwrap();
+                let hmac = crate::domain::SenderHmac::parse(&[i as u8; 32]);
+                // 1,000 bytes: several batches per shard.
+                let data = [vec![p as u8, i as u8], vec![7; 998]].concat();
+                NewEnvelope::new(topic, SHARD_COUNT, EnvelopeKind::Application, true, hmac, data, None).unwrap()
+            };
+            let batches: Vec<Vec<NewEnvelope>> =
+                (0..PUBLISHES).map(|p| (0..PER_PUBLISH).map(|i| envelope(p, i)).collect()).collect();
+            let results = futures::future::join_all(batches.iter().map(|b| store.append(b, 1))).await;
+            // Another node's view: the stored boundary, not this one's memory.
+            let other = ScyllaStore::connect(&settings(test_nodes().unwrap(), store.keyspace()), SHARD_COUNT).await.unwrap();
+            let mut stored: BTreeMap<ShardId, Vec<(u64, Vec<u8>)>> = BTreeMap::new();
+            for (batch, appended) in batches.iter().zip(results) {
+                for (e, a) in batch.iter().zip(appended.unwrap()) {
+                    let Appended::Stored { sequence_id } = a else { panic!("{a:?}") };
+                    stored.entry(e.shard()).or_default().push((sequence_id, e.suppression_data().unwrap().1.to_vec()));
+                }
+            }
+            assert!(stored.len() > 8, "the publishes touch most shards");
+            for (shard, mut rows) in stored {
+                rows.sort();
+                let ids: Vec<u64> = rows.iter().map(|(id, _)| *id).collect();
+                assert_eq!(ids, (1..=rows.len() as u64).collect::<Vec<_>>(), "each id once, none skipped");
+                let window = store.read_window(shard, 0, u64::MAX, 1000).await.unwrap();
+                assert_eq!(window.iter().map(|e| e.sequence_id).collect::<Vec<_>>(), ids);
+                for (id, data) in &rows {
+                    assert_eq!(store.envelope_data(shard, *id).await.unwrap().as_ref(), Some(data));
+                }
+                let want = rows.len() as u64;
+                let mut stored_boundary = 0;
+                for _ in 0..100 {
+                    stored_boundary = other.shard_position(shard).await.unwrap().boundary;
+                    if stored_boundary == want {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                assert_eq!(stored_boundary, want, "the stored boundary of shard {}", shard.index());
+            }
+            store
+        })
+        .await;
+    }
+
     /// An append is answered once its rows are durable; its boundary write
     /// follows. When that write never lands (the node died first), the next
     /// term's claim still takes the answered rows into the old term's range
@@ -1282,7 +1336,7 @@ mod tests {
         .await;
     }
 
-    /// Concurrent appends to one shard (group commits) never share an id,
+    /// Concurrent appends to one shard (written side by side) never share an id,
     /// each append's ids increase in its order, every envelope is readable,
     /// and the boundary ends at the last id.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -32,10 +32,15 @@
 //! when its rows were durable before the lease could have moved, and the
 //! next term's claim, made after the lease moved, finds them.
 //!
+//! Appends to one shard take their ids one at a time (the term's mutex) but
+//! write side by side, so a Publish does not wait behind the one before it.
+//! The boundary moves over an append only once every append below it is
+//! done (`Writing`): a window never passes ids whose rows may still land.
+//!
 //! Failures. An append that fails after its ids were taken burns them: the
-//! next append's boundary covers the gap (its rows, if any landed, were never
-//! acknowledged: at worst a publisher's retry delivers twice). Ids are never
-//! handed out twice within a term.
+//! boundary moves over the gap once it is done (its rows, if any landed, were
+//! never acknowledged: at worst a publisher's retry delivers twice). Ids are
+//! never handed out twice within a term.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -46,7 +51,6 @@ use futures::{FutureExt, StreamExt, future::BoxFuture};
 use scylla::client::session::Session;
 use scylla::statement::Consistency;
 use scylla::statement::batch::{Batch, BatchType};
-use tokio::sync::oneshot;
 
 use super::codec::{self, BUCKET_SIZE, EnvelopeRow, bucket_of, from_db, pos_of, to_db};
 use super::cql::{
@@ -63,8 +67,7 @@ const ENVELOPE_BATCH: usize = 64;
 pub(super) struct ShardLog {
     session: Arc<Session>,
     st: LogStatements,
-    /// This process's term of each shard; its mutex serialises the shard's
-    /// appends in this process.
+    /// This process's term of each shard.
     terms: Vec<TermSlot>,
 }
 
@@ -78,31 +81,52 @@ struct Term {
     indexed: Option<i64>,
 }
 
-/// One shard's term in this process. The mutex serialises the shard's
-/// appends here; `forgotten` is set, without waiting for an append in
-/// flight, when the lease moved or may have (`ShardLeases` on the `ScyllaStore`).
+/// One shard's term in this process. The mutex serialises the allocation of
+/// the shard's ids here (and a term's claim), not the writes: an append
+/// writes its rows after letting it go. `forgotten` is set, without waiting
+/// for an append in flight, when the lease moved or may have (`ShardLeases`
+/// on the `ScyllaStore`).
 #[derive(Default)]
 struct TermSlot {
     term: tokio::sync::Mutex<Option<Term>>,
     forgotten: AtomicBool,
-    /// The term `durable` is of (0: none), and the largest id whose rows
-    /// are durable under it: the boundary before its write lands.
+    /// The term `durable` is of (0: none), and the largest id below which
+    /// every append of it is done: the boundary before its write lands.
     durable_term: AtomicI64,
     durable: AtomicU64,
-    /// Appends waiting for the next group commit. Bounded by the appends
-    /// in flight: each caller waits on its own.
-    queue: std::sync::Mutex<Vec<Pending>>,
+    /// The appends of the current term whose rows are being written.
+    writing: std::sync::Mutex<Writing>,
 }
 
-/// Envelopes one group commit writes at most (a lone larger append goes alone).
-const MAX_COMMIT_ENVELOPES: usize = 10_000;
+/// The appends of one term whose rows are being written, and how far the
+/// finished ones reach. Appends take ids in order but may finish in any
+/// order: the boundary covers only ids below the lowest one still writing.
+#[derive(Debug, Default)]
+struct Writing {
+    term: i64,
+    /// First id → last id of each append in flight.
+    open: BTreeMap<u64, u64>,
+    /// The largest id of a finished append (or the term's base).
+    finished: u64,
+}
 
-/// One caller's append, queued for a group commit.
-struct Pending {
-    /// Each envelope with its index in the caller's batch.
-    items: Vec<(usize, NewEnvelope)>,
-    now_ns: i64,
-    reply: oneshot::Sender<Result<Vec<(usize, Appended)>, StoreError>>,
+impl Writing {
+    /// Starts `term` at `base`, forgetting a former term's appends.
+    fn start(&mut self, term: i64, base: u64) {
+        *self = Self { term, open: BTreeMap::new(), finished: base };
+    }
+
+    /// Ends the append of `term` at `first..=last` (written or failed: a
+    /// failed one's ids are burnt), and returns the new durable boundary,
+    /// if it is still this term's.
+    fn finish(&mut self, term: i64, first: u64, last: u64) -> Option<u64> {
+        if self.term != term {
+            return None;
+        }
+        self.open.remove(&first);
+        self.finished = self.finished.max(last);
+        Some(self.open.keys().next().map_or(self.finished, |lowest| lowest - 1))
+    }
 }
 
 /// One log row to write.
@@ -113,15 +137,8 @@ struct Row<'a> {
     now_ns: i64,
 }
 
-/// Answers every append of a failed group with the failure.
-fn answer_all(group: Vec<Pending>, e: &StoreError) {
-    let message = match e {
-        StoreError::Backend(m) => m.clone(),
-        other => other.to_string(),
-    };
-    for pending in group {
-        let _ = pending.reply.send(Err(StoreError::Backend(message.clone())));
-    }
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// A `shard_log` row as a window reads it: the legacy columns, then its term.
@@ -288,8 +305,11 @@ impl ShardLog {
             }
             tracing::debug!(shard = shard.index(), term, base, "claimed a shard term");
             let slot = &self.terms[usize::from(shard.index())];
+            let mut writing = lock(&slot.writing);
+            writing.start(term, base);
             slot.durable.store(base, Ordering::Release);
             slot.durable_term.store(term, Ordering::Release);
+            drop(writing);
             Ok(Some(Term { term, last: base, indexed: None }))
         })
         .await
@@ -318,10 +338,11 @@ impl ShardLog {
     }
 
     /// Appends one shard's envelopes (`indices` into `envelopes`) under this
-    /// process's term, in a group commit: the appends that queue for the
-    /// shard while another is written go together, as one set of log
-    /// batches and one boundary write. Each caller is answered once the
-    /// commit that holds its envelopes is durable.
+    /// process's term: ids taken in memory, then the rows written, then the
+    /// boundary. Appends to one shard are written side by side (only the
+    /// ids are taken one append at a time), and each is answered once its
+    /// own rows are durable; the boundary moves over an append only once
+    /// every append below it is done.
     pub(super) async fn append_shard(
         &self,
         shard: ShardId,
@@ -330,100 +351,63 @@ impl ShardLog {
         now_ns: i64,
     ) -> Result<Vec<(usize, Appended)>, StoreError> {
         let slot = &self.terms[usize::from(shard.index())];
-        let (reply, mut answer) = oneshot::channel();
-        let items = indices.iter().map(|&i| (i, envelopes[i].clone())).collect();
-        slot.queue.lock().unwrap_or_else(|p| p.into_inner()).push(Pending { items, now_ns, reply });
-        loop {
-            {
-                let mut term = slot.term.lock().await;
-                let group = {
-                    let mut queue = slot.queue.lock().unwrap_or_else(|p| p.into_inner());
-                    let mut envelopes = 0;
-                    let take = queue
-                        .iter()
-                        .take_while(|p| {
-                            envelopes += p.items.len();
-                            envelopes <= MAX_COMMIT_ENVELOPES || envelopes == p.items.len()
-                        })
-                        .count();
-                    queue.drain(..take).collect::<Vec<_>>()
-                };
-                if !group.is_empty() {
-                    self.commit(shard, slot, &mut term, group).await;
-                }
-            }
-            // Answered by this commit or an earlier one; else queued behind
-            // a full group: lead the next.
-            match answer.try_recv() {
-                Ok(result) => return result,
-                Err(oneshot::error::TryRecvError::Empty) => continue,
-                Err(oneshot::error::TryRecvError::Closed) => {
-                    return Err(StoreError::Backend("scylla: an append was dropped unanswered".into()));
-                }
-            }
-        }
-    }
-
-    /// Writes one group of appends and answers each: ids in memory, the
-    /// rows, then the boundary over them.
-    async fn commit(&self, shard: ShardId, slot: &TermSlot, term: &mut Option<Term>, group: Vec<Pending>) {
-        if slot.forgotten.swap(false, Ordering::AcqRel) {
-            *term = None;
-        }
-        let current = match *term {
-            Some(t) => t,
-            None => match self.claim_term(shard).await {
-                Ok(t) => *term.insert(t),
-                Err(e) => return answer_all(group, &e),
-            },
-        };
-        let mut last = current.last;
-        let mut results: Vec<Vec<(usize, Appended)>> = Vec::with_capacity(group.len());
+        let mut results = Vec::with_capacity(indices.len());
         let mut rows: Vec<Row<'_>> = Vec::new();
-        for pending in &group {
-            let mut mine = Vec::with_capacity(pending.items.len());
-            for (i, e) in &pending.items {
+        let (current, first, last) = {
+            let mut term = slot.term.lock().await;
+            if slot.forgotten.swap(false, Ordering::AcqRel) {
+                *term = None;
+            }
+            let current = match *term {
+                Some(t) => t,
+                None => *term.insert(self.claim_term(shard).await?),
+            };
+            let mut last = current.last;
+            for &i in indices {
+                let e = &envelopes[i];
                 // A refused id fails its own envelope; the rest go on.
                 let seq = match next_sequence_id(last, e.sequence_id) {
                     Ok(id) => id,
                     Err(refusal) => {
-                        mine.push((*i, Appended::Refused(refusal)));
+                        results.push((i, Appended::Refused(refusal)));
                         continue;
                     }
                 };
                 last = seq;
                 // PUSH-219: only push-eligible envelopes are stored for dispatch.
                 if e.is_push_eligible() {
-                    rows.push(Row { seq, envelope: e, now_ns: pending.now_ns });
+                    rows.push(Row { seq, envelope: e, now_ns });
                 }
-                mine.push((*i, Appended::Stored { sequence_id: seq }));
+                results.push((i, Appended::Stored { sequence_id: seq }));
             }
-            results.push(mine);
-        }
-        if last == current.last {
-            // Every envelope was refused: nothing to write.
-            for (pending, mine) in group.into_iter().zip(results) {
-                let _ = pending.reply.send(Ok(mine));
+            if last == current.last {
+                // Every envelope was refused: nothing to write.
+                return Ok(results);
             }
-            return;
-        }
-        // Taken before any write: a failure below burns these ids, never reuses them.
-        let t = term.as_mut().expect("claimed above");
-        t.last = last;
-        match self.write_rows(shard, current, rows).await {
-            Ok(indexed) => {
+            // Taken before any write: a failure below burns these ids, never reuses them.
+            term.as_mut().expect("claimed above").last = last;
+            lock(&slot.writing).open.insert(current.last + 1, last);
+            (current, current.last + 1, last)
+        };
+        let written = self.write_rows(shard, current, rows).await;
+        if let Ok(indexed) = written {
+            let mut term = slot.term.lock().await;
+            if let Some(t) = term.as_mut().filter(|t| t.term == current.term) {
                 t.indexed = t.indexed.max(indexed);
-                // The rows are durable: the boundary may cover them (and any
-                // gap a failed append left below them), here at once and in
-                // the store once its write lands.
-                slot.durable.fetch_max(last, Ordering::AcqRel);
-                for (pending, mine) in group.into_iter().zip(results) {
-                    let _ = pending.reply.send(Ok(mine));
-                }
-                self.write_boundary(shard, current.term, last);
             }
-            Err(e) => answer_all(group, &e),
         }
+        // Done, written or not: the boundary may move over it (a failed
+        // append's ids are a gap; its rows, if some landed, were never
+        // acknowledged), here at once and in the store once its write lands.
+        let moved = {
+            // Under the lock a claim takes too: never a former term's boundary in a new term.
+            let mut writing = lock(&slot.writing);
+            writing.finish(current.term, first, last).filter(|&d| slot.durable.fetch_max(d, Ordering::AcqRel) < d)
+        };
+        if let Some(durable) = moved {
+            self.write_boundary(shard, current.term, durable);
+        }
+        written.map(|_| results)
     }
 
     /// Writes a term's boundary beside the next appends, a few times on
@@ -694,6 +678,24 @@ impl ShardLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_boundary_stays_below_the_lowest_append_still_writing() {
+        let mut w = Writing::default();
+        w.start(3, 10);
+        // Three appends of term 3: 11..=12, 13..=15, 16..=16.
+        w.open.extend([(11, 12), (13, 15), (16, 16)]);
+        assert_eq!(w.finish(3, 13, 15), Some(10), "11..=12 may still land");
+        assert_eq!(w.finish(3, 16, 16), Some(10));
+        assert_eq!(w.finish(3, 11, 12), Some(16), "all done: up to the last");
+        w.open.insert(17, 20);
+        w.open.insert(21, 22);
+        assert_eq!(w.finish(3, 17, 20), Some(20), "done, failed or not: its ids are a gap");
+        // A claim starts another term: a former term's append moves nothing.
+        w.start(4, 22);
+        assert_eq!(w.finish(3, 21, 22), None);
+        assert_eq!(w.finished, 22);
+    }
 
     #[test]
     fn a_row_is_valid_only_inside_its_terms_range() {
