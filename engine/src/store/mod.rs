@@ -7,6 +7,7 @@
 mod error;
 mod gateway;
 mod instrumented;
+mod recipient_cache;
 mod redb;
 mod relay;
 mod scylla;

@@ -19,7 +19,6 @@
 mod codec;
 mod commit;
 mod gateway;
-mod recipient_cache;
 mod relay;
 mod time_index;
 
@@ -34,7 +33,7 @@ use async_trait::async_trait;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 
 use self::codec::{OrBackend, ShardRow, corrupt};
-use self::recipient_cache::RecipientCache;
+use super::recipient_cache::{self, RecipientCache};
 use self::time_index::{BytesTable, PRUNE_BATCH};
 use super::{Appended, RegistrationRemoval, ShardLeases, ShardPosition, Store, StoreError};
 use crate::domain::{

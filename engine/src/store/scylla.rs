@@ -107,6 +107,7 @@ use self::cql::{
 use self::gateway::ScyllaGateway;
 use self::log::ShardLog;
 use self::relay::ScyllaRelay;
+use super::recipient_cache::{self, RecipientCache};
 use super::{Appended, NodeId, RegistrationRemoval, ShardLeases, ShardPosition, Store, StoreError};
 use crate::domain::{
     DeliveryTarget, NewEnvelope, Recipient, RecipientId, RecipientSummary, SecretHash, ShardId, ShardProgress,
@@ -136,6 +137,8 @@ pub struct ScyllaStore {
     /// The dispatch index's write timestamps, shared with the gateway's
     /// target index.
     clock: Arc<WriteClock>,
+    /// Dispatch's decoded recipients, by partition version.
+    recipients: RecipientCache,
 }
 
 const STATIC_COLS: &str = "version, secret_hash, channel, target, signing_key, renewed_at, topic_count";
@@ -239,7 +242,8 @@ impl ScyllaStore {
         let relay = ScyllaRelay::prepare(&session, &keyspace).await?;
         let clock = Arc::new(WriteClock::default());
         let gateway = ScyllaGateway::prepare(&session, &keyspace, Arc::clone(&clock)).await?;
-        Ok(Self { session, keyspace, shard_count, st, log, relay, gateway, clock })
+        let recipients = RecipientCache::new(recipient_cache::CAPACITY);
+        Ok(Self { session, keyspace, shard_count, st, log, relay, gateway, clock, recipients })
     }
 
     pub fn shard_count(&self) -> u16 {
@@ -399,11 +403,17 @@ impl ScyllaStore {
         for row in rows.rows::<JoinRow>().map_err(be("reading subscribers"))? {
             let r = row.map_err(be("reading subscribers"))?;
             let id = RecipientId::parse(&r.0).map_err(|_| corrupt("recipient"))?;
-            let Some(recipient) = codec::decode_static(id, (r.1, r.2, r.3, r.4, r.5, r.6, r.7))? else { continue };
+            // No version: no recipient (a dangling index row).
+            let Some(version) = r.1 else { continue };
             let Some(subscription) = codec::decode_subscription(topic.clone(), (r.8, r.9, r.10, r.11))? else {
                 continue;
             };
-            found.insert(id, Subscriber { recipient: Arc::new(recipient.recipient), subscription });
+            // Every write of the partition sets a new version: a kept recipient of this one is current.
+            let recipient = self.recipients.get_or_decode(&id, &version.to_be_bytes(), |_| {
+                let decoded = codec::decode_static(id, (r.1, r.2, r.3, r.4, r.5, r.6, r.7))?;
+                Ok(decoded.ok_or_else(|| corrupt("recipient"))?.recipient)
+            })?;
+            found.insert(id, Subscriber { recipient, subscription });
         }
         Ok(chunk.iter().filter_map(|id| found.remove(id)).collect())
     }
@@ -1016,6 +1026,32 @@ mod tests {
             let window = owner.read_window(shard, 4, 10, 10).await.unwrap();
             assert_eq!(window.iter().map(|e| e.sequence_id).collect::<Vec<_>>(), vec![5]);
             owner
+        })
+        .await;
+    }
+
+    /// Dispatch keeps decoded recipients by their partition's version: a
+    /// re-registration (a new token) is seen on the next page, the same
+    /// recipient unchanged is the kept one, and a deleted one is gone.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn subscriber_pages_see_every_change_of_a_kept_recipient() {
+        with_store(|store| async move {
+            let id = RecipientId::from_bytes([7; 32]);
+            let hash = RecipientSecret::parse(&[8; 32]).unwrap().hash();
+            let topic = Topic::parse(&[0, 11]).unwrap();
+            let sub = Subscription { topic: topic.clone(), keys: None, include_commits: false };
+            let token = |t: &str| DeliveryTarget::Fcm { token: t.into() };
+            let page = || async { store.subscribers(&topic, None, 10).await.unwrap() };
+            store.register(&id, &hash, &token("first"), 1).await.unwrap();
+            store.update_subscriptions(&id, &hash, &SubscriptionUpdate::new(vec![sub], vec![]).unwrap(), 1, 10).await.unwrap();
+            let first = page().await;
+            assert_eq!(first[0].recipient.target, token("first"));
+            assert!(Arc::ptr_eq(&first[0].recipient, &page().await[0].recipient), "unchanged: the kept one");
+            store.register(&id, &hash, &token("second"), 2).await.unwrap();
+            assert_eq!(page().await[0].recipient.target, token("second"), "re-registered: read anew");
+            store.unregister(&id, &hash).await.unwrap();
+            assert!(page().await.is_empty(), "deleted");
+            store
         })
         .await;
     }

@@ -9,6 +9,10 @@
 //! stale: any write to the record (Register, UpdateSubscriptions, a renewal)
 //! changes its bytes, and the next read decodes it again. Nothing has to
 //! invalidate entries, and an entry that was deleted is simply not asked for.
+//!
+//! Both backends use it: redb keys an entry by the record's encoded bytes,
+//! ScyllaDB by the recipient partition's `version`, a random value every
+//! write of the partition replaces (its module doc, "Atomicity").
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
