@@ -1250,6 +1250,9 @@ mod tests {
         let d = &report.deliveries;
         assert_eq!((d.missing, d.delivered), (0, report.plan.expected_deliveries), "{}", report.text());
         assert_eq!((report.publish.errors, d.bad_signatures), (0, 0), "{}", report.text());
+        // The scenario's `max_duplicate_ratio` too: duplicates bounded by
+        // what was in flight at the kill, not by whole windows.
+        assert!(report.passed, "{}", report.text());
         let nodes = report.nodes.as_ref().expect("the nodes' figures");
         assert_eq!(nodes.nodes.len(), 2);
         let fault = nodes.fault.as_ref().expect("the fault happened");
