@@ -50,8 +50,8 @@
 //!   batch, so a later change of the same recipient on a node whose clock
 //!   runs behind still writes with a later timestamp (`index_timestamp`).
 //! - **PUSH-216 start position**: a new topic's start position is its shard's
-//!   boundary read at LOCAL_QUORUM after the recipient read and right before
-//!   the conditional batch. On this backend "read in the transaction" holds
+//!   boundary read at LOCAL_QUORUM after the recipient read (beside the read
+//!   of the topics already stored) and before the conditional batch. On this backend "read in the transaction" holds
 //!   up to the LWT: an envelope whose append settles between that read and
 //!   the batch may be missed by the new subscription — the spec's known
 //!   limitation for an envelope settled while the subscription's transaction
@@ -543,7 +543,12 @@ impl Store for ScyllaStore {
                 return Err(StoreError::SecretMismatch);
             }
             // Read after the version: a change after this read changes the version too.
-            let existing = self.read_existing(id, asked).await?;
+            // PUSH-216: a new topic starts at its shard's boundary, read beside
+            // them, after the recipient read and before the conditional batch
+            // (which adds are new is known only then: every added topic's shard).
+            let add_shards = update.adds.iter().map(|s| s.topic.shard(self.shard_count)).collect();
+            let (existing, boundaries) =
+                futures::try_join!(self.read_existing(id, asked), self.boundaries(add_shards))?;
             let mut count = v.recipient.topic_count;
 
             // PUSH-216: a removed topic that is not stored changes nothing.
@@ -553,21 +558,13 @@ impl Store for ScyllaStore {
                 .filter(|t| existing.contains_key(t.as_bytes()))
                 .map(|t| t.as_bytes().to_vec())
                 .collect();
-            let new_shards: Vec<ShardId> = update
-                .adds
-                .iter()
-                .filter(|s| !existing.contains_key(s.topic.as_bytes()))
-                .map(|s| s.topic.shard(self.shard_count))
-                .collect();
-            count = count.saturating_sub(removed.len() as u64) + new_shards.len() as u64;
+            let new_topics = update.adds.iter().filter(|s| !existing.contains_key(s.topic.as_bytes())).count();
+            count = count.saturating_sub(removed.len() as u64) + new_topics as u64;
             // PUSH-217: over the limit, nothing is written.
             if count > max_topics {
                 return Err(StoreError::TopicLimit);
             }
 
-            // PUSH-216: a new topic starts at its shard's boundary, read now,
-            // after the recipient read and right before the conditional batch.
-            let boundaries = self.boundaries(new_shards.into_iter().collect()).await?;
             let stored: Vec<StoredSubscription> = update
                 .adds
                 .iter()
