@@ -7,7 +7,10 @@
 //! - conditional inserts of a recipient (`IF version = null`), 64 in flight
 //!   (what one lightweight transaction per RPC costs);
 //! - unlogged single-partition batches of 100 log rows, 4 in flight (publish);
-//! - pages of 100 subscriber ids of one topic, 32 in flight (dispatch's reads).
+//! - pages of 100 subscriber ids of one topic, 32 in flight (dispatch's reads);
+//! - joins of 50 subscribers: one read of 50 recipient partitions
+//!   (`recipient_id IN ? AND topic = ?`, their static columns and the topic's
+//!   row), 32 in flight: what dispatch reads per subscriber.
 //!
 //! The engine's registration, publish and delivery figures are reported as
 //! ratios against these.
@@ -37,6 +40,9 @@ const PAGE_ROWS: usize = 100;
 const PAGES_IN_FLIGHT: usize = 32;
 /// Topics the page reads go round.
 const PAGE_TOPICS: usize = 100;
+const JOIN_READS: usize = 2_000;
+const JOIN_IDS: usize = 50;
+const JOINS_IN_FLIGHT: usize = 32;
 
 /// One kind of statement, measured.
 #[derive(Debug, Clone, Serialize)]
@@ -57,6 +63,8 @@ pub struct CqlCeiling {
     pub conditional_inserts: CqlRate,
     pub batches: CqlRate,
     pub subscriber_pages: CqlRate,
+    /// Join reads; `rows_per_second` is joined subscribers per second.
+    pub subscriber_joins: CqlRate,
 }
 
 /// Measures every kind in turn against `nodes`.
@@ -161,7 +169,42 @@ async fn measure_in(session: &Session, ks: &str) -> anyhow::Result<CqlCeiling> {
         }
     })
     .await?;
-    Ok(CqlCeiling { keyspace: ks.to_owned(), plain_inserts, conditional_inserts, batches, subscriber_pages })
+    // The recipients the conditional inserts made each get the joined
+    // topic's row (not measured), then the joins.
+    let joined_topic = vec![9u8, 9];
+    rate(CONDITIONAL_INSERTS, REGISTRATION_IN_FLIGHT, 1, |i| {
+        exec(session, &plain, (id(PLAIN_INSERTS + i), joined_topic.clone(), 1i64, true))
+    })
+    .await?;
+    let join = Arc::new(
+        prepare(format!(
+            "SELECT recipient_id, version, secret_hash, channel, target, renewed_at, start_position, \
+             include_commits FROM {ks}.recipients WHERE recipient_id IN ? AND topic = ?"
+        ))
+        .await?,
+    );
+    type Joined = (Vec<u8>, Option<i64>, Option<Vec<u8>>, Option<i8>, Option<String>, Option<i64>, Option<i64>, Option<bool>);
+    let subscriber_joins = rate(JOIN_READS, JOINS_IN_FLIGHT, JOIN_IDS, |i| {
+        let (join, topic) = (join.clone(), joined_topic.clone());
+        async move {
+            let first = (i * JOIN_IDS) % (CONDITIONAL_INSERTS - JOIN_IDS);
+            let ids: Vec<Vec<u8>> = (first..first + JOIN_IDS).map(|j| id(PLAIN_INSERTS + j)).collect();
+            let result = session.execute_unpaged(&join, (ids, topic)).await.context("a ceiling join")?;
+            let rows = result.into_rows_result().context("a ceiling join")?;
+            let n = rows.rows::<Joined>().context("a ceiling join")?.filter(Result::is_ok).count();
+            anyhow::ensure!(n == JOIN_IDS, "a ceiling join had {n} rows");
+            Ok(())
+        }
+    })
+    .await?;
+    Ok(CqlCeiling {
+        keyspace: ks.to_owned(),
+        plain_inserts,
+        conditional_inserts,
+        batches,
+        subscriber_pages,
+        subscriber_joins,
+    })
 }
 
 async fn exec(session: &Session, st: &PreparedStatement, values: impl SerializeRow) -> anyhow::Result<()> {

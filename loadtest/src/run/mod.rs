@@ -766,11 +766,13 @@ async fn execute_inner(
         progress.phase("CQL ceiling (the same driver, no engine)", 0);
         let c = cql_ceiling::measure(&args.scylla_nodes).await?;
         progress.say(&format!(
-            "CQL ceiling: {:.0} plain inserts/s, {:.0} conditional/s, {:.0} batched rows/s, {:.0} subscriber pages/s",
+            "CQL ceiling: {:.0} plain inserts/s, {:.0} conditional/s, {:.0} batched rows/s, {:.0} subscriber pages/s, \
+             {:.0} joined subscribers/s",
             c.plain_inserts.per_second,
             c.conditional_inserts.per_second,
             c.batches.rows_per_second,
-            c.subscriber_pages.per_second
+            c.subscriber_pages.per_second,
+            c.subscriber_joins.rows_per_second
         ));
         Some(c)
     } else {
@@ -1061,7 +1063,7 @@ async fn execute_inner(
         .and_then(|p| p.best())
         .filter(|b| b.pushes_per_second > 0.0)
         .map(|b| deliveries.deliveries_per_second / b.pushes_per_second);
-    let ratio_cql = cql_ceiling.as_ref().map(|c| report::CqlRatios::new(c, &setup, &publish));
+    let ratio_cql = cql_ceiling.as_ref().map(|c| report::CqlRatios::new(c, &setup, &publish, &deliveries));
     let f = &scenario.faults;
     let report = Report {
         scenario: scenario.name.clone(),

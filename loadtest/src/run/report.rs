@@ -153,14 +153,18 @@ pub struct CqlRatios {
     pub publish: f64,
     /// The Publish RPC's median latency, ms.
     pub publish_p50_ms: f64,
+    /// Deliveries/s ÷ joined subscribers/s (each delivery reads its
+    /// subscriber's join row once).
+    pub delivery: f64,
 }
 
 impl CqlRatios {
-    pub fn new(c: &CqlCeiling, setup: &SetupStats, publish: &PublishStats) -> Self {
+    pub fn new(c: &CqlCeiling, setup: &SetupStats, publish: &PublishStats, deliveries: &Summary) -> Self {
         Self {
             registration: setup.rpcs_per_second / c.plain_inserts.per_second.max(1e-9),
             publish: publish.envelopes_per_second / c.batches.rows_per_second.max(1e-9),
             publish_p50_ms: publish.rpc_latency.p50_ms,
+            delivery: deliveries.deliveries_per_second / c.subscriber_joins.rows_per_second.max(1e-9),
         }
     }
 }
@@ -388,7 +392,8 @@ impl Report {
             let _ = writeln!(
                 s,
                 "  cql ceiling {:.0} plain inserts/s, {:.0} conditional inserts/s ({} in flight); {:.0} rows/s in \
-                 batches of {} ({} in flight); {:.0} subscriber pages/s ({} in flight)",
+                 batches of {} ({} in flight); {:.0} subscriber pages/s ({} in flight); {:.0} joined \
+                 subscribers/s ({} in flight)",
                 c.plain_inserts.per_second,
                 c.conditional_inserts.per_second,
                 c.plain_inserts.in_flight,
@@ -397,11 +402,14 @@ impl Report {
                 c.batches.in_flight,
                 c.subscriber_pages.per_second,
                 c.subscriber_pages.in_flight,
+                c.subscriber_joins.rows_per_second,
+                c.subscriber_joins.in_flight,
             );
             let _ = writeln!(
                 s,
-                "  ratio cql   registration {:.2} of plain inserts, publish {:.2} of batched rows (Publish p50 {:.1} ms)",
-                r.registration, r.publish, r.publish_p50_ms
+                "  ratio cql   registration {:.2} of plain inserts, publish {:.2} of batched rows (Publish p50 {:.1} \
+                 ms), delivery {:.2} of joined subscribers",
+                r.registration, r.publish, r.publish_p50_ms, r.delivery
             );
         }
         if let Some(h) = &self.h2load {
