@@ -33,8 +33,8 @@ use async_trait::async_trait;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 
 use self::codec::{OrBackend, ShardRow, corrupt};
-use super::recipient_cache::{self, RecipientCache};
 use self::time_index::{BytesTable, PRUNE_BATCH};
+use super::recipient_cache::{self, RecipientCache};
 use super::{Appended, RegistrationRemoval, ShardLeases, ShardPosition, Store, StoreError};
 use crate::domain::{
     DeliveryTarget, GatewayRegistration, GatewayWakeup, LeasedWakeup, NewEnvelope, NotifyClaim, NotifyKey,

@@ -1040,7 +1040,10 @@ mod tests {
             let token = |t: &str| DeliveryTarget::Fcm { token: t.into() };
             let page = || async { store.subscribers(&topic, None, 10).await.unwrap() };
             store.register(&id, &hash, &token("first"), 1).await.unwrap();
-            store.update_subscriptions(&id, &hash, &SubscriptionUpdate::new(vec![sub], vec![]).unwrap(), 1, 10).await.unwrap();
+            store
+                .update_subscriptions(&id, &hash, &SubscriptionUpdate::new(vec![sub], vec![]).unwrap(), 1, 10)
+                .await
+                .unwrap();
             let first = page().await;
             assert_eq!(first[0].recipient.target, token("first"));
             assert!(Arc::ptr_eq(&first[0].recipient, &page().await[0].recipient), "unchanged: the kept one");
@@ -1073,7 +1076,8 @@ mod tests {
                 (0..PUBLISHES).map(|p| (0..PER_PUBLISH).map(|i| envelope(p, i)).collect()).collect();
             let results = futures::future::join_all(batches.iter().map(|b| store.append(b, 1))).await;
             // Another node's view: the stored boundary, not this one's memory.
-            let other = ScyllaStore::connect(&settings(test_nodes().unwrap(), store.keyspace()), SHARD_COUNT).await.unwrap();
+            let other =
+                ScyllaStore::connect(&settings(test_nodes().unwrap(), store.keyspace()), SHARD_COUNT).await.unwrap();
             let mut stored: BTreeMap<ShardId, Vec<(u64, Vec<u8>)>> = BTreeMap::new();
             for (batch, appended) in batches.iter().zip(results) {
                 for (e, a) in batch.iter().zip(appended.unwrap()) {

@@ -183,7 +183,8 @@ async fn measure_in(session: &Session, ks: &str) -> anyhow::Result<CqlCeiling> {
         ))
         .await?,
     );
-    type Joined = (Vec<u8>, Option<i64>, Option<Vec<u8>>, Option<i8>, Option<String>, Option<i64>, Option<i64>, Option<bool>);
+    type Joined =
+        (Vec<u8>, Option<i64>, Option<Vec<u8>>, Option<i8>, Option<String>, Option<i64>, Option<i64>, Option<bool>);
     let subscriber_joins = rate(JOIN_READS, JOINS_IN_FLIGHT, JOIN_IDS, |i| {
         let (join, topic) = (join.clone(), joined_topic.clone());
         async move {
