@@ -117,6 +117,19 @@ impl Store {
         }
     }
 
+    /// Drops a ScyllaDB run's keyspace (the run's engines stopped first).
+    pub async fn drop_keyspace(&self) -> anyhow::Result<()> {
+        let Store::Scylla { nodes, keyspace } = self else { return Ok(()) };
+        let session = scylla::client::session_builder::SessionBuilder::new()
+            .known_nodes(nodes)
+            .connection_timeout(std::time::Duration::from_secs(10))
+            .build()
+            .await
+            .context("connecting to drop the run's keyspace")?;
+        session.query_unpaged(format!("DROP KEYSPACE IF EXISTS {keyspace}"), ()).await?;
+        Ok(())
+    }
+
     /// For the report: `redb`, or `scylla keyspace K at N1,N2`.
     pub fn describe(&self) -> String {
         match self {

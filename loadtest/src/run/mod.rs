@@ -119,9 +119,15 @@ pub struct RunArgs {
     pub batch_size: Option<usize>,
     /// Start the engine on the ScyllaDB/Cassandra backend at these contact
     /// points (host:port, comma-separated) instead of the embedded store, in
-    /// a keyspace made for the run (fanout_loadtest_<random>, left behind).
+    /// a keyspace made for the run (fanout_loadtest_<random>), dropped once
+    /// the engines stopped.
     #[arg(long, value_delimiter = ',', conflicts_with_all = ["engine_grpc", "data_dir"])]
     pub scylla_nodes: Vec<String>,
+    /// With --scylla-nodes: leave the run's keyspace behind, to look into
+    /// (drop it with `DROP KEYSPACE`). Kept keyspaces slow the server's later
+    /// runs: its join reads ran at half the rate with 65 of them.
+    #[arg(long, requires = "scylla_nodes")]
+    pub keep_keyspace: bool,
     /// With --scylla-nodes: before the engine starts, measure what the CQL
     /// server does for a plain client (the engine's statement shapes sent by
     /// the same Rust driver: plain and conditional inserts, batches of 100
@@ -672,9 +678,18 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<Report> {
 
     let progress = Progress::new();
     let printer = progress.spawn_printer();
-    let result = execute_inner(args, &scenario, &plan, &pki, &ca_path, &progress).await;
+    let store = Store::from_nodes(&args.scylla_nodes)?;
+    let result = execute_inner(args, &scenario, &plan, &pki, &ca_path, &progress, &store).await;
     printer.abort();
-    let (mut report, _engine) = result?;
+    // The engine stops (killed) before its keyspace goes: a node still
+    // running would log the dropped tables as failures.
+    let result = result.map(|(report, _engine)| report);
+    if !args.keep_keyspace
+        && let Err(e) = store.drop_keyspace().await
+    {
+        eprintln!("the run's keyspace was left behind: {e:#}");
+    }
+    let mut report = result?;
     machine.loadavg_end = report::loadavg();
     report.machine = machine;
     report.run_seconds = run_started.elapsed().as_secs_f64();
@@ -697,6 +712,7 @@ async fn execute_inner(
     pki: &TestPki,
     ca_path: &Path,
     progress: &Arc<Progress>,
+    store: &Store,
 ) -> anyhow::Result<(Report, Engine)> {
     let started_at_unix = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let expected_all = plan.expected_deliveries(plan.envelopes);
@@ -794,8 +810,7 @@ async fn execute_inner(
     let collector = Collector::new(plan.clone(), ids, scenario.faults.clone());
     let receivers = Receivers::start(pki, scenario, &collector, &peer).await?;
     let urls = receivers.urls();
-    let store = Store::from_nodes(&args.scylla_nodes)?;
-    if let Store::Scylla { .. } = &store {
+    if let Store::Scylla { .. } = store {
         progress.say(&format!("store: {}", store.describe()));
     }
     let engine = match args.engine_grpc {
@@ -1161,6 +1176,10 @@ mod tests {
         .unwrap();
         assert_eq!((cli.run.setup_concurrency, cli.run.batch_size), (Some(16), Some(1)));
         assert_eq!(cli.run.scylla_nodes, ["127.0.0.1:9042", "10.0.0.2:9042"]);
+        assert!(!cli.run.keep_keyspace, "a run's keyspace is dropped unless asked");
+        let keep = ["run", "--scenario", "s.toml", "--scylla-nodes", "127.0.0.1:9042", "--keep-keyspace"];
+        assert!(Cli::try_parse_from(keep).unwrap().run.keep_keyspace);
+        assert!(Cli::try_parse_from(["run", "--scenario", "s.toml", "--keep-keyspace"]).is_err(), "only with CQL");
         let pushy = Cli::try_parse_from(["run", "--scenario", "s.toml", "--apns-server", "pushy"]).unwrap();
         assert_eq!(pushy.run.apns_server, ApnsServer::Pushy);
         assert_eq!(pushy.run.pushy_connections, [1, 2, 4]);
