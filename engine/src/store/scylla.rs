@@ -51,11 +51,12 @@
 //!   runs behind still writes with a later timestamp (`index_timestamp`).
 //! - **PUSH-216 start position**: a new topic's start position is its shard's
 //!   boundary read at LOCAL_QUORUM after the recipient read (beside the read
-//!   of the topics already stored) and before the conditional batch. On this backend "read in the transaction" holds
-//!   up to the LWT: an envelope whose append settles between that read and
-//!   the batch may be missed by the new subscription — the spec's known
-//!   limitation for an envelope settled while the subscription's transaction
-//!   was open. It is never delivered an envelope settled before it subscribed.
+//!   of the topics already stored) and before the conditional batch. On this
+//!   backend "read in the transaction" holds up to the LWT: an envelope whose
+//!   append settles between that read and the batch may be missed by the new
+//!   subscription — the spec's known limitation for an envelope settled
+//!   while the subscription's transaction was open. It is never delivered
+//!   an envelope settled before it subscribed.
 //! - **Sequence ids, boundary, checkpoint** (`log.rs`, schema 7): the lease
 //!   holder claims a term per shard (one conditional insert per term), then
 //!   allocates ids and moves the boundary in memory and writes plain
@@ -1106,6 +1107,34 @@ mod tests {
                 }
                 assert_eq!(stored_boundary, want, "the stored boundary of shard {}", shard.index());
             }
+            store
+        })
+        .await;
+    }
+
+    /// An append whose caller goes away while its rows are being written
+    /// (a cancelled Publish, or a sibling shard's failure ending the
+    /// Publish's join) is done all the same: its ids are a gap, and the
+    /// boundary moves over them with the next append instead of stopping
+    /// below them for the rest of the term.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_append_dropped_while_writing_does_not_hold_the_boundary_back() {
+        with_store(|store| async move {
+            let envelope = |id: u8| {
+                let topic = Topic::parse(&[0, 5]).unwrap();
+                NewEnvelope::new(topic, SHARD_COUNT, EnvelopeKind::Application, true, None, vec![id], None).unwrap()
+            };
+            let shard = envelope(0).shard();
+            store.append(&[envelope(1)], 1).await.unwrap();
+            // One poll takes its ids (the term is claimed, the mutex free) and
+            // starts the write; then the caller goes away.
+            let batch = [envelope(2), envelope(3)];
+            let mut dropped = Box::pin(store.append(&batch, 2));
+            assert!(futures::poll!(dropped.as_mut()).is_pending(), "the write is under way");
+            drop(dropped);
+            let appended = store.append(&[envelope(4)], 3).await.unwrap();
+            assert_eq!(appended, vec![Appended::Stored { sequence_id: 4 }], "ids 2 and 3 are burnt");
+            assert_eq!(store.shard_position(shard).await.unwrap().boundary, 4, "over the dropped append's ids");
             store
         })
         .await;

@@ -37,10 +37,11 @@
 //! The boundary moves over an append only once every append below it is
 //! done (`Writing`): a window never passes ids whose rows may still land.
 //!
-//! Failures. An append that fails after its ids were taken burns them: the
-//! boundary moves over the gap once it is done (its rows, if any landed, were
-//! never acknowledged: at worst a publisher's retry delivers twice). Ids are
-//! never handed out twice within a term.
+//! Failures. An append that fails after its ids were taken, or whose caller
+//! goes away while it writes (`Taken`), burns them: the boundary moves over
+//! the gap once it is done (its rows, if any landed, were never
+//! acknowledged: at worst a publisher's retry delivers twice). Ids are never
+//! handed out twice within a term.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -126,6 +127,26 @@ impl Writing {
         self.open.remove(&first);
         self.finished = self.finished.max(last);
         Some(self.open.keys().next().map_or(self.finished, |lowest| lowest - 1))
+    }
+}
+
+/// An append whose ids are taken, done when dropped, written or not: a
+/// failed append's ids are a gap (its rows, if some landed, were never
+/// acknowledged), and so are those of an append whose caller went away
+/// while it wrote (a cancelled Publish, or a sibling shard's failure ending
+/// the Publish's join), which must not hold the boundary back for the rest
+/// of the term.
+struct Taken<'a> {
+    log: &'a ShardLog,
+    shard: ShardId,
+    term: i64,
+    first: u64,
+    last: u64,
+}
+
+impl Drop for Taken<'_> {
+    fn drop(&mut self) {
+        self.log.finish(self);
     }
 }
 
@@ -353,7 +374,7 @@ impl ShardLog {
         let slot = &self.terms[usize::from(shard.index())];
         let mut results = Vec::with_capacity(indices.len());
         let mut rows: Vec<Row<'_>> = Vec::new();
-        let (current, first, last) = {
+        let (current, taken) = {
             let mut term = slot.term.lock().await;
             if slot.forgotten.swap(false, Ordering::AcqRel) {
                 *term = None;
@@ -387,7 +408,7 @@ impl ShardLog {
             // Taken before any write: a failure below burns these ids, never reuses them.
             term.as_mut().expect("claimed above").last = last;
             lock(&slot.writing).open.insert(current.last + 1, last);
-            (current, current.last + 1, last)
+            (current, Taken { log: self, shard, term: current.term, first: current.last + 1, last })
         };
         let written = self.write_rows(shard, current, rows).await;
         if let Ok(indexed) = written {
@@ -396,18 +417,23 @@ impl ShardLog {
                 t.indexed = t.indexed.max(indexed);
             }
         }
-        // Done, written or not: the boundary may move over it (a failed
-        // append's ids are a gap; its rows, if some landed, were never
-        // acknowledged), here at once and in the store once its write lands.
+        drop(taken);
+        written.map(|_| results)
+    }
+
+    /// Ends an append (`Taken`): the boundary may move over it, here at once
+    /// and in the store once its write lands.
+    fn finish(&self, taken: &Taken<'_>) {
+        let slot = &self.terms[usize::from(taken.shard.index())];
         let moved = {
             // Under the lock a claim takes too: never a former term's boundary in a new term.
             let mut writing = lock(&slot.writing);
-            writing.finish(current.term, first, last).filter(|&d| slot.durable.fetch_max(d, Ordering::AcqRel) < d)
+            let durable = writing.finish(taken.term, taken.first, taken.last);
+            durable.filter(|&d| slot.durable.fetch_max(d, Ordering::AcqRel) < d)
         };
         if let Some(durable) = moved {
-            self.write_boundary(shard, current.term, durable);
+            self.write_boundary(taken.shard, taken.term, durable);
         }
-        written.map(|_| results)
     }
 
     /// Writes a term's boundary beside the next appends, a few times on
@@ -417,7 +443,10 @@ impl ShardLog {
         const ATTEMPTS: u32 = 5;
         let (session, st) = (Arc::clone(&self.session), self.st.boundary.clone());
         let values = (to_db(boundary), to_db(boundary), i32::from(shard.index()), term);
-        tokio::spawn(async move {
+        // Outside a runtime (an append dropped as it shuts down) the write is
+        // left to the next term's claim, which finds the rows.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        runtime.spawn(async move {
             for attempt in 1..=ATTEMPTS {
                 match session.write(&st, values).await {
                     Ok(()) => return,
