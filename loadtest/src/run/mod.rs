@@ -131,8 +131,9 @@ pub struct RunArgs {
     /// With --scylla-nodes: before the engine starts, measure what the CQL
     /// server does for a plain client (the engine's statement shapes sent by
     /// the same Rust driver: plain and conditional inserts, batches of 100
-    /// log rows, pages of 100 subscribers) and report the engine's
-    /// registration and publish rates against it.
+    /// log rows, pages of 100 subscribers, joins of 50 recipient partitions)
+    /// and report the engine's registration, publish and delivery rates
+    /// against it.
     #[arg(long, requires = "scylla_nodes")]
     pub with_cql_ceiling: bool,
     /// With --scylla-nodes: start this many engine processes on the run's
@@ -1160,7 +1161,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_18_flags_parse() {
+    fn run_flags_parse() {
         use clap::Parser as _;
         let cli = Cli::try_parse_from([
             "run",
