@@ -889,11 +889,15 @@ mod tests {
             self.store.shard_position(ShardId::FIRST).await.unwrap()
         }
 
-        /// Lets the paused clock run until `done` holds (or fails after a
-        /// virtual hour).
-        async fn until(&self, what: &str, done: impl Fn(&Self) -> bool) {
-            for _ in 0..36_000 {
-                if done(self) {
+        /// Lets the paused clock run, 100 ms at a time, until `done` holds.
+        /// Gives up after a minute of real time, not of the paused clock:
+        /// the store answers on its own threads, and while the runtime waits
+        /// for them the paused clock jumps ahead, so a bound in virtual time
+        /// can run out before a slow (loaded) store write lands.
+        async fn until(&self, what: &str, done: impl AsyncFn(&Self) -> bool) {
+            let give_up = std::time::Instant::now() + Duration::from_secs(60);
+            while std::time::Instant::now() < give_up {
+                if done(self).await {
                     return;
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -903,13 +907,8 @@ mod tests {
 
         /// Lets the paused clock run until the checkpoint reaches `checkpoint`.
         async fn until_checkpoint(&self, checkpoint: u64) {
-            for _ in 0..36_000 {
-                if self.position().await.checkpoint >= checkpoint {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            panic!("the checkpoint never reached {checkpoint}");
+            let reached = async |f: &Self| f.position().await.checkpoint >= checkpoint;
+            self.until(&format!("the checkpoint reaches {checkpoint}"), reached).await;
         }
 
         fn waiting(&self) -> usize {
@@ -942,7 +941,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_checkpoint_moves_only_after_every_first_attempt() {
         let f = Fixture::start(3, 2, settings(10, 16), 0).await;
-        f.until("all six attempts are waiting", |f| f.waiting() == 6).await;
+        f.until("all six attempts are waiting", async |f| f.waiting() == 6).await;
         let held = f.position().await;
         assert_eq!((held.checkpoint, held.boundary), (0, 2), "no checkpoint while attempts are out");
         f.gate.permits.add_permits(5);
@@ -955,7 +954,7 @@ mod tests {
         assert!(sends.values().all(|n| *n == 1));
         // The checkpoint can be read a moment before the actor, answered by
         // the store's writer thread, counts the window.
-        f.until("the window is counted", |f| f.metrics.windows.get() == 1).await;
+        f.until("the window is counted", async |f| f.metrics.windows.get() == 1).await;
         assert_eq!(f.metrics.window_replays.get(), 0);
         f.actor.stop(None);
     }
@@ -964,12 +963,12 @@ mod tests {
     async fn pages_in_flight_are_bounded() {
         // One subscriber per page, two pages at once: two attempts out, never three.
         let f = Fixture::start(5, 1, settings(1, 2), 0).await;
-        f.until("two pages out", |f| f.waiting() == 2).await;
+        f.until("two pages out", async |f| f.waiting() == 2).await;
         tokio::time::sleep(Duration::from_secs(5)).await;
         assert_eq!(f.waiting(), 2, "a third page waits for one of the first two");
         for released in 1..=5 {
             f.gate.permits.add_permits(1);
-            f.until("the next page", |f| f.sends().len() == (released + 2).min(5)).await;
+            f.until("the next page", async |f| f.sends().len() == (released + 2).min(5)).await;
             assert!(f.waiting() <= 2);
         }
         f.gate.permits.add_permits(5);
@@ -984,14 +983,14 @@ mod tests {
         s.window_timeout = Duration::from_secs(5);
         let f = Fixture::start(2, 1, s, 1).await;
         f.gate.permits.add_permits(100);
-        f.until("a replay", |f| f.metrics.window_replays.get() == 1).await;
+        f.until("a replay", async |f| f.metrics.window_replays.get() == 1).await;
         f.until_checkpoint(1).await; // the replay completes the window
         let sends = f.sends();
         assert_eq!(sends[&(1, f.recipients[0])], 2, "the lost attempt is made again");
         assert_eq!(sends[&(1, f.recipients[1])], 1, "an answered first attempt is not re-sent");
         // The checkpoint can be read a moment before the actor, answered by
         // the store's writer thread, counts the window.
-        f.until("the window is counted", |f| f.metrics.windows.get() == 1).await;
+        f.until("the window is counted", async |f| f.metrics.windows.get() == 1).await;
         f.actor.stop(None);
     }
 
@@ -1062,12 +1061,12 @@ mod tests {
         // stores the checkpoint once both are answered, and stops; the next
         // owner starts at envelope 3 and repeats nothing.
         let f = Fixture::start(3, 4, settings(10, 2), 0).await;
-        f.until("two pages out", |f| f.waiting() == 6).await;
+        f.until("two pages out", async |f| f.waiting() == 6).await;
         let _ = f.actor.cast(ShardMsg::Release);
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert_eq!(f.actor.get_status(), ractor::ActorStatus::Running, "pages are still in flight");
         f.gate.permits.add_permits(100);
-        f.until("the actor stopped", |f| f.actor.get_status() == ractor::ActorStatus::Stopped).await;
+        f.until("the actor stopped", async |f| f.actor.get_status() == ractor::ActorStatus::Stopped).await;
         assert_eq!(f.position().await.checkpoint, 2, "just above the answered pages");
         let sends = f.sends();
         assert_eq!(sends.len(), 6, "no page after the release: {sends:?}");
@@ -1081,9 +1080,9 @@ mod tests {
         // at the provider, the other three in the worker, when the actor is
         // killed (a lost lease) and runs no post_stop.
         let f = Fixture::start_with(4, 1, settings(10, 4), 0, Duration::ZERO, one_at_a_time(), Fence::default()).await;
-        f.until("the first delivery is at the provider", |f| f.waiting() == 1).await;
+        f.until("the first delivery is at the provider", async |f| f.waiting() == 1).await;
         f.actor.kill();
-        f.until("the actor stopped", |f| f.actor.get_status() == ractor::ActorStatus::Stopped).await;
+        f.until("the actor stopped", async |f| f.actor.get_status() == ractor::ActorStatus::Stopped).await;
         f.gate.permits.add_permits(100);
         tokio::time::sleep(Duration::from_secs(5)).await;
         assert_eq!(f.sends().len(), 1, "only the attempt under way: the replay sends the rest");
@@ -1101,10 +1100,10 @@ mod tests {
         // pass envelope 1, but the record says it was answered up to the
         // first subscriber, so the next owner sends every delivery once.
         let f = Fixture::start(4, 2, recording(1, 1), 0).await;
-        f.until("the first page is out", |f| f.waiting() == 1).await;
+        f.until("the first page is out", async |f| f.waiting() == 1).await;
         let _ = f.actor.cast(ShardMsg::Release);
         f.gate.permits.add_permits(1);
-        f.until("the actor stopped", |f| f.actor.get_status() == ractor::ActorStatus::Stopped).await;
+        f.until("the actor stopped", async |f| f.actor.get_status() == ractor::ActorStatus::Stopped).await;
         assert_eq!(f.position().await.checkpoint, 0, "envelope 1 is only partly answered");
         let recorded = f.store.shard_progress(ShardId::FIRST).await.unwrap();
         assert_eq!(recorded.of(1), Some(Answered::Partly(Partly::upto(f.recipients[0]))));
@@ -1169,17 +1168,11 @@ mod tests {
         let r = f.recipients.clone();
         f.gate.free.lock().unwrap().extend(&r[1..]);
         let expected = Answered::Partly(Partly::new(None, r[1..].iter().copied()).unwrap());
-        let mut recorded = None;
-        for _ in 0..100 {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            recorded = f.store.shard_progress(ShardId::FIRST).await.unwrap().of(1);
-            if recorded.as_ref() == Some(&expected) {
-                break;
-            }
-        }
-        assert_eq!(recorded, Some(expected), "the answered deliveries beyond the open one are recorded");
+        let recorded =
+            async |f: &Fixture| f.store.shard_progress(ShardId::FIRST).await.unwrap().of(1) == Some(expected.clone());
+        f.until("the answered deliveries beyond the open one are recorded", recorded).await;
         f.actor.kill();
-        f.until("the actor stopped", |f| f.actor.get_status() == ractor::ActorStatus::Stopped).await;
+        f.until("the actor stopped", async |f| f.actor.get_status() == ractor::ActorStatus::Stopped).await;
 
         let next = Fixture::spawn(&f.ctx).await;
         f.gate.permits.add_permits(100);
@@ -1199,7 +1192,7 @@ mod tests {
         let s = settings(1, 1); // one subscriber per page, one page at a time
         let delivery = DeliverySettings::default();
         let f = Fixture::start_with(4, 1, s, 0, Duration::ZERO, delivery, Fence::leased(rx)).await;
-        f.until("the first page is out", |f| f.waiting() == 1).await;
+        f.until("the first page is out", async |f| f.waiting() == 1).await;
         tokio::time::sleep(Duration::from_secs(3)).await;
         f.gate.permits.add_permits(10);
         tokio::time::sleep(Duration::from_secs(3)).await;
