@@ -1,7 +1,7 @@
 //! The ScyllaDB backend (DESIGN.md, storage): the `scylla` driver against
 //! ScyllaDB or Apache Cassandra, which speak the same CQL protocol.
 //!
-//! Schema: `engine/schema/scylla/NNN_*.cql` (001 to 008), applied
+//! Schema: `engine/schema/scylla/NNN_*.cql` (001 to 009), applied
 //! in order (`schema.rs`) by [`ScyllaStore::connect`] when `migrate` is set, or
 //! by `fanout migrate`. Every statement is
 //! prepared once at connect; the driver's default load balancing is token
@@ -49,6 +49,32 @@
 //!   recipient's `index_clocks` value + 1) and writes it back before its
 //!   batch, so a later change of the same recipient on a node whose clock
 //!   runs behind still writes with a later timestamp (`index_timestamp`).
+//! - **Dispatch copies** (schema 9): an index row also carries a copy of
+//!   what dispatch needs of its subscriber (the recipient's secret hash and
+//!   target, the subscription's start position, key window and
+//!   include_commits), so a page of subscribers is one read of the topic's
+//!   partition instead of one read of every subscriber's. The recipient
+//!   partition stays the truth, and a copy is trusted only when nothing can
+//!   have made it stale:
+//!   1. A change that makes copies stale (an add or a remove, a new target,
+//!      a recipient delete) first writes a *mark* per affected row to
+//!      `topic_pending`, then runs its conditional batch, then writes the
+//!      rows' copies (or deletes the rows) with its index timestamp, and
+//!      only then deletes its marks. A batch that did not apply deletes
+//!      them at once; a failure or a crash in between leaves them.
+//!   2. Dispatch reads the topic's marks after its cursor *before* the
+//!      page, and joins every marked row, and every row without a copy,
+//!      with its recipient partition as before. A change whose mark that
+//!      read missed had not started its batch when the read began.
+//!   3. Of the copies written to one row, the one of the latest batch
+//!      wins: every change reads the recipient's index clock only after
+//!      the version its batch is conditioned on (`read_index_clock`) and
+//!      writes its timestamp back before that batch, so a change whose
+//!      batch applies after another's has the larger timestamp.
+//!   So a trusted copy is the truth as of the marks read, or a change that
+//!   was still running then. A mark left behind costs its row a join per
+//!   page, nothing else; rows written before schema 9 have no copy and are
+//!   joined.
 //! - **PUSH-216 start position**: a new topic's start position is its shard's
 //!   boundary read at LOCAL_QUORUM after the recipient read (beside the read
 //!   of the topics already stored) and before the conditional batch. On this
@@ -83,7 +109,7 @@ mod relay;
 mod schema;
 mod settings;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -121,6 +147,8 @@ const IN_CHUNK: usize = 100;
 const JOIN_IN: usize = 50;
 /// Join reads of one page at once.
 const JOIN_READS: usize = 4;
+/// Marks one subscriber page reads at most; beyond, it joins every row.
+const MAX_MARKS: usize = 10_000;
 /// Most adds plus removes one UpdateSubscriptions can apply: all of them go in
 /// one conditional batch, and the CQL protocol counts a batch's statements in
 /// 16 bits (one statement is the recipient's own update).
@@ -144,6 +172,9 @@ pub struct ScyllaStore {
 
 const STATIC_COLS: &str = "version, secret_hash, channel, target, signing_key, renewed_at, topic_count";
 const SUB_COLS: &str = "start_position, include_commits, hmac_epoch_base, hmac_keys";
+/// A dispatch index row's copy of its subscriber (schema 9).
+const COPY_COLS: &str = "secret_hash, channel, target, signing_key, start_position, include_commits, \
+                         hmac_epoch_base, hmac_keys";
 
 // Dispatch's reads of subscribers run at `store.scylla.consistency.reads`.
 // The recipients' conditional writes decide on the session's LOCAL_QUORUM
@@ -176,11 +207,19 @@ statements! {
     delete_rows: "DELETE FROM {ks}.recipients WHERE recipient_id = ?",
     topic_row_put: "INSERT INTO {ks}.topic_subscriptions (topic, recipient_id) VALUES (?, ?) USING TIMESTAMP ?",
     topic_row_del: "DELETE FROM {ks}.topic_subscriptions USING TIMESTAMP ? WHERE topic = ? AND recipient_id = ?",
-    topic_page: "SELECT recipient_id FROM {ks}.topic_subscriptions WHERE topic = ?" => at(consistency.reads.cql()),
+    topic_page: "SELECT recipient_id, {COPY_COLS} FROM {ks}.topic_subscriptions WHERE topic = ?"
+        => at(consistency.reads.cql()),
     clock_read: "SELECT clock FROM {ks}.index_clocks WHERE recipient_id = ?",
     // The value is its own write timestamp: last-write-wins keeps the largest.
     clock_put: "INSERT INTO {ks}.index_clocks (recipient_id, clock) VALUES (?, ?) USING TIMESTAMP ?",
-    topic_page_after: "SELECT recipient_id FROM {ks}.topic_subscriptions WHERE topic = ? AND recipient_id > ?"
+    topic_page_after: "SELECT recipient_id, {COPY_COLS} FROM {ks}.topic_subscriptions \
+                       WHERE topic = ? AND recipient_id > ?" => at(consistency.reads.cql()),
+    // Dispatch copies and their marks (module docs, "Dispatch copies").
+    copy_put: "INSERT INTO {ks}.topic_subscriptions (topic, recipient_id, {COPY_COLS}) \
+               VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TIMESTAMP ?",
+    mark_put: "INSERT INTO {ks}.topic_pending (topic, recipient_id, mark) VALUES (?, ?, ?) USING TIMESTAMP ?",
+    mark_del: "DELETE FROM {ks}.topic_pending USING TIMESTAMP ? WHERE topic = ? AND recipient_id = ? AND mark = ?",
+    marks_read: "SELECT recipient_id FROM {ks}.topic_pending WHERE topic = ? AND recipient_id > ?"
         => at(consistency.reads.cql()),
     // Shard leases: a lease is a row that lives for its TTL; every change is an LWT.
     lease_insert: "INSERT INTO {ks}.shard_leases (shard, owner, owner_address, acquired_at) \
@@ -311,10 +350,14 @@ impl ScyllaStore {
         Ok(ts)
     }
 
-    /// The index clock of `id` as stored. Read with (not after) the version
-    /// it guards: a change whose batch applied before that read wrote its
-    /// clock before its batch, and one that applies after it fails the
-    /// version check.
+    /// The index clock of `id` as stored. Read once the version it guards
+    /// has been read, never beside it: a change whose batch applied before
+    /// the version read wrote its clock before that batch, so this read sees
+    /// it; one that applies after fails the version check. Read beside the
+    /// version, this read could be answered before such a change wrote its
+    /// clock while the version read saw its batch, and on a node whose clock
+    /// runs behind a re-add could then take a timestamp below the earlier
+    /// remove's, which would erase its index row.
     async fn read_index_clock(&self, id: &RecipientId) -> Result<Option<i64>, StoreError> {
         let values = (id.as_bytes().as_slice(),);
         let row = first_row(&self.session, &self.st.clock_read, values, "reading an index clock").await?;
@@ -347,15 +390,79 @@ impl ScyllaStore {
 
     /// Deletes the dispatch index rows of `topics` (after the batch that removed
     /// them), with a timestamp taken before that batch. A failure leaves
-    /// dangling rows, which dispatch skips: the change itself stands.
-    async fn del_topic_rows(&self, id: &RecipientId, topics: &[Vec<u8>], ts: i64) {
+    /// dangling rows, marked (`mark`), which dispatch joins and skips: the
+    /// change itself stands. Returns whether every row went.
+    async fn del_topic_rows(&self, id: &RecipientId, topics: &[&[u8]], ts: i64) -> bool {
         let writes: Vec<BoxFuture<'_, Result<(), StoreError>>> = topics
             .iter()
-            .map(|t| self.session.write(&self.st.topic_row_del, (ts, t.as_slice(), id.as_bytes().as_slice())).boxed())
+            .map(|t| self.session.write(&self.st.topic_row_del, (ts, *t, id.as_bytes().as_slice())).boxed())
             .collect();
         let result = all_ok(writes, JOIN_CONCURRENCY).await;
-        if let Err(e) = result {
+        if let Err(e) = &result {
             tracing::warn!(error = %e, "could not delete dispatch index rows; dispatch skips them");
+        }
+        result.is_ok()
+    }
+
+    /// Marks the dispatch index rows of `topics` as about to change, before
+    /// the batch that changes them: dispatch joins a marked row with the
+    /// recipient partition instead of trusting its copy (module docs,
+    /// "Dispatch copies"). Returns this change's mark.
+    async fn mark(&self, id: &RecipientId, topics: &[&[u8]]) -> Result<i64, StoreError> {
+        let (mark, ts) = (new_version(), self.clock.next());
+        let writes: Vec<BoxFuture<'_, Result<(), StoreError>>> = topics
+            .iter()
+            .map(|t| self.session.write(&self.st.mark_put, (*t, id.as_bytes().as_slice(), mark, ts)).boxed())
+            .collect();
+        all_ok(writes, JOIN_CONCURRENCY).await?;
+        Ok(mark)
+    }
+
+    /// Deletes this change's marks: its copies are written, or its batch
+    /// did not apply. Later than their writes on this node's clock. A
+    /// failure keeps them, which costs those rows a join per dispatch.
+    async fn unmark(&self, id: &RecipientId, topics: &[&[u8]], mark: i64) {
+        let ts = self.clock.next();
+        let writes: Vec<BoxFuture<'_, Result<(), StoreError>>> = topics
+            .iter()
+            .map(|t| self.session.write(&self.st.mark_del, (ts, *t, id.as_bytes().as_slice(), mark)).boxed())
+            .collect();
+        if let Err(e) = all_ok(writes, JOIN_CONCURRENCY).await {
+            tracing::warn!(error = %e, "could not delete dispatch copy marks; dispatch joins those rows");
+        }
+    }
+
+    /// Writes the dispatch copies of `subs` with the recipient's `target`
+    /// (after the batch that made them true), at the change's index timestamp.
+    async fn put_copies(
+        &self,
+        id: &RecipientId,
+        secret_hash: &SecretHash,
+        target: &DeliveryTarget,
+        subs: &[StoredSubscription],
+        ts: i64,
+    ) -> Result<(), StoreError> {
+        let (channel, text, signing_key) = codec::encode_target(target);
+        let (text, signing_key) = (text.as_ref(), signing_key.as_deref());
+        let writes: Vec<BoxFuture<'_, Result<(), StoreError>>> = subs
+            .iter()
+            .map(|s| {
+                let (start, include_commits, base, keys) = codec::encode_subscription(s);
+                let key = (s.subscription.topic.as_bytes(), id.as_bytes().as_slice());
+                let copy = (secret_hash.0.as_slice(), channel, text, signing_key, start, include_commits, base, keys);
+                let values = (key.0, key.1, copy.0, copy.1, copy.2, copy.3, copy.4, copy.5, copy.6, copy.7, ts);
+                self.session.write(&self.st.copy_put, values).boxed()
+            })
+            .collect();
+        all_ok(writes, JOIN_CONCURRENCY).await
+    }
+
+    /// The copies a change wrote and the rows it deleted are in place: its
+    /// marks can go. Otherwise they stay and dispatch joins those rows.
+    async fn settle(&self, id: &RecipientId, topics: &[&[u8]], mark: i64, written: Result<(), StoreError>) {
+        match written {
+            Ok(()) => self.unmark(id, topics, mark).await,
+            Err(e) => tracing::warn!(error = %e, "could not write dispatch copies; dispatch joins those rows"),
         }
     }
 
@@ -363,8 +470,10 @@ impl ScyllaStore {
     /// still at that version. Returns whether it deleted.
     async fn delete_versioned(&self, v: &Versioned) -> Result<bool, StoreError> {
         let id = &v.recipient.id;
-        let topics = self.read_topics(id).await?;
-        let ts = self.index_timestamp(id).await?;
+        // Both after the version read (`read_index_clock`).
+        let (topics, ts) = futures::try_join!(self.read_topics(id), self.index_timestamp(id))?;
+        let topics: Vec<&[u8]> = topics.iter().map(Vec::as_slice).collect();
+        let mark = self.mark(id, &topics).await?;
         let mut batch = Batch::new(BatchType::Logged);
         batch.append_statement(self.st.delete_statics.clone());
         batch.append_statement(self.st.delete_rows.clone());
@@ -372,9 +481,43 @@ impl ScyllaStore {
             vec![Box::new((id.as_bytes().to_vec(), v.version)), Box::new((id.as_bytes().to_vec(),))];
         let result = self.session.batch(&batch, values).await.map_err(be("conditional batch"))?;
         if !Lwt::from_result(result)?.applied {
+            self.unmark(id, &topics, mark).await;
             return Ok(false);
         }
-        self.del_topic_rows(id, &topics, ts).await;
+        if self.del_topic_rows(id, &topics, ts).await {
+            self.unmark(id, &topics, mark).await;
+        }
+        Ok(true)
+    }
+
+    /// Replaces the target of the recipient read as `v` (Register, PUSH-255,
+    /// and the removal of a relay registration, 003 §1) in one conditional
+    /// batch on that version, keeping its subscriptions. A changed target
+    /// rewrites their dispatch copies, marked while it changes.
+    async fn replace_target(
+        &self,
+        v: &Versioned,
+        target: &DeliveryTarget,
+        renewed_at_ns: i64,
+    ) -> Result<bool, StoreError> {
+        let id = &v.recipient.id;
+        let (channel, text, signing_key) = codec::encode_target(target);
+        let unchanged = codec::encode_target(&v.recipient.target) == (channel, text.clone(), signing_key.clone());
+        let (text, signing_key, key) = (text.as_ref(), signing_key.as_deref(), id.as_bytes().as_slice());
+        let values = (new_version(), channel, text, signing_key, renewed_at_ns, key, v.version);
+        if unchanged || v.recipient.topic_count == 0 {
+            return Ok(self.session.lwt(&self.st.renew_recipient, values).await?.applied);
+        }
+        // Both after the version read (`read_index_clock`).
+        let (subs, ts) = futures::try_join!(self.subscriptions(id), self.index_timestamp(id))?;
+        let topics: Vec<&[u8]> = subs.iter().map(|s| s.subscription.topic.as_bytes()).collect();
+        let mark = self.mark(id, &topics).await?;
+        if !self.session.lwt(&self.st.renew_recipient, values).await?.applied {
+            self.unmark(id, &topics, mark).await;
+            return Ok(false);
+        }
+        let written = self.put_copies(id, &v.recipient.secret_hash, target, &subs, ts).await;
+        self.settle(id, &topics, mark, written).await;
         Ok(true)
     }
 
@@ -388,6 +531,49 @@ impl ScyllaStore {
             ids.chunks(JOIN_IN).map(|chunk| self.join_chunk(topic, chunk.to_vec()).boxed()).collect();
         let pages: Vec<Vec<Subscriber>> = stream::iter(reads).buffered(JOIN_READS).try_collect().await?;
         Ok(pages.into_iter().flatten().collect())
+    }
+
+    /// The recipients with a mark on `topic` after `after`; `None` when
+    /// there are more than [`MAX_MARKS`], and every row is joined.
+    async fn marked(
+        &self,
+        topic: &Topic,
+        after: Option<&RecipientId>,
+    ) -> Result<Option<HashSet<RecipientId>>, StoreError> {
+        let from: &[u8] = after.map_or(&[], |a| a.as_bytes());
+        let values = (topic.as_bytes(), from);
+        let mut marks = rows::<(Vec<u8>,)>(&self.session, &self.st.marks_read, values, "reading marks").await?;
+        let mut out = HashSet::new();
+        while let Some((id,)) = marks.try_next().await? {
+            if out.len() == MAX_MARKS {
+                return Ok(None);
+            }
+            out.insert(RecipientId::parse(&id).map_err(|_| corrupt("mark"))?);
+        }
+        Ok(Some(out))
+    }
+
+    /// An unmarked index row's copy as its subscriber; `None` for a row
+    /// without one (written before schema 9, or by a change not done yet).
+    /// The copy keeps no renewal time, topic count or version: dispatch
+    /// reads none of them, and they are 0 here.
+    fn decode_copy(&self, topic: &Topic, id: RecipientId, row: IndexRow) -> Result<Option<Subscriber>, StoreError> {
+        let (_, hash, channel, target, signing_key, start, include_commits, base, keys) = row;
+        let (Some(tag), Some(text)) = (channel, target.as_deref()) else { return Ok(None) };
+        let Some(subscription) = codec::decode_subscription(topic.clone(), (start, include_commits, base, keys))?
+        else {
+            return Ok(None);
+        };
+        // Kept by the copy's own recipient columns: an entry is exactly what they say.
+        let hash_bytes = hash.as_deref().unwrap_or_default();
+        let key_bytes = signing_key.as_deref().unwrap_or_default();
+        let text_len = (text.len() as u32).to_be_bytes();
+        let encoded = [hash_bytes, &[tag as u8], &text_len, text.as_bytes(), key_bytes].concat();
+        let recipient = self.recipients.get_or_decode(&id, &encoded, |_| {
+            let row = (Some(0), hash, channel, target, signing_key, Some(0), Some(0));
+            Ok(codec::decode_static(id, row)?.ok_or_else(|| corrupt("subscriber copy"))?.recipient)
+        })?;
+        Ok(Some(Subscriber { recipient, subscription }))
     }
 
     /// One join read of at most [`JOIN_IN`] ids (`join`).
@@ -419,6 +605,19 @@ impl ScyllaStore {
         Ok(chunk.iter().filter_map(|id| found.remove(id)).collect())
     }
 }
+
+/// A dispatch index row: recipient id, then its copy (`COPY_COLS`).
+type IndexRow = (
+    Vec<u8>,
+    Option<Vec<u8>>,
+    Option<i8>,
+    Option<String>,
+    Option<Vec<u8>>,
+    Option<i64>,
+    Option<bool>,
+    Option<i64>,
+    Option<Vec<Vec<u8>>>,
+);
 
 /// A joined subscriber row: recipient id, the static columns, the subscription's.
 type JoinRow = (
@@ -501,10 +700,7 @@ impl Store for ScyllaStore {
                     (self.session.lwt(&self.st.create_recipient, values).await?.applied, 0)
                 }
                 Some(v) if v.recipient.secret_hash != *secret_hash => return Err(StoreError::SecretMismatch),
-                Some(v) => {
-                    let values = (new_version(), channel, text, signing_key, now_ns, key, v.version);
-                    (self.session.lwt(&self.st.renew_recipient, values).await?.applied, v.recipient.topic_count)
-                }
+                Some(v) => (self.replace_target(v, target, now_ns).await?, v.recipient.topic_count),
             };
             Ok(done.then(|| RecipientSummary { topic_count, channel: target.channel(), renewed_at_ns: now_ns }))
         })
@@ -538,8 +734,7 @@ impl Store for ScyllaStore {
             )));
         }
         retry(|| async move {
-            let (v, clock) = futures::try_join!(self.read_static(id), self.read_index_clock(id))?;
-            let v = v.ok_or(StoreError::NotFound)?;
+            let v = self.read_static(id).await?.ok_or(StoreError::NotFound)?;
             if v.recipient.secret_hash != *secret_hash {
                 return Err(StoreError::SecretMismatch);
             }
@@ -547,9 +742,13 @@ impl Store for ScyllaStore {
             // PUSH-216: a new topic starts at its shard's boundary, read beside
             // them, after the recipient read and before the conditional batch
             // (which adds are new is known only then: every added topic's shard).
+            // The index clock too (`read_index_clock`).
             let add_shards = update.adds.iter().map(|s| s.topic.shard(self.shard_count)).collect();
-            let (existing, boundaries) =
-                futures::try_join!(self.read_existing(id, asked), self.boundaries(add_shards))?;
+            let (existing, boundaries, clock) = futures::try_join!(
+                self.read_existing(id, asked),
+                self.boundaries(add_shards),
+                self.read_index_clock(id)
+            )?;
             let mut count = v.recipient.topic_count;
 
             // PUSH-216: a removed topic that is not stored changes nothing.
@@ -579,11 +778,18 @@ impl Store for ScyllaStore {
                 })
                 .collect();
 
-            // Dispatch index rows first, so a stored subscription is never invisible.
+            // Dispatch index rows first, so a stored subscription is never invisible,
+            // and the marks of every row whose copy changes (module docs, "Dispatch copies").
             // One timestamp for both: a topic is never both added and removed.
             let ts = self.next_index_timestamp(clock);
             let added: Vec<&[u8]> = update.adds.iter().map(|s| s.topic.as_bytes()).collect();
-            futures::try_join!(self.put_index_clock(id, ts), self.put_topic_rows(id, &added, ts))?;
+            let removed_rows: Vec<&[u8]> = removed.iter().map(Vec::as_slice).collect();
+            let changed: Vec<&[u8]> = added.iter().chain(&removed_rows).copied().collect();
+            let (_, _, mark) = futures::try_join!(
+                self.put_index_clock(id, ts),
+                self.put_topic_rows(id, &added, ts),
+                self.mark(id, &changed)
+            )?;
 
             let mut batch = Batch::new(BatchType::Logged);
             let mut values: Vec<Values> = Vec::with_capacity(1 + removed.len() + stored.len());
@@ -607,9 +813,14 @@ impl Store for ScyllaStore {
             }
             let result = self.session.batch(&batch, values).await.map_err(be("conditional batch"))?;
             if !Lwt::from_result(result)?.applied {
+                self.unmark(id, &changed, mark).await;
                 return Ok(None);
             }
-            self.del_topic_rows(id, &removed, ts).await;
+            let copies = self.put_copies(id, &v.recipient.secret_hash, &v.recipient.target, &stored, ts);
+            let (copied, deleted) = futures::join!(copies, self.del_topic_rows(id, &removed_rows, ts));
+            if deleted {
+                self.settle(id, &changed, mark, copied).await;
+            }
             // PUSH-255: the renewal time is set in the same batch.
             Ok(Some(RecipientSummary {
                 topic_count: count,
@@ -655,17 +866,13 @@ impl Store for ScyllaStore {
         let id = removal.id();
         retry(|| async move {
             let stored = self.read_static(id).await?;
-            let version = stored.as_ref().map(|v| v.version);
             // 003 §1: the registration goes, the recipient and its subscriptions
             // stay. One LWT on the version read: a registration in between
             // changes the version, and the removal is decided again.
-            let (Some(r), Some(version)) = (removal.apply(stored.map(|v| v.recipient))?, version) else {
+            let (Some(r), Some(v)) = (removal.apply(stored.as_ref().map(|v| v.recipient.clone()))?, stored) else {
                 return Ok(Some(false));
             };
-            let (channel, text, signing_key) = codec::encode_target(&r.target);
-            let (text, signing_key, key) = (text.as_ref(), signing_key.as_deref(), id.as_bytes().as_slice());
-            let values = (new_version(), channel, text, signing_key, r.renewed_at_ns, key, version);
-            Ok(self.session.lwt(&self.st.renew_recipient, values).await?.applied.then_some(true))
+            Ok(self.replace_target(&v, &r.target, r.renewed_at_ns).await?.then_some(true))
         })
         .await
     }
@@ -763,6 +970,8 @@ impl Store for ScyllaStore {
         if super::nothing_after(after, limit) {
             return Ok(Vec::new());
         }
+        // The marks first (module docs, "Dispatch copies").
+        let marked = self.marked(topic, after).await?;
         let page_rows = i32::try_from(limit).unwrap_or(PAGE_ROWS).min(PAGE_ROWS);
         let (st, values) = match after {
             Some(a) => (&self.st.topic_page_after, vec![topic.as_bytes(), a.as_bytes().as_slice()]),
@@ -770,20 +979,26 @@ impl Store for ScyllaStore {
         };
         let mut st = st.clone();
         st.set_page_size(page_rows);
-        let mut ids = rows::<(Vec<u8>,)>(&self.session, &st, values, "reading subscribers").await?;
+        let mut index = rows::<IndexRow>(&self.session, &st, values, "reading subscribers").await?;
         let mut out = Vec::with_capacity(limit.min(PAGE_ROWS as usize));
         // Keep reading index rows until the page is full: dangling rows are
         // skipped, and a short page tells dispatch the topic is done.
         loop {
             let need = limit - out.len();
-            let mut chunk = Vec::with_capacity(need);
+            // Each row's subscriber from its copy, or `None`: joined below.
+            let mut chunk: Vec<(RecipientId, Option<Subscriber>)> = Vec::with_capacity(need);
             while chunk.len() < need
-                && let Some((id,)) = ids.try_next().await?
+                && let Some(row) = index.try_next().await?
             {
-                chunk.push(RecipientId::parse(&id).map_err(|_| corrupt("topic subscription"))?);
+                let id = RecipientId::parse(&row.0).map_err(|_| corrupt("topic subscription"))?;
+                let trusted = marked.as_ref().is_some_and(|m| !m.contains(&id));
+                chunk.push((id, if trusted { self.decode_copy(topic, id, row)? } else { None }));
             }
             let exhausted = chunk.len() < need;
-            out.extend(self.join(topic, chunk).await?);
+            let to_join = chunk.iter().filter(|(_, copy)| copy.is_none()).map(|(id, _)| *id).collect();
+            let mut joined: HashMap<RecipientId, Subscriber> =
+                self.join(topic, to_join).await?.into_iter().map(|s| (s.recipient.id, s)).collect();
+            out.extend(chunk.into_iter().filter_map(|(id, copy)| copy.or_else(|| joined.remove(&id))));
             if exhausted || out.len() == limit {
                 return Ok(out);
             }
@@ -954,11 +1169,86 @@ mod tests {
                 "re-added behind the remover's clock: still dispatched"
             );
 
+            // A new target ahead, then another behind: the copy of the later change wins.
+            ahead.register(&id, &hash, &DeliveryTarget::Fcm { token: "ahead".into() }, 3).await.unwrap();
+            behind.register(&id, &hash, &target, 3).await.unwrap();
+            let page = behind.subscribers(&topic, None, 10).await.unwrap();
+            assert_eq!(page[0].recipient.target, target, "the later target, behind the earlier one's clock");
+
             ahead.unregister(&id, &hash).await.unwrap();
             behind.register(&id, &hash, &target, 4).await.unwrap();
             behind.update_subscriptions(&id, &hash, &add, 4, 10).await.unwrap();
             assert_eq!(listed(&behind, &topic).await, vec![id], "re-registered after a delete ahead: still dispatched");
             behind
+        })
+        .await;
+    }
+
+    /// Dispatch copies (module docs): an unmarked row's copy is what a page
+    /// returns, without reading the recipient; a marked row is joined with
+    /// the recipient partition, as is a change stopped after its batch.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_copy_is_trusted_only_while_no_change_has_marked_its_row() {
+        with_store(|store| async move {
+            let id = RecipientId::from_bytes([5; 32]);
+            let hash = RecipientSecret::parse(&[6; 32]).unwrap().hash();
+            let topic = Topic::parse(&[0, 12]).unwrap();
+            let sub = Subscription { topic: topic.clone(), keys: None, include_commits: true };
+            let token = |t: &str| DeliveryTarget::Fcm { token: t.into() };
+            let target = || async { store.subscribers(&topic, None, 10).await.unwrap()[0].recipient.target.clone() };
+            store.register(&id, &hash, &token("real"), 1).await.unwrap();
+            let add = SubscriptionUpdate::new(vec![sub.clone()], vec![]).unwrap();
+            store.update_subscriptions(&id, &hash, &add, 1, 10).await.unwrap();
+            let page = store.subscribers(&topic, None, 10).await.unwrap();
+            assert_eq!(
+                (page[0].recipient.target.clone(), page[0].subscription.subscription.clone()),
+                (token("real"), sub)
+            );
+
+            // A copy that is not the truth (written here, later than any change): trusted as it is.
+            let stored = store.subscriptions(&id).await.unwrap();
+            let later = store.clock.next() + 1_000_000;
+            store.put_copies(&id, &hash, &token("copy"), &stored, later).await.unwrap();
+            assert_eq!(target().await, token("copy"), "an unmarked copy is read, not the recipient");
+            // Marked: joined with the recipient partition.
+            let row = [topic.as_bytes()];
+            let mark = store.mark(&id, &row).await.unwrap();
+            assert_eq!(target().await, token("real"), "a marked row is joined");
+            store.unmark(&id, &row, mark).await;
+            assert_eq!(target().await, token("copy"));
+
+            // A change that stops after its batch (a crash): marked, batch
+            // applied, no copy written. Its mark keeps the stale copy out.
+            let v = store.read_static(&id).await.unwrap().unwrap();
+            let _left = store.mark(&id, &row).await.unwrap();
+            let new = token("new");
+            let (channel, text, key) = codec::encode_target(&new);
+            let values =
+                (new_version(), channel, text.as_ref(), key.as_deref(), 2i64, id.as_bytes().as_slice(), v.version);
+            assert!(store.session.lwt(&store.st.renew_recipient, values).await.unwrap().applied);
+            assert_eq!(target().await, token("new"), "the truth, not the stale copy");
+            // The next change writes its copy and deletes only its own mark: still joined, still right.
+            store.register(&id, &hash, &token("newer"), 3).await.unwrap();
+            assert_eq!(target().await, token("newer"));
+            assert_eq!(store.marked(&topic, None).await.unwrap().map(|m| m.len()), Some(1), "the crashed one's mark");
+            store
+        })
+        .await;
+    }
+
+    /// Schema 9 adds columns one by one; applied again after a run that
+    /// stopped before recording it, it skips those already there.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_schema_version_that_adds_columns_applies_again_after_a_partial_run() {
+        with_store(|store| async move {
+            let ks = store.keyspace().to_owned();
+            let forget = format!("DELETE FROM {ks}.schema_version WHERE version = 9");
+            store.session.query_unpaged(forget, ()).await.unwrap();
+            let keyspace = Keyspace::try_from(ks.clone()).unwrap();
+            let replication = "{'class': 'SimpleStrategy', 'replication_factor': 1}";
+            assert_eq!(schema::migrate(&store.session, &keyspace, replication).await.unwrap(), 9);
+            schema::check(&store.session, &keyspace).await.unwrap();
+            store
         })
         .await;
     }

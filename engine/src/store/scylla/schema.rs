@@ -20,6 +20,7 @@ pub(super) const MIGRATIONS: &[(i32, &str, &str)] = &[
     (6, "006_gateway", include_str!("../../../schema/scylla/006_gateway.cql")),
     (7, "007_shard_terms", include_str!("../../../schema/scylla/007_shard_terms.cql")),
     (8, "008_shard_progress", include_str!("../../../schema/scylla/008_shard_progress.cql")),
+    (9, "009_dispatch_copies", include_str!("../../../schema/scylla/009_dispatch_copies.cql")),
 ];
 
 /// The version a store of this binary needs.
@@ -110,6 +111,13 @@ pub(super) async fn migrate(session: &Session, keyspace: &Keyspace, replication:
         }
         tracing::info!(keyspace, version, name, "applying the CQL schema");
         for stmt in statements(file, keyspace, replication) {
+            // CQL has no `ADD IF NOT EXISTS` on every server: a column an
+            // earlier, partial run added is skipped here.
+            if let Some((table, column)) = added_column(&stmt, keyspace)
+                && column_exists(session, keyspace, table, column).await?
+            {
+                continue;
+            }
             // DDL waits for schema agreement (the driver's default) before the next one.
             session.query_unpaged(Statement::new(stmt), ()).await.map_err(be("applying the schema"))?;
         }
@@ -125,6 +133,24 @@ pub(super) async fn migrate(session: &Session, keyspace: &Keyspace, replication:
             .map_err(be("recording the schema version"))?;
     }
     Ok(latest())
+}
+
+/// The table and column of `ALTER TABLE <keyspace>.<table> ADD <column> <type>`.
+fn added_column<'a>(stmt: &'a str, keyspace: &str) -> Option<(&'a str, &'a str)> {
+    let words: Vec<&'a str> = stmt.split_whitespace().collect();
+    let [alter, table_word, name, add, column, ..] = words.as_slice() else { return None };
+    let table = name.strip_prefix(keyspace)?.strip_prefix('.')?;
+    let is_add = alter.eq_ignore_ascii_case("ALTER")
+        && table_word.eq_ignore_ascii_case("TABLE")
+        && add.eq_ignore_ascii_case("ADD");
+    is_add.then_some((table, *column))
+}
+
+async fn column_exists(session: &Session, keyspace: &str, table: &str, column: &str) -> Result<bool, StoreError> {
+    let cql = "SELECT column_name FROM system_schema.columns \
+               WHERE keyspace_name = ? AND table_name = ? AND column_name = ?";
+    let rows: Vec<(String,)> = query(session, cql, (keyspace, table, column), "reading the schema columns").await?;
+    Ok(!rows.is_empty())
 }
 
 /// Without `migrate`, the schema must already be exactly the one this binary knows.
@@ -205,6 +231,18 @@ mod tests {
         let stmts = statements(MIGRATIONS[7].2, "ks", "{}");
         assert_eq!(stmts.len(), 1);
         assert!(stmts[0].starts_with("CREATE TABLE IF NOT EXISTS ks.shard_progress"));
+    }
+
+    #[test]
+    fn dispatch_copies_file_adds_columns_one_by_one_and_the_marks() {
+        let stmts = statements(MIGRATIONS[8].2, "ks", "{}");
+        let added: Vec<_> = stmts.iter().filter_map(|s| added_column(s, "ks")).collect();
+        assert_eq!(added.len(), 8);
+        assert!(added.iter().all(|(table, _)| *table == "topic_subscriptions"));
+        assert_eq!(added[0].1, "secret_hash");
+        assert!(stmts.last().unwrap().starts_with("CREATE TABLE IF NOT EXISTS ks.topic_pending"));
+        assert_eq!(added_column("ALTER TABLE other.t ADD c int", "ks"), None, "another keyspace");
+        assert_eq!(added_column("CREATE TABLE IF NOT EXISTS ks.t (a int PRIMARY KEY)", "ks"), None);
     }
 
     #[test]
