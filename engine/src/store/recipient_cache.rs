@@ -11,7 +11,8 @@
 //! invalidate entries, and an entry that was deleted is simply not asked for.
 //!
 //! Both backends use it: redb keys an entry by the record's encoded bytes,
-//! ScyllaDB by the recipient partition's `version`, a random value every
+//! ScyllaDB by a subscriber copy's own recipient columns or, for a row it
+//! joins, by the recipient partition's `version`, a random value every
 //! write of the partition replaces (its module doc, "Atomicity").
 
 use std::collections::HashMap;

@@ -50,18 +50,20 @@
 //!   batch, so a later change of the same recipient on a node whose clock
 //!   runs behind still writes with a later timestamp (`index_timestamp`).
 //! - **Dispatch copies** (schema 9): an index row also carries a copy of
-//!   what dispatch needs of its subscriber (the recipient's secret hash and
-//!   target, the subscription's start position, key window and
-//!   include_commits), so a page of subscribers is one read of the topic's
+//!   its subscriber as `subscribers` returns it (the recipient's secret
+//!   hash, target, renewal time and topic count, the subscription's start
+//!   position, key window and include_commits), so a page of subscribers is one read of the topic's
 //!   partition instead of one read of every subscriber's. The recipient
 //!   partition stays the truth, and a copy is trusted only when nothing can
 //!   have made it stale:
-//!   1. A change that makes copies stale (an add or a remove, a new target,
-//!      a recipient delete) first writes a *mark* per affected row to
-//!      `topic_pending`, then runs its conditional batch, then writes the
-//!      rows' copies (or deletes the rows) with its index timestamp, and
-//!      only then deletes its marks. A batch that did not apply deletes
-//!      them at once; a failure or a crash in between leaves them.
+//!   1. A change that makes copies stale (a replaced or removed
+//!      subscription, a new target, a recipient delete) first writes a
+//!      *mark* per affected row to `topic_pending`, then runs its
+//!      conditional batch, then writes the rows' copies (or deletes the
+//!      rows) with its index timestamp, and only then deletes its marks. A
+//!      batch that did not apply deletes them at once; a failure or a
+//!      crash in between leaves them. A new subscription needs no mark: its
+//!      row has no copy until the change writes one after its batch.
 //!   2. Dispatch reads the topic's marks after its cursor *before* the
 //!      page, and joins every marked row, and every row without a copy,
 //!      with its recipient partition as before. A change whose mark that
@@ -71,8 +73,13 @@
 //!      the version its batch is conditioned on (`read_index_clock`) and
 //!      writes its timestamp back before that batch, so a change whose
 //!      batch applies after another's has the larger timestamp.
+//!
 //!   So a trusted copy is the truth as of the marks read, or a change that
-//!   was still running then. A mark left behind costs its row a join per
+//!   was still running then. The renewal time and topic count, which every
+//!   Register and UpdateSubscriptions changes, are rewritten in all of the
+//!   recipient's rows after the batch but not marked: dispatch decides
+//!   nothing on them, and a change that fails after its batch leaves them
+//!   one change behind. A mark left behind costs its row a join per
 //!   page, nothing else; rows written before schema 9 have no copy and are
 //!   joined.
 //! - **PUSH-216 start position**: a new topic's start position is its shard's
@@ -174,7 +181,7 @@ const STATIC_COLS: &str = "version, secret_hash, channel, target, signing_key, r
 const SUB_COLS: &str = "start_position, include_commits, hmac_epoch_base, hmac_keys";
 /// A dispatch index row's copy of its subscriber (schema 9).
 const COPY_COLS: &str = "secret_hash, channel, target, signing_key, start_position, include_commits, \
-                         hmac_epoch_base, hmac_keys";
+                         hmac_epoch_base, hmac_keys, renewed_at, topic_count";
 
 // Dispatch's reads of subscribers run at `store.scylla.consistency.reads`.
 // The recipients' conditional writes decide on the session's LOCAL_QUORUM
@@ -216,7 +223,9 @@ statements! {
                        WHERE topic = ? AND recipient_id > ?" => at(consistency.reads.cql()),
     // Dispatch copies and their marks (module docs, "Dispatch copies").
     copy_put: "INSERT INTO {ks}.topic_subscriptions (topic, recipient_id, {COPY_COLS}) \
-               VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TIMESTAMP ?",
+               VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TIMESTAMP ?",
+    copy_renew: "UPDATE {ks}.topic_subscriptions USING TIMESTAMP ? SET renewed_at = ?, topic_count = ? \
+                 WHERE topic = ? AND recipient_id = ?",
     mark_put: "INSERT INTO {ks}.topic_pending (topic, recipient_id, mark) VALUES (?, ?, ?) USING TIMESTAMP ?",
     mark_del: "DELETE FROM {ks}.topic_pending USING TIMESTAMP ? WHERE topic = ? AND recipient_id = ? AND mark = ?",
     marks_read: "SELECT recipient_id FROM {ks}.topic_pending WHERE topic = ? AND recipient_id > ?"
@@ -432,29 +441,40 @@ impl ScyllaStore {
         }
     }
 
-    /// Writes the dispatch copies of `subs` with the recipient's `target`
-    /// (after the batch that made them true), at the change's index timestamp.
-    async fn put_copies(
-        &self,
-        id: &RecipientId,
-        secret_hash: &SecretHash,
-        target: &DeliveryTarget,
-        subs: &[StoredSubscription],
-        ts: i64,
-    ) -> Result<(), StoreError> {
-        let (channel, text, signing_key) = codec::encode_target(target);
+    /// Writes the dispatch copies of `subs` with their recipient `r` as the
+    /// change left it (after the batch that made them true), at the
+    /// change's index timestamp.
+    async fn put_copies(&self, r: &Recipient, subs: &[StoredSubscription], ts: i64) -> Result<(), StoreError> {
+        let (channel, text, signing_key) = codec::encode_target(&r.target);
         let (text, signing_key) = (text.as_ref(), signing_key.as_deref());
+        let (hash, renewed, count) = (r.secret_hash.0.as_slice(), r.renewed_at_ns, to_db(r.topic_count));
         let writes: Vec<BoxFuture<'_, Result<(), StoreError>>> = subs
             .iter()
             .map(|s| {
                 let (start, include_commits, base, keys) = codec::encode_subscription(s);
-                let key = (s.subscription.topic.as_bytes(), id.as_bytes().as_slice());
-                let copy = (secret_hash.0.as_slice(), channel, text, signing_key, start, include_commits, base, keys);
-                let values = (key.0, key.1, copy.0, copy.1, copy.2, copy.3, copy.4, copy.5, copy.6, copy.7, ts);
+                let key = (s.subscription.topic.as_bytes(), r.id.as_bytes().as_slice());
+                let copy = (hash, channel, text, signing_key, start, include_commits, base, keys, renewed, count);
+                let values =
+                    (key.0, key.1, copy.0, copy.1, copy.2, copy.3, copy.4, copy.5, copy.6, copy.7, copy.8, copy.9, ts);
                 self.session.write(&self.st.copy_put, values).boxed()
             })
             .collect();
         all_ok(writes, JOIN_CONCURRENCY).await
+    }
+
+    /// Sets the renewal time and topic count of `r` in its rows of `topics`
+    /// whose copies the change did not rewrite, after its batch. Without
+    /// marks: dispatch decides nothing on them, so a failure leaves them
+    /// one change behind (logged).
+    async fn renew_copies(&self, r: &Recipient, topics: &[&[u8]], ts: i64) {
+        let (renewed, count, id) = (r.renewed_at_ns, to_db(r.topic_count), r.id.as_bytes().as_slice());
+        let writes: Vec<BoxFuture<'_, Result<(), StoreError>>> = topics
+            .iter()
+            .map(|t| self.session.write(&self.st.copy_renew, (ts, renewed, count, *t, id)).boxed())
+            .collect();
+        if let Err(e) = all_ok(writes, JOIN_CONCURRENCY).await {
+            tracing::warn!(error = %e, "could not renew dispatch copies");
+        }
     }
 
     /// The copies a change wrote and the rows it deleted are in place: its
@@ -505,18 +525,27 @@ impl ScyllaStore {
         let unchanged = codec::encode_target(&v.recipient.target) == (channel, text.clone(), signing_key.clone());
         let (text, signing_key, key) = (text.as_ref(), signing_key.as_deref(), id.as_bytes().as_slice());
         let values = (new_version(), channel, text, signing_key, renewed_at_ns, key, v.version);
-        if unchanged || v.recipient.topic_count == 0 {
+        if v.recipient.topic_count == 0 {
             return Ok(self.session.lwt(&self.st.renew_recipient, values).await?.applied);
         }
+        let after = Recipient { target: target.clone(), renewed_at_ns, ..v.recipient.clone() };
         // Both after the version read (`read_index_clock`).
         let (subs, ts) = futures::try_join!(self.subscriptions(id), self.index_timestamp(id))?;
         let topics: Vec<&[u8]> = subs.iter().map(|s| s.subscription.topic.as_bytes()).collect();
+        if unchanged {
+            // Only the renewal time changes.
+            if !self.session.lwt(&self.st.renew_recipient, values).await?.applied {
+                return Ok(false);
+            }
+            self.renew_copies(&after, &topics, ts).await;
+            return Ok(true);
+        }
         let mark = self.mark(id, &topics).await?;
         if !self.session.lwt(&self.st.renew_recipient, values).await?.applied {
             self.unmark(id, &topics, mark).await;
             return Ok(false);
         }
-        let written = self.put_copies(id, &v.recipient.secret_hash, target, &subs, ts).await;
+        let written = self.put_copies(&after, &subs, ts).await;
         self.settle(id, &topics, mark, written).await;
         Ok(true)
     }
@@ -555,11 +584,11 @@ impl ScyllaStore {
 
     /// An unmarked index row's copy as its subscriber; `None` for a row
     /// without one (written before schema 9, or by a change not done yet).
-    /// The copy keeps no renewal time, topic count or version: dispatch
-    /// reads none of them, and they are 0 here.
     fn decode_copy(&self, topic: &Topic, id: RecipientId, row: IndexRow) -> Result<Option<Subscriber>, StoreError> {
-        let (_, hash, channel, target, signing_key, start, include_commits, base, keys) = row;
-        let (Some(tag), Some(text)) = (channel, target.as_deref()) else { return Ok(None) };
+        let (_, hash, channel, target, signing_key, start, include_commits, base, keys, renewed, count) = row;
+        let (Some(tag), Some(text), Some(renewed), Some(count)) = (channel, target.as_deref(), renewed, count) else {
+            return Ok(None);
+        };
         let Some(subscription) = codec::decode_subscription(topic.clone(), (start, include_commits, base, keys))?
         else {
             return Ok(None);
@@ -568,9 +597,12 @@ impl ScyllaStore {
         let hash_bytes = hash.as_deref().unwrap_or_default();
         let key_bytes = signing_key.as_deref().unwrap_or_default();
         let text_len = (text.len() as u32).to_be_bytes();
-        let encoded = [hash_bytes, &[tag as u8], &text_len, text.as_bytes(), key_bytes].concat();
+        let (renewed_bytes, count_bytes) = (renewed.to_be_bytes(), count.to_be_bytes());
+        let encoded =
+            [hash_bytes, &[tag as u8], &renewed_bytes, &count_bytes, &text_len, text.as_bytes(), key_bytes].concat();
         let recipient = self.recipients.get_or_decode(&id, &encoded, |_| {
-            let row = (Some(0), hash, channel, target, signing_key, Some(0), Some(0));
+            // No version: a copy is not written back.
+            let row = (Some(0), hash, channel, target, signing_key, Some(renewed), Some(count));
             Ok(codec::decode_static(id, row)?.ok_or_else(|| corrupt("subscriber copy"))?.recipient)
         })?;
         Ok(Some(Subscriber { recipient, subscription }))
@@ -617,6 +649,8 @@ type IndexRow = (
     Option<bool>,
     Option<i64>,
     Option<Vec<Vec<u8>>>,
+    Option<i64>,
+    Option<i64>,
 );
 
 /// A joined subscriber row: recipient id, the static columns, the subscription's.
@@ -742,12 +776,16 @@ impl Store for ScyllaStore {
             // PUSH-216: a new topic starts at its shard's boundary, read beside
             // them, after the recipient read and before the conditional batch
             // (which adds are new is known only then: every added topic's shard).
-            // The index clock too (`read_index_clock`).
+            // The index clock too (`read_index_clock`), and every stored
+            // topic, whose copy takes the new renewal time and count.
             let add_shards = update.adds.iter().map(|s| s.topic.shard(self.shard_count)).collect();
-            let (existing, boundaries, clock) = futures::try_join!(
+            let stored_topics =
+                async { if v.recipient.topic_count == 0 { Ok(Vec::new()) } else { self.read_topics(id).await } };
+            let (existing, boundaries, clock, stored_topics) = futures::try_join!(
                 self.read_existing(id, asked),
                 self.boundaries(add_shards),
-                self.read_index_clock(id)
+                self.read_index_clock(id),
+                stored_topics
             )?;
             let mut count = v.recipient.topic_count;
 
@@ -784,7 +822,11 @@ impl Store for ScyllaStore {
             let ts = self.next_index_timestamp(clock);
             let added: Vec<&[u8]> = update.adds.iter().map(|s| s.topic.as_bytes()).collect();
             let removed_rows: Vec<&[u8]> = removed.iter().map(Vec::as_slice).collect();
-            let changed: Vec<&[u8]> = added.iter().chain(&removed_rows).copied().collect();
+            // A new topic's row has no copy yet to make stale: it is joined
+            // until its copy is written. (A copy left on it by a remove
+            // whose row delete failed is still under that remove's mark.)
+            let replaced = added.iter().filter(|t| existing.contains_key(**t));
+            let changed: Vec<&[u8]> = replaced.chain(&removed_rows).copied().collect();
             let (_, _, mark) = futures::try_join!(
                 self.put_index_clock(id, ts),
                 self.put_topic_rows(id, &added, ts),
@@ -816,8 +858,17 @@ impl Store for ScyllaStore {
                 self.unmark(id, &changed, mark).await;
                 return Ok(None);
             }
-            let copies = self.put_copies(id, &v.recipient.secret_hash, &v.recipient.target, &stored, ts);
-            let (copied, deleted) = futures::join!(copies, self.del_topic_rows(id, &removed_rows, ts));
+            let after = Recipient { renewed_at_ns: now_ns, topic_count: count, ..v.recipient.clone() };
+            let untouched: Vec<&[u8]> = stored_topics
+                .iter()
+                .map(Vec::as_slice)
+                .filter(|t| !added.contains(t) && !removed_rows.contains(t))
+                .collect();
+            let (copied, deleted, ()) = futures::join!(
+                self.put_copies(&after, &stored, ts),
+                self.del_topic_rows(id, &removed_rows, ts),
+                self.renew_copies(&after, &untouched, ts)
+            );
             if deleted {
                 self.settle(id, &changed, mark, copied).await;
             }
@@ -1208,7 +1259,8 @@ mod tests {
             // A copy that is not the truth (written here, later than any change): trusted as it is.
             let stored = store.subscriptions(&id).await.unwrap();
             let later = store.clock.next() + 1_000_000;
-            store.put_copies(&id, &hash, &token("copy"), &stored, later).await.unwrap();
+            let copy = Recipient { target: token("copy"), ..store.recipient(&id).await.unwrap().unwrap() };
+            store.put_copies(&copy, &stored, later).await.unwrap();
             assert_eq!(target().await, token("copy"), "an unmarked copy is read, not the recipient");
             // Marked: joined with the recipient partition.
             let row = [topic.as_bytes()];
@@ -1318,7 +1370,8 @@ mod tests {
         .await;
     }
 
-    /// Dispatch keeps decoded recipients by their partition's version: a
+    /// Dispatch keeps decoded recipients by what they were decoded from (a
+    /// copy's recipient columns; a joined row's partition version): a
     /// re-registration (a new token) is seen on the next page, the same
     /// recipient unchanged is the kept one, and a deleted one is gone.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -237,7 +237,7 @@ mod tests {
     fn dispatch_copies_file_adds_columns_one_by_one_and_the_marks() {
         let stmts = statements(MIGRATIONS[8].2, "ks", "{}");
         let added: Vec<_> = stmts.iter().filter_map(|s| added_column(s, "ks")).collect();
-        assert_eq!(added.len(), 8);
+        assert_eq!(added.len(), 10);
         assert!(added.iter().all(|(table, _)| *table == "topic_subscriptions"));
         assert_eq!(added[0].1, "secret_hash");
         assert!(stmts.last().unwrap().starts_with("CREATE TABLE IF NOT EXISTS ks.topic_pending"));
