@@ -52,8 +52,9 @@
 //! - **Dispatch copies** (schema 9): an index row also carries a copy of
 //!   its subscriber as `subscribers` returns it (the recipient's secret
 //!   hash, target, renewal time and topic count, the subscription's start
-//!   position, key window and include_commits), so a page of subscribers is one read of the topic's
-//!   partition instead of one read of every subscriber's. The recipient
+//!   position, key window and include_commits), so a page of subscribers
+//!   is one read of the topic's partition instead of one read of every
+//!   subscriber's. The recipient
 //!   partition stays the truth, and a copy is trusted only when nothing can
 //!   have made it stale:
 //!   1. A change that makes copies stale (a replaced or removed
@@ -128,7 +129,9 @@ use scylla::client::execution_profile::ExecutionProfile;
 use scylla::client::session::Session;
 use scylla::client::session::TlsContext;
 use scylla::client::session_builder::SessionBuilder;
+use scylla::serialize::row::SerializeRow;
 use scylla::statement::batch::{Batch, BatchType};
+use scylla::statement::prepared::PreparedStatement;
 use scylla::statement::{Consistency, SerialConsistency};
 
 pub use self::settings::{Keyspace, LogConsistency, Nodes, ScyllaSettings};
@@ -148,8 +151,6 @@ use crate::domain::{
     StoredEnvelope, StoredSubscription, Subscriber, SubscriptionUpdate, Topic,
 };
 
-/// Clustering keys per `IN (...)` read.
-const IN_CHUNK: usize = 100;
 /// Recipient partitions one join read names (`recipient_id IN ?`).
 const JOIN_IN: usize = 50;
 /// Join reads of one page at once.
@@ -173,7 +174,8 @@ pub struct ScyllaStore {
     /// The dispatch index's write timestamps, shared with the gateway's
     /// target index.
     clock: Arc<WriteClock>,
-    /// Dispatch's decoded recipients, by partition version.
+    /// Dispatch's decoded recipients, by a copy's recipient columns or a
+    /// joined row's partition version.
     recipients: RecipientCache,
 }
 
@@ -195,7 +197,7 @@ statements! {
     static_read: "SELECT DISTINCT {STATIC_COLS} FROM {ks}.recipients WHERE recipient_id = ?",
     topics_read: "SELECT topic FROM {ks}.recipients WHERE recipient_id = ?",
     subs_read: "SELECT topic, {SUB_COLS} FROM {ks}.recipients WHERE recipient_id = ?",
-    subs_in: "SELECT topic, start_position FROM {ks}.recipients WHERE recipient_id = ? AND topic IN ?",
+    starts_read: "SELECT topic, start_position FROM {ks}.recipients WHERE recipient_id = ?",
     join_read: "SELECT recipient_id, {STATIC_COLS}, {SUB_COLS} FROM {ks}.recipients \
                 WHERE recipient_id IN ? AND topic = ?" => at(consistency.reads.cql()),
     expired_scan: "SELECT DISTINCT recipient_id, renewed_at FROM {ks}.recipients",
@@ -335,17 +337,13 @@ impl ScyllaStore {
         rows.await?.try_filter_map(|(topic,)| async move { Ok(topic) }).try_collect().await
     }
 
-    /// The start positions of those of `topics` the recipient holds.
-    async fn read_existing(&self, id: &RecipientId, topics: &[&Topic]) -> Result<HashMap<Vec<u8>, u64>, StoreError> {
-        let mut out = HashMap::new();
-        for chunk in topics.chunks(IN_CHUNK) {
-            let list: Vec<&[u8]> = chunk.iter().map(|t| t.as_bytes()).collect();
-            let values = (id.as_bytes().as_slice(), list);
-            let rows: Vec<(Vec<u8>, Option<i64>)> =
-                all_rows(&self.session, &self.st.subs_in, values, "reading subscriptions").await?;
-            out.extend(rows.into_iter().filter_map(|(topic, start)| Some((topic, from_db(start?)))));
-        }
-        Ok(out)
+    /// Every topic stored in a recipient's partition, with its start position.
+    async fn read_starts(&self, id: &RecipientId) -> Result<HashMap<Vec<u8>, u64>, StoreError> {
+        let rows = rows(&self.session, &self.st.starts_read, (id.as_bytes().as_slice(),), "reading subscriptions");
+        let stored = |(topic, start): (Option<Vec<u8>>, Option<i64>)| async move {
+            Ok(topic.zip(start).map(|(topic, start)| (topic, from_db(start))))
+        };
+        rows.await?.try_filter_map(stored).try_collect().await
     }
 
     /// The write timestamp of one change of `id`'s dispatch index rows:
@@ -390,10 +388,18 @@ impl ScyllaStore {
 
     /// Writes the dispatch index rows of `topics` (before the batch that stores them).
     async fn put_topic_rows(&self, id: &RecipientId, topics: &[&[u8]], ts: i64) -> Result<(), StoreError> {
-        let writes: Vec<BoxFuture<'_, Result<(), StoreError>>> = topics
-            .iter()
-            .map(|t| self.session.write(&self.st.topic_row_put, (*t, id.as_bytes().as_slice(), ts)).boxed())
-            .collect();
+        self.write_each(&self.st.topic_row_put, topics.iter().map(|t| (*t, id.as_bytes().as_slice(), ts))).await
+    }
+
+    /// Runs `st` once with each of `values`, [`JOIN_CONCURRENCY`] at once;
+    /// the first error wins.
+    async fn write_each<'a, V: SerializeRow + Send + 'a>(
+        &'a self,
+        st: &'a PreparedStatement,
+        values: impl IntoIterator<Item = V>,
+    ) -> Result<(), StoreError> {
+        let writes: Vec<BoxFuture<'a, Result<(), StoreError>>> =
+            values.into_iter().map(|v| self.session.write(st, v).boxed()).collect();
         all_ok(writes, JOIN_CONCURRENCY).await
     }
 
@@ -402,11 +408,8 @@ impl ScyllaStore {
     /// dangling rows, marked (`mark`), which dispatch joins and skips: the
     /// change itself stands. Returns whether every row went.
     async fn del_topic_rows(&self, id: &RecipientId, topics: &[&[u8]], ts: i64) -> bool {
-        let writes: Vec<BoxFuture<'_, Result<(), StoreError>>> = topics
-            .iter()
-            .map(|t| self.session.write(&self.st.topic_row_del, (ts, *t, id.as_bytes().as_slice())).boxed())
-            .collect();
-        let result = all_ok(writes, JOIN_CONCURRENCY).await;
+        let values = topics.iter().map(|t| (ts, *t, id.as_bytes().as_slice()));
+        let result = self.write_each(&self.st.topic_row_del, values).await;
         if let Err(e) = &result {
             tracing::warn!(error = %e, "could not delete dispatch index rows; dispatch skips them");
         }
@@ -419,11 +422,8 @@ impl ScyllaStore {
     /// "Dispatch copies"). Returns this change's mark.
     async fn mark(&self, id: &RecipientId, topics: &[&[u8]]) -> Result<i64, StoreError> {
         let (mark, ts) = (new_version(), self.clock.next());
-        let writes: Vec<BoxFuture<'_, Result<(), StoreError>>> = topics
-            .iter()
-            .map(|t| self.session.write(&self.st.mark_put, (*t, id.as_bytes().as_slice(), mark, ts)).boxed())
-            .collect();
-        all_ok(writes, JOIN_CONCURRENCY).await?;
+        let values = topics.iter().map(|t| (*t, id.as_bytes().as_slice(), mark, ts));
+        self.write_each(&self.st.mark_put, values).await?;
         Ok(mark)
     }
 
@@ -432,11 +432,8 @@ impl ScyllaStore {
     /// failure keeps them, which costs those rows a join per dispatch.
     async fn unmark(&self, id: &RecipientId, topics: &[&[u8]], mark: i64) {
         let ts = self.clock.next();
-        let writes: Vec<BoxFuture<'_, Result<(), StoreError>>> = topics
-            .iter()
-            .map(|t| self.session.write(&self.st.mark_del, (ts, *t, id.as_bytes().as_slice(), mark)).boxed())
-            .collect();
-        if let Err(e) = all_ok(writes, JOIN_CONCURRENCY).await {
+        let values = topics.iter().map(|t| (ts, *t, id.as_bytes().as_slice(), mark));
+        if let Err(e) = self.write_each(&self.st.mark_del, values).await {
             tracing::warn!(error = %e, "could not delete dispatch copy marks; dispatch joins those rows");
         }
     }
@@ -448,18 +445,13 @@ impl ScyllaStore {
         let (channel, text, signing_key) = codec::encode_target(&r.target);
         let (text, signing_key) = (text.as_ref(), signing_key.as_deref());
         let (hash, renewed, count) = (r.secret_hash.0.as_slice(), r.renewed_at_ns, to_db(r.topic_count));
-        let writes: Vec<BoxFuture<'_, Result<(), StoreError>>> = subs
-            .iter()
-            .map(|s| {
-                let (start, include_commits, base, keys) = codec::encode_subscription(s);
-                let key = (s.subscription.topic.as_bytes(), r.id.as_bytes().as_slice());
-                let copy = (hash, channel, text, signing_key, start, include_commits, base, keys, renewed, count);
-                let values =
-                    (key.0, key.1, copy.0, copy.1, copy.2, copy.3, copy.4, copy.5, copy.6, copy.7, copy.8, copy.9, ts);
-                self.session.write(&self.st.copy_put, values).boxed()
-            })
-            .collect();
-        all_ok(writes, JOIN_CONCURRENCY).await
+        let values = subs.iter().map(|s| {
+            let (start, include_commits, base, keys) = codec::encode_subscription(s);
+            let key = (s.subscription.topic.as_bytes(), r.id.as_bytes().as_slice());
+            let copy = (hash, channel, text, signing_key, start, include_commits, base, keys, renewed, count);
+            (key.0, key.1, copy.0, copy.1, copy.2, copy.3, copy.4, copy.5, copy.6, copy.7, copy.8, copy.9, ts)
+        });
+        self.write_each(&self.st.copy_put, values).await
     }
 
     /// Sets the renewal time and topic count of `r` in its rows of `topics`
@@ -468,11 +460,8 @@ impl ScyllaStore {
     /// one change behind (logged).
     async fn renew_copies(&self, r: &Recipient, topics: &[&[u8]], ts: i64) {
         let (renewed, count, id) = (r.renewed_at_ns, to_db(r.topic_count), r.id.as_bytes().as_slice());
-        let writes: Vec<BoxFuture<'_, Result<(), StoreError>>> = topics
-            .iter()
-            .map(|t| self.session.write(&self.st.copy_renew, (ts, renewed, count, *t, id)).boxed())
-            .collect();
-        if let Err(e) = all_ok(writes, JOIN_CONCURRENCY).await {
+        let values = topics.iter().map(|t| (ts, renewed, count, *t, id));
+        if let Err(e) = self.write_each(&self.st.copy_renew, values).await {
             tracing::warn!(error = %e, "could not renew dispatch copies");
         }
     }
@@ -776,17 +765,14 @@ impl Store for ScyllaStore {
             // PUSH-216: a new topic starts at its shard's boundary, read beside
             // them, after the recipient read and before the conditional batch
             // (which adds are new is known only then: every added topic's shard).
-            // The index clock too (`read_index_clock`), and every stored
-            // topic, whose copy takes the new renewal time and count.
+            // The index clock too (`read_index_clock`). Every stored topic:
+            // a replaced one keeps its start, the others' copies take the new
+            // renewal time and count.
             let add_shards = update.adds.iter().map(|s| s.topic.shard(self.shard_count)).collect();
-            let stored_topics =
-                async { if v.recipient.topic_count == 0 { Ok(Vec::new()) } else { self.read_topics(id).await } };
-            let (existing, boundaries, clock, stored_topics) = futures::try_join!(
-                self.read_existing(id, asked),
-                self.boundaries(add_shards),
-                self.read_index_clock(id),
-                stored_topics
-            )?;
+            let existing =
+                async { if v.recipient.topic_count == 0 { Ok(HashMap::new()) } else { self.read_starts(id).await } };
+            let (existing, boundaries, clock) =
+                futures::try_join!(existing, self.boundaries(add_shards), self.read_index_clock(id))?;
             let mut count = v.recipient.topic_count;
 
             // PUSH-216: a removed topic that is not stored changes nothing.
@@ -859,11 +845,8 @@ impl Store for ScyllaStore {
                 return Ok(None);
             }
             let after = Recipient { renewed_at_ns: now_ns, topic_count: count, ..v.recipient.clone() };
-            let untouched: Vec<&[u8]> = stored_topics
-                .iter()
-                .map(Vec::as_slice)
-                .filter(|t| !added.contains(t) && !removed_rows.contains(t))
-                .collect();
+            let rewritten: HashSet<&[u8]> = added.iter().chain(&removed_rows).copied().collect();
+            let untouched: Vec<&[u8]> = existing.keys().map(Vec::as_slice).filter(|t| !rewritten.contains(t)).collect();
             let (copied, deleted, ()) = futures::join!(
                 self.put_copies(&after, &stored, ts),
                 self.del_topic_rows(id, &removed_rows, ts),
