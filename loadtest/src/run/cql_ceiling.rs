@@ -10,7 +10,9 @@
 //! - pages of 100 subscriber ids of one topic, 32 in flight (dispatch's reads);
 //! - joins of 50 subscribers: one read of 50 recipient partitions
 //!   (`recipient_id IN ? AND topic = ?`, their static columns and the topic's
-//!   row), 32 in flight: what dispatch reads per subscriber.
+//!   row), 32 in flight: what dispatch read per subscriber before the
+//!   store kept subscriber copies in the topic's index, and still reads
+//!   for a row a change has marked.
 //!
 //! The engine's registration, publish and delivery figures are reported as
 //! ratios against these.
