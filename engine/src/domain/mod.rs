@@ -6,6 +6,7 @@ mod epoch;
 mod gateway;
 mod gateway_ids;
 mod ids;
+mod parked;
 mod progress;
 mod recipient;
 mod registration;
@@ -31,6 +32,7 @@ pub use gateway_ids::{
     RegistrationId, SaltEpochId, ServiceId,
 };
 pub use ids::{RecipientId, RecipientSecret, SecretHash};
+pub use parked::{ParkedDelivery, ParkedKey};
 pub use progress::{Answered, Partly, ShardProgress};
 pub use recipient::{Recipient, RecipientSummary, Subscriber};
 pub use registration::{FieldError, LOG_PROVIDER, RegistrationInput, RelayRegistration};

@@ -8,19 +8,20 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 
 use super::{
-    Appended, GatewayStore, NodeId, RegistrationRemoval, RelayStore, ShardLeases, ShardPosition, Store, StoreError,
+    Appended, GatewayStore, NodeId, ParkedStore, RegistrationRemoval, RelayStore, ShardLeases, ShardPosition, Store,
+    StoreError,
 };
 use crate::domain::{
-    DeliveryTarget, GatewayRegistration, GatewayWakeup, LeasedWakeup, NewEnvelope, NotifyClaim, NotifyKey,
-    PushTargetId, Recipient, RecipientId, RecipientSummary, RegistrationId, RelayClaim, RelayKey, RelaySettled, Revoke,
-    RouteKey, SecretHash, ServiceId, ShardId, ShardProgress, StoredEnvelope, StoredSubscription, Subscriber,
-    SubscriptionUpdate, Topic,
+    Channel, DeliveryTarget, GatewayRegistration, GatewayWakeup, LeasedWakeup, NewEnvelope, NotifyClaim, NotifyKey,
+    ParkedDelivery, ParkedKey, PushTargetId, Recipient, RecipientId, RecipientSummary, RegistrationId, RelayClaim,
+    RelayKey, RelaySettled, Revoke, RouteKey, SecretHash, ServiceId, ShardId, ShardProgress, StoredEnvelope,
+    StoredSubscription, Subscriber, SubscriptionUpdate, Topic,
 };
 use crate::metrics::Metrics;
 
 /// `inner` with each of its operations timed and its backend errors counted.
-/// `Instrumented` (of a whole `Store`) is also the relay and gateway store it
-/// hands out; `Instrumented<dyn ShardLeases>` is the leases'.
+/// `Instrumented` (of a whole `Store`) is also the relay, gateway and parked
+/// store it hands out; `Instrumented<dyn ShardLeases>` is the leases'.
 pub struct Instrumented<S: ?Sized = dyn Store> {
     inner: Arc<S>,
     metrics: Arc<Metrics>,
@@ -28,7 +29,7 @@ pub struct Instrumented<S: ?Sized = dyn Store> {
 
 impl Instrumented {
     pub fn new(inner: Arc<dyn Store>, metrics: Arc<Metrics>) -> Self {
-        for operations in [STORE_OPERATIONS, RELAY_OPERATIONS, GATEWAY_OPERATIONS] {
+        for operations in [STORE_OPERATIONS, RELAY_OPERATIONS, GATEWAY_OPERATIONS, PARKED_OPERATIONS] {
             metrics.initialise_labels(operations);
         }
         Self { inner, metrics }
@@ -113,6 +114,10 @@ instrumented! {
         self
     }
 
+    fn parked(&self) -> &dyn ParkedStore {
+        self
+    }
+
     fn leases(self: Arc<Self>) -> Option<Arc<dyn ShardLeases>> {
         let inner = self.inner.clone().leases()?;
         self.metrics.initialise_labels(LEASE_OPERATIONS);
@@ -154,6 +159,15 @@ instrumented! {
         "gateway_state_cas": fn state_cas(&self, tenant: &ServiceId, key: &[u8], expected: Option<&[u8]>, new: &[u8],
             now_ms: i64, expires_at_ms: i64) -> bool;
         "delete_expired_gateway": fn delete_expired(&self, now_ms: i64) -> u64;
+    }
+}
+
+instrumented! {
+    ParkedStore for dyn Store, via parked, labels PARKED_OPERATIONS {
+        "park": fn park(&self, deliveries: &[ParkedDelivery]) -> ();
+        "parked": fn parked(&self, shard: ShardId, channel: Channel, after: Option<ParkedKey>, limit: usize)
+            -> Vec<ParkedDelivery>;
+        "unpark": fn unpark(&self, shard: ShardId, channel: Channel, keys: &[ParkedKey]) -> ();
     }
 }
 

@@ -1,12 +1,14 @@
 //! Durable state. `Store` is the only way the engine touches it; every backend
 //! passes the same conformance suite (`engine/tests/store_conformance`).
 //! Each concern beyond the core has its own trait, reached from the `Store`:
-//! the relay ingress's records (`relay`), the push gateway's (`gateway`) and
-//! shard leases (`leases`).
+//! the relay ingress's records (`relay`), the push gateway's (`gateway`),
+//! the deliveries parked while their channel cannot take them (`parked`)
+//! and shard leases (`leases`).
 
 mod error;
 mod gateway;
 mod instrumented;
+mod parked;
 mod recipient_cache;
 mod redb;
 mod relay;
@@ -20,6 +22,7 @@ use async_trait::async_trait;
 pub use self::error::StoreError;
 pub use self::gateway::GatewayStore;
 pub use self::instrumented::Instrumented;
+pub use self::parked::ParkedStore;
 pub use self::redb::RedbStore;
 pub use self::relay::RelayStore;
 pub use self::scylla::{Keyspace, MAX_SUBSCRIPTION_CHANGES, Nodes, ScyllaSettings, ScyllaStore};
@@ -213,6 +216,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// The push gateway's records (spec 002).
     fn gateway(&self) -> &dyn GatewayStore;
+
+    /// The deliveries parked while their channel cannot take them.
+    fn parked(&self) -> &dyn ParkedStore;
 
     /// Shard leases when several nodes share this store: `None` on
     /// a store that one node owns alone, which then owns every shard.

@@ -14,11 +14,13 @@
 //! - `shards`: shard → boundary, checkpoint, last id.
 //! - `envelopes`: (shard, sequence id) → push-eligible envelope.
 //! - `relay_deliveries`, `relay_expiry`: spec 003 §2.5 records (`relay.rs`).
+//! - `parked`: (shard, channel, sequence id, recipient) → a parked delivery (`parked.rs`).
 //! - `gw_*`: spec 002's push gateway records (`gateway.rs`).
 
 mod codec;
 mod commit;
 mod gateway;
+mod parked;
 mod relay;
 mod time_index;
 
@@ -37,10 +39,10 @@ use self::time_index::{BytesTable, PRUNE_BATCH};
 use super::recipient_cache::{self, RecipientCache};
 use super::{Appended, RegistrationRemoval, ShardLeases, ShardPosition, Store, StoreError};
 use crate::domain::{
-    DeliveryTarget, GatewayRegistration, GatewayWakeup, LeasedWakeup, NewEnvelope, NotifyClaim, NotifyKey,
-    PushTargetId, Recipient, RecipientId, RecipientSummary, RegistrationId, RelayClaim, RelayKey, RelaySettled, Revoke,
-    RouteKey, SecretHash, ServiceId, ShardId, ShardProgress, StoredEnvelope, StoredSubscription, Subscriber,
-    SubscriptionUpdate, Topic, next_sequence_id,
+    Channel, DeliveryTarget, GatewayRegistration, GatewayWakeup, LeasedWakeup, NewEnvelope, NotifyClaim, NotifyKey,
+    ParkedDelivery, ParkedKey, PushTargetId, Recipient, RecipientId, RecipientSummary, RegistrationId, RelayClaim,
+    RelayKey, RelaySettled, Revoke, RouteKey, SecretHash, ServiceId, ShardId, ShardProgress, StoredEnvelope,
+    StoredSubscription, Subscriber, SubscriptionUpdate, Topic, next_sequence_id,
 };
 
 /// The database file inside the configured directory.
@@ -95,6 +97,7 @@ impl RedbStore {
         txn.open_table(SHARDS).be()?;
         txn.open_table(ENVELOPES).be()?;
         txn.open_table(PROGRESS).be()?;
+        txn.open_table(parked::PARKED).be()?;
         let byte_tables = [RECIPIENT_SUBS, TOPIC_SUBS, relay::RELAY, relay::RELAY_EXPIRY];
         for table in byte_tables.into_iter().chain(gateway::TABLES) {
             txn.open_table(table).be()?;
@@ -285,6 +288,10 @@ impl Store for RedbStore {
     }
 
     fn gateway(&self) -> &dyn super::GatewayStore {
+        self
+    }
+
+    fn parked(&self) -> &dyn super::ParkedStore {
         self
     }
 
@@ -657,7 +664,7 @@ macro_rules! copied_args {
     )*};
 }
 
-copied_args!(i64, u32, usize, RelaySettled);
+copied_args!(i64, u32, usize, RelaySettled, ShardId, Channel, Option<ParkedKey>);
 
 /// Implements `$trait` for `RedbStore`: each listed method runs the function
 /// of its name in `$module` in a `read` or a `write` transaction, with its
@@ -716,6 +723,22 @@ in_transactions! {
 
     async fn delete_expired(&self, now_ms: i64) -> Result<u64, StoreError> {
         self.prune(gateway::prune_batch, now_ms).await
+    }
+}
+
+in_transactions! {
+    super::ParkedStore, parked {
+        read fn parked(shard: ShardId, channel: Channel, after: Option<ParkedKey>, limit: usize) -> Vec<ParkedDelivery>;
+        write fn unpark(shard: ShardId, channel: Channel, keys: &[ParkedKey]) -> ();
+    }
+
+    async fn park(&self, deliveries: &[ParkedDelivery]) -> Result<(), StoreError> {
+        super::parked::check_parkable(deliveries, self.shard_count)?;
+        if deliveries.is_empty() {
+            return Ok(());
+        }
+        let deliveries = deliveries.to_vec();
+        self.write(move |txn| parked::park(txn, &deliveries)).await
     }
 }
 
@@ -817,6 +840,31 @@ mod tests {
         assert_eq!(window.iter().map(|e| e.sequence_id).collect::<Vec<_>>(), vec![2]);
         assert_eq!(window[0].server_ts_ns, 7);
         assert_eq!(store.append(&[envelope], 8).await.unwrap(), vec![Appended::Stored { sequence_id: 3 }]);
+    }
+
+    /// A parked delivery is durable: it is there after the store reopens.
+    #[tokio::test]
+    async fn parked_deliveries_survive_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = ParkedDelivery {
+            shard: ShardId::parse(3, SHARD_COUNT).unwrap(),
+            channel: Channel::Apns,
+            sequence_id: 7,
+            recipient: RecipientId::from_bytes([4; 32]),
+            topic: Topic::parse(&[1, 9]).unwrap(),
+            kind: crate::domain::EnvelopeKind::Welcome,
+            server_ts_ns: 11,
+            attempts: 2,
+            all_gone: true,
+        };
+        {
+            let store = RedbStore::open(dir.path(), SHARD_COUNT).unwrap();
+            let drained = ParkedDelivery { sequence_id: 6, ..d.clone() };
+            store.parked().park(&[drained.clone(), d.clone()]).await.unwrap();
+            store.parked().unpark(d.shard, d.channel, &[drained.key()]).await.unwrap();
+        }
+        let store = RedbStore::open(dir.path(), SHARD_COUNT).unwrap();
+        assert_eq!(store.parked().parked(d.shard, d.channel, None, 10).await.unwrap(), vec![d]);
     }
 
     #[test]

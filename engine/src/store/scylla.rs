@@ -1,7 +1,7 @@
 //! The ScyllaDB backend (DESIGN.md, storage): the `scylla` driver against
 //! ScyllaDB or Apache Cassandra, which speak the same CQL protocol.
 //!
-//! Schema: `engine/schema/scylla/NNN_*.cql` (001 to 009), applied
+//! Schema: `engine/schema/scylla/NNN_*.cql` (001 to 010), applied
 //! in order (`schema.rs`) by [`ScyllaStore::connect`] when `migrate` is set, or
 //! by `fanout migrate`. Every statement is
 //! prepared once at connect; the driver's default load balancing is token
@@ -13,8 +13,9 @@
 //! leases itself, and holds one store per other concern, each with its own
 //! statements over the one session: the shard log (`log.rs`, `ShardLog`),
 //! the relay ingress's records (`relay.rs`, `ScyllaRelay`, handed out by
-//! `Store::relay`) and the push gateway's (`gateway.rs`, `ScyllaGateway`,
-//! handed out by `Store::gateway`). What they share sits below them all in
+//! `Store::relay`), the push gateway's (`gateway.rs`, `ScyllaGateway`,
+//! handed out by `Store::gateway`) and the parked deliveries (`parked.rs`,
+//! `ScyllaParked`, handed out by `Store::parked`). What they share sits below them all in
 //! `cql.rs` (the retried conditional write, errors, write timestamps, TTLs);
 //! rows become domain values in `codec.rs`. None of them imports this file.
 //!
@@ -113,6 +114,7 @@ mod codec;
 mod cql;
 mod gateway;
 mod log;
+mod parked;
 mod relay;
 mod schema;
 mod settings;
@@ -143,6 +145,7 @@ use self::cql::{
 };
 use self::gateway::ScyllaGateway;
 use self::log::ShardLog;
+use self::parked::ScyllaParked;
 use self::relay::ScyllaRelay;
 use super::recipient_cache::{self, RecipientCache};
 use super::{Appended, NodeId, RegistrationRemoval, ShardLeases, ShardPosition, Store, StoreError};
@@ -171,8 +174,9 @@ pub struct ScyllaStore {
     log: ShardLog,
     relay: ScyllaRelay,
     gateway: ScyllaGateway,
+    parked: ScyllaParked,
     /// The dispatch index's write timestamps, shared with the gateway's
-    /// target index.
+    /// target index and the parked deliveries.
     clock: Arc<WriteClock>,
     /// Dispatch's decoded recipients, by a copy's recipient columns or a
     /// joined row's partition version.
@@ -293,8 +297,9 @@ impl ScyllaStore {
         let relay = ScyllaRelay::prepare(&session, &keyspace).await?;
         let clock = Arc::new(WriteClock::default());
         let gateway = ScyllaGateway::prepare(&session, &keyspace, Arc::clone(&clock)).await?;
+        let parked = ScyllaParked::prepare(&session, &keyspace, shard_count, Arc::clone(&clock)).await?;
         let recipients = RecipientCache::new(recipient_cache::CAPACITY);
-        Ok(Self { session, keyspace, shard_count, st, log, relay, gateway, clock, recipients })
+        Ok(Self { session, keyspace, shard_count, st, log, relay, gateway, parked, clock, recipients })
     }
 
     pub fn shard_count(&self) -> u16 {
@@ -693,6 +698,10 @@ impl Store for ScyllaStore {
 
     fn gateway(&self) -> &dyn super::GatewayStore {
         &self.gateway
+    }
+
+    fn parked(&self) -> &dyn super::ParkedStore {
+        &self.parked
     }
 
     fn leases(self: Arc<Self>) -> Option<Arc<dyn ShardLeases>> {
@@ -1169,6 +1178,57 @@ mod tests {
         .await;
     }
 
+    /// Parked deliveries outlive the node that parked them: another node on
+    /// the keyspace (the shard's next owner) reads them all, paged, in key
+    /// order, and what it drains is gone for the first too. A park of more
+    /// rows than one batch holds lands whole.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn parked_deliveries_are_drained_by_the_next_owner() {
+        use crate::domain::{Channel, ParkedDelivery};
+        with_store(|first| async move {
+            let shard = ShardId::parse(6, SHARD_COUNT).unwrap();
+            let delivery = |n: u32| ParkedDelivery {
+                shard,
+                channel: Channel::Apns,
+                sequence_id: u64::from(n / 3) + 1,
+                recipient: RecipientId::from_bytes([(n % 3) as u8; 32]),
+                topic: Topic::parse(&[0, 1]).unwrap(),
+                kind: EnvelopeKind::Application,
+                server_ts_ns: 5,
+                attempts: n % 4,
+                all_gone: false,
+            };
+            let parked: Vec<ParkedDelivery> = (0..300).map(delivery).collect();
+            let backwards: Vec<ParkedDelivery> = parked.iter().rev().cloned().collect();
+            first.parked().park(&backwards).await.unwrap();
+
+            let next = ScyllaStore::connect(&settings(test_nodes().unwrap(), first.keyspace()), SHARD_COUNT).await;
+            let next = next.unwrap();
+            let mut read = Vec::new();
+            let mut after = None;
+            loop {
+                let page = next.parked().parked(shard, Channel::Apns, after, 128).await.unwrap();
+                read.extend(page.iter().cloned());
+                match page.last() {
+                    Some(last) if page.len() == 128 => after = Some(last.key()),
+                    _ => break,
+                }
+            }
+            assert_eq!(read, parked, "every row, in key order");
+
+            // The next owner drains the first 200; the first node sees the rest only.
+            let drained: Vec<_> = parked[..200].iter().map(ParkedDelivery::key).collect();
+            next.parked().unpark(shard, Channel::Apns, &drained).await.unwrap();
+            assert_eq!(first.parked().parked(shard, Channel::Apns, None, 1000).await.unwrap(), parked[200..]);
+            // Drained, then parked again by the same node: the park lands after the delete.
+            next.parked().park(&parked[..1]).await.unwrap();
+            let page = first.parked().parked(shard, Channel::Apns, None, 1).await.unwrap();
+            assert_eq!(page, parked[..1]);
+            first
+        })
+        .await;
+    }
+
     /// Clock skew: two nodes whose clocks are an hour apart change one
     /// recipient's subscriptions in turn. The node ahead removes a topic (or
     /// deletes the recipient), the node behind adds it back right after: the
@@ -1281,7 +1341,7 @@ mod tests {
             store.session.query_unpaged(forget, ()).await.unwrap();
             let keyspace = Keyspace::try_from(ks.clone()).unwrap();
             let replication = "{'class': 'SimpleStrategy', 'replication_factor': 1}";
-            assert_eq!(schema::migrate(&store.session, &keyspace, replication).await.unwrap(), 9);
+            assert_eq!(schema::migrate(&store.session, &keyspace, replication).await.unwrap(), schema::latest());
             schema::check(&store.session, &keyspace).await.unwrap();
             store
         })

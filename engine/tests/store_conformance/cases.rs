@@ -8,10 +8,12 @@
 //! ([`for_each_case!`]).
 
 mod gateway;
+mod parked;
 
 use std::future::Future;
 
 pub use self::gateway::*;
+pub use self::parked::*;
 
 use fanout_engine::domain::{
     Answered, Channel, DeliveryTarget, EnvelopeKind, KeyWindow, NewEnvelope, Partly, Recipient, RecipientId,
@@ -81,6 +83,11 @@ macro_rules! for_each_case {
             gateway_concurrent_notify_claims_have_one_winner,
             gateway_wakeups_are_leased,
             gateway_state_compare_and_set,
+            parked_deliveries_are_read_in_key_order,
+            parked_deliveries_are_kept_per_shard_and_channel,
+            parking_again_replaces_and_unpark_deletes_only_its_keys,
+            parked_deliveries_round_trip_every_field,
+            parking_refuses_what_no_owner_could_drain,
             concurrent_writes_all_land,
             a_refused_write_among_concurrent_ones_fails_alone,
         );

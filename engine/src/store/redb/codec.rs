@@ -45,6 +45,10 @@ impl Writer {
         self.0.push(v);
         self
     }
+    pub(super) fn u32(&mut self, v: u32) -> &mut Self {
+        self.0.extend_from_slice(&v.to_be_bytes());
+        self
+    }
     pub(super) fn u64(&mut self, v: u64) -> &mut Self {
         self.0.extend_from_slice(&v.to_be_bytes());
         self
@@ -100,6 +104,9 @@ impl<'a> Reader<'a> {
     }
     pub(super) fn u8(&mut self) -> Result<u8, StoreError> {
         Ok(self.take(1)?[0])
+    }
+    pub(super) fn u32(&mut self) -> Result<u32, StoreError> {
+        self.array().map(u32::from_be_bytes)
     }
     pub(super) fn u64(&mut self) -> Result<u64, StoreError> {
         self.array().map(u64::from_be_bytes)

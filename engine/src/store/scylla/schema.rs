@@ -21,6 +21,7 @@ pub(super) const MIGRATIONS: &[(i32, &str, &str)] = &[
     (7, "007_shard_terms", include_str!("../../../schema/scylla/007_shard_terms.cql")),
     (8, "008_shard_progress", include_str!("../../../schema/scylla/008_shard_progress.cql")),
     (9, "009_dispatch_copies", include_str!("../../../schema/scylla/009_dispatch_copies.cql")),
+    (10, "010_parked_deliveries", include_str!("../../../schema/scylla/010_parked_deliveries.cql")),
 ];
 
 /// The version a store of this binary needs.
@@ -243,6 +244,14 @@ mod tests {
         assert!(stmts.last().unwrap().starts_with("CREATE TABLE IF NOT EXISTS ks.topic_pending"));
         assert_eq!(added_column("ALTER TABLE other.t ADD c int", "ks"), None, "another keyspace");
         assert_eq!(added_column("CREATE TABLE IF NOT EXISTS ks.t (a int PRIMARY KEY)", "ks"), None);
+    }
+
+    #[test]
+    fn parked_deliveries_file_adds_its_table() {
+        let stmts = statements(MIGRATIONS[9].2, "ks", "{}");
+        assert_eq!(stmts.len(), 1);
+        assert!(stmts[0].starts_with("CREATE TABLE IF NOT EXISTS ks.parked_deliveries"));
+        assert!(stmts[0].contains("PRIMARY KEY ((shard, channel), sequence_id, recipient_id)"));
     }
 
     #[test]
