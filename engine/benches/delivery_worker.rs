@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use fanout_engine::channel::{Channels, Outcome, Provider, Push, Refusal};
 use fanout_engine::delivery::{
-    Delivery, DeliverySettings, DeliveryWorkers, FirstAttempt, FirstAttemptLatch, WorkerContext,
+    Delivery, DeliverySettings, DeliveryWorkers, FirstAttempt, FirstAttemptLatch, Parking, WorkerContext,
 };
 use fanout_engine::domain::{
     Channel, DeliveryTarget, EnvelopeKind, Recipient, RecipientId, SecretHash, ShardId, StoredEnvelope, Topic,
@@ -106,15 +106,18 @@ async fn one_round(provider: Arc<dyn Provider>, deliveries: usize) -> anyhow::Re
     let settings = DeliverySettings::default();
     let mut channels = Channels::default();
     channels.insert(provider);
+    let metrics = Arc::new(Metrics::new());
+    let parking = Arc::new(Parking::of_providers(&channels, CHANNEL_IN_FLIGHT, 1, metrics.clone()));
     let ctx = Arc::new(WorkerContext {
         max_in_flight: settings.in_flight_per_worker(CHANNEL_IN_FLIGHT),
         settings,
         max_attempts: 3,
         channels,
         store,
-        metrics: Arc::new(Metrics::new()),
+        metrics,
         // One node: every shard held.
         fence: Default::default(),
+        parking,
         dangerous_panic_attempts: Default::default(),
     });
     let (workers, handles) = DeliveryWorkers::start(ctx);

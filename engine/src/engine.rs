@@ -10,7 +10,7 @@ use tokio::task::JoinHandle;
 
 use crate::channel::push_log::PushLog;
 use crate::channel::{ChannelContext, Channels};
-use crate::delivery::{DeliveryWorkers, WorkerContext};
+use crate::delivery::{DeliveryWorkers, Parking, WorkerContext};
 use crate::dispatch::{DispatchContext, PanicHook};
 use crate::domain::ShardId;
 use crate::gateway::delivery::Delivery;
@@ -171,8 +171,15 @@ impl Engine {
             None => (None, None),
         };
         let fence = ownership.as_ref().map(|o| Fence::leased(o.owned.clone())).unwrap_or_default();
+        let parking = Parking::new(
+            settings.delivery.breaker(),
+            &settings.channels.in_flight_by_channel(),
+            shard_count,
+            metrics.clone(),
+        );
         let (workers, worker_handles) = DeliveryWorkers::start(Arc::new(WorkerContext {
             max_in_flight: settings.delivery.in_flight_per_worker(settings.channels.max_in_flight()),
+            parking: Arc::new(parking),
             settings: settings.delivery.clone(),
             max_attempts: settings.max_attempts.get(),
             channels: channels.clone(),

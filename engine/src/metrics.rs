@@ -50,6 +50,8 @@ pub struct Metrics {
     pub relay_records_expired: IntCounter,
     /// Spec 002's gateway (`GatewayMetrics` below).
     pub gateway: GatewayMetrics,
+    /// Breakers and parked deliveries (`ParkingMetrics` below).
+    pub parking: ParkingMetrics,
 }
 
 /// A configured input limit (docs/OPERATIONS.md "Limits"), as the `limit` label names it.
@@ -281,6 +283,7 @@ impl Metrics {
                 "Relay delivery records deleted by retention once their ttl ran out (embedded store)",
             ),
             gateway: GatewayMetrics::register(&registry),
+            parking: ParkingMetrics::register(&registry),
             registry,
         };
         for result in ["accepted", "duplicate"] {
@@ -408,6 +411,95 @@ impl GatewayMetrics {
                 "Spec 002: how long the wake-up worker has had work (or an unreadable store) without finishing any",
             ),
         }
+    }
+}
+
+// ---- channels that fail alone ----
+
+/// Circuit breakers and parked deliveries (docs/METRICS.md "Channel
+/// outages"), by `channel`, and for breakers by `scope`: `channel` (the
+/// provider as a whole) or `host` (one webhook or Web Push host, never
+/// named). Created at zero with each configured channel.
+pub struct ParkingMetrics {
+    /// Deliveries stored in the parked table instead of attempted, by
+    /// `reason`: `breaker` (open), `saturated` (the channel could not take
+    /// them while another channel could), `retry` (a retry due while its
+    /// breaker was open, or beyond the channel's retry bound).
+    pub parked: IntCounterVec,
+    /// Parked deliveries handed to the workers again.
+    pub unparked: IntCounterVec,
+    /// Park writes that failed: their first attempts are sent by the
+    /// window's replay; a failed retry's is counted exhausted.
+    pub park_failures: IntCounterVec,
+    /// Breakers opened, by `scope`.
+    pub breaker_opened: IntCounterVec,
+    /// 1 while the channel's breaker is open.
+    pub breaker_open: IntGaugeVec,
+}
+
+impl ParkingMetrics {
+    fn register(registry: &Registry) -> Self {
+        let counter_vec = |name: &str, help: &str, labels: &[&str]| {
+            register(registry, IntCounterVec::new(Opts::new(name, help), labels))
+        };
+        Self {
+            parked: counter_vec(
+                "fanout_parked_total",
+                "Deliveries parked durably instead of attempted, by channel and reason (breaker, saturated, retry)",
+                &["channel", "reason"],
+            ),
+            unparked: counter_vec(
+                "fanout_unparked_total",
+                "Parked deliveries handed to the delivery workers again, by channel",
+                &["channel"],
+            ),
+            park_failures: counter_vec(
+                "fanout_park_failures_total",
+                "Deliveries whose park write failed (first attempts replayed, retries exhausted), by channel",
+                &["channel"],
+            ),
+            breaker_opened: counter_vec(
+                "fanout_breaker_opened_total",
+                "Circuit breakers opened after failed attempts in a row, by channel and scope (channel or host)",
+                &["channel", "scope"],
+            ),
+            breaker_open: register(
+                registry,
+                IntGaugeVec::new(
+                    Opts::new("fanout_breaker_open", "1 while the channel's circuit breaker is open"),
+                    &["channel"],
+                ),
+            ),
+        }
+    }
+
+    /// Creates `channel`'s series at zero.
+    pub fn initialise(&self, channel: Channel) {
+        let label = channel.as_str();
+        for reason in ParkReason::VARIANTS {
+            self.parked.with_label_values(&[label, reason.as_str()]);
+        }
+        self.unparked.with_label_values(&[label]);
+        self.park_failures.with_label_values(&[label]);
+        for scope in ["channel", "host"] {
+            self.breaker_opened.with_label_values(&[label, scope]);
+        }
+        self.breaker_open.with_label_values(&[label]);
+    }
+}
+
+/// Why a delivery was parked, as the `reason` label names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
+pub enum ParkReason {
+    Breaker,
+    Saturated,
+    Retry,
+}
+
+impl ParkReason {
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 }
 

@@ -43,11 +43,15 @@ pub struct Delivery {
     pub attempts: u32,
     /// Every attempt so far was `Outcome::Gone` (the HTTPS 404/410 rule).
     pub all_gone: bool,
+    /// Handed out again from the parked table: `first_attempt` is then its
+    /// unpark batch's, settled at its next attempt (or when parked again),
+    /// which is when its row may go.
+    pub unparked: bool,
 }
 
 impl Delivery {
     pub fn new(envelope: Arc<StoredEnvelope>, recipient: Arc<Recipient>, first_attempt: FirstAttempt) -> Self {
-        Self { envelope, recipient, first_attempt: Some(first_attempt), attempts: 0, all_gone: true }
+        Self { envelope, recipient, first_attempt: Some(first_attempt), attempts: 0, all_gone: true, unparked: false }
     }
 }
 
@@ -55,6 +59,10 @@ impl Delivery {
 const PENDING: u8 = 0;
 const STARTED: u8 = 1;
 const SETTLED: u8 = 2;
+/// Stored in the parked deliveries of its channel (`Store::parked`), which
+/// survive a crash and a handover: settled as far as the window is
+/// concerned (PUSH-257), its attempt still to come from the parked row.
+const PARKED: u8 = 3;
 
 /// Counts down the first attempts of one page of deliveries, then calls its
 /// completion once. A delivery dropped without an attempt (a shutdown, a crash)
@@ -117,7 +125,22 @@ impl FirstAttemptLatch {
 
     /// The first attempt of delivery `index` of the page has its answer.
     pub fn count_down(&self, index: usize) {
-        if self.state.get(index).is_none_or(|s| s.swap(SETTLED, Ordering::AcqRel) == SETTLED) {
+        self.settle_as(index, SETTLED);
+    }
+
+    /// Delivery `index` was parked durably instead of attempted: settled
+    /// for the page, since the parked row makes its attempt survive a crash
+    /// or a handover (the shard's owner sends it from there).
+    pub fn park(&self, index: usize) {
+        self.settle_as(index, PARKED);
+    }
+
+    /// Moves delivery `index` from pending or started to `settled` (answered
+    /// or parked) once; the first such move counts the page down.
+    fn settle_as(&self, index: usize, settled: u8) {
+        let Some(state) = self.state.get(index) else { return };
+        let moved = state.fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| (!is_settled(s)).then_some(settled));
+        if moved.is_err() {
             return; // already counted
         }
         self.progress.fetch_add(1, Ordering::Relaxed);
@@ -127,14 +150,20 @@ impl FirstAttemptLatch {
     }
 
     /// How many of the page's deliveries, from the first, have their first
-    /// attempt answered: what a record of progress may claim of the page.
+    /// attempt answered or are parked: what a record of progress may claim
+    /// of the page.
     pub fn settled_prefix(&self) -> usize {
-        self.state.iter().take_while(|s| s.load(Ordering::Acquire) == SETTLED).count()
+        self.state.iter().take_while(|s| is_settled(s.load(Ordering::Acquire))).count()
     }
 
-    /// The deliveries whose first attempt is answered, wherever they are in
-    /// the page (workers answer out of order).
+    /// The deliveries whose first attempt is answered or which are parked,
+    /// wherever they are in the page (workers answer out of order).
     pub fn settled(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.state.len()).filter(|&i| is_settled(self.state[i].load(Ordering::Acquire)))
+    }
+
+    /// The deliveries whose attempt was made (answered), not parked.
+    pub fn attempted(&self) -> impl Iterator<Item = usize> + '_ {
         (0..self.state.len()).filter(|&i| self.state[i].load(Ordering::Acquire) == SETTLED)
     }
 
@@ -168,6 +197,11 @@ pub struct FirstAttempt {
     pub index: usize,
 }
 
+/// Settled states: answered, or parked.
+fn is_settled(state: u8) -> bool {
+    state == SETTLED || state == PARKED
+}
+
 impl FirstAttempt {
     pub fn accept(&self) -> bool {
         self.latch.accept(self.index)
@@ -179,6 +213,11 @@ impl FirstAttempt {
 
     pub fn settle(self) {
         self.latch.count_down(self.index);
+    }
+
+    /// Parked durably instead of attempted (`FirstAttemptLatch::park`).
+    pub fn park(self) {
+        self.latch.park(self.index);
     }
 
     /// Its window was dropped: a replay from the stored checkpoint sends it.
@@ -227,5 +266,26 @@ mod tests {
         assert!(latch.is_abandoned());
         assert!(!latch.accept(0), "a pending copy of an abandoned page is dropped");
         assert!(latch.accept(2), "a taken one is kept");
+    }
+
+    #[test]
+    fn a_parked_delivery_settles_the_page_once_and_is_not_attempted() {
+        let fired = Arc::new(AtomicUsize::new(0));
+        let f = fired.clone();
+        let latch = FirstAttemptLatch::new(3, Arc::default(), move || {
+            f.fetch_add(1, Ordering::SeqCst);
+        });
+        assert!(latch.accept(0));
+        latch.park(0);
+        latch.park(0); // twice counts once
+        latch.count_down(0); // a late answer of a parked copy counts nothing
+        latch.count_down(1);
+        assert_eq!(fired.load(Ordering::SeqCst), 0);
+        assert_eq!(latch.settled_prefix(), 2, "parked counts as settled for progress");
+        latch.park(2);
+        assert_eq!(fired.load(Ordering::SeqCst), 1);
+        assert_eq!(latch.attempted().collect::<Vec<_>>(), vec![1], "only the answered one was attempted");
+        assert_eq!(latch.settled().count(), 3);
+        assert!(latch.abandon().is_empty(), "nothing pending: a replay re-sends none");
     }
 }

@@ -211,7 +211,7 @@ mod tests {
 
     use super::*;
     use crate::channel::{Channels, Outcome, Provider, Push, Refusal};
-    use crate::delivery::{DeliverySettings, DeliveryWorkers, WorkerContext};
+    use crate::delivery::{DeliverySettings, DeliveryWorkers, Parking, WorkerContext};
     use crate::dispatch::{DispatchSettings, PanicHook};
     use crate::domain::{
         Channel, DeliveryTarget, EnvelopeKind, NewEnvelope, RecipientId, RecipientSecret, Subscription,
@@ -292,6 +292,7 @@ mod tests {
                 store: store.clone(),
                 metrics: metrics.clone(),
                 fence: Fence::default(),
+                parking: Arc::new(Parking::of_providers(&channels, 64, SHARDS, metrics.clone())),
                 dangerous_panic_attempts: Default::default(),
             }));
             // Pages of one subscriber, so a few envelopes make several pages.

@@ -107,6 +107,19 @@ macro_rules! channel_table {
                 })*
                 bound
             }
+
+            /// Each channel the delivery workers send through, with its
+            /// `max_in_flight`: the workers' slots for it.
+            pub fn in_flight_by_channel(&self) -> Vec<(Channel, usize)> {
+                let mut channels = Vec::new();
+                $($(#[$meta])* if let Some(_s) = &self.$name {
+                    let n = role!($role in_flight _s);
+                    if n > 0 {
+                        channels.push((Channel::$variant, n));
+                    }
+                })*
+                channels
+            }
         }
 
         impl Channels {
@@ -171,5 +184,6 @@ mod tests {
         assert_eq!(c.max_in_flight(), 1000);
         c.relay = Some(relay::RelaySettings::default());
         assert_eq!(c.max_in_flight(), 1000, "the relay sends from its own queue");
+        assert_eq!(c.in_flight_by_channel(), vec![(Channel::Http, 1000)], "and has no slots of the workers");
     }
 }

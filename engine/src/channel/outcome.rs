@@ -47,6 +47,14 @@ impl Outcome {
         }
     }
 
+    /// Whether the provider answered with something other than a failure:
+    /// any outcome but a transient one (5xx, 429, timeout, connection
+    /// error) or none at all. The HTTPS channel's 404/410 is an answer.
+    /// What the breakers count (`delivery::breaker`).
+    pub fn answered_by_provider(&self) -> bool {
+        !matches!(self, Self::Transient { .. } | Self::NotSent { .. })
+    }
+
     /// A bounded label value for metrics. `Gone` is a transient attempt.
     pub fn label(&self) -> &'static str {
         match self {

@@ -2,6 +2,9 @@
 //! Each worker owns its attempts in flight, its retry timers (one timer wheel
 //! per worker, not a task per delivery) and the outcome handling of section 7.
 
+mod breaker;
+mod lanes;
+mod parking;
 mod series;
 mod settings;
 mod worker;
@@ -10,16 +13,19 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
+pub use breaker::BreakerRules;
+pub use parking::Parking;
 pub use settings::DeliverySettings;
 pub use worker::WorkerContext;
 
-pub use crate::page::{Delivery, FirstAttempt, FirstAttemptLatch};
 use crate::page::{Batch, Handoff, Sink, SinkStopped};
+pub use crate::page::{Delivery, FirstAttempt, FirstAttemptLatch};
 
 /// The senders of every worker's bounded queue.
 #[derive(Clone)]
 pub struct DeliveryWorkers {
     queues: Arc<Vec<mpsc::Sender<Vec<Delivery>>>>,
+    parking: Arc<Parking>,
     /// fanout_delivery_queue_batches: incremented here, decremented by the worker.
     queued: prometheus::IntGauge,
 }
@@ -37,7 +43,15 @@ impl DeliveryWorkers {
                 (tx, tokio::spawn(worker::run(ctx.clone(), rx)))
             })
             .unzip::<_, _, Vec<_>, Vec<_>>();
-        (Self { queues: Arc::new(queues), queued: ctx.metrics.delivery_queue.clone() }, handles)
+        let workers =
+            Self { queues: Arc::new(queues), parking: ctx.parking.clone(), queued: ctx.metrics.delivery_queue.clone() };
+        (workers, handles)
+    }
+
+    /// The channels' breakers and parked deliveries the workers share with
+    /// dispatch.
+    pub fn parking(&self) -> &Arc<Parking> {
+        &self.parking
     }
 
     /// Hands a batch to the workers that own its recipients. Waits while a

@@ -1,8 +1,12 @@
 //! `[engine.delivery]`: how many delivery workers and how much each holds.
 
 use std::num::NonZeroUsize;
+use std::time::Duration;
 
 use serde::Deserialize;
+
+use super::BreakerRules;
+use crate::duration;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -15,13 +19,33 @@ pub struct DeliverySettings {
     /// channels' `max_in_flight` summed and shared over the workers
     /// (`in_flight_per_worker`).
     pub max_in_flight_per_worker: Option<NonZeroUsize>,
-    /// Deliveries a worker holds waiting for a retry timer before it stops
-    /// taking new batches: a failing provider slows dispatch instead of
-    /// filling memory.
+    /// Deliveries of one channel a worker holds waiting for a retry timer;
+    /// a retry beyond is parked (stored, sent when the channel takes it),
+    /// so a failing provider fills neither memory nor another channel's
+    /// place.
     pub max_retrying_per_worker: NonZeroUsize,
+    /// Failed attempts in a row (transient outcomes, or sends that made no
+    /// request) after which a channel's breaker opens, or a webhook or Web
+    /// Push host's: its deliveries are parked instead of sent until a probe
+    /// is answered. 0 never opens a breaker.
+    pub breaker_failures: u32,
+    /// How long an open breaker waits before its first probe.
+    #[serde(rename = "breaker_cooldown_ms", deserialize_with = "duration::millis")]
+    pub breaker_cooldown: Duration,
+    /// The longest wait between probes (it doubles after each failed one).
+    #[serde(rename = "breaker_max_cooldown_seconds", deserialize_with = "duration::seconds")]
+    pub breaker_max_cooldown: Duration,
 }
 
 impl DeliverySettings {
+    pub fn breaker(&self) -> BreakerRules {
+        BreakerRules {
+            failures: self.breaker_failures,
+            cooldown: self.breaker_cooldown,
+            max_cooldown: self.breaker_max_cooldown.max(self.breaker_cooldown),
+        }
+    }
+
     /// The bound on one worker's attempts: as set, or else the channels'
     /// requests in flight (`channels_in_flight`, the sum of their
     /// `max_in_flight`) over the workers, rounded up. An attempt beyond its
@@ -44,6 +68,9 @@ impl Default for DeliverySettings {
             queue_batches: NonZeroUsize::new(32).unwrap(),
             max_in_flight_per_worker: None,
             max_retrying_per_worker: NonZeroUsize::new(20_000).unwrap(),
+            breaker_failures: 20,
+            breaker_cooldown: Duration::from_secs(1),
+            breaker_max_cooldown: Duration::from_secs(30),
         }
     }
 }

@@ -15,11 +15,13 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::time::DelayQueue;
 
+use super::lanes::Lanes;
+use super::parking::{Admission, Parking};
 use super::series::Series;
 use super::{Delivery, DeliverySettings, FirstAttempt};
 use crate::channel::{Channels, Outcome, Push};
-use crate::domain::{Channel, Timestamp};
-use crate::metrics::{Deleted, Metrics};
+use crate::domain::{Channel, ParkedDelivery, Timestamp};
+use crate::metrics::{Deleted, Metrics, ParkReason};
 use crate::ownership::Fence;
 use crate::store::Store;
 
@@ -34,6 +36,8 @@ pub struct WorkerContext {
     pub metrics: Arc<Metrics>,
     /// The shards this node may still dispatch (all of them on one node).
     pub fence: Fence,
+    /// The channels' breakers and parked deliveries, shared with dispatch.
+    pub parking: Arc<Parking>,
     /// Test hook (`FANOUT_DANGEROUS_PANIC_ATTEMPTS`): this many attempts
     /// panic, each losing its delivery as a bug in a provider would, so a
     /// window replay re-sends them. 0 (the default) disables it.
@@ -59,19 +63,24 @@ const WATCHDOG_SWEEP: Duration = Duration::from_secs(5);
 const FENCED_HOLD: Duration = Duration::from_secs(30);
 /// How often held first attempts look at the fence again.
 const FENCE_RECHECK: Duration = Duration::from_millis(250);
+/// How often a worker whose ready deliveries wait for a channel's slots
+/// looks whether they waited too long (`Lanes::overdue`).
+const READY_RECHECK: Duration = Duration::from_millis(250);
 
-/// A worker's loop: take a batch when the last one has been started, start
-/// attempts only while fewer than `max_in_flight` are in flight
-/// (first attempts and retries alike), collect answers, and re-attempt from
-/// the timer wheel. Ends when its queue is closed and nothing is in flight,
-/// ready or waiting.
+/// A worker's loop: take a batch when its channels have room (`Lanes`),
+/// start attempts only while their channel has a free slot and the worker
+/// fewer than `max_in_flight` in flight (first attempts and retries alike),
+/// collect answers, re-attempt from the timer wheel, and park what a
+/// channel cannot take now (`Parking`). Ends when its queue is closed and
+/// nothing is in flight, ready, waiting or being parked.
 ///
 /// The attempts in flight are futures of this task, not tasks of their own:
 /// a task per attempt cost a spawn, a `JoinSet` entry and a cross-thread
 /// wake-up per delivery (docs/BENCHMARKS-HISTORY.md, finding 9), and the runtime's
 /// threads are shared by the eight workers anyway.
 pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<Delivery>>) {
-    let max_in_flight = ctx.max_in_flight.get();
+    let parking = &ctx.parking;
+    let mut lanes = Lanes::new(&parking.slots(ctx.settings.workers.get()), ctx.max_in_flight.get());
     let mut in_flight = FuturesUnordered::new();
     // Every attempt in flight, by the key its `Attempted` carries back:
     // when it started and what gives up on it.
@@ -79,23 +88,43 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
     let mut sweep = tokio::time::interval(WATCHDOG_SWEEP);
     sweep.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut series = Series::default();
-    // Taken from the queue or the timer wheel, not started yet.
-    let mut ready: VecDeque<Delivery> = VecDeque::new();
+    // A batch taken from the queue that its channels have no room for yet,
+    // and since when.
+    let mut held: Option<(Instant, Vec<Delivery>)> = None;
     let mut retries: DelayQueue<Delivery> = DelayQueue::new();
     // PUSH-234 compare-and-deletes; the worker ends only after they have.
     let mut deletions: JoinSet<()> = JoinSet::new();
+    // Deliveries to park, and the park writes under way.
+    let mut to_park: Vec<(Delivery, ParkReason)> = Vec::new();
+    let mut parks: JoinSet<Parked> = JoinSet::new();
     // First attempts of shards whose lease may have run out, since when.
     let mut fenced: VecDeque<(Instant, Delivery)> = VecDeque::new();
     let mut fence_check = tokio::time::interval(FENCE_RECHECK);
     fence_check.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    // Looks for a held batch or ready queue that waited too long for a
+    // channel that cannot keep up (`Lanes::takes`, `Lanes::overdue`).
+    let mut ready_check = tokio::time::interval(READY_RECHECK);
+    ready_check.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut queue_open = true;
     loop {
-        while in_flight.len() < max_in_flight {
-            let Some(delivery) = ready.pop_front() else { break };
+        let now = Instant::now();
+        if let Some((since, batch)) = held.take() {
+            if lanes.takes(&batch, parking, now, since) {
+                to_park.extend(lanes.take(batch, parking, now));
+            } else {
+                held = Some((since, batch));
+            }
+        }
+        while let Some(delivery) = lanes.next_to_start() {
+            let channel = delivery.recipient.target.channel();
+            parking.held(channel, -1);
             // Its window was dropped (the shard actor stopped, e.g. its
             // lease was lost or handed over): the replay from the stored
             // checkpoint sends it, so this copy would only repeat it.
             if delivery.first_attempt.as_ref().is_some_and(FirstAttempt::window_dropped) {
+                if delivery.unparked {
+                    parking.unparked(channel, 1);
+                }
                 continue;
             }
             // A paused or partitioned node does not send first attempts of
@@ -103,42 +132,90 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
             // checkpoint, so sending them too would only repeat them.
             // Retries are sent: their first attempt moved the checkpoint.
             if delivery.first_attempt.is_some() && !ctx.fence.holds(delivery.envelope.shard) {
-                fenced.push_back((Instant::now(), delivery));
+                fenced.push_back((now, delivery));
                 continue;
             }
-            series.of(delivery.recipient.target.channel()).in_flight(&ctx.metrics).inc();
+            let admission = parking.admit(&delivery.recipient.target, now);
+            if admission == Admission::Shed {
+                let reason = if delivery.first_attempt.is_some() { ParkReason::Breaker } else { ParkReason::Retry };
+                to_park.push((delivery, reason));
+                continue;
+            }
+            lanes.started(channel);
+            series.of(channel).in_flight(&ctx.metrics).inc();
             let (abort, registration) = AbortHandle::new_pair();
-            let key = watched.insert((Instant::now(), abort));
-            in_flight.push(attempt(&ctx, delivery, key, registration));
+            let key = watched.insert((now, abort));
+            in_flight.push(attempt(&ctx, delivery, admission, key, registration));
+        }
+        if !to_park.is_empty() {
+            park(&ctx, std::mem::take(&mut to_park), &mut fenced, &mut parks, now);
         }
         tokio::select! {
-            batch = queue.recv(), if queue_open
-                && ready.is_empty()
-                && retries.len() < ctx.settings.max_retrying_per_worker.get() => {
+            batch = queue.recv(), if queue_open && held.is_none() => {
                 match batch {
                     Some(batch) => {
                         ctx.metrics.delivery_queue.dec();
                         // A delivery of a replayed page that was still
                         // pending is sent by the replay: drop this copy.
-                        ready.extend(batch.into_iter().filter(|d| d.first_attempt.as_ref().is_none_or(FirstAttempt::accept)));
+                        let batch: Vec<_> = batch
+                            .into_iter()
+                            .filter(|d| {
+                                let kept = d.first_attempt.as_ref().is_none_or(FirstAttempt::accept);
+                                if !kept && d.unparked {
+                                    parking.unparked(d.recipient.target.channel(), 1);
+                                }
+                                kept
+                            })
+                            .collect();
+                        held = Some((Instant::now(), batch));
                     }
                     None => queue_open = false,
                 }
             }
             Some(attempted) = in_flight.next() => {
                 let (started, _) = watched.remove(attempted.key);
+                lanes.finished(attempted.channel);
                 let mut channel = series.of(attempted.channel);
                 channel.in_flight(&ctx.metrics).dec();
                 if attempted.answered {
                     channel.provider_latency(&ctx.metrics).observe(started.elapsed().as_secs_f64());
                 }
                 if let Some((delivery, outcome)) = attempted.done {
-                    settle(&ctx, &mut series, delivery, outcome, &mut retries, &mut deletions);
+                    let now = Instant::now();
+                    if attempted.provider {
+                        parking.record(&delivery.recipient.target, outcome.answered_by_provider(), attempted.admission, now);
+                    }
+                    if let Some((delivery, delay)) = settle(&ctx, &mut series, delivery, outcome, &mut deletions) {
+                        let channel = delivery.recipient.target.channel();
+                        let retrying = lanes.retrying(channel);
+                        if *retrying >= ctx.settings.max_retrying_per_worker.get() || parking.is_open(channel) {
+                            // Past its channel's retry bound, or its provider
+                            // failing every attempt: kept durably, not in
+                            // memory, and sent when the channel takes it.
+                            to_park.push((delivery, ParkReason::Retry));
+                        } else {
+                            let mut delivery = delivery;
+                            if delivery.unparked && delivery.attempts > 0 && !matches!(outcome, Outcome::NotSent { .. }) {
+                                // Its retry lives in memory now: its row may go.
+                                settle_first(&ctx, &mut delivery);
+                            }
+                            *retrying += 1;
+                            ctx.metrics.retry_queue.inc();
+                            retries.insert(delivery, delay);
+                        }
+                    }
                 }
             }
             Some(expired) = std::future::poll_fn(|cx| retries.poll_expired(cx)) => {
                 ctx.metrics.retry_queue.dec();
-                ready.push_back(expired.into_inner());
+                let delivery = expired.into_inner();
+                *lanes.retrying(delivery.recipient.target.channel()) -= 1;
+                lanes.push(delivery, parking, Instant::now());
+            }
+            Some(parked) = parks.join_next() => {
+                if let Ok(parked) = parked {
+                    parked.settle(&ctx, &mut series);
+                }
             }
             Some(_) = deletions.join_next() => {}
             _ = fence_check.tick(), if !fenced.is_empty() => {
@@ -148,20 +225,29 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
                         // The shard actor that made it is gone (its lease was
                         // lost): its replay sends it, even if this node takes
                         // the shard again.
+                        if delivery.unparked {
+                            parking.unparked(delivery.recipient.target.channel(), 1);
+                        }
                         continue;
                     }
                     if ctx.fence.holds(delivery.envelope.shard) {
-                        ready.push_back(delivery);
+                        lanes.push(delivery, parking, Instant::now());
                     } else if now.saturating_duration_since(since) >= FENCED_HOLD {
                         // Pending again in its page: sent by a replay if
                         // this node keeps the shard, else by the new owner.
                         if let Some(first) = &delivery.first_attempt {
                             first.lost();
                         }
+                        if delivery.unparked {
+                            parking.unparked(delivery.recipient.target.channel(), 1);
+                        }
                     } else {
                         fenced.push_back((since, delivery));
                     }
                 }
+            }
+            _ = ready_check.tick(), if lanes.waiting() || held.is_some() => {
+                to_park.extend(lanes.overdue(parking, Instant::now()));
             }
             _ = sweep.tick(), if !watched.is_empty() => {
                 let now = Instant::now();
@@ -173,8 +259,99 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
             }
             else => break,
         }
-        if !queue_open && ready.is_empty() && in_flight.is_empty() && retries.is_empty() && deletions.is_empty() {
+        if !queue_open
+            && held.is_none()
+            && lanes.is_idle()
+            && retries.is_empty()
+            && deletions.is_empty()
+            && to_park.is_empty()
+            && parks.is_empty()
+        {
             break;
+        }
+    }
+}
+
+/// Stores `deliveries` in the parked table, one write for them all. A first
+/// attempt of a shard this node may have lost is held with the others the
+/// fence holds back (its new owner's replay would send it; parking it would
+/// only repeat it).
+fn park(
+    ctx: &Arc<WorkerContext>,
+    deliveries: Vec<(Delivery, ParkReason)>,
+    fenced: &mut VecDeque<(Instant, Delivery)>,
+    parks: &mut JoinSet<Parked>,
+    now: Instant,
+) {
+    let mut parked = Vec::with_capacity(deliveries.len());
+    for (delivery, reason) in deliveries {
+        if delivery.first_attempt.is_some() && !ctx.fence.holds(delivery.envelope.shard) {
+            fenced.push_back((now, delivery));
+        } else {
+            parked.push((delivery, reason));
+        }
+    }
+    if parked.is_empty() {
+        return;
+    }
+    let rows: Vec<ParkedDelivery> = parked.iter().map(|(d, _)| parked_row(d)).collect();
+    let store = ctx.store.clone();
+    parks.spawn(async move {
+        let written = store.parked().park(&rows).await;
+        Parked { deliveries: parked, written: written.is_ok() }
+    });
+}
+
+/// The row that keeps `delivery` while it is parked.
+fn parked_row(delivery: &Delivery) -> ParkedDelivery {
+    let envelope = &delivery.envelope;
+    ParkedDelivery {
+        shard: envelope.shard,
+        channel: delivery.recipient.target.channel(),
+        sequence_id: envelope.sequence_id,
+        recipient: delivery.recipient.id,
+        topic: envelope.topic.clone(),
+        kind: envelope.kind,
+        server_ts_ns: envelope.server_ts_ns,
+        attempts: delivery.attempts,
+        all_gone: delivery.all_gone,
+    }
+}
+
+/// A park write's deliveries and whether it was stored.
+struct Parked {
+    deliveries: Vec<(Delivery, ParkReason)>,
+    written: bool,
+}
+
+impl Parked {
+    /// Stored: each first attempt is settled for its page (PUSH-257 holds
+    /// through the parked row) and its shard's owner told. Not stored: a
+    /// first attempt is pending again, for the window's replay; a retry
+    /// ends exhausted (spec 000 §7 retries "up to" max_attempts), counted.
+    fn settle(self, ctx: &Arc<WorkerContext>, series: &mut Series) {
+        let m = &ctx.metrics;
+        for (mut delivery, reason) in self.deliveries {
+            let channel = delivery.recipient.target.channel();
+            if delivery.unparked {
+                ctx.parking.unparked(channel, 1);
+            }
+            if self.written {
+                m.parking.parked.with_label_values(&[channel.as_str(), reason.as_str()]).inc();
+                ctx.parking.parked(delivery.envelope.shard, channel, delivery.envelope.sequence_id);
+                if let Some(first) = delivery.first_attempt.take() {
+                    first.park();
+                }
+                continue;
+            }
+            m.parking.park_failures.with_label_values(&[channel.as_str()]).inc();
+            match delivery.first_attempt.take() {
+                Some(first) => first.lost(),
+                None => {
+                    let outcome = Outcome::transient(Duration::ZERO);
+                    series.of(channel).deliveries(m, outcome.delivery_label()).inc();
+                }
+            }
         }
     }
 }
@@ -184,11 +361,15 @@ struct Attempted {
     /// Its key in the worker's watchdog.
     key: usize,
     channel: Channel,
+    /// What the breakers let it be (`Probe`: its answer decides one).
+    admission: Admission,
     /// The delivery and its outcome, or `None` when the attempt panicked.
     done: Option<(Delivery, Outcome)>,
     /// A provider answered (not `NotSent`, not a removed channel): the
     /// time since the attempt's start is its provider latency.
     answered: bool,
+    /// It went to the channel's provider (the channel is configured).
+    provider: bool,
 }
 
 /// One attempt of `delivery`, `key` in the worker's watchdog, which aborts
@@ -196,19 +377,21 @@ struct Attempted {
 fn attempt(
     ctx: &Arc<WorkerContext>,
     delivery: Delivery,
+    admission: Admission,
     key: usize,
     registration: AbortRegistration,
 ) -> impl Future<Output = Attempted> + use<> {
     let ctx = ctx.clone();
     let first = delivery.first_attempt.clone();
     let channel = delivery.recipient.target.channel();
+    let unparked = delivery.unparked.then(|| ctx.parking.clone());
     let send = async move {
         if ctx.dangerous_panic_attempts.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
             panic!("injected attempt panic (FANOUT_DANGEROUS_PANIC_ATTEMPTS)");
         }
         let Some(provider) = ctx.channels.get(channel) else {
             // The channel's table was removed: fail without a provider request.
-            return (delivery, Outcome::Rejected, false);
+            return (delivery, Outcome::Rejected, false, false);
         };
         let push = Push::Envelope { recipient: &delivery.recipient, envelope: &delivery.envelope };
         let outcome = match Abortable::new(provider.send(push), registration).await {
@@ -216,62 +399,85 @@ fn attempt(
             // Every worker-sent channel's row takes envelopes: refused, it is stopped.
             Ok(Err(_)) => Outcome::Rejected,
             Err(_) => {
-                tracing::warn!(channel = channel.as_str(), "a send made no progress for the watchdog's time; trying again");
+                tracing::warn!(
+                    channel = channel.as_str(),
+                    "a send made no progress for the watchdog's time; trying again"
+                );
                 Outcome::NotSent { delay: WATCHDOG_DELAY }
             }
         };
         let answered = !matches!(outcome, Outcome::NotSent { .. });
-        (delivery, outcome, answered)
+        (delivery, outcome, answered, true)
     };
     AssertUnwindSafe(send).catch_unwind().map(move |done| match done {
-        Ok((delivery, outcome, answered)) => Attempted { key, channel, done: Some((delivery, outcome)), answered },
+        Ok((delivery, outcome, answered, provider)) => {
+            Attempted { key, channel, admission, done: Some((delivery, outcome)), answered, provider }
+        }
         // A panicking attempt loses its delivery: pending again in its
         // page, which a replay re-sends.
         Err(_) => {
             if let Some(first) = first {
                 first.lost();
             }
-            Attempted { key, channel, done: None, answered: false }
+            if let Some(parking) = unparked {
+                parking.unparked(channel, 1);
+            }
+            Attempted { key, channel, admission, done: None, answered: false, provider: false }
         }
     })
 }
 
+/// Settles `delivery`'s first attempt (or its unpark batch's place: its
+/// parked row may go), if it still has one.
+fn settle_first(ctx: &WorkerContext, delivery: &mut Delivery) {
+    if let Some(first) = delivery.first_attempt.take() {
+        first.settle();
+        if delivery.unparked {
+            delivery.unparked = false;
+            ctx.parking.unparked(delivery.recipient.target.channel(), 1);
+        }
+    }
+}
+
 /// Applies an attempt's outcome (section 7): retry a transient one up to
-/// max_attempts, delete on terminal (PUSH-234), stop otherwise.
+/// max_attempts, delete on terminal (PUSH-234), stop otherwise. Returns the
+/// delivery to retry and its delay, for the caller to keep.
 fn settle(
     ctx: &Arc<WorkerContext>,
     series: &mut Series,
     mut delivery: Delivery,
     outcome: Outcome,
-    retries: &mut DelayQueue<Delivery>,
     deletions: &mut JoinSet<()>,
-) {
+) -> Option<(Delivery, Duration)> {
     let m = &ctx.metrics;
-    let mut series = series.of(delivery.recipient.target.channel());
+    let channel = delivery.recipient.target.channel();
+    let mut series = series.of(channel);
     if let Outcome::NotSent { delay } = outcome {
         // Not an attempt: no count, no first-attempt latch, just later.
         series.unsent(m).inc();
-        ctx.metrics.retry_queue.inc();
-        retries.insert(delivery, delay);
-        return;
+        return Some((delivery, delay));
     }
     delivery.attempts += 1;
     series.attempts(m, outcome.label()).inc();
-    if let Some(first) = delivery.first_attempt.take() {
-        first.settle();
+    if delivery.attempts == 1 {
         let stored = Timestamp::from_unix_nanos(delivery.envelope.server_ts_ns);
         let waited = Timestamp::now().saturating_duration_since(stored).as_secs_f64();
         series.publish_to_attempt(m).observe(waited);
     }
+    let retried = outcome.retry_delay().filter(|_| delivery.attempts < ctx.max_attempts);
+    // An unparked delivery to retry keeps its unpark batch's latch until
+    // the caller has kept it: parked again (its row stays), or in memory
+    // (`settle_unparked`); settled now, its row could go first.
+    if retried.is_none() || !delivery.unparked {
+        settle_first(ctx, &mut delivery);
+    }
     let final_outcome = match outcome.retry_delay() {
         Some(delay) => {
             delivery.all_gone &= matches!(outcome, Outcome::Gone { .. });
-            if delivery.attempts < ctx.max_attempts {
+            if retried.is_some() {
                 series.retries(m).inc();
                 series.retry_delay(m).observe(delay.as_secs_f64());
-                ctx.metrics.retry_queue.inc();
-                retries.insert(delivery, delay);
-                return;
+                return Some((delivery, delay));
             }
             // Gone (HTTPS 404/410): terminal when every attempt said so.
             if delivery.all_gone { Outcome::Terminal } else { outcome }
@@ -292,6 +498,7 @@ fn settle(
             }
         });
     }
+    None
 }
 
 #[cfg(test)]
@@ -436,9 +643,12 @@ mod tests {
         let store: Arc<dyn Store> = Arc::new(RedbStore::open(dir.path(), 4).unwrap());
         store.register(&stored.id, &stored.secret_hash, &stored.target, 1).await.unwrap();
         let metrics = Arc::new(Metrics::new());
+        let slots: Vec<_> = channels.providers().map(|p| (p.channel(), 512 * settings.workers.get())).collect();
+        let parking = Arc::new(Parking::new(settings.breaker(), &slots, 4, metrics.clone()));
         let ctx = Arc::new(WorkerContext {
             // Unless a test sets it: room for any test's deliveries.
             max_in_flight: settings.in_flight_per_worker(512 * settings.workers.get()),
+            parking,
             settings,
             max_attempts: 3,
             channels,
@@ -477,8 +687,10 @@ mod tests {
         dir: &std::path::Path,
     ) -> (DeliveryWorkers, Vec<tokio::task::JoinHandle<()>>) {
         let settings = DeliverySettings { workers: NonZeroUsize::MIN, ..DeliverySettings::default() };
+        let parking = Arc::new(Parking::of_providers(&channels, 8, 4, metrics.clone()));
         DeliveryWorkers::start(Arc::new(WorkerContext {
             max_in_flight: settings.in_flight_per_worker(8),
+            parking,
             settings,
             max_attempts: 3,
             channels,
@@ -625,6 +837,8 @@ mod tests {
         let settings = DeliverySettings {
             workers: NonZeroUsize::MIN,
             max_in_flight_per_worker: NonZeroUsize::new(4),
+            // 100 transient answers in a row would open it.
+            breaker_failures: 0,
             ..DeliverySettings::default()
         };
         let run = deliver_all(p.clone(), &r, many, settings).await;
@@ -632,6 +846,163 @@ mod tests {
         assert_eq!(p.most_concurrent.load(Ordering::SeqCst), 4);
         assert_eq!(count(&run.metrics.deliveries, Channel::Apns, "delivered"), 100);
         assert_eq!(run.first_attempts.load(Ordering::SeqCst), 1, "the page's latch fired once");
+    }
+
+    /// Real time: parks are store writes on the blocking pool.
+    #[tokio::test]
+    async fn a_provider_failing_every_attempt_opens_its_breaker_and_its_deliveries_wait_parked_not_exhausted() {
+        // 30 deliveries, one attempt at a time; every answer is a 503.
+        let t = Outcome::transient(Duration::from_millis(500));
+        let p = Scripted::new(Channel::Fcm, &[t; 30]);
+        let r = recipient(DeliveryTarget::Fcm { token: "t".into() });
+        let many = (0..30u8).map(|i| Recipient { id: RecipientId::from_bytes([i; 32]), ..r.clone() }).collect();
+        let settings = DeliverySettings {
+            workers: NonZeroUsize::MIN,
+            max_in_flight_per_worker: Some(NonZeroUsize::MIN),
+            breaker_failures: 5,
+            // No probe within the test: what happens while it is open.
+            breaker_cooldown: Duration::from_secs(60),
+            ..DeliverySettings::default()
+        };
+        let run = deliver_all(p.clone(), &r, many, settings).await;
+        assert_eq!(p.sent.load(Ordering::SeqCst), 5, "five failures open it; nothing is sent after");
+        let parked = run.store.parked().parked(ShardId::FIRST, Channel::Fcm, None, 100).await.unwrap();
+        assert_eq!(parked.len(), 30, "every delivery waits in the store");
+        assert_eq!(parked.iter().filter(|p| p.attempts == 1).count(), 5, "the five retries keep their attempt");
+        assert_eq!(parked.iter().filter(|p| p.attempts == 0).count(), 25);
+        assert_eq!(run.first_attempts.load(Ordering::SeqCst), 1, "parked first attempts settle their page");
+        crate::metrics::assert_exposed(
+            &run.metrics.render(),
+            &[
+                r#"fanout_breaker_open{channel="fcm"} 1"#,
+                r#"fanout_breaker_opened_total{channel="fcm",scope="channel"} 1"#,
+                r#"fanout_parked_total{channel="fcm",reason="breaker"} 25"#,
+                r#"fanout_parked_total{channel="fcm",reason="retry"} 5"#,
+                r#"fanout_deliveries_total{channel="fcm",outcome="exhausted"} 0"#,
+                r#"fanout_retry_queue_depth 0"#,
+            ],
+        );
+    }
+
+    /// A provider that answers `Delivered` while up and hangs while down
+    /// (an answer comes once it is up again).
+    struct Switch {
+        channel: Channel,
+        up: tokio::sync::watch::Sender<bool>,
+        sent: AtomicUsize,
+        delivered: AtomicUsize,
+    }
+
+    impl Switch {
+        fn new(channel: Channel, up: bool) -> Arc<Self> {
+            Arc::new(Self {
+                channel,
+                up: tokio::sync::watch::channel(up).0,
+                sent: AtomicUsize::new(0),
+                delivered: AtomicUsize::new(0),
+            })
+        }
+    }
+
+    #[async_trait]
+    impl Provider for Switch {
+        fn channel(&self) -> Channel {
+            self.channel
+        }
+        async fn send(&self, _push: Push<'_>) -> Result<Outcome, Refusal> {
+            self.sent.fetch_add(1, Ordering::SeqCst);
+            let mut up = self.up.subscribe();
+            let _ = up.wait_for(|up| *up).await;
+            self.delivered.fetch_add(1, Ordering::SeqCst);
+            Ok(Outcome::Delivered)
+        }
+        fn timed_out(&self) -> Outcome {
+            Outcome::transient(Duration::from_secs(1))
+        }
+    }
+
+    /// Real time: parks are store writes on the blocking pool, which a
+    /// paused clock would jump past. Every wait is bounded.
+    #[tokio::test]
+    async fn a_hung_channel_parks_what_it_cannot_take_and_the_other_channel_goes_on() {
+        let apns = Switch::new(Channel::Apns, false);
+        let fcm = Switch::new(Channel::Fcm, true);
+        let mut channels = Channels::default();
+        channels.insert(apns.clone());
+        channels.insert(fcm.clone());
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(RedbStore::open(dir.path(), 4).unwrap());
+        let metrics = Arc::new(Metrics::new());
+        let settings = DeliverySettings { workers: NonZeroUsize::MIN, ..DeliverySettings::default() };
+        // Four slots per channel: a ready queue of eight each.
+        let parking = Arc::new(Parking::of_providers(&channels, 4, 4, metrics.clone()));
+        let (workers, handles) = DeliveryWorkers::start(Arc::new(WorkerContext {
+            max_in_flight: settings.in_flight_per_worker(8),
+            parking: parking.clone(),
+            settings,
+            max_attempts: 3,
+            channels,
+            store: store.clone(),
+            metrics: metrics.clone(),
+            fence: Fence::default(),
+            dangerous_panic_attempts: Default::default(),
+        }));
+        // 20 pages of 4 APNs and 4 FCM recipients, one envelope each.
+        let fired = Arc::new(AtomicUsize::new(0));
+        for page in 0..20u64 {
+            let f = fired.clone();
+            let latch = Arc::new(FirstAttemptLatch::new(8, Arc::default(), move || {
+                f.fetch_add(1, Ordering::SeqCst);
+            }));
+            let envelope = Arc::new(StoredEnvelope { sequence_id: page + 1, ..envelope() });
+            let batch = (0..8u8)
+                .map(|i| {
+                    let target = if i < 4 {
+                        DeliveryTarget::Apns { token: "a".into() }
+                    } else {
+                        DeliveryTarget::Fcm { token: "f".into() }
+                    };
+                    let r = Recipient { id: RecipientId::from_bytes([i; 32]), ..recipient(target) };
+                    Delivery::new(
+                        envelope.clone(),
+                        Arc::new(r),
+                        FirstAttempt { latch: latch.clone(), index: usize::from(i) },
+                    )
+                })
+                .collect();
+            // Never waits for long: what APNs cannot take is parked.
+            tokio::time::timeout(Duration::from_secs(30), workers.submit(batch)).await.expect("not held").unwrap();
+        }
+        let bounded = std::time::Instant::now() + Duration::from_secs(30);
+        while fcm.delivered.load(Ordering::SeqCst) < 80 || fired.load(Ordering::SeqCst) < 17 {
+            assert!(std::time::Instant::now() < bounded, "FCM or the pages waited behind APNs");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(fcm.delivered.load(Ordering::SeqCst), 80, "every FCM delivery went");
+        assert_eq!(apns.sent.load(Ordering::SeqCst), 4, "APNs has its four slots and no more");
+        // Four in flight and eight ready hold their three pages; the other
+        // 68 APNs deliveries are parked, which settles their pages. On a
+        // slow machine the eight ready ones may have waited a second for a
+        // slot while FCM was still active: then they are parked too.
+        let parked = store.parked().parked(ShardId::FIRST, Channel::Apns, None, 1000).await.unwrap();
+        assert!(parked.len() == 68 || parked.len() == 76, "{} parked", parked.len());
+        assert!(parked.iter().all(|p| p.attempts == 0 && p.sequence_id > 1), "never those in flight");
+        let held_pages = if parked.len() == 68 { 3 } else { 1 };
+        assert_eq!(fired.load(Ordering::SeqCst), 20 - held_pages);
+        assert!(store.parked().parked(ShardId::FIRST, Channel::Fcm, None, 10).await.unwrap().is_empty());
+        let lowest = parked.iter().map(|p| p.sequence_id).min().unwrap();
+        assert_eq!(parking.take_parked(ShardId::FIRST), vec![(Channel::Apns, lowest)], "its shard is told");
+        let exposed = metrics.render();
+        let counted = format!(r#"fanout_parked_total{{channel="apns",reason="saturated"}} {}"#, parked.len());
+        crate::metrics::assert_exposed(&exposed, &[counted.as_str()]);
+        // APNs answers again: what it held goes, and the worker ends.
+        apns.up.send_replace(true);
+        drop(workers);
+        for handle in handles {
+            tokio::time::timeout(Duration::from_secs(30), handle).await.expect("the worker ends").unwrap();
+        }
+        assert_eq!(apns.delivered.load(Ordering::SeqCst), 80 - parked.len());
+        assert_eq!(fired.load(Ordering::SeqCst), 20);
     }
 
     fn http_target(url: &str) -> DeliveryTarget {

@@ -9,6 +9,7 @@ mod condition;
 mod settings;
 mod shard;
 mod suppression;
+mod unpark;
 mod window_pages;
 
 use std::sync::Arc;

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::time::Instant;
 
+use super::unpark::Unparking;
 use super::window_pages::WindowPages;
 use super::{Decision, DispatchContext, decide, suppression};
 use crate::delivery::{Delivery, FirstAttempt, FirstAttemptLatch};
@@ -36,6 +37,9 @@ pub enum ShardMsg {
     /// pages of a partly paged envelope, not the rest of a window that could
     /// not finish within the drain bound.
     Release,
+    /// Every delivery of unpark batch `batch` of `channel` was attempted or
+    /// parked again (`unpark::Unparking`).
+    Unparked { channel: Channel, batch: u64 },
 }
 
 /// Owns one topic shard's dispatch. Holds no durable state in memory: a
@@ -59,6 +63,8 @@ pub struct ShardState {
     ticker: tokio::task::JoinHandle<()>,
     /// Sends `RecordProgress`, when progress is recorded.
     progress_ticker: Option<tokio::task::JoinHandle<()>>,
+    /// The shard's parked deliveries being handed back to the workers.
+    unparking: Unparking,
 }
 
 struct Window {
@@ -238,6 +244,9 @@ impl Actor for ShardActor {
         let progress_ticker =
             ctx.progress_interval.map(|every| spawn_ticker(myself.clone(), every, || ShardMsg::RecordProgress));
         let ticker = spawn_ticker(myself, interval, || ShardMsg::Tick);
+        // Rows a former owner (or this node, before a restart) parked.
+        let mut unparking = Unparking::default();
+        unparking.look_everywhere(&ctx);
         Ok(ShardState {
             shard,
             ctx,
@@ -250,6 +259,7 @@ impl Actor for ShardActor {
             fenced: false,
             ticker,
             progress_ticker,
+            unparking,
         })
     }
 
@@ -280,10 +290,16 @@ impl Actor for ShardActor {
                 Ok(()) => {
                     // A window paused by the fence goes on once the lease is renewed.
                     state.queue_pump(&myself);
+                    state.unpark(&myself, true).await;
                     state.start_window(&myself).await
                 }
                 Err(e) => Err(e),
             },
+            ShardMsg::Unparked { channel, batch } => {
+                state.unparking.done(state.shard, &state.ctx, channel, batch).await;
+                state.unpark(&myself, false).await;
+                Ok(())
+            }
             ShardMsg::Pump => state.pump(&myself).await,
             ShardMsg::PageDone { window, page } => state.page_done(&myself, window, page).await,
             ShardMsg::RecordProgress => {
@@ -333,6 +349,23 @@ impl ShardState {
         }
         self.fenced = fenced;
         fenced
+    }
+
+    /// Hands parked deliveries back to the workers as their channels can
+    /// take them (`unpark`); on a tick, first lets go of batches that made
+    /// no progress for `window_timeout_seconds`. Not while fenced (the
+    /// shard may be another node's) nor while draining. A failed read is
+    /// logged and tried again at the next tick: it holds nothing back.
+    async fn unpark(&mut self, myself: &ActorRef<ShardMsg>, tick: bool) {
+        if self.draining || self.fenced() {
+            return;
+        }
+        if tick {
+            self.unparking.forget_stalled(self.shard, &self.ctx, self.ctx.settings.window_timeout).await;
+        }
+        if let Err(e) = self.unparking.pump(self.shard, &self.ctx, myself).await {
+            tracing::warn!(shard = self.shard.index(), error = %e, "reading parked deliveries failed");
+        }
     }
 
     /// Reads a window from the checkpoint up to the boundary, unless one runs.
@@ -708,7 +741,7 @@ mod tests {
 
     use super::*;
     use crate::channel::{Channels, Outcome, Provider, Push, Refusal};
-    use crate::delivery::{DeliverySettings, DeliveryWorkers, WorkerContext};
+    use crate::delivery::{DeliverySettings, DeliveryWorkers, Parking, WorkerContext};
     use crate::dispatch::{DispatchSettings, PanicHook};
     use crate::domain::{
         Channel, DeliveryTarget, EnvelopeKind, NewEnvelope, RecipientSecret, Subscription, SubscriptionUpdate, Topic,
@@ -861,6 +894,7 @@ mod tests {
                 store: store.clone(),
                 metrics: metrics.clone(),
                 fence: fence.clone(),
+                parking: Arc::new(Parking::of_providers(&channels, 512, SHARDS, metrics.clone())),
                 dangerous_panic_attempts: Default::default(),
             }));
             let ctx = Arc::new(DispatchContext {

@@ -233,6 +233,18 @@ impl DeliveryTarget {
         }
     }
 
+    /// The host a push to this target reaches when it is one the recipient
+    /// chose (a webhook's, a Web Push service's), for a breaker of its own:
+    /// one such host's outage is not its channel's. `None` for a provider's
+    /// own host (APNs, FCM), which the channel's breaker covers.
+    pub fn destination_host(&self) -> Option<&str> {
+        match self {
+            Self::Http { url, .. } => Some(url.host()),
+            Self::WebPush { endpoint, .. } => Some(endpoint.host()),
+            _ => None,
+        }
+    }
+
     /// Compare-and-delete: whether a dead-token answer to a push sent to
     /// `sent` still applies to this, the stored target. Spec 000's channels
     /// (PUSH-234) need the whole target unchanged. A relay registration is
