@@ -11,8 +11,8 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use fanout_testkit::{
-    ApnsTestKey, MockApnsConfig, MockFcmConfig, MockWebhookConfig, TestPki, start_mock_apns, start_mock_fcm,
-    start_mock_webhook,
+    ApnsTestKey, MockApnsConfig, MockFcmConfig, MockWebhookConfig, Outage, OutageKind, TestPki, start_mock_apns,
+    start_mock_fcm, start_mock_webhook,
 };
 
 #[derive(Parser)]
@@ -93,6 +93,8 @@ struct ApnsArgs {
     /// Extra DNS names for the server certificate (repeatable).
     #[arg(long = "dns-name")]
     dns_names: Vec<String>,
+    #[command(flatten)]
+    outage: OutageArgs,
 }
 
 #[derive(Args)]
@@ -115,6 +117,8 @@ struct FcmArgs {
     /// Extra DNS names for the server certificate (repeatable).
     #[arg(long = "dns-name")]
     dns_names: Vec<String>,
+    #[command(flatten)]
+    outage: OutageArgs,
 }
 
 #[derive(Args)]
@@ -137,6 +141,65 @@ struct WebhookArgs {
     /// Extra DNS names for the server certificate (repeatable).
     #[arg(long = "dns-name")]
     dns_names: Vec<String>,
+    #[command(flatten)]
+    outage: OutageArgs,
+}
+
+/// A provider outage on a timer: healthy, then failing, then healthy again.
+#[derive(Args, Clone, Debug, Default)]
+struct OutageArgs {
+    /// Fail as a provider in an outage does: `hang` (connections and TLS
+    /// work, requests are never answered), `refuse` (nothing listens:
+    /// connections refused, open ones closed), `tls-stall` (TCP connects, the
+    /// TLS handshake never completes), `slow` (every answer --outage-slow-ms
+    /// late), `503` (every request answered 503).
+    #[arg(long, value_parser = parse_outage)]
+    outage: Option<OutageKind>,
+    /// With --outage: seconds of normal service before the outage starts.
+    #[arg(long, default_value_t = 0.0, requires = "outage")]
+    outage_after_seconds: f64,
+    /// With --outage: how long it lasts, in seconds, before the mock is
+    /// healthy again on the same address (default: until Ctrl-C).
+    #[arg(long, requires = "outage")]
+    outage_seconds: Option<f64>,
+    /// With --outage slow: the delay before every answer, in milliseconds.
+    #[arg(long, default_value_t = 3000, requires = "outage")]
+    outage_slow_ms: u64,
+}
+
+fn parse_outage(text: &str) -> Result<OutageKind, String> {
+    text.parse()
+}
+
+impl OutageArgs {
+    /// Starts the outage's timer on `switch` and says what it will do.
+    fn apply(&self, switch: &Outage) -> anyhow::Result<()> {
+        let Some(kind) = self.outage else { return Ok(()) };
+        let kind = match kind {
+            OutageKind::Slow(_) => OutageKind::Slow(Duration::from_millis(self.outage_slow_ms)),
+            other => other,
+        };
+        let seconds = |s: f64, what: &str| {
+            Duration::try_from_secs_f64(s).with_context(|| format!("{what} must be a number of seconds, 0 or more"))
+        };
+        let after = seconds(self.outage_after_seconds, "--outage-after-seconds")?;
+        match self.outage_seconds {
+            Some(lasts) => {
+                let lasts = seconds(lasts, "--outage-seconds")?;
+                println!("outage: {kind} from {after:?} after start, for {lasts:?}");
+                switch.schedule(kind, after, lasts);
+            }
+            None => {
+                println!("outage: {kind} from {after:?} after start, until Ctrl-C");
+                let switch = switch.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(after).await;
+                    switch.start(kind);
+                });
+            }
+        }
+        Ok(())
+    }
 }
 
 #[tokio::main]
@@ -162,6 +225,13 @@ async fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
+    }
+}
+
+/// What an outage met, when there was one.
+fn print_outage_count(outage: &Outage) {
+    if outage.met() > 0 {
+        println!("the outage held, slowed or refused {} requests or handshakes", outage.met());
     }
 }
 
@@ -198,6 +268,7 @@ async fn mock_apns(args: ApnsArgs) -> anyhow::Result<()> {
     };
     let mock = start_mock_apns(&pki, config).await?;
     println!("mock APNs listening on {}", mock.base_url());
+    args.outage.apply(mock.outage())?;
     println!("engine configuration:\n");
     println!("[engine.channels.apns]");
     println!("key_file = {:?}", args.key_out.display().to_string());
@@ -206,6 +277,7 @@ async fn mock_apns(args: ApnsArgs) -> anyhow::Result<()> {
     println!("sandbox_url = {:?}", mock.base_url());
     println!("extra_ca_files = [{:?}]\n", args.ca_out.display().to_string());
     report_until_ctrl_c(|| mock.received_count()).await?;
+    print_outage_count(mock.outage());
     let wire = fanout_loadtest::run::report::WireReport::from(mock.wire());
     println!("on the wire: {}", wire.line());
     mock.shutdown().await;
@@ -225,6 +297,7 @@ async fn mock_fcm(args: FcmArgs) -> anyhow::Result<()> {
     let mock = start_mock_fcm(&pki, config).await?;
     mock.service_account().write(&args.service_account_out)?;
     println!("mock FCM listening on {} (token endpoint {})", mock.base_url(), mock.token_uri());
+    args.outage.apply(mock.outage())?;
     println!("engine configuration:\n");
     println!("[engine.channels.fcm]");
     println!("service_account_file = {:?}", args.service_account_out.display().to_string());
@@ -232,6 +305,7 @@ async fn mock_fcm(args: FcmArgs) -> anyhow::Result<()> {
     println!("extra_ca_files = [{:?}]\n", args.ca_out.display().to_string());
     report_until_ctrl_c(|| mock.received_count()).await?;
     println!("token requests: {}", mock.token_request_count());
+    print_outage_count(mock.outage());
     mock.shutdown().await;
     Ok(())
 }
@@ -246,6 +320,7 @@ async fn mock_all(args: AllArgs) -> anyhow::Result<()> {
         latency_ms: args.latency_ms,
         status: 200,
         dns_names: vec![],
+        outage: OutageArgs::default(),
     };
     let apns = ApnsArgs {
         bind: "127.0.0.1:8444".parse()?,
@@ -255,6 +330,7 @@ async fn mock_all(args: AllArgs) -> anyhow::Result<()> {
         team_id: "TEAM123456".into(),
         latency_ms: args.latency_ms,
         dns_names: vec![],
+        outage: OutageArgs::default(),
     };
     let fcm = FcmArgs {
         bind: "127.0.0.1:8445".parse()?,
@@ -263,6 +339,7 @@ async fn mock_all(args: AllArgs) -> anyhow::Result<()> {
         project_id: "fanout-test-project".into(),
         latency_ms: args.latency_ms,
         dns_names: vec![],
+        outage: OutageArgs::default(),
     };
     tokio::try_join!(mock_webhook(webhook), mock_apns(apns), mock_fcm(fcm))?;
     Ok(())
@@ -281,8 +358,10 @@ async fn mock_webhook(args: WebhookArgs) -> anyhow::Result<()> {
     let mock = start_mock_webhook(&pki, config).await?;
     println!("mock webhook listening on {}", mock.url("/"));
     println!("CA certificate written to {}", args.ca_out.display());
+    args.outage.apply(mock.outage())?;
 
     report_until_ctrl_c(|| mock.received_count()).await?;
+    print_outage_count(mock.outage());
     mock.shutdown().await;
     Ok(())
 }

@@ -5,6 +5,8 @@
 //! - [`pki`]: a throwaway CA and server certificate ([`TestPki`]).
 //! - [`mock`]: in-process mock providers ([`MockWebhook`], [`MockApns`],
 //!   [`MockFcm`]), on the shared [`server`], [`recorder`] and [`request`].
+//! - [`outage`]: provider outages a mock is switched into and out of
+//!   ([`Outage`]: hang, refuse, TLS stall, slow, 503).
 //! - [`launcher`]: the real `fanout` binary as a child process ([`Engine`]).
 //! - [`wire`]: what HTTP/2 clients send, counted as a mock server reads it.
 //! - [`webpush`]: a browser's side of Web Push (RFC 8291 decryption, RFC
@@ -13,6 +15,7 @@
 pub mod issuer;
 pub mod launcher;
 pub mod mock;
+pub mod outage;
 pub mod pki;
 pub mod recorder;
 pub mod request;
@@ -34,6 +37,7 @@ pub use mock::{
     ApnsReply, ApnsTestKey, FcmReply, FcmServiceAccount, MockApns, MockApnsConfig, MockFcm, MockFcmConfig,
     ProviderRequest,
 };
+pub use outage::{Outage, OutageKind};
 pub use pki::TestPki;
 
 /// Poison-tolerant lock: a panicking test thread must not wedge a mock.

@@ -11,15 +11,17 @@ use std::time::Duration;
 use anyhow::Context as _;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
-use http_body_util::{BodyExt as _, Full};
+use http_body_util::{BodyExt as _, Either, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_rustls::TlsAcceptor;
 
+use crate::outage::{Gate, Outage, OutageKind};
 use crate::pki::{ALPN_H2, ALPN_HTTP1, TestPki};
 use crate::wire::{Tap, WireStats};
 
@@ -34,6 +36,12 @@ pub struct Options {
     pub max_concurrent_streams: u32,
     /// Counts what clients send on the wire ([`crate::wire`]), when set.
     pub wire: Option<Arc<WireStats>>,
+    /// Switches the server into and out of provider outages
+    /// ([`crate::outage`]), when set.
+    pub outage: Option<Outage>,
+    /// The body of the 503 an [`OutageKind::Unavailable`] outage answers
+    /// with: the provider's own error shape (empty: no body).
+    pub unavailable_body: &'static str,
 }
 
 /// The protocol a connection speaks.
@@ -167,24 +175,118 @@ where
     F: Future<Output = Response<B>> + Send + 'static,
     B: ResponseBody,
 {
+    let addr = listener.local_addr();
+    let mut outage = options.outage.as_ref().map(Outage::subscribe);
+    let mut current: Option<OutageKind> = None;
+    // `None` while an outage refuses connections; the port is then held by
+    // `reserved`, bound but not listening, so connecting is refused.
+    let mut listener = Some(listener);
+    let mut reserved: Option<TcpSocket> = None;
     // Owns the connection tasks: aborted together with this loop.
     let mut connections = JoinSet::new();
     loop {
         tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((tcp, _peer)) => {
-                    connections.spawn(serve_connection(tcp, acceptor.clone(), options.clone(), handler.clone()));
-                }
+            accepted = accept(listener.as_ref()) => match accepted {
+                Ok((tcp, _peer)) => match (current, &outage) {
+                    (Some(OutageKind::TlsStall), Some(rx)) => {
+                        if let Some(o) = &options.outage {
+                            o.count();
+                        }
+                        connections.spawn(stall(tcp, rx.clone()));
+                    }
+                    _ => {
+                        connections.spawn(serve_connection(tcp, acceptor.clone(), options.clone(), handler.clone()));
+                    }
+                },
                 Err(error) => {
                     // E.g. out of file descriptors under load: back off briefly.
                     tracing::warn!(%error, "mock server accept failed");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             },
+            next = changed(outage.as_mut()) => {
+                let (Some(next), Ok(addr)) = (next, &addr) else { continue };
+                if next == current {
+                    continue;
+                }
+                let entering = |kind| next == Some(kind) && current != Some(kind);
+                if entering(OutageKind::Refuse) || entering(OutageKind::TlsStall) {
+                    // The provider went away: its open connections with it.
+                    connections.abort_all();
+                }
+                if next == Some(OutageKind::Refuse) && listener.take().is_some() {
+                    reserved = reserve(*addr)
+                        .inspect_err(|error| tracing::warn!(%error, "mock server could not keep its port"))
+                        .ok();
+                }
+                if next != Some(OutageKind::Refuse) && listener.is_none() {
+                    listener = Some(relisten(reserved.take(), *addr).await);
+                }
+                current = next;
+            },
             // Reap finished connections so the set does not grow without bound.
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
         }
     }
+}
+
+/// The next connection, or never while no listener is open.
+async fn accept(listener: Option<&TcpListener>) -> std::io::Result<(TcpStream, SocketAddr)> {
+    match listener {
+        Some(listener) => listener.accept().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The outage after its next change, or never without one.
+async fn changed(outage: Option<&mut watch::Receiver<Option<OutageKind>>>) -> Option<Option<OutageKind>> {
+    let Some(rx) = outage else { return std::future::pending().await };
+    match rx.changed().await {
+        Ok(()) => Some(*rx.borrow_and_update()),
+        // The switch is gone with the mock: no change will come.
+        Err(_) => std::future::pending().await,
+    }
+}
+
+/// `addr` bound without listening, so that connecting to it is refused and
+/// no other socket takes the port while the outage lasts.
+fn reserve(addr: SocketAddr) -> std::io::Result<TcpSocket> {
+    let socket = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+    // As the first listener (tokio binds with it): connections it left in
+    // TIME_WAIT do not keep the port.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    Ok(socket)
+}
+
+/// Listens on `addr` again (on the reserved socket when there is one),
+/// trying for a few seconds if another socket holds the port.
+async fn relisten(reserved: Option<TcpSocket>, addr: SocketAddr) -> TcpListener {
+    if let Some(socket) = reserved {
+        match socket.listen(1024) {
+            Ok(listener) => return listener,
+            Err(error) => tracing::warn!(%error, "mock server could not listen again on its port"),
+        }
+    }
+    let mut pause = Duration::from_millis(10);
+    loop {
+        match reserve(addr).and_then(|s| s.listen(1024)) {
+            Ok(listener) => return listener,
+            Err(error) => {
+                tracing::warn!(%error, "mock server could not listen again on its port; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+        }
+    }
+}
+
+/// A connection met by a TLS stall: held without reading or writing a byte
+/// until the stall ends, then closed (the client has given up by then, or
+/// connects again).
+async fn stall(tcp: TcpStream, mut outage: watch::Receiver<Option<OutageKind>>) {
+    let _ = outage.wait_for(|kind| *kind != Some(OutageKind::TlsStall)).await;
+    drop(tcp);
 }
 
 async fn serve_connection<H, F, B>(tcp: TcpStream, acceptor: TlsAcceptor, options: Options, handler: H)
@@ -209,9 +311,17 @@ where
         Protocol::Http2 => builder.http2_only(),
         Protocol::Sniff => builder,
     };
+    let (outage, unavailable) = (options.outage.clone(), options.unavailable_body);
     let service = service_fn(move |req| {
-        let handler = handler.clone();
-        async move { Ok::<_, Infallible>(handler(req).await) }
+        let (handler, outage) = (handler.clone(), outage.clone());
+        async move {
+            if let Some(outage) = &outage
+                && let Gate::Unavailable = outage.gate().await
+            {
+                return Ok::<_, Infallible>(response(503, unavailable.into(), &[]).map(Either::Left));
+            }
+            Ok(handler(req).await.map(Either::Right))
+        }
     });
     let served = match options.wire {
         Some(stats) => builder.serve_connection(TokioIo::new(Tap::new(tls, stats)), service).await,
@@ -227,7 +337,13 @@ mod tests {
     use super::*;
 
     fn options(alpn: &[&[u8]]) -> Options {
-        Options { alpn: alpn.iter().map(|p| p.to_vec()).collect(), max_concurrent_streams: 100, wire: None }
+        Options {
+            alpn: alpn.iter().map(|p| p.to_vec()).collect(),
+            max_concurrent_streams: 100,
+            wire: None,
+            outage: None,
+            unavailable_body: "",
+        }
     }
 
     #[test]

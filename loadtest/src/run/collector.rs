@@ -112,6 +112,26 @@ struct Inner {
     duplicates_per_second: Vec<u64>,
     start: Option<Instant>,
     last_delivery: Option<Instant>,
+    /// Mixed scenarios: each first delivery's recipient and arrival, and
+    /// each duplicate's recipient, so every figure can be split by channel.
+    timeline: Option<Timeline>,
+}
+
+#[derive(Default)]
+struct Timeline {
+    first: Vec<(u32, Instant)>,
+    duplicates: Vec<u32>,
+}
+
+/// One channel's share of a mixed scenario's deliveries.
+#[derive(Debug, Clone, Default)]
+pub struct ChannelTally {
+    /// Pairs of the stored envelopes whose recipient is on the channel.
+    pub expected: u64,
+    pub delivered: u64,
+    pub duplicates: u64,
+    /// Each first delivery's arrival, earliest first.
+    pub arrivals: Vec<Instant>,
 }
 
 /// Accounting for one phase (an engine run, or the ceiling).
@@ -222,6 +242,7 @@ impl Collector {
             ScenarioChannel::WebPush => (0..plan.recipients).map(|_| OnceLock::new()).collect(),
             _ => Vec::new(),
         };
+        let timeline = (plan.channel == ScenarioChannel::Mixed).then(Timeline::default);
         Arc::new(Collector {
             plan,
             ids,
@@ -245,6 +266,7 @@ impl Collector {
                 duplicates_per_second: Vec::new(),
                 start: None,
                 last_delivery: None,
+                timeline,
             }),
         })
     }
@@ -459,7 +481,7 @@ impl Collector {
                         inner.attempts[pair] = attempt.saturating_add(1);
                         let answer = self.answer(fault, u32::from(attempt));
                         if is_ok(&answer) {
-                            inner.first_or_duplicate(pair, published_at, now);
+                            inner.first_or_duplicate(pair, a.recipient, published_at, now);
                         }
                         answer
                     }
@@ -499,7 +521,7 @@ impl Collector {
                     let pair = (offset + u64::from(slot)) as usize;
                     inner.attempts[pair] = inner.attempts[pair].saturating_add(1);
                     if ok {
-                        inner.first_or_duplicate(pair, published_at, at);
+                        inner.first_or_duplicate(pair, recipient, published_at, at);
                     }
                 }
                 None => inner.unexpected += 1,
@@ -528,6 +550,38 @@ impl Collector {
                 return false;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Mixed scenarios: the first deliveries so far to recipients on `channel`.
+    pub fn delivered_on(&self, channel: ScenarioChannel) -> u64 {
+        let inner = lock(&self.inner);
+        let Some(timeline) = &inner.timeline else { return 0 };
+        timeline.first.iter().filter(|(r, _)| self.plan.channel_of(*r) == channel).count() as u64
+    }
+
+    /// Mixed scenarios: expected, delivered and duplicate pairs of the
+    /// recipients on `channel`, and when each first delivery arrived.
+    pub fn tally(&self, channel: ScenarioChannel) -> ChannelTally {
+        let inner = lock(&self.inner);
+        let on = |r: u32| self.plan.channel_of(r) == channel;
+        let expected = inner
+            .envelopes
+            .iter()
+            .map(|env| {
+                (0..self.plan.subscribers[env.topic as usize])
+                    .filter(|s| on(self.plan.subscriber(env.topic, *s)))
+                    .count() as u64
+            })
+            .sum();
+        let Some(timeline) = &inner.timeline else { return ChannelTally { expected, ..ChannelTally::default() } };
+        let mut arrivals: Vec<Instant> = timeline.first.iter().filter(|(r, _)| on(*r)).map(|(_, at)| *at).collect();
+        arrivals.sort_unstable();
+        ChannelTally {
+            expected,
+            delivered: arrivals.len() as u64,
+            duplicates: timeline.duplicates.iter().filter(|r| on(**r)).count() as u64,
+            arrivals,
         }
     }
 
@@ -622,15 +676,21 @@ fn count_second(per_second: &mut Vec<u64>, start: Option<Instant>, at: Instant) 
 
 impl Inner {
     /// A 2xx answer for `pair`: its first delivery, or a duplicate.
-    fn first_or_duplicate(&mut self, pair: usize, published_at: Instant, at: Instant) {
+    fn first_or_duplicate(&mut self, pair: usize, recipient: u32, published_at: Instant, at: Instant) {
         let seen = self.delivered[pair];
         self.delivered[pair] = seen.saturating_add(1);
         if seen > 0 {
             self.duplicates += 1;
             count_second(&mut self.duplicates_per_second, self.start, at);
+            if let Some(timeline) = &mut self.timeline {
+                timeline.duplicates.push(recipient);
+            }
             return;
         }
         self.distinct += 1;
+        if let Some(timeline) = &mut self.timeline {
+            timeline.first.push((recipient, at));
+        }
         // Arrivals before the Publish RPC returned count as zero latency.
         let us = at.saturating_duration_since(published_at).as_micros() as u64;
         self.latency_us.saturating_record(us);
@@ -695,6 +755,32 @@ mod tests {
         assert_eq!(s.missing_examples.len(), 2);
         // The early arrival counts as zero latency, the others 9-10 ms.
         assert_eq!(s.latency.max_ms.round(), 10.0);
+    }
+
+    /// A mixed scenario splits every figure by the recipient's channel:
+    /// even recipients are webhooks, odd ones APNs devices.
+    #[test]
+    fn mixed_scenarios_are_tallied_per_channel() {
+        let s = Scenario::parse(
+            "name = \"t\"\nchannel = \"mixed\"\nrecipients = 4\ntopics = [{ count = 1, subscribers = 4 }]\n\
+             [envelopes]\nper_topic = 1\n[outage]\nkind = \"hang\"\nduration_seconds = 1\n",
+        )
+        .unwrap();
+        let c = Collector::new(Arc::new(Plan::new(&s)), RunIds::from_seed(5), Faults::default());
+        let t0 = Instant::now();
+        c.mark_start(t0);
+        c.envelope_published(0, 1, t0);
+        let at = |ms| t0 + Duration::from_millis(ms);
+        for (recipient, ms) in [(0, 10), (1, 30), (2, 20), (0, 40)] {
+            c.arrive(Arrival { topic: 0, seq: 1, recipient }, at(ms));
+        }
+        let http = c.tally(ScenarioChannel::Http);
+        assert_eq!((http.expected, http.delivered, http.duplicates), (2, 2, 1));
+        assert_eq!(http.arrivals, vec![at(10), at(20)]);
+        let apns = c.tally(ScenarioChannel::Apns);
+        assert_eq!((apns.expected, apns.delivered, apns.duplicates), (2, 1, 0));
+        assert_eq!((c.delivered_on(ScenarioChannel::Http), c.delivered_on(ScenarioChannel::Apns)), (2, 1));
+        assert_eq!(c.summary().missing, 1);
     }
 
     /// `--apns-server pushy`: Pushy's accepted lines count as deliveries,

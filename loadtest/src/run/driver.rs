@@ -194,7 +194,7 @@ pub async fn setup(
                 let (id, secret) = (ids.recipient_id(r).to_vec(), ids.secret(r).to_vec());
                 // Relay and APNs scenarios: the device token is the recipient
                 // id in hex, so the collector knows the device from the request.
-                let delivery = match plan.channel {
+                let delivery = match plan.channel_of(r) {
                     ScenarioChannel::Relay => pb::register_request::Delivery::Relay(pb::RelayDelivery {
                         provider: "apns".into(),
                         token: hex::encode(&id),
@@ -213,10 +213,13 @@ pub async fn setup(
                             auth: subscriber.auth().to_vec(),
                         })
                     }
-                    ScenarioChannel::Http => pb::register_request::Delivery::Http(pb::HttpDelivery {
-                        url,
-                        signing_key: ids.signing_key(r).to_vec(),
-                    }),
+                    // `channel_of` names one recipient's channel, never `Mixed`.
+                    ScenarioChannel::Http | ScenarioChannel::Mixed => {
+                        pb::register_request::Delivery::Http(pb::HttpDelivery {
+                            url,
+                            signing_key: ids.signing_key(r).to_vec(),
+                        })
+                    }
                 };
                 let register = pb::RegisterRequest {
                     recipient_id: id.clone(),

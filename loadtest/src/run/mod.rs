@@ -13,6 +13,8 @@
 //! - [`ceiling`]: the bare HTTP/2 client with no engine in between
 //! - [`h2load`]: the independent ceiling, nghttp2's h2load into the same receivers
 //! - [`pushy`]: apns scenarios into Pushy's mock APNs, and Pushy's client into it
+//! - [`outage`]: mixed-channel scenarios, run without and with an outage of
+//!   the mock APNs
 //! - [`sources`]: whether a build is older than its sources
 //! - [`report`], [`svg`], [`progress`]: the outputs
 
@@ -24,6 +26,7 @@ pub mod engine_process;
 pub mod h2load;
 pub mod ids;
 pub mod nodes;
+pub mod outage;
 pub mod progress;
 pub mod pushy;
 pub mod report;
@@ -201,6 +204,20 @@ pub struct RunArgs {
     /// measures the clients (validation is shown by the default mode).
     #[arg(long)]
     pub pushy_accept_all: bool,
+    /// Scenarios with an [outage] table: the mock APNs's outage, in place
+    /// of the scenario's: `hang` (requests never answered), `refuse`
+    /// (connections refused), `tls-stall` (the TLS handshake never
+    /// completes), `slow` (answers after the scenario's slow_ms),
+    /// `slow=<ms>`, `503` (every request answered 503).
+    #[arg(long)]
+    pub outage: Option<String>,
+    /// Scenarios with an [outage] table: seconds after the first publish
+    /// at which the outage starts (0: before publishing).
+    #[arg(long)]
+    pub outage_start_seconds: Option<f64>,
+    /// Scenarios with an [outage] table: how long the outage lasts, seconds.
+    #[arg(long)]
+    pub outage_seconds: Option<f64>,
 }
 
 /// The APNs peer of an apns scenario (`--apns-server`).
@@ -252,6 +269,9 @@ pub struct CeilingArgs {
 /// Runs a scenario, prints the summary, writes the reports; fails when the
 /// run did (missing deliveries, publish errors, bad signatures).
 pub async fn run_command(args: RunArgs) -> anyhow::Result<()> {
+    if outage::is_outage_scenario(&args.scenario)? {
+        return outage::run_command(&args).await;
+    }
     let report = execute(&args).await?;
     println!("{}", report.text());
     if !report.passed {
@@ -665,6 +685,12 @@ impl Engine {
 pub async fn execute(args: &RunArgs) -> anyhow::Result<Report> {
     let run_started = Instant::now();
     let mut scenario = Scenario::load(&args.scenario)?;
+    if scenario.outage.is_some() {
+        bail!("scenario {} has an [outage]: it runs as `fanout-loadtest run` does it (run::outage)", scenario.name);
+    }
+    if args.outage.is_some() || args.outage_start_seconds.is_some() || args.outage_seconds.is_some() {
+        bail!("--outage, --outage-start-seconds and --outage-seconds apply to scenarios with an [outage] table");
+    }
     scenario.override_rate(args.rate, args.duration_seconds)?;
     scenario.override_sizes(args.setup_concurrency, args.batch_size)?;
     let plan = Arc::new(Plan::new(&scenario));

@@ -28,7 +28,9 @@ pub struct Scenario {
     /// `apns` (spec 000's APNs channel: the mock APNs verifies every provider
     /// token and reports bytes per request) or `webpush` (RFC 8030: the mock
     /// push service checks every VAPID token and the receiver decrypts every
-    /// body with the recipient's subscription key).
+    /// body with the recipient's subscription key), or `mixed` (even
+    /// recipients register a webhook, odd ones an APNs device: both channels
+    /// on the same topics; with an `[outage]`).
     #[serde(default)]
     pub channel: ScenarioChannel,
     #[serde(default)]
@@ -40,6 +42,10 @@ pub struct Scenario {
     pub envelopes: Envelopes,
     #[serde(default)]
     pub faults: Faults,
+    /// Mixed scenarios: the mock APNs's outage, and the run without it
+    /// first (see `run::outage`).
+    #[serde(default)]
+    pub outage: Option<OutageSettings>,
     #[serde(default)]
     pub mock: MockSettings,
     #[serde(default)]
@@ -65,6 +71,55 @@ pub enum ScenarioChannel {
     Relay,
     Apns,
     WebPush,
+    Mixed,
+}
+
+/// The outage of a mixed scenario's failing channel (APNs): the harness runs
+/// the scenario without it, then with it, and compares each channel's pace.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutageSettings {
+    /// `hang`, `refuse`, `tls-stall`, `slow` or `503` (`fanout_testkit::OutageKind`).
+    pub kind: String,
+    /// Seconds after the first Publish RPC (0: on before publishing starts).
+    #[serde(default)]
+    pub start_seconds: f64,
+    /// How long the mock APNs fails before it is healthy again.
+    pub duration_seconds: f64,
+    /// `slow`: how late every answer comes, in milliseconds.
+    #[serde(default = "default_slow_ms")]
+    pub slow_ms: u64,
+    /// The healthy channel's pace during the outage ÷ its pace without it
+    /// below this fails the run.
+    #[serde(default = "default_min_pace_ratio")]
+    pub min_pace_ratio: f64,
+}
+
+fn default_slow_ms() -> u64 {
+    3000
+}
+
+fn default_min_pace_ratio() -> f64 {
+    0.9
+}
+
+impl OutageSettings {
+    /// The kind, `slow` with `slow_ms`.
+    pub fn kind(&self) -> anyhow::Result<fanout_testkit::OutageKind> {
+        use fanout_testkit::OutageKind;
+        match self.kind.parse::<OutageKind>().map_err(anyhow::Error::msg)? {
+            OutageKind::Slow(_) => Ok(OutageKind::Slow(Duration::from_millis(self.slow_ms))),
+            other => Ok(other),
+        }
+    }
+
+    pub fn start(&self) -> Duration {
+        Duration::from_secs_f64(self.start_seconds)
+    }
+
+    pub fn duration(&self) -> Duration {
+        Duration::from_secs_f64(self.duration_seconds)
+    }
 }
 
 fn default_max_duplicate_ratio() -> f64 {
@@ -275,6 +330,28 @@ impl Scenario {
             bail!("ceiling.concurrency must be at least 1");
         }
         let plan = Plan::new(self);
+        match (&self.outage, self.channel) {
+            (Some(outage), ScenarioChannel::Mixed) => {
+                outage.kind()?;
+                let seconds = [outage.start_seconds, outage.duration_seconds];
+                if seconds.iter().any(|s| !s.is_finite() || *s < 0.0 || *s > 86_400.0) || outage.duration_seconds == 0.0
+                {
+                    bail!("outage: start_seconds must be 0 or more and duration_seconds more than 0 (at most a day)");
+                }
+                if !(0.0..=1.0).contains(&outage.min_pace_ratio) {
+                    bail!("outage.min_pace_ratio must be in 0..=1");
+                }
+                if f.any() {
+                    bail!("a mixed scenario has no receiver faults: its fault is the outage");
+                }
+                if self.recipients < 2 {
+                    bail!("a mixed scenario needs at least 2 recipients (even ones webhooks, odd ones APNs)");
+                }
+            }
+            (None, ScenarioChannel::Mixed) => bail!("a mixed scenario needs an [outage] table"),
+            (Some(_), _) => bail!("[outage] is for mixed scenarios (channel = \"mixed\")"),
+            (None, _) => {}
+        }
         if self.channel == ScenarioChannel::Relay {
             // The relay coalesces a device's pending pushes (spec 003 §4), so
             // only a plan where each device gets one push accounts exactly:
@@ -353,6 +430,40 @@ impl Scenario {
     pub fn drain_timeout(&self) -> Duration {
         Duration::from_secs(self.timeouts.drain_seconds)
     }
+
+    /// Overrides the `[outage]` table's kind, start and duration (CLI
+    /// `--outage`, `--outage-start-seconds`, `--outage-seconds`).
+    pub fn override_outage(
+        &mut self,
+        kind: Option<&str>,
+        start_seconds: Option<f64>,
+        duration_seconds: Option<f64>,
+    ) -> anyhow::Result<()> {
+        if kind.is_none() && start_seconds.is_none() && duration_seconds.is_none() {
+            return Ok(());
+        }
+        let Some(outage) = self.outage.as_mut() else {
+            bail!("--outage, --outage-start-seconds and --outage-seconds apply to scenarios with an [outage] table");
+        };
+        if let Some(kind) = kind {
+            // `slow=<ms>` sets the delay too.
+            if let Ok(fanout_testkit::OutageKind::Slow(delay)) = kind.parse() {
+                if kind.contains('=') {
+                    outage.slow_ms = delay.as_millis() as u64;
+                }
+                outage.kind = "slow".into();
+            } else {
+                outage.kind = kind.into();
+            }
+        }
+        if let Some(start) = start_seconds {
+            outage.start_seconds = start;
+        }
+        if let Some(duration) = duration_seconds {
+            outage.duration_seconds = duration;
+        }
+        self.validate()
+    }
 }
 
 /// The expanded scenario: topics, their subscribers, the envelopes.
@@ -376,6 +487,17 @@ impl Plan {
     /// Recipients register on the relay channel (spec 003).
     pub fn relay(&self) -> bool {
         self.channel == ScenarioChannel::Relay
+    }
+
+    /// The channel recipient `r` registers on: the scenario's, or in a mixed
+    /// scenario HTTPS for even recipients and APNs for odd ones (so a topic
+    /// of consecutive recipients has both, half and half).
+    pub fn channel_of(&self, recipient: u32) -> ScenarioChannel {
+        match self.channel {
+            ScenarioChannel::Mixed if recipient % 2 == 0 => ScenarioChannel::Http,
+            ScenarioChannel::Mixed => ScenarioChannel::Apns,
+            channel => channel,
+        }
     }
 
     pub fn new(scenario: &Scenario) -> Plan {
@@ -592,6 +714,49 @@ mod tests {
         }
     }
 
+    #[test]
+    fn mixed_scenarios_need_an_outage_and_split_every_topic_between_the_channels() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+        let mut s = Scenario::load(&dir.join("outage.toml")).unwrap();
+        let plan = Plan::new(&s);
+        assert_eq!(plan.channel, ScenarioChannel::Mixed);
+        assert_eq!((plan.recipients, plan.topics(), plan.envelopes), (2000, 20, 200));
+        // 50 webhooks and 50 APNs devices in every topic.
+        for t in 0..plan.topics() {
+            let apns = (0..100).filter(|slot| plan.channel_of(plan.subscriber(t, *slot)) == ScenarioChannel::Apns);
+            assert_eq!(apns.count(), 50, "topic {t}");
+        }
+        assert_eq!(plan.expected_deliveries(plan.envelopes), 20_000);
+        let outage = s.outage.clone().unwrap();
+        assert_eq!(outage.kind().unwrap(), fanout_testkit::OutageKind::Hang);
+        assert_eq!((outage.start(), outage.duration()), (Duration::ZERO, Duration::from_secs(30)));
+        // The CLI's overrides, `slow=<ms>` setting the delay.
+        s.override_outage(Some("slow=4500"), Some(2.0), Some(60.0)).unwrap();
+        let outage = s.outage.clone().unwrap();
+        assert_eq!(outage.kind().unwrap(), fanout_testkit::OutageKind::Slow(Duration::from_millis(4500)));
+        assert_eq!((outage.start_seconds, outage.duration_seconds), (2.0, 60.0));
+        s.override_outage(Some("503"), None, None).unwrap();
+        assert_eq!(s.outage.as_ref().unwrap().kind().unwrap(), fanout_testkit::OutageKind::Unavailable);
+        assert!(s.clone().override_outage(Some("flaky"), None, None).is_err());
+        assert!(s.clone().override_outage(None, None, Some(0.0)).is_err());
+        assert!(Scenario::parse(SMOKE).unwrap().override_outage(Some("hang"), None, None).is_err());
+
+        let text = std::fs::read_to_string(dir.join("outage.toml")).unwrap();
+        let bad = [
+            // No outage, or an outage without mixed channels.
+            text.split("[outage]").next().unwrap().to_owned() + "[engine]\n",
+            text.replace("channel = \"mixed\"", ""),
+            text.replace("kind = \"hang\"", "kind = \"flaky\""),
+            text.replace("duration_seconds = 30", "duration_seconds = 0"),
+            text.replace("[timeouts]", "[faults]\nstatus_503 = 0.1\n[timeouts]"),
+        ];
+        for text in bad {
+            assert!(Scenario::parse(&text).is_err(), "accepted:\n{text}");
+        }
+        // Not mixed: every recipient on the scenario's channel.
+        assert!((0..10).all(|r| Plan::new(&Scenario::parse(SMOKE).unwrap()).channel_of(r) == ScenarioChannel::Http));
+    }
+
     /// The ingest and scale scenarios (docs/BENCHMARKS.md) measure what their
     /// comments say, at every override their documented commands use.
     #[test]
@@ -646,6 +811,7 @@ mod tests {
                 "ingest",
                 "many-topics",
                 "nodes",
+                "outage",
                 "publish",
                 "registration",
                 "relay-smoke",

@@ -23,6 +23,7 @@ use serde::Deserialize;
 
 use super::provider::{MAX_CONCURRENT_STREAMS, ProviderRequest, unix_now};
 use crate::lock;
+use crate::outage::Outage;
 use crate::pki::{ALPN_H2, TestPki};
 use crate::recorder::Recorder;
 use crate::request::{bearer, percent_decode};
@@ -324,7 +325,11 @@ struct State {
 pub struct MockApns {
     server: Server,
     state: Arc<State>,
+    outage: Outage,
 }
+
+/// APNs's body with a 503 (its reason for a server that cannot take pushes).
+const UNAVAILABLE_BODY: &str = r#"{"reason":"ServiceUnavailable"}"#;
 
 /// Binds, then serves in a background task until the `MockApns` is dropped.
 pub async fn start(pki: &TestPki, config: MockApnsConfig) -> anyhow::Result<MockApns> {
@@ -339,6 +344,7 @@ pub async fn start(pki: &TestPki, config: MockApnsConfig) -> anyhow::Result<Mock
         None => None,
     };
     let listener = server::bind("mock APNs", config.bind).await?;
+    let outage = Outage::new();
     let wire = Arc::new(WireStats::default());
     let state = Arc::new(State {
         latency: config.latency,
@@ -356,10 +362,12 @@ pub async fn start(pki: &TestPki, config: MockApnsConfig) -> anyhow::Result<Mock
         alpn: vec![ALPN_H2.to_vec()],
         max_concurrent_streams: MAX_CONCURRENT_STREAMS,
         wire: Some(wire),
+        outage: Some(outage.clone()),
+        unavailable_body: UNAVAILABLE_BODY,
     };
     let handler_state = state.clone();
     let server = Server::serve(listener, pki, options, move |req| handle(req, handler_state.clone()))?;
-    Ok(MockApns { server, state })
+    Ok(MockApns { server, state, outage })
 }
 
 impl MockApns {
@@ -370,6 +378,13 @@ impl MockApns {
     /// `https://127.0.0.1:<port>`: the engine's `production_url`/`sandbox_url`.
     pub fn base_url(&self) -> String {
         self.server.base_url()
+    }
+
+    /// The switch that makes this APNs hang, refuse connections, stall in
+    /// the TLS handshake, answer slowly or answer 503 ([`crate::outage`]).
+    /// Requests an outage meets are counted there, not recorded here.
+    pub fn outage(&self) -> &Outage {
+        &self.outage
     }
 
     /// Every request so far, in arrival order (none when `record_requests` is off).

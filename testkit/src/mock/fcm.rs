@@ -29,6 +29,7 @@ use serde::Deserialize;
 
 use super::provider::{MAX_CONCURRENT_STREAMS, ProviderRequest, unix_now};
 use crate::lock;
+use crate::outage::Outage;
 use crate::pki::{ALPN_H2, ALPN_HTTP1, TestPki};
 use crate::recorder::Recorder;
 use crate::request::percent_decode;
@@ -253,13 +254,19 @@ struct State {
 pub struct MockFcm {
     server: Server,
     state: Arc<State>,
+    outage: Outage,
 }
+
+/// FCM's body with a 503: a google.rpc status, UNAVAILABLE.
+const UNAVAILABLE_BODY: &str =
+    r#"{"error":{"code":503,"message":"The service is currently unavailable.","status":"UNAVAILABLE"}}"#;
 
 /// Binds, then serves in a background task until the `MockFcm` is dropped.
 pub async fn start(pki: &TestPki, config: MockFcmConfig) -> anyhow::Result<MockFcm> {
     let key = DecodingKey::from_rsa_pem(config.public_key_pem.as_bytes())
         .context("the service-account public key is not an RSA PEM key")?;
     let listener = server::bind("mock FCM", config.bind).await?;
+    let outage = Outage::new();
     let client_email =
         config.client_email.unwrap_or_else(|| FcmServiceAccount::test_only(&config.project_id, "").client_email);
     let state = Arc::new(State {
@@ -281,10 +288,12 @@ pub async fn start(pki: &TestPki, config: MockFcmConfig) -> anyhow::Result<MockF
         alpn: vec![ALPN_H2.to_vec(), ALPN_HTTP1.to_vec()],
         max_concurrent_streams: MAX_CONCURRENT_STREAMS,
         wire: None,
+        outage: Some(outage.clone()),
+        unavailable_body: UNAVAILABLE_BODY,
     };
     let handler_state = state.clone();
     let server = Server::serve(listener, pki, options, move |req| handle(req, handler_state.clone()))?;
-    Ok(MockFcm { server, state })
+    Ok(MockFcm { server, state, outage })
 }
 
 impl MockFcm {
@@ -295,6 +304,14 @@ impl MockFcm {
     /// `https://127.0.0.1:<port>`: the engine's `base_url`.
     pub fn base_url(&self) -> String {
         self.server.base_url()
+    }
+
+    /// The switch that makes this FCM (its token endpoint too: one server)
+    /// hang, refuse connections, stall in the TLS handshake, answer slowly
+    /// or answer 503 ([`crate::outage`]). Requests an outage meets are
+    /// counted there, not recorded here.
+    pub fn outage(&self) -> &Outage {
+        &self.outage
     }
 
     /// `https://127.0.0.1:<port>/token`: the service account's `token_uri`.

@@ -33,6 +33,7 @@ use hyper::body::{Frame, Incoming, SizeHint};
 use sha2::Sha256;
 
 use crate::lock;
+use crate::outage::Outage;
 use crate::pki::{ALPN_H2, ALPN_HTTP1, TestPki};
 use crate::recorder::Recorder;
 use crate::request::{header, header_list};
@@ -216,6 +217,7 @@ struct State {
 pub struct MockWebhook {
     server: Server,
     state: Arc<State>,
+    outage: Outage,
 }
 
 /// Binds, then serves in a background task until the `MockWebhook` is dropped.
@@ -232,10 +234,17 @@ pub async fn start(pki: &TestPki, config: MockWebhookConfig) -> anyhow::Result<M
         signing_keys: Mutex::new(HashMap::new()),
         scripts: Mutex::new(HashMap::new()),
     });
-    let options = server::Options { alpn: config.alpn, max_concurrent_streams: MAX_CONCURRENT_STREAMS, wire: None };
+    let outage = Outage::new();
+    let options = server::Options {
+        alpn: config.alpn,
+        max_concurrent_streams: MAX_CONCURRENT_STREAMS,
+        wire: None,
+        outage: Some(outage.clone()),
+        unavailable_body: "",
+    };
     let handler_state = state.clone();
     let server = Server::serve(listener, pki, options, move |req| handle(req, handler_state.clone()))?;
-    Ok(MockWebhook { server, state })
+    Ok(MockWebhook { server, state, outage })
 }
 
 impl MockWebhook {
@@ -248,6 +257,14 @@ impl MockWebhook {
     /// The server certificate covers 127.0.0.1 and ::1.
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.server.base_url())
+    }
+
+    /// The switch that makes this receiver hang, refuse connections, stall
+    /// in the TLS handshake, answer slowly or answer 503
+    /// ([`crate::outage`]). Requests an outage meets are counted there, not
+    /// recorded here.
+    pub fn outage(&self) -> &Outage {
+        &self.outage
     }
 
     /// Copies of every request recorded so far, in arrival order.

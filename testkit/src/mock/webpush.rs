@@ -175,6 +175,8 @@ async fn start_inner(
         alpn: vec![ALPN_H2.to_vec(), ALPN_HTTP1.to_vec()],
         max_concurrent_streams: MAX_CONCURRENT_STREAMS,
         wire: None,
+        outage: None,
+        unavailable_body: "",
     };
     let handler_state = state.clone();
     let server = Server::serve(listener, pki, options, move |req| handle(req, handler_state.clone()))?;

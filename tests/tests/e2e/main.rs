@@ -4,6 +4,7 @@
 
 mod admission;
 mod apns_requests;
+mod channel_isolation;
 mod common;
 mod delivery;
 mod dispatch;
