@@ -4,6 +4,7 @@
 
 mod admission;
 mod apns_requests;
+mod cluster_status;
 mod common;
 mod delivery;
 mod dispatch;

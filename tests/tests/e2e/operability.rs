@@ -633,7 +633,16 @@ fn every_component(dir: &std::path::Path) -> String {
 /// export, and why.
 const NOT_EXPORTED_HERE: &[(&str, &[&str], &str)] = &[(
     "operation",
-    &["acquire_lease", "release_lease", "lease_owner", "lease_owners", "heartbeat", "live_nodes"],
+    &[
+        "acquire_lease",
+        "release_lease",
+        "lease_owner",
+        "lease_owners",
+        "heartbeat",
+        "live_nodes",
+        "lease_holders",
+        "node_addresses",
+    ],
     "lease operations exist only on a store with shard leases (ScyllaDB); the test engine's store is embedded",
 )];
 
