@@ -7,22 +7,41 @@
 
 Checks, without a cluster or Docker:
 - every YAML document of every deploy/**/*.yaml (and .yml) parses;
-- every Kubernetes manifest (deploy/kubernetes/) has apiVersion, kind and
-  metadata.name, and the kustomization lists every manifest;
-- the manifests agree with each other and with the engine: selectors match the
-  pod labels, Service target ports and ServiceMonitor ports exist, probes use
-  /healthz and /readyz, the container has resource requests and limits, every
-  mount has a volume, the ConfigMap's fanout.toml parses and its credential
-  and store paths are on mounted volumes, and the grace period exceeds twice
-  server.drain_timeout_seconds;
+- the two kustomizations, deploy/kubernetes/ (one node, embedded store) and
+  deploy/kubernetes-cluster/ (an overlay of it: three nodes on ScyllaDB),
+  resolve: resources, labels and strategic merge patches are applied here,
+  and where kubectl (or kustomize) is installed its rendering must equal
+  ours; each lists every manifest of its directory; every manifest has
+  apiVersion, kind and metadata.name, none is defined twice;
+- the rendered manifests agree with each other and with the engine:
+  selectors match the pod labels, Service target ports and ServiceMonitor
+  ports exist, probes use /healthz and /readyz, every container has resource
+  requests and limits, every mount has a volume, the ConfigMap's fanout.toml
+  parses and its credential and store paths are on mounted volumes, and the
+  grace period exceeds twice server.drain_timeout_seconds;
+- the embedded store runs one replica; several replicas run on ScyllaDB,
+  where each pod advertises its own address (built from its name or IP),
+  the headless Service publishes pods that are not ready, `fanout migrate`
+  runs with the engine's file and image before the engine (one at a time),
+  no volume is claimed, minReadySeconds covers a lease TTL, the
+  PodDisruptionBudget keeps a majority and allows one disruption, and the
+  NetworkPolicy lets the engines reach each other and the store's port;
 - the PrometheusRule carries exactly the groups of dashboards/rules/*.yml;
 - compose.yaml: the four services, files it mounts exist, stop grace period;
   the Prometheus and Grafana provisioning files have their expected shape;
+- compose-cluster.yaml: ScyllaDB, a migrate service the nodes wait for, three
+  engine nodes on one image and file, each advertising its own fixed
+  address, which are exactly nginx's upstreams and Prometheus's targets;
+  only the load balancer publishes gRPC, over HTTP/2 with no body limit
+  (`nginx -t` where nginx is installed);
 - the TOML files parse; the systemd unit has the keys operations rely on (and
   passes `systemd-analyze verify` when that tool is installed).
+(`fanout check-config` loads every deploy/**/*.toml in CI, and the e2e test
+operability.rs the ConfigMaps' fanout.toml.)
 """
 
 import glob
+import json
 import os
 import re
 import shutil
@@ -39,6 +58,7 @@ except ImportError:  # pragma: no cover
 DEPLOY = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(DEPLOY)
 K8S = os.path.join(DEPLOY, "kubernetes")
+K8S_CLUSTER = os.path.join(DEPLOY, "kubernetes-cluster")
 RULES = sorted(glob.glob(os.path.join(ROOT, "dashboards", "rules", "*.yml")))
 PROMETHEUSRULE = os.path.join(K8S, "prometheusrule.yaml")
 
@@ -87,40 +107,237 @@ def matches(selector, labels):
     return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
 
 
-def check_kubernetes():
-    docs = []  # (path, doc)
-    files = sorted(glob.glob(os.path.join(K8S, "**", "*.y*ml"), recursive=True))
-    for path in files:
-        for doc in load_all(path):
-            if not isinstance(doc, dict):
-                problem(path, "a document is not a mapping")
-                continue
-            for key in ("apiVersion", "kind"):
-                if not isinstance(doc.get(key), str) or not doc[key]:
-                    problem(path, f"a document has no {key}")
-            name = (doc.get("metadata") or {}).get("name")
-            if not isinstance(name, str) or not name:
-                problem(path, f"{doc.get('kind')} has no metadata.name")
-            docs.append((path, doc))
+def check_documents(path, docs):
+    """Every document is a mapping with apiVersion, kind and metadata.name."""
+    out = []
+    for doc in docs:
+        if not isinstance(doc, dict):
+            problem(path, "a document is not a mapping")
+            continue
+        for key in ("apiVersion", "kind"):
+            if not isinstance(doc.get(key), str) or not doc[key]:
+                problem(path, f"a document has no {key}")
+        name = (doc.get("metadata") or {}).get("name")
+        if not isinstance(name, str) or not name:
+            problem(path, f"{doc.get('kind')} has no metadata.name")
+        out.append(doc)
+    return out
 
+
+# Strategic merge patch: the merge key of each list that Kubernetes merges
+# item by item (the ones these manifests patch); any other list is replaced.
+MERGE_KEYS = {
+    "containers": "name",
+    "initContainers": "name",
+    "env": "name",
+    "volumes": "name",
+    "volumeMounts": "mountPath",
+    "topologySpreadConstraints": "topologyKey",
+}
+
+
+def strategic_merge(base, patch, key=None):
+    """`patch` over `base` as a strategic merge patch: maps merge, null deletes
+    a key, lists named in MERGE_KEYS merge by their key (patched items first,
+    as kustomize orders them), other lists and scalars are replaced."""
+    if isinstance(base, dict) and isinstance(patch, dict):
+        out = dict(base)
+        for k, v in patch.items():
+            if v is None:
+                out.pop(k, None)
+            elif k in out:
+                out[k] = strategic_merge(out[k], v, k)
+            else:
+                out[k] = v
+        return out
+    merge_key = MERGE_KEYS.get(key)
+    if merge_key and isinstance(base, list) and isinstance(patch, list):
+        by_key = {item.get(merge_key): item for item in base if isinstance(item, dict)}
+        patched = [strategic_merge(by_key[i[merge_key]], i) if i.get(merge_key) in by_key else i for i in patch]
+        named = {i.get(merge_key) for i in patch}
+        return patched + [item for item in base if item.get(merge_key) not in named]
+    return patch
+
+
+def render(directory):
+    """The documents `kubectl kustomize directory` gives, for the parts of
+    kustomize these files use: resources (files and directories), labels
+    (metadata only) and strategic merge patches by path. [(path, doc)]"""
+    kpath = os.path.join(directory, "kustomization.yaml")
+    kdocs = load_all(kpath)
+    if len(kdocs) != 1:
+        problem(kpath, "one Kustomization document expected")
+        return []
+    k = kdocs[0]
+    unknown = set(k) - {"apiVersion", "kind", "metadata", "labels", "resources", "patches"}
+    if unknown:
+        problem(kpath, f"uses {sorted(unknown)}, which validate.py cannot resolve: teach render() or drop them")
+    out = []
+    for resource in k.get("resources", []):
+        target = os.path.normpath(os.path.join(directory, resource))
+        if os.path.isdir(target):
+            out += render(target)
+        elif os.path.isfile(target):
+            out += [(target, d) for d in check_documents(target, load_all(target))]
+        else:
+            problem(kpath, f"resources lists {resource}, which does not exist")
+    for label in k.get("labels", []):
+        for _, doc in out:
+            doc.setdefault("metadata", {}).setdefault("labels", {}).update(label.get("pairs", {}))
+    for patch in k.get("patches", []):
+        if set(patch) != {"path"}:
+            problem(kpath, f"patch {patch}: only `path:` patches (strategic merge) are resolved here")
+            continue
+        ppath = os.path.join(directory, patch["path"])
+        for p in load_all(ppath):
+            ident = (p.get("kind"), (p.get("metadata") or {}).get("name"))
+            hits = [i for i, (_, d) in enumerate(out) if (d.get("kind"), d["metadata"].get("name")) == ident]
+            if len(hits) != 1:
+                problem(ppath, f"patches {ident[0]} {ident[1]}, which the resources define {len(hits)} times")
+                continue
+            path, doc = out[hits[0]]
+            out[hits[0]] = (ppath, strategic_merge(doc, p))
+    return out
+
+
+def normalised(value):
+    """Lists of mappings in a stable order, for comparing renderings whose
+    merged lists may be ordered differently."""
+    if isinstance(value, dict):
+        return {k: normalised(v) for k, v in value.items()}
+    if isinstance(value, list):
+        items = [normalised(v) for v in value]
+        if all(isinstance(v, dict) for v in items):
+            items.sort(key=lambda v: json.dumps(v, sort_keys=True))
+        return items
+    return value
+
+
+def compare_with_kustomize(directory, docs):
+    """Where kubectl (or kustomize) is installed: the real rendering must
+    resolve and equal ours, so the checks below saw what would be applied."""
+    if shutil.which("kubectl"):
+        command = ["kubectl", "kustomize", directory]
+    elif shutil.which("kustomize"):
+        command = ["kustomize", "build", directory]
+    else:
+        return
+    out = subprocess.run(command, capture_output=True, text=True)
+    if out.returncode != 0:
+        problem(directory, f"{' '.join(command[:2])} fails: {out.stderr.strip()}")
+        return
+    real = {(d["kind"], d["metadata"]["name"]): normalised(d) for d in yaml.safe_load_all(out.stdout) if d}
+    ours = {(d["kind"], d["metadata"]["name"]): normalised(d) for _, d in docs}
+    for ident in sorted(set(real) | set(ours)):
+        if real.get(ident) != ours.get(ident):
+            problem(directory, f"{ident[0]} {ident[1]}: validate.py's rendering differs from {' '.join(command[:2])}'s")
+
+
+def check_kustomization_lists_every_file(directory):
+    """A directory's kustomization names every manifest in it (nothing left out by mistake)."""
+    kpath = os.path.join(directory, "kustomization.yaml")
+    k = (load_all(kpath) or [{}])[0]
+    named = set(k.get("resources", [])) | {p.get("path") for p in k.get("patches", [])}
+    for path in sorted(glob.glob(os.path.join(directory, "*.y*ml"))):
+        name = os.path.basename(path)
+        if name != "kustomization.yaml" and name not in named:
+            problem(kpath, f"neither resources nor patches list {name}")
+
+
+def env_value(container, name):
+    for e in container.get("env", []):
+        if e.get("name") == name:
+            return e
+    return None
+
+
+def check_cluster(path, w, pod, config, containers, by_kind, pod_labels):
+    """Several engine nodes on ScyllaDB: each advertises its own address, the
+    schema is applied before the engine starts, disruptions keep a quorum, and
+    the nodes reach each other and the database."""
+    replicas = w["spec"].get("replicas", 1)
+    engine = containers[0]
+    advertise = env_value(engine, "FANOUT__SERVER__ADVERTISE_ADDRESS")
+    if "advertise_address" in config.get("server", {}):
+        problem(path, "server.advertise_address in the shared fanout.toml would give every node the same address")
+    if not advertise or "value" not in advertise:
+        problem(path, "each node must advertise its own address: env FANOUT__SERVER__ADVERTISE_ADDRESS")
+    else:
+        # Made of the pod's own fields (its name or IP), so it differs per pod.
+        fields = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in engine.get("env", [])}
+        used = re.findall(r"\$\(([A-Z_]+)\)", advertise["value"])
+        if not any(fields.get(v) in ("metadata.name", "status.podIP") for v in used):
+            problem(path, "FANOUT__SERVER__ADVERTISE_ADDRESS must be built from the pod's name or IP (fieldRef)")
+        if not advertise["value"].endswith(":50051"):
+            problem(path, "FANOUT__SERVER__ADVERTISE_ADDRESS must name the gRPC port 50051")
+        if "fanout-headless" in advertise["value"] and w["spec"].get("serviceName") != "fanout-headless":
+            problem(path, "the advertised name is under fanout-headless, which is not the StatefulSet's serviceName")
+        for _, s in by_kind.get("Service", []):
+            if s["metadata"]["name"] == "fanout-headless" and "fanout-headless" in advertise["value"]:
+                if not s["spec"].get("publishNotReadyAddresses"):
+                    problem(path, "fanout-headless must publishNotReadyAddresses: a node that owns shards stays reachable by name")
+    # The schema: `fanout migrate` with the same file before the engine starts.
+    config_args = engine.get("args", [])
+    migrates = [c for c in pod.get("initContainers", []) if c.get("args", [])[:1] == ["migrate"]]
+    migrates += [c for _, j in by_kind.get("Job", []) for c in j["spec"]["template"]["spec"].get("containers", [])
+                 if c.get("args", [])[:1] == ["migrate"]]
+    if not config.get("store", {}).get("scylla", {}).get("migrate") and not migrates:
+        problem(path, "nothing applies the schema: an initContainer or Job running `fanout migrate`, or store.scylla.migrate = true")
+    for c in migrates:
+        args = c.get("args", [])
+        if "--config" not in args or args[args.index("--config") + 1] != config_args[config_args.index("--config") + 1]:
+            problem(path, f"{c.get('name')}: `migrate --config` must read the engine's file")
+        if c.get("image") != engine.get("image"):
+            problem(path, f"{c.get('name')}: must run the engine's image (the schema its binary needs)")
+    if pod.get("initContainers") and w["spec"].get("podManagementPolicy", "OrderedReady") != "OrderedReady":
+        problem(path, "a migrate initContainer needs podManagementPolicy OrderedReady (one migration at a time)")
+    if w["kind"] == "StatefulSet" and w["spec"].get("volumeClaimTemplates"):
+        problem(path, "on ScyllaDB the pods keep no state: no volumeClaimTemplates")
+    # A rolling update lets the shards settle on a restarted node first.
+    ttl = config.get("engine", {}).get("lease", {}).get("ttl_seconds", 10)
+    if w["spec"].get("minReadySeconds", 0) < ttl:
+        problem(path, f"minReadySeconds must be at least engine.lease.ttl_seconds ({ttl}): shards settle before the next node stops")
+    # Voluntary disruptions keep a majority of the engines.
+    quorum = replicas // 2 + 1
+    pdbs = [pdb for _, pdb in by_kind.get("PodDisruptionBudget", [])
+            if any(matches(pdb["spec"].get("selector", {}).get("matchLabels", {}), l) for l in pod_labels)]
+    for pdb in pdbs:
+        spec = pdb["spec"]
+        if "minAvailable" in spec and "maxUnavailable" in spec:
+            problem(path, "PodDisruptionBudget sets both minAvailable and maxUnavailable")
+        kept = spec.get("minAvailable", replicas - spec.get("maxUnavailable", replicas))
+        if not isinstance(kept, int) or kept < quorum or kept >= replicas:
+            problem(path, f"PodDisruptionBudget must keep a quorum ({quorum} of {replicas}) and allow one disruption, keeps {kept}")
+    if not pdbs:
+        problem(path, "no PodDisruptionBudget keeps a quorum of the engines")
+    # The nodes forward to each other and reach ScyllaDB.
+    scylla_ports = {int(n.rsplit(":", 1)[1]) for n in config.get("store", {}).get("scylla", {}).get("nodes", []) if ":" in n}
+    for npath, np in by_kind.get("NetworkPolicy", []):
+        egress = np["spec"].get("egress", [])
+        ports = {p.get("port") for rule in egress for p in rule.get("ports", [])}
+        for port in sorted(scylla_ports - ports):
+            problem(npath, f"egress does not allow the store's port {port}")
+        engine_egress = [r for r in egress if any(matches(t.get("podSelector", {}).get("matchLabels", {}), pod_labels[-1])
+                                                   and "namespaceSelector" not in t for t in r.get("to", []))]
+        if not any(p.get("port") in (50051, "grpc") for r in engine_egress for p in r.get("ports", [])):
+            problem(npath, "egress does not let the engines reach each other's gRPC port")
+        engine_ingress = [r for r in np["spec"].get("ingress", []) if any(matches(f.get("podSelector", {}).get("matchLabels", {}), pod_labels[-1])
+                                                                         and "namespaceSelector" not in f for f in r.get("from", []))]
+        if not any(p.get("port") in (50051, "grpc") for r in engine_ingress for p in r.get("ports", [])):
+            problem(npath, "ingress does not let the engines reach each other's gRPC port")
+
+
+def check_manifests(where, docs):
+    """The manifests one kustomization applies agree with each other and with the engine."""
     by_kind = {}
     for path, doc in docs:
         by_kind.setdefault(doc.get("kind"), []).append((path, doc))
-
-    # The kustomization lists every manifest in the directory.
-    for path, k in by_kind.get("Kustomization", []):
-        listed = set(k.get("resources", []))
-        present = {os.path.relpath(p, K8S) for p in files if os.path.basename(p) != "kustomization.yaml"}
-        for missing in sorted(present - listed):
-            problem(path, f"resources does not list {missing}")
-        for extra in sorted(listed - present):
-            problem(path, f"resources lists {extra}, which does not exist")
 
     configmaps = {d["metadata"]["name"]: (p, d) for p, d in by_kind.get("ConfigMap", [])}
     services = by_kind.get("Service", [])
     workloads = by_kind.get("StatefulSet", []) + by_kind.get("Deployment", [])
     if not workloads:
-        problem(K8S, "no StatefulSet or Deployment")
+        problem(where, "no StatefulSet or Deployment")
     pod_labels = []
     for path, w in workloads:
         spec = w.get("spec", {})
@@ -132,8 +349,6 @@ def check_kubernetes():
         pod = template.get("spec", {})
         volumes = {v["name"]: v for v in pod.get("volumes", [])}
         claims = {c["metadata"]["name"] for c in spec.get("volumeClaimTemplates", [])}
-        if w["kind"] == "StatefulSet" and spec.get("replicas", 1) != 1:
-            problem(path, "the embedded store allows one replica only")
         containers = pod.get("containers", [])
         if not containers:
             problem(path, "no containers")
@@ -146,6 +361,9 @@ def check_kubernetes():
                 got = (c.get(probe) or {}).get("httpGet", {})
                 if got.get("path") != path_expected or got.get("port") not in ("http", 9090):
                     problem(path, f"container {c.get('name')}: {probe} must GET {path_expected} on the http port")
+            for m in c.get("volumeMounts", []):
+                mounts[m["mountPath"]] = m
+        for c in containers + pod.get("initContainers", []):
             res = c.get("resources", {})
             for part in ("requests", "limits"):
                 for what in ("cpu", "memory"):
@@ -153,8 +371,7 @@ def check_kubernetes():
                         problem(path, f"container {c.get('name')}: resources.{part}.{what} missing")
             for m in c.get("volumeMounts", []):
                 if m["name"] not in volumes and m["name"] not in claims:
-                    problem(path, f"volumeMount {m['name']} has no volume")
-                mounts[m["mountPath"]] = m
+                    problem(path, f"container {c.get('name')}: volumeMount {m['name']} has no volume")
         for name, v in volumes.items():
             if "configMap" in v and v["configMap"]["name"] not in configmaps:
                 problem(path, f"volume {name} names ConfigMap {v['configMap']['name']}, which is not defined")
@@ -177,6 +394,11 @@ def check_kubernetes():
         except tomllib.TOMLDecodeError as e:
             problem(cm[0], f"fanout.toml does not parse: {e}")
             continue
+        backend = config.get("store", {}).get("backend", "redb")
+        if backend == "redb" and spec.get("replicas", 1) != 1:
+            problem(path, "the embedded store allows one replica only")
+        if backend == "scylla" and spec.get("replicas", 1) > 1:
+            check_cluster(path, w, pod, config, containers, by_kind, pod_labels)
         drain = config.get("server", {}).get("drain_timeout_seconds", 20)
         grace = pod.get("terminationGracePeriodSeconds", 30)
         if grace <= 2 * drain:
@@ -185,8 +407,10 @@ def check_kubernetes():
             if not str(config.get("server", {}).get(listen, "127.0.0.1")).startswith("0.0.0.0"):
                 problem(cm[0], f"server.{listen} must listen on 0.0.0.0 in a pod")
         channels = config.get("engine", {}).get("channels", {})
-        files = [config.get("store", {}).get("path")] if config.get("store", {}).get("backend", "redb") == "redb" else []
+        files = [config.get("store", {}).get("path")] if backend == "redb" else []
         files += [channels.get("apns", {}).get("key_file"), channels.get("fcm", {}).get("service_account_file")]
+        scylla = config.get("store", {}).get("scylla", {})
+        files += [scylla.get("password_file")] + list(scylla.get("tls", {}).get("ca_files", []))
         # A pod listens beyond loopback, so fanout itself requires
         # TLS and authentication; their files must be mounted.
         server = config.get("server", {})
@@ -222,15 +446,160 @@ def check_kubernetes():
 
     rules = by_kind.get("PrometheusRule", [])
     if not rules:
-        problem(K8S, "no PrometheusRule")
+        problem(where, "no PrometheusRule")
     for path, pr in rules:
         if pr.get("spec", {}).get("groups") != rule_groups():
             problem(path, "differs from dashboards/rules/*.yml; run python3 deploy/validate.py --write")
 
 
+def check_kubernetes():
+    """The base (one node, embedded store) and the cluster overlay (three
+    nodes on ScyllaDB), each as kustomize renders it."""
+    for directory in (K8S, K8S_CLUSTER):
+        check_kustomization_lists_every_file(directory)
+        docs = render(directory)
+        seen = {}
+        for path, doc in docs:
+            ident = (doc.get("kind"), doc["metadata"].get("name"))
+            if ident in seen:
+                problem(path, f"{ident[0]} {ident[1]} is defined twice (also in {os.path.relpath(seen[ident], ROOT)})")
+            seen[ident] = path
+        check_manifests(directory, docs)
+        compare_with_kustomize(directory, docs)
+        statefulsets = [d for _, d in docs if d.get("kind") == "StatefulSet"]
+        replicas = [s["spec"].get("replicas", 1) for s in statefulsets]
+        expected = 1 if directory == K8S else 3
+        if replicas != [expected]:
+            problem(directory, f"one StatefulSet of {expected} replica(s) expected, found {replicas}")
+
+
 def seconds(text):
     m = re.fullmatch(r"(\d+)(s|m)?", str(text))
     return int(m.group(1)) * (60 if m.group(2) == "m" else 1) if m else None
+
+
+def check_compose_services(path, services):
+    """What every service of a compose file needs: an image, mounted files that exist, known dependencies."""
+    for name, s in services.items():
+        if "image" not in s and "build" not in s:
+            problem(path, f"service {name} has neither image nor build")
+        for v in s.get("volumes", []):
+            source = str(v).split(":")[0]
+            if source.startswith(".") and not os.path.exists(os.path.join(DEPLOY, source)):
+                problem(path, f"service {name} mounts {source}, which does not exist")
+        for dep in s.get("depends_on", []):
+            if dep not in services:
+                problem(path, f"service {name} depends on unknown service {dep}")
+        build = s.get("build")
+        if build and not os.path.exists(os.path.join(DEPLOY, build.get("context", "."), build.get("dockerfile", "Dockerfile"))):
+            problem(path, f"{name}.build does not name an existing Dockerfile")
+
+
+def mounted(service, target):
+    """The file of this directory that `service` mounts at `target`, or None."""
+    for v in service.get("volumes", []):
+        parts = str(v).split(":")
+        if len(parts) >= 2 and parts[1] == target:
+            return os.path.normpath(os.path.join(DEPLOY, parts[0]))
+    return None
+
+
+def check_compose_cluster():
+    """compose-cluster.yaml: three engine nodes and ScyllaDB behind one gRPC
+    port. The schema is applied once before the nodes start; each node
+    advertises its own fixed address, which the load balancer's upstreams
+    and Prometheus's targets name; only the load balancer publishes gRPC."""
+    path = os.path.join(DEPLOY, "compose-cluster.yaml")
+    docs = load_all(path)
+    if not docs:
+        problem(path, "empty")
+        return
+    services = docs[0].get("services", {})
+    check_compose_services(path, services)
+    for name in ("scylla", "migrate", "grpc-lb", "prometheus"):
+        if name not in services:
+            problem(path, f"no service {name}")
+    engines = {n: s for n, s in services.items() if s.get("command", [])[:1] == ["serve"]}
+    if len(engines) < 3:
+        problem(path, f"three engine nodes expected, found {sorted(engines)}")
+    migrate = services.get("migrate", {})
+    if migrate.get("command", [])[:1] != ["migrate"]:
+        problem(path, "migrate must run `fanout migrate`")
+    if (migrate.get("depends_on") or {}).get("scylla", {}).get("condition") != "service_healthy":
+        problem(path, "migrate must wait for ScyllaDB's health check")
+    config_file = mounted(migrate, "/etc/fanout/fanout.toml")
+    images = {migrate.get("image")}
+    addresses = {}
+    network = (docs[0].get("networks") or {}).get("fanout", {})
+    subnets = [c.get("subnet") for c in (network.get("ipam") or {}).get("config", [])]
+    for name, s in engines.items():
+        images.add(s.get("image"))
+        if mounted(s, "/etc/fanout/fanout.toml") != config_file or s["command"][-1] != "/etc/fanout/fanout.toml":
+            problem(path, f"{name} must run with the file the migrate service applies ({config_file})")
+        if (s.get("depends_on") or {}).get("migrate", {}).get("condition") != "service_completed_successfully":
+            problem(path, f"{name} must start after migrate completed successfully")
+        ip = (s.get("networks") or {}).get("fanout", {}).get("ipv4_address")
+        advertised = (s.get("environment") or {}).get("FANOUT__SERVER__ADVERTISE_ADDRESS")
+        if not ip or advertised != f"{ip}:50051":
+            problem(path, f"{name} must advertise its own fixed address, {ip}:50051, got {advertised}")
+        if ip and subnets and not any(ip.rsplit(".", 1)[0] == str(n).rsplit(".", 1)[0] for n in subnets):
+            problem(path, f"{name}'s address {ip} is outside the network's subnet {subnets}")
+        addresses[name] = ip
+        for p in s.get("ports", []):
+            if str(p).endswith(":50051"):
+                problem(path, f"{name} publishes gRPC itself: only grpc-lb publishes 50051")
+    if len(set(addresses.values())) != len(addresses):
+        problem(path, f"the engine nodes share an address: {addresses}")
+    if len(images) != 1:
+        problem(path, f"migrate and the engine nodes must run one image, found {sorted(map(str, images))}")
+
+    config = check_toml(config_file) if config_file else None
+    if config_file is None:
+        problem(path, "migrate does not mount /etc/fanout/fanout.toml")
+    if config is not None:
+        store = config.get("store", {})
+        if store.get("backend") != "scylla" or "scylla:9042" not in store.get("scylla", {}).get("nodes", []):
+            problem(config_file, 'the cluster runs the ScyllaDB backend: store.backend = "scylla", store.scylla.nodes = ["scylla:9042"]')
+        if "advertise_address" in config.get("server", {}):
+            problem(config_file, "server.advertise_address here would give every node the same address")
+        drain = config.get("server", {}).get("drain_timeout_seconds", 20)
+        for name, s in engines.items():
+            grace = seconds(s.get("stop_grace_period", "10s"))
+            if grace is None or grace <= 2 * drain:
+                problem(path, f"{name}.stop_grace_period must exceed twice drain_timeout_seconds ({drain})")
+
+    lb = services.get("grpc-lb", {})
+    if not any(str(p).endswith(":50051") for p in lb.get("ports", [])):
+        problem(path, "grpc-lb must publish the gRPC port 50051")
+    conf = mounted(lb, "/etc/nginx/nginx.conf")
+    if not conf:
+        problem(path, "grpc-lb must mount its nginx.conf")
+    else:
+        with open(conf, encoding="utf-8") as f:
+            text = re.sub(r"#.*", "", f.read())
+        upstreams = set(re.findall(r"^\s*server\s+([0-9.]+:\d+)", text, re.M))
+        expected = {f"{ip}:50051" for ip in addresses.values() if ip}
+        if upstreams != expected:
+            problem(conf, f"upstream servers {sorted(upstreams)} are not the engine nodes {sorted(expected)}")
+        if not re.search(r"grpc_pass\s+grpc://", text):
+            problem(conf, "no grpc_pass")
+        if not re.search(r"listen\s+50051[^;]*\bhttp2\b|\bhttp2\s+on\s*;", text):
+            problem(conf, "the gRPC listener needs HTTP/2")
+        if not re.search(r"client_max_body_size\s+0\s*;", text):
+            problem(conf, "client_max_body_size 0: a PublishStream's body grows for as long as it is open")
+        if shutil.which("nginx"):
+            with tempfile.TemporaryDirectory() as tmp:
+                out = subprocess.run(["nginx", "-t", "-q", "-p", tmp, "-c", conf, "-g", f"pid {tmp}/nginx.pid; error_log stderr;"],
+                                     capture_output=True, text=True)
+                if out.returncode != 0:
+                    problem(conf, f"nginx -t: {out.stderr.strip()}")
+
+    prom = mounted(services.get("prometheus", {}), "/etc/prometheus/prometheus.yml")
+    for doc in load_all(prom) if prom else []:
+        targets = [t for j in doc.get("scrape_configs", []) if j.get("job_name") == "fanout"
+                   for c in j.get("static_configs", []) for t in c.get("targets", [])]
+        if sorted(targets) != sorted(f"{n}:9090" for n in engines):
+            problem(prom, f"job fanout must scrape every engine node, scrapes {targets}")
 
 
 def check_compose():
@@ -243,19 +612,9 @@ def check_compose():
     for name in ("scylla", "fanout", "prometheus", "grafana"):
         if name not in services:
             problem(path, f"no service {name}")
-    for name, s in services.items():
-        if "image" not in s and "build" not in s:
-            problem(path, f"service {name} has neither image nor build")
-        for v in s.get("volumes", []):
-            source = str(v).split(":")[0]
-            if source.startswith(".") and not os.path.exists(os.path.join(DEPLOY, source)):
-                problem(path, f"service {name} mounts {source}, which does not exist")
-        for dep in s.get("depends_on", []):
-            if dep not in services:
-                problem(path, f"service {name} depends on unknown service {dep}")
-    build = services.get("fanout", {}).get("build", {})
-    if not os.path.exists(os.path.join(DEPLOY, build.get("context", "."), build.get("dockerfile", "Dockerfile"))):
-        problem(path, "fanout.build does not name an existing Dockerfile")
+    check_compose_services(path, services)
+    if "build" not in services.get("fanout", {}):
+        problem(path, "fanout must be built from deploy/Dockerfile")
     scylla = " ".join(services.get("scylla", {}).get("command", []))
     if "--smp 1" not in scylla or "--memory 1G" not in scylla:
         problem(path, "scylla must run with --smp 1 --memory 1G")
@@ -337,6 +696,7 @@ def main():
         load_all(path)
     check_kubernetes()
     check_compose()
+    check_compose_cluster()
     check_systemd()
     if problems:
         print("deploy/ validation failed:", *dict.fromkeys(problems), sep="\n  ", file=sys.stderr)

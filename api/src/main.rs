@@ -1,6 +1,7 @@
 //! `fanout`: the push delivery engine's binary.
 
 mod auth;
+mod cluster;
 mod config;
 mod gateway;
 mod grpc;
@@ -61,10 +62,31 @@ enum Command {
         #[arg(long, env = "FANOUT_CONFIG")]
         config: Option<PathBuf>,
     },
+    /// Operators' view of the engine nodes that share the store.
+    Cluster {
+        #[command(subcommand)]
+        command: ClusterCommand,
+    },
     /// Read a bearer token from standard input and print the line a
     /// `[server.auth] token_files` file holds for it (`sha256:<hex>`): the
     /// token itself is never stored.
     HashToken,
+}
+
+#[derive(Subcommand)]
+enum ClusterCommand {
+    /// List the live nodes, which node holds each shard's lease and under
+    /// which term, and each shard's lag (boundary minus checkpoint, and the
+    /// age of its oldest undelivered envelope), read from the store. On the
+    /// embedded store, which one process opens at a time, run it while
+    /// `fanout serve` is stopped; it reports one node owning every shard.
+    Status {
+        #[arg(long, env = "FANOUT_CONFIG")]
+        config: Option<PathBuf>,
+        /// One JSON document instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -89,6 +111,21 @@ fn main() -> anyhow::Result<()> {
             anyhow::ensure!(token.len() >= 32, "a token needs at least 32 characters (e.g. openssl rand -hex 32)");
             println!("{}", auth::hash_line(token));
             Ok(())
+        }
+        Command::Cluster { command: ClusterCommand::Status { config, json } } => {
+            let config = Config::load(config.as_deref())?;
+            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            match runtime.block_on(cluster::status(&config, json)) {
+                Ok(status) => {
+                    print!("{status}");
+                    Ok(())
+                }
+                // The error and its causes on one line, for people and scripts alike.
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    std::process::exit(1);
+                }
+            }
         }
         Command::Migrate { config } => {
             let config = Config::load(config.as_deref())?;

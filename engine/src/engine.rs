@@ -208,6 +208,7 @@ impl Engine {
                 metrics: metrics.clone(),
                 ttl: settings.recipient_ttl,
                 interval: settings.retention.interval,
+                ownership: ownership.as_ref().map(|o| o.owned.clone()),
             },
         };
         let (supervisor, supervisor_handle) =

@@ -5,6 +5,7 @@
 //! "Layers"; `tests/layers.rs` checks it).
 
 pub mod channel;
+pub mod cluster_status;
 pub mod delivery;
 pub mod dispatch;
 pub mod domain;
@@ -19,6 +20,7 @@ pub mod registry;
 pub mod relay_ingress;
 pub mod retention;
 pub mod settings;
+pub mod stale_marks;
 pub mod store;
 pub mod supervision;
 pub mod supervisor;

@@ -2,7 +2,8 @@
 //! recipient_ttl_seconds, in one pass at start and then `interval_seconds`
 //! after the previous pass ended, run by a supervised actor. The same pass
 //! deletes the relay ingress's delivery records whose ttl ran out (spec 003
-//! §2.5).
+//! §2.5), and clears the dispatch copy marks crashed changes left
+//! (`stale_marks`): on one node of several, the owner of the first shard.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,8 +11,12 @@ use std::time::Duration;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use serde::Deserialize;
 
-use crate::domain::Timestamp;
+use tokio::sync::watch;
+
+use crate::domain::{ShardId, Timestamp};
 use crate::metrics::{Deleted, Metrics};
+use crate::ownership::OwnedShards;
+use crate::stale_marks::{SETTLE_AFTER, StaleMarks};
 use crate::store::Store;
 
 /// `[engine.retention]`.
@@ -62,6 +67,16 @@ pub struct RetentionArgs {
     /// recipient_ttl_seconds.
     pub ttl: Duration,
     pub interval: RetentionInterval,
+    /// The shards this node owns, when several nodes share the store: only
+    /// the owner of the first one clears marks. `None`: this node alone.
+    pub ownership: Option<watch::Receiver<OwnedShards>>,
+}
+
+impl RetentionArgs {
+    /// Whether this node clears the dispatch copy marks: one node does.
+    fn clears_marks(&self) -> bool {
+        self.ownership.as_ref().is_none_or(|o| o.borrow().shards.contains_key(&ShardId::FIRST))
+    }
 }
 
 /// One pass. A failure is logged and retried at the next pass.
@@ -86,6 +101,20 @@ pub async fn run_pass(args: &RetentionArgs) {
     }
 }
 
+/// Clears the dispatch copy marks seen long enough (`stale_marks`), on the
+/// node that does. A failure is logged by the instrumented store and
+/// retried at the next pass.
+async fn clear_marks(args: &RetentionArgs, marks: &mut StaleMarks) {
+    if !args.clears_marks() {
+        return;
+    }
+    if let Ok(n) = marks.pass(args.store.as_ref(), SETTLE_AFTER, tokio::time::Instant::now()).await
+        && n > 0
+    {
+        tracing::info!(cleared = n, "retention pass cleared dispatch copy marks that interrupted changes left");
+    }
+}
+
 /// Runs the retention pass (PUSH-226) at start and then `interval` after the
 /// previous pass ended.
 pub struct RetentionActor;
@@ -94,28 +123,35 @@ pub enum RetentionMsg {
     Pass,
 }
 
+/// The actor's state: its arguments, and the marks its passes saw.
+pub struct Retention {
+    args: RetentionArgs,
+    marks: StaleMarks,
+}
+
 impl Actor for RetentionActor {
     type Msg = RetentionMsg;
-    type State = RetentionArgs;
+    type State = Retention;
     type Arguments = RetentionArgs;
 
     async fn pre_start(
         &self,
         myself: ActorRef<RetentionMsg>,
         args: RetentionArgs,
-    ) -> Result<RetentionArgs, ActorProcessingErr> {
+    ) -> Result<Retention, ActorProcessingErr> {
         let _ = myself.cast(RetentionMsg::Pass);
-        Ok(args)
+        Ok(Retention { args, marks: StaleMarks::default() })
     }
 
     async fn handle(
         &self,
         myself: ActorRef<RetentionMsg>,
         _: RetentionMsg,
-        args: &mut RetentionArgs,
+        state: &mut Retention,
     ) -> Result<(), ActorProcessingErr> {
-        run_pass(args).await;
-        myself.send_after(args.interval.get(), || RetentionMsg::Pass);
+        run_pass(&state.args).await;
+        clear_marks(&state.args, &mut state.marks).await;
+        myself.send_after(state.args.interval.get(), || RetentionMsg::Pass);
         Ok(())
     }
 }
@@ -141,6 +177,7 @@ mod tests {
             metrics,
             ttl: TTL,
             interval: RetentionInterval::try_from(interval_seconds).unwrap(),
+            ownership: None,
         }
     }
 
@@ -230,6 +267,21 @@ mod tests {
 
         actor.stop(None);
         handle.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn of_several_nodes_only_the_first_shards_owner_clears_marks() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut args = args(&dir, 60);
+        assert!(args.clears_marks(), "a node alone clears them");
+        let (owned, ownership) = watch::channel(OwnedShards::default());
+        args.ownership = Some(ownership);
+        assert!(!args.clears_marks(), "a node that does not own the first shard");
+        let until = tokio::time::Instant::now() + MINUTE;
+        owned.send_modify(|o| drop(o.shards.insert(ShardId::parse(1, 4).unwrap(), until)));
+        assert!(!args.clears_marks());
+        owned.send_modify(|o| drop(o.shards.insert(ShardId::FIRST, until)));
+        assert!(args.clears_marks(), "the first shard's owner");
     }
 
     #[test]

@@ -313,6 +313,7 @@ mod tests {
                 metrics: metrics.clone(),
                 ttl: Duration::from_secs(86_400),
                 interval: RetentionInterval::default(),
+                ownership: None,
             };
             let args = SupervisorArgs { ctx, shards, retention, lease: None };
             let (supervisor, handle) = Actor::spawn(None, Supervisor, args).await.unwrap();

@@ -17,7 +17,7 @@ use crate::channel::{Outcome, Provider, Push, Refusal};
 use crate::domain::{Channel, Clock, Recipient, SaltEpochId};
 use crate::domain::{DeliveryTarget, EnvelopeKind, RecipientId, SecretHash, ShardId, StoredEnvelope, Topic};
 use crate::gateway::identity::{PushSecret, SaltSecrets};
-use crate::store::{NodeId, ShardLeases, StoreError};
+use crate::store::{LeaseHolder, LiveNode, NodeId, ShardLeases, StoreError};
 
 /// A resolver for destinations reached by IP literal: it never resolves.
 pub struct NoDns;
@@ -55,12 +55,15 @@ pub fn recipient(target: DeliveryTarget) -> Recipient {
 }
 use crate::supervision::SupervisorMsg;
 
-/// Leases and heartbeats that expire, like ScyllaDB's TTL'd rows.
+/// Leases and heartbeats that expire, like ScyllaDB's TTL'd rows. A shard's
+/// term counts the times its lease changed hands, as ScyllaDB's owners claim
+/// a term at each acquisition.
 #[derive(Default)]
 pub struct MemoryLeases {
     pub leases: Mutex<HashMap<ShardId, (NodeId, Instant)>>,
     nodes: Mutex<HashMap<String, Instant>>,
     addresses: Mutex<HashMap<String, String>>,
+    terms: Mutex<HashMap<ShardId, u64>>,
     /// Heartbeats fail while set.
     pub failing_heartbeats: std::sync::atomic::AtomicBool,
 }
@@ -79,7 +82,10 @@ impl ShardLeases for MemoryLeases {
         let now = Instant::now();
         match leases.get(&shard) {
             Some((owner, until)) if *until > now && owner != node => Ok(false),
-            _ => {
+            held => {
+                if !held.is_some_and(|(owner, until)| *until > now && owner == node) {
+                    *self.terms.lock().unwrap().entry(shard).or_default() += 1;
+                }
                 leases.insert(shard, (node.clone(), now + ttl));
                 Ok(true)
             }
@@ -103,10 +109,11 @@ impl ShardLeases for MemoryLeases {
         let leases = self.leases.lock().unwrap();
         Ok(leases.iter().filter(|(_, (_, until))| *until > now).map(|(s, (n, _))| (*s, n.clone())).collect())
     }
-    async fn heartbeat(&self, node: &NodeId, _: &str, ttl: Duration) -> Result<(), StoreError> {
+    async fn heartbeat(&self, node: &NodeId, address: &str, ttl: Duration) -> Result<(), StoreError> {
         if self.failing_heartbeats.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(StoreError::Backend("heartbeat refused (test)".into()));
         }
+        self.addresses.lock().unwrap().insert(node.0.clone(), address.to_owned());
         self.nodes.lock().unwrap().insert(node.0.clone(), Instant::now() + ttl);
         Ok(())
     }
@@ -114,6 +121,33 @@ impl ShardLeases for MemoryLeases {
         let now = Instant::now();
         let nodes = self.nodes.lock().unwrap();
         Ok(nodes.iter().filter(|(_, until)| **until > now).map(|(n, _)| NodeId(n.clone())).collect())
+    }
+    async fn lease_holders(&self) -> Result<Vec<LeaseHolder>, StoreError> {
+        let now = Instant::now();
+        let (leases, terms, addresses) =
+            (self.leases.lock().unwrap(), self.terms.lock().unwrap(), self.addresses.lock().unwrap());
+        let mut out: Vec<LeaseHolder> = leases
+            .iter()
+            .filter(|(_, (_, until))| *until > now)
+            .map(|(shard, (node, until))| LeaseHolder {
+                shard: *shard,
+                node: node.clone(),
+                address: addresses.get(&node.0).cloned().unwrap_or_default(),
+                term: terms.get(shard).copied(),
+                expires_in: Some(*until - now),
+            })
+            .collect();
+        out.sort_by_key(|h| h.shard);
+        Ok(out)
+    }
+    async fn node_addresses(&self) -> Result<Vec<LiveNode>, StoreError> {
+        let mut nodes = self.live_nodes().await?;
+        nodes.sort();
+        let addresses = self.addresses.lock().unwrap();
+        Ok(nodes
+            .into_iter()
+            .map(|node| LiveNode { address: addresses.get(&node.0).cloned().unwrap_or_default(), node })
+            .collect())
     }
 }
 

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 
 use super::{
-    Appended, GatewayStore, NodeId, ParkedStore, RegistrationRemoval, RelayStore, ShardLeases, ShardPosition, Store,
-    StoreError,
+    Appended, CopyMark, GatewayStore, LeaseHolder, LiveNode, NodeId, ParkedStore, RegistrationRemoval, RelayStore,
+    ShardLeases, ShardPosition, Store, StoreError,
 };
 use crate::domain::{
     Channel, DeliveryTarget, GatewayRegistration, GatewayWakeup, LeasedWakeup, NewEnvelope, NotifyClaim, NotifyKey,
@@ -100,6 +100,8 @@ instrumented! {
         "shard_progress": fn shard_progress(&self, shard: ShardId) -> ShardProgress;
         "subscribers": fn subscribers(&self, topic: &Topic, after: Option<&RecipientId>, limit: usize)
             -> Vec<Subscriber>;
+        "copy_marks": fn copy_marks(&self, limit: usize) -> Vec<CopyMark>;
+        "clear_copy_marks": fn clear_copy_marks(&self, marks: &[CopyMark]) -> u64;
     }
 
     fn backend_name(&self) -> &'static str {
@@ -179,5 +181,7 @@ instrumented! {
         "lease_owners": fn lease_owners(&self) -> Vec<(ShardId, NodeId)>;
         "heartbeat": fn heartbeat(&self, node: &NodeId, address: &str, ttl: Duration) -> ();
         "live_nodes": fn live_nodes(&self) -> Vec<NodeId>;
+        "lease_holders": fn lease_holders(&self) -> Vec<LeaseHolder>;
+        "node_addresses": fn node_addresses(&self) -> Vec<LiveNode>;
     }
 }

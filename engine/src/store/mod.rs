@@ -67,6 +67,41 @@ impl std::fmt::Display for NodeId {
     }
 }
 
+/// A shard's lease as an operator reads it (`fanout cluster status`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseHolder {
+    pub shard: ShardId,
+    pub node: NodeId,
+    /// The gRPC address the owner advertises (`server.advertise_address`).
+    pub address: String,
+    /// The shard's current term: a new one is claimed each time the lease
+    /// changes hands (or may have), and the owner appends under it. `None`:
+    /// none claimed yet.
+    pub term: Option<u64>,
+    /// How long the lease lives unless renewed, when the store says.
+    pub expires_in: Option<Duration>,
+}
+
+/// An engine node whose heartbeat has not expired.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveNode {
+    pub node: NodeId,
+    /// The gRPC address it advertises.
+    pub address: String,
+}
+
+/// A mark a change of a recipient's subscriptions or target wrote on a
+/// dispatch index row before its conditional batch (ScyllaDB, "Dispatch
+/// copies" in `scylla.rs`): while it stands, dispatch joins the row with
+/// the recipient partition instead of trusting its copy.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CopyMark {
+    pub topic: Topic,
+    pub recipient: RecipientId,
+    /// The change's own random value: each change deletes only its marks.
+    pub mark: i64,
+}
+
 /// Why a relay registration is removed (003 §1).
 #[derive(Debug, Clone)]
 pub enum RegistrationRemoval {
@@ -223,6 +258,23 @@ pub trait Store: Send + Sync + 'static {
     /// Shard leases when several nodes share this store: `None` on
     /// a store that one node owns alone, which then owns every shard.
     fn leases(self: Arc<Self>) -> Option<Arc<dyn ShardLeases>>;
+
+    /// Marks on the dispatch index's rows ([`CopyMark`]), at most `limit`,
+    /// in no particular order: those of changes running now and those a
+    /// failed or crashed change left. None on a store without dispatch
+    /// copies (the embedded store).
+    async fn copy_marks(&self, limit: usize) -> Result<Vec<CopyMark>, StoreError>;
+
+    /// Removes `marks` without trusting a stale copy: first makes sure that
+    /// no change of each mark's recipient that started before this call can
+    /// still apply, then sets the marked rows from the recipient as stored
+    /// (its copy rewritten, or the row deleted when the subscription is
+    /// gone), then deletes the marks. A running change of that recipient
+    /// then fails its condition and starts over under a new mark, so this
+    /// is for marks old enough that their change surely ended. Returns how
+    /// many marks went; a recipient that keeps changing meanwhile keeps its
+    /// marks for the next call.
+    async fn clear_copy_marks(&self, marks: &[CopyMark]) -> Result<u64, StoreError>;
 }
 
 /// Cluster coordination: shard leases and node heartbeats on a
@@ -253,6 +305,13 @@ pub trait ShardLeases: Send + Sync + 'static {
 
     /// The nodes whose heartbeat has not expired.
     async fn live_nodes(&self) -> Result<Vec<NodeId>, StoreError>;
+
+    /// Every live lease with its owner's address, the shard's term and what
+    /// is left of the lease, in shard order (`fanout cluster status`).
+    async fn lease_holders(&self) -> Result<Vec<LeaseHolder>, StoreError>;
+
+    /// The live nodes with their advertised addresses, in node order.
+    async fn node_addresses(&self) -> Result<Vec<LiveNode>, StoreError>;
 }
 
 /// `Backend` for a shard id of another shard count than the store's.

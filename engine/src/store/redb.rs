@@ -37,7 +37,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTran
 use self::codec::{OrBackend, ShardRow, corrupt};
 use self::time_index::{BytesTable, PRUNE_BATCH};
 use super::recipient_cache::{self, RecipientCache};
-use super::{Appended, RegistrationRemoval, ShardLeases, ShardPosition, Store, StoreError};
+use super::{Appended, CopyMark, RegistrationRemoval, ShardLeases, ShardPosition, Store, StoreError};
 use crate::domain::{
     Channel, DeliveryTarget, GatewayRegistration, GatewayWakeup, LeasedWakeup, NewEnvelope, NotifyClaim, NotifyKey,
     ParkedDelivery, ParkedKey, PushTargetId, Recipient, RecipientId, RecipientSummary, RegistrationId, RelayClaim,
@@ -81,6 +81,11 @@ impl RedbStore {
         Self::open_with_cache(dir, shard_count, DEFAULT_CACHE_BYTES)
     }
 
+    /// Whether `dir` holds a store (`open` would open it rather than create one).
+    pub fn exists(dir: &Path) -> bool {
+        dir.join(DB_FILE_NAME).is_file()
+    }
+
     /// As `open`, with redb's page cache bounded to `cache_bytes`: the cache is
     /// most of the embedded store's memory once the data outgrows it.
     pub fn open_with_cache(dir: &Path, shard_count: u16, cache_bytes: usize) -> Result<Self, StoreError> {
@@ -89,7 +94,13 @@ impl RedbStore {
         }
         std::fs::create_dir_all(dir)
             .map_err(|e| StoreError::Backend(format!("cannot create the storage directory: {e}")))?;
-        let db = redb::Builder::new().set_cache_size(cache_bytes).create(dir.join(DB_FILE_NAME)).be()?;
+        let db =
+            redb::Builder::new().set_cache_size(cache_bytes).create(dir.join(DB_FILE_NAME)).map_err(|e| match e {
+                redb::DatabaseError::DatabaseAlreadyOpen => StoreError::Backend(
+                    "another process has the database open (one fanout process per store.path; stop it first)".into(),
+                ),
+                e => StoreError::Backend(e.to_string()),
+            })?;
 
         let txn = db.begin_write().be()?;
         // Create every table up front, so read transactions can always open them.
@@ -298,6 +309,16 @@ impl Store for RedbStore {
     /// One process opens a redb directory: it owns every shard.
     fn leases(self: Arc<Self>) -> Option<Arc<dyn ShardLeases>> {
         None
+    }
+
+    /// One transaction changes a subscription and the topic index together:
+    /// there are no copies to mark.
+    async fn copy_marks(&self, _limit: usize) -> Result<Vec<CopyMark>, StoreError> {
+        Ok(Vec::new())
+    }
+
+    async fn clear_copy_marks(&self, _marks: &[CopyMark]) -> Result<u64, StoreError> {
+        Ok(0)
     }
 
     async fn recipient(&self, id: &RecipientId) -> Result<Option<Recipient>, StoreError> {

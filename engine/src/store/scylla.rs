@@ -84,6 +84,13 @@
 //!   one change behind. A mark left behind costs its row a join per
 //!   page, nothing else; rows written before schema 9 have no copy and are
 //!   joined.
+//!   4. A mark left behind is cleared (`clear_copy_marks`, run by the
+//!      retention pass for marks seen long before) by a change with
+//!      nothing to change: its recipient's version is bumped in a
+//!      conditional write on the version read, after the subscriptions
+//!      and the index clock were read and its timestamp written back, so
+//!      the interrupted change can no longer apply; the marked rows are
+//!      set from what was read at that timestamp; the marks go last.
 //! - **PUSH-216 start position**: a new topic's start position is its shard's
 //!   boundary read at LOCAL_QUORUM after the recipient read (beside the read
 //!   of the topics already stored) and before the conditional batch. On this
@@ -140,20 +147,32 @@ pub use self::settings::{Keyspace, LogConsistency, Nodes, ScyllaSettings};
 
 use self::codec::{Versioned, corrupt, from_db, to_db};
 use self::cql::{
-    Execute, JOIN_CONCURRENCY, Lwt, PAGE_ROWS, Values, WriteClock, all_ok, all_rows, at, be, first_row, retry, rows,
-    statements,
+    Execute, JOIN_CONCURRENCY, Lwt, PAGE_ROWS, Values, WriteClock, all_ok, all_rows, at, backoff, be, first_row, retry,
+    rows, statements,
 };
 use self::gateway::ScyllaGateway;
 use self::log::ShardLog;
 use self::parked::ScyllaParked;
 use self::relay::ScyllaRelay;
 use super::recipient_cache::{self, RecipientCache};
-use super::{Appended, NodeId, RegistrationRemoval, ShardLeases, ShardPosition, Store, StoreError};
+use super::{
+    Appended, CopyMark, LeaseHolder, LiveNode, NodeId, RegistrationRemoval, ShardLeases, ShardPosition, Store,
+    StoreError,
+};
 use crate::domain::{
     DeliveryTarget, NewEnvelope, Recipient, RecipientId, RecipientSummary, SecretHash, ShardId, ShardProgress,
     StoredEnvelope, StoredSubscription, Subscriber, SubscriptionUpdate, Topic,
 };
 
+/// Tries of the fence that clears a recipient's marks (`clear_marks_of`)
+/// before they are left for the next call: a recipient that keeps changing
+/// has live marks of its own anyway.
+const FENCE_ATTEMPTS: u32 = 3;
+/// How far past this node's clock a cleared mark's tombstone is dated: a
+/// mark row is written at the clock of the node that ran its change, which
+/// may run ahead of this one, and a tombstone dated before the row would
+/// not delete it. Marks are random per change and never written again.
+const MARK_DELETE_MARGIN_MICROS: i64 = 24 * 3600 * 1_000_000;
 /// Recipient partitions one join read names (`recipient_id IN ?`).
 const JOIN_IN: usize = 50;
 /// Join reads of one page at once.
@@ -236,6 +255,11 @@ statements! {
     mark_del: "DELETE FROM {ks}.topic_pending USING TIMESTAMP ? WHERE topic = ? AND recipient_id = ? AND mark = ?",
     marks_read: "SELECT recipient_id FROM {ks}.topic_pending WHERE topic = ? AND recipient_id > ?"
         => at(consistency.reads.cql()),
+    // Clearing marks a change left behind (`clear_copy_marks`): every mark,
+    // then a fence on the recipient's version (or on its absence).
+    marks_all: "SELECT topic, recipient_id, mark FROM {ks}.topic_pending",
+    fence: "UPDATE {ks}.recipients SET version = ? WHERE recipient_id = ? IF version = ?",
+    fence_absent: "UPDATE {ks}.recipients SET version = null WHERE recipient_id = ? IF version = null",
     // Shard leases: a lease is a row that lives for its TTL; every change is an LWT.
     lease_insert: "INSERT INTO {ks}.shard_leases (shard, owner, owner_address, acquired_at) \
                    VALUES (?, ?, ?, toTimestamp(now())) IF NOT EXISTS USING TTL ?",
@@ -246,6 +270,9 @@ statements! {
     lease_all: "SELECT shard, owner FROM {ks}.shard_leases",
     node_put: "INSERT INTO {ks}.nodes (node, address, seen_at) VALUES (?, ?, toTimestamp(now())) USING TTL ?",
     node_all: "SELECT node FROM {ks}.nodes",
+    // For operators (`fanout cluster status`).
+    lease_details: "SELECT shard, owner, owner_address, TTL(owner) FROM {ks}.shard_leases",
+    node_details: "SELECT node, address FROM {ks}.nodes",
 }
 
 /// A lease or heartbeat TTL in whole seconds, at least one.
@@ -544,6 +571,55 @@ impl ScyllaStore {
         Ok(true)
     }
 
+    /// Clears `marks`, all of recipient `id` (`Store::clear_copy_marks`; the
+    /// rule in the module docs, "Dispatch copies"). The clearing is itself a
+    /// change of the recipient with nothing to change: it reads the version
+    /// and, after it, the subscriptions and the index clock, writes its
+    /// index timestamp back, and bumps the version in a conditional write on
+    /// the version read (on its absence, for a recipient that is gone). Once
+    /// that applied, no change that read an earlier version can apply its
+    /// batch, and every change that applies later writes with a later
+    /// timestamp. Then each marked row takes its copy from the subscriptions
+    /// read, or is deleted when the subscription is gone, at this timestamp,
+    /// and only then the marks go. Returns how many went: none when the
+    /// recipient changed under every try.
+    async fn clear_marks_of(&self, id: &RecipientId, marks: &[&CopyMark]) -> Result<u64, StoreError> {
+        let key = id.as_bytes().as_slice();
+        let mut fenced = None;
+        for attempt in 0..FENCE_ATTEMPTS {
+            let current = self.read_static(id).await?;
+            let subs = if current.is_some() { self.subscriptions(id).await? } else { Vec::new() };
+            let ts = self.index_timestamp(id).await?;
+            let applied = match &current {
+                Some(v) => self.session.lwt(&self.st.fence, (new_version(), key, v.version)).await?.applied,
+                None => self.session.lwt(&self.st.fence_absent, (key,)).await?.applied,
+            };
+            if applied {
+                fenced = Some((current, subs, ts));
+                break;
+            }
+            backoff(attempt).await;
+        }
+        let Some((current, subs, ts)) = fenced else {
+            tracing::debug!("a recipient kept changing; its dispatch copy marks stay for the next pass");
+            return Ok(0);
+        };
+        let topics: Vec<&[u8]> = marks.iter().map(|m| m.topic.as_bytes()).collect();
+        let kept: Vec<StoredSubscription> =
+            subs.into_iter().filter(|s| topics.contains(&s.subscription.topic.as_bytes())).collect();
+        let gone: Vec<&[u8]> =
+            topics.iter().copied().filter(|t| !kept.iter().any(|s| s.subscription.topic.as_bytes() == *t)).collect();
+        if let Some(v) = &current {
+            self.put_copies(&v.recipient, &kept, ts).await?;
+        }
+        let deletes = gone.iter().map(|t| (ts, *t, key));
+        self.write_each(&self.st.topic_row_del, deletes).await?;
+        let dated = self.clock.next().saturating_add(MARK_DELETE_MARGIN_MICROS);
+        let values = marks.iter().map(|m| (dated, m.topic.as_bytes(), key, m.mark));
+        self.write_each(&self.st.mark_del, values).await?;
+        Ok(marks.len() as u64)
+    }
+
     /// Joins dispatch index rows with their recipient partitions, in the
     /// order given, skipping those whose recipient or subscription is gone
     /// (dangling index rows). One multi-partition read per chunk of
@@ -706,6 +782,30 @@ impl Store for ScyllaStore {
 
     fn leases(self: Arc<Self>) -> Option<Arc<dyn ShardLeases>> {
         Some(self)
+    }
+
+    async fn copy_marks(&self, limit: usize) -> Result<Vec<CopyMark>, StoreError> {
+        let mut marks = rows::<(Vec<u8>, Vec<u8>, i64)>(&self.session, &self.st.marks_all, (), "reading marks").await?;
+        let mut out = Vec::new();
+        while out.len() < limit
+            && let Some((topic, id, mark)) = marks.try_next().await?
+        {
+            let topic = Topic::parse(&topic).map_err(|_| corrupt("mark"))?;
+            let recipient = RecipientId::parse(&id).map_err(|_| corrupt("mark"))?;
+            out.push(CopyMark { topic, recipient, mark });
+        }
+        Ok(out)
+    }
+
+    async fn clear_copy_marks(&self, marks: &[CopyMark]) -> Result<u64, StoreError> {
+        let mut by_recipient: BTreeMap<RecipientId, Vec<&CopyMark>> = BTreeMap::new();
+        for m in marks {
+            by_recipient.entry(m.recipient).or_default().push(m);
+        }
+        let clears: Vec<BoxFuture<'_, Result<u64, StoreError>>> =
+            by_recipient.iter().map(|(id, marks)| self.clear_marks_of(id, marks).boxed()).collect();
+        let cleared: Vec<u64> = stream::iter(clears).buffer_unordered(JOIN_CONCURRENCY).try_collect().await?;
+        Ok(cleared.into_iter().sum())
     }
 
     async fn recipient(&self, id: &RecipientId) -> Result<Option<Recipient>, StoreError> {
@@ -1120,6 +1220,40 @@ impl ShardLeases for ScyllaStore {
         let rows: Vec<(String,)> = all_rows(&self.session, &self.st.node_all, (), "reading the nodes").await?;
         Ok(rows.into_iter().map(|(n,)| NodeId(n)).collect())
     }
+
+    async fn lease_holders(&self) -> Result<Vec<LeaseHolder>, StoreError> {
+        type Row = (i32, Option<String>, Option<String>, Option<i32>);
+        let rows: Vec<Row> = all_rows(&self.session, &self.st.lease_details, (), "reading the leases").await?;
+        let held = rows.into_iter().filter_map(|(shard, owner, address, ttl)| {
+            let shard = ShardId::parse(u16::try_from(shard).ok()?, self.shard_count).ok()?;
+            let expires_in = ttl.and_then(|s| u64::try_from(s).ok()).map(Duration::from_secs);
+            Some((shard, NodeId(owner?), address.unwrap_or_default(), expires_in))
+        });
+        // The term is the shard's, in its log: the one its owner appends under.
+        let reads: Vec<BoxFuture<'_, Result<LeaseHolder, StoreError>>> = held
+            .map(|(shard, node, address, expires_in)| {
+                async move {
+                    let term = self.log.current_term(shard).await?;
+                    Ok(LeaseHolder { shard, node, address, term, expires_in })
+                }
+                .boxed()
+            })
+            .collect();
+        let mut out: Vec<LeaseHolder> = stream::iter(reads).buffer_unordered(JOIN_CONCURRENCY).try_collect().await?;
+        out.sort_by_key(|h| h.shard);
+        Ok(out)
+    }
+
+    async fn node_addresses(&self) -> Result<Vec<LiveNode>, StoreError> {
+        let rows: Vec<(String, Option<String>)> =
+            all_rows(&self.session, &self.st.node_details, (), "reading the nodes").await?;
+        let mut out: Vec<LiveNode> = rows
+            .into_iter()
+            .map(|(node, address)| LiveNode { node: NodeId(node), address: address.unwrap_or_default() })
+            .collect();
+        out.sort_by(|a, b| a.node.cmp(&b.node));
+        Ok(out)
+    }
 }
 
 /// Throwaway keyspaces, shared with the conformance tests in tests/store_conformance.
@@ -1160,9 +1294,20 @@ mod tests {
             assert!(!store.acquire_lease(shard, &loser, "x:1", ttl).await.unwrap(), "the loser cannot");
             store.release_lease(shard, &loser).await.unwrap(); // not its own: no effect
             assert_eq!(store.lease_owners().await.unwrap(), vec![(shard, winner.clone())]);
+            // As operators read it: the owner, its address, the term its
+            // acquisition claimed, what is left of the lease.
+            let holds = |h: &LeaseHolder, node: &NodeId, address: &str, term: u64| {
+                (h.shard, &h.node, h.address.as_str(), h.term) == (shard, node, address, Some(term))
+                    && h.expires_in.is_some_and(|left| left <= ttl)
+            };
+            let holders = store.lease_holders().await.unwrap();
+            assert!(holders.len() == 1 && holds(&holders[0], &winner, addr, 1), "{holders:?}");
             tokio::time::sleep(Duration::from_millis(3500)).await;
             assert_eq!(store.lease_owner(shard).await.unwrap(), None, "expired");
+            assert_eq!(store.lease_holders().await.unwrap(), vec![], "an expired lease is not listed");
             assert!(store.acquire_lease(shard, &loser, "x:1", ttl).await.unwrap(), "taken over after the TTL");
+            let holders = store.lease_holders().await.unwrap();
+            assert!(holders.len() == 1 && holds(&holders[0], &loser, "x:1", 2), "a new term: {holders:?}");
             assert!(!store.acquire_lease(shard, &winner, addr, ttl).await.unwrap());
             store.release_lease(shard, &loser).await.unwrap();
             assert!(store.acquire_lease(shard, &winner, addr, ttl).await.unwrap(), "free after release");
@@ -1173,6 +1318,12 @@ mod tests {
             let mut both = vec![a.clone(), b.clone()];
             both.sort();
             assert_eq!(live, both);
+            let mut addressed = vec![
+                LiveNode { node: a.clone(), address: "a:1".into() },
+                LiveNode { node: b.clone(), address: "b:1".into() },
+            ];
+            addressed.sort_by(|x, y| x.node.cmp(&y.node));
+            assert_eq!(store.node_addresses().await.unwrap(), addressed);
             store
         })
         .await;
@@ -1326,6 +1477,111 @@ mod tests {
             store.register(&id, &hash, &token("newer"), 3).await.unwrap();
             assert_eq!(target().await, token("newer"));
             assert_eq!(store.marked(&topic, None).await.unwrap().map(|m| m.len()), Some(1), "the crashed one's mark");
+            store
+        })
+        .await;
+    }
+
+    /// Marks that changes stopped after their batch left behind (module
+    /// docs, "Dispatch copies"): clearing them first fences the recipient,
+    /// so a change that read it before can no longer apply; then each row
+    /// takes its copy from the recipient as stored (a replaced target), or
+    /// goes with its subscription (a remove, a deleted recipient), and a
+    /// later change still wins over what the clearing wrote.
+    #[tokio::test]
+    async fn marks_a_crash_left_are_cleared_with_their_rows_set_from_the_recipient() {
+        with_store(|store| async move {
+            let id = RecipientId::from_bytes([7; 32]);
+            let hash = RecipientSecret::parse(&[8; 32]).unwrap().hash();
+            let token = |t: &str| DeliveryTarget::Fcm { token: t.into() };
+            let topics: Vec<Topic> = (20..23).map(|n| Topic::parse(&[0, n]).unwrap()).collect();
+            let subs: Vec<Subscription> =
+                topics.iter().map(|t| Subscription { topic: t.clone(), keys: None, include_commits: false }).collect();
+            store.register(&id, &hash, &token("real"), 1).await.unwrap();
+            let add = SubscriptionUpdate::new(subs.clone(), vec![]).unwrap();
+            store.update_subscriptions(&id, &hash, &add, 1, 10).await.unwrap();
+            let ks = store.keyspace().to_owned();
+            // The copy's target in the row of (topic, recipient): `None`
+            // when there is no row.
+            let copied = |topic: &Topic, who: RecipientId| {
+                let (topic, store, ks) = (topic.clone(), &store, &ks);
+                async move {
+                    let cql =
+                        format!("SELECT target FROM {ks}.topic_subscriptions WHERE topic = ? AND recipient_id = ?");
+                    let rows = store.session.query_unpaged(cql, (topic.as_bytes(), who.as_bytes().as_slice()));
+                    let rows = rows.await.unwrap().into_rows_result().unwrap();
+                    rows.maybe_first_row::<(Option<String>,)>().unwrap().map(|(t,)| t.unwrap_or_default())
+                }
+            };
+            let listed = |topic: &Topic| {
+                let (topic, store) = (topic.clone(), &store);
+                async move {
+                    let page = store.subscribers(&topic, None, 10).await.unwrap();
+                    page.into_iter().map(|s| s.recipient.target.clone()).collect::<Vec<_>>()
+                }
+            };
+            let replace = |v: &Versioned, to: &str, at: i64| {
+                let target = token(to);
+                let (channel, text, key) = codec::encode_target(&target);
+                let (text, key) = (text.into_owned(), key.map(|k| k.into_owned()));
+                let (store, version) = (&store, v.version);
+                async move {
+                    let values = (new_version(), channel, text, key, at, id.as_bytes().to_vec(), version);
+                    store.session.lwt(&store.st.renew_recipient, values).await.unwrap().applied
+                }
+            };
+
+            // A target change that stopped after its batch: both rows
+            // marked, the target replaced, no copy written.
+            let v = store.read_static(&id).await.unwrap().unwrap();
+            let rows: Vec<&[u8]> = topics[..2].iter().map(Topic::as_bytes).collect();
+            store.mark(&id, &rows).await.unwrap();
+            assert!(replace(&v, "new", 2).await);
+            // A remove that stopped after its batch: its row and copy stay.
+            store.mark(&id, &[topics[2].as_bytes()]).await.unwrap();
+            let cql = format!("DELETE FROM {ks}.recipients WHERE recipient_id = ? AND topic = ?");
+            store.session.query_unpaged(cql, (id.as_bytes().as_slice(), topics[2].as_bytes())).await.unwrap();
+            assert_eq!(copied(&topics[0], id).await.as_deref(), Some("real"), "the stale copy");
+            assert_eq!(listed(&topics[0]).await, vec![token("new")], "a marked row is joined");
+            assert_eq!(listed(&topics[2]).await, vec![], "a dangling row is skipped");
+
+            // A change that read the recipient before the marks are cleared.
+            let before = store.read_static(&id).await.unwrap().unwrap();
+            let marks = store.copy_marks(100).await.unwrap();
+            assert_eq!(marks.len(), 3, "{marks:?}");
+            assert!(marks.iter().all(|m| m.recipient == id));
+            assert_eq!(store.clear_copy_marks(&marks).await.unwrap(), 3);
+            assert_eq!(store.copy_marks(100).await.unwrap(), vec![], "every mark went");
+            assert!(!replace(&before, "late", 3).await, "a change that read the recipient before cannot apply");
+            for topic in &topics[..2] {
+                assert_eq!(copied(topic, id).await.as_deref(), Some("new"), "the copy is set from the recipient");
+                assert_eq!(listed(topic).await, vec![token("new")], "and trusted");
+            }
+            assert_eq!(copied(&topics[2], id).await, None, "the removed subscription's row is gone");
+
+            // A later change wins over what the clearing wrote.
+            store.register(&id, &hash, &token("newer"), 4).await.unwrap();
+            assert_eq!(copied(&topics[0], id).await.as_deref(), Some("newer"));
+            assert_eq!(listed(&topics[0]).await, vec![token("newer")]);
+
+            // A delete that stopped after its batch: the row stays, marked;
+            // cleared, it goes, and a new registration's subscription is listed.
+            let gone = RecipientId::from_bytes([9; 32]);
+            store.register(&gone, &hash, &token("gone"), 1).await.unwrap();
+            let one = SubscriptionUpdate::new(vec![subs[0].clone()], vec![]).unwrap();
+            store.update_subscriptions(&gone, &hash, &one, 1, 10).await.unwrap();
+            store.mark(&gone, &[topics[0].as_bytes()]).await.unwrap();
+            let cql = format!("DELETE FROM {ks}.recipients WHERE recipient_id = ?");
+            store.session.query_unpaged(cql, (gone.as_bytes().as_slice(),)).await.unwrap();
+            let marks = store.copy_marks(100).await.unwrap();
+            assert_eq!(store.clear_copy_marks(&marks).await.unwrap(), 1);
+            assert_eq!(copied(&topics[0], gone).await, None, "the deleted recipient's row is gone");
+            assert_eq!(listed(&topics[0]).await, vec![token("newer")]);
+            store.register(&gone, &hash, &token("back"), 5).await.unwrap();
+            store.update_subscriptions(&gone, &hash, &one, 5, 10).await.unwrap();
+            let mut back = listed(&topics[0]).await;
+            back.sort_by_key(|t| format!("{t:?}"));
+            assert_eq!(back.len(), 2, "subscribed again after the clearing: listed ({back:?})");
             store
         })
         .await;

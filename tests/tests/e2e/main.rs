@@ -5,6 +5,7 @@
 mod admission;
 mod apns_requests;
 mod channel_isolation;
+mod cluster_status;
 mod common;
 mod delivery;
 mod dispatch;

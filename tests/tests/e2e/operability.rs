@@ -492,13 +492,21 @@ fn configmap_toml(manifest: &str) -> String {
 
 #[test]
 fn the_deployed_configurations_pass_check_config() {
-    let manifest = include_str!("../../../deploy/kubernetes/configmap.yaml");
     let dir = tempfile::tempdir().expect("tempdir");
-    let configmap = dir.path().join("configmap-fanout.toml");
-    std::fs::write(&configmap, configmap_toml(manifest)).expect("write");
+    // The base's ConfigMap (one node) and the cluster overlay's (ScyllaDB).
+    let manifests = [
+        ("configmap-fanout.toml", include_str!("../../../deploy/kubernetes/configmap.yaml")),
+        ("configmap-cluster.toml", include_str!("../../../deploy/kubernetes-cluster/configmap.yaml")),
+    ];
+    let mut configs = Vec::new();
+    for (name, manifest) in manifests {
+        let path = dir.path().join(name);
+        std::fs::write(&path, configmap_toml(manifest)).expect("write");
+        configs.push(path);
+    }
     let deploy = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
-    let (host, compose) = (deploy.join("fanout.toml"), deploy.join("compose/fanout.toml"));
-    for config in [host.as_path(), compose.as_path(), configmap.as_path()] {
+    configs.extend(["fanout.toml", "compose/fanout.toml", "compose/cluster.toml"].map(|f| deploy.join(f)));
+    for config in &configs {
         let mut command = std::process::Command::new(fanout_tests::engine::fanout_binary());
         command.args(["check-config", "--config"]).arg(config);
         // Only the file counts: no overrides from the test's environment.
@@ -625,7 +633,16 @@ fn every_component(dir: &std::path::Path) -> String {
 /// export, and why.
 const NOT_EXPORTED_HERE: &[(&str, &[&str], &str)] = &[(
     "operation",
-    &["acquire_lease", "release_lease", "lease_owner", "lease_owners", "heartbeat", "live_nodes"],
+    &[
+        "acquire_lease",
+        "release_lease",
+        "lease_owner",
+        "lease_owners",
+        "heartbeat",
+        "live_nodes",
+        "lease_holders",
+        "node_addresses",
+    ],
     "lease operations exist only on a store with shard leases (ScyllaDB); the test engine's store is embedded",
 )];
 

@@ -297,6 +297,11 @@ impl ShardLog {
         Ok(ShardPosition { boundary, checkpoint: checkpoint.max(head.checkpoint) })
     }
 
+    /// The shard's current (highest) term; `None` when none was claimed yet.
+    pub(super) async fn current_term(&self, shard: ShardId) -> Result<Option<u64>, StoreError> {
+        Ok(self.head(i32::from(shard.index())).await?.term.map(from_db))
+    }
+
     /// Claims the next term of `shard`: one conditional insert. Its base is
     /// the current term's boundary (or the legacy row's), read just before.
     async fn claim_term(&self, shard: ShardId) -> Result<Term, StoreError> {
