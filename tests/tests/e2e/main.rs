@@ -5,6 +5,7 @@
 mod admission;
 mod apns_requests;
 mod common;
+mod db_faults;
 mod delivery;
 mod dispatch;
 mod dns_failures;
