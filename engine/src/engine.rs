@@ -165,6 +165,7 @@ impl Engine {
                     ttl: settings.lease.ttl,
                     shard_count,
                     owned: Arc::new(tx),
+                    metrics: metrics.clone(),
                 };
                 (Some(config), Some(ShardOwnership { owned: rx, leases }))
             }

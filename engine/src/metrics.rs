@@ -31,6 +31,7 @@ pub struct Metrics {
     pub dispatch_lag: IntGauge,
     pub shard_restarts: IntCounter,
     pub owned_shards: IntGauge,
+    pub lease_renewals: IntCounterVec,
     pub store_errors: IntCounterVec,
     pub store_latency: HistogramVec,
     pub retry_delay: HistogramVec,
@@ -52,6 +53,24 @@ pub struct Metrics {
     pub gateway: GatewayMetrics,
     /// Breakers and parked deliveries (`ParkingMetrics` below).
     pub parking: ParkingMetrics,
+}
+
+/// What became of one shard lease renewal, as the `outcome` label names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
+pub enum LeaseRenewal {
+    Renewed,
+    /// Failed or unanswered in time: the lease may still be this node's;
+    /// the shard is kept until its local deadline.
+    InDoubt,
+    /// Another node holds it, or its deadline passed unrenewed.
+    Lost,
+}
+
+impl LeaseRenewal {
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
 }
 
 /// A configured input limit (docs/OPERATIONS.md "Limits"), as the `limit` label names it.
@@ -220,6 +239,12 @@ impl Metrics {
                 "fanout_owned_shards",
                 "Topic shards this node runs a shard actor for (all of them on one node; its lease share on several)",
             ),
+            lease_renewals: counter_vec(
+                "fanout_lease_renewals_total",
+                "Shard lease renewals by outcome: renewed, in_doubt (failed or unanswered, kept until the lease's \
+                 deadline), lost (another owner, or the deadline passed)",
+                &["outcome"],
+            ),
             store_errors: counter_vec(
                 "fanout_store_errors_total",
                 "Storage operations that failed in the backend, by operation",
@@ -289,6 +314,10 @@ impl Metrics {
         for result in ["accepted", "duplicate"] {
             metrics.relay_ingress_webhooks.with_label_values(&[result]);
         }
+        // At zero from the start: a rate of in-doubt or lost renewals is worth an alert.
+        for outcome in LeaseRenewal::VARIANTS {
+            metrics.lease_renewals.with_label_values(&[outcome.as_str()]);
+        }
         // At zero from the start: a refusal rate is worth an alert.
         for limit in Limit::VARIANTS {
             metrics.limit_refusals.with_label_values(&[limit.as_str()]);
@@ -309,6 +338,11 @@ impl Metrics {
     /// The series of envelopes published with `result`.
     pub fn envelopes_published_as(&self, result: PublishResult) -> IntCounter {
         self.envelopes_published.with_label_values(&[result.as_str()])
+    }
+
+    /// Counts one shard lease renewal's outcome.
+    pub fn lease_renewed(&self, outcome: LeaseRenewal) {
+        self.lease_renewals.with_label_values(&[outcome.as_str()]).inc();
     }
 
     /// Counts `n` inputs refused by `limit`.

@@ -2,8 +2,8 @@
 //!
 //! Only when the store coordinates (ScyllaDB). Every `ttl / 3` the lease
 //! actor renews the shards it owns, heartbeats this node, computes its fair
-//! share `ceil(shard_count / live nodes)` (a failed
-//! renewal means the shard is lost: its shard actor is killed at once, the
+//! share `ceil(shard_count / live nodes)` (a renewal that finds another
+//! owner means the shard is lost: its shard actor is killed at once, the
 //! checkpoint stays where it is), acquires unowned shards while below the
 //! share, and releases shards above it (the shard actor stops at its pages
 //! in flight and stores the checkpoint above them, then the lease is
@@ -20,6 +20,15 @@
 //! round is late (a paused process, a slow store) stops appending to and
 //! dispatching a shard before another node can take it over; nothing waits
 //! for the lease actor to notice.
+//!
+//! A slow but live database: every lease request is bounded by a quarter
+//! of the TTL ([`request_timeout`]), so a round ends in time for the next
+//! one's renewals. A renewal that fails or is not answered in time is *in
+//! doubt*, not lost: the lease may well still be this node's, so the shard
+//! is kept (the fence stops its appends and dispatch at its local deadline
+//! meanwhile) and the renewal is tried again at once, then every round;
+//! only when the deadline passes without a renewal is the shard given up.
+//! Each renewal's outcome is counted (`fanout_lease_renewals_total`).
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
@@ -33,6 +42,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::domain::ShardId;
+use crate::metrics::{LeaseRenewal, Metrics};
 use crate::store::{NodeId, ShardLeases, StoreError};
 use crate::supervision::SupervisorMsg;
 use crate::ticker::spawn_ticker;
@@ -55,6 +65,21 @@ impl Default for LeaseSettings {
 
 /// Lease requests (renewals, acquisitions, releases) in flight at once.
 const RENEW_CONCURRENCY: usize = 16;
+
+/// The bound on one lease request (and on the round's heartbeat and reads):
+/// a quarter of the TTL, so that a round whose requests all hang still ends
+/// within the third of the TTL before the next round's renewals.
+pub fn request_timeout(ttl: Duration) -> Duration {
+    ttl / 4
+}
+
+/// A lease operation bounded by [`request_timeout`].
+async fn bounded<T>(ttl: Duration, op: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
+    match tokio::time::timeout(request_timeout(ttl), op).await {
+        Ok(result) => result,
+        Err(_) => Err(StoreError::Backend(format!("no answer within {:?}", request_timeout(ttl)))),
+    }
+}
 
 /// The shards this node owns, as the lease actor last decided.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -121,6 +146,7 @@ pub struct LeaseConfig {
     pub shard_count: u16,
     /// Written only by the lease actor; ingest and readiness read it.
     pub owned: Arc<watch::Sender<OwnedShards>>,
+    pub metrics: Arc<Metrics>,
 }
 
 /// What ingest needs on a leasing node: the shards it owns, and who owns
@@ -220,23 +246,15 @@ impl LeaseState {
         // Renew first: nothing else in the round, a failing
         // heartbeat included, may keep owned leases from being renewed.
         // A renewal that fails or errs means the lease may be gone.
-        let renewals = self.request_leases(self.owned().into_iter().collect()).await;
-        let lost: Vec<ShardId> = renewals
-            .into_iter()
-            .filter(|(_, outcome)| !matches!(outcome, Ok(true)))
-            .map(|(shard, outcome)| {
-                tracing::warn!(shard = shard.index(), ?outcome, "shard lease lost; stopping its dispatch");
-                shard
-            })
-            .collect();
-        self.disown_all(&lost, false).await;
-        c.leases.heartbeat(&c.node, &c.address, c.ttl).await?;
-        let live = c.leases.live_nodes().await?.len().max(1);
+        self.renew(started, budget).await;
+        bounded(c.ttl, c.leases.heartbeat(&c.node, &c.address, c.ttl)).await?;
+        let live = bounded(c.ttl, c.leases.live_nodes()).await?.len().max(1);
         let target = usize::from(c.shard_count).div_ceil(live);
         // Acquire unowned shards while below the fair share, from a random
         // start, a batch at a time.
         if self.owned().len() < target {
-            let taken: HashSet<ShardId> = c.leases.lease_owners().await?.into_iter().map(|(s, _)| s).collect();
+            let taken: HashSet<ShardId> =
+                bounded(c.ttl, c.leases.lease_owners()).await?.into_iter().map(|(s, _)| s).collect();
             let start = rand::random_range(0..c.shard_count);
             let mut free = ShardId::all(c.shard_count)
                 .cycle()
@@ -266,7 +284,7 @@ impl LeaseState {
         }
         self.disown_all(&released, true).await;
         let releases = stream::iter(released)
-            .map(|shard| c.leases.release_lease(shard, &c.node))
+            .map(|shard| bounded(c.ttl, c.leases.release_lease(shard, &c.node)))
             .buffer_unordered(RENEW_CONCURRENCY)
             .collect::<Vec<_>>()
             .await;
@@ -275,14 +293,58 @@ impl LeaseState {
         Ok(())
     }
 
-    /// Acquires or renews `shards` concurrently; each one granted gets its
-    /// local deadline from the moment its request was sent.
+    /// Renews every owned shard. One found owned by another node is lost
+    /// at once; one in doubt (an error, no answer in time) is tried again
+    /// at once while the round's budget lasts, and kept until its local
+    /// deadline: only then is it lost (module docs).
+    async fn renew(&self, started: Instant, budget: Duration) {
+        let mut pending: Vec<ShardId> = self.owned().into_iter().collect();
+        let mut lost = Vec::new();
+        // At most one retry at once: the next round tries again.
+        for _ in 0..2 {
+            if pending.is_empty() {
+                break;
+            }
+            let mut in_doubt = Vec::new();
+            for (shard, outcome) in self.request_leases(std::mem::take(&mut pending)).await {
+                let counted = match outcome {
+                    Ok(true) => LeaseRenewal::Renewed,
+                    Ok(false) => {
+                        tracing::warn!(shard = shard.index(), "shard lease lost; stopping its dispatch");
+                        lost.push(shard);
+                        LeaseRenewal::Lost
+                    }
+                    Err(e) => {
+                        let deadline = self.config.owned.borrow().shards.get(&shard).copied();
+                        if deadline.is_none_or(|d| Instant::now() >= d) {
+                            tracing::warn!(shard = shard.index(), error = %e, "shard lease lost; not renewed before its deadline, stopping its dispatch");
+                            lost.push(shard);
+                            LeaseRenewal::Lost
+                        } else {
+                            tracing::info!(shard = shard.index(), error = %e, "shard lease renewal in doubt; kept until its deadline and tried again");
+                            in_doubt.push(shard);
+                            LeaseRenewal::InDoubt
+                        }
+                    }
+                };
+                self.config.metrics.lease_renewed(counted);
+            }
+            if started.elapsed() + request_timeout(self.config.ttl) <= budget {
+                pending = in_doubt;
+            }
+        }
+        self.disown_all(&lost, false).await;
+    }
+
+    /// Acquires or renews `shards` concurrently, each bounded by
+    /// [`request_timeout`]; each one granted gets its local deadline from
+    /// the moment its request was sent.
     async fn request_leases(&self, shards: Vec<ShardId>) -> Vec<(ShardId, Result<bool, StoreError>)> {
         let c = &self.config;
         let outcomes: Vec<_> = stream::iter(shards)
             .map(|shard| async move {
                 let sent = Instant::now();
-                (shard, sent, c.leases.acquire_lease(shard, &c.node, &c.address, c.ttl).await)
+                (shard, sent, bounded(c.ttl, c.leases.acquire_lease(shard, &c.node, &c.address, c.ttl)).await)
             })
             .buffer_unordered(RENEW_CONCURRENCY)
             .collect()
@@ -364,6 +426,7 @@ mod tests {
             ttl: TTL,
             shard_count,
             owned: Arc::new(owned),
+            metrics: Arc::new(Metrics::new()),
         };
         LeaseState { config, supervisor, ticker: tokio::spawn(async {}) }
     }
@@ -442,6 +505,60 @@ mod tests {
         let other = NodeId("other".into());
         assert!(!leases.acquire_lease(ShardId::FIRST, &other, "o:1", TTL).await.unwrap(), "still a's on the store");
         assert!(Fence::default().holds(ShardId::FIRST), "one node: always held");
+    }
+
+    fn renewals(a: &LeaseState, outcome: &str) -> u64 {
+        a.config.metrics.lease_renewals.with_label_values(&[outcome]).get()
+    }
+
+    /// A database that fails or stalls lease requests (a lost or paused
+    /// node, a slow cluster): each renewal is in doubt, the shard kept and
+    /// dispatched until its local deadline, and renewed again once the
+    /// database answers; only a deadline passed unrenewed loses it.
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_in_doubt_keeps_the_shard_until_its_deadline() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let leases = Arc::new(MemoryLeases::default());
+        let mut a = node(&leases, 2).await;
+        let fence = Fence::leased(a.config.owned.subscribe());
+        a.round().await.unwrap();
+        assert_eq!(a.owned().len(), 2);
+
+        leases.failing_leases.store(true, SeqCst);
+        tokio::time::advance(TTL / 3).await;
+        a.round().await.unwrap();
+        assert_eq!(a.owned().len(), 2, "in doubt: kept");
+        assert!(fence.holds(ShardId::FIRST));
+        assert_eq!(renewals(&a, "in_doubt"), 4, "each shard tried again at once");
+
+        // Answering again before the deadline: renewed, never lost.
+        leases.failing_leases.store(false, SeqCst);
+        tokio::time::advance(TTL / 3).await;
+        a.round().await.unwrap();
+        assert_eq!((a.owned().len(), renewals(&a, "renewed"), renewals(&a, "lost")), (2, 2, 0));
+
+        // Stalled: every request ends at a quarter of the TTL, the round within a third.
+        leases.stalled_leases.store(true, SeqCst);
+        tokio::time::advance(TTL / 3).await;
+        let started = Instant::now();
+        a.round().await.unwrap();
+        let took = started.elapsed();
+        assert!(took <= TTL / 3, "{took:?}");
+        assert_eq!((a.owned().len(), renewals(&a, "lost")), (2, 0));
+        leases.stalled_leases.store(false, SeqCst);
+        tokio::time::advance(TTL / 3 - took).await;
+        a.round().await.unwrap();
+        assert_eq!((renewals(&a, "renewed"), renewals(&a, "lost")), (4, 0));
+
+        // Failing past the deadline (7.1 s after the last renewal was sent): lost.
+        leases.failing_leases.store(true, SeqCst);
+        for _ in 0..3 {
+            tokio::time::advance(TTL / 3).await;
+            // The last round's acquisitions fail too.
+            let _ = a.round().await;
+        }
+        assert_eq!((a.owned().len(), renewals(&a, "lost")), (0, 2));
+        assert!(!fence.holds(ShardId::FIRST));
     }
 
     #[tokio::test(start_paused = true)]

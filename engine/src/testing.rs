@@ -66,6 +66,10 @@ pub struct MemoryLeases {
     terms: Mutex<HashMap<ShardId, u64>>,
     /// Heartbeats fail while set.
     pub failing_heartbeats: std::sync::atomic::AtomicBool,
+    /// Lease requests fail without an answer while set (a lost database node).
+    pub failing_leases: std::sync::atomic::AtomicBool,
+    /// Lease requests hang while set (a stalled database node).
+    pub stalled_leases: std::sync::atomic::AtomicBool,
 }
 
 #[async_trait]
@@ -77,6 +81,12 @@ impl ShardLeases for MemoryLeases {
         address: &str,
         ttl: Duration,
     ) -> Result<bool, StoreError> {
+        if self.stalled_leases.load(std::sync::atomic::Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+        }
+        if self.failing_leases.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(StoreError::Backend("no answer (test)".into()));
+        }
         self.addresses.lock().unwrap().insert(node.0.clone(), address.to_owned());
         let mut leases = self.leases.lock().unwrap();
         let now = Instant::now();

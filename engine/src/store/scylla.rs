@@ -138,6 +138,7 @@ use scylla::client::execution_profile::ExecutionProfile;
 use scylla::client::session::Session;
 use scylla::client::session::TlsContext;
 use scylla::client::session_builder::SessionBuilder;
+use scylla::policies::speculative_execution::SimpleSpeculativeExecutionPolicy;
 use scylla::serialize::row::SerializeRow;
 use scylla::statement::batch::{Batch, BatchType};
 use scylla::statement::prepared::PreparedStatement;
@@ -147,8 +148,8 @@ pub use self::settings::{Keyspace, LogConsistency, Nodes, ScyllaSettings};
 
 use self::codec::{Versioned, corrupt, from_db, to_db};
 use self::cql::{
-    Execute, JOIN_CONCURRENCY, Lwt, PAGE_ROWS, Values, WriteClock, all_ok, all_rows, at, backoff, be, first_row, retry,
-    rows, statements,
+    Execute, FaultRetry, JOIN_CONCURRENCY, Lwt, PAGE_ROWS, Values, WriteClock, all_ok, all_rows, at, backoff, be,
+    first_row, retried, retry, rows, statements,
 };
 use self::gateway::ScyllaGateway;
 use self::log::ShardLog;
@@ -173,6 +174,10 @@ const FENCE_ATTEMPTS: u32 = 3;
 /// may run ahead of this one, and a tombstone dated before the row would
 /// not delete it. Marks are random per change and never written again.
 const MARK_DELETE_MARGIN_MICROS: i64 = 24 * 3600 * 1_000_000;
+/// How often the driver checks each connection with a CQL keepalive, and
+/// how long one may go unanswered before the connection is closed.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(4);
 /// Recipient partitions one join read names (`recipient_id IN ?`).
 const JOIN_IN: usize = 50;
 /// Join reads of one page at once.
@@ -224,10 +229,13 @@ statements! {
     join_read: "SELECT recipient_id, {STATIC_COLS}, {SUB_COLS} FROM {ks}.recipients \
                 WHERE recipient_id IN ? AND topic = ?" => at(consistency.reads.cql()),
     expired_scan: "SELECT DISTINCT recipient_id, renewed_at FROM {ks}.recipients",
+    // Conditional on the version read, setting a new one: retried by the
+    // driver (cql.rs, "Retried inside the engine").
     create_recipient: "UPDATE {ks}.recipients SET version = ?, secret_hash = ?, channel = ?, target = ?, \
-                       signing_key = ?, renewed_at = ?, topic_count = 0 WHERE recipient_id = ? IF version = null",
+                       signing_key = ?, renewed_at = ?, topic_count = 0 WHERE recipient_id = ? IF version = null"
+        => retried,
     renew_recipient: "UPDATE {ks}.recipients SET version = ?, channel = ?, target = ?, signing_key = ?, \
-                      renewed_at = ? WHERE recipient_id = ? IF version = ?",
+                      renewed_at = ? WHERE recipient_id = ? IF version = ?" => retried,
     update_statics: "UPDATE {ks}.recipients SET version = ?, renewed_at = ?, topic_count = ? \
                      WHERE recipient_id = ? IF version = ?",
     put_sub: "INSERT INTO {ks}.recipients (recipient_id, topic, start_position, include_commits, \
@@ -260,12 +268,13 @@ statements! {
     marks_all: "SELECT topic, recipient_id, mark FROM {ks}.topic_pending",
     fence: "UPDATE {ks}.recipients SET version = ? WHERE recipient_id = ? IF version = ?",
     fence_absent: "UPDATE {ks}.recipients SET version = null WHERE recipient_id = ? IF version = null",
-    // Shard leases: a lease is a row that lives for its TTL; every change is an LWT.
+    // Shard leases: a lease is a row that lives for its TTL; every change is
+    // an LWT on its owner, retried by the driver (cql.rs).
     lease_insert: "INSERT INTO {ks}.shard_leases (shard, owner, owner_address, acquired_at) \
-                   VALUES (?, ?, ?, toTimestamp(now())) IF NOT EXISTS USING TTL ?",
+                   VALUES (?, ?, ?, toTimestamp(now())) IF NOT EXISTS USING TTL ?" => retried,
     lease_renew: "UPDATE {ks}.shard_leases USING TTL ? SET owner = ?, owner_address = ?, \
-                  acquired_at = toTimestamp(now()) WHERE shard = ? IF owner = ?",
-    lease_release: "DELETE FROM {ks}.shard_leases WHERE shard = ? IF owner = ?",
+                  acquired_at = toTimestamp(now()) WHERE shard = ? IF owner = ?" => retried,
+    lease_release: "DELETE FROM {ks}.shard_leases WHERE shard = ? IF owner = ?" => retried,
     lease_read: "SELECT owner, owner_address FROM {ks}.shard_leases WHERE shard = ?" => at(Consistency::LocalSerial),
     lease_all: "SELECT shard, owner FROM {ks}.shard_leases",
     node_put: "INSERT INTO {ks}.nodes (node, address, seen_at) VALUES (?, ?, toTimestamp(now())) USING TTL ?",
@@ -284,6 +293,15 @@ fn new_version() -> i64 {
     rand::random()
 }
 
+/// A logged batch for one recipient's conditional change, retried by the
+/// driver: conditioned on the version read, it sets a new one (cql.rs,
+/// "Retried inside the engine").
+fn conditional_batch() -> Batch {
+    let mut batch = Batch::new(BatchType::Logged);
+    batch.set_is_idempotent(true);
+    batch
+}
+
 impl ScyllaStore {
     /// Connects to the cluster, applies the schema when `settings.migrate` is
     /// set (else requires it to be in place), records the shard count on first
@@ -293,16 +311,31 @@ impl ScyllaStore {
             return Err(StoreError::Backend("shard count must be at least 1".into()));
         }
         let timeout = settings.request_timeout;
+        // A lost or stalled node (cql.rs, "Retried inside the engine"): an
+        // idempotent request is retried on the next node when its
+        // connection breaks or its coordinator times out, and sent to the
+        // next one as well when its node is silent for `speculative_after`
+        // (up to every replica of three).
+        let speculative =
+            SimpleSpeculativeExecutionPolicy { max_retry_count: 2, retry_interval: settings.speculative_after };
         let profile = ExecutionProfile::builder()
             .consistency(Consistency::LocalQuorum)
             .serial_consistency(Some(SerialConsistency::LocalSerial))
             .request_timeout(Some(timeout))
+            .retry_policy(Arc::new(FaultRetry))
+            .speculative_execution_policy(Some(Arc::new(speculative)))
             .build()
             .into_handle();
         let mut builder = SessionBuilder::new()
             .known_nodes(settings.nodes.as_slice())
             .default_execution_profile_handle(profile)
-            .connection_timeout(timeout.min(Duration::from_secs(10)));
+            .connection_timeout(timeout.min(Duration::from_secs(10)))
+            // A stalled node (SIGSTOP, a long GC pause, a partition) keeps
+            // its connections open: a keepalive unanswered for
+            // KEEPALIVE_TIMEOUT closes them, and requests go to the other
+            // nodes first until it answers again.
+            .keepalive_interval(KEEPALIVE_INTERVAL)
+            .keepalive_timeout(KEEPALIVE_TIMEOUT);
         // TLS and password authentication to the nodes.
         if let Some(tls) = &settings.tls {
             let config = crate::transport::client_tls_config(&tls.ca_files).map_err(StoreError::Backend)?;
@@ -515,13 +548,16 @@ impl ScyllaStore {
         let (topics, ts) = futures::try_join!(self.read_topics(id), self.index_timestamp(id))?;
         let topics: Vec<&[u8]> = topics.iter().map(Vec::as_slice).collect();
         let mark = self.mark(id, &topics).await?;
-        let mut batch = Batch::new(BatchType::Logged);
+        let mut batch = conditional_batch();
         batch.append_statement(self.st.delete_statics.clone());
         batch.append_statement(self.st.delete_rows.clone());
         let values: Vec<Values> =
             vec![Box::new((id.as_bytes().to_vec(), v.version)), Box::new((id.as_bytes().to_vec(),))];
         let result = self.session.batch(&batch, values).await.map_err(be("conditional batch"))?;
-        if !Lwt::from_result(result)?.applied {
+        // Gone: deleted by this batch's first attempt (a repeat's answer),
+        // or by a concurrent delete; either way what was asked holds.
+        let lwt = Lwt::from_result(result)?;
+        if !(lwt.applied || lwt.gone()) {
             self.unmark(id, &topics, mark).await;
             return Ok(false);
         }
@@ -545,9 +581,10 @@ impl ScyllaStore {
         let (channel, text, signing_key) = codec::encode_target(target);
         let unchanged = codec::encode_target(&v.recipient.target) == (channel, text.clone(), signing_key.clone());
         let (text, signing_key, key) = (text.as_ref(), signing_key.as_deref(), id.as_bytes().as_slice());
-        let values = (new_version(), channel, text, signing_key, renewed_at_ns, key, v.version);
+        let version = new_version();
+        let values = (version, channel, text, signing_key, renewed_at_ns, key, v.version);
         if v.recipient.topic_count == 0 {
-            return Ok(self.session.lwt(&self.st.renew_recipient, values).await?.applied);
+            return Ok(self.session.lwt(&self.st.renew_recipient, values).await?.applied_as(version));
         }
         let after = Recipient { target: target.clone(), renewed_at_ns, ..v.recipient.clone() };
         // Both after the version read (`read_index_clock`).
@@ -555,14 +592,14 @@ impl ScyllaStore {
         let topics: Vec<&[u8]> = subs.iter().map(|s| s.subscription.topic.as_bytes()).collect();
         if unchanged {
             // Only the renewal time changes.
-            if !self.session.lwt(&self.st.renew_recipient, values).await?.applied {
+            if !self.session.lwt(&self.st.renew_recipient, values).await?.applied_as(version) {
                 return Ok(false);
             }
             self.renew_copies(&after, &topics, ts).await;
             return Ok(true);
         }
         let mark = self.mark(id, &topics).await?;
-        if !self.session.lwt(&self.st.renew_recipient, values).await?.applied {
+        if !self.session.lwt(&self.st.renew_recipient, values).await?.applied_as(version) {
             self.unmark(id, &topics, mark).await;
             return Ok(false);
         }
@@ -828,8 +865,9 @@ impl Store for ScyllaStore {
             // PUSH-255: create with no subscriptions, or replace the target and keep them.
             let (done, topic_count) = match &current {
                 None => {
-                    let values = (new_version(), hash, channel, text, signing_key, now_ns, key);
-                    (self.session.lwt(&self.st.create_recipient, values).await?.applied, 0)
+                    let version = new_version();
+                    let values = (version, hash, channel, text, signing_key, now_ns, key);
+                    (self.session.lwt(&self.st.create_recipient, values).await?.applied_as(version), 0)
                 }
                 Some(v) if v.recipient.secret_hash != *secret_hash => return Err(StoreError::SecretMismatch),
                 Some(v) => (self.replace_target(v, target, now_ns).await?, v.recipient.topic_count),
@@ -928,10 +966,11 @@ impl Store for ScyllaStore {
                 self.mark(id, &changed)
             )?;
 
-            let mut batch = Batch::new(BatchType::Logged);
+            let mut batch = conditional_batch();
             let mut values: Vec<Values> = Vec::with_capacity(1 + removed.len() + stored.len());
+            let version = new_version();
             batch.append_statement(self.st.update_statics.clone());
-            values.push(Box::new((new_version(), now_ns, to_db(count), id.as_bytes().to_vec(), v.version)));
+            values.push(Box::new((version, now_ns, to_db(count), id.as_bytes().to_vec(), v.version)));
             for topic in &removed {
                 batch.append_statement(self.st.del_sub.clone());
                 values.push(Box::new((id.as_bytes().to_vec(), topic.clone())));
@@ -949,7 +988,7 @@ impl Store for ScyllaStore {
                 )));
             }
             let result = self.session.batch(&batch, values).await.map_err(be("conditional batch"))?;
-            if !Lwt::from_result(result)?.applied {
+            if !Lwt::from_result(result)?.applied_as(version) {
                 self.unmark(id, &changed, mark).await;
                 return Ok(None);
             }
@@ -1164,7 +1203,13 @@ impl ShardLeases for ScyllaStore {
         // A lease newly acquired, lost, or in doubt after an error: this
         // process's term of the shard may be stale, so its next append
         // claims a new one (`log.rs`).
+        let renew = (ttl, &node.0, address, key, &node.0);
         let held = async {
+            // Most calls renew a lease this process holds: one conditional
+            // write, not two. Not applied (taken or expired): acquire it.
+            if self.log.has_term(shard) && self.session.lwt(&self.st.lease_renew, renew).await?.applied {
+                return Ok((true, false));
+            }
             let insert = self.session.lwt(&self.st.lease_insert, (key, &node.0, address, ttl)).await?;
             if insert.applied {
                 return Ok((true, true));
@@ -1173,7 +1218,7 @@ impl ShardLeases for ScyllaStore {
                 return Ok((false, true));
             }
             // Ours already: renew the TTL, still only while it is ours.
-            let renewed = self.session.lwt(&self.st.lease_renew, (ttl, &node.0, address, key, &node.0)).await?.applied;
+            let renewed = self.session.lwt(&self.st.lease_renew, renew).await?.applied;
             Ok((renewed, !renewed))
         }
         .await;

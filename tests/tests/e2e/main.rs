@@ -7,6 +7,7 @@ mod apns_requests;
 mod channel_isolation;
 mod cluster_status;
 mod common;
+mod db_faults;
 mod delivery;
 mod dispatch;
 mod dns_failures;

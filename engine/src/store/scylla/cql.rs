@@ -4,6 +4,63 @@
 //! driver errors as `StoreError`, the retry of a conditional write, write
 //! timestamps, TTLs and the limits of reads and writes. It imports no other
 //! part of the backend.
+//!
+//! # Retried inside the engine
+//!
+//! At replication factor 3 a lost or stalled database node must cost a
+//! publisher or a registrant nothing (DESIGN.md). The driver retries a
+//! statement on another node when its connection broke (a killed node) and
+//! sends it to the next node as well when the first has not answered after
+//! `store.scylla.speculative_after_ms` (a stalled one), but only a statement
+//! marked idempotent: one whose second execution, after a first whose
+//! outcome is unknown (it may have applied), leaves what one execution
+//! leaves. Each family here, and why:
+//!
+//! - **Reads**, serial reads included: change nothing. Retried.
+//! - **Plain writes**: each replays the same values at the same key, so a
+//!   second copy leaves the same row. Most carry their own write timestamp
+//!   (`USING TIMESTAMP`: the dispatch index, copies, marks, index clocks,
+//!   boundaries, checkpoints), so a late copy cannot overwrite a later
+//!   write; the envelope rows are keyed by the writer's term (only their
+//!   writer writes them, the same values each time); the rest are
+//!   overwrites that state facts already true (progress marks, whose late
+//!   copy costs repeats, never a skip; heartbeats) or deletes of what is
+//!   never written again (rows below a checkpoint, spent terms). Retried:
+//!   `prepare` marks every statement without a condition.
+//! - **Conditional writes** (LWT) are not blindly idempotent: a second
+//!   execution after a first that applied finds its condition false and
+//!   answers "not applied", which a caller could take for a lost race. Only
+//!   the families whose callers read that answer correctly are retried
+//!   (marked with [`retried`] where they are declared):
+//!   - the recipients' writes and batches are conditioned on the random
+//!     `version` read before, and set a new random one: a repeat of one
+//!     that applied answers "not applied" with the version it set itself,
+//!     which [`Lwt::applied_as`] counts as applied; a delete's repeat finds
+//!     the partition gone, which the delete counts as done. Any other "not
+//!     applied" reads again and decides again, as after a concurrent change;
+//!   - the shard leases (`IF NOT EXISTS` then `IF owner = <this node>`):
+//!     a repeat of an acquisition that applied finds this node the owner,
+//!     which the acquisition takes for its own; renewals and releases on
+//!     `owner = <this node>` apply again or find the lease gone;
+//!   - a shard term's claim (`IF NOT EXISTS`): a repeat of a claim that
+//!     applied is not applied, and the claim takes the next term above an
+//!     empty one (an unused term wastes nothing: its range holds no id);
+//!   - the keyspace's shard count: the same value either way.
+//!
+//!   The relay ingress's and the gateway's records are not retried: their
+//!   "not applied" answers are verdicts (a delivery or notify already
+//!   claimed, a route superseded) that a repeat of a write that applied
+//!   would turn against the caller. An unknown outcome there is an error,
+//!   and their clients retry with the same idempotency key.
+//! - **Batches** are marked where they are built, by the same rules: the
+//!   envelope rows' unlogged batches (plain writes) and the recipients'
+//!   conditional batches are retried.
+//!
+//! What the driver retries on ([`FaultRetry`]): a broken connection, an
+//! overloaded or bootstrapping node, and one "unavailable", as its default
+//! policy does; and, for an idempotent statement, one read or write
+//! timeout of the coordinator, on the next node: the coordinator waited
+//! for a replica that died or stalled before the cluster noticed.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -13,6 +70,8 @@ use futures::future::BoxFuture;
 use futures::stream::{self, Stream, StreamExt, TryStreamExt};
 use scylla::client::session::Session;
 use scylla::deserialize::row::DeserializeRow;
+use scylla::errors::{DbError, RequestAttemptError};
+use scylla::policies::retry::{DefaultRetrySession, RequestInfo, RetryDecision, RetryPolicy, RetrySession};
 use scylla::response::query_result::QueryResult;
 use scylla::serialize::row::SerializeRow;
 use scylla::statement::Consistency;
@@ -52,6 +111,43 @@ impl Execute for Session {
     }
 }
 
+/// The driver's retry policy (module docs): its default one, plus one
+/// retry on the next node of an idempotent statement that a coordinator
+/// answered with a read or write timeout.
+#[derive(Debug, Default)]
+pub(super) struct FaultRetry;
+
+impl RetryPolicy for FaultRetry {
+    fn new_session(&self) -> Box<dyn RetrySession> {
+        Box::new(FaultRetrySession { default: DefaultRetrySession::new(), timed_out: false })
+    }
+}
+
+struct FaultRetrySession {
+    default: DefaultRetrySession,
+    /// A timeout was retried already.
+    timed_out: bool,
+}
+
+impl RetrySession for FaultRetrySession {
+    fn decide_should_retry(&mut self, info: RequestInfo) -> RetryDecision {
+        let timeout = matches!(
+            info.error,
+            RequestAttemptError::DbError(DbError::ReadTimeout { .. } | DbError::WriteTimeout { .. }, _)
+        );
+        if timeout && info.is_idempotent && !self.timed_out {
+            self.timed_out = true;
+            return RetryDecision::RetryNextTarget(None);
+        }
+        self.default.decide_should_retry(info)
+    }
+
+    fn reset(&mut self) {
+        self.default.reset();
+        self.timed_out = false;
+    }
+}
+
 /// Declares a struct of prepared statements and its `prepare`. Each field is
 /// the statement of its CQL text, formatted as by `format!` (so `{ks}` is the
 /// keyspace), passed through `=> f` when given (`at` a consistency).
@@ -85,11 +181,27 @@ macro_rules! statements {
 
 pub(super) use statements;
 
-/// Prepares `cql`; a paged read of it pages by `PAGE_ROWS`.
+/// Prepares `cql`; a paged read of it pages by `PAGE_ROWS`. A statement
+/// without a condition is idempotent (module docs, "Retried inside the
+/// engine"); a conditional one only when declared [`retried`].
 pub(super) async fn prepare(session: &Session, cql: String) -> Result<PreparedStatement, StoreError> {
-    let mut st = session.prepare(cql).await.map_err(be("preparing a statement"))?;
+    let mut st = session.prepare(cql.as_str()).await.map_err(be("preparing a statement"))?;
     st.set_page_size(PAGE_ROWS);
+    st.set_is_idempotent(!is_conditional(&cql));
     Ok(st)
+}
+
+/// Whether a CQL statement is a conditional write (a lightweight transaction).
+fn is_conditional(cql: &str) -> bool {
+    cql.contains(" IF ")
+}
+
+/// A conditional statement's setting for `statements!`: its callers read a
+/// repeat's "not applied" correctly, so the driver may retry it on another
+/// node (module docs, "Retried inside the engine").
+pub(super) fn retried(mut st: PreparedStatement) -> PreparedStatement {
+    st.set_is_idempotent(true);
+    st
 }
 
 /// A statement's setting for `statements!`: run at `consistency`.
@@ -188,6 +300,19 @@ impl Lwt {
         Ok(Self { applied, current })
     }
 
+    /// Applied, or not applied because this very write applied before:
+    /// the driver repeated it after an attempt whose answer was lost, and
+    /// the repeat found the random `version` it sets (module docs).
+    pub(super) fn applied_as(&self, version: i64) -> bool {
+        self.applied || self.current_i64("version") == Some(version)
+    }
+
+    /// Not applied, and no `version` is stored any more: the partition a
+    /// delete conditioned on its version is gone (module docs).
+    pub(super) fn gone(&self) -> bool {
+        !self.applied && self.current("version").is_none()
+    }
+
     fn current(&self, column: &str) -> Option<&CqlValue> {
         self.current.get(column)?.as_ref()
     }
@@ -257,6 +382,29 @@ pub(super) fn ttl_until(expires_at_ms: i64) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn conditional_statements_are_told_from_plain_ones() {
+        assert!(is_conditional("UPDATE ks.t SET a = ? WHERE k = ? IF a = ?"));
+        assert!(is_conditional("INSERT INTO ks.t (k) VALUES (?) IF NOT EXISTS USING TTL ?"));
+        assert!(!is_conditional("INSERT INTO ks.t (k, a) VALUES (?, ?) USING TIMESTAMP ?"));
+        assert!(!is_conditional("SELECT a FROM ks.t WHERE k = ?"));
+    }
+
+    #[test]
+    fn a_repeat_of_a_write_that_applied_counts_as_applied() {
+        let lwt = |applied: bool, version: Option<i64>| Lwt {
+            applied,
+            current: HashMap::from([("version".to_owned(), version.map(CqlValue::BigInt))]),
+        };
+        assert!(lwt(true, None).applied_as(7));
+        assert!(lwt(false, Some(7)).applied_as(7), "its own version: the first attempt applied");
+        assert!(!lwt(false, Some(8)).applied_as(7), "another change's version");
+        assert!(!lwt(false, None).applied_as(7));
+        assert!(lwt(false, None).gone() && !lwt(false, Some(8)).gone() && !lwt(true, None).gone());
+        let no_column = Lwt { applied: false, current: HashMap::new() };
+        assert!(no_column.gone());
+    }
 
     #[test]
     fn ttls_round_up_and_stay_positive() {

@@ -55,7 +55,8 @@ use scylla::statement::batch::{Batch, BatchType};
 
 use super::codec::{self, BUCKET_SIZE, EnvelopeRow, bucket_of, from_db, pos_of, to_db};
 use super::cql::{
-    Execute, JOIN_CONCURRENCY, PAGE_ROWS, Values, all_ok, all_rows, at, backoff, be, first_row, retry, rows, statements,
+    Execute, JOIN_CONCURRENCY, PAGE_ROWS, Values, all_ok, all_rows, at, backoff, be, first_row, retried, retry, rows,
+    statements,
 };
 use super::settings::LogConsistency;
 use crate::domain::{NewEnvelope, ShardId, ShardProgress, StoredEnvelope, next_sequence_id};
@@ -172,8 +173,10 @@ statements! {
     /// reads at `.reads`; the term's claim is a conditional write at LOCAL_QUORUM.
     struct LogStatements;
     fn prepare(session, ks, reads: Consistency, writes: Consistency);
+    // Retried by the driver: a repeat of a claim that applied is not
+    // applied, and the next claim takes the term above (cql.rs).
     claim: "INSERT INTO {ks}.shard_terms (shard, term, base) VALUES (?, ?, ?) IF NOT EXISTS"
-        => at(Consistency::LocalQuorum),
+        => |st| retried(at(Consistency::LocalQuorum)(st)),
     // The highest term first (CLUSTERING ORDER BY term DESC); a partition
     // holding only static cells answers one row with a null term.
     head: "SELECT term, base, boundary, checkpoint, legacy_boundary FROM {ks}.shard_terms WHERE shard = ? LIMIT 1"
@@ -339,6 +342,13 @@ impl ShardLog {
             Ok(Some(Term { term, last: base, indexed: None }))
         })
         .await
+    }
+
+    /// Whether this process has a term of `shard` it has not forgotten:
+    /// it most likely holds the shard's lease (a hint, never a proof).
+    pub(super) fn has_term(&self, shard: ShardId) -> bool {
+        let slot = &self.terms[usize::from(shard.index())];
+        slot.durable_term.load(Ordering::Acquire) != 0 && !slot.forgotten.load(Ordering::Acquire)
     }
 
     /// Forgets this process's term of `shard`: its lease moved (or may have),
@@ -509,6 +519,8 @@ impl ShardLog {
     /// One unlogged single-partition batch of log rows.
     async fn write_envelopes(&self, shard: i32, bucket: i64, term: i64, rows: &[Row<'_>]) -> Result<(), StoreError> {
         let mut batch = Batch::new(BatchType::Unlogged);
+        // Plain writes of this term's own rows: the same values again (cql.rs).
+        batch.set_is_idempotent(true);
         let mut values: Vec<Values> = Vec::with_capacity(rows.len());
         for &Row { seq, envelope: e, now_ns } in rows {
             // PUSH-230: keep the HMAC input only where suppression can use it.

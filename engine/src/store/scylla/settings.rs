@@ -21,6 +21,11 @@ pub struct ScyllaSettings {
     /// Client-side bound on every request.
     #[serde(rename = "request_timeout_ms", deserialize_with = "duration::millis")]
     pub request_timeout: Duration,
+    /// How long an idempotent request waits for its node before it is sent
+    /// to the next one as well (speculative execution): what a stalled
+    /// node costs a request.
+    #[serde(rename = "speculative_after_ms", deserialize_with = "duration::millis")]
+    pub speculative_after: Duration,
     /// TLS to every node (Cassandra's client_encryption_options,
     /// ScyllaDB's client encryption). Absent: plaintext.
     pub tls: Option<ScyllaTls>,
@@ -137,6 +142,7 @@ impl Default for ScyllaSettings {
             replication: "{'class': 'SimpleStrategy', 'replication_factor': 1}".into(),
             migrate: false,
             request_timeout: Duration::from_secs(10),
+            speculative_after: Duration::from_millis(500),
             tls: None,
             username: None,
             password_file: None,
@@ -224,6 +230,7 @@ mod tests {
         let s = parse(serde_json::json!({})).unwrap();
         assert_eq!((s.nodes.as_slice(), s.keyspace.as_str()), (&["127.0.0.1:9042".to_owned()][..], "fanout"));
         assert_eq!(s.request_timeout, Duration::from_millis(10_000));
+        assert_eq!(s.speculative_after, Duration::from_millis(500));
         let s = parse(serde_json::json!({"keyspace": "prod_1", "request_timeout_ms": 250})).unwrap();
         assert_eq!((s.keyspace.to_string(), s.request_timeout), ("prod_1".to_owned(), Duration::from_millis(250)));
 
