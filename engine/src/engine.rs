@@ -24,6 +24,7 @@ use crate::registry::Registry;
 use crate::relay_ingress::RelayIngress;
 use crate::retention::RetentionArgs;
 use crate::settings::EngineSettings;
+use crate::shard_owners::ShardOwners;
 use crate::store::{Instrumented, NodeId, Store};
 use crate::supervision::SupervisorMsg;
 use crate::supervisor::{Supervisor, SupervisorArgs};
@@ -166,7 +167,9 @@ impl Engine {
                     shard_count,
                     owned: Arc::new(tx),
                 };
-                (Some(config), Some(ShardOwnership { owned: rx, leases }))
+                // Another node's address is read again after a lease round.
+                let owners = ShardOwners::new(leases, options.advertise_address.clone(), settings.lease.ttl / 3);
+                (Some(config), Some(ShardOwnership { owned: rx, owners: Arc::new(owners) }))
             }
             None => (None, None),
         };

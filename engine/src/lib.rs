@@ -19,6 +19,7 @@ pub mod registry;
 pub mod relay_ingress;
 pub mod retention;
 pub mod settings;
+pub mod shard_owners;
 pub mod store;
 pub mod supervision;
 pub mod supervisor;
