@@ -15,6 +15,7 @@ use fanout_engine::settings::EngineSettings;
 use fanout_engine::store::ScyllaSettings;
 
 use crate::auth::AuthSettings;
+use crate::forward::ForwardSettings;
 use crate::tls::TlsSettings;
 use serde::Deserialize;
 
@@ -44,9 +45,12 @@ pub struct ServerSettings {
     /// How long shutdown waits for attempts in flight.
     #[serde(rename = "drain_timeout_seconds", deserialize_with = "duration::seconds")]
     pub drain_timeout: Duration,
-    /// The gRPC address other nodes name when they redirect a publish here
-    /// (several nodes on ScyllaDB); default: `grpc_listen`.
+    /// The gRPC address other nodes forward publishes of this node's shards
+    /// to, and name to publishers (several nodes on ScyllaDB); default:
+    /// `grpc_listen`.
     pub advertise_address: Option<String>,
+    /// How publishes of another node's shards are forwarded to it.
+    pub forwarding: ForwardSettings,
     /// The deadline of a unary gRPC call (and of any call until its response
     /// starts). A PublishStream answers at once, so its batches are not cut
     /// by it.
@@ -172,6 +176,11 @@ impl ServerSettings {
                 "required because server.grpc_listen is not a loopback address: anyone who reaches it could publish (or set server.dangerous_allow_unauthenticated = true)".into(),
             );
         }
+        if let Some(key) = self.forwarding.needs_tls()
+            && self.tls.is_none()
+        {
+            return refuse(key, "needs [server.tls]: without it nodes forward to each other in plaintext".into());
+        }
         if let Some(auth) = &self.auth
             && auth.certificate_identities.values().any(|ids| !ids.is_empty())
             && self.tls.as_ref().is_none_or(|t| t.client_ca_file.is_none())
@@ -193,6 +202,7 @@ impl Default for ServerSettings {
             api_listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             drain_timeout: Duration::from_secs(20),
             advertise_address: None,
+            forwarding: ForwardSettings::default(),
             grpc_request_timeout: Duration::from_secs(30),
             grpc_max_message_bytes: MessageBytes::DEFAULT,
             // hyper's own default for HTTP/2 servers (tonic would leave it unlimited).
@@ -433,6 +443,9 @@ mod tests {
         assert_eq!(c.server.grpc_keepalive_interval, Duration::from_secs(30));
         assert_eq!(c.server.grpc_request_timeout, Duration::from_secs(30));
         assert_eq!(c.engine.ingest.max_data_bytes.get(), 1 << 20);
+        let forwarding = &c.server.forwarding;
+        assert!(forwarding.enabled && forwarding.token_file.is_none());
+        assert_eq!((forwarding.max_in_flight_per_node.get(), forwarding.timeout), (64, Duration::from_secs(10)));
     }
 
     #[test]
@@ -456,6 +469,12 @@ mod tests {
         let ids = "[server.auth]\ncertificate_identities = { publisher = [\"uri:spiffe://x/p\"] }\n";
         let err = error(&format!("{tls}{ids}"), &[]);
         assert!(err.contains("server.auth.certificate_identities: needs server.tls.client_ca_file"), "{err}");
+        // Forwarding's TLS keys need TLS.
+        let err = error("[server.forwarding]\nca_file = \"/ca.pem\"\n", &[]);
+        assert!(err.contains("server.forwarding.ca_file: needs [server.tls]"), "{err}");
+        let c = layer(&format!("{tls}[server.forwarding]\nca_file = \"/ca.pem\"\nclient_certificate = true\n"), &[])
+            .unwrap();
+        assert!(c.server.forwarding.client_certificate && c.server.forwarding.enabled);
         let err = error("[server.auth]\ncertificate_identities = { publisher = [\"spiffe://x\"] }\n", &[]);
         assert!(err.contains("server.auth.certificate_identities") && err.contains("must start with uri:"), "{err}");
     }

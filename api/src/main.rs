@@ -3,6 +3,7 @@
 mod auth;
 mod cluster;
 mod config;
+mod forward;
 mod gateway;
 mod grpc;
 mod http;
@@ -184,9 +185,21 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let tls_for = |pick: fn(&tls::ServerTls) -> Arc<rustls::ServerConfig>| {
         server_tls.clone().map(|t| Arc::new(move || pick(&t)) as listener::TlsSource)
     };
+    // Forwards to other nodes carry the TLS and token files of
+    // [server.forwarding], read here once (an unreadable one stops the start).
+    let forwarder = config
+        .server
+        .forwarding
+        .enabled
+        .then(|| {
+            forward::Forwarder::new(&config.server.forwarding, config.server.tls.as_ref(), &engine.metrics().registry)
+        })
+        .transpose()?
+        .map(Arc::new);
     let mut reloadable: Vec<Arc<dyn tls::Reloadable>> = Vec::new();
     reloadable.extend(server_tls.clone().map(|t| t as _));
     reloadable.extend(authenticator.clone().map(|a| a as _));
+    reloadable.extend(forwarder.as_ref().map(|f| f.reloadable()));
     let reload_interval = server_tls.as_ref().map_or(Duration::from_secs(60), |t| t.reload_interval());
     tokio::spawn(tls::watch_files(reloadable, reload_interval, shutdown_rx.clone()));
 
@@ -199,7 +212,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         .build_v1()?;
     grpc::initialise_metrics(&engine.metrics());
     let notification = grpc::NotificationApi { registry: engine.registry(), metrics: engine.metrics() };
-    let publish = grpc::PublishApi { ingest: engine.ingest(), shutdown: shutdown_rx.clone() };
+    let publish = grpc::PublishApi { ingest: engine.ingest(), shutdown: shutdown_rx.clone(), forwarder };
     // Every service decodes at most this much per message.
     let max_message = config.server.grpc_max_message_bytes.get();
     let routes = tonic::service::Routes::new(health_service)

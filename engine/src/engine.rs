@@ -24,6 +24,7 @@ use crate::registry::Registry;
 use crate::relay_ingress::RelayIngress;
 use crate::retention::RetentionArgs;
 use crate::settings::EngineSettings;
+use crate::shard_owners::ShardOwners;
 use crate::store::{Instrumented, NodeId, Store};
 use crate::supervision::SupervisorMsg;
 use crate::supervisor::{Supervisor, SupervisorArgs};
@@ -167,7 +168,9 @@ impl Engine {
                     owned: Arc::new(tx),
                     metrics: metrics.clone(),
                 };
-                (Some(config), Some(ShardOwnership { owned: rx, leases }))
+                // Another node's address is read again after a lease round.
+                let owners = ShardOwners::new(leases, options.advertise_address.clone(), settings.lease.ttl / 3);
+                (Some(config), Some(ShardOwnership { owned: rx, owners: Arc::new(owners) }))
             }
             None => (None, None),
         };

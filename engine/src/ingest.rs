@@ -5,6 +5,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::num::NonZeroUsize;
 use std::sync::Arc;
 
+use futures::stream::{self, StreamExt, TryStreamExt};
 use ractor::ActorRef;
 use serde::Deserialize;
 
@@ -108,22 +109,63 @@ impl From<SequenceRefusal> for EnvelopeRejection {
     }
 }
 
+/// Lease reads at once when the shard map is built.
+const OWNER_READS: usize = 16;
+
 /// Most envelopes one publish request may carry.
 pub const MAX_BATCH: usize = 10_000;
 
+/// One envelope's answer: its shard (when it parsed) and its sequence id or
+/// why it was not stored.
+pub type EnvelopeResult = (Option<ShardId>, Result<u64, EnvelopeRejection>);
+
+/// A batch parsed and routed: what this node may store, and the envelopes
+/// of shards another node owns.
+pub struct Routed {
+    parsed: Vec<Result<NewEnvelope, (Option<ShardId>, EnvelopeRejection)>>,
+    /// The envelopes another node owns, in batch order. Nothing is stored
+    /// for them here; those left in place when the batch is stored are
+    /// answered `OwnedElsewhere` (the caller may take them to forward them).
+    pub elsewhere: Vec<Elsewhere>,
+    /// How many `elsewhere` held when routed: those taken are counted by
+    /// the node they are forwarded to, not here.
+    routed_elsewhere: usize,
+}
+
+/// An envelope of a shard another node owns.
+pub struct Elsewhere {
+    /// Its place in the batch.
+    pub index: usize,
+    pub shard: ShardId,
+    /// The owner's advertised gRPC address (`server.advertise_address`).
+    pub owner: String,
+    pub envelope: NewEnvelope,
+}
+
 impl Ingest {
     /// One result per input, in order. `Err` only when storage itself failed.
-    pub async fn publish(
-        &self,
-        inputs: Vec<EnvelopeInput>,
-    ) -> Result<Vec<(Option<ShardId>, Result<u64, EnvelopeRejection>)>, StoreError> {
+    pub async fn publish(&self, inputs: Vec<EnvelopeInput>) -> Result<Vec<EnvelopeResult>, StoreError> {
+        let routed = self.route(inputs).await?;
+        self.store(routed).await
+    }
+
+    /// Parses each envelope and finds the owner of each shard this node
+    /// does not hold. `Err` only when the lease of such a shard could not be read.
+    pub async fn route(&self, inputs: Vec<EnvelopeInput>) -> Result<Routed, StoreError> {
         let parsed: Vec<Result<NewEnvelope, (Option<ShardId>, EnvelopeRejection)>> =
             inputs.into_iter().map(|i| self.parse(i).map_err(|e| (None, e))).collect();
         let too_large = parsed.iter().filter(|p| matches!(p, Err((_, EnvelopeRejection::DataTooLarge { .. })))).count();
         if too_large > 0 {
             self.metrics.limit_refused(Limit::EnvelopeData, too_large as u64);
         }
-        let parsed = self.redirect_unowned(parsed).await?;
+        self.route_unowned(parsed).await
+    }
+
+    /// Stores the envelopes this node holds in one append and wakes their
+    /// shards: one result per input of the routed batch, in order. `Err`
+    /// only when storage itself failed.
+    pub async fn store(&self, routed: Routed) -> Result<Vec<EnvelopeResult>, StoreError> {
+        let Routed { parsed, elsewhere, routed_elsewhere } = routed;
         let valid: Vec<NewEnvelope> = parsed.iter().filter_map(|p| p.as_ref().ok().cloned()).collect();
         let appended = if valid.is_empty() {
             Vec::new()
@@ -152,12 +194,46 @@ impl Ingest {
             })
             .collect::<Vec<_>>();
         let stored = results.iter().filter(|r| r.1.is_ok()).count() as u64;
+        // Envelopes taken to be forwarded are their owner's to count.
+        let forwarded = (routed_elsewhere - elsewhere.len()) as u64;
         self.metrics.envelopes_published_as(PublishResult::Stored).inc_by(stored);
-        self.metrics.envelopes_published_as(PublishResult::Rejected).inc_by(results.len() as u64 - stored);
+        self.metrics.envelopes_published_as(PublishResult::Rejected).inc_by(results.len() as u64 - stored - forwarded);
         if !woken.is_empty() {
             let _ = self.dispatch.cast(SupervisorMsg::Wake(woken.into_iter().collect()));
         }
         Ok(results)
+    }
+
+    /// The advertised gRPC address of each shard's owner, in shard order;
+    /// `None` while a shard has no owner. Reads the leases this node has
+    /// not read within a lease round.
+    pub async fn shard_map(&self) -> Result<Vec<Option<String>>, StoreError> {
+        let all = ShardId::all(self.shard_count);
+        let Some(ownership) = &self.ownership else {
+            return Ok(all.map(|_| Some(self.advertise_address.clone())).collect());
+        };
+        let owned = ownership.owned.borrow().clone();
+        let now = tokio::time::Instant::now();
+        let owned = &owned;
+        stream::iter(all)
+            .map(|shard| async move {
+                if owned.holds(shard, now) {
+                    Ok(Some(self.advertise_address.clone()))
+                } else {
+                    ownership.owners.other_owner(shard).await
+                }
+            })
+            .buffered(OWNER_READS)
+            .try_collect()
+            .await
+    }
+
+    /// A forward of `shard`'s envelopes to `owner` failed: its lease is read
+    /// again at the next envelope rather than sent to a node that may be gone.
+    pub fn forget_owner(&self, shard: ShardId, owner: &str) {
+        if let Some(ownership) = &self.ownership {
+            ownership.owners.forget(shard, owner);
+        }
     }
 
     /// The shards of `appended` whose local lease deadline passed while they
@@ -173,38 +249,41 @@ impl Ingest {
         appended.iter().map(NewEnvelope::shard).filter(|shard| !owned.holds(*shard, now)).collect()
     }
 
-    /// Only the owner of a shard appends to it. An envelope of a
-    /// shard this node does not own is answered with where to publish it.
-    async fn redirect_unowned(
+    /// Only the owner of a shard appends to it. An envelope of a shard this
+    /// node does not own is set aside with its owner's address (answered
+    /// with it unless forwarded there), or answered "no owner yet".
+    async fn route_unowned(
         &self,
-        parsed: Vec<Result<NewEnvelope, (Option<ShardId>, EnvelopeRejection)>>,
-    ) -> Result<Vec<Result<NewEnvelope, (Option<ShardId>, EnvelopeRejection)>>, StoreError> {
-        let Some(ownership) = &self.ownership else { return Ok(parsed) };
+        mut parsed: Vec<Result<NewEnvelope, (Option<ShardId>, EnvelopeRejection)>>,
+    ) -> Result<Routed, StoreError> {
+        let Some(ownership) = &self.ownership else {
+            return Ok(Routed { parsed, elsewhere: Vec::new(), routed_elsewhere: 0 });
+        };
         // Fencing: a shard whose local lease deadline passed is
         // not this node's any more, whatever the lease actor last decided.
         let owned = ownership.owned.borrow().clone();
         let now = tokio::time::Instant::now();
-        let mut owners: HashMap<ShardId, EnvelopeRejection> = HashMap::new();
-        let mut out = Vec::with_capacity(parsed.len());
-        for p in parsed {
-            match p {
-                Ok(e) if !owned.holds(e.shard(), now) => {
-                    let shard = e.shard();
-                    if !owners.contains_key(&shard) {
-                        let rejection = match ownership.leases.lease_owner(shard).await? {
-                            Some((_, address)) if !address.is_empty() && address != self.advertise_address => {
-                                EnvelopeRejection::OwnedElsewhere { shard: shard.index(), address }
-                            }
-                            _ => EnvelopeRejection::NoOwner { shard: shard.index() },
-                        };
-                        owners.insert(shard, rejection);
-                    }
-                    out.push(Err((Some(shard), owners[&shard].clone())));
-                }
-                other => out.push(other),
+        let mut owners: HashMap<ShardId, Option<String>> = HashMap::new();
+        let mut elsewhere = Vec::new();
+        for (index, slot) in parsed.iter_mut().enumerate() {
+            let shard = match slot {
+                Ok(e) if !owned.holds(e.shard(), now) => e.shard(),
+                _ => continue,
+            };
+            if !owners.contains_key(&shard) {
+                owners.insert(shard, ownership.owners.other_owner(shard).await?);
+            }
+            let rejection = match &owners[&shard] {
+                Some(address) => EnvelopeRejection::OwnedElsewhere { shard: shard.index(), address: address.clone() },
+                None => EnvelopeRejection::NoOwner { shard: shard.index() },
+            };
+            let Ok(envelope) = std::mem::replace(slot, Err((Some(shard), rejection))) else { continue };
+            if let Some(owner) = &owners[&shard] {
+                elsewhere.push(Elsewhere { index, shard, owner: owner.clone(), envelope });
             }
         }
-        Ok(out)
+        let routed_elsewhere = elsewhere.len();
+        Ok(Routed { parsed, elsewhere, routed_elsewhere })
     }
 
     fn parse(&self, input: EnvelopeInput) -> Result<NewEnvelope, EnvelopeRejection> {
@@ -252,6 +331,7 @@ mod tests {
 
     use super::*;
     use crate::ownership::OwnedShards;
+    use crate::shard_owners::ShardOwners;
     use crate::store::{NodeId, RedbStore, ShardLeases};
     use crate::testing::{MemoryLeases, StandIn};
 
@@ -289,6 +369,11 @@ mod tests {
             advertise_address: "me:1".into(),
         };
         Fixture { ingest, wakes, _dir: dir }
+    }
+
+    fn ownership(owned: watch::Receiver<OwnedShards>, leases: Arc<MemoryLeases>) -> ShardOwnership {
+        let owners = ShardOwners::new(leases, "me:1".into(), Duration::from_secs(3));
+        ShardOwnership { owned, owners: Arc::new(owners) }
     }
 
     async fn wakes(f: &Fixture) -> Vec<ShardId> {
@@ -397,7 +482,7 @@ mod tests {
     async fn an_unowned_shard_is_redirected_to_its_owner_or_refused() {
         let leases = Arc::new(MemoryLeases::default());
         let (_, owned) = watch::channel(OwnedShards { settled: true, ..OwnedShards::default() });
-        let f = fixture(Some(ShardOwnership { owned, leases: leases.clone() })).await;
+        let f = fixture(Some(ownership(owned, leases.clone()))).await;
         let topic = [0u8, 7];
         let shard = Topic::parse(&topic).unwrap().shard(SHARDS);
         let ttl = Duration::from_secs(60);
@@ -417,14 +502,70 @@ mod tests {
         assert_eq!(f.ingest.store.shard_position(shard).await.unwrap().boundary, 0, "nothing appended");
     }
 
+    /// Envelopes of another node's shard are set aside for forwarding, in
+    /// batch order, with their owner; those taken are not counted here, and
+    /// those left are answered with the owner's address.
+    #[tokio::test]
+    async fn envelopes_another_node_owns_are_routed_to_it_in_order() {
+        let leases = Arc::new(MemoryLeases::default());
+        let (mine, theirs) = ([0u8, 7], [0u8, 8]);
+        let (my_shard, their_shard) =
+            (Topic::parse(&mine).unwrap().shard(SHARDS), Topic::parse(&theirs).unwrap().shard(SHARDS));
+        assert_ne!(my_shard, their_shard);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        let held = OwnedShards { shards: BTreeMap::from([(my_shard, deadline)]), settled: true, ..Default::default() };
+        let (_tx, owned) = watch::channel(held);
+        let f = fixture(Some(ownership(owned, leases.clone()))).await;
+        assert!(leases.acquire_lease(their_shard, &NodeId("b".into()), "b:1", Duration::from_secs(60)).await.unwrap());
+        let batch = || {
+            vec![
+                input(&theirs, EnvelopeKind::Application, 0),
+                input(&mine, EnvelopeKind::Application, 0),
+                input(&[0x09, 1], EnvelopeKind::Application, 0),
+                input(&theirs, EnvelopeKind::Application, 5),
+            ]
+        };
+        let mut routed = f.ingest.route(batch()).await.unwrap();
+        let taken = std::mem::take(&mut routed.elsewhere);
+        let placed: Vec<(usize, ShardId, &str, Option<u64>)> =
+            taken.iter().map(|e| (e.index, e.shard, e.owner.as_str(), e.envelope.sequence_id)).collect();
+        assert_eq!(placed, [(0, their_shard, "b:1", None), (3, their_shard, "b:1", Some(5))]);
+        let results = f.ingest.store(routed).await.unwrap();
+        assert_eq!(results[1], (Some(my_shard), Ok(1)));
+        assert!(matches!(results[2], (None, Err(EnvelopeRejection::Invalid(_)))));
+        assert_eq!(f.ingest.store.shard_position(their_shard).await.unwrap().boundary, 0, "nothing appended");
+        let published = &f.ingest.metrics.envelopes_published;
+        let counts =
+            || (published.with_label_values(&["stored"]).get(), published.with_label_values(&["rejected"]).get());
+        assert_eq!(counts(), (1, 1), "the forwarded two are the owner's to count");
+
+        // Not taken: answered with the owner, and counted as refused here.
+        let results = f.ingest.publish(batch()).await.unwrap();
+        let redirect = EnvelopeRejection::OwnedElsewhere { shard: their_shard.index(), address: "b:1".into() };
+        assert_eq!(results[0], (Some(their_shard), Err(redirect.clone())));
+        assert_eq!(results[3], (Some(their_shard), Err(redirect)));
+        assert_eq!(counts(), (2, 4));
+
+        // The shard map names this node for its shard and b for b's.
+        let map = f.ingest.shard_map().await.unwrap();
+        assert_eq!(map.len(), usize::from(SHARDS));
+        assert_eq!(map[usize::from(my_shard.index())].as_deref(), Some("me:1"));
+        assert_eq!(map[usize::from(their_shard.index())].as_deref(), Some("b:1"));
+        assert_eq!(map.iter().filter(|o| o.is_none()).count(), usize::from(SHARDS) - 2, "the rest have no owner");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_shard_whose_local_lease_deadline_passed_takes_no_publish() {
         let leases = Arc::new(MemoryLeases::default());
         let topic = [0u8, 7];
         let shard = Topic::parse(&topic).unwrap().shard(SHARDS);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-        let (tx, owned) = watch::channel(OwnedShards { shards: BTreeMap::from([(shard, deadline)]), settled: true, ..Default::default() });
-        let f = fixture(Some(ShardOwnership { owned, leases })).await;
+        let (tx, owned) = watch::channel(OwnedShards {
+            shards: BTreeMap::from([(shard, deadline)]),
+            settled: true,
+            ..Default::default()
+        });
+        let f = fixture(Some(ownership(owned, leases))).await;
         let results = f.ingest.publish(vec![input(&topic, EnvelopeKind::Application, 0)]).await.unwrap();
         assert_eq!(results[0].1, Ok(1), "held: stored");
         // No renewal came: past the deadline the shard is fenced off.
@@ -453,7 +594,7 @@ mod tests {
         let deadlines =
             BTreeMap::from([(shard, now + Duration::from_secs(5)), (other_shard, now + Duration::from_secs(60))]);
         let (_tx, owned) = watch::channel(OwnedShards { shards: deadlines, settled: true, ..Default::default() });
-        let f = fixture(Some(ShardOwnership { owned, leases })).await;
+        let f = fixture(Some(ownership(owned, leases))).await;
         let envelopes = |topic: &[u8]| {
             let e = input(topic, EnvelopeKind::Application, 0);
             NewEnvelope::new(Topic::parse(topic).unwrap(), SHARDS, EnvelopeKind::Application, true, None, e.data, None)

@@ -20,6 +20,7 @@ pub mod registry;
 pub mod relay_ingress;
 pub mod retention;
 pub mod settings;
+pub mod shard_owners;
 pub mod stale_marks;
 pub mod store;
 pub mod supervision;

@@ -43,6 +43,7 @@ use tokio::time::Instant;
 
 use crate::domain::ShardId;
 use crate::metrics::{LeaseRenewal, Metrics};
+use crate::shard_owners::ShardOwners;
 use crate::store::{NodeId, ShardLeases, StoreError};
 use crate::supervision::SupervisorMsg;
 use crate::ticker::spawn_ticker;
@@ -150,11 +151,11 @@ pub struct LeaseConfig {
 }
 
 /// What ingest needs on a leasing node: the shards it owns, and who owns
-/// the others (for the redirect).
+/// the others (to forward their envelopes there, or name the owner).
 #[derive(Clone)]
 pub struct ShardOwnership {
     pub owned: watch::Receiver<OwnedShards>,
-    pub leases: Arc<dyn ShardLeases>,
+    pub owners: Arc<ShardOwners>,
 }
 
 pub enum LeaseMsg {

@@ -1,6 +1,7 @@
 //! The gRPC contract of fanout. Generated code and its codec only; the rules live in the engine.
 
 pub mod codec;
+pub mod routing;
 
 pub mod v1 {
     tonic::include_proto!("fanout.v1");

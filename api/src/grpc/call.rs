@@ -22,7 +22,12 @@ pub fn router(routes: tonic::service::Routes, request_timeout: Duration) -> axum
     routes.prepare().into_axum_router().layer(middleware::from_fn_with_state(request_timeout, call))
 }
 
-async fn call(State(server_timeout): State<Duration>, request: Request, next: Next) -> Response {
+/// When the call must be answered (the limit below, from its arrival), in
+/// every request's extensions: a forward ends before it.
+#[derive(Debug, Clone, Copy)]
+pub struct CallDeadline(pub tokio::time::Instant);
+
+async fn call(State(server_timeout): State<Duration>, mut request: Request, next: Next) -> Response {
     // gRPC over HTTP/2: a request whose content type is not gRPC is answered
     // 415 Unsupported Media Type, before any handler or role check runs.
     if !is_grpc(request.headers()) {
@@ -36,6 +41,7 @@ async fn call(State(server_timeout): State<Duration>, request: Request, next: Ne
     // `grpc-timeout`, until the response starts: the whole of a unary call;
     // PublishStream answers at once and is never cut by it.
     let limit = grpc_timeout(request.headers()).map_or(server_timeout, |client| client.min(server_timeout));
+    request.extensions_mut().insert(CallDeadline(tokio::time::Instant::now() + limit));
     match tokio::time::timeout(limit, next.run(request)).instrument(span).await {
         Ok(response) => response,
         Err(_) => {

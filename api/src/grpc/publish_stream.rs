@@ -29,7 +29,7 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 
-use super::batch::publish_batch;
+use super::batch::{Forwarding, publish_batch};
 use super::status::{PUBLISH_STREAM, record_rpc};
 
 /// Acknowledgements that may wait for the client to read them.
@@ -41,11 +41,12 @@ type Ack = Result<pb::PublishResponse, Status>;
 pub fn start(
     ingest: Arc<Ingest>,
     batches: Streaming<pb::PublishRequest>,
+    forwarding: Option<Forwarding>,
     shutdown: watch::Receiver<bool>,
 ) -> ReceiverStream<Ack> {
     let (acks, rx) = mpsc::channel(ACKS_AHEAD);
     tokio::spawn(async move {
-        let outcome = run(&ingest, batches, &acks, shutdown).await;
+        let outcome = run(&ingest, batches, forwarding.as_ref(), &acks, shutdown).await;
         record_rpc(&ingest.metrics, PUBLISH_STREAM, &outcome);
         if let Err(status) = outcome {
             // After every acknowledgement queued before it; a client that
@@ -61,6 +62,7 @@ pub fn start(
 async fn run(
     ingest: &Ingest,
     mut batches: Streaming<pb::PublishRequest>,
+    forwarding: Option<&Forwarding>,
     acks: &mpsc::Sender<Ack>,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), Status> {
@@ -83,7 +85,8 @@ async fn run(
             Some(Err(status)) => return Err(status),
             Some(Ok(batch)) => batch,
         };
-        let results = publish_batch(ingest, batch.envelopes).await?;
+        // Forwards of the batch end by `timeout_ms`; the local append is never cut.
+        let results = publish_batch(ingest, batch.envelopes, forwarding).await?;
         if acks.send(Ok(pb::PublishResponse { results })).await.is_err() {
             return Err(Status::cancelled("the client closed the stream"));
         }

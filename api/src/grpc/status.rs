@@ -29,7 +29,8 @@ pub const UNREGISTER: &str = "Unregister";
 pub const UPDATE_SUBSCRIPTIONS: &str = "UpdateSubscriptions";
 pub const PUBLISH: &str = "Publish";
 pub const PUBLISH_STREAM: &str = "PublishStream";
-const METHODS: [&str; 5] = [REGISTER, UNREGISTER, UPDATE_SUBSCRIPTIONS, PUBLISH, PUBLISH_STREAM];
+pub const GET_SHARD_MAP: &str = "GetShardMap";
+const METHODS: [&str; 6] = [REGISTER, UNREGISTER, UPDATE_SUBSCRIPTIONS, PUBLISH, PUBLISH_STREAM, GET_SHARD_MAP];
 
 /// One code of each `code` label (`Unknown` for `OTHER`).
 const CODES: [tonic::Code; 11] = {
@@ -101,7 +102,7 @@ mod tests {
         initialise_metrics(&metrics);
         let exposed = metrics.render();
         let series: Vec<&str> = exposed.lines().filter(|l| l.starts_with("fanout_rpc_requests_total{")).collect();
-        assert_eq!(series.len(), 5 * 11, "{exposed}");
+        assert_eq!(series.len(), 6 * 11, "{exposed}");
         for line in [
             r#"fanout_rpc_requests_total{code="OK",method="Register"} 0"#,
             r#"fanout_rpc_requests_total{code="UNAVAILABLE",method="Publish"} 0"#,
