@@ -641,6 +641,7 @@ mod tests {
             [
                 "apns-smoke",
                 "apns-throughput",
+                "cluster",
                 "delivery",
                 "faults",
                 "ingest",
