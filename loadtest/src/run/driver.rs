@@ -9,6 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
+use fanout_engine::domain::Topic;
+use fanout_proto::routing::{Reason, Routing};
 use fanout_proto::v1 as pb;
 use fanout_proto::v1::notification_service_client::NotificationServiceClient;
 use fanout_proto::v1::publish_service_client::PublishServiceClient;
@@ -64,20 +66,38 @@ impl Grpc {
     }
 }
 
+/// How publishes reach several engine nodes (`--publish-via`).
+#[derive(clap::ValueEnum, Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PublishVia {
+    /// As a load balancer would: every Publish RPC, resends included, to the
+    /// next node in turn, with no routing knowledge; the node forwards the
+    /// envelopes of shards another node owns.
+    #[default]
+    RoundRobin,
+    /// As a publisher that routes by itself: each batch split by the shard
+    /// map (GetShardMap) and each part sent to its shard's owner, an
+    /// envelope answered SHARD_OWNED_ELSEWHERE resent to the owner its
+    /// error detail names.
+    Owner,
+}
+
 /// The engine nodes of a run, each with its connections: registration is
-/// spread over them (recipient r on node r mod N), publish batches too, and
-/// an envelope answered "shard N is owned by HOST:PORT" is resent to that
-/// node (docs/OPERATIONS.md, "Publishing").
+/// spread over them (recipient r on node r mod N), and publishes go as
+/// `via` says.
 #[derive(Clone)]
 pub struct Cluster {
     nodes: Vec<Grpc>,
-    /// Each node's advertised gRPC address, as a redirect names it.
+    /// Each node's advertised gRPC address, as an error detail names it.
     addresses: Vec<String>,
+    via: PublishVia,
+    /// The next node of `RoundRobin`.
+    turn: Arc<AtomicUsize>,
     /// Several nodes with a fault: a Publish RPC that timed out or failed in
-    /// transport, or an envelope answered "lease ran out while storing", has
-    /// an unknown outcome and is resent to another node (it may then be
-    /// stored twice: the copy never acknowledged is counted apart). With one
-    /// node such an envelope is an error, as before.
+    /// transport, or an envelope whose outcome its error detail says is
+    /// unknown, is resent to another node (it may then be stored twice: the
+    /// copy never acknowledged is counted apart). With one node such an
+    /// envelope is an error, as before.
     retry_unknown: bool,
     /// Each RPC's own deadline with `retry_unknown` (a paused node never answers).
     rpc_timeout: Duration,
@@ -89,16 +109,19 @@ impl Cluster {
         Cluster {
             nodes: vec![grpc],
             addresses: vec![address.to_string()],
+            via: PublishVia::RoundRobin,
+            turn: Arc::new(AtomicUsize::new(0)),
             retry_unknown: false,
             rpc_timeout: Duration::from_secs(60),
         }
     }
 
-    /// `connections` to each of `addresses`; `retry_unknown` as the field says.
+    /// `connections` to each of `addresses`; `via` and `retry_unknown` as the fields say.
     pub async fn connect(
         addresses: &[SocketAddr],
         connections: usize,
         timeout: Duration,
+        via: PublishVia,
         retry_unknown: bool,
     ) -> anyhow::Result<Cluster> {
         let mut nodes = Vec::new();
@@ -108,6 +131,8 @@ impl Cluster {
         Ok(Cluster {
             nodes,
             addresses: addresses.iter().map(ToString::to_string).collect(),
+            via,
+            turn: Arc::new(AtomicUsize::new(0)),
             retry_unknown,
             rpc_timeout: Duration::from_secs(5),
         })
@@ -125,11 +150,43 @@ impl Cluster {
         &self.nodes[index % self.nodes.len()]
     }
 
-    /// The node a redirect message ("shard N is owned by HOST:PORT; publish
-    /// there") names, if it is one of the run's.
-    fn owner_in(&self, message: &str) -> Option<usize> {
-        let owner = message.split("owned by ").nth(1)?.split(';').next()?.trim();
-        self.addresses.iter().position(|a| a == owner)
+    /// The node of the next `RoundRobin` RPC.
+    fn next_node(&self) -> usize {
+        self.turn.fetch_add(1, Ordering::Relaxed) % self.nodes.len()
+    }
+
+    /// The run's node at `address`, if it is one of them.
+    fn node_at(&self, address: &str) -> Option<usize> {
+        self.addresses.iter().position(|a| a == address)
+    }
+
+    /// The shard map as the first node gives it: each shard's owner among
+    /// the run's nodes (`None`: no owner, or one not of the run), and the
+    /// shard count.
+    async fn shard_map(&self) -> anyhow::Result<ShardMap> {
+        let map = self.node(0).publisher().get_shard_map(pb::GetShardMapRequest {}).await?.into_inner();
+        let owners = map.owners.iter().map(|o| self.node_at(&o.address)).collect();
+        Ok(ShardMap { shard_count: u16::try_from(map.shard_count)?, owners: Mutex::new(owners) })
+    }
+}
+
+/// `PublishVia::Owner`'s routing table, corrected as error details name owners.
+struct ShardMap {
+    shard_count: u16,
+    owners: Mutex<Vec<Option<usize>>>,
+}
+
+impl ShardMap {
+    /// The node that owns `topic`'s shard, as far as the map knows.
+    fn owner(&self, topic: &[u8]) -> Option<usize> {
+        let shard = Topic::parse(topic).ok()?.shard(self.shard_count);
+        self.owners.lock().unwrap_or_else(|p| p.into_inner()).get(usize::from(shard.index())).copied().flatten()
+    }
+
+    fn moved(&self, shard: u32, node: usize) {
+        if let Some(owner) = self.owners.lock().unwrap_or_else(|p| p.into_inner()).get_mut(shard as usize) {
+            *owner = Some(node);
+        }
     }
 }
 
@@ -304,9 +361,16 @@ pub struct PublishStats {
     pub rpc_latency: Percentiles,
     /// Envelopes acknowledged by each engine node.
     pub stored_per_node: Vec<u64>,
-    /// Envelopes resent to the node a "shard N is owned by HOST:PORT" answer named.
+    /// How the RPCs chose their node.
+    pub via: PublishVia,
+    /// Envelopes stored by the first RPC that carried them: all of them
+    /// when no node fails, whichever node each RPC reached.
+    pub first_try: u64,
+    /// Envelopes answered SHARD_OWNED_ELSEWHERE (resent to that owner with
+    /// `--publish-via owner`, to the next node otherwise).
     pub redirects: u64,
-    /// Envelopes resent after "no owner yet" or another answer that stored nothing.
+    /// Envelopes resent after another answer that stored nothing (no owner
+    /// yet, a forward never sent).
     pub retries: u64,
     /// Several nodes with a fault: envelopes whose RPC timed out or failed,
     /// or that were answered "lease ran out while storing", then resent:
@@ -318,6 +382,7 @@ pub struct PublishStats {
 /// What the publish tasks share.
 struct Shared {
     stored: u64,
+    first_try: u64,
     errors: u64,
     first_error: Option<String>,
     rpc_us: Histogram<u64>,
@@ -333,11 +398,15 @@ const RESEND_FOR: Duration = Duration::from_secs(60);
 /// Between rounds of resending what had no owner or no answer.
 const RESEND_PAUSE: Duration = Duration::from_millis(200);
 
-/// What to do with one envelope's answer.
+/// What to do with one envelope's answer, as its error detail says (the
+/// message text is for people).
 enum Answer {
     Stored(u64),
-    /// Nothing was stored: send it to this node.
-    Redirect(usize),
+    /// Nothing was stored: this node of the run owns the shard.
+    Redirect {
+        node: usize,
+        shard: u32,
+    },
     /// Nothing was stored: send it again after a pause.
     Retry,
     /// Perhaps stored: send it again (several nodes with a fault) or count an error.
@@ -349,26 +418,32 @@ fn answer_of(cluster: &Cluster, result: Option<pb::publish_result::Result>) -> A
     match result {
         Some(pb::publish_result::Result::SequenceId(seq)) => Answer::Stored(seq),
         Some(pb::publish_result::Result::Error(e)) if e.code == tonic::Code::Unavailable as i32 => {
-            if e.message.contains("outcome unknown") {
-                Answer::Unknown(e.message)
-            } else if let Some(node) = cluster.owner_in(&e.message) {
-                Answer::Redirect(node)
-            } else {
-                Answer::Retry
+            match Routing::of(&e) {
+                None => Answer::Unknown(e.message),
+                Some(r) if r.outcome_unknown => Answer::Unknown(e.message),
+                Some(Routing { reason: Reason::ShardOwnedElsewhere, owner: Some(owner), shard, .. }) => {
+                    match cluster.node_at(&owner) {
+                        Some(node) => Answer::Redirect { node, shard },
+                        None => Answer::Retry,
+                    }
+                }
+                Some(_) => Answer::Retry,
             }
         }
         other => Answer::Error(format!("{other:?}")),
     }
 }
 
-/// Publishes envelopes `start..end` in one RPC to node `first` and reports
-/// them to the collector; envelopes another node owns are resent there, and
-/// those that found no owner (or, with `retry_unknown`, no answer) again
-/// after a pause, for up to `RESEND_FOR`.
+/// Publishes envelopes `start..end` and reports them to the collector:
+/// in one RPC to the next node (`RoundRobin`), or split by the shard map,
+/// one RPC per owner (`Owner`). Envelopes that were not stored are resent
+/// (to the owner an error detail names, with `Owner`), those that found no
+/// owner (or, with `retry_unknown`, no answer) after a pause, for up to
+/// `RESEND_FOR`.
 #[allow(clippy::too_many_arguments)]
 async fn publish_batch(
     cluster: Cluster,
-    first: usize,
+    map: Option<Arc<ShardMap>>,
     plan: Arc<Plan>,
     ids: RunIds,
     collector: Arc<Collector>,
@@ -384,9 +459,24 @@ async fn publish_batch(
         data: b"loadtest ciphertext".to_vec(),
         ..pb::Envelope::default()
     };
+    // The owner of an envelope's shard, as far as the map knows (`Owner` only).
+    let mapped_owner = |e: u64| map.as_ref().and_then(|m| m.owner(&ids.topic(plan.topic_of_envelope(e))));
     let resend_until = Instant::now() + RESEND_FOR;
     // (node, envelopes) still to send.
-    let mut todo: Vec<(usize, Vec<u64>)> = vec![(first % cluster.len(), (start..end).collect())];
+    let mut todo: Vec<(usize, Vec<u64>)> = Vec::new();
+    let add = |todo: &mut Vec<(usize, Vec<u64>)>, node: usize, e: u64| match todo.iter_mut().find(|(n, _)| *n == node) {
+        Some((_, v)) => v.push(e),
+        None => todo.push((node, vec![e])),
+    };
+    match cluster.via {
+        PublishVia::RoundRobin => todo.push((cluster.next_node(), (start..end).collect())),
+        PublishVia::Owner => {
+            let anywhere = cluster.next_node();
+            for e in start..end {
+                add(&mut todo, mapped_owner(e).unwrap_or(anywhere), e);
+            }
+        }
+    }
     let mut round = 0u32;
     while !todo.is_empty() {
         if round > 0 {
@@ -395,10 +485,9 @@ async fn publish_batch(
         round += 1;
         let out_of_time = Instant::now() >= resend_until;
         let mut next: Vec<(usize, Vec<u64>)> = Vec::new();
-        let mut push = |node: usize, e: u64| match next.iter_mut().find(|(n, _)| *n == node) {
-            Some((_, v)) => v.push(e),
-            None => next.push((node, vec![e])),
-        };
+        // Resends with no routing knowledge go to the next node in turn
+        // (one RPC per round of this batch).
+        let anywhere = cluster.next_node();
         for (node, batch) in std::mem::take(&mut todo) {
             let request = pb::PublishRequest { envelopes: batch.iter().map(|e| envelope(*e)).collect() };
             let sent = Instant::now();
@@ -422,26 +511,34 @@ async fn publish_batch(
                     Answer::Stored(seq) => {
                         collector.envelope_published(plan.topic_of_envelope(e), seq, returned);
                         shared.stored += 1;
+                        shared.first_try += u64::from(round == 1);
                         shared.stored_per_node[node] += 1;
                         progress.add(1);
                         continue;
                     }
-                    Answer::Redirect(owner) if !out_of_time => {
+                    Answer::Redirect { node: owner, shard } if !out_of_time => {
                         shared.redirects += 1;
-                        push(owner, e);
+                        match &map {
+                            Some(map) => {
+                                map.moved(shard, owner);
+                                add(&mut next, owner, e);
+                            }
+                            None => add(&mut next, anywhere, e),
+                        }
                         continue;
                     }
                     Answer::Retry if !out_of_time => {
                         shared.retries += 1;
-                        push(node, e);
+                        add(&mut next, mapped_owner(e).unwrap_or(anywhere), e);
                         continue;
                     }
                     Answer::Unknown(_) if cluster.retry_unknown && !out_of_time => {
                         shared.unknown_outcome += 1;
-                        push((node + 1) % cluster.len(), e);
+                        let other = if anywhere == node { (node + 1) % cluster.len() } else { anywhere };
+                        add(&mut next, other, e);
                         continue;
                     }
-                    Answer::Redirect(_) | Answer::Retry => "no node took it in time".to_string(),
+                    Answer::Redirect { .. } | Answer::Retry => "no node took it in time".to_string(),
                     Answer::Unknown(e) | Answer::Error(e) => e,
                 };
                 shared.errors += 1;
@@ -465,8 +562,13 @@ pub async fn publish(
     timeout: Duration,
 ) -> anyhow::Result<PublishStats> {
     progress.phase("publish", plan.envelopes);
+    let map = match cluster.via {
+        PublishVia::Owner => Some(Arc::new(cluster.shard_map().await.context("GetShardMap")?)),
+        PublishVia::RoundRobin => None,
+    };
     let shared = Arc::new(Mutex::new(Shared {
         stored: 0,
+        first_try: 0,
         errors: 0,
         first_error: None,
         rpc_us: latency_histogram(),
@@ -478,11 +580,9 @@ pub async fn publish(
     let started = Instant::now();
     collector.mark_start(started);
     let size = settings.batch_size as u64;
-    // Batch b goes first to node b mod N.
     let batch = |(start, end): (u64, u64)| {
-        let first = (start / size.max(1)) as usize;
-        let (cluster, plan, collector) = (cluster.clone(), plan.clone(), collector.clone());
-        publish_batch(cluster, first, plan, ids, collector, shared.clone(), progress.clone(), (start, end))
+        let (cluster, map, plan, collector) = (cluster.clone(), map.clone(), plan.clone(), collector.clone());
+        publish_batch(cluster, map, plan, ids, collector, shared.clone(), progress.clone(), (start, end))
     };
     let run = async {
         match plan.rate {
@@ -533,6 +633,8 @@ pub async fn publish(
         concurrency: settings.concurrency,
         rpc_latency: Percentiles::from_histogram_us(&shared.rpc_us),
         stored_per_node: shared.stored_per_node.clone(),
+        via: cluster.via,
+        first_try: shared.first_try,
         redirects: shared.redirects,
         retries: shared.retries,
         unknown_outcome: shared.unknown_outcome,
@@ -561,29 +663,44 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn publish_answers_are_read_as_the_redirect_contract_says() {
+    async fn publish_answers_are_read_from_their_error_detail_not_their_text() {
         let channel = Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
         let node = Grpc { channels: vec![channel], next: Arc::new(AtomicUsize::new(0)) };
         let cluster = Cluster {
             nodes: vec![node.clone(), node],
             addresses: vec!["127.0.0.1:7001".into(), "127.0.0.1:7002".into()],
+            via: PublishVia::Owner,
+            turn: Arc::new(AtomicUsize::new(0)),
             retry_unknown: true,
             rpc_timeout: Duration::from_secs(1),
         };
-        let error = |code: tonic::Code, message: &str| {
-            Some(pb::publish_result::Result::Error(pb::PublishError { code: code as i32, message: message.into() }))
+        let error = |reason: Reason, owner: Option<&str>, outcome_unknown: bool| {
+            let routing = Routing { reason, shard: 3, owner: owner.map(str::to_owned), outcome_unknown, failure: None };
+            Some(pb::publish_result::Result::Error(pb::PublishError {
+                code: tonic::Code::Unavailable as i32,
+                // The text says nothing a program reads.
+                message: "for people".into(),
+                details: vec![routing.to_any()],
+            }))
         };
         let answer = |r| answer_of(&cluster, r);
         assert!(matches!(answer(Some(pb::publish_result::Result::SequenceId(7))), Answer::Stored(7)));
-        let owned = error(tonic::Code::Unavailable, "shard 3 is owned by 127.0.0.1:7002; publish there");
-        assert!(matches!(answer(owned), Answer::Redirect(1)));
-        let stranger = error(tonic::Code::Unavailable, "shard 3 is owned by 10.1.1.1:50051; publish there");
+        let owned = error(Reason::ShardOwnedElsewhere, Some("127.0.0.1:7002"), false);
+        assert!(matches!(answer(owned), Answer::Redirect { node: 1, shard: 3 }));
+        let stranger = error(Reason::ShardOwnedElsewhere, Some("10.1.1.1:50051"), false);
         assert!(matches!(answer(stranger), Answer::Retry));
-        assert!(matches!(answer(error(tonic::Code::Unavailable, "shard 3 has no owner yet; retry")), Answer::Retry));
-        let ran_out = error(tonic::Code::Unavailable, "shard 3's lease ran out while storing; outcome unknown, retry");
-        assert!(matches!(answer(ran_out), Answer::Unknown(_)));
-        assert!(matches!(answer(error(tonic::Code::InvalidArgument, "too big")), Answer::Error(_)));
+        assert!(matches!(answer(error(Reason::ShardHasNoOwner, None, false)), Answer::Retry));
+        assert!(matches!(answer(error(Reason::LeaseLostWhileStoring, None, true)), Answer::Unknown(_)));
+        let failed = error(Reason::ForwardFailed, Some("127.0.0.1:7002"), true);
+        assert!(matches!(answer(failed), Answer::Unknown(_)), "a forward that may have arrived");
+        assert!(matches!(answer(error(Reason::ForwardFailed, Some("127.0.0.1:7002"), false)), Answer::Retry));
+        let bare = pb::PublishError { code: tonic::Code::Unavailable as i32, ..Default::default() };
+        assert!(matches!(answer(Some(pb::publish_result::Result::Error(bare))), Answer::Unknown(_)), "no detail");
+        let invalid = pb::PublishError { code: tonic::Code::InvalidArgument as i32, ..Default::default() };
+        assert!(matches!(answer(Some(pb::publish_result::Result::Error(invalid))), Answer::Error(_)));
         assert!(matches!(answer(None), Answer::Error(_)));
+        // Round-robin turns over the nodes.
+        assert_eq!([cluster.next_node(), cluster.next_node(), cluster.next_node()], [0, 1, 0]);
     }
 
     #[test]

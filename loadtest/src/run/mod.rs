@@ -156,6 +156,14 @@ pub struct RunArgs {
     /// to another node, and deliveries of such a copy are counted apart.
     #[arg(long, value_enum)]
     pub node_fault: Option<nodes::NodeFault>,
+    /// With --engine-nodes: how Publish RPCs choose their node.
+    /// `round-robin`: as a load balancer would, every RPC (resends
+    /// included) to the next node, with no routing knowledge; each node
+    /// forwards the envelopes of shards another owns. `owner`: as a
+    /// publisher that routes by itself, each batch split by the shard map
+    /// (GetShardMap) and each part sent to its owner.
+    #[arg(long, value_enum, default_value_t = driver::PublishVia::RoundRobin)]
+    pub publish_via: driver::PublishVia,
     /// With --node-fault: the fraction of the expected deliveries that must
     /// have arrived before the fault.
     #[arg(long, default_value_t = 0.3)]
@@ -824,6 +832,9 @@ async fn execute_inner(
 
     // 2. Receivers and engine (or engines).
     let node_count = usize::from(args.engine_nodes.max(1));
+    // Engines the harness starts on ScyllaDB lease their shards, one node
+    // or several: the per-node figures are reported for them.
+    let leasing = matches!(store, Store::Scylla { .. }) && args.engine_grpc.is_none();
     if node_count > 1 && (args.scylla_nodes.is_empty() || args.engine_grpc.is_some()) {
         bail!("--engine-nodes {node_count} needs --scylla-nodes: the nodes share one keyspace and split its shards");
     }
@@ -884,7 +895,7 @@ async fn execute_inner(
             let config = engine_process::engine_config_for(&scenario.engine, ca_path, target)?;
             let launch = Launch {
                 env: store.env(),
-                log_level: if node_count > 1 { nodes::LOG_LEVEL.into() } else { "warn".into() },
+                log_level: if leasing { nodes::LOG_LEVEL.into() } else { "warn".into() },
                 drain_timeout_seconds: 2,
                 data_dir: args.data_dir.clone(),
                 start_timeout: Duration::from_secs(scenario.timeouts.engine_start_seconds),
@@ -912,12 +923,10 @@ async fn execute_inner(
         }
     }
     let node_handles: Vec<(Option<u32>, SocketAddr)> = match &engine {
-        Engine::Started(first) if node_count > 1 => {
-            std::iter::once(first).chain(&others).map(|e| (e.pid(), e.http)).collect()
-        }
+        Engine::Started(first) if leasing => std::iter::once(first).chain(&others).map(|e| (e.pid(), e.http)).collect(),
         _ => vec![],
     };
-    if node_count > 1 {
+    if leasing {
         progress.phase("waiting for the nodes to split the shards", 0);
         let shard_count = scenario.engine.get("shard_count").and_then(toml::Value::as_integer).unwrap_or(256);
         let wait = Duration::from_secs(30) + 6 * lease_ttl(scenario);
@@ -959,7 +968,7 @@ async fn execute_inner(
     let connect_timeout = Duration::from_secs(scenario.timeouts.engine_start_seconds);
     let cluster = if node_count > 1 {
         let addresses: Vec<SocketAddr> = std::iter::once(engine.grpc()).chain(others.iter().map(|e| e.grpc)).collect();
-        driver::Cluster::connect(&addresses, 2, connect_timeout, args.node_fault.is_some()).await?
+        driver::Cluster::connect(&addresses, 2, connect_timeout, args.publish_via, args.node_fault.is_some()).await?
     } else {
         driver::Cluster::single(driver::Grpc::connect(engine.grpc(), 2, connect_timeout).await?, engine.grpc())
     };
@@ -993,7 +1002,7 @@ async fn execute_inner(
         node_before.push(nodes::read_node(pid, http).await);
     }
     let ownership_before: Vec<nodes::Ownership> = match &engine {
-        Engine::Started(first) if node_count > 1 => {
+        Engine::Started(first) if leasing => {
             std::iter::once(first).chain(&others).map(|e| nodes::Ownership::from_log(&e.log())).collect()
         }
         _ => vec![],
@@ -1044,7 +1053,7 @@ async fn execute_inner(
         None => Default::default(),
     };
     let deliveries = collector.summary();
-    let nodes_report = if node_count > 1 {
+    let nodes_report = if leasing {
         let mut latest = samplers.finish();
         let all: Vec<&launcher::Engine> = match &engine {
             Engine::Started(first) => std::iter::once(first).chain(&others).collect(),

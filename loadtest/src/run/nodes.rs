@@ -16,7 +16,7 @@ use fanout_testkit::launcher;
 use serde::Serialize;
 
 use super::collector::Collector;
-use super::driver::{PublishStats, SetupStats};
+use super::driver::{PublishStats, PublishVia, SetupStats};
 use super::engine_process::{fetch_metrics, proc_sample};
 
 /// The harness's log filter for several nodes: warnings, and the lease
@@ -90,6 +90,15 @@ impl NodeSample {
 
     pub fn owned_shards(&self) -> Option<f64> {
         self.metrics.get("fanout_owned_shards").copied()
+    }
+
+    /// Every series of `family`, summed over its labels.
+    pub fn family(&self, family: &str) -> f64 {
+        self.metrics
+            .iter()
+            .filter(|(k, _)| k.strip_prefix(family).is_some_and(|rest| rest.is_empty() || rest.starts_with('{')))
+            .map(|(_, v)| v)
+            .sum()
     }
 }
 
@@ -269,10 +278,27 @@ pub struct NodesReport {
     pub redirects: u64,
     pub retries: u64,
     pub unknown_outcome: u64,
-    /// Sum over the nodes of their CPU during the delivery phase.
+    /// How the Publish RPCs chose their node.
+    pub publish_via: PublishVia,
+    pub envelopes_stored: u64,
+    /// Of those, stored by the first RPC that carried them.
+    pub stored_first_try: u64,
+    /// Sum over the nodes of `fanout_forwarded_envelopes_total` during the
+    /// run: envelopes a node sent on to their shard's owner.
+    pub forwarded: f64,
+    /// Sum over the nodes of `fanout_forward_failures_total`, every reason.
+    pub forward_failures: f64,
+    pub publish_p50_ms: f64,
+    pub publish_p99_ms: f64,
+    /// Distinct deliveries per second of the delivery phase.
+    pub deliveries_per_second: f64,
+    /// Sum over the nodes of their CPU during the delivery phase (the
+    /// publishes included: it starts with the first).
     pub engine_cpu_seconds_delivery: f64,
-    /// That, per 1,000 distinct deliveries.
+    /// That, per 1,000 distinct deliveries (= ms per delivery).
     pub engine_cpu_seconds_per_1k_deliveries: f64,
+    /// That, in ms per envelope stored.
+    pub engine_cpu_ms_per_envelope: f64,
 }
 
 /// What [`NodesReport::new`] needs of each node.
@@ -301,6 +327,9 @@ impl NodesReport {
             duplicates.iter().copied().enumerate().filter(|&(_, n)| n > 0).collect();
         let duplicates: u64 = duplicates.iter().sum();
         let per = |n: f64, s: f64| n / s.max(1e-9);
+        let delta = |f: &NodeFigures, family: &str| (f.after.family(family) - f.before.family(family)).max(0.0);
+        let forwarded: f64 = figures.iter().map(|f| delta(f, "fanout_forwarded_envelopes_total")).sum();
+        let forward_failures: f64 = figures.iter().map(|f| delta(f, "fanout_forward_failures_total")).sum();
         let nodes: Vec<NodeReport> = figures
             .into_iter()
             .enumerate()
@@ -336,6 +365,15 @@ impl NodesReport {
         let handoffs: u64 = nodes.iter().map(|n| n.ownership.acquired).sum();
         let cpu: f64 = nodes.iter().filter_map(|n| n.cpu_seconds_delivery).sum();
         NodesReport {
+            publish_via: publish.via,
+            envelopes_stored: publish.stored,
+            stored_first_try: publish.first_try,
+            forwarded,
+            forward_failures,
+            publish_p50_ms: publish.rpc_latency.p50_ms,
+            publish_p99_ms: publish.rpc_latency.p99_ms,
+            deliveries_per_second: per(distinct as f64, delivery_seconds),
+            engine_cpu_ms_per_envelope: cpu * 1000.0 / publish.stored.max(1) as f64,
             handoffs,
             duplicates_per_handoff: (handoffs > 0).then(|| duplicates as f64 / handoffs as f64),
             duplicates_by_second,
@@ -394,6 +432,24 @@ impl NodesReport {
             lines.push(format!("duplicates by second since the first publish: {}", by_second.join(", ")));
         }
         lines.push(format!(
+            "publish via {}: {} of {} envelopes stored at their first try, {:.0} forwarded to their owner ({:.0} \
+             forwards failed); Publish p50 {:.1} ms p99 {:.1} ms; {:.0} deliveries/s; engine CPU (all nodes) {:.3} ms \
+             per envelope, {:.3} ms per delivery",
+            match self.publish_via {
+                PublishVia::RoundRobin => "round-robin",
+                PublishVia::Owner => "owner",
+            },
+            self.stored_first_try,
+            self.envelopes_stored,
+            self.forwarded,
+            self.forward_failures,
+            self.publish_p50_ms,
+            self.publish_p99_ms,
+            self.deliveries_per_second,
+            self.engine_cpu_ms_per_envelope,
+            self.engine_cpu_seconds_per_1k_deliveries,
+        ));
+        lines.push(format!(
             "handoffs: {} ({}); publish: {} redirected, {} retried, {} of unknown outcome resent ({} deliveries \
              of unacknowledged copies); engine CPU {:.1} s = {:.2} s per 1k deliveries",
             self.handoffs,
@@ -432,6 +488,9 @@ mod tests {
             metrics: [
                 ("fanout_deliveries_total{channel=\"http\",outcome=\"delivered\"}".to_string(), delivered),
                 ("fanout_owned_shards".to_string(), owned),
+                ("fanout_forwarded_envelopes_total".to_string(), delivered / 100.0),
+                ("fanout_forward_failures_total{reason=\"timeout\"}".to_string(), owned / 8.0),
+                ("fanout_forward_failures_total{reason=\"refused\"}".to_string(), 0.0),
             ]
             .into_iter()
             .collect(),
@@ -462,7 +521,14 @@ mod tests {
             paused_seconds: None,
         };
         let setup = SetupStats { seconds: 2.0, rpcs_per_node: vec![10, 10], ..Default::default() };
-        let publish = PublishStats { seconds: 1.0, stored_per_node: vec![5, 7], redirects: 3, ..Default::default() };
+        let publish = PublishStats {
+            seconds: 1.0,
+            stored: 12,
+            first_try: 9,
+            stored_per_node: vec![5, 7],
+            redirects: 3,
+            ..Default::default()
+        };
         let r = NodesReport::new(figures, Some(fault), &setup, &publish, 4.0, 2000, &[0, 0, 10, 0, 6], 0);
         assert_eq!(r.handoffs, 8);
         assert_eq!(r.duplicates_per_handoff, Some(2.0));
@@ -470,8 +536,14 @@ mod tests {
         assert_eq!((r.engine_cpu_seconds_delivery, r.engine_cpu_seconds_per_1k_deliveries), (3.0, 1.5));
         assert_eq!((r.nodes[0].deliveries_per_second, r.nodes[1].envelopes_per_second), (375.0, 7.0));
         assert_eq!((r.nodes[1].fault.as_deref(), r.nodes[1].owned_shards_end), (Some("killed"), None));
+        assert_eq!((r.forwarded, r.forward_failures), (20.0, 1.0));
+        assert_eq!((r.deliveries_per_second, r.engine_cpu_ms_per_envelope), (500.0, 250.0));
         let text = r.lines().join("\n");
         assert!(text.contains("node 1 127.0.0.1:2 (killed)"), "{text}");
+        assert!(
+            text.contains("publish via round-robin: 9 of 12 envelopes stored at their first try, 20 forwarded"),
+            "{text}"
+        );
         assert!(text.contains("8 (2.0 duplicates per handoff)"), "{text}");
         assert!(text.contains("duplicates by second since the first publish: 2 s: 10, 4 s: 6"), "{text}");
     }

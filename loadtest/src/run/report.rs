@@ -280,6 +280,17 @@ impl Report {
                 self.plan.max_duplicate_ratio * 100.0
             ));
         }
+        // Any node takes any publish: with no node fault, no envelope needs a resend.
+        if let Some(n) = &self.nodes
+            && n.fault.is_none()
+            && n.stored_first_try < n.envelopes_stored
+        {
+            failures.push(format!(
+                "{} of {} envelopes needed a resend with no node fault",
+                n.envelopes_stored - n.stored_first_try,
+                n.envelopes_stored
+            ));
+        }
         if self.plan.fault_free && self.windows.replays > 0.0 {
             failures.push(format!("{} dispatch windows were replayed in a fault-free run", self.windows.replays));
         }

@@ -806,6 +806,7 @@ mod tests {
             [
                 "apns-smoke",
                 "apns-throughput",
+                "cluster",
                 "delivery",
                 "faults",
                 "ingest",
