@@ -646,6 +646,7 @@ mod tests {
                 "ingest",
                 "many-topics",
                 "nodes",
+                "nodes-db",
                 "publish",
                 "registration",
                 "relay-smoke",
