@@ -57,7 +57,7 @@ impl Grpc {
         self.channels[i].clone()
     }
 
-    fn notifications(&self) -> NotificationServiceClient<Channel> {
+    pub(super) fn notifications(&self) -> NotificationServiceClient<Channel> {
         NotificationServiceClient::new(self.channel())
     }
 

@@ -88,14 +88,16 @@ pub enum Store {
     /// The embedded redb store, in the launcher's data directory (or `--data-dir`).
     Redb,
     /// ScyllaDB or Cassandra at `nodes`, in `keyspace`: a fresh one per run,
-    /// so runs never see each other's recipients, envelopes or shard leases.
-    Scylla { nodes: Vec<String>, keyspace: String },
+    /// so runs never see each other's recipients, envelopes or shard leases;
+    /// created with `replication_factor` (SimpleStrategy).
+    Scylla { nodes: Vec<String>, keyspace: String, replication_factor: u8 },
 }
 
 impl Store {
     /// `--scylla-nodes`: none is the embedded store; else ScyllaDB with a
-    /// keyspace of its own (`fanout_loadtest_` and 16 random hex digits).
-    pub fn from_nodes(nodes: &[String]) -> anyhow::Result<Store> {
+    /// keyspace of its own (`fanout_loadtest_` and 16 random hex digits),
+    /// `replication_factor` copies of each row.
+    pub fn from_nodes(nodes: &[String], replication_factor: u8) -> anyhow::Result<Store> {
         if nodes.is_empty() {
             return Ok(Store::Redb);
         }
@@ -104,7 +106,7 @@ impl Store {
             bail!("--scylla-nodes takes host:port contact points, comma-separated");
         }
         let keyspace = format!("fanout_loadtest_{:016x}", rand::random::<u64>());
-        Ok(Store::Scylla { nodes, keyspace })
+        Ok(Store::Scylla { nodes, keyspace, replication_factor })
     }
 
     /// `FANOUT__STORE__*` overrides: the launcher writes `[store]` itself
@@ -113,13 +115,20 @@ impl Store {
     pub fn env(&self) -> Vec<(String, String)> {
         match self {
             Store::Redb => vec![],
-            Store::Scylla { nodes, keyspace } => scylla_store_env(nodes, keyspace),
+            Store::Scylla { nodes, keyspace, replication_factor } => {
+                let mut env = scylla_store_env(nodes, keyspace);
+                // A TOML string: the engine reads the variable as TOML.
+                let replication =
+                    format!("\"{{'class': 'SimpleStrategy', 'replication_factor': {replication_factor}}}\"");
+                env.push(("FANOUT__STORE__SCYLLA__REPLICATION".into(), replication));
+                env
+            }
         }
     }
 
     /// Drops a ScyllaDB run's keyspace (the run's engines stopped first).
     pub async fn drop_keyspace(&self) -> anyhow::Result<()> {
-        let Store::Scylla { nodes, keyspace } = self else { return Ok(()) };
+        let Store::Scylla { nodes, keyspace, .. } = self else { return Ok(()) };
         let session = scylla::client::session_builder::SessionBuilder::new()
             .known_nodes(nodes)
             .connection_timeout(std::time::Duration::from_secs(10))
@@ -134,7 +143,9 @@ impl Store {
     pub fn describe(&self) -> String {
         match self {
             Store::Redb => "redb".into(),
-            Store::Scylla { nodes, keyspace } => format!("scylla keyspace {keyspace} at {}", nodes.join(",")),
+            Store::Scylla { nodes, keyspace, replication_factor } => {
+                format!("scylla keyspace {keyspace} (replication factor {replication_factor}) at {}", nodes.join(","))
+            }
         }
     }
 }
@@ -375,29 +386,35 @@ mod tests {
 
     #[test]
     fn scylla_store_is_switched_by_environment_with_a_keyspace_per_run() {
-        assert_eq!(Store::from_nodes(&[]).unwrap(), Store::Redb);
+        assert_eq!(Store::from_nodes(&[], 1).unwrap(), Store::Redb);
         assert!(Store::Redb.env().is_empty());
         assert_eq!(Store::Redb.describe(), "redb");
         let nodes = vec!["127.0.0.1:9042".to_string(), " 10.0.0.2:9042".to_string()];
-        let store = Store::from_nodes(&nodes).unwrap();
-        let Store::Scylla { nodes: kept, keyspace } = &store else { panic!("{store:?}") };
+        let store = Store::from_nodes(&nodes, 3).unwrap();
+        let Store::Scylla { nodes: kept, keyspace, .. } = &store else { panic!("{store:?}") };
         assert_eq!(kept, &["127.0.0.1:9042", "10.0.0.2:9042"]);
         // A valid CQL identifier (letters, digits, underscores; at most 48).
         assert!(keyspace.starts_with("fanout_loadtest_") && keyspace.len() <= 48, "{keyspace}");
         assert!(keyspace.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'), "{keyspace}");
-        let Store::Scylla { keyspace: other, .. } = Store::from_nodes(&nodes).unwrap() else { unreachable!() };
+        let Store::Scylla { keyspace: other, .. } = Store::from_nodes(&nodes, 1).unwrap() else { unreachable!() };
         assert_ne!(keyspace, &other, "each run has its own keyspace");
         let env: BTreeMap<String, String> = store.env().into_iter().collect();
         assert_eq!(env["FANOUT__STORE__BACKEND"], "scylla");
         assert_eq!(env["FANOUT__STORE__SCYLLA__KEYSPACE"], *keyspace);
         assert_eq!(env["FANOUT__STORE__SCYLLA__MIGRATE"], "true");
+        let replication: toml::Table =
+            toml::from_str(&format!("v = {}", env["FANOUT__STORE__SCYLLA__REPLICATION"])).unwrap();
+        assert_eq!(replication["v"].as_str(), Some("{'class': 'SimpleStrategy', 'replication_factor': 3}"));
         // The engine reads the value as TOML: an array of the contact points.
         let parsed: toml::Table = toml::from_str(&format!("v = {}", env["FANOUT__STORE__SCYLLA__NODES"])).unwrap();
         let parsed: Vec<&str> = parsed["v"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
         assert_eq!(parsed, ["127.0.0.1:9042", "10.0.0.2:9042"]);
-        assert_eq!(store.describe(), format!("scylla keyspace {keyspace} at 127.0.0.1:9042,10.0.0.2:9042"));
-        assert!(Store::from_nodes(&["localhost".to_string()]).is_err());
-        assert!(Store::from_nodes(&[String::new()]).is_err());
+        assert_eq!(
+            store.describe(),
+            format!("scylla keyspace {keyspace} (replication factor 3) at 127.0.0.1:9042,10.0.0.2:9042")
+        );
+        assert!(Store::from_nodes(&["localhost".to_string()], 1).is_err());
+        assert!(Store::from_nodes(&[String::new()], 1).is_err());
     }
 
     #[test]

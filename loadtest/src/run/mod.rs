@@ -21,6 +21,7 @@
 pub mod ceiling;
 pub mod collector;
 pub mod cql_ceiling;
+pub mod db_fault;
 pub mod driver;
 pub mod engine_process;
 pub mod h2load;
@@ -164,10 +165,34 @@ pub struct RunArgs {
     /// (GetShardMap) and each part sent to its owner.
     #[arg(long, value_enum, default_value_t = driver::PublishVia::RoundRobin)]
     pub publish_via: driver::PublishVia,
-    /// With --node-fault: the fraction of the expected deliveries that must
-    /// have arrived before the fault.
+    /// With --node-fault or --db-fault: the fraction of the expected
+    /// deliveries that must have arrived before the fault.
     #[arg(long, default_value_t = 0.3)]
     pub fault_after: f64,
+    /// With --scylla-nodes: the replication factor of the run's keyspace
+    /// (SimpleStrategy; default 1). 3 on the cluster of
+    /// scripts/cassandra-cluster.sh, so that one node down leaves a quorum.
+    #[arg(long, requires = "scylla_nodes", value_parser = clap::value_parser!(u8).range(1..=9))]
+    pub scylla_replication_factor: Option<u8>,
+    /// With --scylla-nodes on the cluster of scripts/cassandra-cluster.sh:
+    /// once --fault-after of the expected deliveries arrived, `kill` sends
+    /// database node --db-fault-node SIGKILL and starts it again
+    /// --db-fault-seconds later; `pause` freezes it (SIGSTOP) that long,
+    /// then resumes it (SIGCONT). Registration goes on meanwhile (the
+    /// recipients registered and resubscribed again, delivering nothing
+    /// new). The run fails on a missing delivery, on any error answered to
+    /// a publisher or a registrant, and above 1 % duplicates; it reports
+    /// the fault's times and how long the delivery rate took to recover.
+    #[arg(long, value_enum, requires = "scylla_nodes")]
+    pub db_fault: Option<db_fault::DbFault>,
+    /// With --db-fault: the database node (1-3; default 1, the seed, which
+    /// the engines' driver also keeps its control connection to).
+    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=3))]
+    pub db_fault_node: Option<u8>,
+    /// With --db-fault: how long the node stays down or frozen (default
+    /// 15 s: past the driver's 10 s request timeout and 4 s keepalive).
+    #[arg(long)]
+    pub db_fault_seconds: Option<u64>,
     /// apns scenarios: the APNs peer. `rust` is the harness's own mock;
     /// `pushy` is Pushy's validating MockApnsServer (Java, built from
     /// loadtest/pushy with Maven when needed), used by every phase of the
@@ -237,6 +262,9 @@ pub enum ApnsServer {
     /// Pushy's MockApnsServer (Java): validating, or accept-all with --pushy-accept-all.
     Pushy,
 }
+
+/// Registration calls a second during a database fault run (`db_fault::Churn`).
+const CHURN_PER_SECOND: u32 = 20;
 
 /// The engine's default `max_in_flight` for APNs.
 const DEFAULT_PUSHY_IN_FLIGHT: usize = 1000;
@@ -713,7 +741,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<Report> {
 
     let progress = Progress::new();
     let printer = progress.spawn_printer();
-    let store = Store::from_nodes(&args.scylla_nodes)?;
+    let store = Store::from_nodes(&args.scylla_nodes, args.scylla_replication_factor.unwrap_or(1))?;
     let result = execute_inner(args, &scenario, &plan, &pki, &ca_path, &progress, &store).await;
     printer.abort();
     // The engine stops (killed) before its keyspace goes: a node still
@@ -841,6 +869,13 @@ async fn execute_inner(
     if args.node_fault.is_some() && node_count < 2 {
         bail!("--node-fault needs --engine-nodes 2 or more: the others take the faulted node's shards");
     }
+    let db_control = match args.db_fault {
+        Some(_) if scenario.channel != ScenarioChannel::Http => {
+            bail!("--db-fault goes with a webhook scenario: its registration churn registers webhooks")
+        }
+        Some(_) => Some(db_fault::DbControl::find()?),
+        None => None,
+    };
     if !(0.0..=1.0).contains(&args.fault_after) {
         bail!("--fault-after is a fraction of the expected deliveries, 0 to 1");
     }
@@ -968,7 +1003,8 @@ async fn execute_inner(
     let connect_timeout = Duration::from_secs(scenario.timeouts.engine_start_seconds);
     let cluster = if node_count > 1 {
         let addresses: Vec<SocketAddr> = std::iter::once(engine.grpc()).chain(others.iter().map(|e| e.grpc)).collect();
-        driver::Cluster::connect(&addresses, 2, connect_timeout, args.publish_via, args.node_fault.is_some()).await?
+        let faulty = args.node_fault.is_some() || args.db_fault.is_some();
+        driver::Cluster::connect(&addresses, 2, connect_timeout, args.publish_via, faulty).await?
     } else {
         driver::Cluster::single(driver::Grpc::connect(engine.grpc(), 2, connect_timeout).await?, engine.grpc())
     };
@@ -1012,10 +1048,35 @@ async fn execute_inner(
     let threshold = (expected_all as f64 * args.fault_after).ceil() as u64;
     let pause = 2 * lease_ttl(scenario);
     let victim = node_count - 1;
+    // Registration going on beside a database fault.
+    let churn = match args.db_fault {
+        Some(_) => {
+            let mut grpcs = Vec::new();
+            let addresses: Vec<SocketAddr> =
+                std::iter::once(engine.grpc()).chain(others.iter().map(|e| e.grpc)).collect();
+            for address in addresses {
+                grpcs.push(driver::Grpc::connect(address, 1, connect_timeout).await?);
+            }
+            Some(db_fault::Churn::start(grpcs, plan.clone(), ids, urls.clone(), CHURN_PER_SECOND))
+        }
+        None => None,
+    };
     let fault = async {
         match (args.node_fault, others.last_mut()) {
             (Some(kind), Some(engine)) => {
                 nodes::inject(kind, engine, victim, &collector, threshold, pause, delivery_started, &gave_up).await
+            }
+            _ => Ok(None),
+        }
+    };
+    // A database fault, with registration going on beside it.
+    let db_node = args.db_fault_node.unwrap_or(1);
+    let db_hold = Duration::from_secs(args.db_fault_seconds.unwrap_or(15));
+    let db_fault = async {
+        match (args.db_fault, &db_control) {
+            (Some(kind), Some(control)) => {
+                db_fault::inject(kind, control, db_node, &collector, threshold, db_hold, delivery_started, &gave_up)
+                    .await
             }
             _ => Ok(None),
         }
@@ -1035,8 +1096,20 @@ async fn execute_inner(
         gave_up.store(true, std::sync::atomic::Ordering::Relaxed);
         publish
     };
-    let (fault, publish) = tokio::join!(fault, work);
-    let (fault, publish) = (fault?, publish?);
+    let (fault, publish, db_fault) = tokio::join!(fault, work, db_fault);
+    let churn = match churn {
+        Some(c) => Some(c.finish().await?),
+        None => None,
+    };
+    let (fault, publish, mut db_fault) = (fault?, publish?, db_fault?);
+    if let Some(f) = &db_fault {
+        progress.say(&format!(
+            "database fault: node {} {:?} at {:.1} s, back at {:.1} s",
+            f.node, f.kind, f.at_seconds, f.back_at_seconds
+        ));
+    } else if args.db_fault.is_some() {
+        bail!("the database fault never came: fewer than --fault-after of the deliveries arrived");
+    }
     if let Some(f) = &fault {
         progress.say(&format!("fault: node {} {:?} at {:.1} s", f.node, f.kind, f.at_seconds));
         // A resumed node's late sends would show up now.
@@ -1053,6 +1126,10 @@ async fn execute_inner(
         None => Default::default(),
     };
     let deliveries = collector.summary();
+    if let Some(f) = &mut db_fault {
+        f.recovery = db_fault::Recovery::measure(&deliveries.per_second, f.at_seconds, f.back_at_seconds);
+        f.churn = churn.unwrap_or_default();
+    }
     let nodes_report = if leasing {
         let mut latest = samplers.finish();
         let all: Vec<&launcher::Engine> = match &engine {
@@ -1180,6 +1257,7 @@ async fn execute_inner(
         ratio_pushy,
         wire: wire.map(WireReport::from),
         nodes: nodes_report,
+        db_fault,
     };
     drop(others);
     Ok((report, engine))
@@ -1252,6 +1330,23 @@ mod tests {
         assert_eq!(Cli::try_parse_from(base).unwrap().run.engine_nodes, 1);
         assert!(Cli::try_parse_from(base.iter().chain(&["--engine-nodes", "0"])).is_err());
         assert!(Cli::try_parse_from(base.iter().chain(&["--node-fault", "reboot"])).is_err());
+    }
+
+    #[test]
+    fn db_fault_flags_parse() {
+        use clap::Parser as _;
+        let base = ["run", "--scenario", "s.toml", "--scylla-nodes", "127.0.0.1:9043,127.0.0.2:9043"];
+        let flags = ["--db-fault", "pause", "--db-fault-node", "2", "--db-fault-seconds", "20"];
+        let cli = Cli::try_parse_from(base.iter().chain(&flags).chain(&["--scylla-replication-factor", "3"])).unwrap();
+        assert_eq!(
+            (cli.run.db_fault, cli.run.db_fault_node, cli.run.db_fault_seconds, cli.run.scylla_replication_factor),
+            (Some(db_fault::DbFault::Pause), Some(2), Some(20), Some(3))
+        );
+        let kill = Cli::try_parse_from(base.iter().chain(&["--db-fault", "kill"])).unwrap();
+        assert_eq!((kill.run.db_fault, kill.run.db_fault_node), (Some(db_fault::DbFault::Kill), None));
+        assert!(Cli::try_parse_from(base.iter().chain(&["--db-fault-node", "4"])).is_err(), "three nodes");
+        let no_cql = ["run", "--scenario", "s.toml", "--db-fault", "kill"];
+        assert!(Cli::try_parse_from(no_cql).is_err(), "a database fault needs the cluster");
     }
 
     /// `--engine-nodes` without ScyllaDB, a fault without a second node and

@@ -812,6 +812,7 @@ mod tests {
                 "ingest",
                 "many-topics",
                 "nodes",
+                "nodes-db",
                 "outage",
                 "publish",
                 "registration",

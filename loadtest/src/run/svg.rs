@@ -252,6 +252,7 @@ mod tests {
             windows: Default::default(),
             wire: None,
             nodes: None,
+            db_fault: None,
         }
     }
 
