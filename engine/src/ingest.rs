@@ -73,7 +73,8 @@ pub enum EnvelopeRejection {
     SequenceTooFarAhead { last: u64 },
     #[error("the shard has no sequence ids left")]
     SequenceExhausted,
-    /// The redirect contract of several nodes: another node owns the shard; publish there.
+    /// Another node owns the shard (not forwarded there: forwarding is off, or
+    /// this request was itself forwarded here); publish there.
     #[error("shard {shard} is owned by {address}; publish there")]
     OwnedElsewhere { shard: u16, address: String },
     /// No node owns the shard right now (leases are moving); retry.

@@ -136,9 +136,17 @@ impl Forwarder {
     }
 }
 
-/// A status the transport made (no connection, or one that broke) carries
-/// its cause; one the owner answered does not.
+/// A status the transport made carries its cause: the client's own
+/// enforcement of the request's `grpc-timeout` (the forward's deadline), or
+/// no connection, or one that broke. One the owner answered carries none.
 fn failure_of(status: &tonic::Status) -> Failure {
+    let mut cause = status.source();
+    while let Some(error) = cause {
+        if error.is::<tonic::TimeoutExpired>() {
+            return Failure::Timeout;
+        }
+        cause = error.source();
+    }
     if status.source().is_some() {
         Failure::Unreachable
     } else if status.code() == tonic::Code::DeadlineExceeded {
@@ -182,6 +190,17 @@ mod tests {
             f.forward("not an address", vec![pb::Envelope::default()], deadline, None).await,
             Err(Failure::Unreachable)
         );
+    }
+
+    #[test]
+    fn failures_are_told_apart_by_who_made_the_status() {
+        let timed_out = tonic::Status::from_error(Box::new(tonic::TimeoutExpired(())));
+        assert_eq!(failure_of(&timed_out), Failure::Timeout, "the client's own grpc-timeout");
+        let broken = tonic::Status::from_error(Box::new(std::io::Error::other("connection reset")));
+        assert_eq!(failure_of(&broken), Failure::Unreachable);
+        assert_eq!(failure_of(&tonic::Status::deadline_exceeded("owner's deadline")), Failure::Timeout);
+        assert_eq!(failure_of(&tonic::Status::unauthenticated("no token")), Failure::Refused);
+        assert_eq!(failure_of(&tonic::Status::unavailable("storage unavailable")), Failure::Refused);
     }
 
     #[tokio::test]

@@ -4,7 +4,11 @@
 //! deliveries, duplicates counted. Fencing: one node is frozen (SIGSTOP)
 //! while publishes to it are under way, for longer than the lease TTL, then
 //! resumed: it must act on no lease it lost, and every acknowledged envelope
-//! is delivered. Needs a CQL server:
+//! is delivered. Forwarding: every envelope published to one node is stored
+//! by its shard's owner, in order, with the owner's per-envelope answers; a
+//! frozen or dead owner costs only its envelopes a per-envelope UNAVAILABLE
+//! within the caller's deadline; the error detail and the shard map name the
+//! owner. Needs a CQL server:
 //!
 //! ```text
 //! bash scripts/cassandra.sh install && bash scripts/cassandra.sh start
@@ -15,6 +19,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
+use fanout_proto::routing::{Reason, Routing};
 use fanout_proto::v1 as pb;
 use fanout_testkit::MockWebhookConfig;
 use fanout_testkit::launcher::scylla_store_env;
@@ -132,7 +137,7 @@ async fn kill_9_one_of_two_nodes_and_the_survivor_delivers_everything() {
     let Some(cql) = test_cql() else { return };
     let mut nodes = TwoNodes::start(&cql).await;
 
-    // Publish to both, following redirects to the owner.
+    // Publish to the first node only: it forwards the second's shards there.
     let mut published: Vec<(Vec<u8>, u64)> = Vec::new();
     let mut redirects = 0;
     for _ in 0..ROUNDS {
@@ -142,7 +147,9 @@ async fn kill_9_one_of_two_nodes_and_the_survivor_delivers_everything() {
             redirects += r;
         }
     }
-    assert!(redirects > 0, "with two owners some publishes must have been redirected");
+    assert_eq!(redirects, 0, "any node takes any publish");
+    let forwarded = metric(&nodes.setup.fanout, "fanout_forwarded_envelopes_total").await.unwrap_or(0.0);
+    assert!(forwarded > 0.0, "with two owners some envelopes were forwarded");
 
     // Kill the second node once some, but far from all, deliveries arrived.
     let total_before = RECIPIENTS * published.len();
@@ -154,7 +161,7 @@ async fn kill_9_one_of_two_nodes_and_the_survivor_delivers_everything() {
     assert!(at_kill < total_before, "the kill came too late to test anything");
 
     // Keep publishing, to the survivor only: while the dead node's leases
-    // live, its shards answer "owned by <dead>" or "no owner": retry.
+    // live, its shards' envelopes answer "forwarding failed" or "no owner": retry.
     for _ in 0..ROUNDS {
         for t in &nodes.topics {
             let (seq, r) = publish_following(&[&nodes.setup.fanout], t).await;
@@ -247,6 +254,194 @@ async fn a_node_paused_longer_than_its_leases_is_fenced_and_nothing_acknowledged
     );
 }
 
+/// Any node takes any publish: every envelope is published to the first
+/// node, which forwards those of the second node's shards there. All are
+/// stored at their first try, each with the answer its owner gave, in
+/// request order, for Publish and PublishStream alike; and all are
+/// delivered. A request already forwarded is never forwarded again: a node
+/// that does not own the shard answers it with the owner, in the error
+/// detail, as the shard map both nodes give also says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_node_takes_any_publish_in_order_and_the_detail_and_shard_map_name_the_owner() {
+    let Some(cql) = test_cql() else { return };
+    let nodes = TwoNodes::start(&cql).await;
+    let (first, second) = (&nodes.setup.fanout, &nodes.second);
+    let map = settled_shard_map(&[first, second]).await;
+    let owner_of = |topic: &[u8]| map.owners[usize::from(shard_of(topic, 16))].address.clone();
+    let theirs = nodes.topics.iter().find(|t| owner_of(t) == second.grpc.to_string()).expect("a topic of the second");
+    let mine = nodes.topics.iter().find(|t| owner_of(t) == first.grpc.to_string()).expect("a topic of the first");
+
+    // Marked as forwarded: answered, not sent on again, naming the owner.
+    let results = publish_marked_forwarded(first, vec![envelope(theirs, pb::EnvelopeKind::Application, true)]).await;
+    let Some(pb::publish_result::Result::Error(e)) = &results[0].result else { panic!("not stored here: {results:?}") };
+    assert_eq!(e.code, tonic::Code::Unavailable as i32);
+    let routing = Routing::of(e).expect("an ErrorInfo detail");
+    assert_eq!(routing.reason, Reason::ShardOwnedElsewhere);
+    assert_eq!((routing.shard, routing.owner), (u32::from(shard_of(theirs, 16)), Some(second.grpc.to_string())));
+    assert!(!routing.outcome_unknown);
+    assert!(e.message.contains("is owned by"), "the text stays for people: {}", e.message);
+
+    // Every envelope to the first node: stored at the first try.
+    let forwarded_before = metric(first, "fanout_forwarded_envelopes_total").await.expect("the forward counter");
+    let mut published: Vec<(Vec<u8>, u64)> = Vec::new();
+    for _ in 0..ROUNDS {
+        let envelopes = nodes.topics.iter().map(|t| envelope(t, pb::EnvelopeKind::Application, true)).collect();
+        let results = publish(first, envelopes).await;
+        for (t, r) in nodes.topics.iter().zip(&results) {
+            assert_eq!(r.shard, u32::from(shard_of(t, 16)));
+            published.push((t.clone(), sequence_id(r)));
+        }
+    }
+    let theirs_count = nodes.topics.iter().filter(|t| owner_of(t) == second.grpc.to_string()).count();
+    let forwarded = metric(first, "fanout_forwarded_envelopes_total").await.unwrap() - forwarded_before;
+    assert_eq!(forwarded, (ROUNDS * theirs_count) as f64, "the second node's envelopes were forwarded");
+
+    // One batch mixing both owners and the owner's own refusals: each
+    // envelope keeps its place and its answer, the owner's ids in order.
+    let mut too_low = envelope(theirs, pb::EnvelopeKind::Application, true);
+    too_low.sequence_id = 1; // the shard is past 1: the owner refuses it
+    let batch = vec![
+        envelope(theirs, pb::EnvelopeKind::Application, true),
+        envelope(mine, pb::EnvelopeKind::Application, true),
+        too_low,
+        envelope(theirs, pb::EnvelopeKind::Welcome, true), // kind and topic do not match: refused here
+        envelope(theirs, pb::EnvelopeKind::Application, true),
+    ];
+    let results = publish(first, batch).await;
+    let code = |r: &pb::PublishResult| match &r.result {
+        Some(pb::publish_result::Result::Error(e)) => e.code,
+        other => panic!("an error: {other:?}"),
+    };
+    let (a, b) = (sequence_id(&results[0]), sequence_id(&results[4]));
+    assert!(b > a, "the owner stored them in request order: {a} then {b}");
+    published.extend([(theirs.clone(), a), (mine.clone(), sequence_id(&results[1])), (theirs.clone(), b)]);
+    assert_eq!(code(&results[2]), tonic::Code::FailedPrecondition as i32, "the owner's answer, in its place");
+    assert_eq!(code(&results[3]), tonic::Code::InvalidArgument as i32);
+
+    // PublishStream through the first node: one acknowledgement per batch, in order.
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let mut client = first.publisher().await.expect("publisher");
+    let mut acks =
+        client.publish_stream(tokio_stream::wrappers::ReceiverStream::new(rx)).await.expect("stream").into_inner();
+    for _ in 0..2 {
+        let envelopes = vec![
+            envelope(theirs, pb::EnvelopeKind::Application, true),
+            envelope(mine, pb::EnvelopeKind::Application, true),
+        ];
+        tx.send(pb::PublishRequest { envelopes }).await.expect("send a batch");
+    }
+    drop(tx);
+    let mut last = a.max(b);
+    for _ in 0..2 {
+        let ack = acks.message().await.expect("an ack").expect("not the end");
+        let seq = sequence_id(&ack.results[0]);
+        assert!(seq > last, "stream batches stored in order: {seq} after {last}");
+        last = seq;
+        published.extend([(theirs.clone(), seq), (mine.clone(), sequence_id(&ack.results[1]))]);
+    }
+    assert!(acks.message().await.expect("the end").is_none());
+
+    let expected = nodes.expected(&published);
+    let (received, duplicates, unacknowledged) = nodes.until_delivered(&expected).await;
+    assert_eq!(unacknowledged, 0, "nothing outside the expected pushes");
+    eprintln!(
+        "all published to one node: {} envelopes, {forwarded} forwarded, {} pushes expected, {received} received,          {duplicates} duplicates",
+        published.len(),
+        expected.len()
+    );
+}
+
+/// A frozen owner answers nothing: its envelopes are answered UNAVAILABLE
+/// ("forwarding failed", outcome unknown) within the caller's deadline,
+/// and the rest of the batch is stored. A dead one refuses at once. Once
+/// the survivor holds the shard, the retry is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_owner_costs_only_its_envelopes_unavailable_within_the_deadline() {
+    let Some(cql) = test_cql() else { return };
+    let mut nodes = TwoNodes::start(&cql).await;
+    let deadline = Duration::from_secs(2);
+    for fault in ["pause", "kill"] {
+        let map = settled_shard_map(&[&nodes.setup.fanout, &nodes.second]).await;
+        let second = nodes.second.grpc.to_string();
+        let owner_of = |topic: &[u8]| map.owners[usize::from(shard_of(topic, 16))].address.clone();
+        let theirs = nodes.topics.iter().find(|t| owner_of(t) == second).expect("a topic of the second").clone();
+        let mine = nodes.topics.iter().find(|t| owner_of(t) != second).expect("a topic of the first").clone();
+        match fault {
+            "pause" => nodes.second.pause().expect("SIGSTOP the second node"),
+            _ => nodes.second.kill9(),
+        }
+        let batch = [&theirs, &mine, &theirs].map(|t| envelope(t, pb::EnvelopeKind::Application, true)).to_vec();
+        let mut request = tonic::Request::new(pb::PublishRequest { envelopes: batch });
+        request.set_timeout(deadline);
+        let started = Instant::now();
+        let mut client = nodes.setup.fanout.publisher().await.expect("publisher");
+        let results = client.publish(request).await.expect("answered within the deadline").into_inner().results;
+        let took = started.elapsed();
+        if fault == "pause" {
+            nodes.second.resume().expect("SIGCONT the second node");
+        }
+        assert!(took < deadline, "{fault}: answered in {took:?}, not at the deadline of {deadline:?}");
+        sequence_id(&results[1]);
+        for r in [&results[0], &results[2]] {
+            let Some(pb::publish_result::Result::Error(e)) = &r.result else { panic!("{fault}: not stored: {r:?}") };
+            assert_eq!(e.code, tonic::Code::Unavailable as i32);
+            let routing = Routing::of(e).expect("an ErrorInfo detail");
+            assert_eq!((routing.reason, routing.owner.as_deref()), (Reason::ForwardFailed, Some(second.as_str())));
+            assert!(routing.outcome_unknown, "it may have arrived");
+            eprintln!("{fault}: answered in {took:?}: {}", e.message);
+        }
+        if fault == "pause" {
+            let timeouts = metric(&nodes.setup.fanout, r#"fanout_forward_failures_total{reason="timeout"}"#).await;
+            assert_eq!(timeouts, Some(2.0), "a frozen owner's forward times out");
+        }
+    }
+    // The survivor takes the dead node's shards: a retry is stored.
+    let theirs = &nodes.topics[0];
+    publish_following(&[&nodes.setup.fanout], theirs).await;
+}
+
+/// The nodes' shard map once they agree and each owns its fair share
+/// (rebalancing is over), every shard owned.
+async fn settled_shard_map(nodes: &[&Fanout]) -> pb::ShardMap {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut maps = Vec::new();
+        for node in nodes {
+            let mut client = node.publisher().await.expect("publisher");
+            maps.push(client.get_shard_map(pb::GetShardMapRequest {}).await.expect("shard map").into_inner());
+        }
+        let share = maps[0].owners.len() / nodes.len();
+        let owned_by = |n: &Fanout| maps[0].owners.iter().filter(|o| o.address == n.grpc.to_string()).count();
+        let settled = maps.iter().all(|m| *m == maps[0])
+            && maps[0].owners.iter().enumerate().all(|(i, o)| o.shard as usize == i)
+            && nodes.iter().all(|n| owned_by(n) == share);
+        if settled {
+            return maps.swap_remove(0);
+        }
+        assert!(Instant::now() < deadline, "the shard maps did not settle: {maps:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A topic's shard as docs/CLIENT.md tells publishers to compute it:
+/// FNV-1a 64 of the topic bytes, modulo the shard count.
+fn shard_of(topic: &[u8], shard_count: u16) -> u16 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in topic {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    (h % u64::from(shard_count)) as u16
+}
+
+/// A Publish marked as one node's forward to another.
+async fn publish_marked_forwarded(node: &Fanout, envelopes: Vec<pb::Envelope>) -> Vec<pb::PublishResult> {
+    let mut request = tonic::Request::new(pb::PublishRequest { envelopes });
+    request.metadata_mut().insert("fanout-forwarded", tonic::metadata::MetadataValue::from_static("1"));
+    let mut client = node.publisher().await.expect("publisher");
+    client.publish(request).await.expect("publish").into_inner().results
+}
+
 /// The engine's own counters and gauges (no histogram buckets), to tell a
 /// stuck queue from a fenced shard when deliveries are missing.
 async fn metrics_summary(node: &Fanout) -> String {
@@ -289,8 +484,8 @@ async fn publish_with_timeouts(addresses: &[String], topic: &[u8]) -> Option<u64
             Ok(Some(results)) => match &results[0].result {
                 Some(pb::publish_result::Result::SequenceId(s)) => return Some(*s),
                 Some(pb::publish_result::Result::Error(e)) if e.code == tonic::Code::Unavailable as i32 => {
-                    let owner = redirect_owner(&e.message);
-                    match owner.and_then(|a| addresses.iter().position(|n| n == a)) {
+                    let owner = redirect_owner(e);
+                    match owner.and_then(|a| addresses.iter().position(|n| *n == a)) {
                         Some(i) if i != target => target = i,
                         _ => {
                             target = (target + 1) % addresses.len();
@@ -307,9 +502,10 @@ async fn publish_with_timeouts(addresses: &[String], topic: &[u8]) -> Option<u64
     None
 }
 
-/// Publishes one envelope, resending it where an UNAVAILABLE redirect says
-/// (the redirect contract of several nodes) and retrying while a shard has no reachable owner.
-/// Returns the sequence id and how many redirects were followed.
+/// Publishes one envelope, resending it where an UNAVAILABLE answer's
+/// detail says another node owns its shard, and retrying while the shard
+/// has no reachable owner. Returns the sequence id and how many redirects
+/// were followed (none while nodes forward to each other).
 async fn publish_following(nodes: &[&Fanout], topic: &[u8]) -> (u64, usize) {
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut target = 0;
@@ -320,7 +516,7 @@ async fn publish_following(nodes: &[&Fanout], topic: &[u8]) -> (u64, usize) {
         match &results[0].result {
             Some(pb::publish_result::Result::SequenceId(s)) => return (*s, redirects),
             Some(pb::publish_result::Result::Error(e)) if e.code == tonic::Code::Unavailable as i32 => {
-                let owner = redirect_owner(&e.message);
+                let owner = redirect_owner(e);
                 match owner.and_then(|a| nodes.iter().position(|n| n.grpc.to_string() == a)) {
                     Some(i) if i != target => {
                         target = i;
@@ -337,10 +533,10 @@ async fn publish_following(nodes: &[&Fanout], topic: &[u8]) -> (u64, usize) {
     }
 }
 
-/// The address an UNAVAILABLE redirect names ("shard N is owned by
-/// HOST:PORT; publish there"), if it names one.
-fn redirect_owner(message: &str) -> Option<&str> {
-    message.split("owned by ").nth(1).and_then(|r| r.split(';').next())
+/// The owner an UNAVAILABLE answer's detail says to publish to: one that
+/// owns the shard (not one a forward failed to reach).
+fn redirect_owner(error: &pb::PublishError) -> Option<String> {
+    Routing::of(error).filter(|r| r.reason == Reason::ShardOwnedElsewhere).and_then(|r| r.owner)
 }
 
 fn pushes(setup: &WebhookSetup) -> HashMap<Push, usize> {
