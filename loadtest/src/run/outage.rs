@@ -32,7 +32,7 @@ use serde::Serialize;
 
 use super::collector::{ChannelTally, Collector};
 use super::driver::{self, PublishStats};
-use super::engine_process::{self, PushTarget, proc_sample};
+use super::engine_process::{self, PushTarget, own_cpu_seconds, proc_sample};
 use super::ids::RunIds;
 use super::progress::Progress;
 use super::report::{Machine, loadavg};
@@ -118,6 +118,14 @@ pub struct Phase {
     pub peak_rss_mib: Option<f64>,
     /// The engine's CPU from the first publish to the end of the wait.
     pub cpu_seconds: Option<f64>,
+    /// The harness's own CPU over the same time: its mock receivers (the
+    /// mock APNs answering an outage's retries too), collector and publisher.
+    pub harness_cpu_seconds: Option<f64>,
+    /// Windows completed, and replayed from the checkpoint after
+    /// `window_timeout_seconds` without an answered first attempt
+    /// (`fanout_windows_total`, `fanout_window_replays_total`).
+    pub windows: u64,
+    pub window_replays: u64,
 }
 
 impl Phase {
@@ -333,6 +341,7 @@ async fn phase(
     // The outage's clock starts with the first Publish RPC.
     progress.watch(collector.clone());
     let cpu_before = pid.and_then(proc_sample).map(|s| s.cpu_seconds);
+    let harness_cpu_before = own_cpu_seconds();
     let t0 = Instant::now();
     let window = outage.map(|(kind, settings)| {
         let (start, lasts) = (settings.start(), settings.duration());
@@ -377,6 +386,7 @@ async fn phase(
     }
     let seconds = t0.elapsed().as_secs_f64();
     let end_sample = pid.and_then(proc_sample);
+    let harness_cpu = harness_cpu_before.zip(own_cpu_seconds()).map(|(before, after)| after - before);
     let metrics = engine_process::fetch_metrics(engine.http).await.unwrap_or_default();
     let outage_met = apns.outage().met();
     if let Some(w) = &window {
@@ -402,6 +412,9 @@ async fn phase(
         seconds,
         peak_rss_mib: end_sample.map(|s| s.hwm_kib as f64 / 1024.0),
         cpu_seconds: end_sample.zip(cpu_before).map(|(end, before)| end.cpu_seconds - before),
+        harness_cpu_seconds: harness_cpu,
+        windows: metrics.get("fanout_windows_total").copied().unwrap_or(0.0) as u64,
+        window_replays: metrics.get("fanout_window_replays_total").copied().unwrap_or(0.0) as u64,
     };
     progress.engine_pid.store(0, std::sync::atomic::Ordering::Relaxed);
     drop(engine);
@@ -504,6 +517,9 @@ impl OutageReport {
             if phase.publish.errors > 0 {
                 failures.push(format!("{name}: {} envelopes were not stored", phase.publish.errors));
             }
+            if phase.outage.is_none() && phase.window_replays > 0 {
+                failures.push(format!("{name}: {} windows replayed without a fault", phase.window_replays));
+            }
             if phase.bad_signatures > 0 {
                 failures.push(format!("{name}: {} requests with a bad signature or token", phase.bad_signatures));
             }
@@ -560,10 +576,13 @@ impl OutageReport {
         for (name, phase) in [("baseline", &self.baseline), ("outage", &self.with_outage)] {
             let rss = phase.peak_rss_mib.map_or("?".into(), |r| format!("{r:.1} MiB"));
             let cpu = phase.cpu_seconds.map_or("?".into(), |c| format!("{c:.2} s"));
+            let harness = phase.harness_cpu_seconds.map_or("?".into(), |c| format!("{c:.2} s"));
             line(format!(
-                "{name:<10} {:.1} s from the first publish, {}; engine peak RSS {rss}, CPU {cpu}{}",
+                "{name:<10} {:.1} s from the first publish, {}; {} windows, {} replayed; engine peak RSS {rss}, CPU {cpu}; harness CPU {harness}{}",
                 phase.seconds,
                 if phase.settled { "every delivery settled" } else { "NOT settled within the drain bound" },
+                phase.windows,
+                phase.window_replays,
                 if phase.outage.is_some() {
                     format!("; the outage met {} requests/handshakes", phase.outage_met)
                 } else {

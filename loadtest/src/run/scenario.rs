@@ -720,13 +720,13 @@ mod tests {
         let mut s = Scenario::load(&dir.join("outage.toml")).unwrap();
         let plan = Plan::new(&s);
         assert_eq!(plan.channel, ScenarioChannel::Mixed);
-        assert_eq!((plan.recipients, plan.topics(), plan.envelopes), (2000, 20, 200));
+        assert_eq!((plan.recipients, plan.topics(), plan.envelopes), (2000, 20, 1000));
         // 50 webhooks and 50 APNs devices in every topic.
         for t in 0..plan.topics() {
             let apns = (0..100).filter(|slot| plan.channel_of(plan.subscriber(t, *slot)) == ScenarioChannel::Apns);
             assert_eq!(apns.count(), 50, "topic {t}");
         }
-        assert_eq!(plan.expected_deliveries(plan.envelopes), 20_000);
+        assert_eq!(plan.expected_deliveries(plan.envelopes), 100_000);
         let outage = s.outage.clone().unwrap();
         assert_eq!(outage.kind().unwrap(), fanout_testkit::OutageKind::Hang);
         assert_eq!((outage.start(), outage.duration()), (Duration::ZERO, Duration::from_secs(30)));
