@@ -278,9 +278,13 @@ mod tests {
         args.ownership = Some(ownership);
         assert!(!args.clears_marks(), "a node that does not own the first shard");
         let until = tokio::time::Instant::now() + MINUTE;
-        owned.send_modify(|o| drop(o.shards.insert(ShardId::parse(1, 4).unwrap(), until)));
+        owned.send_modify(|o| {
+            o.shards.insert(ShardId::parse(1, 4).unwrap(), until);
+        });
         assert!(!args.clears_marks());
-        owned.send_modify(|o| drop(o.shards.insert(ShardId::FIRST, until)));
+        owned.send_modify(|o| {
+            o.shards.insert(ShardId::FIRST, until);
+        });
         assert!(args.clears_marks(), "the first shard's owner");
     }
 

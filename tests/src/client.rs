@@ -33,7 +33,11 @@ impl Recipient {
     }
 
     pub fn register(&self, delivery: pb::register_request::Delivery) -> pb::RegisterRequest {
-        pb::RegisterRequest { recipient_id: self.id.clone(), recipient_secret: self.secret.clone(), delivery: Some(delivery) }
+        pb::RegisterRequest {
+            recipient_id: self.id.clone(),
+            recipient_secret: self.secret.clone(),
+            delivery: Some(delivery),
+        }
     }
 
     /// Spec 003 §1 over gRPC: a relay registration with provider and token.

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::time::Instant;
 
-use super::unpark::Unparking;
+use super::unpark::{BatchDone, Unparking};
 use super::window_pages::WindowPages;
 use super::{Decision, DispatchContext, decide, suppression};
 use crate::delivery::{Delivery, FirstAttempt, FirstAttemptLatch};
@@ -363,7 +363,11 @@ impl ShardState {
         if tick {
             self.unparking.forget_stalled(self.shard, &self.ctx, self.ctx.settings.window_timeout).await;
         }
-        if let Err(e) = self.unparking.pump(self.shard, &self.ctx, myself).await {
+        let me = myself.clone();
+        let on_done: BatchDone = Arc::new(move |channel, batch| {
+            let _ = me.cast(ShardMsg::Unparked { channel, batch });
+        });
+        if let Err(e) = self.unparking.pump(self.shard, &self.ctx, &on_done).await {
             tracing::warn!(shard = self.shard.index(), error = %e, "reading parked deliveries failed");
         }
     }

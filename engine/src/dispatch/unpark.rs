@@ -20,11 +20,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures::future::try_join_all;
-use ractor::ActorRef;
 use tokio::time::Instant;
 
 use super::DispatchContext;
-use super::shard::ShardMsg;
 use crate::delivery::{Delivery, FirstAttempt, FirstAttemptLatch};
 use crate::domain::{Channel, ParkedDelivery, ParkedKey, RecipientId, ShardId, StoredEnvelope};
 use crate::store::StoreError;
@@ -33,6 +31,10 @@ use crate::store::StoreError;
 const BATCH: usize = 256;
 /// How often the cursor may go back to a channel's floor.
 const REVISIT: Duration = Duration::from_secs(5);
+
+/// Told (channel, batch id) once every delivery of a batch handed out was
+/// attempted or parked again; the shard answers with [`Unparking::done`].
+pub(super) type BatchDone = Arc<dyn Fn(Channel, u64) + Send + Sync>;
 
 /// One shard's drains, by channel.
 #[derive(Default)]
@@ -98,7 +100,7 @@ impl Unparking {
         &mut self,
         shard: ShardId,
         ctx: &DispatchContext,
-        myself: &ActorRef<ShardMsg>,
+        on_done: &BatchDone,
     ) -> Result<(), StoreError> {
         let parking = ctx.workers.parking().clone();
         for (channel, from) in parking.take_parked(shard) {
@@ -144,7 +146,7 @@ impl Unparking {
             drain.cursor = rows.last().map(ParkedDelivery::key);
             let (id, batch) = (self.next_batch, self.next_batch + 1);
             self.next_batch = batch;
-            let handed = self.hand_out(shard, ctx, myself, channel, id, rows).await;
+            let handed = self.hand_out(shard, ctx, on_done, channel, id, rows).await;
             parking.unparked(channel, granted - handed.min(granted));
             if handed > 0 {
                 parking.count_unparked(channel, handed);
@@ -161,7 +163,7 @@ impl Unparking {
         &mut self,
         shard: ShardId,
         ctx: &DispatchContext,
-        myself: &ActorRef<ShardMsg>,
+        on_done: &BatchDone,
         channel: Channel,
         id: u64,
         rows: Vec<ParkedDelivery>,
@@ -192,10 +194,8 @@ impl Unparking {
             return 0;
         }
         let progress = Arc::new(AtomicU64::new(0));
-        let me = myself.clone();
-        let latch = Arc::new(FirstAttemptLatch::new(sendable.len(), progress.clone(), move || {
-            let _ = me.cast(ShardMsg::Unparked { channel, batch: id });
-        }));
+        let on_done = on_done.clone();
+        let latch = Arc::new(FirstAttemptLatch::new(sendable.len(), progress.clone(), move || on_done(channel, id)));
         let keys = sendable.iter().map(|(row, _)| row.key()).collect();
         let mut envelope: Option<Arc<StoredEnvelope>> = None;
         let deliveries: Vec<Delivery> = sendable
@@ -302,6 +302,7 @@ mod tests {
     use super::*;
     use crate::channel::{Channels, Outcome, Provider, Push, Refusal};
     use crate::delivery::{BreakerRules, DeliverySettings, DeliveryWorkers, Parking, WorkerContext};
+    use crate::dispatch::shard::ShardMsg;
     use crate::dispatch::{DispatchSettings, PanicHook, ShardActor};
     use crate::domain::{
         DeliveryTarget, EnvelopeKind, NewEnvelope, RecipientId, RecipientSecret, Subscription, SubscriptionUpdate,

@@ -11,6 +11,7 @@ use std::sync::OnceLock;
 
 use anyhow::{Context as _, bail};
 use fanout_testkit::launcher::{build_binary, http_get, scylla_store_env, target_dir, workspace_dir};
+use fanout_testkit::mock::apns::{ApnsHook, ApnsTestKey, MockApnsConfig};
 
 use super::sources;
 
@@ -310,6 +311,19 @@ pub async fn fetch_metrics(http: SocketAddr) -> anyhow::Result<BTreeMap<String, 
         bail!("/metrics answered {status}");
     }
     Ok(parse_metrics(&body))
+}
+
+/// The harness's mock APNs of a run: the run's provider key (for the
+/// harness's team and key ids), requests counted not kept, `hook` answering.
+pub fn harness_apns_config(key: &ApnsTestKey, hook: ApnsHook) -> MockApnsConfig {
+    MockApnsConfig {
+        team_id: APNS_TEAM_ID.into(),
+        key_id: APNS_KEY_ID.into(),
+        public_key_pem: Some(key.public_pem.clone()),
+        record_requests: false,
+        on_request: Some(hook),
+        ..MockApnsConfig::default()
+    }
 }
 
 #[cfg(test)]

@@ -30,14 +30,14 @@ use fanout_testkit::mock::webhook::{MockWebhook, MockWebhookConfig};
 use fanout_testkit::{OutageKind, TestPki};
 use serde::Serialize;
 
+use super::args::{ApnsServer, RunArgs};
 use super::collector::{ChannelTally, Collector};
 use super::driver::{self, PublishStats};
-use super::engine_process::{self, PushTarget, own_cpu_seconds, proc_sample};
+use super::engine_process::{self, PushTarget, harness_apns_config, own_cpu_seconds, proc_sample};
 use super::ids::RunIds;
 use super::progress::Progress;
 use super::report::{Machine, loadavg};
 use super::scenario::{Faults, OutageSettings, Plan, Scenario, ScenarioChannel};
-use super::{RunArgs, harness_apns_config};
 
 /// The engine's final outcomes besides `delivered` (`fanout_deliveries_total`).
 const GIVEN_UP: [&str; 4] = ["exhausted", "rejected", "mismatch", "terminal"];
@@ -193,7 +193,7 @@ fn check_flags(args: &RunArgs) -> anyhow::Result<()> {
         (!args.scylla_nodes.is_empty(), "--scylla-nodes"),
         (args.engine_nodes > 1, "--engine-nodes"),
         (args.node_fault.is_some(), "--node-fault"),
-        (args.apns_server != super::ApnsServer::Rust, "--apns-server"),
+        (args.apns_server != ApnsServer::Rust, "--apns-server"),
         (args.with_pushy_client, "--with-pushy-client"),
         (args.svg_out.is_some(), "--svg-out"),
         (args.data_dir.is_some(), "--data-dir"),

@@ -524,7 +524,7 @@ fn harness_mock_config(key: &ApnsTestKey, counts: Arc<ServerCounts>) -> MockApns
         }
     });
     // Pushy signs with Java's `SHA256withECDSA` (DER), which APNs accepts.
-    MockApnsConfig { accept_der_signatures: true, ..super::harness_apns_config(key, hook) }
+    MockApnsConfig { accept_der_signatures: true, ..super::engine_process::harness_apns_config(key, hook) }
 }
 
 /// One run of Pushy's client into the server at `port`: the warm-up, then

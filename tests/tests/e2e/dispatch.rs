@@ -68,12 +68,12 @@ async fn eligibility_and_the_delivery_condition() {
     let published = publish(
         &setup.fanout,
         vec![
-            envelope(&group, K::Application, true),   // 0: both
-            envelope(&group, K::Application, false),  // 1: nobody (should_push false)
-            envelope(&group, K::Commit, false),       // 2: include_commits only
-            envelope(&group, K::Proposal, false),     // 3: include_commits only
-            envelope(&group, K::CommitLog, true),     // 4: never pushed
-            envelope(&welcome, K::Welcome, false),    // 5: welcome subscriber
+            envelope(&group, K::Application, true),               // 0: both
+            envelope(&group, K::Application, false),              // 1: nobody (should_push false)
+            envelope(&group, K::Commit, false),                   // 2: include_commits only
+            envelope(&group, K::Proposal, false),                 // 3: include_commits only
+            envelope(&group, K::CommitLog, true),                 // 4: never pushed
+            envelope(&welcome, K::Welcome, false),                // 5: welcome subscriber
             envelope(&topic_of_kind(2), K::IdentityUpdate, true), // 6: never pushed
             envelope(&topic_of_kind(3), K::KeyPackage, true),     // 7: never pushed
         ],
@@ -131,11 +131,11 @@ async fn suppression_cases(data: Vec<u8>) {
     let published = publish(
         &setup.fanout,
         vec![
-            signed(sender_hmac(current_key, &data), &data),       // 0: suppressed for the sender
-            signed(sender_hmac(&keys[0], &data), &data),          // 1: key of another epoch: pushed
-            signed(sender_hmac(current_key, b"other"), &data),    // 2: HMAC of other data: pushed
+            signed(sender_hmac(current_key, &data), &data), // 0: suppressed for the sender
+            signed(sender_hmac(&keys[0], &data), &data),    // 1: key of another epoch: pushed
+            signed(sender_hmac(current_key, b"other"), &data), // 2: HMAC of other data: pushed
             signed(sender_hmac(current_key, &data)[..31].to_vec(), &data), // 3: 31 bytes: pushed
-            signed(vec![], &data),                                // 4: no HMAC: pushed
+            signed(vec![], &data),                          // 4: no HMAC: pushed
         ],
     )
     .await;

@@ -69,10 +69,8 @@ async fn stop_mid_window_and_restart(stop: Stop) {
     assert!(before_restart < total, "the kill came too late to test anything");
 
     setup.fanout.restart().await.expect("restart");
-    let expected: HashSet<(String, String)> = recipients
-        .iter()
-        .flat_map(|r| seqs.iter().map(move |s| (r.id_hex(), s.to_string())))
-        .collect();
+    let expected: HashSet<(String, String)> =
+        recipients.iter().flat_map(|r| seqs.iter().map(move |s| (r.id_hex(), s.to_string()))).collect();
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
         let seen: HashSet<(String, String)> = setup
