@@ -485,10 +485,12 @@ async fn publish_batch(
         round += 1;
         let out_of_time = Instant::now() >= resend_until;
         let mut next: Vec<(usize, Vec<u64>)> = Vec::new();
-        // Resends with no routing knowledge go to the next node in turn
-        // (one RPC per round of this batch).
-        let anywhere = cluster.next_node();
         for (node, batch) in std::mem::take(&mut todo) {
+            // Resends with no routing knowledge go to the node after the
+            // one that answered, as a load balancer retries elsewhere. (Not
+            // the next turn: taking a turn per round as well as per batch
+            // sent every first RPC to the same node of two.)
+            let anywhere = (node + 1) % cluster.len();
             let request = pb::PublishRequest { envelopes: batch.iter().map(|e| envelope(*e)).collect() };
             let sent = Instant::now();
             let mut client = cluster.node(node).publisher();
@@ -534,8 +536,7 @@ async fn publish_batch(
                     }
                     Answer::Unknown(_) if cluster.retry_unknown && !out_of_time => {
                         shared.unknown_outcome += 1;
-                        let other = if anywhere == node { (node + 1) % cluster.len() } else { anywhere };
-                        add(&mut next, other, e);
+                        add(&mut next, anywhere, e);
                         continue;
                     }
                     Answer::Redirect { .. } | Answer::Retry => "no node took it in time".to_string(),

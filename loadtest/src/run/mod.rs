@@ -1164,7 +1164,9 @@ mod tests {
         assert_eq!(nodes.handoffs, nodes.nodes.iter().map(|n| n.ownership.acquired).sum::<u64>());
         assert!(nodes.nodes.iter().all(|n| n.registration_rpcs > 0 && n.envelopes_stored > 0), "{nodes:?}");
         assert_eq!(nodes.nodes.iter().map(|n| n.envelopes_stored).sum::<u64>(), report.publish.stored);
-        assert!(nodes.redirects > 0, "publishes of the other node's shards were redirected");
+        // Round-robin: each node took every other RPC and forwarded what the
+        // other owned.
+        assert!(nodes.forwarded > 0.0, "publishes of the other node's shards were forwarded");
         assert_eq!(nodes.nodes[1].owned_shards_end, None);
         assert!(report.text().contains("duplicates per handoff") || d.duplicates == 0, "{}", report.text());
         let json: serde_json::Value =
