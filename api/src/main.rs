@@ -269,6 +269,11 @@ async fn serve(config: Config) -> anyhow::Result<()> {
 
     shutdown_signal().await;
     let drain = config.server.drain_timeout;
+    // With several nodes, hand the shards over while still answering: the
+    // others take them at their next lease round (not after the TTL), and
+    // the publishes that reach this node meanwhile go to the new owners.
+    tracing::info!("shutting down: handing the shards over while still serving");
+    engine.leave(drain).await;
     tracing::info!("shutting down: no new requests; draining attempts in flight");
     let _ = shutdown_tx.send(true);
     // Open client connections may hold a graceful gRPC shutdown: bound it.

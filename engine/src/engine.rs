@@ -57,6 +57,8 @@ pub enum NotReady {
     StoreUnreachable,
     #[error("shard leases not settled yet")]
     LeasesNotSettled,
+    #[error("leaving: handing its shards over before it stops")]
+    Leaving,
 }
 
 /// A readiness probe must answer quickly even when the store hangs.
@@ -76,11 +78,16 @@ impl Readiness {
         if !matches!(store, Ok(Ok(_))) {
             return Err(NotReady::StoreUnreachable);
         }
-        let leasing = self.ownership.as_ref().map(|o| {
-            let o = o.borrow();
-            o.settled || !o.shards.is_empty()
-        });
-        if leasing == Some(false) { Err(NotReady::LeasesNotSettled) } else { Ok(()) }
+        let Some(ownership) = &self.ownership else { return Ok(()) };
+        let o = ownership.borrow();
+        // A leaving node still answers, but a load balancer should send elsewhere.
+        if o.leaving {
+            Err(NotReady::Leaving)
+        } else if o.settled || !o.shards.is_empty() {
+            Ok(())
+        } else {
+            Err(NotReady::LeasesNotSettled)
+        }
     }
 }
 
@@ -282,6 +289,19 @@ impl Engine {
     /// The readiness probe of `/readyz`.
     pub fn readiness(&self) -> Readiness {
         self.readiness.clone()
+    }
+
+    /// A graceful stop's first step, while the node still serves: with
+    /// shard leases, hand every shard over to the other nodes (each drained
+    /// as a release above the fair share is, its lease released, none taken
+    /// again), so they take them at their next lease round rather than
+    /// after the TTL. Publishes of those shards meanwhile go to their next
+    /// owner. Bounded by `bound`; at once with one node.
+    pub async fn leave(&self, bound: Duration) {
+        match self.supervisor.call(SupervisorMsg::Leave, Some(bound)).await {
+            Ok(ractor::rpc::CallResult::Success(())) => {}
+            _ => tracing::warn!("the shards were not all handed over in time; their leases run out after the TTL"),
+        }
     }
 
     /// Graceful stop within `drain`: every shard finishes its current window

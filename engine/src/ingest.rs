@@ -124,22 +124,25 @@ pub type EnvelopeResult = (Option<ShardId>, Result<u64, EnvelopeRejection>);
 /// of shards another node owns.
 pub struct Routed {
     parsed: Vec<Result<NewEnvelope, (Option<ShardId>, EnvelopeRejection)>>,
-    /// The envelopes another node owns, in batch order. Nothing is stored
-    /// for them here; those left in place when the batch is stored are
-    /// answered `OwnedElsewhere` (the caller may take them to forward them).
+    /// The envelopes of shards this node does not hold, in batch order.
+    /// Nothing is stored for them here; those left in place when the batch
+    /// is stored are answered `OwnedElsewhere` or `NoOwner` (the caller may
+    /// take them to forward them, or to route them again).
     pub elsewhere: Vec<Elsewhere>,
     /// How many `elsewhere` held when routed: those taken are counted by
     /// the node they are forwarded to, not here.
     routed_elsewhere: usize,
 }
 
-/// An envelope of a shard another node owns.
+/// An envelope of a shard this node does not hold.
 pub struct Elsewhere {
     /// Its place in the batch.
     pub index: usize,
     pub shard: ShardId,
-    /// The owner's advertised gRPC address (`server.advertise_address`).
-    pub owner: String,
+    /// The owner's advertised gRPC address (`server.advertise_address`);
+    /// `None` while no other node holds the shard (leases moving): the
+    /// caller may route it again a moment later.
+    pub owner: Option<String>,
     pub envelope: NewEnvelope,
 }
 
@@ -251,8 +254,8 @@ impl Ingest {
     }
 
     /// Only the owner of a shard appends to it. An envelope of a shard this
-    /// node does not own is set aside with its owner's address (answered
-    /// with it unless forwarded there), or answered "no owner yet".
+    /// node does not own is set aside with its owner's address, or none
+    /// (answered with it, or "no owner yet", unless the caller takes it).
     async fn route_unowned(
         &self,
         mut parsed: Vec<Result<NewEnvelope, (Option<ShardId>, EnvelopeRejection)>>,
@@ -279,9 +282,7 @@ impl Ingest {
                 None => EnvelopeRejection::NoOwner { shard: shard.index() },
             };
             let Ok(envelope) = std::mem::replace(slot, Err((Some(shard), rejection))) else { continue };
-            if let Some(owner) = &owners[&shard] {
-                elsewhere.push(Elsewhere { index, shard, owner: owner.clone(), envelope });
-            }
+            elsewhere.push(Elsewhere { index, shard, owner: owners[&shard].clone(), envelope });
         }
         let routed_elsewhere = elsewhere.len();
         Ok(Routed { parsed, elsewhere, routed_elsewhere })
@@ -528,8 +529,10 @@ mod tests {
         };
         let mut routed = f.ingest.route(batch()).await.unwrap();
         let taken = std::mem::take(&mut routed.elsewhere);
-        let placed: Vec<(usize, ShardId, &str, Option<u64>)> =
-            taken.iter().map(|e| (e.index, e.shard, e.owner.as_str(), e.envelope.sequence_id)).collect();
+        let placed: Vec<(usize, ShardId, &str, Option<u64>)> = taken
+            .iter()
+            .map(|e| (e.index, e.shard, e.owner.as_deref().unwrap_or("-"), e.envelope.sequence_id))
+            .collect();
         assert_eq!(placed, [(0, their_shard, "b:1", None), (3, their_shard, "b:1", Some(5))]);
         let results = f.ingest.store(routed).await.unwrap();
         assert_eq!(results[1], (Some(my_shard), Ok(1)));
@@ -553,6 +556,29 @@ mod tests {
         assert_eq!(map[usize::from(my_shard.index())].as_deref(), Some("me:1"));
         assert_eq!(map[usize::from(their_shard.index())].as_deref(), Some("b:1"));
         assert_eq!(map.iter().filter(|o| o.is_none()).count(), usize::from(SHARDS) - 2, "the rest have no owner");
+    }
+
+    /// An envelope that found no owner is set aside too (the caller may
+    /// route it again), and once the shard has one (here this node) it is stored.
+    #[tokio::test]
+    async fn an_envelope_with_no_owner_is_set_aside_and_routed_again() {
+        let leases = Arc::new(MemoryLeases::default());
+        let (tx, owned) = watch::channel(OwnedShards { settled: true, ..OwnedShards::default() });
+        let f = fixture(Some(ownership(owned, leases))).await;
+        let topic = [0u8, 7];
+        let shard = Topic::parse(&topic).unwrap().shard(SHARDS);
+        let mut routed = f.ingest.route(vec![input(&topic, EnvelopeKind::Application, 0)]).await.unwrap();
+        let taken = std::mem::take(&mut routed.elsewhere);
+        assert_eq!((taken.len(), taken[0].owner.as_deref()), (1, None), "no owner yet");
+        assert!(f.ingest.store(routed).await.unwrap()[0].1.is_err(), "not stored here");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        tx.send_modify(|o| {
+            o.shards.insert(shard, deadline);
+        });
+        assert!(taken[0].envelope.sequence_id.is_none());
+        let again = f.ingest.route(vec![input(&topic, EnvelopeKind::Application, 0)]).await.unwrap();
+        assert!(again.elsewhere.is_empty(), "held now");
+        assert_eq!(f.ingest.store(again).await.unwrap()[0], (Some(shard), Ok(1)));
     }
 
     #[tokio::test(start_paused = true)]

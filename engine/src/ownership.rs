@@ -29,6 +29,12 @@
 //! meanwhile) and the renewal is tried again at once, then every round;
 //! only when the deadline passes without a renewal is the shard given up.
 //! Each renewal's outcome is counted (`fanout_lease_renewals_total`).
+//!
+//! Leaving (a graceful stop, [`LeaseMsg::Leave`]): the node stops
+//! acquiring, removes its heartbeat (so the others' fair share grows at
+//! their next round), drains every owned shard as a release above the fair
+//! share does and releases its leases, all while it still answers publishes:
+//! those of its shards go to their next owner once it has one.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
@@ -36,7 +42,7 @@ use std::time::Duration;
 
 use futures::stream::{self, StreamExt};
 use ractor::rpc::CallResult;
-use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef};
+use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::Deserialize;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -94,6 +100,8 @@ pub struct OwnedShards {
     pub draining: BTreeMap<ShardId, Instant>,
     /// The lease actor has completed at least one round.
     pub settled: bool,
+    /// The node is leaving: it acquires nothing more and hands its shards over.
+    pub leaving: bool,
 }
 
 impl OwnedShards {
@@ -160,6 +168,9 @@ pub struct ShardOwnership {
 
 pub enum LeaseMsg {
     Round,
+    /// Hand every shard over and take none again; answered once the leases
+    /// are released (or the attempt failed: the TTL then frees them).
+    Leave(RpcReplyPort<()>),
 }
 
 pub struct LeaseActor;
@@ -211,10 +222,16 @@ impl Actor for LeaseActor {
         state: &mut LeaseState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
+            // A leaving node's rounds would take shards back: none run.
+            LeaseMsg::Round if state.config.owned.borrow().leaving => {}
             LeaseMsg::Round => {
                 if let Err(e) = state.round().await {
                     tracing::warn!(error = %e, "lease round failed; trying again next round");
                 }
+            }
+            LeaseMsg::Leave(reply) => {
+                state.leave().await;
+                let _ = reply.send(());
             }
         }
         Ok(())
@@ -292,6 +309,41 @@ impl LeaseState {
         releases.into_iter().collect::<Result<Vec<()>, _>>()?;
         c.owned.send_modify(|o| o.settled = true);
         Ok(())
+    }
+
+    /// Hands every owned shard over: no more acquiring, the heartbeat gone
+    /// (the others' next round counts this node out and takes the shards),
+    /// each shard drained as a release above the fair share is (within a
+    /// third of the TTL), then its lease released. Best effort: a lease not
+    /// released here runs out after the TTL.
+    async fn leave(&mut self) {
+        let c = self.config.clone();
+        c.owned.send_modify(|o| o.leaving = true);
+        // Renewed first, so that the drain below never runs into a lease
+        // deadline the last round left close.
+        self.renew(Instant::now(), c.ttl / 3).await;
+        let owned: Vec<ShardId> = self.owned().into_iter().collect();
+        tracing::info!(node = %c.node, shards = owned.len(), "leaving: handing every shard over");
+        if let Err(e) = bounded(c.ttl, c.leases.forget_node(&c.node)).await {
+            tracing::warn!(error = %e, "leaving: the heartbeat could not be removed; it runs out after the TTL");
+        }
+        self.disown_all(&owned, true).await;
+        let released = stream::iter(owned)
+            .map(|shard| {
+                let c = &c;
+                async move { (shard, bounded(c.ttl, c.leases.release_lease(shard, &c.node)).await) }
+            })
+            .buffer_unordered(RENEW_CONCURRENCY)
+            .collect::<Vec<_>>()
+            .await;
+        for (shard, outcome) in released {
+            match outcome {
+                Ok(()) => tracing::info!(shard = shard.index(), node = %c.node, "shard lease released on leaving"),
+                Err(e) => {
+                    tracing::warn!(shard = shard.index(), error = %e, "leaving: lease not released; it runs out after the TTL")
+                }
+            }
+        }
     }
 
     /// Renews every owned shard. One found owned by another node is lost
@@ -581,6 +633,25 @@ mod tests {
         round.await.unwrap().unwrap();
         assert!(!fence.holds(released), "released: no dispatch either");
         assert!(fence.holds(ShardId::FIRST), "the kept shard is untouched");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_leaving_node_hands_every_shard_over_at_once_and_takes_none_back() {
+        let leases = Arc::new(MemoryLeases::default());
+        let mut a = node(&leases, 4).await;
+        a.round().await.unwrap();
+        let mut b = node(&leases, 4).await;
+        b.round().await.unwrap();
+        a.round().await.unwrap();
+        b.round().await.unwrap();
+        assert_eq!((a.owned().len(), b.owned().len()), (2, 2));
+
+        a.leave().await;
+        assert!(a.owned().is_empty() && a.config.owned.borrow().leaving);
+        assert_eq!(leases.live_nodes().await.unwrap(), vec![b.config.node.clone()], "a's heartbeat is gone");
+        // b's next round, well within the TTL: every shard is b's.
+        b.round().await.unwrap();
+        assert_eq!(b.owned().len(), 4, "taken without waiting for a's leases to run out");
     }
 
     #[tokio::test(start_paused = true)]

@@ -18,4 +18,8 @@ pub enum SupervisorMsg {
     Disown { shard: ShardId, drain: bool, reply: RpcReplyPort<Option<ActorCell>> },
     /// Stop restarting children, then stop them and this actor.
     Shutdown,
+    /// A graceful stop's first step: the lease actor hands every shard over
+    /// (drained, leases released) and takes none again; answered once done,
+    /// at once without leases.
+    Leave(RpcReplyPort<()>),
 }

@@ -121,6 +121,17 @@ impl Actor for Supervisor {
                 state.stopping = true;
                 myself.stop(None);
             }
+            // Passed on, not awaited: the lease actor's drain asks this
+            // actor to disown each shard meanwhile.
+            SupervisorMsg::Leave(reply) => match &state.lease_actor {
+                // A lease actor gone drops the reply: the caller hears it failed.
+                Some(lease) => {
+                    let _ = lease.cast(LeaseMsg::Leave(reply));
+                }
+                None => {
+                    let _ = reply.send(());
+                }
+            },
         }
         state.report_owned();
         Ok(())

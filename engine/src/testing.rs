@@ -132,6 +132,10 @@ impl ShardLeases for MemoryLeases {
         let nodes = self.nodes.lock().unwrap();
         Ok(nodes.iter().filter(|(_, until)| **until > now).map(|(n, _)| NodeId(n.clone())).collect())
     }
+    async fn forget_node(&self, node: &NodeId) -> Result<(), StoreError> {
+        self.nodes.lock().unwrap().remove(&node.0);
+        Ok(())
+    }
     async fn lease_holders(&self) -> Result<Vec<LeaseHolder>, StoreError> {
         let now = Instant::now();
         let (leases, terms, addresses) =

@@ -58,7 +58,7 @@ pub struct Routing {
     /// The envelope may have been stored (and may be delivered): a resend
     /// may deliver it twice. False: surely nothing was stored.
     pub outcome_unknown: bool,
-    /// With `ForwardFailed`: unreachable, timeout, in_flight, refused or malformed.
+    /// With `ForwardFailed`: not_connected, unreachable, timeout, in_flight, refused or malformed.
     pub failure: Option<String>,
 }
 

@@ -252,6 +252,25 @@ impl Engine {
         }
     }
 
+    /// SIGTERM, and the exit status once it exited, without blocking the
+    /// runtime: a graceful stop (SIGKILL after `within`).
+    pub async fn stop(&mut self, within: Duration) -> anyhow::Result<ExitStatus> {
+        let mut child = self.child.take().context("not running")?;
+        Command::new("kill").args(["-TERM", &child.id().to_string()]).status()?;
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = child.try_wait()? {
+                return Ok(status);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!("fanout did not exit within {within:?} of SIGTERM; log:\n{}", self.log_tail(LOG_TAIL_LINES));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Starts the process again (SIGKILL first if it runs) on the same ports,
     /// directory and store, with the current [`Launch`].
     pub async fn restart(&mut self) -> anyhow::Result<()> {

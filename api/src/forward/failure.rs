@@ -3,7 +3,11 @@
 #[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::VariantArray)]
 #[strum(serialize_all = "snake_case")]
 pub enum Failure {
-    /// No connection to the owner, or it broke before the answer.
+    /// No connection to the owner could be opened (refused, or its address
+    /// is none): nothing was sent.
+    NotConnected,
+    /// The connection to the owner broke before the answer, or could not be
+    /// opened in time.
     Unreachable,
     /// The forward's deadline passed before the owner answered.
     Timeout,
@@ -25,6 +29,6 @@ impl Failure {
     /// Whether the owner may have stored the envelopes: only a forward never
     /// sent surely stored nothing.
     pub fn outcome_unknown(self) -> bool {
-        self != Failure::InFlight
+        !matches!(self, Failure::InFlight | Failure::NotConnected)
     }
 }

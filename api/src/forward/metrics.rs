@@ -1,18 +1,21 @@
 //! The forwarding families: envelopes forwarded, how long a forward took,
-//! and the envelopes whose forward failed, by reason. Every reason exists at
-//! zero from start-up, so the first failure shows in `rate()`.
+//! the envelopes whose forward failed, and those routed again while their
+//! shard's owner moved, by reason. Every reason exists at zero from
+//! start-up, so the first one shows in `rate()`.
 
 use fanout_engine::metrics::LATENCY_BUCKETS;
 use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry};
 use strum::VariantArray;
 
 use super::failure::Failure;
+use super::retry::Retry;
 
 #[derive(Clone)]
 pub struct ForwardMetrics {
     pub forwarded: IntCounter,
     pub seconds: Histogram,
     failures: IntCounterVec,
+    retries: IntCounterVec,
 }
 
 impl ForwardMetrics {
@@ -38,17 +41,34 @@ impl ForwardMetrics {
             &["reason"],
         )
         .expect("valid metric");
+        let retries = IntCounterVec::new(
+            Opts::new(
+                "fanout_forward_retries_total",
+                "Envelopes routed again, after a pause, because nothing was stored for them while their shard's owner moved, by reason",
+            ),
+            &["reason"],
+        )
+        .expect("valid metric");
         for metric in [
             Box::new(forwarded.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(seconds.clone()),
             Box::new(failures.clone()),
+            Box::new(retries.clone()),
         ] {
             registry.register(metric).expect("unique metric");
         }
         for reason in Failure::VARIANTS {
             failures.with_label_values(&[reason.as_str()]);
         }
-        Self { forwarded, seconds, failures }
+        for reason in Retry::VARIANTS {
+            retries.with_label_values(&[reason.as_str()]);
+        }
+        Self { forwarded, seconds, failures, retries }
+    }
+
+    /// Counts `envelopes` routed again for `reason`.
+    pub fn retried(&self, reason: Retry, envelopes: usize) {
+        self.retries.with_label_values(&[reason.as_str()]).inc_by(envelopes as u64);
     }
 
     /// Counts `envelopes` whose forward failed for `reason`.

@@ -15,6 +15,7 @@
 mod failure;
 mod metrics;
 mod peers;
+mod retry;
 mod settings;
 
 use std::error::Error as _;
@@ -31,6 +32,7 @@ pub use failure::Failure;
 use metrics::ForwardMetrics;
 use peers::Peers;
 pub use peers::PeersError;
+pub use retry::{MAX_ROUTES, Retry, pause};
 pub use settings::ForwardSettings;
 
 use crate::tls::{Reloadable, TlsSettings};
@@ -101,7 +103,7 @@ impl Forwarder {
         deadline: Instant,
         authorization: Option<&AsciiMetadataValue>,
     ) -> Result<Vec<pb::PublishResult>, Failure> {
-        let peer = self.peers.peer(owner).ok_or(Failure::Unreachable)?;
+        let peer = self.peers.peer(owner).ok_or(Failure::NotConnected)?;
         // The semaphore is never closed: an error is as good as no slot.
         let _slot = match timeout_at(deadline, peer.slots.acquire_owned()).await {
             Ok(Ok(slot)) => slot,
@@ -130,6 +132,11 @@ impl Forwarder {
         Ok(results)
     }
 
+    /// Counts `envelopes` routed again for `reason` (`grpc::reroute`).
+    pub fn retried(&self, reason: Retry, envelopes: usize) {
+        self.metrics.retried(reason, envelopes);
+    }
+
     #[cfg(test)]
     fn failures(&self, reason: Failure) -> u64 {
         self.metrics.failures(reason)
@@ -138,12 +145,21 @@ impl Forwarder {
 
 /// A status the transport made carries its cause: the client's own
 /// enforcement of the request's `grpc-timeout` (the forward's deadline), or
-/// no connection, or one that broke. One the owner answered carries none.
+/// a connection refused (nothing sent), or one that broke. One the owner
+/// answered carries none.
 fn failure_of(status: &tonic::Status) -> Failure {
     let mut cause = status.source();
     while let Some(error) = cause {
         if error.is::<tonic::TimeoutExpired>() {
             return Failure::Timeout;
+        }
+        // Refused at connect: the request never left this node. Or refused
+        // by the owner's GOAWAY (it is shutting down): a stream above the
+        // GOAWAY's last stream id was never processed (RFC 9113, 6.8).
+        if error.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
+            || error.downcast_ref::<h2::Error>().is_some_and(|e| e.is_go_away() && e.is_remote())
+        {
+            return Failure::NotConnected;
         }
         cause = error.source();
     }
@@ -183,12 +199,13 @@ mod tests {
         let started = std::time::Instant::now();
         let envelopes = vec![pb::Envelope::default(), pb::Envelope::default()];
         let result = f.forward(&format!("127.0.0.1:{port}"), envelopes, deadline, None).await;
-        assert_eq!(result, Err(Failure::Unreachable));
+        assert_eq!(result, Err(Failure::NotConnected), "refused: never sent");
+        assert!(!Failure::NotConnected.outcome_unknown());
         assert!(started.elapsed() < Duration::from_secs(5), "not held until the deadline: {:?}", started.elapsed());
-        assert_eq!(f.failures(Failure::Unreachable), 2);
+        assert_eq!(f.failures(Failure::NotConnected), 2);
         assert_eq!(
             f.forward("not an address", vec![pb::Envelope::default()], deadline, None).await,
-            Err(Failure::Unreachable)
+            Err(Failure::NotConnected)
         );
     }
 
@@ -198,6 +215,8 @@ mod tests {
         assert_eq!(failure_of(&timed_out), Failure::Timeout, "the client's own grpc-timeout");
         let broken = tonic::Status::from_error(Box::new(std::io::Error::other("connection reset")));
         assert_eq!(failure_of(&broken), Failure::Unreachable);
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert_eq!(failure_of(&tonic::Status::from_error(Box::new(refused))), Failure::NotConnected);
         assert_eq!(failure_of(&tonic::Status::deadline_exceeded("owner's deadline")), Failure::Timeout);
         assert_eq!(failure_of(&tonic::Status::unauthenticated("no token")), Failure::Refused);
         assert_eq!(failure_of(&tonic::Status::unavailable("storage unavailable")), Failure::Refused);

@@ -1,11 +1,13 @@
 //! The gRPC edge: proto ⇄ engine types, and engine errors → status, once.
 
+mod answer;
 mod batch;
 mod call;
 mod guard;
 mod notification;
 mod publish;
 mod publish_stream;
+mod reroute;
 mod status;
 
 pub use call::router;

@@ -7,9 +7,10 @@ use tokio::sync::watch;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::batch::{Forwarding, publish_batch};
+use super::batch::publish_batch;
 use super::call::CallDeadline;
 use super::publish_stream;
+use super::reroute::Forwarding;
 use super::status::{GET_SHARD_MAP, PUBLISH, record_rpc, store_status};
 use crate::forward::{FORWARDED, Forwarder};
 

@@ -29,7 +29,8 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 
-use super::batch::{Forwarding, publish_batch};
+use super::batch::publish_batch;
+use super::reroute::Forwarding;
 use super::status::{PUBLISH_STREAM, record_rpc};
 
 /// Acknowledgements that may wait for the client to read them.

@@ -181,6 +181,7 @@ instrumented! {
         "lease_owners": fn lease_owners(&self) -> Vec<(ShardId, NodeId)>;
         "heartbeat": fn heartbeat(&self, node: &NodeId, address: &str, ttl: Duration) -> ();
         "live_nodes": fn live_nodes(&self) -> Vec<NodeId>;
+        "forget_node": fn forget_node(&self, node: &NodeId) -> ();
         "lease_holders": fn lease_holders(&self) -> Vec<LeaseHolder>;
         "node_addresses": fn node_addresses(&self) -> Vec<LiveNode>;
     }

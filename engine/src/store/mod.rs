@@ -306,6 +306,10 @@ pub trait ShardLeases: Send + Sync + 'static {
     /// The nodes whose heartbeat has not expired.
     async fn live_nodes(&self) -> Result<Vec<NodeId>, StoreError>;
 
+    /// Removes `node`'s heartbeat: it is leaving, so the others' fair share
+    /// stops counting it at their next round rather than after the TTL.
+    async fn forget_node(&self, node: &NodeId) -> Result<(), StoreError>;
+
     /// Every live lease with its owner's address, the shard's term and what
     /// is left of the lease, in shard order (`fanout cluster status`).
     async fn lease_holders(&self) -> Result<Vec<LeaseHolder>, StoreError>;

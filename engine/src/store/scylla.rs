@@ -279,6 +279,7 @@ statements! {
     lease_all: "SELECT shard, owner FROM {ks}.shard_leases",
     node_put: "INSERT INTO {ks}.nodes (node, address, seen_at) VALUES (?, ?, toTimestamp(now())) USING TTL ?",
     node_all: "SELECT node FROM {ks}.nodes",
+    node_delete: "DELETE FROM {ks}.nodes WHERE node = ?",
     // For operators (`fanout cluster status`).
     lease_details: "SELECT shard, owner, owner_address, TTL(owner) FROM {ks}.shard_leases",
     node_details: "SELECT node, address FROM {ks}.nodes",
@@ -1264,6 +1265,10 @@ impl ShardLeases for ScyllaStore {
     async fn live_nodes(&self) -> Result<Vec<NodeId>, StoreError> {
         let rows: Vec<(String,)> = all_rows(&self.session, &self.st.node_all, (), "reading the nodes").await?;
         Ok(rows.into_iter().map(|(n,)| NodeId(n)).collect())
+    }
+
+    async fn forget_node(&self, node: &NodeId) -> Result<(), StoreError> {
+        self.session.write(&self.st.node_delete, (&node.0,)).await
     }
 
     async fn lease_holders(&self) -> Result<Vec<LeaseHolder>, StoreError> {

@@ -103,6 +103,12 @@ pub struct RunArgs {
     /// duplicates, the shard handoffs and the duplicates per handoff are
     /// reported. Publishes whose outcome the fault left unknown are resent
     /// to another node, and deliveries of such a copy are counted apart.
+    /// `roll` restarts every node in turn: SIGTERM, wait for its exit,
+    /// start it again on the same ports, wait until the nodes have split
+    /// the shards again, then the next; an RPC that cannot connect goes to
+    /// the next node, and the run also fails above 1 % duplicates or on any
+    /// envelope answered with an error (give a --duration-seconds long
+    /// enough for every node's restart).
     #[arg(long, value_enum)]
     pub node_fault: Option<nodes::NodeFault>,
     /// With --engine-nodes: how Publish RPCs choose their node.

@@ -375,8 +375,16 @@ pub struct PublishStats {
     /// Several nodes with a fault: envelopes whose RPC timed out or failed,
     /// or that were answered "lease ran out while storing", then resent:
     /// each may have been stored twice (its deliveries are counted as
-    /// `unacknowledged`).
+    /// `unacknowledged`). Those a node answered so; `lost_in_transport`
+    /// counts the rest.
     pub unknown_outcome: u64,
+    /// Of `unknown_outcome`: envelopes whose RPC was sent but failed in
+    /// transport or had no answer in time (no node answered them).
+    pub lost_in_transport: u64,
+    /// Envelopes whose RPC could not connect to its node, or whose stream
+    /// the node refused as it shut down (never processed), sent to the next
+    /// node, as a load balancer with health checks does.
+    pub unsent: u64,
 }
 
 /// What the publish tasks share.
@@ -390,6 +398,8 @@ struct Shared {
     redirects: u64,
     retries: u64,
     unknown_outcome: u64,
+    lost_in_transport: u64,
+    unsent: u64,
 }
 
 /// How long an envelope is resent for (redirects, no owner, unknown
@@ -411,7 +421,32 @@ enum Answer {
     Retry,
     /// Perhaps stored: send it again (several nodes with a fault) or count an error.
     Unknown(String),
+    /// The RPC was sent but no node answered it (a transport failure, no
+    /// answer in time): perhaps stored, as `Unknown`.
+    Lost(String),
+    /// The RPC could not connect, or its stream was refused by the node's
+    /// GOAWAY: never processed; the next node takes it.
+    Unsent,
     Error(String),
+}
+
+/// Whether a failed RPC was surely not processed: its connection was
+/// refused (a node stopped and not back yet), or the node's GOAWAY refused
+/// its stream (the node is shutting down). The status of a call the node
+/// answered carries no transport error as its source.
+fn never_sent(status: &tonic::Status) -> bool {
+    let mut cause = std::error::Error::source(status);
+    while let Some(error) = cause {
+        // Refused at connect, or a stream the node's GOAWAY refused (above
+        // its last stream id: never processed, RFC 9113 section 6.8).
+        if error.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
+            || error.downcast_ref::<h2::Error>().is_some_and(|e| e.is_go_away() && e.is_remote())
+        {
+            return true;
+        }
+        cause = error.source();
+    }
+    false
 }
 
 fn answer_of(cluster: &Cluster, result: Option<pb::publish_result::Result>) -> Answer {
@@ -478,11 +513,14 @@ async fn publish_batch(
         }
     }
     let mut round = 0u32;
+    // Only RPCs that could not connect are left: the next node takes them at once.
+    let mut only_unsent = false;
     while !todo.is_empty() {
-        if round > 0 {
+        if round > 0 && !only_unsent {
             tokio::time::sleep(RESEND_PAUSE).await;
         }
         round += 1;
+        only_unsent = true;
         let out_of_time = Instant::now() >= resend_until;
         let mut next: Vec<(usize, Vec<u64>)> = Vec::new();
         for (node, batch) in std::mem::take(&mut todo) {
@@ -491,12 +529,17 @@ async fn publish_batch(
             // the next turn: taking a turn per round as well as per batch
             // sent every first RPC to the same node of two.)
             let anywhere = (node + 1) % cluster.len();
-            let request = pb::PublishRequest { envelopes: batch.iter().map(|e| envelope(*e)).collect() };
+            let mut request =
+                tonic::Request::new(pb::PublishRequest { envelopes: batch.iter().map(|e| envelope(*e)).collect() });
+            // The node's deadline too: its forwards and retries end within it.
+            request.set_timeout(cluster.rpc_timeout);
             let sent = Instant::now();
             let mut client = cluster.node(node).publisher();
             let result = match tokio::time::timeout(cluster.rpc_timeout, client.publish(request)).await {
-                Ok(r) => r.map_err(|s| format!("{} {}", s.code(), s.message())),
-                Err(_) => Err(format!("no answer within {:?}", cluster.rpc_timeout)),
+                Ok(Ok(response)) => Ok(response),
+                Ok(Err(s)) if never_sent(&s) => Err(None),
+                Ok(Err(s)) => Err(Some(format!("{} {}", s.code(), s.message()))),
+                Err(_) => Err(Some(format!("no answer within {:?}", cluster.rpc_timeout))),
             };
             let returned = Instant::now();
             let mut shared = shared.lock().unwrap_or_else(|p| p.into_inner());
@@ -506,7 +549,8 @@ async fn publish_batch(
                     let mut results = response.into_inner().results.into_iter().map(|r| r.result);
                     batch.iter().map(|_| answer_of(&cluster, results.next().flatten())).collect()
                 }
-                Err(e) => batch.iter().map(|_| Answer::Unknown(e.clone())).collect(),
+                Err(None) => batch.iter().map(|_| Answer::Unsent).collect(),
+                Err(Some(e)) => batch.iter().map(|_| Answer::Lost(e.clone())).collect(),
             };
             for (&e, answer) in batch.iter().zip(answers) {
                 let error = match answer {
@@ -520,6 +564,7 @@ async fn publish_batch(
                     }
                     Answer::Redirect { node: owner, shard } if !out_of_time => {
                         shared.redirects += 1;
+                        only_unsent = false;
                         match &map {
                             Some(map) => {
                                 map.moved(shard, owner);
@@ -531,16 +576,27 @@ async fn publish_batch(
                     }
                     Answer::Retry if !out_of_time => {
                         shared.retries += 1;
+                        only_unsent = false;
                         add(&mut next, mapped_owner(e).unwrap_or(anywhere), e);
                         continue;
                     }
-                    Answer::Unknown(_) if cluster.retry_unknown && !out_of_time => {
+                    Answer::Unsent if !out_of_time => {
+                        shared.unsent += 1;
+                        add(&mut next, (node + 1) % cluster.len(), e);
+                        continue;
+                    }
+                    Answer::Unknown(_) | Answer::Lost(_) if cluster.retry_unknown && !out_of_time => {
                         shared.unknown_outcome += 1;
+                        only_unsent = false;
+                        if matches!(answer, Answer::Lost(_)) {
+                            shared.lost_in_transport += 1;
+                        }
                         add(&mut next, anywhere, e);
                         continue;
                     }
                     Answer::Redirect { .. } | Answer::Retry => "no node took it in time".to_string(),
-                    Answer::Unknown(e) | Answer::Error(e) => e,
+                    Answer::Unsent => "no node could be reached in time".to_string(),
+                    Answer::Unknown(e) | Answer::Lost(e) | Answer::Error(e) => e,
                 };
                 shared.errors += 1;
                 shared.first_error.get_or_insert(error);
@@ -577,6 +633,8 @@ pub async fn publish(
         redirects: 0,
         retries: 0,
         unknown_outcome: 0,
+        lost_in_transport: 0,
+        unsent: 0,
     }));
     let started = Instant::now();
     collector.mark_start(started);
@@ -639,6 +697,8 @@ pub async fn publish(
         redirects: shared.redirects,
         retries: shared.retries,
         unknown_outcome: shared.unknown_outcome,
+        lost_in_transport: shared.lost_in_transport,
+        unsent: shared.unsent,
     })
 }
 
@@ -702,6 +762,15 @@ mod tests {
         assert!(matches!(answer(None), Answer::Error(_)));
         // Round-robin turns over the nodes.
         assert_eq!([cluster.next_node(), cluster.next_node(), cluster.next_node()], [0, 1, 0]);
+    }
+
+    #[test]
+    fn only_a_refused_connection_counts_as_never_sent() {
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert!(never_sent(&tonic::Status::from_error(Box::new(refused))));
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        assert!(!never_sent(&tonic::Status::from_error(Box::new(reset))), "perhaps received");
+        assert!(!never_sent(&tonic::Status::unavailable("answered by a node")));
     }
 
     #[test]

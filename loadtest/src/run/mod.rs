@@ -635,7 +635,7 @@ async fn execute_inner(
     if let Store::Scylla { .. } = store {
         progress.say(&format!("store: {}", store.describe()));
     }
-    let engine = match args.engine_grpc {
+    let mut engine = match args.engine_grpc {
         Some(_) if matches!(scenario.channel, ScenarioChannel::Apns | ScenarioChannel::WebPush) => {
             bail!("apns and webpush scenarios sign with a key made for the run: let the harness start the engine")
         }
@@ -710,11 +710,11 @@ async fn execute_inner(
         Engine::Started(first) if leasing => std::iter::once(first).chain(&others).map(|e| (e.pid(), e.http)).collect(),
         _ => vec![],
     };
+    let shard_count = scenario.engine.get("shard_count").and_then(toml::Value::as_integer).unwrap_or(256) as u64;
+    let settle_within = Duration::from_secs(30) + 6 * lease_ttl(scenario);
     if leasing {
         progress.phase("waiting for the nodes to split the shards", 0);
-        let shard_count = scenario.engine.get("shard_count").and_then(toml::Value::as_integer).unwrap_or(256);
-        let wait = Duration::from_secs(30) + 6 * lease_ttl(scenario);
-        nodes::wait_settled(&node_handles, shard_count as u64, wait).await?;
+        nodes::wait_settled(&node_handles, shard_count, settle_within).await?;
     }
     let engine_info = EngineInfo {
         mode: if args.engine_grpc.is_some() { "external" } else { "subprocess" }.into(),
@@ -812,6 +812,24 @@ async fn execute_inner(
     };
     let fault = async {
         match (args.node_fault, others.last_mut()) {
+            (Some(nodes::NodeFault::Roll), _) => {
+                let Engine::Started(first) = &mut engine else { bail!("--node-fault roll starts its engines itself") };
+                let all: Vec<&mut launcher::Engine> = std::iter::once(first).chain(others.iter_mut()).collect();
+                // A stop hands the shards over, closes gRPC, then drains: each bounded by the drain timeout.
+                let stop_within = Duration::from_secs(30);
+                nodes::roll(
+                    all,
+                    &node_handles,
+                    shard_count,
+                    stop_within,
+                    settle_within,
+                    &collector,
+                    threshold,
+                    delivery_started,
+                    &gave_up,
+                )
+                .await
+            }
             (Some(kind), Some(engine)) => {
                 nodes::inject(kind, engine, victim, &collector, threshold, pause, delivery_started, &gave_up).await
             }

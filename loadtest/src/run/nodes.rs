@@ -2,8 +2,9 @@
 //! waiting until they have split the shards, sampling each node's CPU and
 //! /metrics while the run goes on (a killed node keeps its last sample), its
 //! shard ownership changes read from its log, the fault (`--node-fault`:
-//! SIGKILL one node, or SIGSTOP it past its lease TTL and SIGCONT it), and
-//! the per-node and total figures of the report.
+//! SIGKILL one node, SIGSTOP it past its lease TTL and SIGCONT it, or a
+//! rolling restart of every node with SIGTERM), and the per-node and total
+//! figures of the report.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -33,6 +34,11 @@ pub enum NodeFault {
     /// SIGSTOP for twice the lease TTL, then SIGCONT: the others take its
     /// shards, and it must act on none of the leases it lost.
     Pause,
+    /// A rolling restart: each node in turn gets SIGTERM (it hands its
+    /// shards over while still answering, then stops), is started again on
+    /// the same ports once it exited, and the next one follows once the
+    /// nodes have split the shards again.
+    Roll,
 }
 
 /// Shard ownership changes a node's log shows.
@@ -54,7 +60,7 @@ impl Ownership {
         let count = |needle: &str| log.matches(needle).count() as u64;
         Ownership {
             acquired: count("shard lease acquired"),
-            released: count("releasing a shard above the fair share"),
+            released: count("releasing a shard above the fair share") + count("shard lease released on leaving"),
             lost: count("shard lease lost"),
             fenced: count("shard lease not renewed in time"),
         }
@@ -195,6 +201,85 @@ pub struct FaultReport {
     pub delivered_before: u64,
     /// `pause`: how long the node was frozen.
     pub paused_seconds: Option<f64>,
+    /// `roll`: each node's restart, in order.
+    pub restarts: Vec<Restart>,
+}
+
+/// One node's restart in a roll, in seconds after the first publish.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Restart {
+    pub node: usize,
+    /// SIGTERM sent.
+    pub at_seconds: f64,
+    /// From SIGTERM to its exit: the shards handed over and the drain.
+    pub stop_seconds: f64,
+    /// From the start again to ready (/readyz: a lease round done).
+    pub start_seconds: f64,
+    /// From ready until the nodes had split the shards again.
+    pub settle_seconds: f64,
+}
+
+impl Restart {
+    fn line(&self) -> String {
+        format!(
+            "node {} at {:.1} s: stopped in {:.1} s, ready {:.1} s later, shards split again {:.1} s after",
+            self.node, self.at_seconds, self.stop_seconds, self.start_seconds, self.settle_seconds
+        )
+    }
+}
+
+/// Restarts `engines` one after the other once `threshold` distinct
+/// deliveries arrived: SIGTERM, wait for the exit (bounded by `stop_within`),
+/// start again on the same ports and store, wait until `nodes` (every
+/// node's pid and HTTP address) have split `shard_count` shards again.
+/// `None` when `gave_up` was set before the threshold.
+#[allow(clippy::too_many_arguments)]
+pub async fn roll(
+    engines: Vec<&mut launcher::Engine>,
+    nodes: &[(Option<u32>, SocketAddr)],
+    shard_count: u64,
+    stop_within: Duration,
+    settle_within: Duration,
+    collector: &Collector,
+    threshold: u64,
+    started: Instant,
+    gave_up: &AtomicBool,
+) -> anyhow::Result<Option<FaultReport>> {
+    while collector.counts().distinct < threshold {
+        if gave_up.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let at_seconds = started.elapsed().as_secs_f64();
+    let delivered_before = collector.counts().distinct;
+    let mut restarts = Vec::new();
+    for (node, engine) in engines.into_iter().enumerate() {
+        let term = Instant::now();
+        let status = engine.stop(stop_within).await?;
+        if !status.success() {
+            bail!("node {node} exited with {status} after SIGTERM; log:\n{}", engine.log_tail(20));
+        }
+        let stopped = Instant::now();
+        engine.restart().await?;
+        let ready = Instant::now();
+        wait_settled(nodes, shard_count, settle_within).await?;
+        restarts.push(Restart {
+            node,
+            at_seconds: term.duration_since(started).as_secs_f64(),
+            stop_seconds: stopped.duration_since(term).as_secs_f64(),
+            start_seconds: ready.duration_since(stopped).as_secs_f64(),
+            settle_seconds: ready.elapsed().as_secs_f64(),
+        });
+    }
+    Ok(Some(FaultReport {
+        kind: NodeFault::Roll,
+        node: 0,
+        at_seconds,
+        delivered_before,
+        paused_seconds: None,
+        restarts,
+    }))
 }
 
 /// Waits until `threshold` distinct deliveries arrived, then kills `engine`
@@ -224,6 +309,7 @@ pub async fn inject(
             engine.kill9();
             None
         }
+        NodeFault::Roll => bail!("a roll restarts every node: see `roll`"),
         NodeFault::Pause => {
             engine.pause()?;
             tokio::time::sleep(pause).await;
@@ -231,7 +317,7 @@ pub async fn inject(
             Some(pause.as_secs_f64())
         }
     };
-    Ok(Some(FaultReport { kind, node, at_seconds, delivered_before, paused_seconds }))
+    Ok(Some(FaultReport { kind, node, at_seconds, delivered_before, paused_seconds, restarts: Vec::new() }))
 }
 
 /// One node's share of the run.
@@ -278,6 +364,11 @@ pub struct NodesReport {
     pub redirects: u64,
     pub retries: u64,
     pub unknown_outcome: u64,
+    /// Of those, RPCs no node answered (transport failure, no answer in time).
+    pub lost_in_transport: u64,
+    /// Envelopes of RPCs refused before any node processed them (connection
+    /// refused, stream refused by GOAWAY), sent to the next node.
+    pub unsent: u64,
     /// How the Publish RPCs chose their node.
     pub publish_via: PublishVia,
     pub envelopes_stored: u64,
@@ -342,9 +433,13 @@ impl NodesReport {
                     index,
                     grpc: f.grpc,
                     pid: f.pid,
-                    fault: fault.as_ref().filter(|x| x.node == index).map(|x| match x.kind {
-                        NodeFault::Kill => "killed".into(),
-                        NodeFault::Pause => "paused".into(),
+                    fault: fault.as_ref().filter(|x| x.node == index || x.kind == NodeFault::Roll).map(|x| {
+                        match x.kind {
+                            NodeFault::Kill => "killed".into(),
+                            NodeFault::Pause => "paused".into(),
+                            // Its counters start again at the restart: its figures are since then.
+                            NodeFault::Roll => "restarted".into(),
+                        }
                     }),
                     registration_rpcs: rpcs,
                     registration_rpcs_per_second: per(rpcs as f64, setup.seconds),
@@ -381,6 +476,8 @@ impl NodesReport {
             redirects: publish.redirects,
             retries: publish.retries,
             unknown_outcome: publish.unknown_outcome,
+            lost_in_transport: publish.lost_in_transport,
+            unsent: publish.unsent,
             engine_cpu_seconds_delivery: cpu,
             engine_cpu_seconds_per_1k_deliveries: cpu * 1000.0 / distinct.max(1) as f64,
             nodes,
@@ -415,17 +512,26 @@ impl NodesReport {
             ));
         }
         if let Some(f) = &self.fault {
-            lines.push(format!(
-                "fault: node {} {} at {:.1} s, after {} deliveries{}",
-                f.node,
-                match f.kind {
-                    NodeFault::Kill => "killed (SIGKILL)",
-                    NodeFault::Pause => "paused (SIGSTOP)",
-                },
-                f.at_seconds,
-                f.delivered_before,
-                f.paused_seconds.map(|p| format!(", resumed {p:.1} s later")).unwrap_or_default()
-            ));
+            if f.kind == NodeFault::Roll {
+                lines.push(format!(
+                    "fault: every node restarted (SIGTERM) in turn from {:.1} s, after {} deliveries",
+                    f.at_seconds, f.delivered_before
+                ));
+                lines.extend(f.restarts.iter().map(|r| format!("  {}", r.line())));
+            } else {
+                lines.push(format!(
+                    "fault: node {} {} at {:.1} s, after {} deliveries{}",
+                    f.node,
+                    match f.kind {
+                        NodeFault::Kill => "killed (SIGKILL)",
+                        NodeFault::Pause => "paused (SIGSTOP)",
+                        NodeFault::Roll => "restarted (SIGTERM)",
+                    },
+                    f.at_seconds,
+                    f.delivered_before,
+                    f.paused_seconds.map(|p| format!(", resumed {p:.1} s later")).unwrap_or_default()
+                ));
+            }
         }
         if !self.duplicates_by_second.is_empty() {
             let by_second: Vec<String> = self.duplicates_by_second.iter().map(|(s, n)| format!("{s} s: {n}")).collect();
@@ -450,15 +556,18 @@ impl NodesReport {
             self.engine_cpu_seconds_per_1k_deliveries,
         ));
         lines.push(format!(
-            "handoffs: {} ({}); publish: {} redirected, {} retried, {} of unknown outcome resent ({} deliveries \
-             of unacknowledged copies); engine CPU {:.1} s = {:.2} s per 1k deliveries",
+            "handoffs: {} ({}); publish: {} redirected, {} retried, {} of unknown outcome resent ({} lost in \
+             transport; {} deliveries of unacknowledged copies), {} sent to the next node unprocessed; engine CPU \
+             {:.1} s = {:.2} s per 1k deliveries",
             self.handoffs,
             self.duplicates_per_handoff
                 .map_or("no duplicates to share".into(), |d| format!("{d:.1} duplicates per handoff")),
             self.redirects,
             self.retries,
             self.unknown_outcome,
+            self.lost_in_transport,
             self.unacknowledged,
+            self.unsent,
             self.engine_cpu_seconds_delivery,
             self.engine_cpu_seconds_per_1k_deliveries
         ));
@@ -479,6 +588,45 @@ mod tests {
         assert_eq!(o, Ownership { acquired: 2, released: 1, lost: 1, fenced: 1 });
         let before = Ownership { acquired: 1, ..Ownership::default() };
         assert_eq!(o.since(before).acquired, 1);
+    }
+
+    #[test]
+    fn a_roll_reports_each_restart_and_marks_every_node() {
+        let restart = |node: usize| Restart {
+            node,
+            at_seconds: 3.0 + node as f64,
+            stop_seconds: 1.2,
+            start_seconds: 2.5,
+            settle_seconds: 0.6,
+        };
+        let fault = FaultReport {
+            kind: NodeFault::Roll,
+            node: 0,
+            at_seconds: 3.0,
+            delivered_before: 100,
+            paused_seconds: None,
+            restarts: vec![restart(0), restart(1)],
+        };
+        let figure = |grpc: &str| NodeFigures {
+            grpc: grpc.into(),
+            pid: None,
+            before: NodeSample::default(),
+            after: NodeSample::default(),
+            ownership_before: Ownership::default(),
+            ownership_after: Ownership::default(),
+        };
+        let setup = SetupStats { seconds: 1.0, ..Default::default() };
+        let publish = PublishStats { seconds: 1.0, ..Default::default() };
+        let r = NodesReport::new(vec![figure("a:1"), figure("b:1")], Some(fault), &setup, &publish, 1.0, 0, &[], 0);
+        assert!(r.nodes.iter().all(|n| n.fault.as_deref() == Some("restarted")));
+        let text = r.lines().join("\n");
+        assert!(text.contains("every node restarted (SIGTERM) in turn from 3.0 s, after 100 deliveries"), "{text}");
+        assert!(
+            text.contains("node 1 at 4.0 s: stopped in 1.2 s, ready 2.5 s later, shards split again 0.6 s after"),
+            "{text}"
+        );
+        let o = Ownership::from_log("shard lease released on leaving\nreleasing a shard above the fair share\n");
+        assert_eq!(o.released, 2);
     }
 
     #[test]
@@ -519,6 +667,7 @@ mod tests {
             at_seconds: 1.0,
             delivered_before: 400,
             paused_seconds: None,
+            restarts: Vec::new(),
         };
         let setup = SetupStats { seconds: 2.0, rpcs_per_node: vec![10, 10], ..Default::default() };
         let publish = PublishStats {

@@ -13,7 +13,7 @@ use super::cql_ceiling::CqlCeiling;
 use super::db_fault::DbFaultReport;
 use super::driver::{PublishStats, SetupStats};
 use super::h2load::H2loadResult;
-use super::nodes::NodesReport;
+use super::nodes::{NodeFault, NodesReport};
 
 /// The most duplicates a database fault the replication factor covers may
 /// cost, as a fraction of the expected deliveries.
@@ -279,9 +279,11 @@ impl Report {
         }
         // Unexplained duplicates or replays are a failed run. A database
         // fault the replication factor covers may cost at most 1 %.
-        let max_duplicates = match &self.db_fault {
-            Some(_) => self.plan.max_duplicate_ratio.min(DB_FAULT_MAX_DUPLICATES),
-            None => self.plan.max_duplicate_ratio,
+        let rolled = self.nodes.as_ref().and_then(|n| n.fault.as_ref()).is_some_and(|f| f.kind == NodeFault::Roll);
+        let max_duplicates = if self.db_fault.is_some() || rolled {
+            self.plan.max_duplicate_ratio.min(DB_FAULT_MAX_DUPLICATES)
+        } else {
+            self.plan.max_duplicate_ratio
         };
         let duplicate_ratio = if d.expected == 0 { 0.0 } else { d.duplicates as f64 / d.expected as f64 };
         if duplicate_ratio > max_duplicates {
@@ -302,6 +304,25 @@ impl Report {
                 n.envelopes_stored - n.stored_first_try,
                 n.envelopes_stored
             ));
+        }
+        // A rolling restart stays inside the engine: a node that leaves
+        // hands its shards over while still answering, and forwards follow
+        // the owner, so no envelope is answered with an error (a connection
+        // refused by a stopped node is no answer: the next node takes it).
+        if rolled {
+            let p = &self.publish;
+            let answered = p.unknown_outcome + p.retries + p.redirects;
+            if answered > 0 {
+                failures.push(format!(
+                    "{answered} envelopes were answered with an error during the rolling restart ({} with an \
+                     unknown outcome, {} of them lost in transport; {} with no owner; {} redirected){}",
+                    p.unknown_outcome,
+                    p.lost_in_transport,
+                    p.retries,
+                    p.redirects,
+                    p.first_error.as_deref().map(|e| format!("; first: {e}")).unwrap_or_default()
+                ));
+            }
         }
         // A database fault at replication factor 3 stays inside the engine:
         // every publish and registration answered without an error.
