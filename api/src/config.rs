@@ -750,6 +750,62 @@ mod tests {
             cur.insert(last.clone(), value);
         }
 
+        /// The keys of an error's dotted path, without element indices
+        /// (`a.b[0]` is `a`, `b`).
+        fn key_path(key: &str) -> Vec<&str> {
+            key.split('.').map(|k| k.split('[').next().unwrap_or_default()).filter(|k| !k.is_empty()).collect()
+        }
+
+        /// Whether one path is a prefix of the other: an error about the key
+        /// itself, a table above it, or a value inside it. `?` is a segment
+        /// `serde_path_to_error` could not name (the key of a map whose keys
+        /// are not strings, e.g. `certificate_identities`' roles).
+        fn related(error_key: &[&str], path: &[String]) -> bool {
+            error_key.iter().zip(path).all(|(a, b)| *a == "?" || a == b)
+        }
+
+        /// An invalid configuration names a key, and one that changed; no
+        /// variable set anything.
+        fn names_a_changed_key(
+            result: Result<Config, ConfigError>,
+            changed: &[Vec<String>],
+        ) -> Result<(), TestCaseError> {
+            match result {
+                Ok(_) | Err(ConfigError::Unsafe { .. }) => {}
+                Err(ConfigError::Invalid(invalid)) => {
+                    let key = key_path(&invalid.key);
+                    prop_assert!(!key.is_empty(), "no key named: {}", invalid);
+                    prop_assert!(invalid.variable.is_none(), "{}", invalid);
+                    prop_assert!(
+                        changed.iter().any(|p| related(&key, p)),
+                        "{} names no changed key: {:?}",
+                        invalid,
+                        changed
+                    );
+                }
+                Err(e) => prop_assert!(false, "only a value can be wrong here: {}", e),
+            }
+            Ok(())
+        }
+
+        /// A variable's text as the environment layer reads it: a TOML
+        /// value when it parses as one, else a string.
+        fn env_value(raw: &str) -> toml::Value {
+            format!("v = {raw}")
+                .parse::<toml::Table>()
+                .ok()
+                .and_then(|mut t| t.remove("v"))
+                .unwrap_or_else(|| toml::Value::String(raw.to_owned()))
+        }
+
+        /// `FANOUT__` names: any, or a documented key's.
+        fn env_name() -> impl Strategy<Value = String> {
+            let mut paths = Vec::new();
+            leaves(&every_documented_table(), &[], &mut paths);
+            let documented: Vec<String> = paths.iter().map(|p| p.join("__").to_ascii_uppercase()).collect();
+            prop_oneof!["[A-Za-z_]{0,12}(__[A-Za-z_]{0,12}){0,4}", prop::sample::select(documented),]
+        }
+
         /// Any TOML value, edge numbers and address-like strings included.
         fn value() -> impl Strategy<Value = toml::Value> {
             let leaf = prop_oneof![
@@ -780,7 +836,7 @@ mod tests {
         }
 
         /// Changing any documented keys to any values gives a configuration
-        /// or an error naming a key, never a panic.
+        /// or an error naming a key that changed (or its table), never a panic.
         #[test]
         fn any_values_of_documented_keys_load_or_are_named() {
             let base = every_documented_table();
@@ -792,14 +848,13 @@ mod tests {
             runner
                 .run(&changes, |changes| {
                     let mut table = base.clone();
+                    let mut changed = Vec::new();
                     for (index, value) in changes {
-                        set(&mut table, &paths[index.index(paths.len())], value);
+                        let path = &paths[index.index(paths.len())];
+                        set(&mut table, path, value);
+                        changed.push(path.clone());
                     }
-                    match Config::layer(table, std::iter::empty()) {
-                        Ok(_) | Err(ConfigError::Unsafe { .. }) => {}
-                        Err(e) => prop_assert!(!e.to_string().is_empty()),
-                    }
-                    Ok(())
+                    names_a_changed_key(Config::layer(table, std::iter::empty()), &changed)
                 })
                 .unwrap();
         }
@@ -820,23 +875,43 @@ mod tests {
                 let end = (at + len).min(chars.len());
                 let text: String =
                     chars[..at].iter().copied().chain(insert.chars()).chain(chars[end..].iter().copied()).collect();
-                if let Ok(table) = text.parse::<toml::Table>() {
-                    let _ = Config::layer(table, std::iter::empty());
-                }
-                if let Ok(table) = insert.parse::<toml::Table>() {
-                    let _ = Config::layer(table, std::iter::empty());
+                for text in [text, insert] {
+                    let Ok(table) = text.parse::<toml::Table>() else { continue };
+                    // Any key may have changed: every top-level one is "changed".
+                    let changed: Vec<Vec<String>> = table.keys().map(|k| vec![k.clone()]).collect();
+                    names_a_changed_key(Config::layer(table, std::iter::empty()), &changed)?;
                 }
             }
 
-            /// Any FANOUT__ variable, name and value: applied or refused.
+            /// Any FANOUT__ variable, name and value: applied (the same
+            /// configuration as a file setting its key to its value), or
+            /// refused naming the variable or the key it names (or a table
+            /// above it: an unknown one).
             #[test]
             fn any_environment_variable_is_applied_or_refused(
-                name in "[A-Za-z_]{0,12}(__[A-Za-z_]{0,12}){0,4}",
+                name in env_name(),
                 value in "\\PC{0,30}|\\[[0-9, \"a-z]{0,20}\\]|\\{[a-z =0-9]{0,20}\\}",
             ) {
-                let env = [(format!("{ENV_PREFIX}{name}"), value)];
-                if let Err(e) = Config::layer(toml::Table::new(), env) {
-                    prop_assert!(!e.to_string().is_empty());
+                let variable = format!("{ENV_PREFIX}{name}");
+                let keys: Vec<String> = name.split("__").map(str::to_ascii_lowercase).collect();
+                match Config::layer(toml::Table::new(), [(variable.clone(), value.clone())]) {
+                    Ok(config) => {
+                        let mut file = toml::Table::new();
+                        set(&mut file, &keys, env_value(&value));
+                        let from_file = Config::layer(file, std::iter::empty());
+                        prop_assert!(from_file.is_ok(), "{:?}", from_file.err());
+                        prop_assert_eq!(format!("{config:?}"), format!("{:?}", from_file.unwrap()));
+                    }
+                    Err(ConfigError::Environment { variable: named, .. }) => prop_assert_eq!(named, variable),
+                    Err(ConfigError::Invalid(invalid)) => {
+                        let key = key_path(&invalid.key);
+                        let named = invalid.variable.as_deref() == Some(variable.as_str());
+                        prop_assert!(named || (!key.is_empty() && related(&key, &keys)), "{} for {}", invalid, variable);
+                    }
+                    Err(e @ ConfigError::Unsafe { .. }) => {
+                        prop_assert!(e.to_string().contains(&keys.join(".")), "{} for {}", e, variable);
+                    }
+                    Err(e) => prop_assert!(false, "{} for {}", e, variable),
                 }
             }
         }

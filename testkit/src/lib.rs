@@ -11,11 +11,15 @@
 //! - [`wire`]: what HTTP/2 clients send, counted as a mock server reads it.
 //! - [`webpush`]: a browser's side of Web Push (RFC 8291 decryption, RFC
 //!   8292 VAPID checks).
+//! - [`outside_service`]: the services a test needs from outside its
+//!   process, named by `FANOUT_TEST_*` variables; a missing one fails the
+//!   test under CI and is a visible skip elsewhere.
 
 pub mod issuer;
 pub mod launcher;
 pub mod mock;
 pub mod outage;
+pub mod outside_service;
 pub mod pki;
 pub mod recorder;
 pub mod request;

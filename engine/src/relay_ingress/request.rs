@@ -247,6 +247,7 @@ mod tests {
     mod properties {
         use super::*;
         use proptest::prelude::*;
+        use strum::VariantArray as _;
 
         /// Field values near the rules, sometimes past them.
         fn body_fields() -> impl Strategy<Value = (u64, String, String, String, String, Option<String>, Option<u64>)> {
@@ -263,14 +264,26 @@ mod tests {
 
         proptest! {
             /// Any bytes and any header: a verdict, never a panic; a verdict
-            /// on a body names a rule only.
+            /// on a body names a rule only (one of the fixed rule texts,
+            /// nothing of the input), and an accepted body is one whose
+            /// delivery_id is the header's.
             #[test]
             fn any_bytes_are_parsed_or_refused(
                 body in prop::collection::vec(any::<u8>(), 0..200),
                 header in proptest::option::of("\\PC{0,40}"),
             ) {
-                let _ = hub_id(&body);
-                let _ = parse(&body, header.as_deref());
+                let rules: Vec<String> = Malformed::VARIANTS.iter().map(ToString::to_string).collect();
+                match hub_id(&body) {
+                    Ok(hub) => {
+                        let value: Value = serde_json::from_slice(&body).expect("a body hub_id read is JSON");
+                        prop_assert_eq!(value["hub_id"].as_str(), Some(hub.as_str()));
+                    }
+                    Err(e) => prop_assert_eq!(e, Malformed::Shape),
+                }
+                match parse(&body, header.as_deref()) {
+                    Ok(w) => prop_assert_eq!(header.as_deref(), Some(w.delivery_id.as_str())),
+                    Err(e) => prop_assert!(rules.contains(&e.to_string()), "{e}"),
+                }
             }
 
             /// A body of the webhook's shape is accepted exactly when every

@@ -888,6 +888,100 @@ mod tests {
         assert_eq!(store.parked().parked(d.shard, d.channel, None, 10).await.unwrap(), vec![d]);
     }
 
+    /// Rows in `table`.
+    async fn rows(store: &RedbStore, table: TableDefinition<'static, &'static [u8], &'static [u8]>) -> u64 {
+        use redb::ReadableTableMetadata as _;
+        store.read(move |txn| txn.open_table(table).be()?.len().be()).await.unwrap()
+    }
+
+    /// Gateway retention deletes each expired record and its index rows
+    /// from the tables, counts each once, and keeps the live ones. The
+    /// conformance suite sees only that reads skip them.
+    #[tokio::test]
+    async fn gateway_retention_deletes_expired_rows() {
+        use crate::domain::{AccountId, DeviceId, IdempotencyKey, PushRouteId, SaltEpochId};
+        use gateway::{EXPIRY, NOTIFY, ROUTES, STATE, TARGETS};
+
+        const HOUR: i64 = 3_600_000;
+        let (now, short, long) = (1_000_000_000, 1_000_000_000 + HOUR, 1_000_000_000 + 24 * HOUR);
+        let dir = tempfile::tempdir().unwrap();
+        let store = RedbStore::open(dir.path(), SHARD_COUNT).unwrap();
+        let tenant = ServiceId::parse("station").unwrap();
+        let registration = |n: u8, expires_at_ms: i64| GatewayRegistration {
+            tenant: tenant.clone(),
+            account_id: AccountId::parse("ak:account:a").unwrap(),
+            device_id: DeviceId::parse(&format!("ak:device:01964137-0000-7000-8000-0000000000{n:02x}")).unwrap(),
+            registration_id: RegistrationId::parse(&format!("registration-{n:03}-00001")).unwrap(),
+            push_target_id: PushTargetId::from_bytes([n; 32]),
+            push_route_id: PushRouteId::FcmMain,
+            salt_epoch_id: SaltEpochId::parse("e1").unwrap(),
+            push_key: format!("token-{n}"),
+            platform: None,
+            app_id: None,
+            visible_opt_in: false,
+            created_at_ms: now,
+            expires_at_ms,
+            token_invalid: false,
+        };
+        let notify = |n: u8| NotifyKey {
+            tenant: tenant.clone(),
+            idempotency_key: IdempotencyKey::parse(&format!("idem-{n}")).unwrap(),
+        };
+        let gw = store.gateway();
+        for (n, expires) in [(1, short), (2, long)] {
+            gw.register(&registration(n, expires)).await.unwrap();
+            assert_eq!(
+                gw.notify_claim(&notify(n), &[n; 32], now, now + 1, expires).await.unwrap(),
+                NotifyClaim::Claimed
+            );
+            assert!(gw.notify_commit(&notify(n), now + 1, b"{}", &[], expires).await.unwrap());
+            assert!(gw.state_cas(&tenant, &[n], None, b"v", now, expires).await.unwrap());
+        }
+        let tables = [("routes", ROUTES), ("targets", TARGETS), ("notify", NOTIFY), ("state", STATE)];
+        for (name, table) in tables {
+            assert_eq!(rows(&store, table).await, 2, "{name}");
+        }
+        assert_eq!(rows(&store, EXPIRY).await, 6);
+
+        assert_eq!(gw.delete_expired(short - 1).await.unwrap(), 0, "nothing expired yet");
+        assert_eq!(gw.delete_expired(short).await.unwrap(), 3, "a route, a notify record, a state value");
+        for (name, table) in tables {
+            assert_eq!(rows(&store, table).await, 1, "{name}");
+        }
+        assert_eq!(rows(&store, EXPIRY).await, 3);
+        assert_eq!(gw.route(&registration(2, long).route_key(), now).await.unwrap(), Some(registration(2, long)));
+        assert_eq!(gw.delete_expired(short).await.unwrap(), 0, "each counted once");
+    }
+
+    /// Relay retention deletes every expired record, past one transaction's
+    /// batch, and keeps the live one.
+    #[tokio::test]
+    async fn relay_retention_deletes_expired_rows_in_batches() {
+        use relay::{RELAY, RELAY_EXPIRY};
+
+        let (now, short, long) = (1_000_000_000, 1_000_003_600, 1_000_086_400);
+        let dir = tempfile::tempdir().unwrap();
+        let store = RedbStore::open(dir.path(), SHARD_COUNT).unwrap();
+        let key = |n: usize| RelayKey { hub_id: "hub".into(), delivery_id: format!("{n:032x}") };
+        let expired = PRUNE_BATCH + 1;
+        // One transaction: claims one by one would take minutes.
+        store
+            .write(move |txn| {
+                for n in 0..expired {
+                    relay::claim(txn, &key(n), now, now + 1, short)?;
+                }
+                relay::claim(txn, &key(expired), now, now + 1, long).map(drop)
+            })
+            .await
+            .unwrap();
+        assert_eq!(rows(&store, RELAY).await, expired as u64 + 1);
+        assert_eq!(store.relay().delete_expired(short - 1).await.unwrap(), 0, "nothing expired yet");
+        assert_eq!(store.relay().delete_expired(short).await.unwrap(), expired as u64);
+        assert_eq!((rows(&store, RELAY).await, rows(&store, RELAY_EXPIRY).await), (1, 1));
+        let live = store.relay().claim(&key(expired), now, now + 3, long).await.unwrap();
+        assert_eq!(live, RelayClaim::Busy { lease_until_ms: now + 1 });
+    }
+
     #[test]
     fn zero_shards_is_refused() {
         let dir = tempfile::tempdir().unwrap();

@@ -1,6 +1,7 @@
 //! Throwaway keyspaces for ScyllaDB store tests, on the CQL server named by
 //! `FANOUT_TEST_CQL` (e.g. "127.0.0.1:9042"; `.ci/run` starts one with
-//! scripts/cassandra.sh). Unset: the tests say so and pass.
+//! scripts/cassandra.sh). Unset: a test fails under CI and is a visible
+//! skip elsewhere (`fanout_testkit::outside_service::cql_server`).
 //!
 //! One file for the store's unit tests (`src/store/scylla.rs`) and the
 //! conformance tests here, included in both by `#[path]`: the including
@@ -15,19 +16,11 @@ use super::{ScyllaSettings, ScyllaStore};
 /// The shard count of every test store (the conformance suite's).
 pub const SHARD_COUNT: u16 = 16;
 
-const TEST_CQL_ENV: &str = "FANOUT_TEST_CQL";
-
-/// The CQL nodes to test against, or `None` (said on stderr) when unset.
+/// The CQL nodes to test against, or `None` (a visible skip, a failure
+/// under CI) when unset.
 pub fn test_nodes() -> Option<Vec<String>> {
-    match std::env::var(TEST_CQL_ENV) {
-        Ok(v) if !v.trim().is_empty() => Some(v.split(',').map(|s| s.trim().to_owned()).collect()),
-        _ => {
-            eprintln!(
-                "skipped: {TEST_CQL_ENV} is not set (e.g. {TEST_CQL_ENV}=127.0.0.1:9042 after scripts/cassandra.sh start)"
-            );
-            None
-        }
-    }
+    let nodes = fanout_testkit::outside_service::cql_server()?;
+    Some(nodes.split(',').map(|s| s.trim().to_owned()).collect())
 }
 
 /// A server with client encryption and password authentication
@@ -35,7 +28,7 @@ pub fn test_nodes() -> Option<Vec<String>> {
 /// password file to log in with.
 const TEST_CQL_CA_ENV: &str = "FANOUT_TEST_CQL_CA";
 const TEST_CQL_USER_ENV: &str = "FANOUT_TEST_CQL_USER";
-const TEST_CQL_PASSWORD_FILE_ENV: &str = "FANOUT_TEST_CQL_PASSWORD_FILE";
+const TEST_CQL_PASSWORD_FILE_ENV: &str = fanout_testkit::outside_service::CQL_PASSWORD_FILE;
 
 /// Settings for `keyspace` on `nodes`, creating the schema; over TLS and
 /// with credentials when the environment names them.

@@ -1140,7 +1140,7 @@ mod tests {
     }
 
     /// Two engine nodes on a fresh keyspace of the CQL server at
-    /// FANOUT_TEST_CQL (CI sets it; skipped without it), the second one
+    /// FANOUT_TEST_CQL (CI sets it; a visible skip without it), the second one
     /// killed (SIGKILL) once 30 % of the deliveries arrived, publishing
     /// going on: the survivor takes its shards and nothing is missing; the
     /// handoffs, the duplicates per handoff and both nodes' figures are in
@@ -1148,10 +1148,7 @@ mod tests {
     /// 40 s here with the debug engine.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn two_engine_nodes_one_killed_mid_window_lose_nothing() {
-        let Ok(cql) = std::env::var("FANOUT_TEST_CQL") else {
-            eprintln!("skipped: FANOUT_TEST_CQL is not set (e.g. 127.0.0.1:9042 after scripts/cassandra.sh start)");
-            return;
-        };
+        let Some(cql) = fanout_testkit::outside_service::cql_server() else { return };
         let binary = tokio::task::spawn_blocking(|| launcher::build_binary(false)).await.unwrap().unwrap();
         let out = tempfile::tempdir().unwrap();
         let args = RunArgs {

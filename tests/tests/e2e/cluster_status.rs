@@ -131,12 +131,7 @@ async fn a_store_that_cannot_be_reached_is_a_clear_error() {
 /// shard held by one of them under a term, the lease counts adding up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_scylla_two_nodes_share_the_shards_and_each_shard_names_its_holder_and_term() {
-    let Ok(cql) = std::env::var("FANOUT_TEST_CQL") else {
-        eprintln!(
-            "skipped: FANOUT_TEST_CQL is not set (e.g. FANOUT_TEST_CQL=127.0.0.1:9042 after scripts/cassandra.sh start)"
-        );
-        return;
-    };
+    let Some(cql) = fanout_testkit::outside_service::cql_server() else { return };
     let keyspace = format!("fanout_e2e_{:016x}", rand::random::<u64>());
     let nodes: Vec<String> = cql.split(',').map(|n| n.trim().to_owned()).collect();
     let mut env = scylla_store_env(&nodes, &keyspace);

@@ -17,7 +17,8 @@
 //!
 //! Ignored in a plain `cargo test` (the single-node CI run has no
 //! cluster); run with `--ignored`, it fails under CI (`CI=true`) when the
-//! variable is missing, and says it skipped otherwise.
+//! variable is missing, and says it skipped otherwise
+//! (`fanout_testkit::outside_service`).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -179,19 +180,9 @@ async fn a_database_node_killed_mid_window_costs_publishers_and_registrants_noth
 }
 
 /// The cluster's contact points from FANOUT_TEST_CQL_CLUSTER; without it,
-/// a failure under CI, a skip said aloud elsewhere.
+/// a failure under CI, a visible skip elsewhere.
 fn test_cluster() -> Option<String> {
-    let cluster = std::env::var("FANOUT_TEST_CQL_CLUSTER").ok().filter(|c| !c.trim().is_empty());
-    if cluster.is_none() {
-        let how = "FANOUT_TEST_CQL_CLUSTER=$(bash scripts/cassandra-cluster.sh nodes) after \
-                   bash scripts/cassandra-cluster.sh start";
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "FANOUT_TEST_CQL_CLUSTER is not set under CI: the database fault test needs the cluster ({how})"
-        );
-        eprintln!("SKIPPED: FANOUT_TEST_CQL_CLUSTER is not set ({how})");
-    }
-    cluster
+    fanout_testkit::outside_service::cql_cluster()
 }
 
 /// Creates `keyspace` at replication factor 3 with the engine's schema and

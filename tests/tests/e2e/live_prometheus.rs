@@ -1,6 +1,6 @@
 //! The dashboards and rules on a real Prometheus (Debian's 2.42; its binary
-//! is named by `FANOUT_TEST_PROMETHEUS`, set by `.ci/run`, and the test is
-//! skipped without it).
+//! is named by `FANOUT_TEST_PROMETHEUS`, set by `.ci/run`; without it the
+//! test fails under CI and is a visible skip elsewhere).
 //!
 //! Prometheus scrapes two real engines every second with the project's
 //! rules files loaded, their ranges and `for` durations shrunk to seconds
@@ -51,8 +51,6 @@ const ALERTS: &str = include_str!("../../../dashboards/rules/fanout-alerts.yml")
 const RECORDING: &str = include_str!("../../../dashboards/rules/fanout-recording.yml");
 const OPERATIONS: &str = include_str!("../../../docs/OPERATIONS.md");
 
-/// Names the Prometheus binary; without it the test is skipped.
-const PROMETHEUS_ENV: &str = "FANOUT_TEST_PROMETHEUS";
 /// Every range of the rules and of the dashboard queries becomes this...
 const RANGE: &str = "15s";
 /// ...and every `for` this, so an alert is pending within seconds of its
@@ -500,10 +498,7 @@ async fn run_for(w: &World, t: &mut Traffic, faults: bool, how_long: Duration) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dashboards_and_alerts_on_a_real_prometheus() {
-    let Ok(binary) = std::env::var(PROMETHEUS_ENV) else {
-        eprintln!("skipped: set {PROMETHEUS_ENV} to a Prometheus binary (.ci/run does)");
-        return;
-    };
+    let Some(binary) = fanout_testkit::outside_service::prometheus_binary() else { return };
     let alerts = named(ALERTS, "- alert:");
     let unprovoked_doc = OPERATIONS.split(UNPROVOKED_HEADING).nth(1).expect("the section in OPERATIONS.md");
     let unprovoked_doc = unprovoked_doc.split("\n## ").next().unwrap_or_default();

@@ -584,13 +584,7 @@ async fn metrics_summary(node: &Fanout) -> String {
 }
 
 fn test_cql() -> Option<String> {
-    let cql = std::env::var("FANOUT_TEST_CQL").ok();
-    if cql.is_none() {
-        eprintln!(
-            "skipped: FANOUT_TEST_CQL is not set (e.g. FANOUT_TEST_CQL=127.0.0.1:9042 after scripts/cassandra.sh start)"
-        );
-    }
-    cql
+    fanout_testkit::outside_service::cql_server()
 }
 
 /// Publishes one envelope to the first of `addresses` that answers within a
