@@ -53,6 +53,7 @@ const LABELS: &[&str] = &[
     "event",
     "route",
     "listener",
+    "scope",
 ];
 
 /// How long the traffic may take to touch every family: three webhook
@@ -640,6 +641,7 @@ const NOT_EXPORTED_HERE: &[(&str, &[&str], &str)] = &[(
         "lease_owners",
         "heartbeat",
         "live_nodes",
+        "forget_node",
         "lease_holders",
         "node_addresses",
     ],
