@@ -245,11 +245,8 @@ pub async fn roll(
     started: Instant,
     gave_up: &AtomicBool,
 ) -> anyhow::Result<Option<FaultReport>> {
-    while collector.counts().distinct < threshold {
-        if gave_up.load(Ordering::Relaxed) {
-            return Ok(None);
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    if !reached(collector, threshold, gave_up).await {
+        return Ok(None);
     }
     let at_seconds = started.elapsed().as_secs_f64();
     let delivered_before = collector.counts().distinct;
@@ -296,11 +293,8 @@ pub async fn inject(
     started: Instant,
     gave_up: &AtomicBool,
 ) -> anyhow::Result<Option<FaultReport>> {
-    while collector.counts().distinct < threshold {
-        if gave_up.load(Ordering::Relaxed) {
-            return Ok(None);
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    if !reached(collector, threshold, gave_up).await {
+        return Ok(None);
     }
     let at_seconds = started.elapsed().as_secs_f64();
     let delivered_before = collector.counts().distinct;
@@ -573,6 +567,18 @@ impl NodesReport {
         ));
         lines
     }
+}
+
+/// Waits until `threshold` distinct deliveries arrived (the fault's moment);
+/// false if the run gave up first.
+async fn reached(collector: &Collector, threshold: u64, gave_up: &AtomicBool) -> bool {
+    while collector.counts().distinct < threshold {
+        if gave_up.load(Ordering::Relaxed) {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    true
 }
 
 #[cfg(test)]
