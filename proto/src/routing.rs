@@ -99,6 +99,30 @@ impl Routing {
     }
 }
 
+/// Whether a failed call was surely never processed by the node it went
+/// to, so that sending it again, to that node or another, cannot store it
+/// twice: its connection was refused, or the node's GOAWAY refused its
+/// stream. The status of a call a node answered carries no transport error
+/// as its source.
+pub fn never_processed(status: &tonic::Status) -> bool {
+    let mut cause = std::error::Error::source(status);
+    while let Some(error) = cause {
+        if refused(error) {
+            return true;
+        }
+        cause = error.source();
+    }
+    false
+}
+
+/// One cause in a failed call's chain that proves it never processed:
+/// refused at connect, or a stream the node's GOAWAY refused (above its last
+/// stream id: never processed, RFC 9113 section 6.8).
+pub fn refused(error: &(dyn std::error::Error + 'static)) -> bool {
+    error.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
+        || error.downcast_ref::<h2::Error>().is_some_and(|e| e.is_go_away() && e.is_remote())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

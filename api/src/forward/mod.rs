@@ -153,12 +153,9 @@ fn failure_of(status: &tonic::Status) -> Failure {
         if error.is::<tonic::TimeoutExpired>() {
             return Failure::Timeout;
         }
-        // Refused at connect: the request never left this node. Or refused
-        // by the owner's GOAWAY (it is shutting down): a stream above the
-        // GOAWAY's last stream id was never processed (RFC 9113, 6.8).
-        if error.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
-            || error.downcast_ref::<h2::Error>().is_some_and(|e| e.is_go_away() && e.is_remote())
-        {
+        // Refused at connect (the request never left this node), or by the
+        // owner's GOAWAY (it is shutting down).
+        if fanout_proto::routing::refused(error) {
             return Failure::NotConnected;
         }
         cause = error.source();

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use fanout_engine::domain::Topic;
-use fanout_proto::routing::{Reason, Routing};
+use fanout_proto::routing::{Reason, Routing, never_processed};
 use fanout_proto::v1 as pb;
 use fanout_proto::v1::notification_service_client::NotificationServiceClient;
 use fanout_proto::v1::publish_service_client::PublishServiceClient;
@@ -430,25 +430,6 @@ enum Answer {
     Error(String),
 }
 
-/// Whether a failed RPC was surely not processed: its connection was
-/// refused (a node stopped and not back yet), or the node's GOAWAY refused
-/// its stream (the node is shutting down). The status of a call the node
-/// answered carries no transport error as its source.
-fn never_sent(status: &tonic::Status) -> bool {
-    let mut cause = std::error::Error::source(status);
-    while let Some(error) = cause {
-        // Refused at connect, or a stream the node's GOAWAY refused (above
-        // its last stream id: never processed, RFC 9113 section 6.8).
-        if error.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
-            || error.downcast_ref::<h2::Error>().is_some_and(|e| e.is_go_away() && e.is_remote())
-        {
-            return true;
-        }
-        cause = error.source();
-    }
-    false
-}
-
 fn answer_of(cluster: &Cluster, result: Option<pb::publish_result::Result>) -> Answer {
     match result {
         Some(pb::publish_result::Result::SequenceId(seq)) => Answer::Stored(seq),
@@ -537,7 +518,7 @@ async fn publish_batch(
             let mut client = cluster.node(node).publisher();
             let result = match tokio::time::timeout(cluster.rpc_timeout, client.publish(request)).await {
                 Ok(Ok(response)) => Ok(response),
-                Ok(Err(s)) if never_sent(&s) => Err(None),
+                Ok(Err(s)) if never_processed(&s) => Err(None),
                 Ok(Err(s)) => Err(Some(format!("{} {}", s.code(), s.message()))),
                 Err(_) => Err(Some(format!("no answer within {:?}", cluster.rpc_timeout))),
             };
@@ -767,10 +748,10 @@ mod tests {
     #[test]
     fn only_a_refused_connection_counts_as_never_sent() {
         let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
-        assert!(never_sent(&tonic::Status::from_error(Box::new(refused))));
+        assert!(never_processed(&tonic::Status::from_error(Box::new(refused))));
         let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
-        assert!(!never_sent(&tonic::Status::from_error(Box::new(reset))), "perhaps received");
-        assert!(!never_sent(&tonic::Status::unavailable("answered by a node")));
+        assert!(!never_processed(&tonic::Status::from_error(Box::new(reset))), "perhaps received");
+        assert!(!never_processed(&tonic::Status::unavailable("answered by a node")));
     }
 
     #[test]

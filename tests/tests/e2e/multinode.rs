@@ -21,7 +21,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use fanout_proto::routing::{Reason, Routing};
+use fanout_proto::routing::{Reason, Routing, never_processed};
 use fanout_proto::v1 as pb;
 use fanout_testkit::MockWebhookConfig;
 use fanout_testkit::launcher::scylla_store_env;
@@ -439,7 +439,7 @@ async fn a_rolling_restart_answers_every_publish_and_delivers_everything() {
                 });
                 request.set_timeout(Duration::from_secs(5));
                 match client.publish(request).await {
-                    Err(status) if refused(&status) => {
+                    Err(status) if never_processed(&status) => {
                         unsent += 1;
                         node = (node + 1) % channels.len();
                         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -500,23 +500,6 @@ async fn a_rolling_restart_answers_every_publish_and_delivers_everything() {
         published.len(),
         expected.len()
     );
-}
-
-/// Whether a failed call was surely not processed: its connection was
-/// refused, or its stream refused by the node's GOAWAY.
-fn refused(status: &tonic::Status) -> bool {
-    let mut cause = std::error::Error::source(status);
-    while let Some(error) = cause {
-        // Refused at connect, or a stream the node's GOAWAY refused (above
-        // its last stream id: never processed, RFC 9113 section 6.8).
-        if error.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
-            || error.downcast_ref::<h2::Error>().is_some_and(|e| e.is_go_away() && e.is_remote())
-        {
-            return true;
-        }
-        cause = error.source();
-    }
-    false
 }
 
 /// Every series of a metric family on `node`, summed.
