@@ -1,3 +1,4 @@
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -170,4 +171,27 @@ pub async fn post_raw(addr: std::net::SocketAddr, path: &str, headers: &[(String
     let (headers, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
     let status = headers.split(' ').nth(1).and_then(|s| s.parse().ok()).expect("status line");
     RawAnswer { status, headers: headers.to_ascii_lowercase(), body: body.to_owned() }
+}
+
+/// A webhook push as the receiver saw it: (recipient id hex, topic base64,
+/// sequence id). Sequence ids are per shard, so the topic is part of the key.
+pub type Push = (String, String, u64);
+
+/// Pushes received per delivery, validly signed ones only (a test with
+/// faults may see others: they are not deliveries).
+pub fn pushes(setup: &WebhookSetup) -> HashMap<Push, usize> {
+    let mut seen = HashMap::new();
+    for r in setup.receiver.received() {
+        if r.signature_valid != Some(true) {
+            continue;
+        }
+        let Some(j) = r.json() else { continue };
+        let push = (
+            j["recipient_id"].as_str().unwrap_or_default().to_owned(),
+            j["topic"].as_str().unwrap_or_default().to_owned(),
+            j["sequence_id"].as_str().and_then(|s| s.parse().ok()).unwrap_or_default(),
+        );
+        *seen.entry(push).or_insert(0) += 1;
+    }
+    seen
 }

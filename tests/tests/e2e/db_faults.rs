@@ -20,7 +20,7 @@
 //! variable is missing, and says it skipped otherwise
 //! (`fanout_testkit::outside_service`).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -50,9 +50,6 @@ const KILLED: &str = "1";
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Missing deliveries fail the test once none has arrived for this long.
 const NO_PROGRESS: Duration = Duration::from_secs(30);
-
-/// (recipient id hex, topic base64, sequence id)
-type Push = (String, String, u64);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the three-node cluster of scripts/cassandra-cluster.sh: FANOUT_TEST_CQL_CLUSTER, --ignored"]
@@ -251,21 +248,4 @@ async fn until_delivered(setup: &WebhookSetup, expected: &HashSet<Push>) -> (usi
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-}
-
-fn pushes(setup: &WebhookSetup) -> HashMap<Push, usize> {
-    let mut seen = HashMap::new();
-    for r in setup.receiver.received() {
-        if r.signature_valid != Some(true) {
-            continue;
-        }
-        let Some(j) = r.json() else { continue };
-        let push = (
-            j["recipient_id"].as_str().unwrap_or_default().to_owned(),
-            j["topic"].as_str().unwrap_or_default().to_owned(),
-            j["sequence_id"].as_str().and_then(|s| s.parse().ok()).unwrap_or_default(),
-        );
-        *seen.entry(push).or_insert(0) += 1;
-    }
-    seen
 }

@@ -20,16 +20,12 @@ use crate::common::*;
 /// Lets stragglers arrive before asserting that something did not.
 const QUIET: Duration = Duration::from_millis(1500);
 
-/// A delivery as the receiver sees it: (recipient hex, topic base64, sequence
-/// id). Sequence ids are per shard, so the topic is part of the key.
-type Push = (String, String, u64);
-
 fn push_of(recipient: &Recipient, topic: &[u8], seq: u64) -> Push {
     (recipient.id_hex(), base64::engine::general_purpose::STANDARD.encode(topic), seq)
 }
 
-/// Pushes received per delivery, for valid signatures only.
-fn pushes(setup: &WebhookSetup) -> HashMap<Push, usize> {
+/// Pushes received per delivery, asserting that every one is validly signed.
+fn pushes_all_signed(setup: &WebhookSetup) -> HashMap<Push, usize> {
     let mut seen = HashMap::new();
     for r in setup.receiver.received() {
         assert_eq!(r.signature_valid, Some(true), "every push is signed");
@@ -92,7 +88,7 @@ async fn eligibility_and_the_delivery_condition() {
     .collect();
     setup.receiver.wait_for(expected.len(), DELIVERY_WAIT).await;
     tokio::time::sleep(QUIET).await;
-    assert_eq!(pushes(&setup), expected, "log:\n{}", setup.fanout.log());
+    assert_eq!(pushes_all_signed(&setup), expected, "log:\n{}", setup.fanout.log());
 }
 
 #[tokio::test]
@@ -146,7 +142,7 @@ async fn suppression_cases(data: Vec<u8>) {
     }
     setup.receiver.wait_for(expected.len(), DELIVERY_WAIT).await;
     tokio::time::sleep(QUIET).await;
-    assert_eq!(pushes(&setup), expected);
+    assert_eq!(pushes_all_signed(&setup), expected);
     assert_eq!(metric(&setup, "fanout_suppressed_total").await, 1.0);
 }
 
@@ -211,7 +207,7 @@ async fn a_panicking_shard_actor_is_restarted_and_loses_nothing() {
         .collect();
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let seen = pushes(&setup);
+        let seen = pushes_all_signed(&setup);
         let missing = recipients
             .iter()
             .flat_map(|r| seqs.iter().map(|s| push_of(r, &topic, *s)))
@@ -285,7 +281,7 @@ async fn the_streaming_publish_answers_every_envelope_of_every_batch() {
     assert_eq!(sequence_id(&results[2]), first + 1);
     setup.receiver.wait_for(2, DELIVERY_WAIT).await;
     tokio::time::sleep(QUIET).await;
-    let seen = pushes(&setup);
+    let seen = pushes_all_signed(&setup);
     assert_eq!(seen.len(), 2);
     assert!(seen.contains_key(&push_of(&r, &topic, first)) && seen.contains_key(&push_of(&r, &topic, first + 1)));
 }

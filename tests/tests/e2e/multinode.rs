@@ -17,7 +17,7 @@
 //! FANOUT_TEST_CQL=127.0.0.1:9042 cargo test -p fanout-tests --test e2e multinode -- --nocapture
 //! ```
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
@@ -40,9 +40,6 @@ const NO_PROGRESS: Duration = Duration::from_secs(30);
 /// Between two rounds of the background publisher: a steady load, not a
 /// flood the slow receiver needs minutes to drain.
 const PUBLISH_PACE: Duration = Duration::from_millis(250);
-
-/// (recipient id hex, topic base64, sequence id)
-type Push = (String, String, u64);
 
 /// Two nodes on a fresh keyspace, both owning shards, with recipients
 /// registered on either node and subscribed to every topic.
@@ -642,23 +639,6 @@ async fn publish_following(nodes: &[&Fanout], topic: &[u8]) -> (u64, usize) {
 /// owns the shard (not one a forward failed to reach).
 fn redirect_owner(error: &pb::PublishError) -> Option<String> {
     Routing::of(error).filter(|r| r.reason == Reason::ShardOwnedElsewhere).and_then(|r| r.owner)
-}
-
-fn pushes(setup: &WebhookSetup) -> HashMap<Push, usize> {
-    let mut seen = HashMap::new();
-    for r in setup.receiver.received() {
-        if r.signature_valid != Some(true) {
-            continue;
-        }
-        let Some(j) = r.json() else { continue };
-        let push = (
-            j["recipient_id"].as_str().unwrap_or_default().to_owned(),
-            j["topic"].as_str().unwrap_or_default().to_owned(),
-            j["sequence_id"].as_str().and_then(|s| s.parse().ok()).unwrap_or_default(),
-        );
-        *seen.entry(push).or_insert(0) += 1;
-    }
-    seen
 }
 
 async fn wait_for(what: &str, within: Duration, mut ok: impl FnMut() -> bool) {
