@@ -460,7 +460,9 @@ pub struct ParkingMetrics {
     /// Deliveries stored in the parked table instead of attempted, by
     /// `reason`: `breaker` (open), `saturated` (the channel could not take
     /// them while another channel could), `retry` (a retry due while its
-    /// breaker was open, or beyond the channel's retry bound).
+    /// breaker was open, or beyond the channel's retry bound), `in_flight`
+    /// (a first attempt still in flight after a second while another
+    /// channel was active).
     pub parked: IntCounterVec,
     /// Parked deliveries handed to the workers again.
     pub unparked: IntCounterVec,
@@ -481,7 +483,7 @@ impl ParkingMetrics {
         Self {
             parked: counter_vec(
                 "fanout_parked_total",
-                "Deliveries parked durably instead of attempted, by channel and reason (breaker, saturated, retry)",
+                "Deliveries parked durably instead of attempted, by channel and reason (breaker, saturated, retry, in_flight)",
                 &["channel", "reason"],
             ),
             unparked: counter_vec(
@@ -531,6 +533,9 @@ pub enum ParkReason {
     Breaker,
     Saturated,
     Retry,
+    /// A first attempt detached from its page while in flight
+    /// (`delivery::detach`).
+    InFlight,
 }
 
 impl ParkReason {

@@ -166,6 +166,12 @@ impl Lanes {
         parked
     }
 
+    /// Whether a channel other than `channel` had deliveries lately and its
+    /// breaker is closed: something `channel` holds back may be its.
+    pub(super) fn others_active(&self, channel: Channel, parking: &Parking, now: Instant) -> bool {
+        (0..SLOTS).any(|slot| slot != channel.slot() && self.active(slot, parking, now))
+    }
+
     /// Whether the channel in `slot` had deliveries lately and its breaker
     /// is closed: it is waiting for more.
     fn active(&self, slot: usize, parking: &Parking, now: Instant) -> bool {

@@ -3,6 +3,7 @@
 //! per worker, not a task per delivery) and the outcome handling of section 7.
 
 mod breaker;
+mod detach;
 mod lanes;
 mod parking;
 mod series;

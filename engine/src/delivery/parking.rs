@@ -12,14 +12,15 @@
 //! deliveries back to the workers when their channel can take them
 //! (`may_unpark`), and deletes each row once that delivery had an attempt.
 
-use std::sync::Arc;
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use tokio::time::Instant;
 
 use super::breaker::{Admit, Breaker, BreakerRules, HostBreakers, Transition};
 use crate::channel::Channels;
-use crate::domain::{Channel, DeliveryTarget, ShardId};
+use crate::domain::{Channel, DeliveryTarget, ParkedPlace, ShardId};
 use crate::metrics::Metrics;
 
 /// One slot per row of the channel table (`Channel::slot`).
@@ -30,6 +31,12 @@ pub struct Parking {
     /// Per shard and channel slot: the lowest sequence id parked since its
     /// owner last looked (`u64::MAX`: none).
     floors: Vec<AtomicU64>,
+    /// The rows of first attempts detached while in flight
+    /// (`super::detach`), which their shard's owner leaves alone until their
+    /// answer has been applied; and how many, so the owner's check costs an
+    /// atomic load while there are none.
+    detached: Mutex<HashSet<ParkedPlace>>,
+    detached_count: AtomicUsize,
     metrics: Arc<Metrics>,
 }
 
@@ -87,7 +94,7 @@ impl Parking {
             });
         }
         let floors = (0..usize::from(shard_count) * SLOTS).map(|_| AtomicU64::new(u64::MAX)).collect();
-        Self { lanes, floors, metrics }
+        Self { lanes, floors, detached: Mutex::default(), detached_count: AtomicUsize::new(0), metrics }
     }
 
     /// Every provider of `channels` with `max_in_flight` slots each, and
@@ -182,6 +189,27 @@ impl Parking {
         if let Some(floor) = self.floors.get(usize::from(shard.index()) * SLOTS + channel.slot()) {
             floor.fetch_min(sequence_id, Ordering::AcqRel);
         }
+    }
+
+    /// The row at `place` belongs to a first attempt still in flight: its
+    /// shard's owner does not hand it out.
+    pub fn detach(&self, place: ParkedPlace) {
+        if self.detached.lock().expect("not poisoned").insert(place) {
+            self.detached_count.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// The attempt whose row is at `place` was answered and its row deleted
+    /// or rewritten: its owner may hand it out again.
+    pub fn attach(&self, place: ParkedPlace) {
+        if self.detached.lock().expect("not poisoned").remove(&place) {
+            self.detached_count.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Whether the row at `place` belongs to an attempt in flight.
+    pub fn is_detached(&self, place: &ParkedPlace) -> bool {
+        self.detached_count.load(Ordering::Acquire) > 0 && self.detached.lock().expect("not poisoned").contains(place)
     }
 
     /// The channels of `shard` with deliveries parked since the last call,

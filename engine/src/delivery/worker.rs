@@ -15,12 +15,13 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::time::DelayQueue;
 
+use super::detach::{self, Answered, DETACH_AFTER, Detach, Then};
 use super::lanes::Lanes;
 use super::parking::{Admission, Parking};
 use super::series::Series;
 use super::{Delivery, DeliverySettings, FirstAttempt};
 use crate::channel::{Channels, Outcome, Push};
-use crate::domain::{Channel, ParkedDelivery, Timestamp};
+use crate::domain::{Channel, ParkedDelivery, ParkedPlace, Timestamp};
 use crate::metrics::{Deleted, Metrics, ParkReason};
 use crate::ownership::Fence;
 use crate::store::Store;
@@ -64,8 +65,18 @@ const FENCED_HOLD: Duration = Duration::from_secs(30);
 /// How often held first attempts look at the fence again.
 const FENCE_RECHECK: Duration = Duration::from_millis(250);
 /// How often a worker whose ready deliveries wait for a channel's slots
-/// looks whether they waited too long (`Lanes::overdue`).
+/// looks whether they waited too long (`Lanes::overdue`), and one with
+/// attempts in flight whether a first attempt held its page too long
+/// (`detach`).
 const READY_RECHECK: Duration = Duration::from_millis(250);
+
+/// An attempt in flight, as the worker watches it.
+struct Watch {
+    started: Instant,
+    /// Gives up on it (the watchdog).
+    abort: AbortHandle,
+    detach: Detach,
+}
 
 /// A worker's loop: take a batch when its channels have room (`Lanes`),
 /// start attempts only while their channel has a free slot and the worker
@@ -82,9 +93,16 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
     let parking = &ctx.parking;
     let mut lanes = Lanes::new(&parking.slots(ctx.settings.workers.get()), ctx.max_in_flight.get());
     let mut in_flight = FuturesUnordered::new();
-    // Every attempt in flight, by the key its `Attempted` carries back:
-    // when it started and what gives up on it.
-    let mut watched: Slab<(Instant, AbortHandle)> = Slab::new();
+    // Every attempt in flight, by the key its `Attempted` carries back
+    // (kept after its answer while a detached one's row is being written).
+    let mut watched: Slab<Watch> = Slab::new();
+    // Row writes of first attempts detached from their pages (`detach`),
+    // answering the attempt's key, and answers to apply, with the place of
+    // a detached attempt's row.
+    let mut detaching: JoinSet<(usize, bool)> = JoinSet::new();
+    let mut answers: Vec<(Answered, Option<ParkedPlace>)> = Vec::new();
+    let mut detach_check = tokio::time::interval(READY_RECHECK);
+    detach_check.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut sweep = tokio::time::interval(WATCHDOG_SWEEP);
     sweep.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut series = Series::default();
@@ -107,6 +125,38 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
     ready_check.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut queue_open = true;
     loop {
+        for (answer, place) in std::mem::take(&mut answers) {
+            let Answered::Done(delivery, outcome) = answer else {
+                // A panicking attempt: its row, if it has one, stays.
+                if let Some(place) = place {
+                    detach::settle(place, Then::Keep, parking, &ctx.store, &ctx.metrics, &mut deletions);
+                }
+                continue;
+            };
+            let retry = settle(&ctx, &mut series, delivery, outcome, &mut deletions);
+            if let Some(place) = place {
+                let then = retry.as_ref().map_or(Then::Delete, |(delivery, _)| Then::Retry(delivery));
+                detach::settle(place, then, parking, &ctx.store, &ctx.metrics, &mut deletions);
+                continue;
+            }
+            let Some((mut delivery, delay)) = retry else { continue };
+            let channel = delivery.recipient.target.channel();
+            let retrying = lanes.retrying(channel);
+            if *retrying >= ctx.settings.max_retrying_per_worker.get() || parking.is_open(channel) {
+                // Past its channel's retry bound, or its provider failing
+                // every attempt: kept durably, not in memory, and sent when
+                // the channel takes it.
+                to_park.push((delivery, ParkReason::Retry));
+            } else {
+                if delivery.unparked && delivery.attempts > 0 && !matches!(outcome, Outcome::NotSent { .. }) {
+                    // Its retry lives in memory now: its row may go.
+                    settle_first(&ctx, &mut delivery);
+                }
+                *retrying += 1;
+                ctx.metrics.retry_queue.inc();
+                retries.insert(delivery, delay);
+            }
+        }
         let now = Instant::now();
         if let Some((since, batch)) = held.take() {
             if lanes.takes(&batch, parking, now, since) {
@@ -144,7 +194,7 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
             lanes.started(channel);
             series.of(channel).in_flight(&ctx.metrics).inc();
             let (abort, registration) = AbortHandle::new_pair();
-            let key = watched.insert((now, abort));
+            let key = watched.insert(Watch { started: now, abort, detach: Detach::of(&delivery) });
             in_flight.push(attempt(&ctx, delivery, admission, key, registration));
         }
         if !to_park.is_empty() {
@@ -173,36 +223,56 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
                 }
             }
             Some(attempted) = in_flight.next() => {
-                let (started, _) = watched.remove(attempted.key);
+                let watch = &mut watched[attempted.key];
                 lanes.finished(attempted.channel);
                 let mut channel = series.of(attempted.channel);
                 channel.in_flight(&ctx.metrics).dec();
                 if attempted.answered {
-                    channel.provider_latency(&ctx.metrics).observe(started.elapsed().as_secs_f64());
+                    channel.provider_latency(&ctx.metrics).observe(watch.started.elapsed().as_secs_f64());
                 }
-                if let Some((delivery, outcome)) = attempted.done {
-                    let now = Instant::now();
-                    if attempted.provider {
-                        parking.record(&delivery.recipient.target, outcome.answered_by_provider(), attempted.admission, now);
-                    }
-                    if let Some((delivery, delay)) = settle(&ctx, &mut series, delivery, outcome, &mut deletions) {
-                        let channel = delivery.recipient.target.channel();
-                        let retrying = lanes.retrying(channel);
-                        if *retrying >= ctx.settings.max_retrying_per_worker.get() || parking.is_open(channel) {
-                            // Past its channel's retry bound, or its provider
-                            // failing every attempt: kept durably, not in
-                            // memory, and sent when the channel takes it.
-                            to_park.push((delivery, ParkReason::Retry));
-                        } else {
-                            let mut delivery = delivery;
-                            if delivery.unparked && delivery.attempts > 0 && !matches!(outcome, Outcome::NotSent { .. }) {
-                                // Its retry lives in memory now: its row may go.
-                                settle_first(&ctx, &mut delivery);
-                            }
-                            *retrying += 1;
-                            ctx.metrics.retry_queue.inc();
-                            retries.insert(delivery, delay);
+                let answer = match attempted.done {
+                    Some((delivery, outcome)) => {
+                        if attempted.provider {
+                            let success = outcome.answered_by_provider();
+                            parking.record(&delivery.recipient.target, success, attempted.admission, Instant::now());
                         }
+                        Answered::Done(delivery, outcome)
+                    }
+                    None => Answered::Lost,
+                };
+                if let Detach::Writing { answer: kept, .. } = &mut watch.detach {
+                    // Applied once its row is written.
+                    *kept = Some(answer);
+                } else {
+                    let place = match watched.remove(attempted.key).detach {
+                        Detach::Detached(place) => Some(place),
+                        _ => None,
+                    };
+                    answers.push((answer, place));
+                }
+            }
+            Some(written) = detaching.join_next() => {
+                // A write task cannot panic short of a bug in the store; its
+                // attempt's page then waits for the window's replay.
+                let Ok((key, stored)) = written else { continue };
+                if let Some(answer) = watched[key].detach.written(stored, &ctx.metrics) {
+                    let Detach::Detached(place) = watched.remove(key).detach else { unreachable!("written") };
+                    answers.push((answer, Some(place)));
+                }
+            }
+            _ = detach_check.tick(), if !watched.is_empty() => {
+                let now = Instant::now();
+                for (key, watch) in &mut watched {
+                    if now.saturating_duration_since(watch.started) < DETACH_AFTER {
+                        continue;
+                    }
+                    // Not a first attempt of a shard this node may have lost:
+                    // its new owner's replay sends it.
+                    if let Some((shard, channel)) = watch.detach.may()
+                        && ctx.fence.holds(shard)
+                        && lanes.others_active(channel, parking, now)
+                    {
+                        watch.detach.begin(parking, &ctx.store, &mut detaching, key);
                     }
                 }
             }
@@ -251,9 +321,9 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
             }
             _ = sweep.tick(), if !watched.is_empty() => {
                 let now = Instant::now();
-                for (_, (started, abort)) in &watched {
-                    if now.saturating_duration_since(*started) >= WATCHDOG {
-                        abort.abort();
+                for (_, watch) in &watched {
+                    if now.saturating_duration_since(watch.started) >= WATCHDOG {
+                        watch.abort.abort();
                     }
                 }
             }
@@ -266,6 +336,8 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
             && deletions.is_empty()
             && to_park.is_empty()
             && parks.is_empty()
+            && detaching.is_empty()
+            && answers.is_empty()
         {
             break;
         }
@@ -294,28 +366,12 @@ fn park(
     if parked.is_empty() {
         return;
     }
-    let rows: Vec<ParkedDelivery> = parked.iter().map(|(d, _)| parked_row(d)).collect();
+    let rows: Vec<ParkedDelivery> = parked.iter().map(|(d, _)| detach::parked_row(d)).collect();
     let store = ctx.store.clone();
     parks.spawn(async move {
         let written = store.parked().park(&rows).await;
         Parked { deliveries: parked, written: written.is_ok() }
     });
-}
-
-/// The row that keeps `delivery` while it is parked.
-fn parked_row(delivery: &Delivery) -> ParkedDelivery {
-    let envelope = &delivery.envelope;
-    ParkedDelivery {
-        shard: envelope.shard,
-        channel: delivery.recipient.target.channel(),
-        sequence_id: envelope.sequence_id,
-        recipient: delivery.recipient.id,
-        topic: envelope.topic.clone(),
-        kind: envelope.kind,
-        server_ts_ns: envelope.server_ts_ns,
-        attempts: delivery.attempts,
-        all_gone: delivery.all_gone,
-    }
 }
 
 /// A park write's deliveries and whether it was stored.
@@ -980,29 +1036,137 @@ mod tests {
         }
         assert_eq!(fcm.delivered.load(Ordering::SeqCst), 80, "every FCM delivery went");
         assert_eq!(apns.sent.load(Ordering::SeqCst), 4, "APNs has its four slots and no more");
-        // Four in flight and eight ready hold their three pages; the other
-        // 68 APNs deliveries are parked, which settles their pages. On a
-        // slow machine the eight ready ones may have waited a second for a
-        // slot while FCM was still active: then they are parked too.
+        // A second on, with FCM active, the four first attempts in flight are
+        // detached from their page and the eight ready ones are parked: every
+        // page settles although APNs has not answered.
+        while fired.load(Ordering::SeqCst) < 20 {
+            assert!(std::time::Instant::now() < bounded, "a page waited for APNs attempts in flight");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         let parked = store.parked().parked(ShardId::FIRST, Channel::Apns, None, 1000).await.unwrap();
-        assert!(parked.len() == 68 || parked.len() == 76, "{} parked", parked.len());
-        assert!(parked.iter().all(|p| p.attempts == 0 && p.sequence_id > 1), "never those in flight");
-        let held_pages = if parked.len() == 68 { 3 } else { 1 };
-        assert_eq!(fired.load(Ordering::SeqCst), 20 - held_pages);
+        assert_eq!(parked.len(), 80, "every APNs delivery has its row");
+        assert!(parked.iter().all(|p| p.attempts == 0), "none attempted yet");
+        let (in_flight, waiting): (Vec<_>, Vec<_>) = parked.iter().partition(|p| parking.is_detached(&p.place()));
+        assert_eq!(in_flight.len(), 4, "the rows of the attempts in flight are left alone by their shard's owner");
+        assert!(in_flight.iter().all(|p| p.sequence_id == 1), "the first page's");
         assert!(store.parked().parked(ShardId::FIRST, Channel::Fcm, None, 10).await.unwrap().is_empty());
-        let lowest = parked.iter().map(|p| p.sequence_id).min().unwrap();
+        let lowest = waiting.iter().map(|p| p.sequence_id).min().unwrap();
         assert_eq!(parking.take_parked(ShardId::FIRST), vec![(Channel::Apns, lowest)], "its shard is told");
-        let exposed = metrics.render();
-        let counted = format!(r#"fanout_parked_total{{channel="apns",reason="saturated"}} {}"#, parked.len());
-        crate::metrics::assert_exposed(&exposed, &[counted.as_str()]);
-        // APNs answers again: what it held goes, and the worker ends.
+        crate::metrics::assert_exposed(
+            &metrics.render(),
+            &[
+                r#"fanout_parked_total{channel="apns",reason="saturated"} 76"#,
+                r#"fanout_parked_total{channel="apns",reason="in_flight"} 4"#,
+            ],
+        );
+        // APNs answers again: the four attempts in flight are delivered and
+        // their rows deleted, and the worker ends.
         apns.up.send_replace(true);
         drop(workers);
         for handle in handles {
             tokio::time::timeout(Duration::from_secs(30), handle).await.expect("the worker ends").unwrap();
         }
-        assert_eq!(apns.delivered.load(Ordering::SeqCst), 80 - parked.len());
-        assert_eq!(fired.load(Ordering::SeqCst), 20);
+        assert_eq!(apns.delivered.load(Ordering::SeqCst), 4);
+        let left = store.parked().parked(ShardId::FIRST, Channel::Apns, None, 1000).await.unwrap();
+        assert_eq!(left.len(), 76, "the delivered ones' rows went");
+        assert!(left.iter().all(|p| !parking.is_detached(&p.place()) && p.sequence_id > 1));
+        assert_eq!(parking.take_parked(ShardId::FIRST), vec![], "a deleted row lowers no floor");
+    }
+
+    /// A provider that answers each send after `latency` with the next of
+    /// its script (then `Delivered`).
+    fn slow(channel: Channel, script: &[Outcome], latency: Duration) -> Arc<Scripted> {
+        Scripted::build(channel, script, 0, latency)
+    }
+
+    /// One page of an APNs and an FCM delivery through one worker, APNs
+    /// answering after three seconds with `apns_answer`; returns the store,
+    /// the parking and the metrics once the worker has ended, and when the
+    /// page settled (real time: the rows are store writes).
+    async fn one_slow_attempt_beside_a_fast_one(
+        apns_answer: Outcome,
+    ) -> (Arc<dyn Store>, Arc<Parking>, Arc<Metrics>, Duration, tempfile::TempDir) {
+        let apns = slow(Channel::Apns, &[apns_answer], Duration::from_secs(3));
+        let fcm = slow(Channel::Fcm, &[], Duration::ZERO);
+        let mut channels = Channels::default();
+        channels.insert(apns.clone());
+        channels.insert(fcm.clone());
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(RedbStore::open(dir.path(), 4).unwrap());
+        let metrics = Arc::new(Metrics::new());
+        let settings = DeliverySettings { workers: NonZeroUsize::MIN, ..DeliverySettings::default() };
+        let parking = Arc::new(Parking::of_providers(&channels, 4, 4, metrics.clone()));
+        let (workers, handles) = DeliveryWorkers::start(Arc::new(WorkerContext {
+            max_in_flight: settings.in_flight_per_worker(8),
+            parking: parking.clone(),
+            settings,
+            max_attempts: 3,
+            channels,
+            store: store.clone(),
+            metrics: metrics.clone(),
+            fence: Fence::default(),
+            dangerous_panic_attempts: Default::default(),
+        }));
+        let settled = Arc::new(Mutex::new(None));
+        let at = settled.clone();
+        let started = std::time::Instant::now();
+        let latch = Arc::new(FirstAttemptLatch::new(2, Arc::default(), move || {
+            *at.lock().unwrap() = Some(started.elapsed());
+        }));
+        let envelope = Arc::new(envelope());
+        let batch = [DeliveryTarget::Apns { token: "a".into() }, DeliveryTarget::Fcm { token: "f".into() }]
+            .into_iter()
+            .enumerate()
+            .map(|(index, target)| {
+                let r = Recipient { id: RecipientId::from_bytes([index as u8; 32]), ..recipient(target) };
+                Delivery::new(envelope.clone(), Arc::new(r), FirstAttempt { latch: latch.clone(), index })
+            })
+            .collect();
+        workers.submit(batch).await.unwrap();
+        drop(workers);
+        for handle in handles {
+            tokio::time::timeout(Duration::from_secs(30), handle).await.expect("the worker ends").unwrap();
+        }
+        assert_eq!(apns.sent.load(Ordering::SeqCst), 1);
+        let settled = settled.lock().unwrap().expect("the page settled");
+        (store, parking, metrics, settled, dir)
+    }
+
+    #[tokio::test]
+    async fn a_slow_first_attempt_is_detached_from_its_page_and_its_answer_deletes_its_row() {
+        let (store, parking, metrics, settled, _dir) = one_slow_attempt_beside_a_fast_one(Outcome::Delivered).await;
+        // Detached a second on (checked every quarter second), long before
+        // the answer three seconds on.
+        assert!(settled < Duration::from_millis(2500), "the page waited {settled:?} for the slow answer");
+        assert!(store.parked().parked(ShardId::FIRST, Channel::Apns, None, 10).await.unwrap().is_empty());
+        assert!(parking.take_parked(ShardId::FIRST).is_empty(), "nothing for the shard's owner to send");
+        crate::metrics::assert_exposed(
+            &metrics.render(),
+            &[
+                r#"fanout_parked_total{channel="apns",reason="in_flight"} 1"#,
+                r#"fanout_deliveries_total{channel="apns",outcome="delivered"} 1"#,
+            ],
+        );
+    }
+
+    #[tokio::test]
+    async fn a_detached_first_attempt_to_retry_keeps_its_row_with_the_attempt_made() {
+        let timed_out = Outcome::transient(Duration::from_secs(1));
+        let (store, parking, metrics, settled, _dir) = one_slow_attempt_beside_a_fast_one(timed_out).await;
+        assert!(settled < Duration::from_millis(2500), "the page waited {settled:?} for the slow answer");
+        let rows = store.parked().parked(ShardId::FIRST, Channel::Apns, None, 10).await.unwrap();
+        assert_eq!(rows.len(), 1);
+        assert_eq!((rows[0].attempts, rows[0].all_gone), (1, false), "its retry, with the attempt made");
+        assert!(!parking.is_detached(&rows[0].place()), "its shard's owner sends it from here");
+        assert_eq!(parking.take_parked(ShardId::FIRST), vec![(Channel::Apns, 1)]);
+        crate::metrics::assert_exposed(
+            &metrics.render(),
+            &[
+                r#"fanout_parked_total{channel="apns",reason="in_flight"} 1"#,
+                r#"fanout_parked_total{channel="apns",reason="retry"} 1"#,
+                r#"fanout_attempts_total{channel="apns",outcome="transient"} 1"#,
+            ],
+        );
     }
 
     fn http_target(url: &str) -> DeliveryTarget {

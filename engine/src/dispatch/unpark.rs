@@ -14,7 +14,7 @@
 //! read never walks the rows (on ScyllaDB, the tombstones) drained before
 //! the floor.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -51,6 +51,18 @@ struct Drain {
     /// When the cursor last went back to the floor.
     revisited: Option<Instant>,
     batches: HashMap<u64, Out>,
+    /// The rows of those batches: a read from the floor finds them again
+    /// while their attempts are in flight, and must not hand them out twice.
+    out: HashSet<ParkedKey>,
+}
+
+impl Drain {
+    /// Batch `out` is done or let go: its rows may be handed out again.
+    fn let_go(&mut self, out: &Out) {
+        for key in &out.keys {
+            self.out.remove(key);
+        }
+    }
 }
 
 /// A batch handed to the workers whose attempts are not all made.
@@ -89,6 +101,7 @@ impl Unparking {
             floor: None,
             revisited: None,
             batches: HashMap::new(),
+            out: HashSet::new(),
         });
         if let Some(from) = from {
             drain.floor = Some(drain.floor.map_or(from, |f| f.min(from)));
@@ -169,6 +182,14 @@ impl Unparking {
         rows: Vec<ParkedDelivery>,
     ) -> usize {
         let store = &ctx.store;
+        let parking = ctx.workers.parking();
+        // A first attempt detached from its page while in flight has its row
+        // here already; its answer deletes or rewrites it (and lowers the
+        // floor when it stays), so sending it now would only repeat it.
+        // A row of a batch still out was read again from the floor.
+        let out = &self.drains.get(&channel).expect("listed").out;
+        let rows: Vec<ParkedDelivery> =
+            rows.into_iter().filter(|row| !parking.is_detached(&row.place()) && !out.contains(&row.key())).collect();
         let recipients = match try_join_all(rows.iter().map(|row| store.recipient(&row.recipient))).await {
             Ok(recipients) => recipients,
             Err(e) => {
@@ -176,7 +197,6 @@ impl Unparking {
                 return 0;
             }
         };
-        let parking = ctx.workers.parking();
         let mut unsendable = Vec::new();
         let mut sendable = Vec::with_capacity(rows.len());
         for (row, recipient) in rows.into_iter().zip(recipients) {
@@ -228,7 +248,9 @@ impl Unparking {
             .collect();
         let handed = deliveries.len();
         let out = Out { latch, keys, progress, seen: 0, last_progress: Instant::now() };
-        self.drains.get_mut(&channel).expect("listed").batches.insert(id, out);
+        let drain = self.drains.get_mut(&channel).expect("listed");
+        drain.out.extend(out.keys.iter().copied());
+        drain.batches.insert(id, out);
         if ctx.workers.submit(deliveries).await.is_err() {
             return 0; // Shutting down: the rows stay.
         }
@@ -240,6 +262,9 @@ impl Unparking {
     pub(super) async fn done(&mut self, shard: ShardId, ctx: &DispatchContext, channel: Channel, id: u64) {
         let Some(out) = self.drains.get_mut(&channel).and_then(|d| d.batches.remove(&id)) else { return };
         delete_attempted(shard, ctx, channel, &out).await;
+        if let Some(drain) = self.drains.get_mut(&channel) {
+            drain.let_go(&out);
+        }
     }
 
     /// Liveness over age: a batch none of whose deliveries was taken or
@@ -263,6 +288,7 @@ impl Unparking {
         for (channel, id) in stalled {
             let Some(drain) = self.drains.get_mut(&channel) else { continue };
             let Some(out) = drain.batches.remove(&id) else { continue };
+            drain.let_go(&out);
             out.latch.abandon();
             // Its rows not attempted stay, behind the cursor.
             if let Some(lowest) = out.keys.iter().map(|k| k.sequence_id).min() {
@@ -294,7 +320,7 @@ mod tests {
     use std::collections::HashMap;
     use std::num::NonZeroUsize;
     use std::sync::Mutex;
-    use std::sync::atomic::AtomicBool;
+    use std::sync::atomic::{AtomicBool, AtomicUsize};
 
     use async_trait::async_trait;
     use ractor::Actor;
@@ -340,6 +366,111 @@ mod tests {
 
     fn provider(channel: Channel, up: bool) -> Arc<Provider503> {
         Arc::new(Provider503 { channel, up: AtomicBool::new(up), delivered: Mutex::default() })
+    }
+
+    /// One page per envelope of `page` subscribers; a short poll so that
+    /// unparking goes soon.
+    fn context(
+        store: &Arc<dyn Store>,
+        workers: DeliveryWorkers,
+        channels: Channels,
+        metrics: &Arc<Metrics>,
+        page: usize,
+    ) -> Arc<DispatchContext> {
+        let settings = DispatchSettings {
+            subscriber_page: NonZeroUsize::new(page).unwrap(),
+            poll_interval: Duration::from_millis(50),
+            ..DispatchSettings::default()
+        };
+        Arc::new(DispatchContext {
+            store: store.clone(),
+            workers,
+            channels,
+            progress_interval: None,
+            settings,
+            pages_ahead: 0,
+            metrics: metrics.clone(),
+            fence: Fence::default(),
+            panic_hook: PanicHook::default(),
+        })
+    }
+
+    /// Holds every send until opened, then answers `Delivered`; counts sends.
+    struct Gate {
+        open: tokio::sync::watch::Sender<bool>,
+        sent: AtomicUsize,
+    }
+
+    #[async_trait]
+    impl Provider for Gate {
+        fn channel(&self) -> Channel {
+            Channel::Apns
+        }
+        async fn send(&self, _push: Push<'_>) -> Result<Outcome, Refusal> {
+            self.sent.fetch_add(1, Ordering::SeqCst);
+            let _ = self.open.subscribe().wait_for(|open| *open).await;
+            Ok(Outcome::Delivered)
+        }
+        fn timed_out(&self) -> Outcome {
+            Outcome::transient(Duration::from_secs(1))
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn rows_of_a_batch_still_out_are_not_handed_out_again_when_the_cursor_goes_back_to_the_floor() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(RedbStore::open(dir.path(), 1).unwrap());
+        let topic = Topic::parse(&[0, 7]).unwrap();
+        let mut rows = Vec::new();
+        for i in 1..=3u8 {
+            let id = RecipientId::from_bytes([i; 32]);
+            let hash = RecipientSecret::parse(&[i; 32]).unwrap().hash();
+            store.register(&id, &hash, &DeliveryTarget::Apns { token: format!("a{i}") }, 1).await.unwrap();
+            rows.push(ParkedDelivery {
+                shard: ShardId::FIRST,
+                channel: Channel::Apns,
+                sequence_id: 1,
+                recipient: id,
+                topic: topic.clone(),
+                kind: EnvelopeKind::Application,
+                server_ts_ns: 1,
+                attempts: 0,
+                all_gone: true,
+            });
+        }
+        store.parked().park(&rows).await.unwrap();
+        let gate = Arc::new(Gate { open: tokio::sync::watch::channel(false).0, sent: AtomicUsize::new(0) });
+        let mut channels = Channels::default();
+        channels.insert(gate.clone());
+        let metrics = Arc::new(Metrics::new());
+        let parking = Arc::new(Parking::of_providers(&channels, 8, 1, metrics.clone()));
+        let delivery = DeliverySettings { workers: NonZeroUsize::MIN, ..DeliverySettings::default() };
+        let (workers, _handles) = DeliveryWorkers::start(Arc::new(WorkerContext {
+            max_in_flight: delivery.in_flight_per_worker(8),
+            settings: delivery,
+            max_attempts: 3,
+            channels: channels.clone(),
+            store: store.clone(),
+            metrics: metrics.clone(),
+            fence: Fence::default(),
+            parking: parking.clone(),
+            dangerous_panic_attempts: Default::default(),
+        }));
+        let ctx = context(&store, workers, channels, &metrics, 8);
+        let on_done: BatchDone = Arc::new(|_, _| {});
+        let mut unparking = Unparking::default();
+        unparking.look_everywhere(&ctx);
+        unparking.pump(ShardId::FIRST, &ctx, &on_done).await.unwrap();
+        until("the three rows are sent", || gate.sent.load(Ordering::SeqCst) == 3).await;
+        // Something is parked behind the cursor while the three attempts are
+        // in flight: the cursor finds nothing more, goes back to the floor,
+        // and reads the three rows again.
+        parking.parked(ShardId::FIRST, Channel::Apns, 1);
+        unparking.pump(ShardId::FIRST, &ctx, &on_done).await.unwrap();
+        unparking.pump(ShardId::FIRST, &ctx, &on_done).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(gate.sent.load(Ordering::SeqCst), 3, "a row of a batch still out was handed out again");
+        gate.open.send_replace(true);
     }
 
     async fn until(what: &str, done: impl Fn() -> bool) {
@@ -400,22 +531,7 @@ mod tests {
             dangerous_panic_attempts: Default::default(),
         }));
         // One page per envelope; a short poll so that unparking goes soon.
-        let settings = DispatchSettings {
-            subscriber_page: NonZeroUsize::new(usize::from(RECIPIENTS)).unwrap(),
-            poll_interval: Duration::from_millis(50),
-            ..DispatchSettings::default()
-        };
-        let ctx = Arc::new(DispatchContext {
-            store: store.clone(),
-            workers,
-            channels,
-            progress_interval: None,
-            settings,
-            pages_ahead: 0,
-            metrics: metrics.clone(),
-            fence: Fence::default(),
-            panic_hook: PanicHook::default(),
-        });
+        let ctx = context(&store, workers, channels, &metrics, usize::from(RECIPIENTS));
         let spawn = || async {
             let (actor, _) =
                 Actor::spawn(None, ShardActor, (ShardId::FIRST, ctx.clone(), Arc::default())).await.unwrap();

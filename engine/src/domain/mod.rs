@@ -32,7 +32,7 @@ pub use gateway_ids::{
     RegistrationId, SaltEpochId, ServiceId,
 };
 pub use ids::{RecipientId, RecipientSecret, SecretHash};
-pub use parked::{ParkedDelivery, ParkedKey};
+pub use parked::{ParkedDelivery, ParkedKey, ParkedPlace};
 pub use progress::{Answered, Partly, ShardProgress};
 pub use recipient::{Recipient, RecipientSummary, Subscriber};
 pub use registration::{FieldError, LOG_PROVIDER, RegistrationInput, RelayRegistration};

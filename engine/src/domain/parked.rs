@@ -32,9 +32,21 @@ pub struct ParkedKey {
     pub recipient: RecipientId,
 }
 
+/// Where a parked delivery's row is: its shard, its channel and its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ParkedPlace {
+    pub shard: ShardId,
+    pub channel: Channel,
+    pub key: ParkedKey,
+}
+
 impl ParkedDelivery {
     pub fn key(&self) -> ParkedKey {
         ParkedKey { sequence_id: self.sequence_id, recipient: self.recipient }
+    }
+
+    pub fn place(&self) -> ParkedPlace {
+        ParkedPlace { shard: self.shard, channel: self.channel, key: self.key() }
     }
 }
 

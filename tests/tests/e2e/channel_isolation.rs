@@ -264,19 +264,16 @@ async fn both_channels_deliver_everything_while_apns_is_healthy() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "not yet: first attempts already in flight on a hung, stalled or slow provider hold their pages until they end (docs/ARCHITECTURE.md, Channels fail alone, What is not isolated yet)"]
 async fn webhooks_keep_their_pace_while_apns_hangs() {
     webhooks_keep_their_pace_while_apns(OutageKind::Hang).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "not yet: first attempts already in flight on a hung, stalled or slow provider hold their pages until they end (docs/ARCHITECTURE.md, Channels fail alone, What is not isolated yet)"]
 async fn webhooks_keep_their_pace_while_apns_stalls_in_the_tls_handshake() {
     webhooks_keep_their_pace_while_apns(OutageKind::TlsStall).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "not yet: first attempts already in flight on a hung, stalled or slow provider hold their pages until they end (docs/ARCHITECTURE.md, Channels fail alone, What is not isolated yet)"]
 async fn webhooks_keep_their_pace_while_apns_answers_slowly() {
     webhooks_keep_their_pace_while_apns(OutageKind::Slow(SLOW)).await;
 }
