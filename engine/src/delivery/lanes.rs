@@ -21,16 +21,12 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::Delivery;
-use super::parking::Parking;
+use super::parking::{ACTIVE, Parking};
 use crate::domain::Channel;
 use crate::metrics::ParkReason;
 
 /// One slot per row of the channel table (`Channel::slot`).
 const SLOTS: usize = Channel::ALL.len();
-
-/// A channel that had deliveries this recently is waiting for more: what
-/// is held back behind another channel is its deliveries.
-const ACTIVE: Duration = Duration::from_secs(10);
 
 /// How long a channel may keep a batch (or the front of its ready queue)
 /// waiting for room while another channel is active, before it counts as
@@ -166,10 +162,20 @@ impl Lanes {
         parked
     }
 
-    /// Whether a channel other than `channel` had deliveries lately and its
-    /// breaker is closed: something `channel` holds back may be its.
-    pub(super) fn others_active(&self, channel: Channel, parking: &Parking, now: Instant) -> bool {
-        (0..SLOTS).any(|slot| slot != channel.slot() && self.active(slot, parking, now))
+    /// `batch` came from the worker's queue: its channels have deliveries
+    /// waiting, here, whether or not the batch can be taken yet (one held
+    /// behind a channel that cannot keep up is what `takes` lets go).
+    /// The workers' shared record of it (`Parking::arrived`) is told once
+    /// per channel and batch.
+    pub(super) fn arrived(&mut self, batch: &[Delivery], parking: &Parking, now: Instant) {
+        for delivery in batch {
+            let channel = delivery.recipient.target.channel();
+            let lane = self.lane(channel);
+            if lane.last_seen != Some(now) {
+                lane.last_seen = Some(now);
+                parking.arrived(channel, now);
+            }
+        }
     }
 
     /// Whether the channel in `slot` had deliveries lately and its breaker
@@ -231,7 +237,6 @@ impl Lanes {
         for delivery in batch {
             let channel = delivery.recipient.target.channel();
             let slot = channel.slot();
-            self.lanes[slot].last_seen = Some(now);
             if !delivery.unparked {
                 if parking.is_open(channel) {
                     parked.push((delivery, ParkReason::Breaker));

@@ -16,6 +16,8 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use std::time::Duration;
+
 use tokio::time::Instant;
 
 use super::breaker::{Admit, Breaker, BreakerRules, HostBreakers, Transition};
@@ -25,6 +27,10 @@ use crate::metrics::Metrics;
 
 /// One slot per row of the channel table (`Channel::slot`).
 const SLOTS: usize = Channel::ALL.len();
+
+/// A channel that had deliveries this recently is waiting for more: what
+/// is held back behind another channel is its deliveries.
+pub(super) const ACTIVE: Duration = Duration::from_secs(10);
 
 pub struct Parking {
     lanes: [Option<Lane>; SLOTS],
@@ -37,6 +43,7 @@ pub struct Parking {
     /// atomic load while there are none.
     detached: Mutex<HashSet<ParkedPlace>>,
     detached_count: AtomicUsize,
+    epoch: Instant,
     metrics: Arc<Metrics>,
 }
 
@@ -51,6 +58,9 @@ struct Lane {
     held: AtomicUsize,
     /// Unparked deliveries handed to the workers and not yet attempted.
     unparked: AtomicUsize,
+    /// When deliveries of it last reached a worker, in milliseconds since
+    /// `Parking::epoch`, plus one (0: never).
+    seen_ms: AtomicU64,
 }
 
 /// How a delivery may go now.
@@ -91,10 +101,18 @@ impl Parking {
                 hosts: HostBreakers::new(rules),
                 held: AtomicUsize::new(0),
                 unparked: AtomicUsize::new(0),
+                seen_ms: AtomicU64::new(0),
             });
         }
         let floors = (0..usize::from(shard_count) * SLOTS).map(|_| AtomicU64::new(u64::MAX)).collect();
-        Self { lanes, floors, detached: Mutex::default(), detached_count: AtomicUsize::new(0), metrics }
+        Self {
+            lanes,
+            floors,
+            detached: Mutex::default(),
+            detached_count: AtomicUsize::new(0),
+            epoch: Instant::now(),
+            metrics,
+        }
     }
 
     /// Every provider of `channels` with `max_in_flight` slots each, and
@@ -189,6 +207,28 @@ impl Parking {
         if let Some(floor) = self.floors.get(usize::from(shard.index()) * SLOTS + channel.slot()) {
             floor.fetch_min(sequence_id, Ordering::AcqRel);
         }
+    }
+
+    /// Deliveries of `channel` reached a worker at `now`.
+    pub fn arrived(&self, channel: Channel, now: Instant) {
+        if let Some(lane) = self.lane(channel) {
+            let ms = now.saturating_duration_since(self.epoch).as_millis() as u64 + 1;
+            lane.seen_ms.fetch_max(ms, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether a channel other than `channel` had deliveries reach any
+    /// worker lately and its breaker is closed: a page that `channel` holds
+    /// back may be waited for by its deliveries, in any worker (a worker that
+    /// has seen only `channel` lately may hold the pages the others wait on).
+    pub fn others_active(&self, channel: Channel, now: Instant) -> bool {
+        let ms = now.saturating_duration_since(self.epoch).as_millis() as u64 + 1;
+        let active = ACTIVE.as_millis() as u64;
+        self.channels().filter(|&c| c != channel).any(|c| {
+            let lane = self.lane(c).expect("a configured channel");
+            let seen = lane.seen_ms.load(Ordering::Relaxed);
+            seen != 0 && ms.saturating_sub(seen) < active && !lane.breaker.is_open()
+        })
     }
 
     /// The row at `place` belongs to a first attempt still in flight: its

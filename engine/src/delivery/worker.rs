@@ -217,7 +217,9 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
                                 kept
                             })
                             .collect();
-                        held = Some((Instant::now(), batch));
+                        let now = Instant::now();
+                        lanes.arrived(&batch, parking, now);
+                        held = Some((now, batch));
                     }
                     None => queue_open = false,
                 }
@@ -270,7 +272,7 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
                     // its new owner's replay sends it.
                     if let Some((shard, channel)) = watch.detach.may()
                         && ctx.fence.holds(shard)
-                        && lanes.others_active(channel, parking, now)
+                        && parking.others_active(channel, now)
                     {
                         watch.detach.begin(parking, &ctx.store, &mut detaching, key);
                     }
