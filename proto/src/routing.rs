@@ -101,9 +101,9 @@ impl Routing {
 
 /// Whether a failed call was surely never processed by the node it went
 /// to, so that sending it again, to that node or another, cannot store it
-/// twice: its connection was refused, or the node's GOAWAY refused its
-/// stream. The status of a call a node answered carries no transport error
-/// as its source.
+/// twice: its connection was refused, the node's GOAWAY refused its
+/// stream, or the client never sent it. The status of a call a node
+/// answered carries no transport error as its source.
 pub fn never_processed(status: &tonic::Status) -> bool {
     let mut cause = std::error::Error::source(status);
     while let Some(error) = cause {
@@ -116,11 +116,15 @@ pub fn never_processed(status: &tonic::Status) -> bool {
 }
 
 /// One cause in a failed call's chain that proves it never processed:
-/// refused at connect, or a stream the node's GOAWAY refused (above its last
-/// stream id: never processed, RFC 9113 section 6.8).
+/// refused at connect, a stream the node's GOAWAY refused (above its last
+/// stream id: never processed, RFC 9113 section 6.8), or a call hyper
+/// cancelled before handing it to its connection (queued as that
+/// connection ended: after a GOAWAY, the call handed over next gets no
+/// stream at all, and hyper answers it "canceled", never started).
 pub fn refused(error: &(dyn std::error::Error + 'static)) -> bool {
     error.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
         || error.downcast_ref::<h2::Error>().is_some_and(|e| e.is_go_away() && e.is_remote())
+        || error.downcast_ref::<hyper::Error>().is_some_and(hyper::Error::is_canceled)
 }
 
 #[cfg(test)]
@@ -161,5 +165,28 @@ mod tests {
         for reason in Reason::ALL {
             assert_eq!(Reason::parse(reason.as_str()), Some(reason));
         }
+    }
+
+    #[tokio::test]
+    async fn a_call_never_sent_is_refused_and_one_that_broke_is_not() {
+        // A connection whose task is gone (as after a GOAWAY): hyper never
+        // hands the call to it.
+        let (io, _server) = tokio::io::duplex(4096);
+        let io = hyper_util::rt::TokioIo::new(io);
+        let (mut sender, connection) =
+            hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io).await.unwrap();
+        drop(connection);
+        let request = http::Request::post("http://node/fanout.v1.PublishService/Publish")
+            .body(http_body_util::Empty::<&[u8]>::new())
+            .unwrap();
+        let never_sent = sender.send_request(request).await.unwrap_err();
+        assert!(never_sent.is_canceled(), "{never_sent:?}");
+        assert!(refused(&never_sent));
+        assert!(never_processed(&tonic::Status::from_error(Box::new(never_sent))));
+
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        assert!(!refused(&reset), "a connection that broke may have carried the call");
+        assert!(refused(&std::io::Error::from(std::io::ErrorKind::ConnectionRefused)));
+        assert!(!never_processed(&tonic::Status::unavailable("answered by the node")));
     }
 }
