@@ -99,6 +99,36 @@ impl Routing {
     }
 }
 
+/// `ErrorInfo.reason` of the status that ends a PublishStream because its
+/// node shuts down (outcome `not_stored`): every batch answered before it
+/// was stored, and none sent after the last answer was. A stream that ends
+/// because storage failed carries no such detail: its last batch's outcome
+/// is unknown.
+pub const SHUTTING_DOWN: &str = "SHUTTING_DOWN";
+
+/// The status a PublishStream ends with when its node shuts down: 14
+/// UNAVAILABLE with an `ErrorInfo` (`SHUTTING_DOWN`, outcome `not_stored`)
+/// in its details, so a program tells it from a failed store without
+/// reading the message.
+pub fn shutting_down(message: impl Into<String>) -> tonic::Status {
+    use tonic_types::{ErrorDetails, StatusExt};
+    let metadata = HashMap::from([("outcome".to_owned(), "not_stored".to_owned())]);
+    let details = ErrorDetails::with_error_info(SHUTTING_DOWN, DOMAIN, metadata);
+    tonic::Status::with_error_details(tonic::Code::Unavailable, message, details)
+}
+
+/// Whether `status` ended a PublishStream because its node shut down: the
+/// batches sent after the last answer were not stored; send them again.
+pub fn is_shutting_down(status: &tonic::Status) -> bool {
+    use tonic_types::StatusExt;
+    status.code() == tonic::Code::Unavailable
+        && status.get_details_error_info().is_some_and(|info| {
+            info.reason == SHUTTING_DOWN
+                && info.domain == DOMAIN
+                && info.metadata.get("outcome").map(String::as_str) == Some("not_stored")
+        })
+}
+
 /// Whether a failed call was surely never processed by the node it went
 /// to, so that sending it again, to that node or another, cannot store it
 /// twice: its connection was refused, the node's GOAWAY refused its
@@ -165,6 +195,18 @@ mod tests {
         for reason in Reason::ALL {
             assert_eq!(Reason::parse(reason.as_str()), Some(reason));
         }
+    }
+
+    #[test]
+    fn a_stream_ended_by_a_shutdown_says_so_in_its_details() {
+        let status = shutting_down("the server is shutting down");
+        assert_eq!((status.code(), status.message()), (tonic::Code::Unavailable, "the server is shutting down"));
+        assert!(is_shutting_down(&status));
+        // As the client reads it: the details travel in their own header.
+        let sent = status.into_http::<tonic::body::Body>();
+        let read = tonic::Status::from_header_map(sent.headers()).expect("a status");
+        assert!(is_shutting_down(&read));
+        assert!(!is_shutting_down(&tonic::Status::unavailable("storage failed")));
     }
 
     #[tokio::test]
