@@ -164,10 +164,17 @@ fn stop_listening(tcp: TcpListener, max: usize) -> Vec<(TcpStream, SocketAddr)> 
         return Vec::new();
     }
     let mut queued = Vec::new();
-    while queued.len() < max {
-        let Ok((stream, remote)) = tcp.accept() else { break };
-        if let Ok(stream) = stream.set_nonblocking(true).and_then(|()| TcpStream::from_std(stream)) {
-            queued.push((stream, remote));
+    for _ in 0..max {
+        match tcp.accept() {
+            Ok((stream, remote)) => {
+                if let Ok(stream) = stream.set_nonblocking(true).and_then(|()| TcpStream::from_std(stream)) {
+                    queued.push((stream, remote));
+                }
+            }
+            // One its client gave up on while it waited: the next.
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionAborted => {}
+            // None left (WouldBlock), or no descriptor for it.
+            Err(_) => break,
         }
     }
     queued
@@ -200,7 +207,7 @@ async fn connection(
     stream: TcpStream,
     remote: SocketAddr,
     _slot: Option<OwnedSemaphorePermit>,
-    mut closing: watch::Receiver<bool>,
+    mut close: watch::Receiver<bool>,
 ) {
     let accepted = Instant::now();
     let deadline = accepted + shared.limits.first_request_timeout;
@@ -274,7 +281,7 @@ async fn connection(
     // streams that came before its GOAWAY and refuses the later ones.
     let first_request = activity.clone();
     let stop = async move {
-        let _ = closing.wait_for(|close| *close).await;
+        let _ = close.wait_for(|told| *told).await;
         first_request.first_request().await;
     };
     tokio::pin!(stop);
