@@ -42,7 +42,9 @@ pub struct ServerSettings {
     pub http_listen: SocketAddr,
     /// HTTP API: spec 003's `/v2/push/registration` and the debug push log.
     pub api_listen: SocketAddr,
-    /// How long shutdown waits for attempts in flight.
+    /// How long each of shutdown's waits lasts at most: for the calls in
+    /// progress to be answered, for the shards to be handed over, for the
+    /// attempts in flight.
     #[serde(rename = "drain_timeout_seconds", deserialize_with = "duration::seconds")]
     pub drain_timeout: Duration,
     /// The gRPC address other nodes forward publishes of this node's shards

@@ -269,19 +269,27 @@ async fn serve(config: Config) -> anyhow::Result<()> {
 
     shutdown_signal().await;
     let drain = config.server.drain_timeout;
-    // With several nodes, hand the shards over while still answering: the
-    // others take them at their next lease round (not after the TTL), and
-    // the publishes that reach this node meanwhile go to the new owners.
-    tracing::info!("shutting down: handing the shards over while still serving");
-    engine.leave(drain).await;
-    tracing::info!("shutting down: no new requests; draining attempts in flight");
+    // First no new work: every listener closes its port, then says GOAWAY
+    // on each connection (later streams are refused, never processed: safe
+    // to send to another node), and open publish streams end after their
+    // batch in progress. Every call already taken is answered, its
+    // envelopes stored or forwarded, while this node still holds its
+    // shards: none is cut, nor answered "outcome unknown" by a lease given
+    // up under it. The other nodes' forwards here are refused meanwhile and
+    // routed again.
+    tracing::info!("shutting down: no new calls; answering the calls in progress");
     let _ = shutdown_tx.send(true);
-    // Open client connections may hold a graceful gRPC shutdown: bound it.
-    if tokio::time::timeout(drain, grpc_task).await.is_err() {
-        tracing::warn!("gRPC connections did not close within the drain timeout");
+    let listeners = async {
+        let _ = tokio::join!(grpc_task, http_task, api_task);
+    };
+    if tokio::time::timeout(drain, listeners).await.is_err() {
+        tracing::warn!("calls were still in progress at the drain timeout; they end with the process");
     }
-    let _ = tokio::time::timeout(drain, http_task).await;
-    let _ = tokio::time::timeout(drain, api_task).await;
+    // Then, with several nodes, hand the shards over: the others take them
+    // at their next lease round (not after the TTL).
+    tracing::info!("shutting down: handing the shards over");
+    engine.leave(drain).await;
+    tracing::info!("shutting down: draining attempts in flight");
     engine.shutdown(drain).await;
     tracing::info!("stopped");
     Ok(())

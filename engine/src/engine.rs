@@ -291,12 +291,14 @@ impl Engine {
         self.readiness.clone()
     }
 
-    /// A graceful stop's first step, while the node still serves: with
-    /// shard leases, hand every shard over to the other nodes (each drained
-    /// as a release above the fair share is, its lease released, none taken
-    /// again), so they take them at their next lease round rather than
-    /// after the TTL. Publishes of those shards meanwhile go to their next
-    /// owner. Bounded by `bound`; at once with one node.
+    /// A graceful stop's step once the node takes no more calls and has
+    /// answered those it had (`fanout serve` does both first, so no append
+    /// in progress loses its lease): with shard leases, hand every shard
+    /// over to the other nodes (each drained as a release above the fair
+    /// share is, its lease released, none taken again), so they take them
+    /// at their next lease round rather than after the TTL. Publishes of
+    /// those shards meanwhile go to their next owner. Bounded by `bound`;
+    /// at once with one node.
     pub async fn leave(&self, bound: Duration) {
         match self.supervisor.call(SupervisorMsg::Leave, Some(bound)).await {
             Ok(ractor::rpc::CallResult::Success(())) => {}

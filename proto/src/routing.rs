@@ -99,11 +99,41 @@ impl Routing {
     }
 }
 
+/// `ErrorInfo.reason` of the status that ends a PublishStream because its
+/// node shuts down (outcome `not_stored`): every batch answered before it
+/// was stored, and none sent after the last answer was. A stream that ends
+/// because storage failed carries no such detail: its last batch's outcome
+/// is unknown.
+pub const SHUTTING_DOWN: &str = "SHUTTING_DOWN";
+
+/// The status a PublishStream ends with when its node shuts down: 14
+/// UNAVAILABLE with an `ErrorInfo` (`SHUTTING_DOWN`, outcome `not_stored`)
+/// in its details, so a program tells it from a failed store without
+/// reading the message.
+pub fn shutting_down(message: impl Into<String>) -> tonic::Status {
+    use tonic_types::{ErrorDetails, StatusExt};
+    let metadata = HashMap::from([("outcome".to_owned(), "not_stored".to_owned())]);
+    let details = ErrorDetails::with_error_info(SHUTTING_DOWN, DOMAIN, metadata);
+    tonic::Status::with_error_details(tonic::Code::Unavailable, message, details)
+}
+
+/// Whether `status` ended a PublishStream because its node shut down: the
+/// batches sent after the last answer were not stored; send them again.
+pub fn is_shutting_down(status: &tonic::Status) -> bool {
+    use tonic_types::StatusExt;
+    status.code() == tonic::Code::Unavailable
+        && status.get_details_error_info().is_some_and(|info| {
+            info.reason == SHUTTING_DOWN
+                && info.domain == DOMAIN
+                && info.metadata.get("outcome").map(String::as_str) == Some("not_stored")
+        })
+}
+
 /// Whether a failed call was surely never processed by the node it went
 /// to, so that sending it again, to that node or another, cannot store it
-/// twice: its connection was refused, or the node's GOAWAY refused its
-/// stream. The status of a call a node answered carries no transport error
-/// as its source.
+/// twice: its connection was refused, the node's GOAWAY refused its
+/// stream, or the client never sent it. The status of a call a node
+/// answered carries no transport error as its source.
 pub fn never_processed(status: &tonic::Status) -> bool {
     let mut cause = std::error::Error::source(status);
     while let Some(error) = cause {
@@ -116,11 +146,15 @@ pub fn never_processed(status: &tonic::Status) -> bool {
 }
 
 /// One cause in a failed call's chain that proves it never processed:
-/// refused at connect, or a stream the node's GOAWAY refused (above its last
-/// stream id: never processed, RFC 9113 section 6.8).
+/// refused at connect, a stream the node's GOAWAY refused (above its last
+/// stream id: never processed, RFC 9113 section 6.8), or a call hyper
+/// cancelled before handing it to its connection (queued as that
+/// connection ended: after a GOAWAY, the call handed over next gets no
+/// stream at all, and hyper answers it "canceled", never started).
 pub fn refused(error: &(dyn std::error::Error + 'static)) -> bool {
     error.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
         || error.downcast_ref::<h2::Error>().is_some_and(|e| e.is_go_away() && e.is_remote())
+        || error.downcast_ref::<hyper::Error>().is_some_and(hyper::Error::is_canceled)
 }
 
 #[cfg(test)]
@@ -161,5 +195,40 @@ mod tests {
         for reason in Reason::ALL {
             assert_eq!(Reason::parse(reason.as_str()), Some(reason));
         }
+    }
+
+    #[test]
+    fn a_stream_ended_by_a_shutdown_says_so_in_its_details() {
+        let status = shutting_down("the server is shutting down");
+        assert_eq!((status.code(), status.message()), (tonic::Code::Unavailable, "the server is shutting down"));
+        assert!(is_shutting_down(&status));
+        // As the client reads it: the details travel in their own header.
+        let sent = status.into_http::<tonic::body::Body>();
+        let read = tonic::Status::from_header_map(sent.headers()).expect("a status");
+        assert!(is_shutting_down(&read));
+        assert!(!is_shutting_down(&tonic::Status::unavailable("storage failed")));
+    }
+
+    #[tokio::test]
+    async fn a_call_never_sent_is_refused_and_one_that_broke_is_not() {
+        // A connection whose task is gone (as after a GOAWAY): hyper never
+        // hands the call to it.
+        let (io, _server) = tokio::io::duplex(4096);
+        let io = hyper_util::rt::TokioIo::new(io);
+        let (mut sender, connection) =
+            hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io).await.unwrap();
+        drop(connection);
+        let request = http::Request::post("http://node/fanout.v1.PublishService/Publish")
+            .body(http_body_util::Empty::<&[u8]>::new())
+            .unwrap();
+        let never_sent = sender.send_request(request).await.unwrap_err();
+        assert!(never_sent.is_canceled(), "{never_sent:?}");
+        assert!(refused(&never_sent));
+        assert!(never_processed(&tonic::Status::from_error(Box::new(never_sent))));
+
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        assert!(!refused(&reset), "a connection that broke may have carried the call");
+        assert!(refused(&std::io::Error::from(std::io::ErrorKind::ConnectionRefused)));
+        assert!(!never_processed(&tonic::Status::unavailable("answered by the node")));
     }
 }

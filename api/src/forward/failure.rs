@@ -4,7 +4,8 @@
 #[strum(serialize_all = "snake_case")]
 pub enum Failure {
     /// No connection to the owner could be opened (refused, or its address
-    /// is none): nothing was sent.
+    /// is none), or the call never reached it (its stream refused by the
+    /// owner's GOAWAY, or never sent): nothing was sent.
     NotConnected,
     /// The connection to the owner broke before the answer, or could not be
     /// opened in time.

@@ -153,8 +153,8 @@ fn failure_of(status: &tonic::Status) -> Failure {
         if error.is::<tonic::TimeoutExpired>() {
             return Failure::Timeout;
         }
-        // Refused at connect (the request never left this node), or by the
-        // owner's GOAWAY (it is shutting down).
+        // Refused at connect (the request never left this node), by the
+        // owner's GOAWAY (it is shutting down), or never sent at all.
         if fanout_proto::routing::refused(error) {
             return Failure::NotConnected;
         }

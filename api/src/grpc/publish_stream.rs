@@ -71,8 +71,12 @@ async fn run(
         // Between batches only: a batch being stored is never abandoned.
         let next = tokio::select! {
             biased;
+            // Every batch stored so far has its acknowledgement queued
+            // ahead of this end, and none after them was read: the end
+            // says so in its details (`SHUTTING_DOWN`, not stored), so a
+            // client tells it from a failed store, whose outcome is unknown.
             _ = shutdown.wait_for(|stopping| *stopping) => {
-                return Err(Status::unavailable(
+                return Err(fanout_proto::routing::shutting_down(
                     "the server is shutting down; publish the batches sent after the last response again",
                 ));
             }

@@ -7,14 +7,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 /// Plain atomics, not a channel: a request costs two increments and never
-/// wakes the connection's task; the idle timer looks when it is due.
+/// wakes the connection's task; the idle timer looks when it is due. Only
+/// the first request wakes it (`first_request`), once per connection.
 pub struct Activity {
     /// When the connection was accepted; `quiet_since` counts from it.
     epoch: Instant,
     first_request_in: AtomicBool,
+    first_in: Notify,
     open: AtomicUsize,
     /// Milliseconds from `epoch` to when the last request closed (or the
     /// first request came in).
@@ -26,6 +29,7 @@ impl Activity {
         Activity {
             epoch: Instant::now(),
             first_request_in: AtomicBool::new(false),
+            first_in: Notify::new(),
             open: AtomicUsize::new(0),
             quiet_since: AtomicU64::new(0),
         }
@@ -34,6 +38,19 @@ impl Activity {
     pub fn first_request_in(&self) {
         self.quiet();
         self.first_request_in.store(true, Ordering::Release);
+        self.first_in.notify_waiters();
+    }
+
+    /// Resolves once the first request is in (at once if it is).
+    pub async fn first_request(&self) {
+        let notified = self.first_in.notified();
+        tokio::pin!(notified);
+        // Registered before the flag is read: a request that comes in
+        // between still wakes this waiter.
+        notified.as_mut().enable();
+        if !self.first_request_in.load(Ordering::Acquire) {
+            notified.await;
+        }
     }
 
     fn quiet(&self) {
@@ -83,6 +100,20 @@ impl Drop for Open {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn first_request_waits_for_it_and_answers_at_once_after_it() {
+        let activity = Arc::new(Activity::new());
+        let waiting = tokio::spawn({
+            let activity = activity.clone();
+            async move { activity.first_request().await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished(), "no request yet");
+        activity.first_request_in();
+        tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("woken").unwrap();
+        tokio::time::timeout(Duration::from_secs(5), activity.first_request()).await.expect("at once");
+    }
 
     #[tokio::test(start_paused = true)]
     async fn idle_counts_from_the_last_request_and_never_while_one_is_open() {

@@ -14,7 +14,14 @@
 //!   connection closed, so an open request cannot hold a slot for ever;
 //! - each connection in its own task, so a slow client holds up no other,
 //!   with the identities of a verified client certificate (`Peer`) and the
-//!   TCP peer's address in every request's extensions.
+//!   TCP peer's address in every request's extensions;
+//! - at shutdown, no call is cut: the port closes first (a new connection
+//!   is refused: never processed), the connections the kernel had already
+//!   queued are still taken, and only then is every connection closed
+//!   gracefully (GOAWAY on HTTP/2: the calls it already took are answered,
+//!   later streams refused, and a client that reconnects finds the port
+//!   closed). One still before its first request is closed once that
+//!   request is in, not dropped unread.
 //!
 //! Closes for a limit are counted in `fanout_connections_closed_total`.
 
@@ -104,13 +111,23 @@ pub async fn serve(listener: Listener, limits: Limits, mut shutdown: watch::Rece
     // Every connection task holds a sender: `recv` answers `None` once the
     // last has ended.
     let (running, mut all_ended) = mpsc::channel::<Infallible>(1);
+    // Tells the connections to close, once the port is closed.
+    let (close, closing) = watch::channel(false);
+    let spawn = |(stream, remote): (TcpStream, SocketAddr), slot: Option<OwnedSemaphorePermit>| {
+        let _ = stream.set_nodelay(true);
+        let (shared, closing, running) = (shared.clone(), closing.clone(), running.clone());
+        tokio::spawn(async move {
+            connection(&shared, stream, remote, slot, closing).await;
+            drop(running);
+        });
+    };
     loop {
         // The cap is enforced before accepting, where the work is spawned.
         let slot = tokio::select! {
             slot = slots.clone().acquire_owned() => slot.expect("the semaphore is never closed"),
             _ = shutdown.changed() => break,
         };
-        let (stream, remote) = tokio::select! {
+        let accepted = tokio::select! {
             accepted = tcp.accept() => match accepted {
                 Ok(a) => a,
                 Err(e) => {
@@ -122,17 +139,45 @@ pub async fn serve(listener: Listener, limits: Limits, mut shutdown: watch::Rece
             },
             _ = shutdown.changed() => break,
         };
-        let _ = stream.set_nodelay(true);
-        let (shared, shutdown, running) = (shared.clone(), shutdown.clone(), running.clone());
-        tokio::spawn(async move {
-            connection(&shared, stream, remote, slot, shutdown).await;
-            drop(running);
-        });
+        spawn(accepted, Some(slot));
     }
-    // Closes the socket: no connection waits in a backlog nobody reads.
-    drop(tcp);
+    // The port closes before any connection is told to go: a client told
+    // GOAWAY reconnects at once, and must be refused (never processed), not
+    // accepted by a listener about to close nor left in its backlog, whose
+    // connections the kernel resets when the socket closes, requests unread.
+    // Those already queued are taken (a slot each while any is free: at most
+    // `max_connections` more) and closed gracefully like the others.
+    for queued in stop_listening(tcp, limits.max_connections) {
+        spawn(queued, slots.clone().try_acquire_owned().ok());
+    }
+    let _ = close.send(true);
     drop(running);
     let _ = all_ended.recv().await;
+}
+
+/// Closes the listening socket, and returns the connections the kernel had
+/// accepted for it and nobody had taken yet (at most `max`).
+fn stop_listening(tcp: TcpListener, max: usize) -> Vec<(TcpStream, SocketAddr)> {
+    let Ok(tcp) = tcp.into_std() else { return Vec::new() };
+    // Never waits: an empty backlog answers WouldBlock.
+    if tcp.set_nonblocking(true).is_err() {
+        return Vec::new();
+    }
+    let mut queued = Vec::new();
+    for _ in 0..max {
+        match tcp.accept() {
+            Ok((stream, remote)) => {
+                if let Ok(stream) = stream.set_nonblocking(true).and_then(|()| TcpStream::from_std(stream)) {
+                    queued.push((stream, remote));
+                }
+            }
+            // One its client gave up on while it waited: the next.
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionAborted => {}
+            // None left (WouldBlock), or no descriptor for it.
+            Err(_) => break,
+        }
+    }
+    queued
 }
 
 fn builder(protocol: Protocol, limits: &Limits) -> auto::Builder<TokioExecutor> {
@@ -161,8 +206,8 @@ async fn connection(
     shared: &Shared,
     stream: TcpStream,
     remote: SocketAddr,
-    _slot: OwnedSemaphorePermit,
-    mut shutdown: watch::Receiver<bool>,
+    _slot: Option<OwnedSemaphorePermit>,
+    mut close: watch::Receiver<bool>,
 ) {
     let accepted = Instant::now();
     let deadline = accepted + shared.limits.first_request_timeout;
@@ -228,8 +273,16 @@ async fn connection(
     tokio::pin!(connection);
     let idle = activity.idle_for(shared.limits.idle_timeout);
     tokio::pin!(idle);
+    // Before its first request is in, hyper may not have read which
+    // protocol the connection speaks, and a graceful shutdown then drops it
+    // without a word (no GOAWAY): the request the client sent meanwhile
+    // would be reset unanswered. So it is told once that request is in (the
+    // first-request deadline bounds the wait); HTTP/2 then answers the
+    // streams that came before its GOAWAY and refuses the later ones.
+    let first_request = activity.clone();
     let stop = async move {
-        let _ = shutdown.wait_for(|stopping| *stopping).await;
+        let _ = close.wait_for(|told| *told).await;
+        first_request.first_request().await;
     };
     tokio::pin!(stop);
     let mut closing = false;

@@ -381,9 +381,13 @@ pub struct PublishStats {
     /// Of `unknown_outcome`: envelopes whose RPC was sent but failed in
     /// transport or had no answer in time (no node answered them).
     pub lost_in_transport: u64,
-    /// Envelopes whose RPC could not connect to its node, or whose stream
-    /// the node refused as it shut down (never processed), sent to the next
-    /// node, as a load balancer with health checks does.
+    /// The error of the first envelope of unknown outcome that was resent
+    /// (the status, or what the node answered), to tell why.
+    pub first_resent: Option<String>,
+    /// Envelopes whose RPC could not connect to its node, whose stream the
+    /// node refused as it shut down, or that the client cancelled before
+    /// sending it (never processed), sent to the next node, as a load
+    /// balancer with health checks does.
     pub unsent: u64,
 }
 
@@ -399,6 +403,7 @@ struct Shared {
     retries: u64,
     unknown_outcome: u64,
     lost_in_transport: u64,
+    first_resent: Option<String>,
     unsent: u64,
 }
 
@@ -519,7 +524,11 @@ async fn publish_batch(
             let result = match tokio::time::timeout(cluster.rpc_timeout, client.publish(request)).await {
                 Ok(Ok(response)) => Ok(response),
                 Ok(Err(s)) if never_processed(&s) => Err(None),
-                Ok(Err(s)) => Err(Some(format!("{} {}", s.code(), s.message()))),
+                // With the transport's cause, which says how it was lost.
+                Ok(Err(s)) => Err(Some(match std::error::Error::source(&s) {
+                    Some(cause) => format!("{} {}: {cause:?}", s.code(), s.message()),
+                    None => format!("{} {}", s.code(), s.message()),
+                })),
                 Err(_) => Err(Some(format!("no answer within {:?}", cluster.rpc_timeout))),
             };
             let returned = Instant::now();
@@ -566,12 +575,13 @@ async fn publish_batch(
                         add(&mut next, (node + 1) % cluster.len(), e);
                         continue;
                     }
-                    Answer::Unknown(_) | Answer::Lost(_) if cluster.retry_unknown && !out_of_time => {
+                    Answer::Unknown(ref error) | Answer::Lost(ref error) if cluster.retry_unknown && !out_of_time => {
                         shared.unknown_outcome += 1;
                         only_unsent = false;
                         if matches!(answer, Answer::Lost(_)) {
                             shared.lost_in_transport += 1;
                         }
+                        shared.first_resent.get_or_insert_with(|| error.clone());
                         add(&mut next, anywhere, e);
                         continue;
                     }
@@ -615,6 +625,7 @@ pub async fn publish(
         retries: 0,
         unknown_outcome: 0,
         lost_in_transport: 0,
+        first_resent: None,
         unsent: 0,
     }));
     let started = Instant::now();
@@ -679,6 +690,7 @@ pub async fn publish(
         retries: shared.retries,
         unknown_outcome: shared.unknown_outcome,
         lost_in_transport: shared.lost_in_transport,
+        first_resent: shared.first_resent.clone(),
         unsent: shared.unsent,
     })
 }

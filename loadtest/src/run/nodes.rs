@@ -361,7 +361,8 @@ pub struct NodesReport {
     /// Of those, RPCs no node answered (transport failure, no answer in time).
     pub lost_in_transport: u64,
     /// Envelopes of RPCs refused before any node processed them (connection
-    /// refused, stream refused by GOAWAY), sent to the next node.
+    /// refused, stream refused by GOAWAY, cancelled before it was sent),
+    /// sent to the next node.
     pub unsent: u64,
     /// How the Publish RPCs chose their node.
     pub publish_via: PublishVia,

@@ -305,10 +305,11 @@ impl Report {
                 n.envelopes_stored
             ));
         }
-        // A rolling restart stays inside the engine: a node that leaves
-        // hands its shards over while still answering, and forwards follow
-        // the owner, so no envelope is answered with an error (a connection
-        // refused by a stopped node is no answer: the next node takes it).
+        // A rolling restart stays inside the engine: a stopping node
+        // answers every call it took before handing its shards over, and
+        // forwards follow the owner, so no envelope is answered with an
+        // error (a call the node refused unprocessed, its connection or
+        // stream, is no answer: the next node takes it).
         if rolled {
             let p = &self.publish;
             let answered = p.unknown_outcome + p.retries + p.redirects;
@@ -320,7 +321,11 @@ impl Report {
                     p.lost_in_transport,
                     p.retries,
                     p.redirects,
-                    p.first_error.as_deref().map(|e| format!("; first: {e}")).unwrap_or_default()
+                    p.first_error
+                        .as_deref()
+                        .or(p.first_resent.as_deref())
+                        .map(|e| format!("; first: {e}"))
+                        .unwrap_or_default()
                 ));
             }
         }
@@ -336,7 +341,11 @@ impl Report {
                     p.errors,
                     p.unknown_outcome,
                     p.retries,
-                    p.first_error.as_deref().map(|e| format!("; first: {e}")).unwrap_or_default()
+                    p.first_error
+                        .as_deref()
+                        .or(p.first_resent.as_deref())
+                        .map(|e| format!("; first: {e}"))
+                        .unwrap_or_default()
                 ));
             }
             if f.churn.errors > 0 {

@@ -26,6 +26,7 @@ mod replay;
 mod secrecy;
 mod security;
 mod standard_webhooks;
+mod stopping;
 mod subscriptions;
 mod webhook_bodies;
 mod webhook_outcomes;

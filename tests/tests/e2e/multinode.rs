@@ -404,11 +404,13 @@ async fn an_unreachable_owner_costs_only_its_envelopes_unavailable_within_the_de
 }
 
 /// A rolling restart under load: a publisher sends to both nodes in turn
-/// (as a load balancer would: an RPC whose connection is refused goes to
-/// the other node) while each node in turn gets SIGTERM, exits, and is
-/// started again on the same ports. A leaving node hands its shards over
-/// while it still answers, and forwards follow the moving owner, so every
-/// envelope is acknowledged, none answered with an error, all delivered.
+/// (as a load balancer would: an RPC the node never processed, its
+/// connection or stream refused, goes to the other node) while each node in
+/// turn gets SIGTERM, exits, and is started again on the same ports. A
+/// stopping node refuses new calls unprocessed, answers those it took, then
+/// hands its shards over, and forwards follow the moving owner, so every
+/// envelope is acknowledged, none answered with an error or cut, all
+/// delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_restart_answers_every_publish_and_delivers_everything() {
     let Some(cql) = test_cql() else { return };

@@ -107,6 +107,8 @@ async fn at_shutdown_a_stream_ends_with_unavailable_after_its_acknowledgements()
     let status = end.expect_err("an error status");
     assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
     assert!(status.message().contains("shutting down"), "{status:?}");
+    // Said in its details too: nothing sent after the last ack was stored.
+    assert!(fanout_proto::routing::is_shutting_down(&status), "{status:?}");
     let exit = setup.fanout.terminate().expect("exits");
     assert!(exit.success(), "exit status {exit}; log:\n{}", setup.fanout.log());
 }
