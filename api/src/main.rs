@@ -28,6 +28,16 @@ use tokio::sync::watch;
 use tonic::service::interceptor::InterceptedService;
 
 use crate::auth::Role;
+
+/// jemalloc, not glibc malloc: redb's page cache allocates a page buffer on
+/// every miss and frees one on every eviction, and under glibc those holes
+/// were split for the engine's small allocations, so the process grew to
+/// about twice `store.cache_size_mb` over a long window while its live heap
+/// stayed flat (issue 54; docs/OPERATIONS.md, "Memory"). jemalloc's size
+/// classes reuse a freed page buffer for the next one.
+#[cfg(not(target_env = "msvc"))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 use crate::config::{Config, StoreBackend};
 
 #[derive(Parser)]
