@@ -979,20 +979,23 @@ mod tests {
         }
     }
 
-    /// Real time: parks are store writes on the blocking pool, which a
-    /// paused clock would jump past. Every wait is bounded.
-    #[tokio::test]
-    async fn a_hung_channel_parks_what_it_cannot_take_and_the_other_channel_goes_on() {
-        let apns = Switch::new(Channel::Apns, false);
-        let fcm = Switch::new(Channel::Fcm, true);
+    /// One worker over two channels, four slots each (a ready queue of
+    /// eight each), and an embedded store in `dir`.
+    struct TwoChannels {
+        store: Arc<dyn Store>,
+        metrics: Arc<Metrics>,
+        parking: Arc<Parking>,
+        workers: DeliveryWorkers,
+        handles: Vec<tokio::task::JoinHandle<()>>,
+    }
+
+    fn two_channels(a: Arc<dyn Provider>, b: Arc<dyn Provider>, dir: &std::path::Path) -> TwoChannels {
         let mut channels = Channels::default();
-        channels.insert(apns.clone());
-        channels.insert(fcm.clone());
-        let dir = tempfile::tempdir().unwrap();
-        let store: Arc<dyn Store> = Arc::new(RedbStore::open(dir.path(), 4).unwrap());
+        channels.insert(a);
+        channels.insert(b);
+        let store: Arc<dyn Store> = Arc::new(RedbStore::open(dir, 4).unwrap());
         let metrics = Arc::new(Metrics::new());
         let settings = DeliverySettings { workers: NonZeroUsize::MIN, ..DeliverySettings::default() };
-        // Four slots per channel: a ready queue of eight each.
         let parking = Arc::new(Parking::of_providers(&channels, 4, 4, metrics.clone()));
         let (workers, handles) = DeliveryWorkers::start(Arc::new(WorkerContext {
             max_in_flight: settings.in_flight_per_worker(8),
@@ -1005,6 +1008,18 @@ mod tests {
             fence: Fence::default(),
             dangerous_panic_attempts: Default::default(),
         }));
+        TwoChannels { store, metrics, parking, workers, handles }
+    }
+
+    /// Real time: parks are store writes on the blocking pool, which a
+    /// paused clock would jump past. Every wait is bounded.
+    #[tokio::test]
+    async fn a_hung_channel_parks_what_it_cannot_take_and_the_other_channel_goes_on() {
+        let apns = Switch::new(Channel::Apns, false);
+        let fcm = Switch::new(Channel::Fcm, true);
+        let dir = tempfile::tempdir().unwrap();
+        let TwoChannels { store, metrics, parking, workers, handles } =
+            two_channels(apns.clone(), fcm.clone(), dir.path());
         // 20 pages of 4 APNs and 4 FCM recipients, one envelope each.
         let fired = Arc::new(AtomicUsize::new(0));
         for page in 0..20u64 {
@@ -1090,25 +1105,9 @@ mod tests {
     ) -> (Arc<dyn Store>, Arc<Parking>, Arc<Metrics>, Duration, tempfile::TempDir) {
         let apns = slow(Channel::Apns, &[apns_answer], Duration::from_secs(3));
         let fcm = slow(Channel::Fcm, &[], Duration::ZERO);
-        let mut channels = Channels::default();
-        channels.insert(apns.clone());
-        channels.insert(fcm.clone());
         let dir = tempfile::tempdir().unwrap();
-        let store: Arc<dyn Store> = Arc::new(RedbStore::open(dir.path(), 4).unwrap());
-        let metrics = Arc::new(Metrics::new());
-        let settings = DeliverySettings { workers: NonZeroUsize::MIN, ..DeliverySettings::default() };
-        let parking = Arc::new(Parking::of_providers(&channels, 4, 4, metrics.clone()));
-        let (workers, handles) = DeliveryWorkers::start(Arc::new(WorkerContext {
-            max_in_flight: settings.in_flight_per_worker(8),
-            parking: parking.clone(),
-            settings,
-            max_attempts: 3,
-            channels,
-            store: store.clone(),
-            metrics: metrics.clone(),
-            fence: Fence::default(),
-            dangerous_panic_attempts: Default::default(),
-        }));
+        let TwoChannels { store, metrics, parking, workers, handles } =
+            two_channels(apns.clone(), fcm.clone(), dir.path());
         let settled = Arc::new(Mutex::new(None));
         let at = settled.clone();
         let started = std::time::Instant::now();
