@@ -295,17 +295,15 @@ mod tests {
             let mut channels = Channels::default();
             channels.insert(provider.clone());
             let delivery = DeliverySettings::default();
-            let (workers, _) = DeliveryWorkers::start(Arc::new(WorkerContext {
-                max_in_flight: delivery.in_flight_per_worker(64),
-                settings: delivery,
-                max_attempts: 3,
-                channels: channels.clone(),
-                store: store.clone(),
-                metrics: metrics.clone(),
-                fence: Fence::default(),
-                parking: Arc::new(Parking::of_providers(&channels, 64, SHARDS, metrics.clone())),
-                dangerous_panic_attempts: Default::default(),
-            }));
+            let (workers, _) = DeliveryWorkers::start(WorkerContext::for_tests(
+                64,
+                delivery,
+                channels.clone(),
+                store.clone(),
+                metrics.clone(),
+                Arc::new(Parking::of_providers(&channels, 64, SHARDS, metrics.clone())),
+                Fence::default(),
+            ));
             // Pages of one subscriber, so a few envelopes make several pages.
             let settings = DispatchSettings { subscriber_page: std::num::NonZeroUsize::MIN, ..Default::default() };
             let ctx = Arc::new(DispatchContext {

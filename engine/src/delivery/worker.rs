@@ -45,6 +45,33 @@ pub struct WorkerContext {
     pub dangerous_panic_attempts: AtomicU64,
 }
 
+#[cfg(test)]
+impl WorkerContext {
+    /// Tests: `in_flight` attempts at once over `settings`' workers, three
+    /// attempts per delivery, no test hook.
+    pub(crate) fn for_tests(
+        in_flight: usize,
+        settings: DeliverySettings,
+        channels: Channels,
+        store: Arc<dyn Store>,
+        metrics: Arc<Metrics>,
+        parking: Arc<Parking>,
+        fence: Fence,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            max_in_flight: settings.in_flight_per_worker(in_flight),
+            settings,
+            max_attempts: 3,
+            channels,
+            store,
+            metrics,
+            fence,
+            parking,
+            dangerous_panic_attempts: AtomicU64::new(0),
+        })
+    }
+}
+
 /// How long a provider may take over one send, waits for a pool slot and
 /// the rate limit included, before the worker gives up on it. The provider
 /// bounds the request itself to `ATTEMPT_TIMEOUT`; this only catches a send
@@ -703,18 +730,15 @@ mod tests {
         let metrics = Arc::new(Metrics::new());
         let slots: Vec<_> = channels.providers().map(|p| (p.channel(), 512 * settings.workers.get())).collect();
         let parking = Arc::new(Parking::new(settings.breaker(), &slots, 4, metrics.clone()));
-        let ctx = Arc::new(WorkerContext {
-            // Unless a test sets it: room for any test's deliveries.
-            max_in_flight: settings.in_flight_per_worker(512 * settings.workers.get()),
-            parking,
+        let ctx = WorkerContext::for_tests(
+            512 * settings.workers.get(),
             settings,
-            max_attempts: 3,
             channels,
-            store: store.clone(),
-            metrics: metrics.clone(),
-            fence: Fence::default(),
-            dangerous_panic_attempts: Default::default(),
-        });
+            store.clone(),
+            metrics.clone(),
+            parking,
+            Fence::default(),
+        );
         let (workers, handles) = DeliveryWorkers::start(ctx);
         let first_attempts = Arc::new(AtomicUsize::new(0));
         let fired = first_attempts.clone();
@@ -746,17 +770,15 @@ mod tests {
     ) -> (DeliveryWorkers, Vec<tokio::task::JoinHandle<()>>) {
         let settings = DeliverySettings { workers: NonZeroUsize::MIN, ..DeliverySettings::default() };
         let parking = Arc::new(Parking::of_providers(&channels, 8, 4, metrics.clone()));
-        DeliveryWorkers::start(Arc::new(WorkerContext {
-            max_in_flight: settings.in_flight_per_worker(8),
-            parking,
+        DeliveryWorkers::start(WorkerContext::for_tests(
+            8,
             settings,
-            max_attempts: 3,
             channels,
-            store: Arc::new(RedbStore::open(dir, 4).unwrap()),
+            Arc::new(RedbStore::open(dir, 4).unwrap()),
             metrics,
+            parking,
             fence,
-            dangerous_panic_attempts: Default::default(),
-        }))
+        ))
     }
 
     #[tokio::test(start_paused = true)]
@@ -997,17 +1019,15 @@ mod tests {
         let metrics = Arc::new(Metrics::new());
         let settings = DeliverySettings { workers: NonZeroUsize::MIN, ..DeliverySettings::default() };
         let parking = Arc::new(Parking::of_providers(&channels, 4, 4, metrics.clone()));
-        let (workers, handles) = DeliveryWorkers::start(Arc::new(WorkerContext {
-            max_in_flight: settings.in_flight_per_worker(8),
-            parking: parking.clone(),
+        let (workers, handles) = DeliveryWorkers::start(WorkerContext::for_tests(
+            8,
             settings,
-            max_attempts: 3,
             channels,
-            store: store.clone(),
-            metrics: metrics.clone(),
-            fence: Fence::default(),
-            dangerous_panic_attempts: Default::default(),
-        }));
+            store.clone(),
+            metrics.clone(),
+            parking.clone(),
+            Fence::default(),
+        ));
         TwoChannels { store, metrics, parking, workers, handles }
     }
 

@@ -889,18 +889,15 @@ mod tests {
             let metrics = Arc::new(Metrics::new());
             let mut channels = Channels::default();
             channels.insert(gate.clone());
-            let (workers, _handles) = DeliveryWorkers::start(Arc::new(WorkerContext {
-                // Unless a test sets it: room for any test's deliveries.
-                max_in_flight: delivery.in_flight_per_worker(512 * delivery.workers.get()),
-                settings: delivery,
-                max_attempts: 3,
-                channels: channels.clone(),
-                store: store.clone(),
-                metrics: metrics.clone(),
-                fence: fence.clone(),
-                parking: Arc::new(Parking::of_providers(&channels, 512, SHARDS, metrics.clone())),
-                dangerous_panic_attempts: Default::default(),
-            }));
+            let (workers, _handles) = DeliveryWorkers::start(WorkerContext::for_tests(
+                512 * delivery.workers.get(),
+                delivery,
+                channels.clone(),
+                store.clone(),
+                metrics.clone(),
+                Arc::new(Parking::of_providers(&channels, 512, SHARDS, metrics.clone())),
+                fence.clone(),
+            ));
             let ctx = Arc::new(DispatchContext {
                 store: store.clone(),
                 workers,

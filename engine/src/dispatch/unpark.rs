@@ -445,17 +445,15 @@ mod tests {
         let metrics = Arc::new(Metrics::new());
         let parking = Arc::new(Parking::of_providers(&channels, 8, 1, metrics.clone()));
         let delivery = DeliverySettings { workers: NonZeroUsize::MIN, ..DeliverySettings::default() };
-        let (workers, _handles) = DeliveryWorkers::start(Arc::new(WorkerContext {
-            max_in_flight: delivery.in_flight_per_worker(8),
-            settings: delivery,
-            max_attempts: 3,
-            channels: channels.clone(),
-            store: store.clone(),
-            metrics: metrics.clone(),
-            fence: Fence::default(),
-            parking: parking.clone(),
-            dangerous_panic_attempts: Default::default(),
-        }));
+        let (workers, _handles) = DeliveryWorkers::start(WorkerContext::for_tests(
+            8,
+            delivery,
+            channels.clone(),
+            store.clone(),
+            metrics.clone(),
+            parking.clone(),
+            Fence::default(),
+        ));
         let ctx = context(&store, workers, channels, &metrics, 8);
         let on_done: BatchDone = Arc::new(|_, _| {});
         let mut unparking = Unparking::default();
@@ -519,17 +517,15 @@ mod tests {
         };
         let parking = Arc::new(Parking::new(rules, &[(Channel::Apns, 8), (Channel::Fcm, 8)], 1, metrics.clone()));
         let delivery = DeliverySettings { workers: NonZeroUsize::new(2).unwrap(), ..DeliverySettings::default() };
-        let (workers, _handles) = DeliveryWorkers::start(Arc::new(WorkerContext {
-            max_in_flight: delivery.in_flight_per_worker(16),
-            settings: delivery,
-            max_attempts: 3,
-            channels: channels.clone(),
-            store: store.clone(),
-            metrics: metrics.clone(),
-            fence: Fence::default(),
+        let (workers, _handles) = DeliveryWorkers::start(WorkerContext::for_tests(
+            16,
+            delivery,
+            channels.clone(),
+            store.clone(),
+            metrics.clone(),
             parking,
-            dangerous_panic_attempts: Default::default(),
-        }));
+            Fence::default(),
+        ));
         // One page per envelope; a short poll so that unparking goes soon.
         let ctx = context(&store, workers, channels, &metrics, usize::from(RECIPIENTS));
         let spawn = || async {
