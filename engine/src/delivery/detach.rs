@@ -27,8 +27,17 @@ use crate::store::Store;
 /// How long a first attempt may hold its page while another channel is
 /// active: a healthy provider answers within milliseconds, and one that has
 /// not in a second is hung or slow (the same second a channel's ready
-/// deliveries may wait for a slot, `lanes::LAG_AFTER`).
+/// deliveries may wait for a slot, `lanes::LAG_AFTER`). An attempt of a
+/// stalled channel (`Parking::stalled`: nothing of it answered lately) is
+/// detached after `STALLED_AFTER` already: every page that holds such an
+/// attempt waits that long, so it sets how much of the other channels'
+/// pace a hung provider takes. The rows of all the attempts one check
+/// detaches are written at once (`begin`).
 pub(super) const DETACH_AFTER: Duration = Duration::from_secs(1);
+
+/// How often a worker with attempts in flight looks for first attempts that
+/// held their pages `DETACH_AFTER`.
+pub(super) const DETACH_CHECK: Duration = Duration::from_millis(100);
 
 /// The row that keeps `delivery` while it is parked.
 pub(super) fn parked_row(delivery: &Delivery) -> ParkedDelivery {
@@ -92,24 +101,17 @@ impl Detach {
         }
     }
 
-    /// Starts detaching (the caller checked `may`): the row is written by a
-    /// task of `writes`, which answers `key` and whether it was stored.
-    /// Until the attempt's answer has been applied, the shard's owner does
-    /// not hand the row out.
-    pub(super) fn begin(
-        &mut self,
-        parking: &Parking,
-        store: &Arc<dyn Store>,
-        writes: &mut JoinSet<(usize, bool)>,
-        key: usize,
-    ) {
-        let Detach::May { envelope, recipient, first } = std::mem::replace(self, Detach::No) else { return };
-        let rows = [row(&envelope, &recipient, 0, true)];
-        let place = rows[0].place();
+    /// Starts detaching (the caller checked `may`): returns the row to
+    /// write, which the caller writes with the others of its check, in one
+    /// write. Until the attempt's answer has been applied, the shard's owner
+    /// does not hand the row out.
+    pub(super) fn begin(&mut self, parking: &Parking) -> Option<ParkedDelivery> {
+        let Detach::May { envelope, recipient, first } = std::mem::replace(self, Detach::No) else { return None };
+        let row = row(&envelope, &recipient, 0, true);
+        let place = row.place();
         parking.detach(place);
-        let store = store.clone();
-        writes.spawn(async move { (key, store.parked().park(&rows).await.is_ok()) });
         *self = Detach::Writing { row: place, first, answer: None };
+        Some(row)
     }
 
     /// The row's write ended (`stored`): the page counts the delivery

@@ -21,7 +21,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::Delivery;
-use super::parking::{ACTIVE, Parking};
+use super::parking::{ACTIVE, Parking, STALLED_AFTER};
 use crate::domain::Channel;
 use crate::metrics::ParkReason;
 
@@ -31,7 +31,10 @@ const SLOTS: usize = Channel::ALL.len();
 /// How long a channel may keep a batch (or the front of its ready queue)
 /// waiting for room while another channel is active, before it counts as
 /// lagging: a healthy channel near its limit makes room within
-/// milliseconds; one that does not for a second cannot keep up.
+/// milliseconds; one that does not for a second cannot keep up. A stalled
+/// channel (`Parking::stalled`: nothing of it answered lately) lags after
+/// `STALLED_AFTER` already: every page that holds its deliveries waits that
+/// long.
 const LAG_AFTER: Duration = Duration::from_secs(1);
 
 /// Ready deliveries a channel's queue holds, in its slots: enough to start
@@ -142,12 +145,14 @@ impl Lanes {
         let active: Vec<bool> = (0..SLOTS).map(|slot| self.active(slot, parking, now)).collect();
         let mut parked = Vec::new();
         for (slot, lane) in self.lanes.iter_mut().enumerate() {
+            let channel = Channel::ALL[slot];
             let overdue = lane.in_flight >= lane.slots
-                && lane.ready.front().is_some_and(|(since, _)| now.saturating_duration_since(*since) >= LAG_AFTER);
+                && lane.ready.front().is_some_and(|(since, _)| {
+                    lag_after([channel], parking, now) <= now.saturating_duration_since(*since)
+                });
             if !overdue || !active.iter().enumerate().any(|(other, &a)| a && other != slot) {
                 continue;
             }
-            let channel = Channel::ALL[slot];
             lane.lagging = true;
             for (since, delivery) in std::mem::take(&mut lane.ready) {
                 if delivery.unparked {
@@ -205,7 +210,8 @@ impl Lanes {
             return true;
         }
         let others_active = (0..SLOTS).any(|slot| !short.contains(&slot) && self.active(slot, parking, now));
-        if now.saturating_duration_since(held) < LAG_AFTER || !others_active {
+        let after = lag_after(short.iter().map(|&slot| Channel::ALL[slot]), parking, now);
+        if now.saturating_duration_since(held) < after || !others_active {
             return false;
         }
         for slot in short {
@@ -266,4 +272,10 @@ impl Lanes {
         }
         parts
     }
+}
+
+/// How long deliveries of `channels` may wait for room before they lag:
+/// `STALLED_AFTER` when every one of them is stalled, else `LAG_AFTER`.
+fn lag_after(channels: impl IntoIterator<Item = Channel>, parking: &Parking, now: Instant) -> Duration {
+    if channels.into_iter().all(|c| parking.stalled(c, now)) { STALLED_AFTER } else { LAG_AFTER }
 }

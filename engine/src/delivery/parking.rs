@@ -32,6 +32,16 @@ const SLOTS: usize = Channel::ALL.len();
 /// is held back behind another channel is its deliveries.
 pub(super) const ACTIVE: Duration = Duration::from_secs(10);
 
+/// A channel none of whose attempts ended this long, in any worker, is
+/// *stalled*: its provider hangs, stalls in the TLS handshake, or is slower
+/// than this. Its deliveries hold pages for this long at most before they
+/// are parked or detached (`super::lanes`, `super::detach`). A channel whose
+/// attempts end, however long each one takes (a provider at its
+/// concurrency, or an engine short of CPU), is not stalled: its deliveries
+/// get the longer waits, so a healthy but busy channel is not parked. An
+/// attempt that failed fast ended too: failures are the breaker's to judge.
+pub(super) const STALLED_AFTER: Duration = Duration::from_millis(250);
+
 pub struct Parking {
     lanes: [Option<Lane>; SLOTS],
     /// Per shard and channel slot: the lowest sequence id parked since its
@@ -61,6 +71,8 @@ struct Lane {
     /// When deliveries of it last reached a worker, in milliseconds since
     /// `Parking::epoch`, plus one (0: never).
     seen_ms: AtomicU64,
+    /// When an attempt of it last ended (answered or not), the same way.
+    ended_ms: AtomicU64,
 }
 
 /// How a delivery may go now.
@@ -102,6 +114,7 @@ impl Parking {
                 held: AtomicUsize::new(0),
                 unparked: AtomicUsize::new(0),
                 seen_ms: AtomicU64::new(0),
+                ended_ms: AtomicU64::new(0),
             });
         }
         let floors = (0..usize::from(shard_count) * SLOTS).map(|_| AtomicU64::new(u64::MAX)).collect();
@@ -212,9 +225,32 @@ impl Parking {
     /// Deliveries of `channel` reached a worker at `now`.
     pub fn arrived(&self, channel: Channel, now: Instant) {
         if let Some(lane) = self.lane(channel) {
-            let ms = now.saturating_duration_since(self.epoch).as_millis() as u64 + 1;
-            lane.seen_ms.fetch_max(ms, Ordering::Relaxed);
+            lane.seen_ms.fetch_max(self.ms(now), Ordering::Relaxed);
         }
+    }
+
+    /// An attempt of `channel` ended at `now`.
+    pub fn ended(&self, channel: Channel, now: Instant) {
+        if let Some(lane) = self.lane(channel) {
+            let ms = self.ms(now);
+            // At most one write per millisecond, not one per attempt.
+            if lane.ended_ms.load(Ordering::Relaxed) < ms {
+                lane.ended_ms.fetch_max(ms, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Whether no attempt of `channel` ended for `STALLED_AFTER`.
+    pub fn stalled(&self, channel: Channel, now: Instant) -> bool {
+        self.lane(channel).is_some_and(|lane| {
+            let since = self.ms(now).saturating_sub(lane.ended_ms.load(Ordering::Relaxed));
+            since >= STALLED_AFTER.as_millis() as u64
+        })
+    }
+
+    /// `now` in milliseconds since `epoch`, plus one (0 stands for never).
+    fn ms(&self, now: Instant) -> u64 {
+        now.saturating_duration_since(self.epoch).as_millis() as u64 + 1
     }
 
     /// Whether a channel other than `channel` had deliveries reach any
@@ -222,7 +258,7 @@ impl Parking {
     /// back may be waited for by its deliveries, in any worker (a worker that
     /// has seen only `channel` lately may hold the pages the others wait on).
     pub fn others_active(&self, channel: Channel, now: Instant) -> bool {
-        let ms = now.saturating_duration_since(self.epoch).as_millis() as u64 + 1;
+        let ms = self.ms(now);
         let active = ACTIVE.as_millis() as u64;
         self.channels().filter(|&c| c != channel).any(|c| {
             let lane = self.lane(c).expect("a configured channel");
@@ -321,6 +357,23 @@ mod tests {
         assert!(p.take_parked(ShardId::FIRST).is_empty());
         assert_eq!(p.take_parked(shard), vec![(Channel::Apns, 4)], "the lowest");
         assert!(p.take_parked(shard).is_empty());
+    }
+
+    #[test]
+    fn a_channel_is_stalled_once_none_of_its_attempts_ended_for_a_while_in_any_worker() {
+        let p = parking();
+        let t0 = p.epoch;
+        let at = |ms| t0 + Duration::from_millis(ms);
+        p.ended(Channel::Apns, at(1_000));
+        assert!(!p.stalled(Channel::Apns, at(1_100)), "an attempt ended 100 ms ago");
+        // Another worker's attempt ending counts as much as this one's; an
+        // earlier time told later does not move it back.
+        p.ended(Channel::Apns, at(1_200));
+        p.ended(Channel::Apns, at(1_150));
+        assert!(!p.stalled(Channel::Apns, at(1_449)));
+        assert!(p.stalled(Channel::Apns, at(1_450)), "nothing ended for STALLED_AFTER");
+        assert!(p.stalled(Channel::Http, at(1_450)), "nothing of it ever ended");
+        assert!(!p.stalled(Channel::Fcm, at(1_450)), "not a channel the workers send through");
     }
 
     #[test]

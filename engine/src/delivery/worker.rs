@@ -15,9 +15,9 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::time::DelayQueue;
 
-use super::detach::{self, Answered, DETACH_AFTER, Detach, Then};
+use super::detach::{self, Answered, DETACH_AFTER, DETACH_CHECK, Detach, Then};
 use super::lanes::Lanes;
-use super::parking::{Admission, Parking};
+use super::parking::{Admission, Parking, STALLED_AFTER};
 use super::series::Series;
 use super::{Delivery, DeliverySettings, FirstAttempt};
 use crate::channel::{Channels, Outcome, Push};
@@ -92,10 +92,8 @@ const FENCED_HOLD: Duration = Duration::from_secs(30);
 /// How often held first attempts look at the fence again.
 const FENCE_RECHECK: Duration = Duration::from_millis(250);
 /// How often a worker whose ready deliveries wait for a channel's slots
-/// looks whether they waited too long (`Lanes::overdue`), and one with
-/// attempts in flight whether a first attempt held its page too long
-/// (`detach`).
-const READY_RECHECK: Duration = Duration::from_millis(250);
+/// looks whether they waited too long (`Lanes::overdue`).
+const READY_RECHECK: Duration = Duration::from_millis(100);
 
 /// An attempt in flight, as the worker watches it.
 struct Watch {
@@ -123,12 +121,12 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
     // Every attempt in flight, by the key its `Attempted` carries back
     // (kept after its answer while a detached one's row is being written).
     let mut watched: Slab<Watch> = Slab::new();
-    // Row writes of first attempts detached from their pages (`detach`),
-    // answering the attempt's key, and answers to apply, with the place of
-    // a detached attempt's row.
-    let mut detaching: JoinSet<(usize, bool)> = JoinSet::new();
+    // Row writes of first attempts detached from their pages (`detach`), one
+    // per check, answering the attempts' keys, and answers to apply, with
+    // the place of a detached attempt's row.
+    let mut detaching: JoinSet<(Vec<usize>, bool)> = JoinSet::new();
     let mut answers: Vec<(Answered, Option<ParkedPlace>)> = Vec::new();
-    let mut detach_check = tokio::time::interval(READY_RECHECK);
+    let mut detach_check = tokio::time::interval(DETACH_CHECK);
     detach_check.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut sweep = tokio::time::interval(WATCHDOG_SWEEP);
     sweep.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -256,6 +254,7 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
                 lanes.finished(attempted.channel);
                 let mut channel = series.of(attempted.channel);
                 channel.in_flight(&ctx.metrics).dec();
+                parking.ended(attempted.channel, Instant::now());
                 if attempted.answered {
                     channel.provider_latency(&ctx.metrics).observe(watch.started.elapsed().as_secs_f64());
                 }
@@ -283,26 +282,40 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
             Some(written) = detaching.join_next() => {
                 // A write task cannot panic short of a bug in the store; its
                 // attempt's page then waits for the window's replay.
-                let Ok((key, stored)) = written else { continue };
-                if let Some(answer) = watched[key].detach.written(stored, &ctx.metrics) {
-                    let Detach::Detached(place) = watched.remove(key).detach else { unreachable!("written") };
-                    answers.push((answer, Some(place)));
+                let Ok((keys, stored)) = written else { continue };
+                for key in keys {
+                    if let Some(answer) = watched[key].detach.written(stored, &ctx.metrics) {
+                        let Detach::Detached(place) = watched.remove(key).detach else { unreachable!("written") };
+                        answers.push((answer, Some(place)));
+                    }
                 }
             }
             _ = detach_check.tick(), if !watched.is_empty() => {
                 let now = Instant::now();
+                let (mut keys, mut rows) = (Vec::new(), Vec::new());
                 for (key, watch) in &mut watched {
-                    if now.saturating_duration_since(watch.started) < DETACH_AFTER {
+                    let age = now.saturating_duration_since(watch.started);
+                    if age < STALLED_AFTER {
                         continue;
                     }
                     // Not a first attempt of a shard this node may have lost:
                     // its new owner's replay sends it.
                     if let Some((shard, channel)) = watch.detach.may()
+                        && (age >= DETACH_AFTER || parking.stalled(channel, now))
                         && ctx.fence.holds(shard)
                         && parking.others_active(channel, now)
+                        && let Some(row) = watch.detach.begin(parking)
                     {
-                        watch.detach.begin(parking, &ctx.store, &mut detaching, key);
+                        keys.push(key);
+                        rows.push(row);
                     }
+                }
+                if !rows.is_empty() {
+                    let store = ctx.store.clone();
+                    detaching.spawn(async move {
+                        let stored = store.parked().park(&rows).await.is_ok();
+                        (keys, stored)
+                    });
                 }
             }
             Some(expired) = std::future::poll_fn(|cx| retries.poll_expired(cx)) => {

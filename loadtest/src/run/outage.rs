@@ -78,6 +78,9 @@ pub struct ChannelFigures {
     /// Neither delivered nor given up (exhausted, rejected, mismatch,
     /// terminal) by the end of the wait: lost, or still held.
     pub unaccounted: u64,
+    /// Deliveries the engine parked to a row, by reason
+    /// (`fanout_parked_total`): with every provider healthy, none should be.
+    pub parked: BTreeMap<String, u64>,
     /// From the first Publish RPC to the last first delivery.
     pub completion_seconds: f64,
     /// delivered ÷ completion_seconds.
@@ -483,6 +486,13 @@ fn channel_figures(
             Some((rest.strip_suffix("\"}")?.to_owned(), *value as u64))
         })
         .collect();
+    let parked: BTreeMap<String, u64> = metrics
+        .iter()
+        .filter_map(|(series, value)| {
+            let rest = series.strip_prefix(&format!("fanout_parked_total{{channel=\"{name}\",reason=\""))?;
+            Some((rest.strip_suffix("\"}")?.to_owned(), *value as u64)).filter(|(_, n)| *n > 0)
+        })
+        .collect();
     let given_up = given_up(metrics, name);
     ChannelFigures {
         channel: name.to_owned(),
@@ -493,6 +503,7 @@ fn channel_figures(
         exhausted: outcome(metrics, name, "exhausted"),
         unaccounted: tally.expected.saturating_sub(tally.delivered + given_up),
         outcomes,
+        parked,
         completion_seconds,
         deliveries_per_second: if completion_seconds > 0.0 { tally.delivered as f64 / completion_seconds } else { 0.0 },
         during_outage,
@@ -603,6 +614,11 @@ impl OutageReport {
                     c.completion_seconds,
                     c.deliveries_per_second
                 );
+                let parked: Vec<String> = c.parked.iter().map(|(reason, n)| format!("{n} {reason}")).collect();
+                text.push_str(&format!(
+                    "; parked {}",
+                    if parked.is_empty() { "none".into() } else { parked.join(", ") }
+                ));
                 if let Some(d) = &c.during_outage {
                     text.push_str(&format!(
                         "; during the outage {} in {:.2} s ({:.0}/s)",
