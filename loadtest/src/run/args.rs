@@ -75,6 +75,11 @@ pub struct RunArgs {
     /// the engines stopped.
     #[arg(long, value_delimiter = ',', conflicts_with_all = ["engine_grpc", "data_dir"])]
     pub scylla_nodes: Vec<String>,
+    /// Fail the run when the engine's peak RSS (VmHWM) exceeds this many
+    /// MiB; overrides the scenario's `max_peak_rss_mib`. Needs an engine the
+    /// harness starts (its /proc is read).
+    #[arg(long, conflicts_with = "engine_grpc")]
+    pub max_rss_mib: Option<f64>,
     /// With --scylla-nodes: leave the run's keyspace behind, to look into
     /// (drop it with `DROP KEYSPACE`). Kept keyspaces slow the server's later
     /// runs: its join reads ran at half the rate with 65 of them.

@@ -478,6 +478,9 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<Report> {
     }
     scenario.override_rate(args.rate, args.duration_seconds)?;
     scenario.override_sizes(args.setup_concurrency, args.batch_size)?;
+    if args.max_rss_mib.is_some() {
+        scenario.max_peak_rss_mib = args.max_rss_mib;
+    }
     let plan = Arc::new(Plan::new(&scenario));
     let mut machine = Machine::read();
     let ca_dir = tempfile::Builder::new().prefix("fanout-loadtest-ca-").tempdir()?;
@@ -993,6 +996,7 @@ async fn execute_inner(
             },
             fault_free: !f.any(),
             max_duplicate_ratio: scenario.max_duplicate_ratio,
+            max_peak_rss_mib: scenario.max_peak_rss_mib,
         },
         setup,
         publish,

@@ -207,6 +207,9 @@ pub struct PlanInfo {
     /// Duplicates ÷ expected above this fail the run (scenario
     /// `max_duplicate_ratio`, default 0.01).
     pub max_duplicate_ratio: f64,
+    /// The engine's peak RSS above this fails the run (scenario
+    /// `max_peak_rss_mib`, or `--max-rss-mib`).
+    pub max_peak_rss_mib: Option<f64>,
 }
 
 /// Dispatch windows as the engine counted them.
@@ -385,6 +388,7 @@ impl Report {
                 r.first_rejection.as_deref().map(|f| format!(" (first: {f})")).unwrap_or_default()
             ));
         }
+        failures.extend(memory_ceiling_failure(self.resources.as_ref(), self.plan.max_peak_rss_mib));
         self.passed = failures.is_empty();
         self.failures = failures;
     }
@@ -435,6 +439,9 @@ impl Report {
                 "  engine      peak RSS {:.0} MiB, CPU {:.1} s total, {:.1} s during delivery ({:.2} cores)",
                 r.peak_rss_mib, r.cpu_seconds_total, r.cpu_seconds_delivery, r.cores_busy_delivery
             );
+            if !r.rss_samples_mib.is_empty() {
+                let _ = writeln!(s, "  rss curve   {}", rss_curve(&r.rss_samples_mib, RSS_CURVE_POINTS));
+            }
             if let Some(cpu) = r.harness_cpu_seconds_delivery {
                 let per_delivery = cpu * 1e6 / self.deliveries.delivered.max(1) as f64;
                 let _ = writeln!(
@@ -560,9 +567,54 @@ impl Report {
     }
 }
 
+/// Points of the RSS curve in the text summary (the JSON report has every
+/// sample).
+const RSS_CURVE_POINTS: usize = 12;
+
+/// Why the run fails its memory ceiling, if it does.
+fn memory_ceiling_failure(resources: Option<&Resources>, max_mib: Option<f64>) -> Option<String> {
+    let max = max_mib?;
+    match resources {
+        None => Some(format!("a memory ceiling of {max:.0} MiB was set, but the engine's RSS was not measured")),
+        Some(r) if r.peak_rss_mib > max => {
+            Some(format!("the engine's peak RSS was {:.0} MiB, above the ceiling of {max:.0} MiB", r.peak_rss_mib))
+        }
+        Some(_) => None,
+    }
+}
+
+/// `points` samples spread evenly over `samples` (first and last
+/// included), as "seconds s MiB" pairs.
+fn rss_curve(samples: &[(f64, f64)], points: usize) -> String {
+    let last = samples.len().saturating_sub(1);
+    let mut picked: Vec<usize> = (0..points.max(2)).map(|i| i * last / (points.max(2) - 1)).collect();
+    picked.dedup();
+    picked.into_iter().map(|i| format!("{:.0} s {:.0}", samples[i].0, samples[i].1)).collect::<Vec<_>>().join(", ")
+        + " MiB"
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_memory_ceiling_fails_a_run_above_it_or_unmeasured() {
+        let measured = |peak| Resources { peak_rss_mib: peak, ..Resources::default() };
+        assert_eq!(memory_ceiling_failure(Some(&measured(2_000.0)), None), None, "no ceiling, no check");
+        assert_eq!(memory_ceiling_failure(Some(&measured(1_300.0)), Some(1_300.0)), None, "at the ceiling passes");
+        assert_eq!(
+            memory_ceiling_failure(Some(&measured(1_301.4)), Some(1_300.0)).as_deref(),
+            Some("the engine's peak RSS was 1301 MiB, above the ceiling of 1300 MiB")
+        );
+        assert!(memory_ceiling_failure(None, Some(512.0)).unwrap().contains("not measured"));
+    }
+
+    #[test]
+    fn the_rss_curve_spreads_its_points_over_the_samples() {
+        let samples: Vec<(f64, f64)> = (0..=100).map(|i| (i as f64 * 0.5, 100.0 + i as f64)).collect();
+        assert_eq!(rss_curve(&samples, 3), "0 s 100, 25 s 150, 50 s 200 MiB");
+        assert_eq!(rss_curve(&samples[..1], 12), "0 s 100 MiB", "one sample, one point");
+    }
 
     #[test]
     fn outcomes_from_metric_names() {

@@ -57,6 +57,10 @@ pub struct Scenario {
     /// Duplicate deliveries ÷ expected above this fail the run (default 0.01).
     #[serde(default = "default_max_duplicate_ratio")]
     pub max_duplicate_ratio: f64,
+    /// The engine's peak RSS (VmHWM) above this many MiB fails the run: a
+    /// memory ceiling, which `--max-rss-mib` overrides. None: not checked.
+    #[serde(default)]
+    pub max_peak_rss_mib: Option<f64>,
     /// Merged into the engine's `[engine]` table, e.g. `delivery.workers = 4`
     /// (see `fanout.example.toml` for the keys).
     #[serde(default)]
@@ -790,6 +794,17 @@ mod tests {
     }
 
     #[test]
+    fn window_10m_is_ten_million_deliveries_in_one_window_under_a_memory_ceiling() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/window-10m.toml");
+        let scenario = Scenario::load(&path).unwrap();
+        let plan = Plan::new(&scenario);
+        assert_eq!(plan.envelopes, 100, "one per topic");
+        assert_eq!(plan.expected_deliveries(plan.envelopes), 10_000_000);
+        assert_eq!(plan.max_subscriptions_per_recipient(), 100);
+        assert_eq!(scenario.max_peak_rss_mib, Some(1300.0), "the 1 GiB page cache plus 25 %");
+    }
+
+    #[test]
     fn checked_in_scenarios_parse() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
         let mut names = Vec::new();
@@ -822,6 +837,7 @@ mod tests {
                 "smoke",
                 "soak",
                 "webpush-smoke",
+                "window-10m",
                 "window-1m"
             ]
         );
