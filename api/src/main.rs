@@ -213,9 +213,13 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let reload_interval = server_tls.as_ref().map_or(Duration::from_secs(60), |t| t.reload_interval());
     tokio::spawn(tls::watch_files(reloadable, reload_interval, shutdown_rx.clone()));
 
-    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    let health_reporter = tonic_health::server::HealthReporter::new();
     health_reporter.set_serving::<NotificationServiceServer<grpc::NotificationApi>>().await;
     health_reporter.set_serving::<PublishServiceServer<grpc::PublishApi>>().await;
+    let health_service = tonic_health::pb::health_server::HealthServer::new(grpc::StoppingHealth::new(
+        tonic_health::server::HealthService::from_health_reporter(health_reporter),
+        shutdown_rx.clone(),
+    ));
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(fanout_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)

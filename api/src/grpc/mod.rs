@@ -4,6 +4,7 @@ mod answer;
 mod batch;
 mod call;
 mod guard;
+mod health;
 mod notification;
 mod publish;
 mod publish_stream;
@@ -12,6 +13,7 @@ mod status;
 
 pub use call::router;
 pub use guard::Guard;
+pub use health::StoppingHealth;
 pub use notification::NotificationApi;
 pub use publish::PublishApi;
 pub use status::initialise_metrics;

@@ -246,3 +246,36 @@ async fn publish_until(
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
+
+/// An open Health/Watch (a load balancer's) is told NOT_SERVING when the
+/// node begins to stop and ends, so it does not hold the stop's wait for
+/// calls in progress (here 120 s) to its bound.
+#[tokio::test]
+async fn an_open_health_watch_ends_with_not_serving_and_does_not_hold_the_stop() {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+
+    let config = EngineConfig {
+        env: vec![("FANOUT__SERVER__DRAIN_TIMEOUT_SECONDS".into(), "120".into())],
+        ..EngineConfig::default()
+    };
+    let mut fanout = Fanout::start(config).await.expect("start");
+    let channel = Endpoint::from_shared(format!("http://{}", fanout.grpc)).unwrap().connect().await.unwrap();
+    let mut watch = HealthClient::new(channel)
+        .watch(HealthCheckRequest { service: "fanout.v1.PublishService".into() })
+        .await
+        .expect("watch")
+        .into_inner();
+    let first = watch.message().await.unwrap().expect("the current status");
+    assert_eq!(first.status, ServingStatus::Serving as i32);
+
+    // Well inside the 120 s wait: the watch does not hold it.
+    let exit = fanout.stop(Duration::from_secs(30)).await.expect("exits");
+    assert!(exit.success(), "exit status {exit}");
+    let mut statuses = Vec::new();
+    while let Ok(Some(status)) = watch.message().await {
+        statuses.push(status.status);
+    }
+    assert_eq!(statuses.last(), Some(&(ServingStatus::NotServing as i32)), "its last word: {statuses:?}");
+}
