@@ -33,7 +33,7 @@ use crate::auth::Role;
 /// every miss and frees one on every eviction, and under glibc those holes
 /// were split for the engine's small allocations, so the process grew to
 /// about twice `store.cache_size_mb` over a long window while its live heap
-/// stayed flat (issue 54; docs/OPERATIONS.md, "Memory"). jemalloc's size
+/// stayed flat (docs/OPERATIONS.md, "Memory"). jemalloc's size
 /// classes reuse a freed page buffer for the next one.
 #[cfg(not(target_env = "msvc"))]
 #[global_allocator]
