@@ -36,7 +36,7 @@ async fn read(config: &Config) -> anyhow::Result<ClusterStatus> {
             let path = &config.store.path;
             // Reading must not create an empty store where none is.
             anyhow::ensure!(RedbStore::exists(path), "no embedded store in {} (store.path)", path.display());
-            let cache = config.store.cache_size_mb.get() << 20;
+            let cache = config.store.redb_cache_bytes();
             let store = RedbStore::open_with_cache(path, shard_count, cache)
                 .with_context(|| format!("cannot open the embedded store in {}", path.display()))?;
             Arc::new(store)

@@ -240,11 +240,26 @@ pub struct StoreSettings {
     pub backend: StoreBackend,
     /// Directory of the embedded store.
     pub path: PathBuf,
-    /// Page cache of the embedded store, in MiB: most of its memory once the
-    /// data outgrows it.
+    /// Memory of the embedded store's page cache, in MiB: most of the
+    /// engine's memory once the data outgrows it (`redb_cache_bytes`).
     pub cache_size_mb: NonZeroUsize,
     /// The ScyllaDB backend: nodes, keyspace, replication, migrate, request_timeout_ms.
     pub scylla: ScyllaSettings,
+}
+
+/// A page of redb's cache is a 4 KiB buffer behind a 16-byte `Arc` header,
+/// which the `fanout` binary's allocator (jemalloc) serves from its 5 KiB
+/// size class: each page takes 5 KiB of memory.
+const REDB_PAGE_BYTES: usize = 4096;
+const REDB_PAGE_MEMORY: usize = 5120;
+
+impl StoreSettings {
+    /// The page cache redb is given: `cache_size_mb` counts memory, redb
+    /// counts the bytes of its pages, so it gets four fifths of it and the
+    /// cache takes `cache_size_mb` once full.
+    pub fn redb_cache_bytes(&self) -> usize {
+        (self.cache_size_mb.get() << 20) / REDB_PAGE_MEMORY * REDB_PAGE_BYTES
+    }
 }
 
 impl Default for StoreSettings {
@@ -440,6 +455,8 @@ mod tests {
         assert!(!c.engine.channels.http.unwrap().allow_private_addresses);
         assert_eq!(c.engine.max_push_topics, 100_000);
         assert_eq!((c.server.drain_timeout, c.store.cache_size_mb.get()), (Duration::from_secs(20), 1024));
+        // 1 GiB of memory: 209,715 pages of 4 KiB at 5 KiB each.
+        assert_eq!(c.store.redb_cache_bytes(), 209_715 * 4096);
         assert_eq!(c.server.grpc_max_message_bytes.get(), 4 << 20);
         assert_eq!(c.server.grpc_max_concurrent_streams.get(), 200);
         assert_eq!(c.server.grpc_keepalive_interval, Duration::from_secs(30));

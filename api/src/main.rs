@@ -35,7 +35,7 @@ use crate::auth::Role;
 /// about twice `store.cache_size_mb` over a long window while its live heap
 /// stayed flat (docs/OPERATIONS.md, "Memory"). jemalloc's size
 /// classes reuse a freed page buffer for the next one.
-#[cfg(not(target_env = "msvc"))]
+#[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 use crate::config::{Config, StoreBackend};
@@ -331,7 +331,7 @@ fn dangerous_count(var: &str) -> u64 {
 
 /// The embedded store in `store.path`, created if missing.
 fn open_redb(config: &Config) -> anyhow::Result<RedbStore> {
-    let cache_bytes = config.store.cache_size_mb.get() << 20;
+    let cache_bytes = config.store.redb_cache_bytes();
     RedbStore::open_with_cache(&config.store.path, config.engine.shard_count.get(), cache_bytes)
         .with_context(|| format!("cannot open the embedded store in {}", config.store.path.display()))
 }
