@@ -29,6 +29,64 @@ const KNOWN: &[(&str, &[&str])] = &[];
 /// Folders whose subfolders are channels: none imports another.
 const CHANNELS: &str = "engine/src/channel";
 
+/// The engine's layers, bottom first, each a name and its pieces of
+/// `engine/src` (a folder as `x/`, with `x.rs` beside it). A piece imports
+/// pieces of its own layer or below, never above (docs/ARCHITECTURE.md,
+/// "Layers"); a new piece must be given its layer here.
+const ENGINE_LAYERS: &[(&str, &[&str])] = &[
+    ("the domain", &["domain/", "duration.rs", "ticker.rs"]),
+    ("metrics, pages and supervision", &["metrics.rs", "page.rs", "supervision.rs"]),
+    ("transport", &["transport/"]),
+    ("storage", &["store/"]),
+    ("channels", &["channel/"]),
+    (
+        "the roles",
+        &[
+            "cluster_status.rs",
+            "shard_owners.rs",
+            "stale_marks.rs",
+            "registry.rs",
+            "ownership.rs",
+            "gateway/",
+            "relay_ingress/",
+            "delivery/",
+            "ingest.rs",
+            "retention.rs",
+            "testing.rs",
+        ],
+    ),
+    ("dispatch", &["dispatch/"]),
+    ("the engine", &["settings.rs", "supervisor.rs", "engine.rs", "lib.rs"]),
+];
+
+#[test]
+fn the_engine_imports_only_its_own_layer_or_below() {
+    let graph = graph(&workspace().join("engine/src"));
+    let faults = layer_faults(&rooms(&graph, ""), ENGINE_LAYERS);
+    assert!(faults.is_empty(), "engine/src against ENGINE_LAYERS:\n{}", faults.join("\n"));
+}
+
+/// Each arrow between `rooms` that runs to a layer above its own, and each
+/// room no layer names.
+fn layer_faults(rooms: &Graph, layers: &[(&str, &[&str])]) -> Vec<String> {
+    let layer = |room: &str| layers.iter().position(|(_, pieces)| pieces.contains(&room));
+    let mut faults = Vec::new();
+    let all: BTreeSet<&String> = rooms.keys().chain(rooms.values().flatten()).collect();
+    for room in all.iter().filter(|r| layer(r).is_none()) {
+        faults.push(format!("{room} has no layer: give it one"));
+    }
+    for (from, tos) in rooms {
+        for to in tos {
+            if let (Some(a), Some(b)) = (layer(from), layer(to))
+                && b > a
+            {
+                faults.push(format!("{from} ({}) imports {to} ({}), a layer above", layers[a].0, layers[b].0));
+            }
+        }
+    }
+    faults
+}
+
 #[test]
 fn no_module_imports_one_that_imports_it_back() {
     let mut faults = Vec::new();
@@ -84,6 +142,15 @@ fn the_guard_sees_a_cycle_and_a_channel_using_another() {
     assert!(cycles(&rooms(&graph, "b")).is_empty());
     assert_eq!(channel_of("engine", "channel/apns/mod.rs"), Some("apns"));
     assert_eq!(channel_of("engine", "channel/provider.rs"), None);
+    // a imports b: b may be a's layer or below, not above; c has no layer.
+    let layers: &[(&str, &[&str])] = &[("low", &["b/"]), ("high", &["a.rs", "lib.rs"])];
+    assert!(
+        layer_faults(&rooms(&graph, ""), layers).iter().any(|f| f == "b/ (low) imports a.rs (high), a layer above")
+    );
+    let layers: &[(&str, &[&str])] = &[("low", &["a.rs"]), ("high", &["b/", "lib.rs"])];
+    let faults = layer_faults(&rooms(&graph, ""), layers);
+    assert_eq!(faults, ["a.rs (low) imports b/ (high), a layer above"]);
+    assert_eq!(layer_faults(&rooms(&graph, ""), &[("all", &["a.rs"])]), ["b/ has no layer: give it one"]);
 }
 
 fn workspace() -> PathBuf {

@@ -10,6 +10,7 @@ mod settings;
 mod shard;
 mod suppression;
 mod unpark;
+mod window;
 mod window_pages;
 
 use std::sync::Arc;

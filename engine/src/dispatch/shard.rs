@@ -1,17 +1,15 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::time::Instant;
 
 use super::unpark::{BatchDone, Unparking};
+use super::window::Window;
 use super::window_pages::WindowPages;
 use super::{Decision, DispatchContext, decide, suppression};
-use crate::delivery::{Delivery, FirstAttempt, FirstAttemptLatch};
-use crate::domain::Recipient;
-use crate::domain::{Answered, Channel, HmacKey, Partly, RecipientId, ShardId, ShardProgress, StoredEnvelope};
-use crate::page::{Batch, Handoff, Sink};
+use crate::domain::{Answered, Channel, HmacKey, Partly, ShardId, ShardProgress, StoredEnvelope};
 use crate::ticker::spawn_ticker;
 
 pub enum ShardMsg {
@@ -65,169 +63,6 @@ pub struct ShardState {
     progress_ticker: Option<tokio::task::JoinHandle<()>>,
     /// The shard's parked deliveries being handed back to the workers.
     unparking: Unparking,
-}
-
-struct Window {
-    id: u64,
-    /// Envelopes not yet fully paged, front first.
-    envelopes: VecDeque<Arc<StoredEnvelope>>,
-    /// Last subscriber of the front envelope already paged.
-    cursor: Option<RecipientId>,
-    /// Every envelope of the window, ascending: what a record of progress
-    /// speaks of.
-    ids: Vec<u64>,
-    /// Envelopes behind the front that a former owner answered up to a
-    /// subscriber (`Partly::upto`): their paging starts after it.
-    resume: HashMap<u64, RecipientId>,
-    /// The subscribers above that a former owner answered too
-    /// (`Partly::also`, ascending): never handed out again.
-    skip: HashMap<u64, Vec<RecipientId>>,
-    /// The progress as last recorded by this window.
-    recorded: ShardProgress,
-    /// The reads of the next pages, and the pages of small topics.
-    pages_read: WindowPages,
-    /// The checkpoint this window moves to when complete.
-    end: u64,
-    /// The checkpoint as this window last wrote it (or found it), and when.
-    checkpoint: u64,
-    checkpoint_written: Instant,
-    /// Pages handed to the workers whose first attempts are not all answered.
-    pages: HashMap<u64, Page>,
-    next_page_id: u64,
-    pump_queued: bool,
-    started: Instant,
-    /// This read's open batches, by sink: a channel that keeps its own
-    /// queue (the relay, spec 003 §4), or `None`, the delivery workers. The
-    /// deliveries of this read coalesce in a queue's, released when the read
-    /// ends or pauses (`release_queued`).
-    queued: HashMap<Option<Channel>, Box<dyn Batch>>,
-    /// First attempts settled in this window (counted by the latches), and
-    /// when that count last moved: the liveness measure of the window.
-    progress: Arc<AtomicU64>,
-    seen_progress: u64,
-    last_progress: Instant,
-}
-
-/// One page's deliveries, kept until their first attempts are answered so
-/// that a replay can re-send exactly the ones that never had one.
-struct Page {
-    envelope: Arc<StoredEnvelope>,
-    /// The subscriber the page was read after: every delivery of the
-    /// envelope to a subscriber at or below it was handed out earlier.
-    after: Option<RecipientId>,
-    recipients: Vec<Arc<Recipient>>,
-    latch: Arc<FirstAttemptLatch>,
-}
-
-/// A dropped window's deliveries that no worker has sent yet are dropped by
-/// the workers too: the next window (here, or on the shard's next owner)
-/// reads them again from the stored checkpoint, which is below every page
-/// still here, and sends them. On `Drop`, not in the actor's `post_stop`:
-/// a shard actor killed when its lease is lost, or when a release outlasts
-/// its bound, runs no `post_stop`, and the first attempts its workers still
-/// held would go out if this node took the shard again, after its next
-/// owner had sent them. A window dropped complete has no page left.
-impl Drop for Window {
-    fn drop(&mut self) {
-        for page in self.pages.values() {
-            page.latch.drop_window();
-        }
-        self.release_queued();
-    }
-}
-
-impl Window {
-    /// Hands each delivery to this read's batch of its channel's sink: the
-    /// channel's own queue, or the delivery workers. The hand-offs finish
-    /// when awaited (backpressure).
-    fn route(&mut self, ctx: &DispatchContext, batch: Vec<Delivery>) -> Vec<Handoff> {
-        let mut parts: Vec<(Option<Channel>, Vec<Delivery>)> = Vec::new();
-        for delivery in batch {
-            let channel = delivery.recipient.target.channel();
-            let sink = ctx.channels.sink(channel).map(|_| channel);
-            match parts.iter_mut().find(|(s, _)| *s == sink) {
-                Some((_, part)) => part.push(delivery),
-                None => parts.push((sink, vec![delivery])),
-            }
-        }
-        let open = |sink: Option<Channel>| -> Box<dyn Batch> {
-            match sink.and_then(|channel| ctx.channels.sink(channel)) {
-                Some(queue) => queue.open(),
-                None => ctx.workers.open(),
-            }
-        };
-        parts.into_iter().map(|(sink, part)| self.queued.entry(sink).or_insert_with(|| open(sink)).take(part)).collect()
-    }
-
-    /// Lets the queued deliveries of this read go. Called when the read has
-    /// handed out every page, and whenever it pauses at
-    /// `max_pages_in_flight`: those pages wait for first attempts, so held
-    /// deliveries must be free to make them.
-    fn release_queued(&mut self) {
-        self.queued.clear();
-    }
-
-    /// Records the next page and returns its deliveries, each with its place
-    /// in the page's latch.
-    fn hand_out(
-        &mut self,
-        myself: &ActorRef<ShardMsg>,
-        envelope: Arc<StoredEnvelope>,
-        after: Option<RecipientId>,
-        recipients: Vec<Arc<Recipient>>,
-    ) -> Vec<Delivery> {
-        let (window, page) = (self.id, self.next_page_id);
-        self.next_page_id += 1;
-        let me = myself.clone();
-        let latch = Arc::new(FirstAttemptLatch::new(recipients.len(), self.progress.clone(), move || {
-            let _ = me.cast(ShardMsg::PageDone { window, page });
-        }));
-        let batch = recipients
-            .iter()
-            .enumerate()
-            .map(|(index, r)| Delivery::new(envelope.clone(), r.clone(), FirstAttempt { latch: latch.clone(), index }))
-            .collect();
-        self.pages.insert(page, Page { envelope, after, recipients, latch });
-        batch
-    }
-
-    /// What this window answered above its checkpoint. An envelope fully
-    /// paged with no page in flight had every first attempt. One with pages
-    /// in flight: every one below its lowest such page (pages are handed
-    /// out in subscriber order, and one that left `pages` was answered, or
-    /// under way when a replay took its missing deliveries) and the
-    /// answered start of that page, then each answered delivery of its
-    /// pages in flight (workers answer out of order). One still to page:
-    /// every one up to where its paging starts. Both keep what a former
-    /// owner answered above that (`skip`).
-    fn answered(&self) -> ShardProgress {
-        let mut in_flight: HashMap<u64, Vec<&Page>> = HashMap::new();
-        for page in self.pages.values() {
-            in_flight.entry(page.envelope.sequence_id).or_default().push(page);
-        }
-        let mut to_page: HashMap<u64, Option<RecipientId>> =
-            self.envelopes.iter().map(|e| (e.sequence_id, self.resume.get(&e.sequence_id).copied())).collect();
-        if let Some(front) = self.envelopes.front() {
-            to_page.insert(front.sequence_id, self.cursor);
-        }
-        ShardProgress::of_window(self.ids.iter().filter(|&&id| id > self.checkpoint).map(|&id| {
-            let skipped = self.skip.get(&id).into_iter().flatten().copied();
-            let answered = match (in_flight.get(&id), to_page.get(&id)) {
-                (Some(pages), _) => {
-                    let lowest = pages.iter().min_by_key(|p| p.after).expect("an envelope in flight has a page");
-                    let upto = match lowest.latch.settled_prefix() {
-                        0 => lowest.after,
-                        n => Some(lowest.recipients[n - 1].id),
-                    };
-                    let settled = pages.iter().flat_map(|p| p.latch.settled().map(|i| p.recipients[i].id));
-                    Partly::new(upto, settled.chain(skipped)).map(Answered::Partly)
-                }
-                (None, Some(after)) => Partly::new(*after, skipped).map(Answered::Partly),
-                (None, None) => Some(Answered::Whole),
-            };
-            (id, answered)
-        }))
-    }
 }
 
 impl Actor for ShardActor {
@@ -440,8 +275,12 @@ impl ShardState {
             .enumerate()
             .map(|(i, e)| (&e.topic, if i == 0 { cursor } else { resume.get(&e.sequence_id).copied() }));
         pages_read.start(&store, starts, self.ctx.settings.subscriber_page.get());
+        let (id, me) = (self.next_window_id, myself.clone());
         self.window = Some(Window {
-            id: self.next_window_id,
+            id,
+            page_done: Arc::new(move |page| {
+                let _ = me.cast(ShardMsg::PageDone { window: id, page });
+            }),
             envelopes,
             cursor,
             ids,
@@ -541,7 +380,7 @@ impl ShardState {
             }
         }
         if !recipients.is_empty() {
-            let batch = w.hand_out(myself, envelope, after, recipients);
+            let batch = w.hand_out(envelope, after, recipients);
             let handoffs = w.route(&ctx, batch);
             if w.envelopes.is_empty() {
                 w.release_queued(); // the read is fully handed out
@@ -699,7 +538,7 @@ impl ShardState {
             }
             let Some(page) = w.pages.remove(&old) else { continue };
             let recipients = missing.into_iter().map(|i| page.recipients[i].clone()).collect();
-            batch.extend(w.hand_out(myself, page.envelope, page.after, recipients));
+            batch.extend(w.hand_out(page.envelope, page.after, recipients));
         }
         if batch.is_empty() {
             // Every first attempt is under way (slow answers): nothing lost.
@@ -748,7 +587,8 @@ mod tests {
     use crate::delivery::{DeliverySettings, DeliveryWorkers, Parking, WorkerContext};
     use crate::dispatch::{DispatchSettings, PanicHook};
     use crate::domain::{
-        Channel, DeliveryTarget, EnvelopeKind, NewEnvelope, RecipientSecret, Subscription, SubscriptionUpdate, Topic,
+        Channel, DeliveryTarget, EnvelopeKind, NewEnvelope, RecipientId, RecipientSecret, Subscription,
+        SubscriptionUpdate, Topic,
     };
     use crate::metrics::Metrics;
     use crate::ownership::{Fence, OwnedShards};
