@@ -15,13 +15,15 @@
 //! - `envelopes`: (shard, sequence id) → push-eligible envelope.
 //! - `relay_deliveries`, `relay_expiry`: spec 003 §2.5 records (`relay.rs`).
 //! - `parked`: (shard, channel, sequence id, recipient) → a parked delivery (`parked.rs`).
-//! - `gw_*`: spec 002's push gateway records (`gateway.rs`).
+//! - `gw_*`: spec 002's push gateway records (`gateway.rs`); window state
+//!   changes are staged in memory until the next transaction (`staged.rs`).
 
 mod codec;
 mod commit;
 mod gateway;
 mod parked;
 mod relay;
+mod staged;
 mod time_index;
 
 use std::borrow::Borrow;
@@ -35,6 +37,7 @@ use async_trait::async_trait;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 
 use self::codec::{OrBackend, ShardRow, corrupt};
+use self::staged::{Cas, StagedState};
 use self::time_index::{BytesTable, PRUNE_BATCH};
 use super::recipient_cache::{self, RecipientCache};
 use super::{Appended, CopyMark, RegistrationRemoval, ShardLeases, ShardPosition, Store, StoreError};
@@ -68,6 +71,8 @@ pub struct RedbStore {
     shard_count: u16,
     /// Dispatch's decoded recipients (`recipient_cache`).
     recipients: Arc<RecipientCache>,
+    /// The gateway's window state between commits (`staged.rs`).
+    staged: Arc<StagedState>,
 }
 
 /// redb's own default page cache: 1 GiB.
@@ -131,7 +136,9 @@ impl RedbStore {
         txn.commit().be()?;
         let db = Arc::new(db);
         let recipients = Arc::new(RecipientCache::new(recipient_cache::CAPACITY));
-        Ok(Self { writer: commit::GroupCommit::start(db.clone())?, db, shard_count, recipients })
+        let staged = Arc::new(StagedState::default());
+        let staging = commit::Staging { state: staged.clone(), put: gateway::put_state };
+        Ok(Self { writer: commit::GroupCommit::start(db.clone(), Some(staging))?, db, shard_count, recipients, staged })
     }
 
     /// Runs `f` in a read transaction on the blocking pool.
@@ -145,6 +152,16 @@ impl RedbStore {
         task.await.map_err(|e| StoreError::Backend(format!("storage task failed: {e}")))?
     }
 
+    /// Runs `f` in a read transaction on the calling task: for point reads
+    /// of a few records, where the blocking pool's hand-off (a thread woken,
+    /// the task woken back) costs more than the read (see INLINE_SUBSCRIBERS).
+    async fn read_here<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        F: FnOnce(&redb::ReadTransaction) -> Result<T, StoreError>,
+    {
+        f(&self.db.begin_read().be()?)
+    }
+
     /// Runs `f` in a write transaction, shared with the writes queued with
     /// it (group commit): answers once that transaction committed; `Err`
     /// from `f` discards its writes and fails it alone. `f` may run more
@@ -154,7 +171,18 @@ impl RedbStore {
         T: Send + 'static,
         F: Fn(&WriteTransaction) -> Result<T, StoreError> + Send + 'static,
     {
-        self.writer.write(f).await
+        self.writer.write(commit::Sync::Now, f).await
+    }
+
+    /// `write`, answered once committed and synced with the next `write`
+    /// (`commit::Sync::WithNext`): for a step whose result reaches no one
+    /// outside the process before a later `write` does.
+    async fn write_with_next<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: Fn(&WriteTransaction) -> Result<T, StoreError> + Send + 'static,
+    {
+        self.writer.write(commit::Sync::WithNext, f).await
     }
 
     /// Retention: `prune_batch` in write transactions, until one deletes
@@ -712,9 +740,12 @@ macro_rules! in_transactions {
 
 in_transactions! {
     super::RelayStore, relay {
-        write fn claim(key: &RelayKey, now_ms: i64, lease_until_ms: i64, expires_at_ms: i64) -> RelayClaim;
+        // A claim lost in a crash lets the hub's retry send again, as its
+        // lease running out would; the settlement, which answers later
+        // retries, is synced.
+        write_with_next fn claim(key: &RelayKey, now_ms: i64, lease_until_ms: i64, expires_at_ms: i64) -> RelayClaim;
         write fn settle(key: &RelayKey, lease_until_ms: i64, settled: RelaySettled, expires_at_ms: i64) -> ();
-        write fn release(key: &RelayKey, lease_until_ms: i64) -> ();
+        write_with_next fn release(key: &RelayKey, lease_until_ms: i64) -> ();
     }
 
     async fn delete_expired(&self, now_ms: i64) -> Result<u64, StoreError> {
@@ -726,20 +757,61 @@ in_transactions! {
     super::GatewayStore, gateway {
         write fn register(registration: &GatewayRegistration) -> Option<RegistrationId>;
         write fn unregister(revoke: &Revoke) -> bool;
-        read fn route(route: &RouteKey, now_ms: i64) -> Option<GatewayRegistration>;
-        read fn target(tenant: &ServiceId, push_target_id: &PushTargetId, now_ms: i64) -> Vec<GatewayRegistration>;
+        read_here fn route(route: &RouteKey, now_ms: i64) -> Option<GatewayRegistration>;
+        read_here fn target(tenant: &ServiceId, push_target_id: &PushTargetId, now_ms: i64) -> Vec<GatewayRegistration>;
         write fn mark_token_invalid(route: &RouteKey, registration_id: &RegistrationId) -> bool;
-        write fn notify_claim(key: &NotifyKey, digest: &[u8; 32], now_ms: i64, lease_until_ms: i64, expires_at_ms: i64)
-            -> NotifyClaim;
+        // The reads (`read_here`) are point reads of a few records, several
+        // per notify: on the calling task.
+        // A notify's claim reaches the caller only through its answer,
+        // committed (and synced) by `notify_commit`; a lease or
+        // a reschedule lost in a crash makes a wakeup due again, as an
+        // expired lease does. A delivered wakeup's delete is synced: it is
+        // not sent again.
+        write_with_next fn notify_claim(key: &NotifyKey, digest: &[u8; 32], now_ms: i64, lease_until_ms: i64,
+            expires_at_ms: i64) -> NotifyClaim;
         write fn notify_commit(key: &NotifyKey, lease_until_ms: i64, response: &[u8], wakeups: &[GatewayWakeup],
             expires_at_ms: i64) -> bool;
-        write fn notify_release(key: &NotifyKey, lease_until_ms: i64) -> ();
-        write fn wakeups_due(now_ms: i64, lease_until_ms: i64, limit: usize) -> Vec<LeasedWakeup>;
-        write fn wakeup_reschedule(leased: &LeasedWakeup, not_before_ms: i64, attempts: u32) -> bool;
+        write_with_next fn notify_release(key: &NotifyKey, lease_until_ms: i64) -> ();
+        write_with_next fn wakeups_due(now_ms: i64, lease_until_ms: i64, limit: usize) -> Vec<LeasedWakeup>;
+        write_with_next fn wakeup_reschedule(leased: &LeasedWakeup, not_before_ms: i64, attempts: u32) -> bool;
         write fn wakeup_delete(leased: &LeasedWakeup) -> bool;
-        read fn state(tenant: &ServiceId, key: &[u8], now_ms: i64) -> Option<Vec<u8>>;
-        write fn state_cas(tenant: &ServiceId, key: &[u8], expected: Option<&[u8]>, new: &[u8], now_ms: i64,
-            expires_at_ms: i64) -> bool;
+    }
+
+    // Window state: staged in memory, written by the next transaction
+    // (`staged.rs`).
+    async fn state(&self, tenant: &ServiceId, key: &[u8], now_ms: i64) -> Result<Option<Vec<u8>>, StoreError> {
+        let key = gateway::state_key(tenant, key)?;
+        let found = match self.staged.get(&key) {
+            Some(staged) => Some(staged),
+            None => self.read_here(|txn| gateway::stored_state(txn, &key)).await?,
+        };
+        Ok(found.filter(|(expires, _)| *expires > now_ms).map(|(_, value)| value))
+    }
+
+    async fn state_cas(
+        &self,
+        tenant: &ServiceId,
+        key: &[u8],
+        expected: Option<&[u8]>,
+        new: &[u8],
+        now_ms: i64,
+        expires_at_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let key = gateway::state_key(tenant, key)?;
+        loop {
+            let stored = || gateway::stored_state(&self.db.begin_read().be()?, &key);
+            match self.staged.cas(&key, expected, new, now_ms, expires_at_ms, stored)? {
+                Cas::Set { ask_commit } => {
+                    if ask_commit {
+                        self.writer.nudge();
+                    }
+                    return Ok(true);
+                }
+                Cas::Refused => return Ok(false),
+                // A transaction writes (and then forgets) what is staged.
+                Cas::Full => self.write_with_next(|_| Ok(())).await?,
+            }
+        }
     }
 
     async fn delete_expired(&self, now_ms: i64) -> Result<u64, StoreError> {
@@ -937,6 +1009,8 @@ mod tests {
             assert!(gw.notify_commit(&notify(n), now + 1, b"{}", &[], expires).await.unwrap());
             assert!(gw.state_cas(&tenant, &[n], None, b"v", now, expires).await.unwrap());
         }
+        // What is staged is written by the next transaction.
+        store.write(|_| Ok(())).await.unwrap();
         let tables = [("routes", ROUTES), ("targets", TARGETS), ("notify", NOTIFY), ("state", STATE)];
         for (name, table) in tables {
             assert_eq!(rows(&store, table).await, 2, "{name}");
@@ -951,6 +1025,35 @@ mod tests {
         assert_eq!(rows(&store, EXPIRY).await, 3);
         assert_eq!(gw.route(&registration(2, long).route_key(), now).await.unwrap(), Some(registration(2, long)));
         assert_eq!(gw.delete_expired(short).await.unwrap(), 0, "each counted once");
+    }
+
+    /// The gateway's window state is staged in memory (`staged.rs`): seen
+    /// at once, decided against, written by the next transaction even when
+    /// no other write follows, and in the file after a synced one.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn staged_window_state_is_seen_at_once_and_written_by_the_next_transaction() {
+        use gateway::{EXPIRY, STATE};
+
+        let dir = tempfile::tempdir().unwrap();
+        let tenant = ServiceId::parse("station").unwrap();
+        {
+            let store = RedbStore::open(dir.path(), SHARD_COUNT).unwrap();
+            let gw = store.gateway();
+            assert!(gw.state_cas(&tenant, b"k", None, b"1", 0, i64::MAX).await.unwrap());
+            assert_eq!(gw.state(&tenant, b"k", 0).await.unwrap(), Some(b"1".to_vec()));
+            assert!(!gw.state_cas(&tenant, b"k", None, b"2", 0, i64::MAX).await.unwrap(), "against the staged value");
+            let mut waited = 0;
+            while rows(&store, STATE).await == 0 && waited < 500 {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                waited += 1;
+            }
+            assert_eq!(rows(&store, STATE).await, 1, "written with no other write to carry it");
+            assert!(gw.state_cas(&tenant, b"k", Some(b"1"), b"2", 0, i64::MAX).await.unwrap());
+            store.write(|_| Ok(())).await.unwrap();
+        }
+        let store = RedbStore::open(dir.path(), SHARD_COUNT).unwrap();
+        assert_eq!(store.gateway().state(&tenant, b"k", 0).await.unwrap(), Some(b"2".to_vec()));
+        assert_eq!(rows(&store, EXPIRY).await, 1, "one expiry entry: the old one moved");
     }
 
     /// Relay retention deletes every expired record, past one transaction's

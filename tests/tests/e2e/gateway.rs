@@ -644,3 +644,91 @@ async fn a_device_whose_wakeups_do_not_drain_is_rate_limited_and_metrics_show_it
         assert!(!scrape.contains(private), "the exposition shows {private}");
     }
 }
+
+/// §5.2 `accepted` is a durable takeover, also for notifies answered while
+/// many run at once (their claims and window state ride on the commit that
+/// stores their answers): after a `kill -9` right behind the last answer, an
+/// exact replay of every notify gets its stored answer byte for byte (no
+/// request is decided twice), and every accepted wake-up reaches the
+/// provider, before the kill or after the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answered_notifies_survive_a_kill_9_in_the_middle_of_concurrent_load() {
+    const DEVICES: u32 = 20;
+    const ROUNDS: u64 = 5;
+    const IN_FLIGHT: usize = 16;
+    let mut s = setup(1000).await;
+    let mut targets = Vec::new();
+    for n in 0..DEVICES {
+        targets.push(registered_target(&s, &device(n), &format!("fcm:crash-{n}")).await);
+    }
+    let notifies: Vec<(String, Value)> = (0..ROUNDS)
+        .flat_map(|round| (0..DEVICES).map(move |n| (round, n)))
+        .map(|(round, n)| {
+            let mut body = body(&targets[n as usize], &[&device(n)]);
+            // A distinct wake-up per round: not §2.4's duplicate of the last.
+            body["notification"]["counts"]["unread_increment"] = json!(round + 1);
+            (format!("crash-{n}-{round}"), body)
+        })
+        .collect();
+
+    let api = s.fanout.api;
+    let first = answer_all(api, &notifies, IN_FLIGHT).await;
+    s.fanout.kill9();
+    let accepted: Vec<&(String, Value)> =
+        notifies.iter().zip(&first).filter(|(_, a)| a.body.contains("\"accepted\"")).map(|(n, _)| n).collect();
+    assert!(accepted.len() as u64 > ROUNDS * u64::from(DEVICES) / 2, "most are accepted: {}", accepted.len());
+
+    s.fanout.restart().await.expect("restart");
+    let again = answer_all(s.fanout.api, &notifies, IN_FLIGHT).await;
+    for (((key, _), before), after) in notifies.iter().zip(&first).zip(&again) {
+        assert_eq!(after.body, before.body, "the replay of {key} after the restart");
+    }
+
+    // Every accepted wake-up at the provider: (token, unread_increment).
+    let wanted: std::collections::HashSet<(String, u64)> = accepted
+        .iter()
+        .map(|(key, body)| {
+            let n: u32 = key.split('-').nth(1).unwrap().parse().unwrap();
+            (format!("crash-{n}"), body["notification"]["counts"]["unread_increment"].as_u64().unwrap())
+        })
+        .collect();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let seen: std::collections::HashSet<(String, u64)> = s
+            .fcm
+            .received()
+            .iter()
+            .filter_map(|r| Some((r.token.clone(), fcm_payload(r)["counts"]["unread_increment"].as_u64()?)))
+            .collect();
+        let missing = wanted.difference(&seen).count();
+        if missing == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{missing} of {} accepted wake-ups never reached the provider\n{}",
+            wanted.len(),
+            s.fanout.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Sends `notifies` with `in_flight` at once; their answers in order, each 200.
+async fn answer_all(api: std::net::SocketAddr, notifies: &[(String, Value)], in_flight: usize) -> Vec<Answer> {
+    let mut answers: Vec<Option<Answer>> = (0..notifies.len()).map(|_| None).collect();
+    let mut running = tokio::task::JoinSet::new();
+    let mut next = 0;
+    while next < notifies.len() || !running.is_empty() {
+        while next < notifies.len() && running.len() < in_flight {
+            let (key, body) = notifies[next].clone();
+            let i = next;
+            running.spawn(async move { (i, notify_at(api, &key, &body, now_s()).await) });
+            next += 1;
+        }
+        let (i, answer) = running.join_next().await.expect("a notify in flight").expect("a notify task");
+        assert_eq!(answer.status, 200, "{}: {}", notifies[i].0, answer.body);
+        answers[i] = Some(answer);
+    }
+    answers.into_iter().map(|a| a.expect("every notify answered")).collect()
+}

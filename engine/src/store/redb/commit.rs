@@ -16,20 +16,49 @@
 //!   is free (at most [`MAX_BATCH`]), with no added wait, so a lone write
 //!   costs what it did before.
 //! - Bounded: at most [`QUEUE`] writes wait; callers beyond wait to queue.
+//! - Every transaction first writes the changes staged in memory
+//!   (`staged.rs`: the gateway's window state), so a write queued after a
+//!   staged change commits with it or after it.
+//! - A write is [`Sync::Now`] (answered once on disk) or
+//!   [`Sync::WithNext`] (answered once committed in memory, on disk with the
+//!   next `Now` commit; redb's `Durability::None`). redb commits in order, so
+//!   what a crash leaves is always every commit up to some point: a state
+//!   the process could have crashed in with every commit synced. A
+//!   `WithNext` write is for a step whose result stays inside the process
+//!   until a later `Now` write carries it out (a notify's claim and window
+//!   state before its answer is committed): one fsync then serves them all.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
-use redb::{Database, WriteTransaction};
+use redb::{Database, Durability, WriteTransaction};
 use tokio::sync::{mpsc, oneshot};
 
 use super::codec::OrBackend;
+use super::staged::{self, StagedState};
 use crate::store::StoreError;
 
 /// Writes in one transaction at most.
 pub(super) const MAX_BATCH: usize = 256;
 /// Writes waiting for the writer at most.
 const QUEUE: usize = 1024;
+
+/// When a write is on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Sync {
+    /// Synced before the caller is answered.
+    Now,
+    /// Committed (visible to every later read and write) before the caller
+    /// is answered; synced with the next `Now` commit.
+    WithNext,
+}
+
+/// Changes staged in memory that every transaction writes before its
+/// batch (`staged.rs`), with `put`.
+pub(super) struct Staging {
+    pub(super) state: Arc<StagedState>,
+    pub(super) put: fn(&WriteTransaction, &[u8], &staged::Value) -> Result<(), StoreError>,
+}
 
 /// The handle callers submit writes through. Dropping it lets the writer
 /// finish what is queued and joins it, so the database is closed when the
@@ -40,27 +69,39 @@ pub(super) struct GroupCommit {
 }
 
 impl GroupCommit {
-    pub(super) fn start(db: Arc<Database>) -> Result<Self, StoreError> {
+    pub(super) fn start(db: Arc<Database>, staging: Option<Staging>) -> Result<Self, StoreError> {
         let (jobs, queue) = mpsc::channel(QUEUE);
         let writer = std::thread::Builder::new()
             .name("fanout-redb-writer".into())
-            .spawn(move || write_batches(&db, queue))
+            .spawn(move || write_batches(&db, staging.as_ref(), queue))
             .map_err(|e| StoreError::Backend(format!("cannot start the storage writer: {e}")))?;
         Ok(Self { jobs: Some(jobs), writer: Some(writer) })
     }
 
     /// Runs `f` in a write transaction shared with other writes; answers
-    /// once that transaction committed. `Err` from `f` discards its writes.
-    pub(super) async fn write<T, F>(&self, f: F) -> Result<T, StoreError>
+    /// once that transaction committed, and synced when `sync` is `Now`.
+    /// `Err` from `f` discards its writes.
+    pub(super) async fn write<T, F>(&self, sync: Sync, f: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
         F: Fn(&WriteTransaction) -> Result<T, StoreError> + Send + 'static,
     {
         let (reply, answer) = oneshot::channel();
-        let job: Box<dyn Job> = Box::new(Write { f, outcome: None, reply });
+        let job: Box<dyn Job> = Box::new(Write { f, sync, outcome: None, reply });
         let stopped = || StoreError::Backend("the storage writer has stopped".into());
         self.jobs.as_ref().ok_or_else(stopped)?.send(job).await.map_err(|_| stopped())?;
         answer.await.map_err(|_| stopped())?
+    }
+
+    /// Asks for a transaction soon (it writes what is staged) without
+    /// waiting for it. A full queue needs no asking: a transaction is near.
+    pub(super) fn nudge(&self) {
+        let (reply, _) = oneshot::channel();
+        let job: Box<dyn Job> =
+            Box::new(Write { f: |_: &WriteTransaction| Ok(()), sync: Sync::WithNext, outcome: None, reply });
+        if let Some(jobs) = &self.jobs {
+            let _ = jobs.try_send(job);
+        }
     }
 }
 
@@ -75,6 +116,7 @@ impl Drop for GroupCommit {
 
 /// One queued write, type-erased for the writer.
 trait Job: Send {
+    fn sync(&self) -> Sync;
     /// Runs the write in `txn`, keeping its outcome; `false` if it failed.
     fn run(&mut self, txn: &WriteTransaction) -> bool;
     /// Answers the caller: the kept outcome, or `commit`'s error for a write
@@ -84,6 +126,7 @@ trait Job: Send {
 
 struct Write<T, F> {
     f: F,
+    sync: Sync,
     outcome: Option<Result<T, StoreError>>,
     reply: oneshot::Sender<Result<T, StoreError>>,
 }
@@ -93,6 +136,10 @@ where
     T: Send,
     F: Fn(&WriteTransaction) -> Result<T, StoreError> + Send,
 {
+    fn sync(&self) -> Sync {
+        self.sync
+    }
+
     fn run(&mut self, txn: &WriteTransaction) -> bool {
         // A panicking write fails alone, as it did on the blocking pool; the
         // writer thread goes on.
@@ -115,8 +162,8 @@ where
 }
 
 /// The writer thread: until every handle is gone, takes what is queued and
-/// commits it as one batch.
-fn write_batches(db: &Database, mut queue: mpsc::Receiver<Box<dyn Job>>) {
+/// commits it as one batch; then syncs.
+fn write_batches(db: &Database, staging: Option<&Staging>, mut queue: mpsc::Receiver<Box<dyn Job>>) {
     while let Some(first) = queue.blocking_recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -125,21 +172,46 @@ fn write_batches(db: &Database, mut queue: mpsc::Receiver<Box<dyn Job>>) {
                 Err(_) => break,
             }
         }
-        commit(db, batch);
+        commit(db, staging, batch);
     }
+    // Closing: what is staged, and every commit not yet synced, to disk.
+    commit(db, staging, vec![sync_now()]);
 }
 
-/// Commits `batch` in one transaction, leaving out (and answering) the
-/// writes that fail, until the rest succeeds together.
-fn commit(db: &Database, mut batch: Vec<Box<dyn Job>>) {
+/// A write of nothing, synced: it syncs what came before it.
+fn sync_now() -> Box<dyn Job> {
+    let (reply, _) = oneshot::channel();
+    Box::new(Write { f: |_: &WriteTransaction| Ok(()), sync: Sync::Now, outcome: None, reply })
+}
+
+/// Commits `batch` in one transaction, after what is staged, leaving out
+/// (and answering) the writes that fail, until the rest succeeds together.
+fn commit(db: &Database, staging: Option<&Staging>, mut batch: Vec<Box<dyn Job>>) {
     while !batch.is_empty() {
-        let txn = match db.begin_write().be() {
+        let mut txn = match db.begin_write().be() {
             Ok(txn) => txn,
             Err(e) => return answer_all(batch, Err(&e.to_string())),
+        };
+        if batch.iter().all(|job| job.sync() == Sync::WithNext)
+            && let Err(e) = txn.set_durability(Durability::None)
+        {
+            return answer_all(batch, Err(&e.to_string()));
+        }
+        let staged = match staging.map(|s| s.state.write(|key, value| (s.put)(&txn, key, value))).transpose() {
+            Ok(staged) => staged,
+            Err(e) => {
+                // Nothing of the batch is written without what was staged
+                // before it; the staged changes wait for the next one.
+                let _ = txn.abort();
+                return answer_all(batch, Err(&e.to_string()));
+            }
         };
         let ok: Vec<bool> = batch.iter_mut().map(|job| job.run(&txn)).collect();
         if ok.iter().all(|&ok| ok) {
             let committed = txn.commit().be().map_err(|e| e.to_string());
+            if let (Ok(()), Some(staging), Some(staged)) = (&committed, staging, staged) {
+                staging.state.committed(staged);
+            }
             return answer_all(batch, committed.as_ref().map(|_| ()).map_err(String::as_str));
         }
         // The failed writes' partial changes go with the transaction.
@@ -164,7 +236,7 @@ fn answer_all(batch: Vec<Box<dyn Job>>, commit: Result<(), &str>) {
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    use redb::{ReadableDatabase, TableDefinition};
+    use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 
     use super::*;
 
@@ -200,12 +272,12 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn concurrent_writes_share_transactions_and_each_is_answered_after_its_commit() {
         let (_dir, db) = open();
-        let writer = Arc::new(GroupCommit::start(db.clone()).unwrap());
+        let writer = Arc::new(GroupCommit::start(db.clone(), None).unwrap());
         let tasks: Vec<_> = (0..500u64)
             .map(|k| {
                 let writer = writer.clone();
                 tokio::spawn(async move {
-                    let got = writer.write(put(k)).await.unwrap();
+                    let got = writer.write(Sync::Now, put(k)).await.unwrap();
                     // Answered only once durable: visible to a fresh read.
                     (got, k)
                 })
@@ -221,22 +293,22 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_failing_write_fails_alone_and_its_changes_are_discarded() {
         let (_dir, db) = open();
-        let writer = Arc::new(GroupCommit::start(db.clone()).unwrap());
+        let writer = Arc::new(GroupCommit::start(db.clone(), None).unwrap());
         let runs = Arc::new(AtomicUsize::new(0));
         let tasks: Vec<_> = (0..200u64)
             .map(|k| {
                 let (writer, runs) = (writer.clone(), runs.clone());
                 tokio::spawn(async move {
                     match k % 3 {
-                        0 => writer.write(put_then_fail(k)).await.map(|_| ()),
+                        0 => writer.write(Sync::Now, put_then_fail(k)).await.map(|_| ()),
                         1 => writer
-                            .write(move |_: &WriteTransaction| -> Result<u64, StoreError> {
+                            .write(Sync::Now, move |_: &WriteTransaction| -> Result<u64, StoreError> {
                                 runs.fetch_add(1, Ordering::SeqCst);
                                 panic!("a write that panics")
                             })
                             .await
                             .map(|_| ()),
-                        _ => writer.write(put(k)).await.map(|_| ()),
+                        _ => writer.write(Sync::Now, put(k)).await.map(|_| ()),
                     }
                 })
             })
@@ -257,14 +329,36 @@ mod tests {
         }
         assert!(runs.load(Ordering::SeqCst) >= 67, "every panicking write ran");
         // The writer survived the panics.
-        assert_eq!(writer.write(put(1000)).await.unwrap(), 1000);
+        assert_eq!(writer.write(Sync::Now, put(1000)).await.unwrap(), 1000);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_write_synced_with_the_next_is_seen_at_once_and_kept_by_the_next_synced_commit() {
+        let (dir, db) = open();
+        let writer = GroupCommit::start(db.clone(), None).unwrap();
+        writer.write(Sync::WithNext, put(1)).await.unwrap();
+        assert_eq!(read(&db, 1), Some(10), "committed: every later read sees it");
+        // A later write reads what it wrote (the notify's window state).
+        let seen = writer
+            .write(Sync::Now, |txn: &WriteTransaction| {
+                let table = txn.open_table(T).be()?;
+                let seen = table.get(1).be()?.map(|v| v.value());
+                Ok(seen)
+            })
+            .await
+            .unwrap();
+        assert_eq!(seen, Some(10));
+        drop(writer);
+        drop(db);
+        let db = Database::create(dir.path().join("t.redb")).unwrap();
+        assert_eq!(read(&db, 1), Some(10), "synced with the write after it");
     }
 
     #[tokio::test]
     async fn dropping_the_handle_finishes_queued_writes_and_closes_the_database() {
         let (dir, db) = open();
-        let writer = GroupCommit::start(db.clone()).unwrap();
-        writer.write(put(7)).await.unwrap();
+        let writer = GroupCommit::start(db.clone(), None).unwrap();
+        writer.write(Sync::Now, put(7)).await.unwrap();
         drop(writer);
         drop(db);
         // The writer held the last other reference: the file opens again.

@@ -80,7 +80,7 @@ fn notify_key(k: &NotifyKey) -> Result<Vec<u8>, StoreError> {
     key(&[k.tenant.as_str().as_bytes(), k.idempotency_key.as_str().as_bytes()])
 }
 
-fn state_key(tenant: &ServiceId, k: &[u8]) -> Result<Vec<u8>, StoreError> {
+pub(super) fn state_key(tenant: &ServiceId, k: &[u8]) -> Result<Vec<u8>, StoreError> {
     key(&[tenant.as_str().as_bytes(), k])
 }
 
@@ -471,43 +471,30 @@ fn decode_state(buf: &[u8]) -> Result<(i64, Vec<u8>), StoreError> {
     Ok(v)
 }
 
-pub(super) fn state(
-    txn: &ReadTransaction,
-    tenant: &ServiceId,
-    k: &[u8],
-    now_ms: i64,
-) -> Result<Option<Vec<u8>>, StoreError> {
-    let k = state_key(tenant, k)?;
+/// A stored window state value, expired or not.
+pub(super) fn stored_state(txn: &ReadTransaction, k: &[u8]) -> Result<Option<(i64, Vec<u8>)>, StoreError> {
     let table = txn.open_table(STATE).be()?;
-    let found = table.get(k.as_slice()).be()?.map(|g| decode_state(g.value())).transpose()?;
-    Ok(found.filter(|(expires, _)| *expires > now_ms).map(|(_, v)| v))
+    table.get(k).be()?.map(|g| decode_state(g.value())).transpose()
 }
 
-pub(super) fn state_cas(
+/// Writes a window state value staged in memory (`staged.rs`: compare-and-set
+/// decided there) and moves its expiry index entry.
+pub(super) fn put_state(
     txn: &WriteTransaction,
-    tenant: &ServiceId,
     k: &[u8],
-    expected: Option<&[u8]>,
-    new: &[u8],
-    now_ms: i64,
-    expires_at_ms: i64,
-) -> Result<bool, StoreError> {
-    let k = state_key(tenant, k)?;
+    (expires_at_ms, value): &(i64, Vec<u8>),
+) -> Result<(), StoreError> {
     let mut table = txn.open_table(STATE).be()?;
-    let old = table.get(k.as_slice()).be()?.map(|g| decode_state(g.value())).transpose()?;
-    let live = old.as_ref().filter(|(expires, _)| *expires > now_ms).map(|(_, v)| v.as_slice());
-    if live != expected {
-        return Ok(false);
-    }
+    let old = table.get(k).be()?.map(|g| decode_state(g.value())).transpose()?;
     let mut expiry = txn.open_table(EXPIRY).be()?;
     if let Some((expires, _)) = &old {
-        expiry.remove(expiry_key(*expires, KIND_STATE, &k).as_slice()).be()?;
+        expiry.remove(expiry_key(*expires, KIND_STATE, k).as_slice()).be()?;
     }
-    expiry.insert(expiry_key(expires_at_ms, KIND_STATE, &k).as_slice(), [].as_slice()).be()?;
+    expiry.insert(expiry_key(*expires_at_ms, KIND_STATE, k).as_slice(), [].as_slice()).be()?;
     let mut w = Writer::new();
-    w.i64(expires_at_ms).bytes(new);
-    table.insert(k.as_slice(), w.finish().as_slice()).be()?;
-    Ok(true)
+    w.i64(*expires_at_ms).bytes(value);
+    table.insert(k, w.finish().as_slice()).be()?;
+    Ok(())
 }
 
 // ---- retention ----

@@ -1,0 +1,178 @@
+//! The gateway's window state (`GatewayStore::state`, `state_cas`) staged in
+//! memory between commits. A notify makes four compare-and-sets (dedup
+//! marker, badge dwell, rate window, pending ledger) before the commit of
+//! its answer; each as a write of its own waited for a turn of the writer
+//! thread. Here a compare-and-set is decided and applied at once, under one
+//! lock, against the staged value of its key or else the stored one, and
+//! every write transaction (`commit.rs`) first writes what is staged.
+//!
+//! That is `commit::Sync::WithNext` without the wait: a staged change is
+//! seen by every later read and compare-and-set at once and reaches the disk
+//! with the next synced commit. Every change staged before a write is queued
+//! is written in that write's transaction or an earlier one, so a crash
+//! leaves every change up to some point, as with commits in order; the
+//! answer of a notify, synced, carries the window state it was decided on.
+//!
+//! Bounded: beyond [`MAX_STAGED`] keys a compare-and-set first waits for a
+//! commit to take them.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use crate::store::StoreError;
+
+/// Keys staged at most before a compare-and-set waits for a commit.
+pub(super) const MAX_STAGED: usize = 4096;
+
+/// A stored or staged state value: expires_at (ms) and the value.
+pub(super) type Value = (i64, Vec<u8>);
+
+#[derive(Default)]
+pub(super) struct StagedState {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// Full state key → the value and the version that staged it.
+    entries: HashMap<Vec<u8>, (Value, u64)>,
+    next_version: u64,
+    /// A commit will take what is staged: nobody needs to ask for one.
+    commit_due: bool,
+}
+
+/// What a compare-and-set did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Cas {
+    /// Staged; `ask_commit`: no commit is due yet, the caller asks for one.
+    Set { ask_commit: bool },
+    /// The live value is not the expected one: nothing changed.
+    Refused,
+    /// [`MAX_STAGED`] keys wait: the caller lets a commit take them first.
+    Full,
+}
+
+/// What a transaction wrote: (key, version) to forget once it committed.
+pub(super) type Written = Vec<(Vec<u8>, u64)>;
+
+impl StagedState {
+    /// The staged value of `key`; `None` when nothing is staged (the store
+    /// has it).
+    pub(super) fn get(&self, key: &[u8]) -> Option<Value> {
+        self.lock().entries.get(key).map(|(value, _)| value.clone())
+    }
+
+    /// Sets `new` until `expires_at` when the live value (staged, else
+    /// `stored()`'s, either only while it has not expired at `now`) is
+    /// `expected`.
+    pub(super) fn cas(
+        &self,
+        key: &[u8],
+        expected: Option<&[u8]>,
+        new: &[u8],
+        now: i64,
+        expires_at: i64,
+        stored: impl FnOnce() -> Result<Option<Value>, StoreError>,
+    ) -> Result<Cas, StoreError> {
+        let mut inner = self.lock();
+        let current = match inner.entries.get(key) {
+            Some((value, _)) => Some(value.clone()),
+            None if inner.entries.len() >= MAX_STAGED => return Ok(Cas::Full),
+            // Read under the lock: no commit of this key can come between.
+            None => stored()?,
+        };
+        let live = current.as_ref().filter(|(expires, _)| *expires > now).map(|(_, v)| v.as_slice());
+        if live != expected {
+            return Ok(Cas::Refused);
+        }
+        inner.next_version += 1;
+        let version = inner.next_version;
+        inner.entries.insert(key.to_vec(), ((expires_at, new.to_vec()), version));
+        let ask_commit = !std::mem::replace(&mut inner.commit_due, true);
+        Ok(Cas::Set { ask_commit })
+    }
+
+    /// Writes everything staged with `put` (in the writer's transaction);
+    /// returns what was written, for [`Self::committed`].
+    pub(super) fn write(
+        &self,
+        mut put: impl FnMut(&[u8], &Value) -> Result<(), StoreError>,
+    ) -> Result<Written, StoreError> {
+        let mut inner = self.lock();
+        // Changes staged from now on need another commit.
+        inner.commit_due = false;
+        let mut written = Vec::with_capacity(inner.entries.len());
+        for (key, (value, version)) in &inner.entries {
+            put(key, value)?;
+            written.push((key.clone(), *version));
+        }
+        Ok(written)
+    }
+
+    /// Forgets what a committed transaction wrote, unless staged again since.
+    pub(super) fn committed(&self, written: Written) {
+        let mut inner = self.lock();
+        for (key, version) in written {
+            if inner.entries.get(&key).is_some_and(|(_, v)| *v == version) {
+                inner.entries.remove(&key);
+            }
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // A panic under the lock leaves the map whole (each change is one
+        // insert or remove): go on with it.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stored(v: Option<Value>) -> impl FnOnce() -> Result<Option<Value>, StoreError> {
+        move || Ok(v)
+    }
+
+    #[test]
+    fn a_change_is_seen_at_once_and_forgotten_once_committed_unless_changed_again() {
+        let s = StagedState::default();
+        assert_eq!(s.cas(b"k", None, b"1", 0, 100, stored(None)).unwrap(), Cas::Set { ask_commit: true });
+        assert_eq!(s.get(b"k"), Some((100, b"1".to_vec())));
+        // Decided against the staged value, not the store's.
+        assert_eq!(s.cas(b"k", None, b"2", 0, 100, stored(None)).unwrap(), Cas::Refused);
+        assert_eq!(s.cas(b"k", Some(b"1"), b"2", 0, 100, stored(None)).unwrap(), Cas::Set { ask_commit: false });
+
+        let mut put = Vec::new();
+        let written = s
+            .write(|k, v| {
+                put.push((k.to_vec(), v.clone()));
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(put, vec![(b"k".to_vec(), (100, b"2".to_vec()))]);
+        // Staged again while that transaction commits: kept, and a commit asked for.
+        assert_eq!(s.cas(b"k", Some(b"2"), b"3", 0, 100, stored(None)).unwrap(), Cas::Set { ask_commit: true });
+        s.committed(written);
+        assert_eq!(s.get(b"k"), Some((100, b"3".to_vec())));
+        let written = s.write(|_, _| Ok(())).unwrap();
+        s.committed(written);
+        assert_eq!(s.get(b"k"), None, "the store has it now");
+    }
+
+    #[test]
+    fn an_expired_value_counts_as_absent_and_the_bound_holds() {
+        let s = StagedState::default();
+        assert_eq!(
+            s.cas(b"k", None, b"1", 50, 60, stored(Some((40, b"old".to_vec())))).unwrap(),
+            Cas::Set { ask_commit: true }
+        );
+        assert_eq!(s.cas(b"k", None, b"2", 70, 80, stored(None)).unwrap(), Cas::Set { ask_commit: false });
+        for i in 1..MAX_STAGED {
+            s.cas(format!("k{i}").as_bytes(), None, b"v", 0, 1, stored(None)).unwrap();
+        }
+        assert_eq!(s.cas(b"one more", None, b"v", 0, 1, stored(None)).unwrap(), Cas::Full);
+        // A staged key can still change.
+        assert_eq!(s.cas(b"k", Some(b"2"), b"3", 70, 80, stored(None)).unwrap(), Cas::Set { ask_commit: false });
+    }
+}
