@@ -18,17 +18,22 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{Context as _, bail};
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use bytes::Bytes;
 use fanout_engine::channel::RelayPriority;
 use fanout_engine::domain::Channel;
 use fanout_engine::gateway::signature::{self, SignatureParams, SignedRequest};
-use fanout_testkit::launcher::{self, Launch};
+use fanout_testkit::launcher;
 use fanout_testkit::{MockFcmConfig, TestPki, start_mock_fcm};
+use http_body_util::{BodyExt as _, Full};
 use serde::Serialize;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use crate::platform_channels::{self, PlatformPush, PlatformRunArgs, fcm_table, quote};
+use crate::profile::{ProfileSummary, Profiler};
 use crate::run::collector::{Percentiles, latency_histogram};
+use crate::run::cql_ceiling::CqlCeiling;
+use crate::run::engine_process::proc_sample;
 
 const GATEWAY: &str = "did:web:push.loadtest";
 const GATEWAY_URL: &str = "https://push.loadtest/_arkret/edge/push/notify";
@@ -71,9 +76,18 @@ pub struct GatewayReport {
     pub provider_requests_per_second: f64,
     /// Notify sent → provider request received.
     pub latency: Percentiles,
+    /// The engine's CPU time (user + system) from the first notify to the
+    /// last wake-up at the mock, per notify sent.
+    pub engine_cpu_us_per_notify: Option<f64>,
     pub ceiling_requests_per_second: Option<f64>,
     /// provider_requests_per_second ÷ ceiling.
     pub ratio: Option<f64>,
+    /// `redb`, or the ScyllaDB keyspace and nodes.
+    pub store: String,
+    /// With --with-cql-ceiling: the CQL server's rates for a plain client.
+    pub cql_ceiling: Option<CqlCeiling>,
+    /// `--profile`: where the engine's CPU time went.
+    pub profile: Option<ProfileSummary>,
 }
 
 fn device(n: u64) -> String {
@@ -93,6 +107,11 @@ fn config(dir: &Path, base_url: &str) -> String {
         salt = quote(&dir.join("salt.hex")),
         sessions = quote(&dir.join("sessions")),
     )
+}
+
+/// Whether a notify answer has a device `accepted`.
+fn is_accepted(body: &[u8]) -> bool {
+    body.windows(10).any(|w| w == b"\"accepted\"")
 }
 
 /// The notify body of request `i`: device `i mod devices`, a wake-up that
@@ -161,8 +180,9 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<GatewayReport> {
     let ceiling = if args.run.with_ceiling { Some(ceiling(&args, dir.path(), &fcm.base_url()).await?) } else { None };
     fcm.clear_received();
 
-    let binary = launcher::build_binary(args.run.release)?;
-    let engine = Arc::new(launcher::Engine::start(Launch::new(binary, config(dir.path(), &fcm.base_url()))).await?);
+    let store = args.run.store()?;
+    let cql_ceiling = args.run.cql_ceiling().await?;
+    let engine = launcher::Engine::start(args.run.launch(&store, config(dir.path(), &fcm.base_url()))?).await?;
 
     // The Station: one registration per device.
     let auth = format!("Bearer {SESSION}");
@@ -184,15 +204,20 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<GatewayReport> {
         targets.push(answer["push_target_id"].as_str().context("push_target_id")?.to_owned());
     }
 
-    // Notify: `concurrency` workers over the request indices.
+    // Notify: `concurrency` workers over the request indices, on keep-alive
+    // connections as a Station keeps them.
     let authority = engine.api.to_string();
+    let uri = format!("http://{authority}{NOTIFY}");
+    let client = platform_channels::http_client(args.concurrency);
     let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let sent_at = Arc::new(std::sync::Mutex::new(HashMap::<(String, u64), Instant>::new()));
+    let profiler = Profiler::attach(args.run.profile.as_deref(), engine.pid())?;
+    let cpu_before = engine.pid().and_then(proc_sample).map(|s| s.cpu_seconds);
     let started = Instant::now();
     let mut workers = tokio::task::JoinSet::new();
     for _ in 0..args.concurrency.max(1) {
-        let (engine, next, sent_at, targets, authority) =
-            (engine.clone(), next.clone(), sent_at.clone(), targets.clone(), authority.clone());
+        let (client, uri, next, sent_at, targets, authority) =
+            (client.clone(), uri.clone(), next.clone(), sent_at.clone(), targets.clone(), authority.clone());
         let (devices, notifies) = (args.devices, args.notifies);
         workers.spawn(async move {
             let mut accepted = 0u64;
@@ -203,14 +228,19 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<GatewayReport> {
                 }
                 let (n, round) = (i % devices, i / devices);
                 let body = notify_body(&targets[n as usize], &device(n), round);
-                let headers = signed(&format!("lt-{i}"), &body, &authority)?;
-                let headers: Vec<(&str, &str)> = headers.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
-                sent_at.lock().unwrap().insert((format!("lt-{n}"), round + 1), Instant::now());
-                let (status, text) = engine.api_request("POST", NOTIFY, &headers, &body).await?;
-                if status != 200 {
-                    bail!("notify answered {status}: {text}");
+                let mut request = http::Request::post(&uri);
+                for (name, value) in signed(&format!("lt-{i}"), &body, &authority)? {
+                    request = request.header(name, value);
                 }
-                if text.contains("\"accepted\"") {
+                let request = request.header("content-type", "application/json").body(Full::new(Bytes::from(body)))?;
+                sent_at.lock().unwrap().insert((format!("lt-{n}"), round + 1), Instant::now());
+                let response = client.request(request).await?;
+                let status = response.status().as_u16();
+                let text = response.into_body().collect().await?.to_bytes();
+                if status != 200 {
+                    bail!("notify answered {status}: {}", String::from_utf8_lossy(&text));
+                }
+                if is_accepted(&text) {
                     accepted += 1;
                 }
             }
@@ -227,6 +257,10 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<GatewayReport> {
     while (fcm.received_count() as u64) < accepted && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let cpu_after = engine.pid().and_then(proc_sample).map(|s| s.cpu_seconds);
+    let profile = profiler.map(Profiler::finish).transpose()?;
+    drop(engine);
+    store.drop_keyspace().await?;
     let received = fcm.received();
     let sent_at = sent_at.lock().unwrap().clone();
     let mut histogram = latency_histogram();
@@ -256,8 +290,14 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<GatewayReport> {
         provider_seconds,
         provider_requests_per_second: provider_rate,
         latency: Percentiles::from_histogram_us(&histogram),
+        engine_cpu_us_per_notify: cpu_before
+            .zip(cpu_after)
+            .map(|(before, after)| (after - before) * 1e6 / args.notifies.max(1) as f64),
         ceiling_requests_per_second: ceiling,
         ratio: ceiling.map(|c| provider_rate / c),
+        store: store.describe(),
+        cql_ceiling,
+        profile,
     };
     if provider_requests < accepted {
         eprintln!("missing: {} accepted wake-ups did not reach the mock", accepted - provider_requests);

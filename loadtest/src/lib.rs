@@ -4,5 +4,6 @@
 
 pub mod gateway;
 pub mod platform_channels;
+pub mod profile;
 pub mod relay_ingress;
 pub mod run;

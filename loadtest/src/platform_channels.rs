@@ -11,12 +11,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context as _, bail};
+use bytes::Bytes;
 use fanout_engine::channel::{ChannelContext, ChannelSettings, Channels, Outcome, Push, RelayPriority, RelayedPush};
 use fanout_engine::domain::Channel;
 use fanout_engine::metrics::Metrics;
+use fanout_testkit::launcher::{self, Launch};
+use http_body_util::Full;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
 use serde_json::{Map, Value};
 
-use crate::run::engine_process::{APNS_BUNDLE_ID, APNS_KEY_ID, APNS_TEAM_ID};
+use crate::run::cql_ceiling::{self, CqlCeiling};
+use crate::run::engine_process::{APNS_BUNDLE_ID, APNS_KEY_ID, APNS_TEAM_ID, Store};
 
 /// The options of every run against the platform mocks.
 #[derive(clap::Args, Debug, Clone)]
@@ -27,12 +34,67 @@ pub struct PlatformRunArgs {
     /// Use the release binary (built if missing).
     #[arg(long)]
     pub release: bool,
+    /// The `fanout` binary to run, instead of the workspace's (built if
+    /// missing): for comparing two builds with the same harness.
+    #[arg(long)]
+    pub engine_bin: Option<PathBuf>,
+    /// Sample the engine with `perf` during the load: PATH.perf.data, the
+    /// flat profile in PATH.txt, its top lines in the report.
+    #[arg(long, value_name = "PATH")]
+    pub profile: Option<PathBuf>,
     /// Write the JSON report here.
     #[arg(long)]
     pub json_out: Option<PathBuf>,
     /// How long to wait for the last provider request.
     #[arg(long, default_value_t = 120)]
     pub drain_seconds: u64,
+    /// Start the engine on the ScyllaDB/Cassandra backend at these contact
+    /// points (host:port, comma-separated) instead of the embedded store, in
+    /// a keyspace made for the run (fanout_loadtest_<random>), dropped once
+    /// the engine stopped.
+    #[arg(long, value_delimiter = ',')]
+    pub scylla_nodes: Vec<String>,
+    /// With --scylla-nodes: before the engine starts, measure what the CQL
+    /// server does for a plain client (`run --with-cql-ceiling`'s statements;
+    /// the conditional inserts are the kind the gateway's claims and window
+    /// state and the relay ingress's ledger use) and report it beside the run.
+    #[arg(long, requires = "scylla_nodes")]
+    pub with_cql_ceiling: bool,
+}
+
+impl PlatformRunArgs {
+    /// The run's store: `--scylla-nodes` in a keyspace of its own, else redb.
+    pub fn store(&self) -> anyhow::Result<Store> {
+        Store::from_nodes(&self.scylla_nodes, 1)
+    }
+
+    /// `--with-cql-ceiling`'s figures, when asked for.
+    pub async fn cql_ceiling(&self) -> anyhow::Result<Option<CqlCeiling>> {
+        if !self.with_cql_ceiling {
+            return Ok(None);
+        }
+        Ok(Some(cql_ceiling::measure(&self.scylla_nodes).await?))
+    }
+
+    /// The engine under test: `binary` with `config`, on `store`.
+    pub fn launch(&self, store: &Store, config: String) -> anyhow::Result<Launch> {
+        let binary = match &self.engine_bin {
+            Some(binary) => binary.clone(),
+            None => launcher::build_binary(self.release)?,
+        };
+        let mut launch = Launch::new(binary, config);
+        launch.env = store.env();
+        Ok(launch)
+    }
+}
+
+/// The load's HTTP/1.1 client: keep-alive connections, as a hub or a
+/// Station keeps them to the engine.
+pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+/// A client keeping up to `concurrency` idle connections.
+pub fn http_client(concurrency: usize) -> HttpClient {
+    Client::builder(TokioExecutor::new()).pool_max_idle_per_host(concurrency.max(1)).build_http()
 }
 
 /// A path as a TOML string.

@@ -27,20 +27,19 @@ use bytes::Bytes;
 use fanout_engine::domain::Channel;
 use fanout_engine::relay_ingress::request::{self, HEADER_DELIVERY};
 use fanout_engine::relay_ingress::signature::{self, HEADER_SIGNATURE};
-use fanout_testkit::launcher::{self, Launch};
+use fanout_testkit::launcher;
 use fanout_testkit::{
     ApnsTestKey, MockApnsConfig, MockFcmConfig, ProviderRequest, TestPki, start_mock_apns, start_mock_fcm,
 };
 use http_body_util::{BodyExt as _, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::platform_channels::{self, PlatformPush, PlatformRunArgs, apns_table, fcm_table, quote};
+use crate::platform_channels::{self, HttpClient, PlatformPush, PlatformRunArgs, apns_table, fcm_table, quote};
+use crate::profile::{ProfileSummary, Profiler};
 use crate::run::collector::{Percentiles, latency_histogram};
-use crate::run::engine_process::{APNS_KEY_ID, APNS_TEAM_ID};
+use crate::run::cql_ceiling::CqlCeiling;
+use crate::run::engine_process::{APNS_KEY_ID, APNS_TEAM_ID, proc_sample};
 
 const HUB: &str = "loadtesthub";
 const SECRET: &[u8] = b"loadtest-relay-ingress-secret-0123456789";
@@ -109,9 +108,18 @@ pub struct RelayIngressReport {
     pub provider_requests_per_second: f64,
     /// Webhook sent → provider request received.
     pub latency: Percentiles,
+    /// The engine's CPU time (user + system) from the first webhook to the
+    /// last push at the mocks, per webhook sent (replays not included).
+    pub engine_cpu_us_per_webhook: Option<f64>,
     pub ceiling_requests_per_second: Option<f64>,
     /// provider_requests_per_second ÷ ceiling.
     pub ratio: Option<f64>,
+    /// `redb`, or the ScyllaDB keyspace and nodes.
+    pub store: String,
+    /// With --with-cql-ceiling: the CQL server's rates for a plain client.
+    pub cql_ceiling: Option<CqlCeiling>,
+    /// `--profile`: where the engine's CPU time went.
+    pub profile: Option<ProfileSummary>,
     pub passed: bool,
     pub failures: Vec<String>,
 }
@@ -230,8 +238,6 @@ struct Answers {
     errors: BTreeMap<String, u64>,
     seconds: f64,
 }
-
-type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
 /// POSTs the webhooks `indices` with `concurrency` in flight over the
 /// client's keep-alive connections; records when each was sent in
@@ -353,16 +359,17 @@ pub async fn run(args: RelayIngressArgs) -> anyhow::Result<RelayIngressReport> {
     apns.clear_received();
     fcm.clear_received();
 
-    let binary = launcher::build_binary(args.run.release)?;
-    let engine =
-        launcher::Engine::start(Launch::new(binary, config(dir.path(), &providers, &apns.base_url(), &fcm.base_url())))
-            .await?;
+    let store = args.run.store()?;
+    let cql_ceiling = args.run.cql_ceiling().await?;
+    let launch = args.run.launch(&store, config(dir.path(), &providers, &apns.base_url(), &fcm.base_url()))?;
+    let engine = launcher::Engine::start(launch).await?;
     let uri = format!("http://{}{PATH}", engine.api);
-    let client: HttpClient =
-        Client::builder(TokioExecutor::new()).pool_max_idle_per_host(args.concurrency.max(1)).build_http();
+    let client = platform_channels::http_client(args.concurrency);
 
     // The webhooks, each delivery id once.
     let sent_at: Arc<Vec<AtomicU64>> = Arc::new((0..args.webhooks).map(|_| AtomicU64::new(0)).collect());
+    let profiler = Profiler::attach(args.run.profile.as_deref(), engine.pid())?;
+    let cpu_before = engine.pid().and_then(proc_sample).map(|s| s.cpu_seconds);
     let started = Instant::now();
     let first =
         send(&client, &uri, &plan, (0..args.webhooks).collect(), args.concurrency, Some((sent_at.clone(), started)))
@@ -375,6 +382,8 @@ pub async fn run(args: RelayIngressArgs) -> anyhow::Result<RelayIngressReport> {
     while received() < first.delivered && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let cpu_after = engine.pid().and_then(proc_sample).map(|s| s.cpu_seconds);
+    let profile = profiler.map(Profiler::finish).transpose()?;
 
     // A hub's retries of delivery ids already answered.
     let replays = replay_indices(args.webhooks, args.replays);
@@ -383,6 +392,9 @@ pub async fn run(args: RelayIngressArgs) -> anyhow::Result<RelayIngressReport> {
     // A second provider request, if the ingress made one, was made before
     // its answer; a moment more for one still on the wire.
     tokio::time::sleep(Duration::from_millis(500)).await;
+
+    drop(engine);
+    store.drop_keyspace().await?;
 
     let mut by_provider = BTreeMap::new();
     let mut distinct = HashSet::new();
@@ -448,8 +460,14 @@ pub async fn run(args: RelayIngressArgs) -> anyhow::Result<RelayIngressReport> {
         provider_seconds,
         provider_requests_per_second: provider_rate,
         latency: Percentiles::from_histogram_us(&histogram),
+        engine_cpu_us_per_webhook: cpu_before
+            .zip(cpu_after)
+            .map(|(before, after)| (after - before) * 1e6 / args.webhooks.max(1) as f64),
         ceiling_requests_per_second: ceiling,
         ratio: ceiling.map(|c| provider_rate / c),
+        store: store.describe(),
+        cql_ceiling,
+        profile,
         passed: failures.is_empty(),
         failures,
     };

@@ -75,6 +75,12 @@ pub struct RunArgs {
     /// the engines stopped.
     #[arg(long, value_delimiter = ',', conflicts_with_all = ["engine_grpc", "data_dir"])]
     pub scylla_nodes: Vec<String>,
+    /// Sample the engine with `perf` from the first publish to the end of
+    /// the drain: PATH.perf.data, the flat profile (self time by binary and
+    /// symbol) in PATH.txt, its top lines in the report. Needs an engine the
+    /// harness starts.
+    #[arg(long, value_name = "PATH", conflicts_with = "engine_grpc")]
+    pub profile: Option<PathBuf>,
     /// Fail the run when the engine's peak RSS (VmHWM) exceeds this many
     /// MiB; overrides the scenario's `max_peak_rss_mib`. Needs an engine the
     /// harness starts (its /proc is read).

@@ -777,6 +777,7 @@ async fn execute_inner(
 
     // 4. Publish, then wait (bounded) for every expected delivery.
     progress.watch(collector.clone());
+    let profiler = crate::profile::Profiler::attach(args.profile.as_deref(), engine.pid())?;
     let cpu_before = engine.pid().and_then(proc_sample).map(|s| s.cpu_seconds);
     let harness_cpu_before = own_cpu_seconds();
     let delivery_started = Instant::now();
@@ -888,6 +889,7 @@ async fn execute_inner(
     let delivery_seconds = delivery_started.elapsed().as_secs_f64();
     let end_sample = engine.pid().and_then(proc_sample);
     let harness_cpu = harness_cpu_before.zip(own_cpu_seconds()).map(|(before, after)| after - before);
+    let profile = profiler.map(crate::profile::Profiler::finish).transpose()?;
     if let Some(task) = sampler {
         task.abort();
     }
@@ -1001,6 +1003,7 @@ async fn execute_inner(
         setup,
         publish,
         deliveries_by_outcome: report::deliveries_by_outcome(&engine_metrics),
+        profile,
         windows: report::Windows {
             completed: engine_metrics.get("fanout_windows_total").copied().unwrap_or(0.0),
             replays: engine_metrics.get("fanout_window_replays_total").copied().unwrap_or(0.0),

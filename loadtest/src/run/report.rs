@@ -44,6 +44,8 @@ pub struct Report {
     pub engine_metrics: BTreeMap<String, f64>,
     /// `fanout_deliveries_total` by outcome.
     pub deliveries_by_outcome: BTreeMap<String, f64>,
+    /// `--profile`: where the engine's CPU time went.
+    pub profile: Option<crate::profile::ProfileSummary>,
     pub ceiling: Option<CeilingResult>,
     /// Engine deliveries/s ÷ ceiling requests/s.
     pub ratio: Option<f64>,

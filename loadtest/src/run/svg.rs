@@ -240,6 +240,7 @@ mod tests {
             resources: None,
             engine_metrics: Default::default(),
             deliveries_by_outcome: Default::default(),
+            profile: None,
             cql_ceiling: None,
             ratio_cql: None,
             ceiling: Some(Default::default()),
