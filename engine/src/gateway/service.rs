@@ -614,7 +614,9 @@ pub enum NotifyError {
 }
 
 impl From<StoreError> for NotifyError {
-    fn from(_: StoreError) -> Self {
+    fn from(e: StoreError) -> Self {
+        // The caller is told only to retry; the operator sees why.
+        tracing::warn!(target: "fanout::gateway", error = %e, "a notify's storage step failed");
         Self::Storage
     }
 }

@@ -83,6 +83,7 @@ macro_rules! for_each_case {
             gateway_concurrent_notify_claims_have_one_winner,
             gateway_wakeups_are_leased,
             gateway_state_compare_and_set,
+            gateway_state_replaces_a_value_expired_but_still_held,
             parked_deliveries_are_read_in_key_order,
             parked_deliveries_are_kept_per_shard_and_channel,
             parking_again_replaces_and_unpark_deletes_only_its_keys,

@@ -131,8 +131,11 @@ statements! {
     wakeup_delete: "DELETE FROM {ks}.gateway_wakeups WHERE queue = ? AND wakeup_id = ? IF lease_until = ?",
     state_read: "SELECT value, expires_at FROM {ks}.gateway_state WHERE tenant = ? AND key = ?"
         => at(Consistency::LocalSerial),
-    state_insert: "INSERT INTO {ks}.gateway_state (tenant, key, value, expires_at) VALUES (?, ?, ?, ?) \
-                   IF NOT EXISTS USING TTL ?",
+    // `IF value = null`, not `IF NOT EXISTS`: a row whose cells expired
+    // before its row marker (an update's TTL is shorter than the insert's)
+    // still exists, with nothing in it.
+    state_insert: "UPDATE {ks}.gateway_state USING TTL ? SET value = ?, expires_at = ? WHERE tenant = ? AND key = ? \
+                   IF value = null",
     state_update: "UPDATE {ks}.gateway_state USING TTL ? SET value = ?, expires_at = ? WHERE tenant = ? AND key = ? \
                    IF value = ? AND expires_at = ?",
 }
@@ -516,7 +519,7 @@ impl GatewayStore for ScyllaGateway {
         }
         match current {
             None => {
-                let values = (tenant.as_str(), key, new, expires_at_ms, ttl);
+                let values = (ttl, new, expires_at_ms, tenant.as_str(), key);
                 Ok(self.session.lwt(&st.state_insert, values).await?.applied)
             }
             // Conditional on exactly what was read (an expired value is

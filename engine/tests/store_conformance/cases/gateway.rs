@@ -350,6 +350,27 @@ pub async fn gateway_wakeups_are_leased<S: Store>(store: &S) {
 }
 
 /// §2.4 / §4.5 / §5.1 window state: compare-and-set with expiry, per tenant.
+/// A value kept only until now (the ledger of a device whose last wake-up
+/// went: kept 1 ms) is absent to the next change, which sets it from
+/// absent: at once, while the backend still holds the row (ScyllaDB's TTL is
+/// whole seconds), and after the backend let the value expire under a row
+/// that lives on (ScyllaDB: the first write's row marker, with its longer
+/// TTL).
+pub async fn gateway_state_replaces_a_value_expired_but_still_held<S: Store>(store: &S) {
+    let station = tenant("station-a");
+    let now = base_ms();
+    for (key, wait) in [(b"ledger-1", 0), (b"ledger-2", 1_100)] {
+        assert!(store.gateway().state_cas(&station, key, None, b"[1]", now, now + HOUR_MS).await.unwrap());
+        assert!(store.gateway().state_cas(&station, key, Some(b"[1]"), b"[]", now, now + 1).await.unwrap());
+        tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+        let later = base_ms().max(now + 2);
+        assert_eq!(store.gateway().state(&station, key, later).await.unwrap(), None);
+        assert!(store.gateway().state_cas(&station, key, None, b"[2]", later, later + HOUR_MS).await.unwrap());
+        assert_eq!(store.gateway().state(&station, key, later).await.unwrap(), Some(b"[2]".to_vec()));
+        assert!(store.gateway().state_cas(&station, key, Some(b"[2]"), b"[3]", later, later + HOUR_MS).await.unwrap());
+    }
+}
+
 pub async fn gateway_state_compare_and_set<S: Store>(store: &S) {
     let now = base_ms();
     let expires = now + HOUR_MS;
