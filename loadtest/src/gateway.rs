@@ -10,7 +10,7 @@
 //! same pool and client stack, at the same concurrency, with no gateway,
 //! store or HTTP in between. `ratio` = provider requests/s ÷ ceiling.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -68,6 +68,9 @@ pub struct GatewayReport {
     pub concurrency: usize,
     /// Answers 200 with the device `accepted`.
     pub accepted: u64,
+    /// Answers other than 200, by status and problem detail: a run with
+    /// any fails.
+    pub errors: BTreeMap<String, u64>,
     pub notify_seconds: f64,
     pub notifies_per_second: f64,
     /// Provider requests the mock received (one per accepted notify).
@@ -220,11 +223,11 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<GatewayReport> {
             (client.clone(), uri.clone(), next.clone(), sent_at.clone(), targets.clone(), authority.clone());
         let (devices, notifies) = (args.devices, args.notifies);
         workers.spawn(async move {
-            let mut accepted = 0u64;
+            let (mut accepted, mut errors) = (0u64, BTreeMap::<String, u64>::new());
             loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 if i >= notifies {
-                    return Ok::<u64, anyhow::Error>(accepted);
+                    return Ok::<_, anyhow::Error>((accepted, errors));
                 }
                 let (n, round) = (i % devices, i / devices);
                 let body = notify_body(&targets[n as usize], &device(n), round);
@@ -238,7 +241,12 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<GatewayReport> {
                 let status = response.status().as_u16();
                 let text = response.into_body().collect().await?.to_bytes();
                 if status != 200 {
-                    bail!("notify answered {status}: {}", String::from_utf8_lossy(&text));
+                    // Counted by status and detail (the rule a problem body names).
+                    let detail = serde_json::from_slice::<Value>(&text)
+                        .ok()
+                        .and_then(|p| p["detail"].as_str().map(str::to_owned));
+                    *errors.entry(format!("{status} {}", detail.unwrap_or_default())).or_default() += 1;
+                    continue;
                 }
                 if is_accepted(&text) {
                     accepted += 1;
@@ -246,9 +254,13 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<GatewayReport> {
             }
         });
     }
-    let mut accepted = 0;
+    let (mut accepted, mut errors) = (0, BTreeMap::<String, u64>::new());
     while let Some(done) = workers.join_next().await {
-        accepted += done??;
+        let (a, e) = done??;
+        accepted += a;
+        for (k, n) in e {
+            *errors.entry(k).or_default() += n;
+        }
     }
     let notify_seconds = started.elapsed().as_secs_f64();
 
@@ -258,6 +270,9 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<GatewayReport> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let cpu_after = engine.pid().and_then(proc_sample).map(|s| s.cpu_seconds);
+    if !errors.is_empty() {
+        eprintln!("notify answers other than 200: {errors:?}; the engine's log ends:\n{}", engine.log_tail(30));
+    }
     let profile = profiler.map(Profiler::finish).transpose()?;
     drop(engine);
     store.drop_keyspace().await?;
@@ -284,6 +299,7 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<GatewayReport> {
         notifies: args.notifies,
         concurrency: args.concurrency,
         accepted,
+        errors,
         notify_seconds,
         notifies_per_second: args.notifies as f64 / notify_seconds.max(1e-6),
         provider_requests,

@@ -215,6 +215,9 @@ async fn main() -> anyhow::Result<()> {
         Command::Gateway(args) => {
             let report = fanout_loadtest::gateway::run(args).await?;
             println!("{}", serde_json::to_string_pretty(&report)?);
+            if !report.errors.is_empty() {
+                anyhow::bail!("gateway run failed: notify answers other than 200: {:?}", report.errors);
+            }
             Ok(())
         }
         Command::RelayIngress(args) => {
