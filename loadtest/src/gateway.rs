@@ -346,3 +346,20 @@ async fn ceiling(args: &GatewayArgs, dir: &Path, base_url: &str) -> anyhow::Resu
     })
     .await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The command end to end, small: the real binary, the Station's
+    /// registrations, signed notifies, every wake-up at the mock FCM.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_small_run_accepts_every_notify_and_delivers_every_wake_up() {
+        let args = GatewayArgs { devices: 10, notifies: 40, concurrency: 4, run: PlatformRunArgs::for_tests() };
+        let report = run(args).await.unwrap();
+        assert!(report.errors.is_empty(), "{:?}", report.errors);
+        assert_eq!((report.accepted, report.provider_requests), (40, 40));
+        assert!(report.ratio.is_some_and(|r| r > 0.0) && report.engine_cpu_us_per_notify.is_some());
+        assert_eq!(report.latency.count, 40, "each wake-up matched to its notify");
+    }
+}

@@ -63,6 +63,22 @@ pub struct PlatformRunArgs {
 }
 
 impl PlatformRunArgs {
+    /// A short run's options for the tests: the ceiling measured, the
+    /// workspace's debug binary, the embedded store.
+    #[cfg(test)]
+    pub fn for_tests() -> Self {
+        Self {
+            with_ceiling: true,
+            release: false,
+            engine_bin: None,
+            profile: None,
+            json_out: None,
+            drain_seconds: 30,
+            scylla_nodes: Vec::new(),
+            with_cql_ceiling: false,
+        }
+    }
+
     /// The run's store: `--scylla-nodes` in a keyspace of its own, else redb.
     pub fn store(&self) -> anyhow::Result<Store> {
         Store::from_nodes(&self.scylla_nodes, 1)

@@ -486,6 +486,25 @@ mod tests {
         Plan { devices: 3, providers: vec![Platform::Apns, Platform::Fcm], run: 0xfeed }
     }
 
+    /// The command end to end, small: the real binary, both mocks, the
+    /// replays, the ceiling and the engine's CPU.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_small_run_delivers_each_webhook_once_and_answers_replays_as_duplicates() {
+        let args = RelayIngressArgs {
+            devices: 5,
+            webhooks: 40,
+            concurrency: 4,
+            providers: vec![Platform::Apns, Platform::Fcm],
+            replays: 0.25,
+            run: PlatformRunArgs::for_tests(),
+        };
+        let report = run(args).await.unwrap();
+        assert!(report.passed, "{:?}", report.failures);
+        assert_eq!((report.delivered, report.provider_requests, report.duplicates), (40, 40, 10));
+        assert!(report.ratio.is_some_and(|r| r > 0.0) && report.engine_cpu_us_per_webhook.is_some());
+        assert_eq!(report.store, "redb");
+    }
+
     #[tokio::test]
     async fn a_planned_webhook_passes_the_engines_verifier_and_parser() {
         let plan = plan();
