@@ -162,6 +162,12 @@ impl RedbStore {
         f(&self.db.begin_read().be()?)
     }
 
+    /// A gateway window state value as stored (not as staged), on the
+    /// calling task: a point read.
+    fn stored_state(&self, key: &[u8]) -> Result<Option<staged::Value>, StoreError> {
+        gateway::stored_state(&self.db.begin_read().be()?, key)
+    }
+
     /// Runs `f` in a write transaction, shared with the writes queued with
     /// it (group commit): answers once that transaction committed; `Err`
     /// from `f` discards its writes and fails it alone. `f` may run more
@@ -757,11 +763,11 @@ in_transactions! {
     super::GatewayStore, gateway {
         write fn register(registration: &GatewayRegistration) -> Option<RegistrationId>;
         write fn unregister(revoke: &Revoke) -> bool;
+        // The reads (`read_here`) are point reads of a few records, several
+        // per notify: on the calling task.
         read_here fn route(route: &RouteKey, now_ms: i64) -> Option<GatewayRegistration>;
         read_here fn target(tenant: &ServiceId, push_target_id: &PushTargetId, now_ms: i64) -> Vec<GatewayRegistration>;
         write fn mark_token_invalid(route: &RouteKey, registration_id: &RegistrationId) -> bool;
-        // The reads (`read_here`) are point reads of a few records, several
-        // per notify: on the calling task.
         // A notify's claim reaches the caller only through its answer,
         // committed (and synced) by `notify_commit`; a lease or
         // a reschedule lost in a crash makes a wakeup due again, as an
@@ -783,9 +789,9 @@ in_transactions! {
         let key = gateway::state_key(tenant, key)?;
         let found = match self.staged.get(&key) {
             Some(staged) => Some(staged),
-            None => self.read_here(|txn| gateway::stored_state(txn, &key)).await?,
+            None => self.stored_state(&key)?,
         };
-        Ok(found.filter(|(expires, _)| *expires > now_ms).map(|(_, value)| value))
+        Ok(staged::live(found.as_ref(), now_ms).map(<[u8]>::to_vec))
     }
 
     async fn state_cas(
@@ -799,8 +805,7 @@ in_transactions! {
     ) -> Result<bool, StoreError> {
         let key = gateway::state_key(tenant, key)?;
         loop {
-            let stored = || gateway::stored_state(&self.db.begin_read().be()?, &key);
-            match self.staged.cas(&key, expected, new, now_ms, expires_at_ms, stored)? {
+            match self.staged.cas(&key, expected, new, now_ms, expires_at_ms, || self.stored_state(&key))? {
                 Cas::Set { ask_commit } => {
                     if ask_commit {
                         self.writer.nudge();

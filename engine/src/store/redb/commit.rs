@@ -25,8 +25,8 @@
 //!   what a crash leaves is always every commit up to some point: a state
 //!   the process could have crashed in with every commit synced. A
 //!   `WithNext` write is for a step whose result stays inside the process
-//!   until a later `Now` write carries it out (a notify's claim and window
-//!   state before its answer is committed): one fsync then serves them all.
+//!   until a later `Now` write carries it out (a notify's claim before its
+//!   answer is committed): one fsync then serves them all.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -96,11 +96,8 @@ impl GroupCommit {
     /// Asks for a transaction soon (it writes what is staged) without
     /// waiting for it. A full queue needs no asking: a transaction is near.
     pub(super) fn nudge(&self) {
-        let (reply, _) = oneshot::channel();
-        let job: Box<dyn Job> =
-            Box::new(Write { f: |_: &WriteTransaction| Ok(()), sync: Sync::WithNext, outcome: None, reply });
         if let Some(jobs) = &self.jobs {
-            let _ = jobs.try_send(job);
+            let _ = jobs.try_send(nothing(Sync::WithNext));
         }
     }
 }
@@ -175,13 +172,14 @@ fn write_batches(db: &Database, staging: Option<&Staging>, mut queue: mpsc::Rece
         commit(db, staging, batch);
     }
     // Closing: what is staged, and every commit not yet synced, to disk.
-    commit(db, staging, vec![sync_now()]);
+    commit(db, staging, vec![nothing(Sync::Now)]);
 }
 
-/// A write of nothing, synced: it syncs what came before it.
-fn sync_now() -> Box<dyn Job> {
+/// A write of nothing that nobody waits for: its transaction writes what is
+/// staged, and when `sync` is `Now` syncs every commit before it.
+fn nothing(sync: Sync) -> Box<dyn Job> {
     let (reply, _) = oneshot::channel();
-    Box::new(Write { f: |_: &WriteTransaction| Ok(()), sync: Sync::Now, outcome: None, reply })
+    Box::new(Write { f: |_: &WriteTransaction| Ok(()), sync, outcome: None, reply })
 }
 
 /// Commits `batch` in one transaction, after what is staged, leaving out

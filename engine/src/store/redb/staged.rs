@@ -27,6 +27,11 @@ pub(super) const MAX_STAGED: usize = 4096;
 /// A stored or staged state value: expires_at (ms) and the value.
 pub(super) type Value = (i64, Vec<u8>);
 
+/// A value's bytes while it has not expired at `now`.
+pub(super) fn live(value: Option<&Value>, now: i64) -> Option<&[u8]> {
+    value.filter(|(expires, _)| *expires > now).map(|(_, v)| v.as_slice())
+}
+
 #[derive(Default)]
 pub(super) struct StagedState {
     inner: Mutex<Inner>,
@@ -81,8 +86,7 @@ impl StagedState {
             // Read under the lock: no commit of this key can come between.
             None => stored()?,
         };
-        let live = current.as_ref().filter(|(expires, _)| *expires > now).map(|(_, v)| v.as_slice());
-        if live != expected {
+        if live(current.as_ref(), now) != expected {
             return Ok(Cas::Refused);
         }
         inner.next_version += 1;
