@@ -29,11 +29,10 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::platform_channels::{self, PlatformPush, PlatformRunArgs, fcm_table, quote};
-use crate::profile::{ProfileSummary, Profiler};
+use crate::platform_channels::{self, EngineMeter, PlatformPush, PlatformRunArgs, fcm_table, quote};
+use crate::profile::ProfileSummary;
 use crate::run::collector::{Percentiles, latency_histogram};
 use crate::run::cql_ceiling::CqlCeiling;
-use crate::run::engine_process::proc_sample;
 
 const GATEWAY: &str = "did:web:push.loadtest";
 const GATEWAY_URL: &str = "https://push.loadtest/_arkret/edge/push/notify";
@@ -214,8 +213,7 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<GatewayReport> {
     let client = platform_channels::http_client(args.concurrency);
     let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let sent_at = Arc::new(std::sync::Mutex::new(HashMap::<(String, u64), Instant>::new()));
-    let profiler = Profiler::attach(args.run.profile.as_deref(), engine.pid())?;
-    let cpu_before = engine.pid().and_then(proc_sample).map(|s| s.cpu_seconds);
+    let meter = EngineMeter::start(&args.run, engine.pid())?;
     let started = Instant::now();
     let mut workers = tokio::task::JoinSet::new();
     for _ in 0..args.concurrency.max(1) {
@@ -269,11 +267,10 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<GatewayReport> {
     while (fcm.received_count() as u64) < accepted && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let cpu_after = engine.pid().and_then(proc_sample).map(|s| s.cpu_seconds);
+    let (engine_cpu_us_per_notify, profile) = meter.finish(args.notifies)?;
     if !errors.is_empty() {
         eprintln!("notify answers other than 200: {errors:?}; the engine's log ends:\n{}", engine.log_tail(30));
     }
-    let profile = profiler.map(Profiler::finish).transpose()?;
     drop(engine);
     store.drop_keyspace().await?;
     let received = fcm.received();
@@ -306,9 +303,7 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<GatewayReport> {
         provider_seconds,
         provider_requests_per_second: provider_rate,
         latency: Percentiles::from_histogram_us(&histogram),
-        engine_cpu_us_per_notify: cpu_before
-            .zip(cpu_after)
-            .map(|(before, after)| (after - before) * 1e6 / args.notifies.max(1) as f64),
+        engine_cpu_us_per_notify,
         ceiling_requests_per_second: ceiling,
         ratio: ceiling.map(|c| provider_rate / c),
         store: store.describe(),

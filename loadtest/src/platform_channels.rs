@@ -22,8 +22,9 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{Map, Value};
 
+use crate::profile::{ProfileSummary, Profiler};
 use crate::run::cql_ceiling::{self, CqlCeiling};
-use crate::run::engine_process::{APNS_BUNDLE_ID, APNS_KEY_ID, APNS_TEAM_ID, Store};
+use crate::run::engine_process::{APNS_BUNDLE_ID, APNS_KEY_ID, APNS_TEAM_ID, Store, proc_sample};
 
 /// The options of every run against the platform mocks.
 #[derive(clap::Args, Debug, Clone)]
@@ -101,6 +102,31 @@ impl PlatformRunArgs {
         let mut launch = Launch::new(binary, config);
         launch.env = store.env();
         Ok(launch)
+    }
+}
+
+/// The engine over a run's measured interval: its CPU time and, with
+/// `--profile`, where it went.
+pub struct EngineMeter {
+    pid: Option<u32>,
+    cpu_before: Option<f64>,
+    profiler: Option<Profiler>,
+}
+
+impl EngineMeter {
+    /// Starts measuring engine `pid` now.
+    pub fn start(args: &PlatformRunArgs, pid: Option<u32>) -> anyhow::Result<Self> {
+        let profiler = Profiler::attach(args.profile.as_deref(), pid)?;
+        Ok(Self { pid, cpu_before: pid.and_then(proc_sample).map(|s| s.cpu_seconds), profiler })
+    }
+
+    /// Ends the interval: the engine's CPU time per unit of work in µs
+    /// (`units` done in it), and the profile.
+    pub fn finish(self, units: u64) -> anyhow::Result<(Option<f64>, Option<ProfileSummary>)> {
+        let cpu_after = self.pid.and_then(proc_sample).map(|s| s.cpu_seconds);
+        let per_unit =
+            self.cpu_before.zip(cpu_after).map(|(before, after)| (after - before) * 1e6 / units.max(1) as f64);
+        Ok((per_unit, self.profiler.map(Profiler::finish).transpose()?))
     }
 }
 

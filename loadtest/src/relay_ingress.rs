@@ -35,11 +35,13 @@ use http_body_util::{BodyExt as _, Full};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::platform_channels::{self, HttpClient, PlatformPush, PlatformRunArgs, apns_table, fcm_table, quote};
-use crate::profile::{ProfileSummary, Profiler};
+use crate::platform_channels::{
+    self, EngineMeter, HttpClient, PlatformPush, PlatformRunArgs, apns_table, fcm_table, quote,
+};
+use crate::profile::ProfileSummary;
 use crate::run::collector::{Percentiles, latency_histogram};
 use crate::run::cql_ceiling::CqlCeiling;
-use crate::run::engine_process::{APNS_KEY_ID, APNS_TEAM_ID, proc_sample};
+use crate::run::engine_process::{APNS_KEY_ID, APNS_TEAM_ID};
 
 const HUB: &str = "loadtesthub";
 const SECRET: &[u8] = b"loadtest-relay-ingress-secret-0123456789";
@@ -368,8 +370,7 @@ pub async fn run(args: RelayIngressArgs) -> anyhow::Result<RelayIngressReport> {
 
     // The webhooks, each delivery id once.
     let sent_at: Arc<Vec<AtomicU64>> = Arc::new((0..args.webhooks).map(|_| AtomicU64::new(0)).collect());
-    let profiler = Profiler::attach(args.run.profile.as_deref(), engine.pid())?;
-    let cpu_before = engine.pid().and_then(proc_sample).map(|s| s.cpu_seconds);
+    let meter = EngineMeter::start(&args.run, engine.pid())?;
     let started = Instant::now();
     let first =
         send(&client, &uri, &plan, (0..args.webhooks).collect(), args.concurrency, Some((sent_at.clone(), started)))
@@ -382,8 +383,7 @@ pub async fn run(args: RelayIngressArgs) -> anyhow::Result<RelayIngressReport> {
     while received() < first.delivered && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let cpu_after = engine.pid().and_then(proc_sample).map(|s| s.cpu_seconds);
-    let profile = profiler.map(Profiler::finish).transpose()?;
+    let (engine_cpu_us_per_webhook, profile) = meter.finish(args.webhooks)?;
 
     // A hub's retries of delivery ids already answered.
     let replays = replay_indices(args.webhooks, args.replays);
@@ -460,9 +460,7 @@ pub async fn run(args: RelayIngressArgs) -> anyhow::Result<RelayIngressReport> {
         provider_seconds,
         provider_requests_per_second: provider_rate,
         latency: Percentiles::from_histogram_us(&histogram),
-        engine_cpu_us_per_webhook: cpu_before
-            .zip(cpu_after)
-            .map(|(before, after)| (after - before) * 1e6 / args.webhooks.max(1) as f64),
+        engine_cpu_us_per_webhook,
         ceiling_requests_per_second: ceiling,
         ratio: ceiling.map(|c| provider_rate / c),
         store: store.describe(),
