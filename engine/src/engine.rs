@@ -28,6 +28,7 @@ use crate::shard_owners::ShardOwners;
 use crate::store::{Instrumented, NodeId, Store};
 use crate::supervision::SupervisorMsg;
 use crate::supervisor::{Supervisor, SupervisorArgs};
+use crate::transport::proxy::OutboundProxy;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -143,7 +144,9 @@ impl Engine {
         let shard_count = settings.shard_count.get();
         let metrics = Arc::new(Metrics::new());
         let store: Arc<dyn Store> = Arc::new(Instrumented::new(store, metrics.clone()));
-        let ctx = ChannelContext { store: Some(store.clone()), ..ChannelContext::new(metrics.clone()) };
+        let proxy = settings.outbound_proxy.as_ref().map(OutboundProxy::new).transpose();
+        let proxy = proxy.map_err(|e| EngineError::Config(e.to_string()))?.map(Arc::new);
+        let ctx = ChannelContext { store: Some(store.clone()), proxy, ..ChannelContext::new(metrics.clone()) };
         // 003 §5: the relay's debug ring, served only when its endpoint is on.
         let push_log = settings.channels.relay.as_ref().filter(|r| r.dangerous_push_log_endpoint);
         let push_log = push_log.map(|_| ctx.push_log.clone());

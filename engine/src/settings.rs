@@ -21,6 +21,7 @@ pub use crate::ownership::LeaseSettings;
 pub use crate::registry::SubscriptionChanges;
 pub use crate::relay_ingress::RelayIngressSettings;
 pub use crate::retention::{RetentionInterval, RetentionSettings};
+pub use crate::transport::proxy::OutboundProxySettings;
 
 /// Default number of topic shards. Fixed per deployment: the store records it.
 pub const DEFAULT_SHARD_COUNT: NonZeroU16 = NonZeroU16::new(256).unwrap();
@@ -50,6 +51,8 @@ pub struct EngineSettings {
     /// Shard leases when several nodes share a ScyllaDB store.
     pub lease: LeaseSettings,
     pub channels: ChannelSettings,
+    /// An HTTP CONNECT proxy the channels connect through; absent: direct.
+    pub outbound_proxy: Option<OutboundProxySettings>,
     /// Spec 003 push-server endpoint; absent: off.
     pub relay_ingress: Option<RelayIngressSettings>,
     /// Spec 002 Station and Gateway roles; absent: off.
@@ -70,6 +73,7 @@ impl Default for EngineSettings {
             retention: RetentionSettings::default(),
             lease: LeaseSettings::default(),
             channels: ChannelSettings::https_only(),
+            outbound_proxy: None,
             relay_ingress: None,
             gateway: None,
         }

@@ -27,6 +27,8 @@ pub const CQL_PASSWORD_FILE: &str = "FANOUT_TEST_CQL_PASSWORD_FILE";
 pub const CQL_CLUSTER: &str = "FANOUT_TEST_CQL_CLUSTER";
 /// A Prometheus binary (the dashboards and alerts e2e test).
 pub const PROMETHEUS: &str = "FANOUT_TEST_PROMETHEUS";
+/// A tinyproxy binary (the outbound proxy e2e tests).
+pub const TINYPROXY: &str = "FANOUT_TEST_TINYPROXY";
 
 /// [`CQL`]'s value.
 pub fn cql_server() -> Option<String> {
@@ -52,6 +54,14 @@ pub fn cql_cluster() -> Option<String> {
 /// [`PROMETHEUS`]'s value.
 pub fn prometheus_binary() -> Option<String> {
     service(PROMETHEUS, "Prometheus: apt-get install prometheus, then FANOUT_TEST_PROMETHEUS=$(command -v prometheus)")
+}
+
+/// [`TINYPROXY`]'s value.
+pub fn tinyproxy_binary() -> Option<String> {
+    service(
+        TINYPROXY,
+        "an HTTP CONNECT proxy: apt-get install tinyproxy-bin, then FANOUT_TEST_TINYPROXY=$(command -v tinyproxy)",
+    )
 }
 
 /// The value of `variable`, trimmed and never empty: the service a test

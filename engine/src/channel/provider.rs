@@ -14,6 +14,8 @@ use crate::domain::{Channel, DeliveryTarget, Recipient, StoredEnvelope};
 use crate::metrics::Metrics;
 use crate::store::Store;
 use crate::transport::destination::HostResolver;
+use crate::transport::pool::{Dialer, Resolver};
+use crate::transport::proxy::OutboundProxy;
 
 /// What one attempt sends. Each channel's row of the table says which kinds
 /// it takes (`Channel::takes_relayed`); handed another, a provider answers
@@ -72,11 +74,25 @@ pub struct ChannelContext {
     pub resolver: Option<Arc<dyn HostResolver>>,
     /// The debug ring a channel records its in-process pushes in (003 §5).
     pub push_log: Arc<PushLog>,
+    /// `[engine.outbound_proxy]`: the proxy the channels it serves connect
+    /// through; `None`: every channel connects directly.
+    pub proxy: Option<Arc<OutboundProxy>>,
 }
 
 impl ChannelContext {
     pub fn new(metrics: Arc<Metrics>) -> Self {
-        Self { metrics, store: None, resolver: None, push_log: Arc::default() }
+        Self { metrics, store: None, resolver: None, push_log: Arc::default(), proxy: None }
+    }
+
+    /// The outbound proxy when it serves `channel`.
+    pub fn proxy_for(&self, channel: Channel) -> Option<Arc<OutboundProxy>> {
+        self.proxy.clone().filter(|p| p.serves(channel))
+    }
+
+    /// How `channel`'s connections reach the addresses `resolver` finds:
+    /// through the outbound proxy when it serves the channel.
+    pub fn dialer(&self, channel: Channel, resolver: Resolver) -> Dialer {
+        Dialer::through(resolver, self.proxy_for(channel))
     }
 }
 

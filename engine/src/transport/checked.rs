@@ -10,7 +10,8 @@ use std::time::Duration;
 use super::destination::connect::CheckedResolver;
 use super::destination::resolve::HostResolver;
 use super::destination::safety::{DomainPattern, SafetyError, WebhookPolicy, WebhookUrl};
-use super::pool::{ClientOptions, Connections, Pool, PoolMetrics, PoolOptions, Protocols, Resolver};
+use super::pool::{ClientOptions, Connections, Dialer, Pool, PoolMetrics, PoolOptions, Protocols, Resolver};
+use super::proxy::OutboundProxy;
 use super::tls::client_tls_config;
 use crate::domain::Channel;
 use crate::metrics::Metrics;
@@ -33,6 +34,9 @@ pub struct DestinationSettings<'a> {
     pub connections: Connections,
     pub max_in_flight: NonZeroUsize,
     pub rate_limit_per_second: u32,
+    /// The outbound proxy the channel's connections tunnel through, to the
+    /// checked addresses; `None`: direct.
+    pub proxy: Option<Arc<OutboundProxy>>,
 }
 
 /// A pool whose every connection goes to a checked address, and the check
@@ -65,7 +69,7 @@ impl CheckedDestinations {
                 rate_limit_per_second: settings.rate_limit_per_second,
                 client: CLIENT_OPTIONS,
             },
-            Resolver::Checked(CheckedResolver::new(resolver.clone(), policy.clone())),
+            Dialer::through(Resolver::Checked(CheckedResolver::new(resolver.clone(), policy.clone())), settings.proxy),
             PoolMetrics::new(metrics, settings.channel),
         );
         Ok(Self { pool, policy, resolver })

@@ -441,7 +441,7 @@ mod tests {
     use prometheus::IntCounter;
 
     use super::*;
-    use crate::transport::pool::{Resolver, http2_client};
+    use crate::transport::pool::{Dialer, Resolver, http2_client};
 
     /// A client trusting `pki` that counts the connections it opens.
     fn client(pki: &TestPki, dir: &tempfile::TempDir, idle_timeout: Duration) -> (Http2Client, IntCounter) {
@@ -449,7 +449,7 @@ mod tests {
         pki.write_ca(&ca).unwrap();
         let tls = crate::transport::client_tls_config(&[ca]).unwrap();
         let opened = IntCounter::new("opened", "connections opened").unwrap();
-        (http2_client(tls, idle_timeout, Resolver::system(), Some(opened.clone()), false), opened)
+        (http2_client(tls, idle_timeout, Dialer::direct(Resolver::system()), Some(opened.clone()), false), opened)
     }
 
     fn post(url: &str) -> Request<Bytes> {

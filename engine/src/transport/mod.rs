@@ -3,7 +3,8 @@
 //! response-body cap), its HTTP/2 client (`http2`) and ALPN memory, the TLS
 //! client configuration, and the destination guard (`destination`, PUSH-256)
 //! with the checked pool of the channels that send to recipients' URLs
-//! (`checked`).
+//! (`checked`), and the outbound proxy connections may tunnel through
+//! (`proxy`).
 
 mod alpn;
 pub mod checked;
@@ -11,6 +12,7 @@ mod connector;
 pub mod destination;
 pub mod http2;
 pub mod pool;
+pub mod proxy;
 pub mod tls;
 
 use std::time::Duration;

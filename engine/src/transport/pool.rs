@@ -28,7 +28,7 @@ use super::alpn::{HostProtocols, Route};
 use super::connector::{BoxError, KEEP_ALIVE_INTERVAL, KEEP_ALIVE_TIMEOUT, connector};
 use super::http2::{Http2Body, Http2Client, Http2Error};
 
-pub use super::connector::{CountingConnector, Protocols, Resolver};
+pub use super::connector::{CountingConnector, Dialer, Protocols, Resolver};
 
 /// `connections`: how many connections (or pools) a channel uses
 /// round-robin, 1 to 64.
@@ -98,10 +98,10 @@ pub struct ClientOptions {
 pub fn https_client(
     tls: rustls::ClientConfig,
     options: ClientOptions,
-    resolver: Resolver,
+    dialer: Dialer,
     opened: Option<IntCounter>,
 ) -> HttpsClient {
-    client(tls, options, resolver, opened, false)
+    client(tls, options, dialer, opened, false)
 }
 
 /// `https_client`, or with `allow_plain_http` one that also sends to
@@ -109,7 +109,7 @@ pub fn https_client(
 fn client(
     tls: rustls::ClientConfig,
     options: ClientOptions,
-    resolver: Resolver,
+    dialer: Dialer,
     opened: Option<IntCounter>,
     allow_plain_http: bool,
 ) -> HttpsClient {
@@ -122,7 +122,7 @@ fn client(
         .pool_idle_timeout(options.idle_timeout)
         .http2_keep_alive_interval(KEEP_ALIVE_INTERVAL)
         .http2_keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
-        .build(connector(tls, options.protocols, resolver, opened, allow_plain_http))
+        .build(connector(tls, options.protocols, dialer, opened, allow_plain_http))
 }
 
 /// The HTTP/2 client of `transport::http2` over the same connector: what a
@@ -130,11 +130,11 @@ fn client(
 pub fn http2_client(
     tls: rustls::ClientConfig,
     idle_timeout: Duration,
-    resolver: Resolver,
+    dialer: Dialer,
     opened: Option<IntCounter>,
     allow_plain_http: bool,
 ) -> Http2Client {
-    Http2Client::new(connector(tls, Protocols::Http2, resolver, opened, allow_plain_http), idle_timeout)
+    Http2Client::new(connector(tls, Protocols::Http2, dialer, opened, allow_plain_http), idle_timeout)
 }
 
 /// A complete answer: status, headers and at most `MAX_RESPONSE_BODY` bytes.
@@ -235,8 +235,8 @@ pub struct Pool {
 }
 
 impl Pool {
-    pub fn new(tls: &rustls::ClientConfig, options: PoolOptions, resolver: Resolver, metrics: PoolMetrics) -> Self {
-        Self::build(tls, options, resolver, metrics, false)
+    pub fn new(tls: &rustls::ClientConfig, options: PoolOptions, dialer: Dialer, metrics: PoolMetrics) -> Self {
+        Self::build(tls, options, dialer, metrics, false)
     }
 
     /// A pool whose clients also send to `http://` URLs: only for a
@@ -244,16 +244,16 @@ impl Pool {
     pub fn allowing_plain_http(
         tls: &rustls::ClientConfig,
         options: PoolOptions,
-        resolver: Resolver,
+        dialer: Dialer,
         metrics: PoolMetrics,
     ) -> Self {
-        Self::build(tls, options, resolver, metrics, true)
+        Self::build(tls, options, dialer, metrics, true)
     }
 
     fn build(
         tls: &rustls::ClientConfig,
         options: PoolOptions,
-        resolver: Resolver,
+        dialer: Dialer,
         metrics: PoolMetrics,
         allow_plain_http: bool,
     ) -> Self {
@@ -263,7 +263,7 @@ impl Pool {
         let lanes = (0..options.connections.get())
             .map(|_| {
                 let connect =
-                    |protocols| connector(tls.clone(), protocols, resolver.clone(), opened.clone(), allow_plain_http);
+                    |protocols| connector(tls.clone(), protocols, dialer.clone(), opened.clone(), allow_plain_http);
                 // With ALPN, the HTTP/2 client's connector offers both, and a host that picks
                 // http/1.1 is told apart on the connection, before any request is sent (`alpn`).
                 let http2 = if with_alpn {
@@ -272,7 +272,7 @@ impl Pool {
                     Http2Client::new(connect(Protocols::Http2), idle_timeout)
                 };
                 let alpn = with_alpn
-                    .then(|| client(tls.clone(), options.client, resolver.clone(), opened.clone(), allow_plain_http));
+                    .then(|| client(tls.clone(), options.client, dialer.clone(), opened.clone(), allow_plain_http));
                 Lane { http2, alpn }
             })
             .collect();
@@ -544,13 +544,13 @@ mod tests {
             client,
         };
         let resolver = || Resolver::System(GaiResolver::new());
-        let pool = Pool::new(&tls, options(3, 7, 0), resolver(), metrics.clone());
+        let pool = Pool::new(&tls, options(3, 7, 0), Dialer::direct(resolver()), metrics.clone());
         assert_eq!(pool.lanes.len(), 3);
         assert!(pool.hosts.is_none() && pool.lanes.iter().all(|lane| lane.alpn.is_none()));
         assert_eq!(pool.available_slots(), 7);
         assert_eq!(pool.drain_room(), 7);
         assert!(pool.limiter.is_none());
-        let limited = Pool::new(&tls, options(1, 1, 5), resolver(), metrics);
+        let limited = Pool::new(&tls, options(1, 1, 5), Dialer::direct(resolver()), metrics);
         assert!(limited.limiter.is_some());
     }
 
@@ -568,7 +568,7 @@ mod tests {
             client: crate::transport::checked::CLIENT_OPTIONS,
         };
         let opened = metrics.connections_opened.clone();
-        (Pool::new(&tls, options, Resolver::system(), metrics), opened)
+        (Pool::new(&tls, options, Dialer::direct(Resolver::system()), metrics), opened)
     }
 
     fn post(url: &str) -> Request<Bytes> {

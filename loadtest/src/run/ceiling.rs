@@ -90,7 +90,13 @@ impl WebPushSender {
 pub fn client(pki: &TestPki) -> Arc<Http2Client> {
     let mut tls = (*pki.client_config()).clone();
     tls.alpn_protocols.clear(); // hyper-rustls sets ALPN itself
-    Arc::new(pool::http2_client(tls, Duration::from_secs(600), pool::Resolver::system(), None, false))
+    Arc::new(pool::http2_client(
+        tls,
+        Duration::from_secs(600),
+        pool::Dialer::direct(pool::Resolver::system()),
+        None,
+        false,
+    ))
 }
 
 /// The request for delivery `index` of the plan, with the body and headers

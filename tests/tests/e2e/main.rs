@@ -17,6 +17,7 @@ mod listeners;
 mod live_prometheus;
 mod multinode;
 mod operability;
+mod outbound_proxy;
 mod providers;
 mod publish_stream;
 mod relay;

@@ -67,7 +67,7 @@ impl ApnsProvider {
                 rate_limit_per_second: settings.rate_limit_per_second,
                 client: ClientOptions { protocols: Protocols::Http2, idle_timeout: IDLE_TIMEOUT },
             },
-            Resolver::system(),
+            ctx.dialer(Channel::Apns, Resolver::system()),
             PoolMetrics::new(&ctx.metrics, Channel::Apns),
         );
         let bundle_id = HeaderValue::try_from(settings.bundle_id.as_str())

@@ -72,7 +72,7 @@ impl FcmProvider {
             .map_err(|_| BuildError::new("engine.channels.fcm.base_url", "cannot form the messages:send URL"))?;
         // The token endpoint may speak HTTP/1.1 only.
         let token_client = ClientOptions { protocols: Protocols::Http1Or2, idle_timeout: IDLE_TIMEOUT };
-        let token_client = https_client(tls.clone(), token_client, Resolver::system(), None);
+        let token_client = https_client(tls.clone(), token_client, ctx.dialer(Channel::Fcm, Resolver::system()), None);
         let tokens = AccessTokens::new(token_client, token_uri, account, key, &ctx.metrics);
         // Sign once now, so a bad key fails at start and not at the first push.
         tokens.assertion().map_err(|_| bad(format!("{path}: private_key cannot sign RS256")))?;
@@ -84,7 +84,7 @@ impl FcmProvider {
                 rate_limit_per_second: settings.rate_limit_per_second,
                 client: ClientOptions { protocols: Protocols::Http2, idle_timeout: IDLE_TIMEOUT },
             },
-            Resolver::system(),
+            ctx.dialer(Channel::Fcm, Resolver::system()),
             PoolMetrics::new(&ctx.metrics, Channel::Fcm),
         );
         Ok(Self { pool, send_uri, tokens, lifetime: settings.ttl_seconds })

@@ -60,6 +60,7 @@ impl WebhookProvider {
                 connections: settings.connections,
                 max_in_flight: settings.max_in_flight,
                 rate_limit_per_second: settings.rate_limit_per_second,
+                proxy: ctx.proxy_for(Channel::Http),
             },
             resolver,
             &ctx.metrics,

@@ -90,10 +90,11 @@ impl Relay {
                 };
                 // Trusted configuration: the system resolver, not PUSH-256's checks.
                 let metrics = PoolMetrics::new(&ctx.metrics, Channel::Relay);
+                let dialer = ctx.dialer(Channel::Relay, Resolver::system());
                 let pool = if settings.dangerous_allow_plain_http {
-                    Pool::allowing_plain_http(&tls, options, Resolver::system(), metrics)
+                    Pool::allowing_plain_http(&tls, options, dialer, metrics)
                 } else {
-                    Pool::new(&tls, options, Resolver::system(), metrics)
+                    Pool::new(&tls, options, dialer, metrics)
                 };
                 Some(Webhook { url: url.clone(), secret, pool })
             }

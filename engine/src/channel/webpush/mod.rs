@@ -79,6 +79,7 @@ impl WebPushProvider {
                 connections: settings.connections,
                 max_in_flight: settings.max_in_flight,
                 rate_limit_per_second: settings.rate_limit_per_second,
+                proxy: ctx.proxy_for(Channel::WebPush),
             },
             resolver,
             &ctx.metrics,
