@@ -19,6 +19,18 @@ use crate::domain::{DeliveryTarget, EnvelopeKind, RecipientId, SecretHash, Shard
 use crate::gateway::identity::{PushSecret, SaltSecrets};
 use crate::store::{LeaseHolder, LiveNode, NodeId, ShardLeases, StoreError};
 
+/// The commented-out `[<path>]` block of `fanout.example.toml`, uncommented
+/// and parsed: the table at `path` (dotted), for the settings tests that
+/// check the example against the defaults and rules.
+pub fn example_block(path: &str) -> toml::Value {
+    let example = include_str!("../../fanout.example.toml");
+    let start = example.find(&format!("# [{path}]")).expect("the table is in the example");
+    let block: Vec<&str> =
+        example[start..].lines().take_while(|l| !l.is_empty()).map(|l| l.strip_prefix("# ").unwrap_or(l)).collect();
+    let parsed: toml::Value = toml::from_str(&block.join("\n")).expect("the example block is TOML");
+    path.split('.').fold(parsed, |table, key| table[key].clone())
+}
+
 /// A resolver for destinations reached by IP literal: it never resolves.
 pub struct NoDns;
 

@@ -121,13 +121,7 @@ pub(crate) fn required_path<'de, D: Deserializer<'de>>(deserializer: D) -> Resul
 /// uncommented: the settings tests check that it is the defaults.
 #[cfg(test)]
 pub(crate) fn example_table(name: &str) -> toml::Value {
-    let example = include_str!("../../../fanout.example.toml");
-    let header = format!("# [engine.channels.{name}]");
-    let start = example.find(&header).expect("the table is in the example");
-    let block: Vec<&str> =
-        example[start..].lines().take_while(|l| !l.is_empty()).map(|l| l.strip_prefix("# ").unwrap_or(l)).collect();
-    let parsed: toml::Table = toml::from_str(&block.join("\n")).expect("the example block is TOML");
-    parsed["engine"]["channels"][name].clone()
+    crate::testing::example_block(&format!("engine.channels.{name}"))
 }
 
 #[cfg(test)]

@@ -265,6 +265,18 @@ mod tests {
     }
 
     #[test]
+    fn the_example_block_parses() {
+        let example: OutboundProxySettings = crate::testing::example_block("engine.outbound_proxy").try_into().unwrap();
+        assert_eq!(example.url.address, "proxy.internal:3128");
+        let every: Vec<String> = Channel::ALL.iter().map(|c| c.as_str().to_owned()).collect();
+        let listed = example.channels.unwrap().0;
+        assert!(
+            every.iter().all(|c| c == "probe" || listed.iter().any(|l| l.as_str() == c)),
+            "the example lists every channel"
+        );
+    }
+
+    #[test]
     fn channels_absent_means_every_channel() {
         let every = OutboundProxy::new(&settings(serde_json::json!({"url": "http://p:1"})).unwrap()).unwrap();
         assert!(Channel::ALL.iter().all(|c| every.serves(*c)));
