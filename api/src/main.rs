@@ -3,6 +3,7 @@
 mod auth;
 mod cluster;
 mod config;
+mod expiry;
 mod forward;
 mod gateway;
 mod grpc;
@@ -191,6 +192,8 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let api_listener = listener::bind(config.server.api_listen, "server.api_listen").await?;
     let [grpc_closes, http_closes, api_closes] =
         listener::Closes::register(&engine.metrics().registry, ["grpc", "http", "api"]);
+    // The time left on every certificate the process holds, from start.
+    expiry::CertificateExpiry::register(&config, &engine.metrics().registry)?;
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let tls_for = |pick: fn(&tls::ServerTls) -> Arc<rustls::ServerConfig>| {
         server_tls.clone().map(|t| Arc::new(move || pick(&t)) as listener::TlsSource)

@@ -31,6 +31,7 @@ mod retry_after;
 pub mod webpush;
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use serde::Deserialize;
@@ -78,6 +79,15 @@ impl Channels {
     }
 }
 
+/// The CA files a channel's settings name for it to trust besides the
+/// system roots (`extra_ca_files`): certificates that expire, watched by the
+/// expiry gauges. Each channel's settings implement it; none: no files.
+pub trait TrustedCas {
+    fn extra_ca_files(&self) -> &[PathBuf] {
+        &[]
+    }
+}
+
 /// `ChannelSettings`, its workers' bound and `Channels::build` from the rows
 /// of the channel table (`crate::domain::for_each_channel!`).
 macro_rules! channel_table {
@@ -106,6 +116,15 @@ macro_rules! channel_table {
                     bound += role!($role in_flight _s);
                 })*
                 bound
+            }
+
+            /// Each configured channel with the CA files it trusts.
+            pub fn extra_ca_files(&self) -> Vec<(Channel, &[PathBuf])> {
+                let mut files = Vec::new();
+                $($(#[$meta])* if let Some(s) = &self.$name {
+                    files.push((Channel::$variant, TrustedCas::extra_ca_files(s)));
+                })*
+                files
             }
 
             /// Each channel the delivery workers send through, with its

@@ -67,6 +67,8 @@ const UNPROVOKED: &[&str] = &[
     "FanoutRelayQueueDropping",
     "FanoutGatewayWakeupWorkerStalled",
     "FanoutGatewayWakeupsLate",
+    "FanoutCertificateExpiresSoon",
+    "FanoutCertificateExpiring",
 ];
 const UNPROVOKED_HEADING: &str = "### Alerts the live check cannot provoke";
 

@@ -54,6 +54,7 @@ const LABELS: &[&str] = &[
     "route",
     "listener",
     "scope",
+    "certificate",
 ];
 
 /// How long the traffic may take to touch every family: three webhook
@@ -609,8 +610,12 @@ fn exported_values(scrape: &str) -> BTreeMap<(String, String), BTreeSet<String>>
 
 /// With every component configured: the webhook, APNs, FCM and Web Push
 /// channels, the relay with a push server URL, the relay ingress and the
-/// gateway.
+/// gateway; every provider channel with an extra CA, so each has its
+/// certificate expiry series.
 fn every_component(dir: &std::path::Path) -> String {
+    let ca = dir.join("extra-ca.pem");
+    fanout_testkit::TestPki::generate(&[]).expect("pki").write_ca(&ca).expect("write ca");
+    let extra_ca = |table: &str| format!("{table}\nextra_ca_files = [{:?}]\n", ca.display().to_string());
     let relay_secret = dir.join("relay.secret");
     std::fs::write(&relay_secret, "operability-relay-secret-0123456789").expect("write relay secret");
     let vapid = dir.join("vapid-test-only.pem");
@@ -623,30 +628,41 @@ fn every_component(dir: &std::path::Path) -> String {
     );
     let tables = provider_tables(dir);
     assert!(tables.contains("[engine.channels.relay]\n"), "the relay table to give a url");
+    let tables = tables
+        .replace("[engine.channels.relay]\n", &extra_ca(relay.trim_end()))
+        .replace("[engine.channels.apns]\n", &extra_ca("[engine.channels.apns]"))
+        .replace("[engine.channels.fcm]\n", &extra_ca("[engine.channels.fcm]"));
     format!(
-        "{}[engine.channels.webpush]\nvapid_key_file = {:?}\nsubject = \"mailto:ops@fanout.test\"\n\n",
-        tables.replace("[engine.channels.relay]\n", &relay),
+        "{tables}{}vapid_key_file = {:?}\nsubject = \"mailto:ops@fanout.test\"\n\n",
+        extra_ca("[engine.channels.webpush]"),
         vapid.display().to_string(),
     )
 }
 
 /// Catalogue values an engine with every component configured does not
 /// export, and why.
-const NOT_EXPORTED_HERE: &[(&str, &[&str], &str)] = &[(
-    "operation",
-    &[
-        "acquire_lease",
-        "release_lease",
-        "lease_owner",
-        "lease_owners",
-        "heartbeat",
-        "live_nodes",
-        "forget_node",
-        "lease_holders",
-        "node_addresses",
-    ],
-    "lease operations exist only on a store with shard leases (ScyllaDB); the test engine's store is embedded",
-)];
+const NOT_EXPORTED_HERE: &[(&str, &[&str], &str)] = &[
+    (
+        "operation",
+        &[
+            "acquire_lease",
+            "release_lease",
+            "lease_owner",
+            "lease_owners",
+            "heartbeat",
+            "live_nodes",
+            "forget_node",
+            "lease_holders",
+            "node_addresses",
+        ],
+        "lease operations exist only on a store with shard leases (ScyllaDB); the test engine's store is embedded",
+    ),
+    (
+        "certificate",
+        &["listener", "client_ca", "forwarding_ca", "store_ca"],
+        "the test engine has no [server.tls] and an embedded store; the api's expiry unit test covers these sources",
+    ),
+];
 
 #[tokio::test]
 async fn the_label_catalogue_and_the_export_agree() {

@@ -70,6 +70,12 @@ pub struct ApnsSettings {
     pub expiration_seconds: PushLifetime,
 }
 
+impl crate::channel::TrustedCas for ApnsSettings {
+    fn extra_ca_files(&self) -> &[PathBuf] {
+        &self.extra_ca_files
+    }
+}
+
 impl ApnsSettings {
     /// The base URL for the configured environment.
     pub fn base_url(&self) -> &HttpsBase {

@@ -47,6 +47,12 @@ pub struct FcmSettings {
     pub ttl_seconds: PushLifetime,
 }
 
+impl crate::channel::TrustedCas for FcmSettings {
+    fn extra_ca_files(&self) -> &[PathBuf] {
+        &self.extra_ca_files
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -44,6 +44,12 @@ pub struct HttpSettings {
     pub rate_limit_per_second: u32,
 }
 
+impl crate::channel::TrustedCas for HttpSettings {
+    fn extra_ca_files(&self) -> &[PathBuf] {
+        &self.extra_ca_files
+    }
+}
+
 impl Default for HttpSettings {
     fn default() -> Self {
         Self {

@@ -14,6 +14,8 @@ pub struct ProbeSettings {
     pub max_in_flight: NonZeroUsize,
 }
 
+impl crate::channel::TrustedCas for ProbeSettings {}
+
 impl Default for ProbeSettings {
     fn default() -> Self {
         Self { max_in_flight: default_max_in_flight() }

@@ -55,6 +55,12 @@ pub struct RelaySettings {
     pub dangerous_allow_plain_http: bool,
 }
 
+impl crate::channel::TrustedCas for RelaySettings {
+    fn extra_ca_files(&self) -> &[PathBuf] {
+        &self.extra_ca_files
+    }
+}
+
 impl Default for RelaySettings {
     fn default() -> Self {
         Self {

@@ -62,6 +62,12 @@ pub struct WebPushSettings {
     pub rate_limit_per_second: u32,
 }
 
+impl crate::channel::TrustedCas for WebPushSettings {
+    fn extra_ca_files(&self) -> &[PathBuf] {
+        &self.extra_ca_files
+    }
+}
+
 /// RFC 8292 section 2.1: `mailto:` or `https:`.
 fn subject<'de, D: Deserializer<'de>>(deserializer: D) -> Result<String, D::Error> {
     let subject = String::deserialize(deserializer)?;
