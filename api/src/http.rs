@@ -1,20 +1,24 @@
 //! The ops listener (`server.http_listen`): /metrics (Prometheus text),
-//! /healthz, /readyz. Product endpoints live on the API listener (`rest.rs`).
+//! /healthz, /readyz, and a recipient's recent deliveries
+//! (`/admin/recipients/{recipient_id}/deliveries`, `history.rs`). Product
+//! endpoints live on the API listener (`rest.rs`).
 //!
-//! With `[server.auth]`, `/metrics` needs the operator role (a bearer token,
-//! as Prometheus sends with `authorization.credentials_file`, or a client
-//! certificate); the two probes stay open for the kubelet and say nothing
-//! but "ok" / "ready" or why not.
+//! With `[server.auth]`, `/metrics` and `/admin/...` need the operator role
+//! (a bearer token, as Prometheus sends with `authorization.credentials_file`,
+//! or a client certificate); the two probes stay open for the kubelet and
+//! say nothing but "ok" / "ready" or why not.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::extract::{Extension, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::extract::{Extension, Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use fanout_engine::Readiness;
+use fanout_engine::delivery::History;
 use fanout_engine::metrics::Metrics;
 use tokio::sync::Mutex;
 
@@ -29,12 +33,22 @@ pub struct HttpState {
     pub metrics: Arc<Metrics>,
     pub readiness: Readiness,
     pub auth: Option<Arc<Authenticator>>,
+    /// The engine's delivery history; `None`: off.
+    pub history: Option<History>,
+    /// This node as the others know it (`server.advertise_address`).
+    pub node: String,
     last_check: Arc<Mutex<Option<(Instant, Result<(), String>)>>>,
 }
 
 impl HttpState {
-    pub fn new(metrics: Arc<Metrics>, readiness: Readiness, auth: Option<Arc<Authenticator>>) -> Self {
-        Self { metrics, readiness, auth, last_check: Arc::new(Mutex::new(None)) }
+    pub fn new(
+        metrics: Arc<Metrics>,
+        readiness: Readiness,
+        auth: Option<Arc<Authenticator>>,
+        history: Option<History>,
+        node: String,
+    ) -> Self {
+        Self { metrics, readiness, auth, history, node, last_check: Arc::new(Mutex::new(None)) }
     }
 
     /// The store is asked by one request at a time, and only when the last
@@ -53,17 +67,27 @@ impl HttpState {
 }
 
 pub fn router(state: HttpState) -> Router {
-    Router::new()
+    let operator = Router::new()
         .route("/metrics", get(metrics))
+        .route("/admin/recipients/{recipient_id}/deliveries", get(crate::history::deliveries))
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), require_operator));
+    Router::new()
+        .merge(operator)
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .fallback(|| async { problem(StatusCode::NOT_FOUND, "no such endpoint") })
         .with_state(state)
 }
 
-async fn metrics(State(state): State<HttpState>, headers: HeaderMap, peer: Option<Extension<Peer>>) -> Response {
+/// With `[server.auth]`: the operator role, or 401/403 with a problem body.
+async fn require_operator(
+    State(state): State<HttpState>,
+    peer: Option<Extension<Peer>>,
+    request: Request,
+    next: Next,
+) -> Response {
     if let Some(auth) = &state.auth {
-        let authorization = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+        let authorization = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
         match auth.check(Role::Operator, authorization, peer.as_ref().map(|p| &p.0)) {
             Ok(()) => {}
             Err(Denied::Unauthenticated) => {
@@ -76,6 +100,10 @@ async fn metrics(State(state): State<HttpState>, headers: HeaderMap, peer: Optio
             }
         }
     }
+    next.run(request).await
+}
+
+async fn metrics(State(state): State<HttpState>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render()).into_response()
 }
 
@@ -87,7 +115,7 @@ async fn readyz(State(state): State<HttpState>) -> Response {
 }
 
 /// An RFC 9457 problem body.
-fn problem(status: StatusCode, title: &str) -> Response {
+pub fn problem(status: StatusCode, title: &str) -> Response {
     let body = serde_json::json!({"type": "about:blank", "title": title, "status": status.as_u16()});
     (status, [(header::CONTENT_TYPE, "application/problem+json")], body.to_string()).into_response()
 }

@@ -7,6 +7,7 @@ mod expiry;
 mod forward;
 mod gateway;
 mod grpc;
+mod history;
 mod http;
 mod listener;
 mod logging;
@@ -268,7 +269,13 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     );
     let api_server =
         serve(api_listener, tls_for(tls::ServerTls::http), api_router, listener::Protocol::Http, api_closes);
-    let http_router = http::router(http::HttpState::new(engine.metrics(), engine.readiness(), authenticator.clone()));
+    let http_router = http::router(http::HttpState::new(
+        engine.metrics(),
+        engine.readiness(),
+        authenticator.clone(),
+        engine.history(),
+        config.server.advertise_address(),
+    ));
     let http_server =
         serve(http_listener, tls_for(tls::ServerTls::http), http_router, listener::Protocol::Http, http_closes);
     tracing::info!(

@@ -10,7 +10,7 @@ use tokio::task::JoinHandle;
 
 use crate::channel::push_log::PushLog;
 use crate::channel::{ChannelContext, Channels};
-use crate::delivery::{DeliveryWorkers, Parking, WorkerContext};
+use crate::delivery::{DeliveryWorkers, History, Parking, WorkerContext};
 use crate::dispatch::{DispatchContext, PanicHook};
 use crate::domain::ShardId;
 use crate::gateway::delivery::Delivery;
@@ -125,6 +125,7 @@ pub struct Engine {
     relay_ingress: Option<Arc<RelayIngress>>,
     gateway: Option<Gateway>,
     push_log: Option<Arc<PushLog>>,
+    history: Option<History>,
     ingest: Arc<Ingest>,
     metrics: Arc<Metrics>,
     readiness: Readiness,
@@ -191,6 +192,7 @@ impl Engine {
             shard_count,
             metrics.clone(),
         );
+        let history = History::start(&settings.history);
         let (workers, worker_handles) = DeliveryWorkers::start(Arc::new(WorkerContext {
             max_in_flight: settings.delivery.in_flight_per_worker(settings.channels.max_in_flight()),
             parking: Arc::new(parking),
@@ -200,6 +202,7 @@ impl Engine {
             store: store.clone(),
             metrics: metrics.clone(),
             fence: fence.clone(),
+            history: history.clone(),
             dangerous_panic_attempts: options.dangerous_panic_attempts.into(),
         }));
         let ctx = Arc::new(DispatchContext {
@@ -250,6 +253,7 @@ impl Engine {
             relay_ingress,
             gateway,
             push_log,
+            history,
             ingest,
             metrics,
             readiness,
@@ -290,6 +294,12 @@ impl Engine {
     }
 
     /// The readiness probe of `/readyz`.
+    /// The delivery history of this node; `None` when it is off
+    /// (`engine.history.max_records = 0`).
+    pub fn history(&self) -> Option<History> {
+        self.history.clone()
+    }
+
     pub fn readiness(&self) -> Readiness {
         self.readiness.clone()
     }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 
-use crate::domain::{Recipient, StoredEnvelope};
+use crate::domain::{Recipient, StoredEnvelope, Timestamp};
 
 /// Where dispatch hands a channel's deliveries: the delivery workers, or a
 /// channel that keeps its own queue (the relay's, spec 003 §4).
@@ -47,11 +47,21 @@ pub struct Delivery {
     /// unpark batch's, settled at its next attempt (or when parked again),
     /// which is when its row may go.
     pub unparked: bool,
+    /// When its first attempt left, once it has (the delivery history's).
+    pub first_sent_at: Option<Timestamp>,
 }
 
 impl Delivery {
     pub fn new(envelope: Arc<StoredEnvelope>, recipient: Arc<Recipient>, first_attempt: FirstAttempt) -> Self {
-        Self { envelope, recipient, first_attempt: Some(first_attempt), attempts: 0, all_gone: true, unparked: false }
+        Self {
+            envelope,
+            recipient,
+            first_attempt: Some(first_attempt),
+            attempts: 0,
+            all_gone: true,
+            unparked: false,
+            first_sent_at: None,
+        }
     }
 }
 

@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 pub use crate::channel::ChannelSettings;
-pub use crate::delivery::DeliverySettings;
+pub use crate::delivery::{DeliverySettings, HistorySettings};
 pub use crate::dispatch::DispatchSettings;
 pub use crate::gateway::GatewaySettings;
 pub use crate::ingest::IngestSettings;
@@ -47,6 +47,8 @@ pub struct EngineSettings {
     pub ingest: IngestSettings,
     pub dispatch: DispatchSettings,
     pub delivery: DeliverySettings,
+    /// The recent attempts of each recipient, kept in memory per node.
+    pub history: HistorySettings,
     pub retention: RetentionSettings,
     /// Shard leases when several nodes share a ScyllaDB store.
     pub lease: LeaseSettings,
@@ -70,6 +72,7 @@ impl Default for EngineSettings {
             ingest: IngestSettings::default(),
             dispatch: DispatchSettings::default(),
             delivery: DeliverySettings::default(),
+            history: HistorySettings::default(),
             retention: RetentionSettings::default(),
             lease: LeaseSettings::default(),
             channels: ChannelSettings::https_only(),

@@ -37,7 +37,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 
 pub use common::{Connections, HttpsBase, PushLifetime};
-pub use outcome::Outcome;
+pub use outcome::{Answer, Outcome, Reason, Sent};
 pub use provider::{BuildError, ChannelContext, Provider, Push, Refused};
 pub use relayed::{Refusal, RelayPriority, RelayedPush};
 

@@ -76,3 +76,76 @@ impl Outcome {
         }
     }
 }
+
+/// What a provider answered an attempt, for the delivery history: the HTTP
+/// status and, where the answer names one, its reason (APNs `reason`, FCM
+/// `errorCode`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    pub status: u16,
+    pub reason: Option<Reason>,
+}
+
+impl Answer {
+    pub fn status(status: u16) -> Self {
+        Self { status, reason: None }
+    }
+
+    pub fn with_reason(status: u16, reason: Option<&str>) -> Self {
+        Self { status, reason: reason.and_then(Reason::parse) }
+    }
+}
+
+/// A provider's reason as operators see it: 1 to 64 of `A-Z a-z 0-9 _ . -`
+/// (every reason APNs and FCM document). Anything else is not kept, so
+/// nothing a provider echoes (a token, a URL) reaches the history.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reason(String);
+
+impl Reason {
+    const MAX_LEN: usize = 64;
+
+    pub fn parse(text: &str) -> Option<Self> {
+        let symbol = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-');
+        (!text.is_empty() && text.len() <= Self::MAX_LEN && text.chars().all(symbol)).then(|| Self(text.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// One attempt as a channel reports it: the table's outcome and the
+/// provider's answer when one came (none: a timeout, a connection error, a
+/// request not sent).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sent {
+    pub outcome: Outcome,
+    pub answer: Option<Answer>,
+}
+
+impl Sent {
+    pub fn answered(outcome: Outcome, answer: Answer) -> Self {
+        Self { outcome, answer: Some(answer) }
+    }
+}
+
+impl From<Outcome> for Sent {
+    fn from(outcome: Outcome) -> Self {
+        Self { outcome, answer: None }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reason_is_a_short_symbol_or_nothing() {
+        assert_eq!(Reason::parse("BadDeviceToken").map(|r| r.as_str().to_owned()), Some("BadDeviceToken".into()));
+        assert_eq!(Reason::parse("UNREGISTERED").map(|r| r.as_str().to_owned()), Some("UNREGISTERED".into()));
+        for refused in ["", "https://evil.example/x", "a b", "token=abc", &"x".repeat(65), "émoji"] {
+            assert_eq!(Reason::parse(refused), None, "{refused}");
+        }
+    }
+}

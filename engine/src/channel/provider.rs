@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use super::outcome::Outcome;
+use super::outcome::{Outcome, Sent};
 use super::push_log::PushLog;
 use super::relayed::{Refusal, RelayedPush};
 use crate::domain::{Channel, DeliveryTarget, Recipient, StoredEnvelope};
@@ -57,6 +57,13 @@ pub trait Provider: Send + Sync + 'static {
     /// table. The caller bounds it to `ATTEMPT_TIMEOUT` and then uses
     /// `timed_out`.
     async fn send(&self, push: Push<'_>) -> Result<Outcome, Refusal>;
+
+    /// `send`, with what the provider answered (its status and reason) for
+    /// the delivery history. Channels whose answers say more than the
+    /// outcome provide it; the default knows only the outcome.
+    async fn send_answered(&self, push: Push<'_>) -> Result<Sent, Refusal> {
+        self.send(push).await.map(Sent::from)
+    }
 
     /// The outcome of an attempt that ran out of time (the table's timeout row).
     fn timed_out(&self) -> Outcome;

@@ -19,8 +19,8 @@ use tokio::task::JoinSet;
 
 use super::parking::Parking;
 use super::{Delivery, FirstAttempt};
-use crate::channel::Outcome;
-use crate::domain::{Channel, ParkedDelivery, ParkedPlace, Recipient, ShardId, StoredEnvelope};
+use crate::channel::Sent;
+use crate::domain::{Channel, ParkedDelivery, ParkedPlace, Recipient, ShardId, StoredEnvelope, Timestamp};
 use crate::metrics::{Metrics, ParkReason};
 use crate::store::Store;
 
@@ -60,7 +60,8 @@ fn row(envelope: &StoredEnvelope, recipient: &Recipient, attempts: u32, all_gone
 
 /// An attempt's answer, kept while its row is being written.
 pub(super) enum Answered {
-    Done(Delivery, Outcome),
+    /// The delivery, what its channel reported and when the attempt left.
+    Done(Delivery, Sent, Timestamp),
     /// The attempt panicked: its delivery is lost with it.
     Lost,
 }

@@ -4,6 +4,7 @@
 
 mod breaker;
 mod detach;
+pub mod history;
 mod lanes;
 mod parking;
 mod series;
@@ -15,6 +16,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 
 pub use breaker::BreakerRules;
+pub use history::{History, HistorySettings};
 pub use parking::Parking;
 pub use settings::DeliverySettings;
 pub use worker::WorkerContext;

@@ -16,11 +16,12 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::time::DelayQueue;
 
 use super::detach::{self, Answered, DETACH_AFTER, DETACH_CHECK, Detach, Then};
+use super::history::{AttemptRecord, History};
 use super::lanes::Lanes;
 use super::parking::{Admission, Parking, STALLED_AFTER};
 use super::series::Series;
 use super::{Delivery, DeliverySettings, FirstAttempt};
-use crate::channel::{Channels, Outcome, Push};
+use crate::channel::{Channels, Outcome, Push, Sent};
 use crate::domain::{Channel, ParkedDelivery, ParkedPlace, Timestamp};
 use crate::metrics::{Deleted, Metrics, ParkReason};
 use crate::ownership::Fence;
@@ -39,6 +40,8 @@ pub struct WorkerContext {
     pub fence: Fence,
     /// The channels' breakers and parked deliveries, shared with dispatch.
     pub parking: Arc<Parking>,
+    /// The delivery history each settled attempt is recorded in; `None`: off.
+    pub history: Option<History>,
     /// Test hook (`FANOUT_DANGEROUS_PANIC_ATTEMPTS`): this many attempts
     /// panic, each losing its delivery as a bug in a provider would, so a
     /// window replay re-sends them. 0 (the default) disables it.
@@ -67,6 +70,7 @@ impl WorkerContext {
             metrics,
             fence,
             parking,
+            history: None,
             dangerous_panic_attempts: AtomicU64::new(0),
         })
     }
@@ -151,14 +155,15 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
     let mut queue_open = true;
     loop {
         for (answer, place) in std::mem::take(&mut answers) {
-            let Answered::Done(delivery, outcome) = answer else {
+            let Answered::Done(delivery, sent, sent_at) = answer else {
                 // A panicking attempt: its row, if it has one, stays.
                 if let Some(place) = place {
                     detach::settle(place, Then::Keep, parking, &ctx.store, &ctx.metrics, &mut deletions);
                 }
                 continue;
             };
-            let retry = settle(&ctx, &mut series, delivery, outcome, &mut deletions);
+            let not_sent = matches!(sent.outcome, Outcome::NotSent { .. });
+            let retry = settle(&ctx, &mut series, delivery, sent, sent_at, &mut deletions);
             if let Some(place) = place {
                 let then = retry.as_ref().map_or(Then::Delete, |(delivery, _)| Then::Retry(delivery));
                 detach::settle(place, then, parking, &ctx.store, &ctx.metrics, &mut deletions);
@@ -173,7 +178,7 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
                 // the channel takes it.
                 to_park.push((delivery, ParkReason::Retry));
             } else {
-                if delivery.unparked && delivery.attempts > 0 && !matches!(outcome, Outcome::NotSent { .. }) {
+                if delivery.unparked && delivery.attempts > 0 && !not_sent {
                     // Its retry lives in memory now: its row may go.
                     settle_first(&ctx, &mut delivery);
                 }
@@ -259,12 +264,12 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
                     channel.provider_latency(&ctx.metrics).observe(watch.started.elapsed().as_secs_f64());
                 }
                 let answer = match attempted.done {
-                    Some((delivery, outcome)) => {
+                    Some((delivery, sent)) => {
                         if attempted.provider {
-                            let success = outcome.answered_by_provider();
+                            let success = sent.outcome.answered_by_provider();
                             parking.record(&delivery.recipient.target, success, attempted.admission, Instant::now());
                         }
-                        Answered::Done(delivery, outcome)
+                        Answered::Done(delivery, sent, attempted.sent_at)
                     }
                     None => Answered::Lost,
                 };
@@ -461,8 +466,11 @@ struct Attempted {
     channel: Channel,
     /// What the breakers let it be (`Probe`: its answer decides one).
     admission: Admission,
-    /// The delivery and its outcome, or `None` when the attempt panicked.
-    done: Option<(Delivery, Outcome)>,
+    /// The delivery and what its channel reported, or `None` when the
+    /// attempt panicked.
+    done: Option<(Delivery, Sent)>,
+    /// When the attempt started.
+    sent_at: Timestamp,
     /// A provider answered (not `NotSent`, not a removed channel): the
     /// time since the attempt's start is its provider latency.
     answered: bool,
@@ -483,33 +491,34 @@ fn attempt(
     let first = delivery.first_attempt.clone();
     let channel = delivery.recipient.target.channel();
     let unparked = delivery.unparked.then(|| ctx.parking.clone());
+    let sent_at = Timestamp::now();
     let send = async move {
         if ctx.dangerous_panic_attempts.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
             panic!("injected attempt panic (FANOUT_DANGEROUS_PANIC_ATTEMPTS)");
         }
         let Some(provider) = ctx.channels.get(channel) else {
             // The channel's table was removed: fail without a provider request.
-            return (delivery, Outcome::Rejected, false, false);
+            return (delivery, Sent::from(Outcome::Rejected), false, false);
         };
         let push = Push::Envelope { recipient: &delivery.recipient, envelope: &delivery.envelope };
-        let outcome = match Abortable::new(provider.send(push), registration).await {
-            Ok(Ok(outcome)) => outcome,
+        let sent = match Abortable::new(provider.send_answered(push), registration).await {
+            Ok(Ok(sent)) => sent,
             // Every worker-sent channel's row takes envelopes: refused, it is stopped.
-            Ok(Err(_)) => Outcome::Rejected,
+            Ok(Err(_)) => Outcome::Rejected.into(),
             Err(_) => {
                 tracing::warn!(
                     channel = channel.as_str(),
                     "a send made no progress for the watchdog's time; trying again"
                 );
-                Outcome::NotSent { delay: WATCHDOG_DELAY }
+                Outcome::NotSent { delay: WATCHDOG_DELAY }.into()
             }
         };
-        let answered = !matches!(outcome, Outcome::NotSent { .. });
-        (delivery, outcome, answered, true)
+        let answered = !matches!(sent.outcome, Outcome::NotSent { .. });
+        (delivery, sent, answered, true)
     };
     AssertUnwindSafe(send).catch_unwind().map(move |done| match done {
-        Ok((delivery, outcome, answered, provider)) => {
-            Attempted { key, channel, admission, done: Some((delivery, outcome)), answered, provider }
+        Ok((delivery, sent, answered, provider)) => {
+            Attempted { key, channel, admission, done: Some((delivery, sent)), sent_at, answered, provider }
         }
         // A panicking attempt loses its delivery: pending again in its
         // page, which a replay re-sends.
@@ -520,7 +529,7 @@ fn attempt(
             if let Some(parking) = unparked {
                 parking.unparked(channel, 1);
             }
-            Attempted { key, channel, admission, done: None, answered: false, provider: false }
+            Attempted { key, channel, admission, done: None, sent_at, answered: false, provider: false }
         }
     })
 }
@@ -544,20 +553,29 @@ fn settle(
     ctx: &Arc<WorkerContext>,
     series: &mut Series,
     mut delivery: Delivery,
-    outcome: Outcome,
+    sent: Sent,
+    sent_at: Timestamp,
     deletions: &mut JoinSet<()>,
 ) -> Option<(Delivery, Duration)> {
     let m = &ctx.metrics;
+    let outcome = sent.outcome;
     let channel = delivery.recipient.target.channel();
     let mut series = series.of(channel);
+    let note = |delivery: &Delivery, ended: Option<Outcome>| {
+        if let Some(history) = &ctx.history {
+            history.record(record(delivery, &sent, sent_at, ended));
+        }
+    };
     if let Outcome::NotSent { delay } = outcome {
         // Not an attempt: no count, no first-attempt latch, just later.
         series.unsent(m).inc();
+        note(&delivery, None);
         return Some((delivery, delay));
     }
     delivery.attempts += 1;
     series.attempts(m, outcome.label()).inc();
     if delivery.attempts == 1 {
+        delivery.first_sent_at = Some(sent_at);
         let stored = Timestamp::from_unix_nanos(delivery.envelope.server_ts_ns);
         let waited = Timestamp::now().saturating_duration_since(stored).as_secs_f64();
         series.publish_to_attempt(m).observe(waited);
@@ -575,6 +593,7 @@ fn settle(
             if retried.is_some() {
                 series.retries(m).inc();
                 series.retry_delay(m).observe(delay.as_secs_f64());
+                note(&delivery, None);
                 return Some((delivery, delay));
             }
             // Gone (HTTPS 404/410): terminal when every attempt said so.
@@ -583,6 +602,7 @@ fn settle(
         None => outcome,
     };
     series.deliveries(m, final_outcome.delivery_label()).inc();
+    note(&delivery, Some(final_outcome));
     if final_outcome == Outcome::Terminal {
         // PUSH-234: only if the stored registration is still the one we used.
         let ctx = ctx.clone();
@@ -597,6 +617,36 @@ fn settle(
         });
     }
     None
+}
+
+/// The history's record of an attempt of `delivery` (its count already
+/// includes this one): `ended` is how the delivery ended, `None` when it is
+/// tried again.
+fn record(delivery: &Delivery, sent: &Sent, sent_at: Timestamp, ended: Option<Outcome>) -> AttemptRecord {
+    let attempted = !matches!(sent.outcome, Outcome::NotSent { .. });
+    AttemptRecord {
+        recipient: delivery.recipient.id,
+        shard: delivery.envelope.shard.index(),
+        sequence_id: delivery.envelope.sequence_id,
+        channel: delivery.recipient.target.channel(),
+        attempt: attempted.then_some(delivery.attempts),
+        outcome: sent.outcome.label(),
+        ended: ended.map(|o| o.delivery_label()),
+        retry_in: if ended.is_none() {
+            sent.outcome.retry_delay().or(match sent.outcome {
+                Outcome::NotSent { delay } => Some(delay),
+                _ => None,
+            })
+        } else {
+            None
+        },
+        provider_status: sent.answer.as_ref().map(|a| a.status),
+        provider_reason: sent.answer.as_ref().and_then(|a| a.reason.clone()),
+        published_at_ms: Timestamp::from_unix_nanos(delivery.envelope.server_ts_ns).as_millis(),
+        first_attempt_at_ms: delivery.first_sent_at.map(Timestamp::as_millis),
+        sent_at_ms: sent_at.as_millis(),
+        answered_at_ms: Timestamp::now().as_millis(),
+    }
 }
 
 #[cfg(test)]

@@ -243,6 +243,7 @@ impl Unparking {
                     attempts: row.attempts,
                     all_gone: row.all_gone,
                     unparked: true,
+                    first_sent_at: None,
                 }
             })
             .collect();

@@ -9,6 +9,7 @@ mod cluster_status;
 mod common;
 mod db_faults;
 mod delivery;
+mod delivery_history;
 mod dispatch;
 mod dns_failures;
 mod gateway;

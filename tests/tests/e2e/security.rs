@@ -189,6 +189,13 @@ async fn metrics_need_the_operator_and_probes_stay_open() {
     let (status, body) = get("/metrics", Some(OPERATOR_TOKEN)).await;
     assert_eq!(status, 200);
     assert!(body.contains("fanout_"), "{body}");
+    // A recipient's delivery history is the operator's too.
+    let history = format!("/admin/recipients/{}/deliveries", "ab".repeat(32));
+    assert_eq!(get(&history, None).await.0, 401);
+    assert_eq!(get(&history, Some(PUBLISHER_TOKEN)).await.0, 403);
+    let (status, body) = get(&history, Some(OPERATOR_TOKEN)).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"attempts\":[]"), "nothing sent to that recipient on this node: {body}");
     assert_eq!(get("/healthz", None).await, (200, "ok\n".to_owned()));
     assert_eq!(get("/readyz", None).await, (200, "ready\n".to_owned()));
     // The operator's client certificate works as well as its token... when

@@ -17,7 +17,7 @@ use self::classify::{CONNECTION_ERROR, Classified, RETRY_DELAY, TIMED_OUT, class
 use self::request::{ApnsRequest, relayed_apns_body};
 use self::token::{ProviderToken, ProviderTokens};
 use crate::channel::common::PushLifetime;
-use crate::channel::outcome::Outcome;
+use crate::channel::outcome::{Answer, Outcome, Sent};
 use crate::channel::provider::{BuildError, ChannelContext, Provider, Push};
 use crate::channel::relayed::Refusal;
 use crate::domain::{Channel, DeliveryTarget};
@@ -82,40 +82,41 @@ impl ApnsProvider {
         Ok(Self { pool, base, production, sandbox, bundle_id, tokens, lifetime: settings.expiration_seconds })
     }
 
-    /// One request and its classification.
-    async fn post(&self, request: &ApnsRequest, token: &ProviderToken) -> Classified {
+    /// One request, its classification and APNs's answer.
+    async fn post(&self, request: &ApnsRequest, token: &ProviderToken) -> (Classified, Option<Answer>) {
         let Some(request) = request.build(token, &self.bundle_id) else {
-            return Classified::Outcome(Outcome::Rejected);
+            return (Classified::Outcome(Outcome::Rejected), None);
         };
         match self.pool.send(request).await {
             Ok(answer) => {
                 let reason = if answer.status == http::StatusCode::OK { None } else { reason(&answer.body) };
-                classify(answer.status.as_u16(), reason.as_deref())
+                let status = answer.status.as_u16();
+                (classify(status, reason.as_deref()), Some(Answer::with_reason(status, reason.as_deref())))
             }
-            Err(SendError::Timeout) => Classified::Outcome(TIMED_OUT),
-            Err(SendError::Connection(_)) => Classified::Outcome(CONNECTION_ERROR),
+            Err(SendError::Timeout) => (Classified::Outcome(TIMED_OUT), None),
+            Err(SendError::Connection(_)) => (Classified::Outcome(CONNECTION_ERROR), None),
         }
     }
 
     /// One attempt: a request under the current provider token, and after
     /// ExpiredProviderToken one refresh and resend, then the table decides.
-    async fn attempt(&self, request: &ApnsRequest) -> Outcome {
+    async fn attempt(&self, request: &ApnsRequest) -> Sent {
         let Some(token) = self.tokens.get() else {
             // Signing failed locally: nothing was sent.
-            return Outcome::NotSent { delay: RETRY_DELAY };
+            return Outcome::NotSent { delay: RETRY_DELAY }.into();
         };
         match self.post(request, &token).await {
-            Classified::Outcome(outcome) => outcome,
-            Classified::ExpiredProviderToken => {
+            (Classified::Outcome(outcome), answer) => Sent { outcome, answer },
+            (Classified::ExpiredProviderToken, answer) => {
                 // One refresh and resend within the same attempt, then rejected.
                 let Some(fresh) = self.tokens.refresh_after_expired(&token) else {
-                    return Outcome::Rejected;
+                    return Sent { outcome: Outcome::Rejected, answer };
                 };
                 match self.post(request, &fresh).await {
-                    Classified::Outcome(outcome) => outcome,
-                    Classified::ExpiredProviderToken => {
+                    (Classified::Outcome(outcome), answer) => Sent { outcome, answer },
+                    (Classified::ExpiredProviderToken, answer) => {
                         tracing::warn!("APNs answered ExpiredProviderToken to a refreshed provider token");
-                        Outcome::Rejected
+                        Sent { outcome: Outcome::Rejected, answer }
                     }
                 }
             }
@@ -130,10 +131,14 @@ impl Provider for ApnsProvider {
     }
 
     async fn send(&self, push: Push<'_>) -> Result<Outcome, Refusal> {
+        self.send_answered(push).await.map(|sent| sent.outcome)
+    }
+
+    async fn send_answered(&self, push: Push<'_>) -> Result<Sent, Refusal> {
         let request = match push {
             Push::Envelope { recipient, envelope } => {
                 let DeliveryTarget::Apns { token: device } = &recipient.target else {
-                    return Ok(Outcome::Rejected);
+                    return Ok(Outcome::Rejected.into());
                 };
                 let expires_at = self.lifetime.expires_at(unix_now_secs());
                 ApnsRequest::new(&self.base, device, envelope, expires_at)
@@ -146,7 +151,7 @@ impl Provider for ApnsProvider {
         };
         match request {
             Some(request) => Ok(self.attempt(&request).await),
-            None => Ok(Outcome::Rejected),
+            None => Ok(Outcome::Rejected.into()),
         }
     }
 

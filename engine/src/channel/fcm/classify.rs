@@ -41,6 +41,13 @@ pub(super) struct ErrorDetails {
     fcm_error: Option<String>,
 }
 
+impl ErrorDetails {
+    /// The FcmError code (`UNREGISTERED`, `SENDER_ID_MISMATCH`, ...).
+    pub(super) fn code(&self) -> Option<&str> {
+        self.fcm_error.as_deref()
+    }
+}
+
 pub(super) fn error_details(body: &[u8]) -> ErrorDetails {
     let mut found = ErrorDetails::default();
     let Ok(ErrorBody { error: Some(info) }) = serde_json::from_slice::<ErrorBody>(body) else {

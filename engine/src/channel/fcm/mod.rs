@@ -15,11 +15,11 @@ use bytes::Bytes;
 use http::{Request, StatusCode, Uri};
 use jsonwebtoken::EncodingKey;
 
-use self::classify::{CONNECTION_ERROR, RETRY_DELAY, TIMED_OUT, classify_answer};
+use self::classify::{CONNECTION_ERROR, RETRY_DELAY, TIMED_OUT, classify_answer, error_details};
 use self::token::{AccessTokens, ServiceAccount};
 use super::common::HttpsBase;
 use crate::channel::common::PushLifetime;
-use crate::channel::outcome::Outcome;
+use crate::channel::outcome::{Answer, Outcome, Sent};
 use crate::channel::provider::{BuildError, ChannelContext, Provider, Push};
 use crate::channel::relayed::Refusal;
 use crate::domain::{Channel, DeliveryTarget};
@@ -91,18 +91,18 @@ impl FcmProvider {
     }
 
     /// One `messages:send` attempt with `body`, classified by the table.
-    async fn attempt(&self, body: String) -> Outcome {
+    async fn attempt(&self, body: String) -> Sent {
         // A failed credential fetch sends nothing: not an attempt. The fetch
         // itself is bounded to ATTEMPT_TIMEOUT.
         let Ok(access) = self.tokens.get().await else {
-            return Outcome::NotSent { delay: RETRY_DELAY };
+            return Outcome::NotSent { delay: RETRY_DELAY }.into();
         };
         let request = Request::post(self.send_uri.clone())
             .header(http::header::AUTHORIZATION, access.authorization.clone())
             .header(http::header::CONTENT_TYPE, "application/json")
             .body(Bytes::from(body));
         let Ok(request) = request else {
-            return Outcome::Rejected;
+            return Outcome::Rejected.into();
         };
         match self.pool.send(request).await {
             Ok(answer) => {
@@ -110,10 +110,17 @@ impl FcmProvider {
                     // Rejected per the table; the next attempt fetches a new token.
                     self.tokens.invalidate(&access);
                 }
-                classify_answer(answer.status, &answer.headers, &answer.body, SystemTime::now())
+                let outcome = classify_answer(answer.status, &answer.headers, &answer.body, SystemTime::now());
+                let status = answer.status.as_u16();
+                let said = if answer.status == StatusCode::OK {
+                    Answer::status(status)
+                } else {
+                    Answer::with_reason(status, error_details(&answer.body).code())
+                };
+                Sent::answered(outcome, said)
             }
-            Err(SendError::Timeout) => TIMED_OUT,
-            Err(SendError::Connection(_)) => CONNECTION_ERROR,
+            Err(SendError::Timeout) => TIMED_OUT.into(),
+            Err(SendError::Connection(_)) => CONNECTION_ERROR.into(),
         }
     }
 }
@@ -125,10 +132,14 @@ impl Provider for FcmProvider {
     }
 
     async fn send(&self, push: Push<'_>) -> Result<Outcome, Refusal> {
+        self.send_answered(push).await.map(|sent| sent.outcome)
+    }
+
+    async fn send_answered(&self, push: Push<'_>) -> Result<Sent, Refusal> {
         let body = match push {
             Push::Envelope { recipient, envelope } => {
                 let DeliveryTarget::Fcm { token: device } = &recipient.target else {
-                    return Ok(Outcome::Rejected);
+                    return Ok(Outcome::Rejected.into());
                 };
                 fcm_body(envelope, device, self.lifetime, unix_now_secs())
             }

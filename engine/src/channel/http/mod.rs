@@ -21,7 +21,7 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue};
 
 use self::classify::{CONNECTION_ERROR, TIMED_OUT, classify};
-use crate::channel::outcome::Outcome;
+use crate::channel::outcome::{Answer, Outcome, Sent};
 use crate::channel::provider::{BuildError, ChannelContext, Provider, Push, Refused};
 use crate::channel::relayed::Refusal;
 use crate::domain::{Channel, DeliveryTarget, SigningKey, Timestamp, WebhookUrl};
@@ -91,33 +91,37 @@ impl Provider for WebhookProvider {
     }
 
     async fn send(&self, push: Push<'_>) -> Result<Outcome, Refusal> {
+        self.send_answered(push).await.map(|sent| sent.outcome)
+    }
+
+    async fn send_answered(&self, push: Push<'_>) -> Result<Sent, Refusal> {
         // A webhook carries spec 000's wake-up only (PUSH-259).
         let Push::Envelope { recipient, envelope } = push else {
             return Err(Refusal::Unsupported);
         };
         let DeliveryTarget::Http { url, signing_key } = &recipient.target else {
-            return Ok(Outcome::Rejected);
+            return Ok(Outcome::Rejected.into());
         };
         // PUSH-256: resolve again and check before every attempt; the list of
         // allowed domains binds at send time too.
         match self.destinations.check(url).await {
             Ok(()) => {}
             // A failed lookup is a connection error of the table: transient.
-            Err(e) if e.is_temporary() => return Ok(CONNECTION_ERROR),
+            Err(e) if e.is_temporary() => return Ok(CONNECTION_ERROR.into()),
             Err(_) => {
                 self.metrics.webhook_refused_at_send.inc();
-                return Ok(Outcome::Rejected);
+                return Ok(Outcome::Rejected.into());
             }
         }
         let Ok(request) = webhook_request(url, signing_key, webhook_body(envelope, recipient)) else {
-            return Ok(Outcome::Rejected);
+            return Ok(Outcome::Rejected.into());
         };
         // The outcome is decided on the status line (section 7's HTTPS row
         // names statuses only); the body is drained in the background.
         Ok(match self.destinations.pool.send_for_status(request).await {
-            Ok(status) => classify(status.as_u16()),
-            Err(SendError::Timeout) => TIMED_OUT,
-            Err(SendError::Connection(_)) => CONNECTION_ERROR,
+            Ok(status) => Sent::answered(classify(status.as_u16()), Answer::status(status.as_u16())),
+            Err(SendError::Timeout) => TIMED_OUT.into(),
+            Err(SendError::Connection(_)) => CONNECTION_ERROR.into(),
         })
     }
 

@@ -27,7 +27,7 @@ use http::StatusCode;
 
 use self::classify::{CONNECTION_ERROR, RETRY_DELAY, TIMED_OUT, classify_answer};
 use crate::channel::common::PushLifetime;
-use crate::channel::outcome::Outcome;
+use crate::channel::outcome::{Answer, Outcome, Sent};
 use crate::channel::provider::{BuildError, ChannelContext, Provider, Push, Refused};
 use crate::channel::relayed::Refusal;
 use crate::domain::{Channel, DeliveryTarget, WebPushKeys, WebhookUrl};
@@ -94,25 +94,25 @@ impl WebPushProvider {
     }
 
     /// One attempt: check the endpoint again, encrypt, sign, send, classify.
-    async fn attempt(&self, url: &WebhookUrl, keys: &WebPushKeys, plaintext: &[u8], headers: &PushHeaders) -> Outcome {
+    async fn attempt(&self, url: &WebhookUrl, keys: &WebPushKeys, plaintext: &[u8], headers: &PushHeaders) -> Sent {
         match self.destinations.check(url).await {
             Ok(()) => {}
             // A failed lookup is a connection error: transient.
-            Err(e) if e.is_temporary() => return CONNECTION_ERROR,
-            Err(_) => return Outcome::Rejected,
+            Err(e) if e.is_temporary() => return CONNECTION_ERROR.into(),
+            Err(_) => return Outcome::Rejected.into(),
         };
         let origin = origin(url.host(), url.port());
         // No request leaves without a token or a body: not an attempt.
         let Ok(authorization) = self.vapid.authorization(&origin, unix_now_secs()) else {
-            return Outcome::NotSent { delay: RETRY_DELAY };
+            return Outcome::NotSent { delay: RETRY_DELAY }.into();
         };
         let body = match encrypt(plaintext, keys) {
             Ok(body) => body,
-            Err(EncryptError::TooLarge) => return Outcome::Rejected,
-            Err(EncryptError::Crypto) => return Outcome::NotSent { delay: RETRY_DELAY },
+            Err(EncryptError::TooLarge) => return Outcome::Rejected.into(),
+            Err(EncryptError::Crypto) => return Outcome::NotSent { delay: RETRY_DELAY }.into(),
         };
         let Ok(request) = request::request(url.uri(), authorization, headers, body) else {
-            return Outcome::Rejected;
+            return Outcome::Rejected.into();
         };
         match self.destinations.pool.send(request).await {
             Ok(answer) => {
@@ -120,10 +120,11 @@ impl WebPushProvider {
                     // Rejected per the table; the next push signs a new token.
                     self.vapid.forget(&origin);
                 }
-                classify_answer(answer.status, &answer.headers, SystemTime::now())
+                let outcome = classify_answer(answer.status, &answer.headers, SystemTime::now());
+                Sent::answered(outcome, Answer::status(answer.status.as_u16()))
             }
-            Err(SendError::Timeout) => TIMED_OUT,
-            Err(SendError::Connection(_)) => CONNECTION_ERROR,
+            Err(SendError::Timeout) => TIMED_OUT.into(),
+            Err(SendError::Connection(_)) => CONNECTION_ERROR.into(),
         }
     }
 }
@@ -157,10 +158,14 @@ impl Provider for WebPushProvider {
     }
 
     async fn send(&self, push: Push<'_>) -> Result<Outcome, Refusal> {
+        self.send_answered(push).await.map(|sent| sent.outcome)
+    }
+
+    async fn send_answered(&self, push: Push<'_>) -> Result<Sent, Refusal> {
         match push {
             Push::Envelope { recipient, envelope } => {
                 let DeliveryTarget::WebPush { endpoint, keys } = &recipient.target else {
-                    return Ok(Outcome::Rejected);
+                    return Ok(Outcome::Rejected.into());
                 };
                 // Spec 000 wake-ups carry no collapse key (PUSH-259), so no Topic.
                 let headers =
@@ -173,7 +178,7 @@ impl Provider for WebPushProvider {
             // `Urgency` from its priority, `Topic` from its collapse id.
             Push::Relayed(push) => {
                 let Some(keys) = push.web_push_keys else {
-                    return Ok(Outcome::Rejected);
+                    return Ok(Outcome::Rejected.into());
                 };
                 let fitted = request::relayed_payload(&push)?;
                 let headers = PushHeaders {
@@ -185,7 +190,7 @@ impl Provider for WebPushProvider {
                 // registration; one that breaks PUSH-256's rules is refused
                 // like a blocked one.
                 let Ok(endpoint) = WebhookUrl::parse(push.token) else {
-                    return Ok(Outcome::Rejected);
+                    return Ok(Outcome::Rejected.into());
                 };
                 Ok(self.attempt(&endpoint, keys, fitted.body.as_bytes(), &headers).await)
             }
