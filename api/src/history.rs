@@ -4,34 +4,37 @@
 //! (like `/metrics`). The answer holds positions, symbols, statuses and
 //! times: never a token, URL, topic or payload.
 
-use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use fanout_engine::delivery::History;
 use fanout_engine::delivery::history::AttemptRecord;
 use fanout_engine::domain::RecipientId;
 use serde_json::{Value, json};
 
-use crate::http::{HttpState, problem};
+use crate::problem::Problem;
 
-pub async fn deliveries(State(state): State<HttpState>, Path(recipient): Path<String>) -> Response {
-    let Some(history) = &state.history else {
-        return problem(StatusCode::NOT_FOUND, "the delivery history is off (engine.history.max_records = 0)");
+/// The answer for `recipient` (the path's text) from `history` (`None`:
+/// off) of `node`.
+pub async fn deliveries(history: Option<&History>, node: &str, recipient: &str) -> Response {
+    let Some(history) = history else {
+        let off = "the delivery history is off (engine.history.max_records = 0)";
+        return Problem::new(StatusCode::NOT_FOUND, "history_off", off).into_response();
     };
-    let Some(id) = parse_recipient(&recipient) else {
-        return problem(StatusCode::BAD_REQUEST, "recipient_id must be 64 hexadecimal digits");
+    let Some(id) = parse_recipient(recipient) else {
+        return Problem::invalid("recipient_id", "must be 64 hexadecimal digits").into_response();
     };
     match history.of(id).await {
         Ok(recent) => {
             let attempts: Vec<Value> = recent.attempts.iter().map(attempt).collect();
             let body = json!({
                 "recipient_id": recipient.to_ascii_lowercase(),
-                "node": state.node,
+                "node": node,
                 "dropped_records": recent.dropped,
                 "attempts": attempts,
             });
             ([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
         }
-        Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+        Err(e) => Problem::new(StatusCode::SERVICE_UNAVAILABLE, "history_unavailable", e.to_string()).into_response(),
     }
 }
 

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::extract::{Extension, Request, State};
+use axum::extract::{Extension, Path, Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -69,7 +69,7 @@ impl HttpState {
 pub fn router(state: HttpState) -> Router {
     let operator = Router::new()
         .route("/metrics", get(metrics))
-        .route("/admin/recipients/{recipient_id}/deliveries", get(crate::history::deliveries))
+        .route("/admin/recipients/{recipient_id}/deliveries", get(deliveries))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), require_operator));
     Router::new()
         .merge(operator)
@@ -103,6 +103,10 @@ async fn require_operator(
     next.run(request).await
 }
 
+async fn deliveries(State(state): State<HttpState>, Path(recipient): Path<String>) -> Response {
+    crate::history::deliveries(state.history.as_ref(), &state.node, &recipient).await
+}
+
 async fn metrics(State(state): State<HttpState>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render()).into_response()
 }
@@ -115,7 +119,7 @@ async fn readyz(State(state): State<HttpState>) -> Response {
 }
 
 /// An RFC 9457 problem body.
-pub fn problem(status: StatusCode, title: &str) -> Response {
+fn problem(status: StatusCode, title: &str) -> Response {
     let body = serde_json::json!({"type": "about:blank", "title": title, "status": status.as_u16()});
     (status, [(header::CONTENT_TYPE, "application/problem+json")], body.to_string()).into_response()
 }

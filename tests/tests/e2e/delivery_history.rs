@@ -85,7 +85,10 @@ async fn a_webhook_retried_after_a_503_shows_both_attempts() {
     assert_eq!((status, other["attempts"].as_array().map(Vec::len)), (200, Some(0)));
     let (status, problem) = history(&setup.fanout, "not-hex").await;
     assert_eq!(status, 400, "{problem}");
-    assert_eq!(problem["title"], "recipient_id must be 64 hexadecimal digits");
+    assert_eq!(
+        (problem["field"].as_str(), problem["detail"].as_str()),
+        (Some("recipient_id"), Some("must be 64 hexadecimal digits"))
+    );
 }
 
 #[tokio::test]
@@ -119,5 +122,6 @@ async fn the_history_can_be_turned_off() {
     let setup = webhook_setup(config).await;
     let (status, body) = history(&setup.fanout, &Recipient::random().id_hex()).await;
     assert_eq!(status, 404, "{body}");
-    assert_eq!(body["title"], "the delivery history is off (engine.history.max_records = 0)");
+    assert_eq!(body["code"], "history_off");
+    assert_eq!(body["detail"], "the delivery history is off (engine.history.max_records = 0)");
 }
