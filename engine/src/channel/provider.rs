@@ -13,6 +13,7 @@ use super::relayed::{Refusal, RelayedPush};
 use crate::domain::{Channel, DeliveryTarget, Recipient, StoredEnvelope};
 use crate::metrics::Metrics;
 use crate::store::Store;
+use crate::transport::ATTEMPT_TIMEOUT;
 use crate::transport::destination::HostResolver;
 use crate::transport::pool::{Dialer, Resolver};
 use crate::transport::proxy::OutboundProxy;
@@ -67,6 +68,13 @@ pub trait Provider: Send + Sync + 'static {
 
     /// The outcome of an attempt that ran out of time (the table's timeout row).
     fn timed_out(&self) -> Outcome;
+
+    /// `send` bounded to `ATTEMPT_TIMEOUT` (section 7), the table's timeout
+    /// row when the bound runs out: what a role that sends one push and
+    /// waits for its outcome calls (the gateway, the relay ingress).
+    async fn send_within_attempt_bound(&self, push: Push<'_>) -> Result<Outcome, Refusal> {
+        tokio::time::timeout(ATTEMPT_TIMEOUT, self.send(push)).await.unwrap_or_else(|_| Ok(self.timed_out()))
+    }
 }
 
 /// What every channel constructor may use besides its own settings.

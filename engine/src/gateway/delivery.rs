@@ -295,9 +295,7 @@ impl Delivery {
             ttl,
             web_push_keys: None,
         };
-        let outcome = tokio::time::timeout(ATTEMPT_TIMEOUT, provider.send(Push::Relayed(push)))
-            .await
-            .unwrap_or_else(|_| Ok(provider.timed_out()));
+        let outcome = provider.send_within_attempt_bound(Push::Relayed(push)).await;
         match outcome {
             Ok(Outcome::Delivered) => self.finish(leased, Sent::Delivered).await,
             Ok(Outcome::Terminal) => {

@@ -40,7 +40,6 @@ use crate::channel::{BuildError, Channels, Outcome, Provider, Push, Refusal, Rel
 use crate::domain::{Channel, RelaySettled};
 use crate::metrics::Metrics;
 use crate::store::Store;
-use crate::transport::ATTEMPT_TIMEOUT;
 
 pub use self::error::IngressError;
 pub use self::settings::RelayIngressSettings;
@@ -247,9 +246,7 @@ impl RelayIngress {
             ttl: webhook.ttl,
             web_push_keys: keys.as_ref(),
         };
-        let outcome = tokio::time::timeout(ATTEMPT_TIMEOUT, provider.send(Push::Relayed(push)))
-            .await
-            .unwrap_or_else(|_| Ok(provider.timed_out()));
+        let outcome = provider.send_within_attempt_bound(Push::Relayed(push)).await;
         let pushes =
             |label: &str| self.metrics.relay_ingress_pushes.with_label_values(&[channel.as_str(), label]).inc();
         let (label, settled, answer) = match outcome {
