@@ -2,10 +2,10 @@
 //! for an operator asking "why didn't this device get its push?".
 //!
 //! One task owns a bounded ring of records (`max_records` on the node, at
-//! most `PER_RECIPIENT` per recipient, the oldest going first). The delivery
-//! workers hand it a record per settled attempt without waiting: when its
-//! queue is full the record is dropped and counted, so keeping the history
-//! never slows a delivery. A record holds positions, symbols, numbers and
+//! most `PER_RECIPIENT` per recipient, the oldest going first). Each delivery
+//! worker hands it the records of the attempts it settled in one turn of its
+//! loop, together and without waiting: when its queue is full they are
+//! dropped and counted, so keeping the history never slows a delivery. A record holds positions, symbols, numbers and
 //! times only: no token, URL, topic or payload (PUSH-254).
 
 use std::collections::{HashMap, VecDeque};
@@ -21,8 +21,9 @@ use crate::domain::{Channel, RecipientId};
 
 /// Records kept per recipient; older ones go first.
 pub const PER_RECIPIENT: usize = 32;
-/// Records waiting for the history's task; beyond, records are dropped.
-const QUEUE: usize = 8192;
+/// Batches of records waiting for the history's task; beyond, they are
+/// dropped.
+const QUEUE: usize = 1024;
 /// The longest a query waits for the history's task.
 const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -82,7 +83,7 @@ pub struct Recent {
 pub struct HistoryUnavailable;
 
 enum Message {
-    Record(AttemptRecord),
+    Records(Vec<AttemptRecord>),
     Query(RecipientId, oneshot::Sender<Vec<AttemptRecord>>),
 }
 
@@ -105,7 +106,7 @@ impl History {
             let mut ring = Ring::new(max);
             while let Some(message) = rx.recv().await {
                 match message {
-                    Message::Record(record) => ring.push(record),
+                    Message::Records(records) => records.into_iter().for_each(|r| ring.push(r)),
                     Message::Query(recipient, reply) => {
                         let _ = reply.send(ring.of(&recipient));
                     }
@@ -115,11 +116,12 @@ impl History {
         Some(Self { tx, dropped: Arc::default() })
     }
 
-    /// Hands `record` over without waiting; dropped (and counted) when the
+    /// Hands `records` over without waiting; dropped (and counted) when the
     /// queue is full.
-    pub fn record(&self, record: AttemptRecord) {
-        if self.tx.try_send(Message::Record(record)).is_err() {
-            self.dropped.fetch_add(1, Ordering::Relaxed);
+    pub fn record(&self, records: Vec<AttemptRecord>) {
+        let n = records.len() as u64;
+        if self.tx.try_send(Message::Records(records)).is_err() {
+            self.dropped.fetch_add(n, Ordering::Relaxed);
         }
     }
 
@@ -250,8 +252,7 @@ mod tests {
     async fn records_are_kept_and_answered_and_off_means_none() {
         assert!(History::start(&HistorySettings { max_records: 0 }).is_none());
         let history = History::start(&HistorySettings::default()).unwrap();
-        history.record(record(7, 1));
-        history.record(record(7, 2));
+        history.record(vec![record(7, 1), record(7, 2)]);
         let recent = history.of(RecipientId::from_bytes([7; 32])).await.unwrap();
         assert_eq!(recent.attempts.iter().map(|r| r.sequence_id).collect::<Vec<_>>(), vec![2, 1]);
         assert_eq!(recent.dropped, 0);

@@ -98,6 +98,11 @@ const FENCE_RECHECK: Duration = Duration::from_millis(250);
 /// How often a worker whose ready deliveries wait for a channel's slots
 /// looks whether they waited too long (`Lanes::overdue`).
 const READY_RECHECK: Duration = Duration::from_millis(100);
+/// The delivery history gets a worker's records in batches of this many,
+/// or what there is every `HISTORY_FLUSH`: one hand-over per record would
+/// wake the history's task for each.
+const HISTORY_BATCH: usize = 256;
+const HISTORY_FLUSH: Duration = Duration::from_millis(50);
 
 /// An attempt in flight, as the worker watches it.
 struct Watch {
@@ -153,6 +158,10 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
     let mut ready_check = tokio::time::interval(READY_RECHECK);
     ready_check.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut queue_open = true;
+    // The history's records of settled attempts, handed over together.
+    let mut noted: Vec<AttemptRecord> = Vec::new();
+    let mut history_flush = tokio::time::interval(HISTORY_FLUSH);
+    history_flush.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
         for (answer, place) in std::mem::take(&mut answers) {
             let Answered::Done(delivery, sent, sent_at) = answer else {
@@ -163,7 +172,7 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
                 continue;
             };
             let not_sent = matches!(sent.outcome, Outcome::NotSent { .. });
-            let retry = settle(&ctx, &mut series, delivery, sent, sent_at, &mut deletions);
+            let retry = settle(&ctx, &mut series, delivery, sent, sent_at, &mut deletions, &mut noted);
             if let Some(place) = place {
                 let then = retry.as_ref().map_or(Then::Delete, |(delivery, _)| Then::Retry(delivery));
                 detach::settle(place, then, parking, &ctx.store, &ctx.metrics, &mut deletions);
@@ -186,6 +195,9 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
                 ctx.metrics.retry_queue.inc();
                 retries.insert(delivery, delay);
             }
+        }
+        if noted.len() >= HISTORY_BATCH {
+            hand_over(ctx.history.as_ref(), &mut noted);
         }
         let now = Instant::now();
         if let Some((since, batch)) = held.take() {
@@ -366,6 +378,7 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
             _ = ready_check.tick(), if lanes.waiting() || held.is_some() => {
                 to_park.extend(lanes.overdue(parking, Instant::now()));
             }
+            _ = history_flush.tick(), if !noted.is_empty() => hand_over(ctx.history.as_ref(), &mut noted),
             _ = sweep.tick(), if !watched.is_empty() => {
                 let now = Instant::now();
                 for (_, watch) in &watched {
@@ -556,14 +569,15 @@ fn settle(
     sent: Sent,
     sent_at: Timestamp,
     deletions: &mut JoinSet<()>,
+    noted: &mut Vec<AttemptRecord>,
 ) -> Option<(Delivery, Duration)> {
     let m = &ctx.metrics;
     let outcome = sent.outcome;
     let channel = delivery.recipient.target.channel();
     let mut series = series.of(channel);
-    let note = |delivery: &Delivery, ended: Option<Outcome>| {
-        if let Some(history) = &ctx.history {
-            history.record(record(delivery, &sent, sent_at, ended));
+    let mut note = |delivery: &Delivery, ended: Option<Outcome>| {
+        if ctx.history.is_some() {
+            noted.push(record(delivery, &sent, sent_at, ended));
         }
     };
     if let Outcome::NotSent { delay } = outcome {
@@ -617,6 +631,13 @@ fn settle(
         });
     }
     None
+}
+
+/// Hands the records noted so far to the history.
+fn hand_over(history: Option<&History>, noted: &mut Vec<AttemptRecord>) {
+    if let Some(history) = history {
+        history.record(std::mem::take(noted));
+    }
 }
 
 /// The history's record of an attempt of `delivery` (its count already
