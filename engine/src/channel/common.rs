@@ -117,6 +117,15 @@ pub(crate) fn required_path<'de, D: Deserializer<'de>>(deserializer: D) -> Resul
     Ok(path)
 }
 
+/// The CA files a channel's settings name for it to trust besides the
+/// system roots (`extra_ca_files`): certificates that expire, watched by the
+/// expiry gauges. Each channel's settings implement it; none: no files.
+pub trait TrustedCas {
+    fn extra_ca_files(&self) -> &[PathBuf] {
+        &[]
+    }
+}
+
 /// The `[engine.channels.<name>]` block of `fanout.example.toml`,
 /// uncommented: the settings tests check that it is the defaults.
 #[cfg(test)]

@@ -36,7 +36,7 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
-pub use common::{Connections, HttpsBase, PushLifetime};
+pub use common::{Connections, HttpsBase, PushLifetime, TrustedCas};
 pub use outcome::{Answer, Outcome, Reason, Sent};
 pub use provider::{BuildError, ChannelContext, Provider, Push, Refused};
 pub use relayed::{Refusal, RelayPriority, RelayedPush};
@@ -76,15 +76,6 @@ impl Channels {
 
     pub fn is_configured(&self, channel: Channel) -> bool {
         self.providers.contains_key(&channel) || self.sinks.contains_key(&channel)
-    }
-}
-
-/// The CA files a channel's settings name for it to trust besides the
-/// system roots (`extra_ca_files`): certificates that expire, watched by the
-/// expiry gauges. Each channel's settings implement it; none: no files.
-pub trait TrustedCas {
-    fn extra_ca_files(&self) -> &[PathBuf] {
-        &[]
     }
 }
 

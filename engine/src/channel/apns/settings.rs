@@ -70,7 +70,7 @@ pub struct ApnsSettings {
     pub expiration_seconds: PushLifetime,
 }
 
-impl crate::channel::TrustedCas for ApnsSettings {
+impl crate::channel::common::TrustedCas for ApnsSettings {
     fn extra_ca_files(&self) -> &[PathBuf] {
         &self.extra_ca_files
     }

@@ -47,7 +47,7 @@ pub struct FcmSettings {
     pub ttl_seconds: PushLifetime,
 }
 
-impl crate::channel::TrustedCas for FcmSettings {
+impl crate::channel::common::TrustedCas for FcmSettings {
     fn extra_ca_files(&self) -> &[PathBuf] {
         &self.extra_ca_files
     }

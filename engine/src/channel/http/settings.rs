@@ -44,7 +44,7 @@ pub struct HttpSettings {
     pub rate_limit_per_second: u32,
 }
 
-impl crate::channel::TrustedCas for HttpSettings {
+impl crate::channel::common::TrustedCas for HttpSettings {
     fn extra_ca_files(&self) -> &[PathBuf] {
         &self.extra_ca_files
     }

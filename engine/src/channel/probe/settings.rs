@@ -14,7 +14,7 @@ pub struct ProbeSettings {
     pub max_in_flight: NonZeroUsize,
 }
 
-impl crate::channel::TrustedCas for ProbeSettings {}
+impl crate::channel::common::TrustedCas for ProbeSettings {}
 
 impl Default for ProbeSettings {
     fn default() -> Self {

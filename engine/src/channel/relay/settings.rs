@@ -55,7 +55,7 @@ pub struct RelaySettings {
     pub dangerous_allow_plain_http: bool,
 }
 
-impl crate::channel::TrustedCas for RelaySettings {
+impl crate::channel::common::TrustedCas for RelaySettings {
     fn extra_ca_files(&self) -> &[PathBuf] {
         &self.extra_ca_files
     }

@@ -62,7 +62,7 @@ pub struct WebPushSettings {
     pub rate_limit_per_second: u32,
 }
 
-impl crate::channel::TrustedCas for WebPushSettings {
+impl crate::channel::common::TrustedCas for WebPushSettings {
     fn extra_ca_files(&self) -> &[PathBuf] {
         &self.extra_ca_files
     }
