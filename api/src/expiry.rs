@@ -20,8 +20,10 @@ use std::time::SystemTime;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{GaugeVec, Opts, Registry};
+use rustls::pki_types::CertificateDer;
 
 use crate::config::{Config, StoreBackend};
+use crate::tls::{certificates, modified};
 
 const NAME: &str = "fanout_certificate_expiry_seconds";
 const HELP: &str =
@@ -120,10 +122,6 @@ impl Collector for CertificateExpiry {
     }
 }
 
-fn modified(files: &[PathBuf]) -> Vec<Option<SystemTime>> {
-    files.iter().map(|f| std::fs::metadata(f).and_then(|m| m.modified()).ok()).collect()
-}
-
 /// The earliest notAfter of every certificate in `files`; `None` when any
 /// file cannot be read or holds none.
 fn earliest_not_after(files: &[PathBuf]) -> Option<i64> {
@@ -131,15 +129,10 @@ fn earliest_not_after(files: &[PathBuf]) -> Option<i64> {
 }
 
 fn file_not_after(path: &Path) -> Option<i64> {
-    let pem = std::fs::read(path).ok()?;
-    let mut earliest: Option<i64> = None;
-    for der in rustls_pemfile::certs(&mut pem.as_slice()) {
-        let der = der.ok()?;
-        let (_, cert) = x509_parser::parse_x509_certificate(&der).ok()?;
-        let not_after = cert.validity().not_after.timestamp();
-        earliest = Some(earliest.map_or(not_after, |e| e.min(not_after)));
-    }
-    earliest
+    let not_after = |der: &CertificateDer<'_>| {
+        x509_parser::parse_x509_certificate(der).ok().map(|(_, cert)| cert.validity().not_after.timestamp())
+    };
+    certificates(path).ok()?.iter().map(not_after).collect::<Option<Vec<i64>>>()?.into_iter().min()
 }
 
 #[cfg(test)]

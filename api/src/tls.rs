@@ -129,7 +129,8 @@ fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
     std::fs::read(path).map_err(|source| TlsError::Read { path: path.display().to_string(), source })
 }
 
-fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+/// The certificates of a PEM file; none is an error.
+pub(crate) fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let pem = read(path)?;
     let certs = rustls_pemfile::certs(&mut pem.as_slice())
         .collect::<Result<Vec<_>, _>>()
@@ -170,7 +171,8 @@ impl Reloadable for ServerTls {
     }
 }
 
-fn modified(files: &[PathBuf]) -> Vec<Option<SystemTime>> {
+/// The files' modification times (`None` where one cannot be read).
+pub(crate) fn modified(files: &[PathBuf]) -> Vec<Option<SystemTime>> {
     files.iter().map(|f| std::fs::metadata(f).and_then(|m| m.modified()).ok()).collect()
 }
 

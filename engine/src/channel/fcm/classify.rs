@@ -87,15 +87,17 @@ pub(super) fn classify(status: u16, details: &ErrorDetails) -> Outcome {
 
 /// The answer to one request, Retry-After applied: "a Retry-After longer
 /// than the delay is honoured up to 300 seconds" (section 7), in either of
-/// its forms (delay-seconds or an HTTP-date from `now`).
+/// its forms (delay-seconds or an HTTP-date from `now`); with the error
+/// details it was classified by (none for a 200), read once.
 pub(super) fn classify_answer(
     status: http::StatusCode,
     headers: &http::HeaderMap,
     body: &[u8],
     now: SystemTime,
-) -> Outcome {
+) -> (Outcome, ErrorDetails) {
     let details = if status == http::StatusCode::OK { ErrorDetails::default() } else { error_details(body) };
-    retry_after::honour(classify(status.as_u16(), &details), retry_after::from_headers(headers, now, MAX_RETRY_AFTER))
+    let retry_after = retry_after::from_headers(headers, now, MAX_RETRY_AFTER);
+    (retry_after::honour(classify(status.as_u16(), &details), retry_after), details)
 }
 
 #[cfg(test)]
@@ -168,7 +170,7 @@ mod tests {
             if let Some(value) = retry_after {
                 headers.insert(http::header::RETRY_AFTER, HeaderValue::from_static(value));
             }
-            classify_answer(http::StatusCode::from_u16(status).unwrap(), &headers, b"", now)
+            classify_answer(http::StatusCode::from_u16(status).unwrap(), &headers, b"", now).0
         };
         let t = |secs| Outcome::transient(Duration::from_secs(secs));
         assert_eq!(answer(503, Some(" 120 ")), t(120));
@@ -240,7 +242,7 @@ mod tests {
                     sent = value_secs(retry_after.as_deref().unwrap());
                 }
                 let status = http::StatusCode::from_u16(status).unwrap();
-                let outcome = classify_answer(status, &headers, body.as_bytes(), SystemTime::now());
+                let (outcome, _) = classify_answer(status, &headers, body.as_bytes(), SystemTime::now());
                 if let (Some(secs), Outcome::Transient { delay }) = (sent, outcome) {
                     // Read as sent: the delay is at least the Retry-After, capped.
                     prop_assert!(delay >= Duration::from_secs(secs).min(MAX_RETRY_AFTER));

@@ -15,7 +15,7 @@ use bytes::Bytes;
 use http::{Request, StatusCode, Uri};
 use jsonwebtoken::EncodingKey;
 
-use self::classify::{CONNECTION_ERROR, RETRY_DELAY, TIMED_OUT, classify_answer, error_details};
+use self::classify::{CONNECTION_ERROR, RETRY_DELAY, TIMED_OUT, classify_answer};
 use self::token::{AccessTokens, ServiceAccount};
 use super::common::HttpsBase;
 use crate::channel::common::PushLifetime;
@@ -110,14 +110,9 @@ impl FcmProvider {
                     // Rejected per the table; the next attempt fetches a new token.
                     self.tokens.invalidate(&access);
                 }
-                let outcome = classify_answer(answer.status, &answer.headers, &answer.body, SystemTime::now());
-                let status = answer.status.as_u16();
-                let said = if answer.status == StatusCode::OK {
-                    Answer::status(status)
-                } else {
-                    Answer::with_reason(status, error_details(&answer.body).code())
-                };
-                Sent::answered(outcome, said)
+                let (outcome, details) =
+                    classify_answer(answer.status, &answer.headers, &answer.body, SystemTime::now());
+                Sent::answered(outcome, Answer::with_reason(answer.status.as_u16(), details.code()))
             }
             Err(SendError::Timeout) => TIMED_OUT.into(),
             Err(SendError::Connection(_)) => CONNECTION_ERROR.into(),
