@@ -47,6 +47,12 @@ impl Outcome {
         }
     }
 
+    /// Whether a request left (spec 000 "Terms": an attempt); `NotSent` is
+    /// the one outcome of a send that is not.
+    pub fn is_attempt(&self) -> bool {
+        !matches!(self, Self::NotSent { .. })
+    }
+
     /// Whether the provider answered with something other than a failure:
     /// any outcome but a transient one (5xx, 429, timeout, connection
     /// error) or none at all. The HTTPS channel's 404/410 is an answer.

@@ -3,10 +3,11 @@
 //!
 //! One task owns a bounded ring of records (`max_records` on the node, at
 //! most `PER_RECIPIENT` per recipient, the oldest going first). Each delivery
-//! worker hands it the records of the attempts it settled in one turn of its
-//! loop, together and without waiting: when its queue is full they are
-//! dropped and counted, so keeping the history never slows a delivery. A record holds positions, symbols, numbers and
-//! times only: no token, URL, topic or payload (PUSH-254).
+//! worker hands it the records of the attempts it settled in batches (a few
+//! hundred, or what it has every 50 ms), without waiting: when its queue is
+//! full a batch is dropped and counted, so keeping the history never slows a
+//! delivery. A record holds positions, symbols, numbers and times only: no
+//! token, URL, topic or payload (PUSH-254).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;

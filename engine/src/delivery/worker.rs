@@ -171,7 +171,7 @@ pub(super) async fn run(ctx: Arc<WorkerContext>, mut queue: mpsc::Receiver<Vec<D
                 }
                 continue;
             };
-            let not_sent = matches!(sent.outcome, Outcome::NotSent { .. });
+            let not_sent = !sent.outcome.is_attempt();
             let retry = settle(&ctx, &mut series, delivery, sent, sent_at, &mut deletions, &mut noted);
             if let Some(place) = place {
                 let then = retry.as_ref().map_or(Then::Delete, |(delivery, _)| Then::Retry(delivery));
@@ -526,7 +526,7 @@ fn attempt(
                 Outcome::NotSent { delay: WATCHDOG_DELAY }.into()
             }
         };
-        let answered = !matches!(sent.outcome, Outcome::NotSent { .. });
+        let answered = sent.outcome.is_attempt();
         (delivery, sent, answered, true)
     };
     AssertUnwindSafe(send).catch_unwind().map(move |done| match done {
@@ -575,15 +575,15 @@ fn settle(
     let outcome = sent.outcome;
     let channel = delivery.recipient.target.channel();
     let mut series = series.of(channel);
-    let mut note = |delivery: &Delivery, ended: Option<Outcome>| {
+    let mut note = |delivery: &Delivery, next: Next| {
         if ctx.history.is_some() {
-            noted.push(record(delivery, &sent, sent_at, ended));
+            noted.push(record(delivery, &sent, sent_at, next));
         }
     };
     if let Outcome::NotSent { delay } = outcome {
         // Not an attempt: no count, no first-attempt latch, just later.
         series.unsent(m).inc();
-        note(&delivery, None);
+        note(&delivery, Next::RetryIn(delay));
         return Some((delivery, delay));
     }
     delivery.attempts += 1;
@@ -607,7 +607,7 @@ fn settle(
             if retried.is_some() {
                 series.retries(m).inc();
                 series.retry_delay(m).observe(delay.as_secs_f64());
-                note(&delivery, None);
+                note(&delivery, Next::RetryIn(delay));
                 return Some((delivery, delay));
             }
             // Gone (HTTPS 404/410): terminal when every attempt said so.
@@ -616,7 +616,7 @@ fn settle(
         None => outcome,
     };
     series.deliveries(m, final_outcome.delivery_label()).inc();
-    note(&delivery, Some(final_outcome));
+    note(&delivery, Next::Ended(final_outcome));
     if final_outcome == Outcome::Terminal {
         // PUSH-234: only if the stored registration is still the one we used.
         let ctx = ctx.clone();
@@ -640,27 +640,30 @@ fn hand_over(history: Option<&History>, noted: &mut Vec<AttemptRecord>) {
     }
 }
 
+/// What follows a settled send, for its history record.
+enum Next {
+    /// Tried again after this long.
+    RetryIn(Duration),
+    /// The delivery ended with this outcome.
+    Ended(Outcome),
+}
+
 /// The history's record of an attempt of `delivery` (its count already
-/// includes this one): `ended` is how the delivery ended, `None` when it is
-/// tried again.
-fn record(delivery: &Delivery, sent: &Sent, sent_at: Timestamp, ended: Option<Outcome>) -> AttemptRecord {
-    let attempted = !matches!(sent.outcome, Outcome::NotSent { .. });
+/// includes this one) and of what `next` follows it.
+fn record(delivery: &Delivery, sent: &Sent, sent_at: Timestamp, next: Next) -> AttemptRecord {
+    let (retry_in, ended) = match next {
+        Next::RetryIn(delay) => (Some(delay), None),
+        Next::Ended(outcome) => (None, Some(outcome.delivery_label())),
+    };
     AttemptRecord {
         recipient: delivery.recipient.id,
         shard: delivery.envelope.shard.index(),
         sequence_id: delivery.envelope.sequence_id,
         channel: delivery.recipient.target.channel(),
-        attempt: attempted.then_some(delivery.attempts),
+        attempt: sent.outcome.is_attempt().then_some(delivery.attempts),
         outcome: sent.outcome.label(),
-        ended: ended.map(|o| o.delivery_label()),
-        retry_in: if ended.is_none() {
-            sent.outcome.retry_delay().or(match sent.outcome {
-                Outcome::NotSent { delay } => Some(delay),
-                _ => None,
-            })
-        } else {
-            None
-        },
+        ended,
+        retry_in,
         provider_status: sent.answer.as_ref().map(|a| a.status),
         provider_reason: sent.answer.as_ref().and_then(|a| a.reason.clone()),
         published_at_ms: Timestamp::from_unix_nanos(delivery.envelope.server_ts_ns).as_millis(),
