@@ -33,7 +33,8 @@ const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
 #[serde(default, deny_unknown_fields)]
 pub struct HistorySettings {
     /// Attempt records kept on this node, the most recent; 0 turns the
-    /// history off. Each takes about 200 bytes.
+    /// history off. 32,000 records kept added 20–30 MiB of peak RSS in the
+    /// load harness (docs/BENCHMARKS.md, "The delivery history's cost").
     pub max_records: usize,
 }
 
