@@ -29,7 +29,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::platform_channels::{self, EngineMeter, PlatformPush, PlatformRunArgs, fcm_table, quote};
+use crate::platform_channels::{self, Ceiling, EngineMeter, PlatformPush, PlatformRunArgs, fcm_table, quote};
 use crate::profile::ProfileSummary;
 use crate::run::collector::{Percentiles, latency_histogram};
 use crate::run::cql_ceiling::CqlCeiling;
@@ -81,7 +81,13 @@ pub struct GatewayReport {
     /// The engine's CPU time (user + system) from the first notify to the
     /// last wake-up at the mock, per notify sent.
     pub engine_cpu_us_per_notify: Option<f64>,
+    /// The harness's CPU time over the same interval, per notify: the
+    /// load's signing and HTTP client and the mock FCM answering.
+    pub harness_cpu_us_per_notify: Option<f64>,
     pub ceiling_requests_per_second: Option<f64>,
+    /// The harness's CPU per ceiling request (the FCM channel and the mock
+    /// FCM): with the rates, what the machine spends per wake-up either way.
+    pub ceiling_cpu_us_per_request: Option<f64>,
     /// provider_requests_per_second ÷ ceiling.
     pub ratio: Option<f64>,
     /// `redb`, or the ScyllaDB keyspace and nodes.
@@ -267,7 +273,7 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<GatewayReport> {
     while (fcm.received_count() as u64) < accepted && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let (engine_cpu_us_per_notify, profile) = meter.finish(args.notifies)?;
+    let metered = meter.finish(args.notifies)?;
     if !errors.is_empty() {
         eprintln!("notify answers other than 200: {errors:?}; the engine's log ends:\n{}", engine.log_tail(30));
     }
@@ -303,12 +309,14 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<GatewayReport> {
         provider_seconds,
         provider_requests_per_second: provider_rate,
         latency: Percentiles::from_histogram_us(&histogram),
-        engine_cpu_us_per_notify,
-        ceiling_requests_per_second: ceiling,
-        ratio: ceiling.map(|c| provider_rate / c),
+        engine_cpu_us_per_notify: metered.engine_cpu_us,
+        harness_cpu_us_per_notify: metered.harness_cpu_us,
+        ceiling_requests_per_second: ceiling.map(|c| c.requests_per_second),
+        ceiling_cpu_us_per_request: ceiling.and_then(|c| c.cpu_us_per_request),
+        ratio: ceiling.map(|c| provider_rate / c.requests_per_second),
         store: store.describe(),
         cql_ceiling,
-        profile,
+        profile: metered.profile,
     };
     if provider_requests < accepted {
         eprintln!("missing: {} accepted wake-ups did not reach the mock", accepted - provider_requests);
@@ -320,7 +328,7 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<GatewayReport> {
 }
 
 /// The same FCM requests through the engine's FCM channel alone.
-async fn ceiling(args: &GatewayArgs, dir: &Path, base_url: &str) -> anyhow::Result<f64> {
+async fn ceiling(args: &GatewayArgs, dir: &Path, base_url: &str) -> anyhow::Result<Ceiling> {
     let channels = platform_channels::channels(&fcm_table(dir, base_url))?;
     let target = format!("ak:pseudonym:push:{}", URL_SAFE_NO_PAD.encode([7u8; 32]));
     let devices = args.devices;

@@ -24,7 +24,7 @@ use serde_json::{Map, Value};
 
 use crate::profile::{ProfileSummary, Profiler};
 use crate::run::cql_ceiling::{self, CqlCeiling};
-use crate::run::engine_process::{APNS_BUNDLE_ID, APNS_KEY_ID, APNS_TEAM_ID, Store, proc_sample};
+use crate::run::engine_process::{APNS_BUNDLE_ID, APNS_KEY_ID, APNS_TEAM_ID, Store, own_cpu_seconds, proc_sample};
 
 /// The options of every run against the platform mocks.
 #[derive(clap::Args, Debug, Clone)]
@@ -105,28 +105,47 @@ impl PlatformRunArgs {
     }
 }
 
-/// The engine over a run's measured interval: its CPU time and, with
-/// `--profile`, where it went.
+/// The engine over a run's measured interval: its CPU time, the harness's
+/// own (the load's client and signing, and the mock providers), and with
+/// `--profile`, where the engine's went.
 pub struct EngineMeter {
     pid: Option<u32>,
     cpu_before: Option<f64>,
+    harness_before: Option<f64>,
     profiler: Option<Profiler>,
+}
+
+/// CPU time per unit of work over a measured interval.
+#[derive(Debug)]
+pub struct Metered {
+    /// The engine's user + system time per unit, in µs.
+    pub engine_cpu_us: Option<f64>,
+    /// The harness's: the load's client and its signing and the mock
+    /// providers answering, per unit, in µs.
+    pub harness_cpu_us: Option<f64>,
+    pub profile: Option<ProfileSummary>,
+}
+
+fn per_unit(before: Option<f64>, after: Option<f64>, units: u64) -> Option<f64> {
+    before.zip(after).map(|(before, after)| (after - before) * 1e6 / units.max(1) as f64)
 }
 
 impl EngineMeter {
     /// Starts measuring engine `pid` now.
     pub fn start(args: &PlatformRunArgs, pid: Option<u32>) -> anyhow::Result<Self> {
         let profiler = Profiler::attach(args.profile.as_deref(), pid)?;
-        Ok(Self { pid, cpu_before: pid.and_then(proc_sample).map(|s| s.cpu_seconds), profiler })
+        let cpu_before = pid.and_then(proc_sample).map(|s| s.cpu_seconds);
+        Ok(Self { pid, cpu_before, harness_before: own_cpu_seconds(), profiler })
     }
 
-    /// Ends the interval: the engine's CPU time per unit of work in µs
-    /// (`units` done in it), and the profile.
-    pub fn finish(self, units: u64) -> anyhow::Result<(Option<f64>, Option<ProfileSummary>)> {
+    /// Ends the interval (`units` of work done in it).
+    pub fn finish(self, units: u64) -> anyhow::Result<Metered> {
         let cpu_after = self.pid.and_then(proc_sample).map(|s| s.cpu_seconds);
-        let per_unit =
-            self.cpu_before.zip(cpu_after).map(|(before, after)| (after - before) * 1e6 / units.max(1) as f64);
-        Ok((per_unit, self.profiler.map(Profiler::finish).transpose()?))
+        Ok(Metered {
+            engine_cpu_us: per_unit(self.cpu_before, cpu_after, units),
+            harness_cpu_us: per_unit(self.harness_before, own_cpu_seconds(), units),
+            profile: self.profiler.map(Profiler::finish).transpose()?,
+        })
     }
 }
 
@@ -206,17 +225,27 @@ impl PlatformPush {
     }
 }
 
+/// The ceiling's figures.
+#[derive(Debug, Clone, Copy)]
+pub struct Ceiling {
+    pub requests_per_second: f64,
+    /// The harness's CPU per request: the channel sending and the mock
+    /// provider answering, everything the ceiling runs, in µs.
+    pub cpu_us_per_request: Option<f64>,
+}
+
 /// The ceiling: pushes `0..count` (`push(i)` makes the i-th) sent by the
-/// engine's own providers with `concurrency` in flight; provider requests
-/// per second. Every push must be delivered.
+/// engine's own providers with `concurrency` in flight. Every push must be
+/// delivered.
 pub async fn ceiling(
     channels: &Channels,
     count: u64,
     concurrency: usize,
     push: impl Fn(u64) -> anyhow::Result<PlatformPush> + Send + Sync + 'static,
-) -> anyhow::Result<f64> {
+) -> anyhow::Result<Ceiling> {
     let push = Arc::new(push);
     let next = Arc::new(AtomicU64::new(0));
+    let cpu_before = own_cpu_seconds();
     let started = Instant::now();
     let mut workers = tokio::task::JoinSet::new();
     for _ in 0..concurrency.max(1) {
@@ -239,7 +268,10 @@ pub async fn ceiling(
     while let Some(done) = workers.join_next().await {
         done??;
     }
-    Ok(count as f64 / started.elapsed().as_secs_f64().max(1e-6))
+    Ok(Ceiling {
+        requests_per_second: count as f64 / started.elapsed().as_secs_f64().max(1e-6),
+        cpu_us_per_request: per_unit(cpu_before, own_cpu_seconds(), count),
+    })
 }
 
 /// When a mock received a request, on this process's monotonic clock.

@@ -113,7 +113,13 @@ pub struct RelayIngressReport {
     /// The engine's CPU time (user + system) from the first webhook to the
     /// last push at the mocks, per webhook sent (replays not included).
     pub engine_cpu_us_per_webhook: Option<f64>,
+    /// The harness's CPU time over the same interval, per webhook: the
+    /// load's signing and HTTP client and the mock providers answering.
+    pub harness_cpu_us_per_webhook: Option<f64>,
     pub ceiling_requests_per_second: Option<f64>,
+    /// The harness's CPU per ceiling request (the channels and the mock
+    /// providers): with the rates, what the machine spends per push either way.
+    pub ceiling_cpu_us_per_request: Option<f64>,
     /// provider_requests_per_second ÷ ceiling.
     pub ratio: Option<f64>,
     /// `redb`, or the ScyllaDB keyspace and nodes.
@@ -352,9 +358,7 @@ pub async fn run(args: RelayIngressArgs) -> anyhow::Result<RelayIngressReport> {
         let channels =
             platform_channels::channels(&channel_tables(dir.path(), &providers, &apns.base_url(), &fcm.base_url()))?;
         let plan = plan.clone();
-        let rate =
-            platform_channels::ceiling(&channels, args.webhooks, args.concurrency, move |i| plan.push(i)).await?;
-        Some(rate)
+        Some(platform_channels::ceiling(&channels, args.webhooks, args.concurrency, move |i| plan.push(i)).await?)
     } else {
         None
     };
@@ -383,7 +387,7 @@ pub async fn run(args: RelayIngressArgs) -> anyhow::Result<RelayIngressReport> {
     while received() < first.delivered && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let (engine_cpu_us_per_webhook, profile) = meter.finish(args.webhooks)?;
+    let metered = meter.finish(args.webhooks)?;
 
     // A hub's retries of delivery ids already answered.
     let replays = replay_indices(args.webhooks, args.replays);
@@ -460,12 +464,14 @@ pub async fn run(args: RelayIngressArgs) -> anyhow::Result<RelayIngressReport> {
         provider_seconds,
         provider_requests_per_second: provider_rate,
         latency: Percentiles::from_histogram_us(&histogram),
-        engine_cpu_us_per_webhook,
-        ceiling_requests_per_second: ceiling,
-        ratio: ceiling.map(|c| provider_rate / c),
+        engine_cpu_us_per_webhook: metered.engine_cpu_us,
+        harness_cpu_us_per_webhook: metered.harness_cpu_us,
+        ceiling_requests_per_second: ceiling.map(|c| c.requests_per_second),
+        ceiling_cpu_us_per_request: ceiling.and_then(|c| c.cpu_us_per_request),
+        ratio: ceiling.map(|c| provider_rate / c.requests_per_second),
         store: store.describe(),
         cql_ceiling,
-        profile,
+        profile: metered.profile,
         passed: failures.is_empty(),
         failures,
     };
