@@ -27,7 +27,7 @@ use http_body_util::BodyExt as _;
 use serde::Serialize;
 
 use super::collector::{Collector, Percentiles, RELAY_SECRET, latency_histogram, webpush_endpoint};
-use super::engine_process::{APNS_BUNDLE_ID, WEBPUSH_SUBJECT};
+use super::engine_process::{APNS_BUNDLE_ID, WEBPUSH_SUBJECT, own_cpu_seconds};
 use super::ids::RunIds;
 use super::progress::Progress;
 use super::scenario::{Plan, ScenarioChannel};
@@ -49,6 +49,10 @@ pub struct CeilingResult {
     pub latency: Percentiles,
     /// What the mock read on the wire (apns scenarios).
     pub wire: Option<WireCounts>,
+    /// The harness's CPU time over the requests: the bare client, its
+    /// signing and the receivers answering (h2load's `harness_cpu_seconds`
+    /// is the receivers' share for as many requests).
+    pub cpu_seconds: Option<f64>,
 }
 
 /// Where the ceiling sends: the mocks' URLs, for an apns scenario the
@@ -255,6 +259,7 @@ pub async fn run(
     let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let latency = Arc::new(std::sync::Mutex::new(latency_histogram()));
     let targets = Arc::new(targets);
+    let cpu_before = own_cpu_seconds();
     let started = Instant::now();
     collector.mark_start(started);
     let mut workers = tokio::task::JoinSet::new();
@@ -300,5 +305,6 @@ pub async fn run(
         requests_per_second: ok as f64 / seconds.max(1e-9),
         latency,
         wire: None,
+        cpu_seconds: own_cpu_seconds().zip(cpu_before).map(|(after, before)| after - before),
     })
 }

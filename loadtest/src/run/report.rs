@@ -497,8 +497,13 @@ impl Report {
         if let Some(c) = &self.ceiling {
             let _ = writeln!(
                 s,
-                "  ceiling     {:.0} requests/s ({} requests, concurrency {}, {} failed, p99 {:.1} ms)",
-                c.requests_per_second, c.requests, c.concurrency, c.failed, c.latency.p99_ms
+                "  ceiling     {:.0} requests/s ({} requests, concurrency {}, {} failed, p99 {:.1} ms{})",
+                c.requests_per_second,
+                c.requests,
+                c.concurrency,
+                c.failed,
+                c.latency.p99_ms,
+                c.cpu_seconds.map(|cpu| format!("; harness CPU {cpu:.2} s: client and receivers")).unwrap_or_default()
             );
             if let Some(w) = c.wire {
                 let _ = writeln!(s, "  ceiling     wire {}", WireReport::from(w).line());
