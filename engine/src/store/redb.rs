@@ -15,8 +15,10 @@
 //! - `envelopes`: (shard, sequence id) → push-eligible envelope.
 //! - `relay_deliveries`, `relay_expiry`: spec 003 §2.5 records (`relay.rs`).
 //! - `parked`: (shard, channel, sequence id, recipient) → a parked delivery (`parked.rs`).
-//! - `gw_*`: spec 002's push gateway records (`gateway.rs`); window state
-//!   changes are staged in memory until the next transaction (`staged.rs`).
+//! - `gw_*`: spec 002's push gateway records (`gateway.rs`).
+//!
+//! The gateway's window state and the relay ingress's claims are staged in
+//! memory until the next transaction (`staged.rs`).
 
 mod codec;
 mod commit;
@@ -37,7 +39,7 @@ use async_trait::async_trait;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 
 use self::codec::{OrBackend, ShardRow, corrupt};
-use self::staged::{Cas, StagedState};
+use self::staged::{Asks, Cas, StagedState, Update};
 use self::time_index::{BytesTable, PRUNE_BATCH};
 use super::recipient_cache::{self, RecipientCache};
 use super::{Appended, CopyMark, RegistrationRemoval, ShardLeases, ShardPosition, Store, StoreError};
@@ -71,7 +73,8 @@ pub struct RedbStore {
     shard_count: u16,
     /// Dispatch's decoded recipients (`recipient_cache`).
     recipients: Arc<RecipientCache>,
-    /// The gateway's window state between commits (`staged.rs`).
+    /// The gateway's window state and the relay claims between commits
+    /// (`staged.rs`), each key behind its kind (`STAGED_*`).
     staged: Arc<StagedState>,
 }
 
@@ -137,7 +140,7 @@ impl RedbStore {
         let db = Arc::new(db);
         let recipients = Arc::new(RecipientCache::new(recipient_cache::CAPACITY));
         let staged = Arc::new(StagedState::default());
-        let staging = commit::Staging { state: staged.clone(), put: gateway::put_state };
+        let staging = commit::Staging { state: staged.clone(), put: put_staged };
         Ok(Self { writer: commit::GroupCommit::start(db.clone(), Some(staging))?, db, shard_count, recipients, staged })
     }
 
@@ -162,10 +165,15 @@ impl RedbStore {
         f(&self.db.begin_read().be()?)
     }
 
-    /// A gateway window state value as stored (not as staged), on the
-    /// calling task: a point read.
-    fn stored_state(&self, key: &[u8]) -> Result<Option<staged::Value>, StoreError> {
-        gateway::stored_state(&self.db.begin_read().be()?, key)
+    /// A staged key's record as stored (not as staged), on the calling
+    /// task: a point read.
+    fn stored_staged(&self, key: &[u8]) -> Result<Option<staged::Value>, StoreError> {
+        let txn = self.db.begin_read().be()?;
+        match key.split_first() {
+            Some((&STAGED_STATE, k)) => gateway::stored_state(&txn, k),
+            Some((&STAGED_RELAY, k)) => relay::stored(&txn, k),
+            _ => Err(unknown_staged()),
+        }
     }
 
     /// Runs `f` in a write transaction, shared with the writes queued with
@@ -746,16 +754,55 @@ macro_rules! in_transactions {
 
 in_transactions! {
     super::RelayStore, relay {
-        // A claim lost in a crash lets the hub's retry send again, as its
-        // lease running out would; the settlement, which answers later
-        // retries, is synced.
-        write_with_next fn claim(key: &RelayKey, now_ms: i64, lease_until_ms: i64, expires_at_ms: i64) -> RelayClaim;
+        // The settlement, which answers later retries, is synced.
         write fn settle(key: &RelayKey, lease_until_ms: i64, settled: RelaySettled, expires_at_ms: i64) -> ();
         write_with_next fn release(key: &RelayKey, lease_until_ms: i64) -> ();
     }
 
+    // Staged in memory (`staged.rs`) and written by the next transaction, at
+    // the latest its own settlement's or release's. A claim lost in a crash
+    // lets the hub's retry send again, as its lease running out would.
+    async fn claim(
+        &self,
+        key: &RelayKey,
+        now_ms: i64,
+        lease_until_ms: i64,
+        expires_at_ms: i64,
+    ) -> Result<RelayClaim, StoreError> {
+        let key = staged_key(STAGED_RELAY, &relay::key_bytes(key)?);
+        let decide = |current: Option<&staged::Value>| relay::decide_claim(current, now_ms, lease_until_ms, expires_at_ms);
+        loop {
+            match self.staged.update(&key, Asks::Nothing, || self.stored_staged(&key), decide)? {
+                Update::Set { decided, .. } | Update::Kept(decided) => return Ok(decided),
+                // A transaction writes (and then forgets) what is staged.
+                Update::Full => self.write_with_next(|_| Ok(())).await?,
+            }
+        }
+    }
+
     async fn delete_expired(&self, now_ms: i64) -> Result<u64, StoreError> {
         self.prune(relay::prune_batch, now_ms).await
+    }
+}
+
+/// The kinds of staged keys: their first byte.
+const STAGED_STATE: u8 = 0;
+const STAGED_RELAY: u8 = 1;
+
+fn staged_key(kind: u8, key: &[u8]) -> Vec<u8> {
+    [&[kind], key].concat()
+}
+
+fn unknown_staged() -> StoreError {
+    StoreError::Backend("a staged record of an unknown kind".into())
+}
+
+/// Writes a staged record (`commit::Staging::put`) to its table.
+fn put_staged(txn: &WriteTransaction, key: &[u8], value: &staged::Value) -> Result<(), StoreError> {
+    match key.split_first() {
+        Some((&STAGED_STATE, k)) => gateway::put_state(txn, k, value),
+        Some((&STAGED_RELAY, k)) => relay::put_staged(txn, k, value),
+        _ => Err(unknown_staged()),
     }
 }
 
@@ -786,10 +833,10 @@ in_transactions! {
     // Window state: staged in memory, written by the next transaction
     // (`staged.rs`).
     async fn state(&self, tenant: &ServiceId, key: &[u8], now_ms: i64) -> Result<Option<Vec<u8>>, StoreError> {
-        let key = gateway::state_key(tenant, key)?;
+        let key = staged_key(STAGED_STATE, &gateway::state_key(tenant, key)?);
         let found = match self.staged.get(&key) {
             Some(staged) => Some(staged),
-            None => self.stored_state(&key)?,
+            None => self.stored_staged(&key)?,
         };
         Ok(staged::live(found.as_ref(), now_ms).map(<[u8]>::to_vec))
     }
@@ -803,9 +850,9 @@ in_transactions! {
         now_ms: i64,
         expires_at_ms: i64,
     ) -> Result<bool, StoreError> {
-        let key = gateway::state_key(tenant, key)?;
+        let key = staged_key(STAGED_STATE, &gateway::state_key(tenant, key)?);
         loop {
-            match self.staged.cas(&key, expected, new, now_ms, expires_at_ms, || self.stored_state(&key))? {
+            match self.staged.cas(&key, expected, new, now_ms, expires_at_ms, || self.stored_staged(&key))? {
                 Cas::Set { ask_commit } => {
                     if ask_commit {
                         self.writer.nudge();

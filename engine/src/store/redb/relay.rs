@@ -4,10 +4,15 @@
 //!   else `RelaySettled::code`), lease_until, expires_at (i64 big-endian).
 //! - `relay_expiry`: expires_at (u64 big-endian) ‖ key → empty: retention
 //!   deletes by range instead of scanning every record.
+//!
+//! A claim is decided and staged in memory (`staged.rs`) and written by the
+//! next transaction, at the latest the one of its own settlement or release;
+//! settlements and releases are writes of their own.
 
-use redb::{ReadableTable, TableDefinition, WriteTransaction};
+use redb::{ReadTransaction, ReadableTable, TableDefinition, WriteTransaction};
 
 use super::codec::OrBackend;
+use super::staged;
 use super::time_index::{PRUNE_BATCH, at, due_keys};
 use crate::domain::{RelayClaim, RelayKey, RelaySettled};
 use crate::store::StoreError;
@@ -27,7 +32,7 @@ struct Record {
 /// The record's key: len(hub) ‖ hub ‖ delivery_id. Hub ids are kept within
 /// 255 bytes, so the length byte is exact and two (hub, id) pairs never
 /// share a key.
-fn key_bytes(key: &RelayKey) -> Result<Vec<u8>, StoreError> {
+pub(super) fn key_bytes(key: &RelayKey) -> Result<Vec<u8>, StoreError> {
     let hub = key.hub_id.as_bytes();
     match u8::try_from(hub.len()) {
         Ok(len) if len > 0 => Ok([&[len], hub, key.delivery_id.as_bytes()].concat()),
@@ -77,6 +82,46 @@ fn remove(txn: &WriteTransaction, key: &[u8], old: Record) -> Result<(), StoreEr
     Ok(())
 }
 
+/// A record as staged: its expiry and its encoding.
+fn staged_value(r: Record) -> staged::Value {
+    (r.expires_at, encode(r).to_vec())
+}
+
+/// The record under `k` as stored, in its staged form.
+pub(super) fn stored(txn: &ReadTransaction, k: &[u8]) -> Result<Option<staged::Value>, StoreError> {
+    let table = txn.open_table(RELAY).be()?;
+    table.get(k).be()?.map(|g| decode(g.value()).map(staged_value)).transpose()
+}
+
+/// §2.5's claim decided against the record as it is now (staged, else
+/// stored): the record to stage, if any, and the answer.
+pub(super) fn decide_claim(
+    current: Option<&staged::Value>,
+    now_ms: i64,
+    lease_until_ms: i64,
+    expires_at_ms: i64,
+) -> Result<(Option<staged::Value>, RelayClaim), StoreError> {
+    let old = current.map(|(_, bytes)| decode(bytes)).transpose()?;
+    if let Some(r) = old.filter(|r| r.expires_at > now_ms) {
+        if let Some(settled) = RelaySettled::from_code(r.state) {
+            return Ok((None, RelayClaim::Settled(settled)));
+        }
+        if r.lease_until > now_ms {
+            return Ok((None, RelayClaim::Busy { lease_until_ms: r.lease_until }));
+        }
+    }
+    let claim = Record { state: PENDING, lease_until: lease_until_ms, expires_at: expires_at_ms };
+    Ok((Some(staged_value(claim)), RelayClaim::Claimed))
+}
+
+/// Writes a record staged in memory, moving its expiry index entry.
+pub(super) fn put_staged(txn: &WriteTransaction, k: &[u8], (_, bytes): &staged::Value) -> Result<(), StoreError> {
+    let record = decode(bytes)?;
+    put(txn, k, get(txn, k)?, record)
+}
+
+/// A claim decided and written in `txn` (tests filling a store at once).
+#[cfg(test)]
 pub(super) fn claim(
     txn: &WriteTransaction,
     key: &RelayKey,
@@ -85,17 +130,12 @@ pub(super) fn claim(
     expires_at_ms: i64,
 ) -> Result<RelayClaim, StoreError> {
     let k = key_bytes(key)?;
-    let old = get(txn, &k)?;
-    if let Some(r) = old.filter(|r| r.expires_at > now_ms) {
-        if let Some(settled) = RelaySettled::from_code(r.state) {
-            return Ok(RelayClaim::Settled(settled));
-        }
-        if r.lease_until > now_ms {
-            return Ok(RelayClaim::Busy { lease_until_ms: r.lease_until });
-        }
+    let current = get(txn, &k)?.map(staged_value);
+    let (record, claimed) = decide_claim(current.as_ref(), now_ms, lease_until_ms, expires_at_ms)?;
+    if let Some(record) = record {
+        put_staged(txn, &k, &record)?;
     }
-    put(txn, &k, old, Record { state: PENDING, lease_until: lease_until_ms, expires_at: expires_at_ms })?;
-    Ok(RelayClaim::Claimed)
+    Ok(claimed)
 }
 
 /// The record when it is still the pending claim with `lease_until_ms`.

@@ -1,20 +1,23 @@
-//! The gateway's window state (`GatewayStore::state`, `state_cas`) staged in
-//! memory between commits. A notify makes four compare-and-sets (dedup
+//! Changes staged in memory between commits: the gateway's window state
+//! (`GatewayStore::state`, `state_cas`) and the relay ingress's claims
+//! (`RelayStore::claim`). A notify makes four compare-and-sets (dedup
 //! marker, badge dwell, rate window, pending ledger) before the commit of
-//! its answer; each as a write of its own waited for a turn of the writer
-//! thread. Here a compare-and-set is decided and applied at once, under one
-//! lock, against the staged value of its key or else the stored one, and
-//! every write transaction (`commit.rs`) first writes what is staged.
+//! its answer, and a relayed webhook a claim before its settlement; each as
+//! a write of its own waited for a turn of the writer thread. Here a change
+//! is decided and applied at once, under one lock, against the staged value
+//! of its key or else the stored one, and every write transaction
+//! (`commit.rs`) first writes what is staged.
 //!
 //! That is `commit::Sync::WithNext` without the wait: a staged change is
-//! seen by every later read and compare-and-set at once and reaches the disk
-//! with the next synced commit. Every change staged before a write is queued
-//! is written in that write's transaction or an earlier one, so a crash
-//! leaves every change up to some point, as with commits in order; the
-//! answer of a notify, synced, carries the window state it was decided on.
+//! seen by every later read and change at once and reaches the disk with the
+//! next synced commit. Every change staged before a write is queued is
+//! written in that write's transaction or an earlier one, so a crash leaves
+//! every change up to some point, as with commits in order; the answer of a
+//! notify, synced, carries the window state it was decided on, and a relay
+//! settlement the claim it settles.
 //!
-//! Bounded: beyond [`MAX_STAGED`] keys a compare-and-set first waits for a
-//! commit to take them.
+//! Bounded: beyond [`MAX_STAGED`] keys a change first waits for a commit to
+//! take them.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -44,6 +47,27 @@ struct Inner {
     next_version: u64,
     /// A commit will take what is staged: nobody needs to ask for one.
     commit_due: bool,
+}
+
+/// Whether a staged change needs a commit asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Asks {
+    /// Nothing else will write it soon: ask for a commit.
+    Commit,
+    /// A write of the caller's own follows and carries it (its transaction
+    /// writes what is staged first).
+    Nothing,
+}
+
+/// What [`StagedState::update`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Update<R> {
+    /// Staged; `ask_commit`: no commit is due yet, the caller asks for one.
+    Set { ask_commit: bool, decided: R },
+    /// Nothing staged.
+    Kept(R),
+    /// [`MAX_STAGED`] keys wait: the caller lets a commit take them first.
+    Full,
 }
 
 /// What a compare-and-set did.
@@ -79,21 +103,41 @@ impl StagedState {
         expires_at: i64,
         stored: impl FnOnce() -> Result<Option<Value>, StoreError>,
     ) -> Result<Cas, StoreError> {
+        let decide = |current: Option<&Value>| {
+            let set = live(current, now) == expected;
+            Ok((set.then(|| (expires_at, new.to_vec())), ()))
+        };
+        Ok(match self.update(key, Asks::Commit, stored, decide)? {
+            Update::Set { ask_commit, .. } => Cas::Set { ask_commit },
+            Update::Kept(()) => Cas::Refused,
+            Update::Full => Cas::Full,
+        })
+    }
+
+    /// Stages what `decide` makes of the current value of `key` (staged,
+    /// else `stored()`'s, expired or not): `Some(value)` is staged, `None`
+    /// changes nothing; `decide`'s answer is handed back either way.
+    pub(super) fn update<R>(
+        &self,
+        key: &[u8],
+        asks: Asks,
+        stored: impl FnOnce() -> Result<Option<Value>, StoreError>,
+        decide: impl FnOnce(Option<&Value>) -> Result<(Option<Value>, R), StoreError>,
+    ) -> Result<Update<R>, StoreError> {
         let mut inner = self.lock();
         let current = match inner.entries.get(key) {
             Some((value, _)) => Some(value.clone()),
-            None if inner.entries.len() >= MAX_STAGED => return Ok(Cas::Full),
+            None if inner.entries.len() >= MAX_STAGED => return Ok(Update::Full),
             // Read under the lock: no commit of this key can come between.
             None => stored()?,
         };
-        if live(current.as_ref(), now) != expected {
-            return Ok(Cas::Refused);
-        }
+        let (value, decided) = decide(current.as_ref())?;
+        let Some(value) = value else { return Ok(Update::Kept(decided)) };
         inner.next_version += 1;
         let version = inner.next_version;
-        inner.entries.insert(key.to_vec(), ((expires_at, new.to_vec()), version));
-        let ask_commit = !std::mem::replace(&mut inner.commit_due, true);
-        Ok(Cas::Set { ask_commit })
+        inner.entries.insert(key.to_vec(), (value, version));
+        let ask_commit = asks == Asks::Commit && !std::mem::replace(&mut inner.commit_due, true);
+        Ok(Update::Set { ask_commit, decided })
     }
 
     /// Writes everything staged with `put` (in the writer's transaction);
