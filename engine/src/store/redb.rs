@@ -1108,6 +1108,31 @@ mod tests {
         assert_eq!(rows(&store, EXPIRY).await, 1, "one expiry entry: the old one moved");
     }
 
+    /// A relay claim is staged: decided against at once, in no table until
+    /// a write carries it, and its own settlement (a write) does, so that a
+    /// reopened store answers the delivery as settled.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_staged_relay_claim_is_written_by_its_settlement() {
+        use relay::{RELAY, RELAY_EXPIRY};
+
+        let (now, lease, expires) = (1_000, 2_000, 10_000);
+        let dir = tempfile::tempdir().unwrap();
+        let key = RelayKey { hub_id: "hub".into(), delivery_id: "d1".into() };
+        {
+            let store = RedbStore::open(dir.path(), SHARD_COUNT).unwrap();
+            let relay = store.relay();
+            assert_eq!(relay.claim(&key, now, lease, expires).await.unwrap(), RelayClaim::Claimed);
+            assert_eq!(rows(&store, RELAY).await, 0, "staged, not yet written");
+            let again = relay.claim(&key, now + 1, lease + 1, expires).await.unwrap();
+            assert_eq!(again, RelayClaim::Busy { lease_until_ms: lease }, "decided against the staged claim");
+            relay.settle(&key, lease, RelaySettled::Delivered, expires).await.unwrap();
+            assert_eq!((rows(&store, RELAY).await, rows(&store, RELAY_EXPIRY).await), (1, 1));
+        }
+        let store = RedbStore::open(dir.path(), SHARD_COUNT).unwrap();
+        let replay = store.relay().claim(&key, now + 2, lease + 2, expires).await.unwrap();
+        assert_eq!(replay, RelayClaim::Settled(RelaySettled::Delivered));
+    }
+
     /// Relay retention deletes every expired record, past one transaction's
     /// batch, and keeps the live one.
     #[tokio::test]
