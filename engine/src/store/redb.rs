@@ -172,7 +172,25 @@ impl RedbStore {
         match key.split_first() {
             Some((&STAGED_STATE, k)) => gateway::stored_state(&txn, k),
             Some((&STAGED_RELAY, k)) => relay::stored(&txn, k),
+            Some((&STAGED_NOTIFY, k)) => gateway::stored_notify(&txn, k),
             _ => Err(unknown_staged()),
+        }
+    }
+
+    /// A claim decided by `decide` against the current record of staged key
+    /// `key` and staged (`staged.rs`) without asking for a commit: the
+    /// claimer's own commit or release, a write, carries it.
+    async fn stage<R>(
+        &self,
+        key: &[u8],
+        decide: impl Fn(Option<&staged::Value>) -> Result<(Option<staged::Value>, R), StoreError>,
+    ) -> Result<R, StoreError> {
+        loop {
+            match self.staged.update(key, Asks::Nothing, || self.stored_staged(key), &decide)? {
+                Update::Set { decided, .. } | Update::Kept(decided) => return Ok(decided),
+                // A transaction writes (and then forgets) what is staged.
+                Update::Full => self.write_with_next(|_| Ok(())).await?,
+            }
         }
     }
 
@@ -770,14 +788,7 @@ in_transactions! {
         expires_at_ms: i64,
     ) -> Result<RelayClaim, StoreError> {
         let key = staged_key(STAGED_RELAY, &relay::key_bytes(key)?);
-        let decide = |current: Option<&staged::Value>| relay::decide_claim(current, now_ms, lease_until_ms, expires_at_ms);
-        loop {
-            match self.staged.update(&key, Asks::Nothing, || self.stored_staged(&key), decide)? {
-                Update::Set { decided, .. } | Update::Kept(decided) => return Ok(decided),
-                // A transaction writes (and then forgets) what is staged.
-                Update::Full => self.write_with_next(|_| Ok(())).await?,
-            }
-        }
+        self.stage(&key, |current| relay::decide_claim(current, now_ms, lease_until_ms, expires_at_ms)).await
     }
 
     async fn delete_expired(&self, now_ms: i64) -> Result<u64, StoreError> {
@@ -788,6 +799,7 @@ in_transactions! {
 /// The kinds of staged keys: their first byte.
 const STAGED_STATE: u8 = 0;
 const STAGED_RELAY: u8 = 1;
+const STAGED_NOTIFY: u8 = 2;
 
 fn staged_key(kind: u8, key: &[u8]) -> Vec<u8> {
     [&[kind], key].concat()
@@ -802,6 +814,7 @@ fn put_staged(txn: &WriteTransaction, key: &[u8], value: &staged::Value) -> Resu
     match key.split_first() {
         Some((&STAGED_STATE, k)) => gateway::put_state(txn, k, value),
         Some((&STAGED_RELAY, k)) => relay::put_staged(txn, k, value),
+        Some((&STAGED_NOTIFY, k)) => gateway::put_staged_notify(txn, k, value),
         _ => Err(unknown_staged()),
     }
 }
@@ -815,19 +828,34 @@ in_transactions! {
         read_here fn route(route: &RouteKey, now_ms: i64) -> Option<GatewayRegistration>;
         read_here fn target(tenant: &ServiceId, push_target_id: &PushTargetId, now_ms: i64) -> Vec<GatewayRegistration>;
         write fn mark_token_invalid(route: &RouteKey, registration_id: &RegistrationId) -> bool;
-        // A notify's claim reaches the caller only through its answer,
-        // committed (and synced) by `notify_commit`; a lease or
+        // A notify's claim (staged, below) reaches the caller only through
+        // its answer, committed (and synced) by `notify_commit`; a lease or
         // a reschedule lost in a crash makes a wakeup due again, as an
         // expired lease does. A delivered wakeup's delete is synced: it is
         // not sent again.
-        write_with_next fn notify_claim(key: &NotifyKey, digest: &[u8; 32], now_ms: i64, lease_until_ms: i64,
-            expires_at_ms: i64) -> NotifyClaim;
         write fn notify_commit(key: &NotifyKey, lease_until_ms: i64, response: &[u8], wakeups: &[GatewayWakeup],
             expires_at_ms: i64) -> bool;
         write_with_next fn notify_release(key: &NotifyKey, lease_until_ms: i64) -> ();
         write_with_next fn wakeups_due(now_ms: i64, lease_until_ms: i64, limit: usize) -> Vec<LeasedWakeup>;
         write_with_next fn wakeup_reschedule(leased: &LeasedWakeup, not_before_ms: i64, attempts: u32) -> bool;
         write fn wakeup_delete(leased: &LeasedWakeup) -> bool;
+    }
+
+    // Staged in memory (`staged.rs`), written by the next transaction, at the
+    // latest the one of its own commit or release.
+    async fn notify_claim(
+        &self,
+        key: &NotifyKey,
+        digest: &[u8; 32],
+        now_ms: i64,
+        lease_until_ms: i64,
+        expires_at_ms: i64,
+    ) -> Result<NotifyClaim, StoreError> {
+        let key = staged_key(STAGED_NOTIFY, &gateway::notify_key(key)?);
+        self.stage(&key, |current| {
+            gateway::decide_notify_claim(current, digest, now_ms, lease_until_ms, expires_at_ms)
+        })
+        .await
     }
 
     // Window state: staged in memory, written by the next transaction

@@ -18,6 +18,7 @@
 use redb::{ReadTransaction, ReadableTable, TableDefinition, WriteTransaction};
 
 use super::codec::{OrBackend, Reader, Writer};
+use super::staged;
 use super::time_index::{PRUNE_BATCH, at, due_keys};
 use crate::domain::{
     AccountId, DeviceId, GatewayRegistration, GatewayWakeup, LeasedWakeup, NotifyClaim, NotifyKey, PushRouteId,
@@ -76,7 +77,7 @@ fn target_key(reg: &GatewayRegistration) -> Result<Vec<u8>, StoreError> {
     key(&[reg.tenant.as_str().as_bytes(), target.as_bytes(), reg.device_id.as_str().as_bytes()])
 }
 
-fn notify_key(k: &NotifyKey) -> Result<Vec<u8>, StoreError> {
+pub(super) fn notify_key(k: &NotifyKey) -> Result<Vec<u8>, StoreError> {
     key(&[k.tenant.as_str().as_bytes(), k.idempotency_key.as_str().as_bytes()])
 }
 
@@ -332,25 +333,36 @@ fn put_notify(txn: &WriteTransaction, k: &[u8], old_expires: Option<i64>, n: &No
     Ok(())
 }
 
-pub(super) fn notify_claim(
-    txn: &WriteTransaction,
-    key: &NotifyKey,
+/// A notify record as staged: its expiry and its encoding.
+fn staged_notify(n: &NotifyRecord) -> staged::Value {
+    (n.expires_at, encode_notify(n))
+}
+
+/// The notify record under `k` as stored, in its staged form.
+pub(super) fn stored_notify(txn: &ReadTransaction, k: &[u8]) -> Result<Option<staged::Value>, StoreError> {
+    let table = txn.open_table(NOTIFY).be()?;
+    table.get(k).be()?.map(|g| decode_notify(g.value()).map(|n| staged_notify(&n))).transpose()
+}
+
+/// A notify's claim (§5 Idempotency-Key) decided against the record as it
+/// is now (staged, else stored): the record to stage, if any, and the answer.
+pub(super) fn decide_notify_claim(
+    current: Option<&staged::Value>,
     digest: &[u8; 32],
     now_ms: i64,
     lease_until_ms: i64,
     expires_at_ms: i64,
-) -> Result<NotifyClaim, StoreError> {
-    let k = notify_key(key)?;
-    let old = get_notify(txn, &k)?;
+) -> Result<(Option<staged::Value>, NotifyClaim), StoreError> {
+    let old = current.map(|(_, bytes)| decode_notify(bytes)).transpose()?;
     if let Some(r) = old.as_ref().filter(|r| r.expires_at > now_ms) {
         if r.digest != *digest {
-            return Ok(NotifyClaim::Conflict);
+            return Ok((None, NotifyClaim::Conflict));
         }
         if r.state == COMMITTED {
-            return Ok(NotifyClaim::Replay(r.response.clone()));
+            return Ok((None, NotifyClaim::Replay(r.response.clone())));
         }
         if r.lease_until > now_ms {
-            return Ok(NotifyClaim::Busy { lease_until_ms: r.lease_until });
+            return Ok((None, NotifyClaim::Busy { lease_until_ms: r.lease_until }));
         }
     }
     let claim = NotifyRecord {
@@ -360,8 +372,14 @@ pub(super) fn notify_claim(
         digest: *digest,
         response: Vec::new(),
     };
-    put_notify(txn, &k, old.map(|o| o.expires_at), &claim)?;
-    Ok(NotifyClaim::Claimed)
+    Ok((Some(staged_notify(&claim)), NotifyClaim::Claimed))
+}
+
+/// Writes a notify record staged in memory, moving its expiry index entry.
+pub(super) fn put_staged_notify(txn: &WriteTransaction, k: &[u8], (_, bytes): &staged::Value) -> Result<(), StoreError> {
+    let record = decode_notify(bytes)?;
+    let old = get_notify(txn, k)?;
+    put_notify(txn, k, old.map(|o| o.expires_at), &record)
 }
 
 fn own_claim(txn: &WriteTransaction, k: &[u8], lease_until_ms: i64) -> Result<Option<NotifyRecord>, StoreError> {

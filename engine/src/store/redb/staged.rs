@@ -1,9 +1,11 @@
 //! Changes staged in memory between commits: the gateway's window state
-//! (`GatewayStore::state`, `state_cas`) and the relay ingress's claims
-//! (`RelayStore::claim`). A notify makes four compare-and-sets (dedup
-//! marker, badge dwell, rate window, pending ledger) before the commit of
-//! its answer, and a relayed webhook a claim before its settlement; each as
-//! a write of its own waited for a turn of the writer thread. Here a change
+//! (`GatewayStore::state`, `state_cas`), the notify claims
+//! (`GatewayStore::notify_claim`) and the relay ingress's claims
+//! (`RelayStore::claim`). A notify makes a claim and four compare-and-sets
+//! (dedup marker, badge dwell, rate window, pending ledger) before the
+//! commit of its answer, and a relayed webhook a claim before its
+//! settlement; each as a write of its own waited for a turn of the writer
+//! thread. Here a change
 //! is decided and applied at once, under one lock, against the staged value
 //! of its key or else the stored one, and every write transaction
 //! (`commit.rs`) first writes what is staged.
