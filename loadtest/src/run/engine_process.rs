@@ -110,6 +110,15 @@ impl Store {
         Ok(Store::Scylla { nodes, keyspace, replication_factor })
     }
 
+    /// The contact points that are socket addresses (`host:port` with an IP
+    /// host); none for the embedded store.
+    pub fn contact_points(&self) -> Vec<std::net::SocketAddr> {
+        match self {
+            Store::Redb => Vec::new(),
+            Store::Scylla { nodes, .. } => nodes.iter().filter_map(|n| n.parse().ok()).collect(),
+        }
+    }
+
     /// `FANOUT__STORE__*` overrides: the launcher writes `[store]` itself
     /// (redb at its data directory), so the backend is switched the way the
     /// e2e tests do. `migrate`: the fresh keyspace gets its schema at start.

@@ -27,6 +27,7 @@ pub mod driver;
 pub mod engine_process;
 pub mod h2load;
 pub mod ids;
+pub mod local_server;
 pub mod nodes;
 pub mod outage;
 pub mod progress;
@@ -780,6 +781,8 @@ async fn execute_inner(
     let profiler = crate::profile::Profiler::attach(args.profile.as_deref(), engine.pid())?;
     let cpu_before = engine.pid().and_then(proc_sample).map(|s| s.cpu_seconds);
     let harness_cpu_before = own_cpu_seconds();
+    let database = local_server::listening_pids(&store.contact_points());
+    let database_cpu_before = local_server::cpu_seconds(&database);
     let delivery_started = Instant::now();
     let publish_timeout = Duration::from_secs(
         scenario.timeouts.publish_seconds + plan.rate.map_or(0, |r| (plan.envelopes as f64 / r) as u64),
@@ -889,6 +892,10 @@ async fn execute_inner(
     let delivery_seconds = delivery_started.elapsed().as_secs_f64();
     let end_sample = engine.pid().and_then(proc_sample);
     let harness_cpu = harness_cpu_before.zip(own_cpu_seconds()).map(|(before, after)| after - before);
+    let database_cpu = database_cpu_before
+        .filter(|_| !database.is_empty())
+        .zip(local_server::cpu_seconds(&database))
+        .map(|(before, after)| after - before);
     let profile = profiler.map(crate::profile::Profiler::finish).transpose()?;
     if let Some(task) = sampler {
         task.abort();
@@ -948,6 +955,7 @@ async fn execute_inner(
             cpu_seconds_delivery: during,
             cores_busy_delivery: during / delivery_seconds.max(1e-9),
             harness_cpu_seconds_delivery: harness_cpu,
+            database_cpu_seconds_delivery: database_cpu,
         }
     });
     let ratio = ceiling

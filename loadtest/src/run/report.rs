@@ -240,6 +240,10 @@ pub struct Resources {
     /// receivers (all of the receivers' work unless the APNs peer is
     /// Pushy's server), the collector and the publisher.
     pub harness_cpu_seconds_delivery: Option<f64>,
+    /// With `--scylla-nodes` on this machine: the utime + stime of the
+    /// processes listening on the contact points (the CQL servers) over the
+    /// same time.
+    pub database_cpu_seconds_delivery: Option<f64>,
 }
 
 /// `fanout_deliveries_total{channel="http",outcome="delivered"}` → "http/delivered".
@@ -450,6 +454,13 @@ impl Report {
                     s,
                     "  harness     CPU {cpu:.1} s during delivery (its mock receivers, collector and publisher): \
                      {per_delivery:.1} µs per delivery",
+                );
+            }
+            if let Some(cpu) = r.database_cpu_seconds_delivery {
+                let per_delivery = cpu * 1e6 / self.deliveries.delivered.max(1) as f64;
+                let _ = writeln!(
+                    s,
+                    "  database    CPU {cpu:.1} s during delivery (the local CQL servers): {per_delivery:.1} µs per delivery",
                 );
             }
         }
