@@ -1159,6 +1159,9 @@ mod tests {
         let store = RedbStore::open(dir.path(), SHARD_COUNT).unwrap();
         let replay = store.relay().claim(&key, now + 2, lease + 2, expires).await.unwrap();
         assert_eq!(replay, RelayClaim::Settled(RelaySettled::Delivered));
+        // The settlement kept its claim's expiry entry, which retention finds.
+        assert_eq!(store.relay().delete_expired(expires).await.unwrap(), 1);
+        assert_eq!((rows(&store, RELAY).await, rows(&store, RELAY_EXPIRY).await), (0, 0));
     }
 
     /// Relay retention deletes every expired record, past one transaction's

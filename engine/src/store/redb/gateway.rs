@@ -324,12 +324,23 @@ fn get_notify(txn: &WriteTransaction, k: &[u8]) -> Result<Option<NotifyRecord>, 
 }
 
 fn put_notify(txn: &WriteTransaction, k: &[u8], old_expires: Option<i64>, n: &NotifyRecord) -> Result<(), StoreError> {
-    let mut expiry = txn.open_table(EXPIRY).be()?;
-    if let Some(old) = old_expires {
-        expiry.remove(expiry_key(old, KIND_NOTIFY, k).as_slice()).be()?;
-    }
-    expiry.insert(expiry_key(n.expires_at, KIND_NOTIFY, k).as_slice(), [].as_slice()).be()?;
+    move_expiry(txn, KIND_NOTIFY, k, old_expires, n.expires_at)?;
     txn.open_table(NOTIFY).be()?.insert(k, encode_notify(n).as_slice()).be()?;
+    Ok(())
+}
+
+/// Moves the expiry index entry of record `k` of `kind` from `old` to `new`;
+/// nothing when it stays (a commit keeps its claim's expiry, a window state
+/// value its window's).
+fn move_expiry(txn: &WriteTransaction, kind: u8, k: &[u8], old: Option<i64>, new: i64) -> Result<(), StoreError> {
+    if old == Some(new) {
+        return Ok(());
+    }
+    let mut expiry = txn.open_table(EXPIRY).be()?;
+    if let Some(old) = old {
+        expiry.remove(expiry_key(old, kind, k).as_slice()).be()?;
+    }
+    expiry.insert(expiry_key(new, kind, k).as_slice(), [].as_slice()).be()?;
     Ok(())
 }
 
@@ -504,11 +515,7 @@ pub(super) fn put_state(
 ) -> Result<(), StoreError> {
     let mut table = txn.open_table(STATE).be()?;
     let old = table.get(k).be()?.map(|g| decode_state(g.value())).transpose()?;
-    let mut expiry = txn.open_table(EXPIRY).be()?;
-    if let Some((expires, _)) = &old {
-        expiry.remove(expiry_key(*expires, KIND_STATE, k).as_slice()).be()?;
-    }
-    expiry.insert(expiry_key(*expires_at_ms, KIND_STATE, k).as_slice(), [].as_slice()).be()?;
+    move_expiry(txn, KIND_STATE, k, old.map(|(expires, _)| expires), *expires_at_ms)?;
     let mut w = Writer::new();
     w.i64(*expires_at_ms).bytes(value);
     table.insert(k, w.finish().as_slice()).be()?;

@@ -65,13 +65,16 @@ fn get(txn: &WriteTransaction, key: &[u8]) -> Result<Option<Record>, StoreError>
     txn.open_table(RELAY).be()?.get(key).be()?.map(|g| decode(g.value())).transpose()
 }
 
-/// Writes `record` under `key`, moving its expiry index entry.
+/// Writes `record` under `key`, moving its expiry index entry (a
+/// settlement keeps its claim's expiry: then the entry stays).
 fn put(txn: &WriteTransaction, key: &[u8], old: Option<Record>, record: Record) -> Result<(), StoreError> {
-    let mut expiry = txn.open_table(RELAY_EXPIRY).be()?;
-    if let Some(old) = old {
-        expiry.remove(expiry_key(old.expires_at, key).as_slice()).be()?;
+    if old.map(|o| o.expires_at) != Some(record.expires_at) {
+        let mut expiry = txn.open_table(RELAY_EXPIRY).be()?;
+        if let Some(old) = old {
+            expiry.remove(expiry_key(old.expires_at, key).as_slice()).be()?;
+        }
+        expiry.insert(expiry_key(record.expires_at, key).as_slice(), [].as_slice()).be()?;
     }
-    expiry.insert(expiry_key(record.expires_at, key).as_slice(), [].as_slice()).be()?;
     txn.open_table(RELAY).be()?.insert(key, encode(record).as_slice()).be()?;
     Ok(())
 }
