@@ -338,10 +338,6 @@ fn notify_problem(e: &NotifyError) -> Problem {
     retrying(Problem::new(status, code, e.to_string()))
 }
 
-fn now_unix_s() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
-}
-
 /// §5.1 notify: the headers, then the service's authentication (the body's
 /// Content-Digest and the RFC 9421 signature under a key of the named
 /// source service), then the service. Nothing of the body is read before
@@ -381,7 +377,8 @@ async fn notify(
             path_and_query,
             headers: &headers,
         };
-        signature::verify(&request, source, &settings.notify_signature_policy(), now_unix_s()).map_err(|e| {
+        let now = state.service.now().as_secs();
+        signature::verify(&request, source, &settings.notify_signature_policy(), now).map_err(|e| {
             tracing::info!(reason = e.label(), "notify signature refused");
             unauthorized(e.label(), e.to_string())
         })?;

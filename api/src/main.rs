@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use fanout_engine::domain::SystemClock;
 use fanout_engine::store::{RedbStore, ScyllaStore, Store};
 use fanout_engine::{Engine, EngineOptions};
 use fanout_proto::v1::notification_service_server::NotificationServiceServer;
@@ -178,7 +179,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         dangerous_panic_attempts: dangerous_count("FANOUT_DANGEROUS_PANIC_ATTEMPTS"),
         advertise_address: config.server.advertise_address(),
     };
-    let engine = Engine::start(config.engine.clone(), store.clone(), options).await?;
+    let engine = Engine::start(config.engine.clone(), store.clone(), options, Arc::new(SystemClock)).await?;
 
     let limits = listener::Limits {
         max_connections: config.server.max_connections_per_listener.get(),

@@ -40,10 +40,6 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
-fn now_unix_s() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
-}
-
 pub async fn handle(State(ingress): State<Arc<RelayIngress>>, headers: HeaderMap, body: Body) -> Response {
     let limit = ingress.max_body_bytes();
     let declared = header(&headers, "content-length").and_then(|v| v.parse::<u64>().ok());
@@ -60,7 +56,7 @@ pub async fn handle(State(ingress): State<Arc<RelayIngress>>, headers: HeaderMap
     };
     let signature = header(&headers, HEADER_SIGNATURE);
     let delivery = header(&headers, HEADER_DELIVERY);
-    match ingress.handle(signature, delivery, body, now_unix_s()).await {
+    match ingress.handle(signature, delivery, body).await {
         Ok(accepted) => {
             let result = match accepted {
                 Accepted::Delivered => "delivered",

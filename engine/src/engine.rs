@@ -12,7 +12,7 @@ use crate::channel::push_log::PushLog;
 use crate::channel::{ChannelContext, Channels};
 use crate::delivery::{DeliveryWorkers, History, Parking, WorkerContext};
 use crate::dispatch::{DispatchContext, PanicHook};
-use crate::domain::ShardId;
+use crate::domain::{Clock, ShardId};
 use crate::gateway::delivery::Delivery;
 use crate::gateway::egress::CollapseKeys;
 use crate::gateway::service::{DEFAULT_MAX_IN_FLIGHT, GatewayService};
@@ -106,12 +106,13 @@ impl Gateway {
         store: Arc<dyn Store>,
         channels: Channels,
         metrics: Arc<Metrics>,
+        clock: Arc<dyn Clock>,
     ) -> Result<Self, EngineError> {
         let secrets = SaltSecrets::load(&settings.salt_epoch, settings.salt_secret_files())
             .map_err(|e| EngineError::Config(format!("engine.gateway.salt_secrets: {e}")))?;
         let secrets = Arc::new(secrets);
         let keys = CollapseKeys::new(secrets.clone(), settings.window);
-        let delivery = Delivery::new(store.clone(), channels.clone(), settings.delivery, keys, metrics.clone());
+        let delivery = Delivery::new(store.clone(), channels.clone(), settings.delivery, keys, metrics.clone(), clock);
         let (stop, stopped) = watch::channel(false);
         let worker = tokio::spawn(delivery.clone().run(stopped));
         let service =
@@ -137,10 +138,14 @@ pub struct Engine {
 impl Engine {
     /// `settings` are valid by construction (their types carry the rules);
     /// what can still fail is building the channels and spawning the actors.
+    /// `clock` is the time every role's rules run on (renewal, server
+    /// timestamps, retention, the gateway's windows and leases, the relay
+    /// ingress's signature freshness and dedup): the system's in production.
     pub async fn start(
         settings: EngineSettings,
         store: Arc<dyn Store>,
         options: EngineOptions,
+        clock: Arc<dyn Clock>,
     ) -> Result<Self, EngineError> {
         let shard_count = settings.shard_count.get();
         let metrics = Arc::new(Metrics::new());
@@ -154,7 +159,7 @@ impl Engine {
         let channels = Channels::build(&settings.channels, &ctx).map_err(|e| EngineError::Config(e.to_string()))?;
         let relay_ingress = match &settings.relay_ingress {
             Some(s) => Some(Arc::new(
-                RelayIngress::new(s, channels.clone(), store.clone(), metrics.clone())
+                RelayIngress::new(s, channels.clone(), store.clone(), metrics.clone(), clock.clone())
                     .map_err(|e| EngineError::Config(e.to_string()))?,
             )),
             None => None,
@@ -162,7 +167,7 @@ impl Engine {
         let gateway = settings
             .gateway
             .as_ref()
-            .map(|s| Gateway::start(s, store.clone(), channels.clone(), metrics.clone()))
+            .map(|s| Gateway::start(s, store.clone(), channels.clone(), metrics.clone(), clock.clone()))
             .transpose()?;
         // On a coordinating store, shards are leased, not all owned.
         let (lease, ownership) = match store.clone().leases() {
@@ -226,6 +231,7 @@ impl Engine {
                 ttl: settings.recipient_ttl,
                 interval: settings.retention.interval,
                 ownership: ownership.as_ref().map(|o| o.owned.clone()),
+                clock: clock.clone(),
             },
         };
         let (supervisor, supervisor_handle) =
@@ -237,6 +243,7 @@ impl Engine {
             settings.max_subscription_changes,
             settings.recipient_ttl,
             metrics.clone(),
+            clock.clone(),
         ));
         let ingest = Arc::new(Ingest {
             store: store.clone(),
@@ -246,6 +253,7 @@ impl Engine {
             settings: settings.ingest.clone(),
             ownership: ownership.clone(),
             advertise_address: options.advertise_address.clone(),
+            clock,
         });
         let readiness = Readiness { store, ownership: ownership.map(|o| o.owned) };
         Ok(Self {

@@ -9,7 +9,7 @@ use futures::stream::{self, StreamExt, TryStreamExt};
 use ractor::ActorRef;
 use serde::Deserialize;
 
-use crate::domain::Timestamp;
+use crate::domain::Clock;
 
 use crate::domain::{
     EnvelopeKind, MembershipChange, MessageId, NewEnvelope, ParseError, RelayMeta, SenderHmac, SequenceRefusal,
@@ -98,6 +98,8 @@ pub struct Ingest {
     /// This node's advertised gRPC address: a lease naming it but not in the
     /// owned set is a dead predecessor's, so the answer is "no owner yet".
     pub advertise_address: String,
+    /// The server timestamp envelopes are stored with.
+    pub clock: Arc<dyn Clock>,
 }
 
 impl From<SequenceRefusal> for EnvelopeRejection {
@@ -174,7 +176,7 @@ impl Ingest {
         let appended = if valid.is_empty() {
             Vec::new()
         } else {
-            self.store.append(&valid, Timestamp::now().as_unix_nanos()).await?
+            self.store.append(&valid, self.clock.now().as_unix_nanos()).await?
         };
         let fenced = self.fenced_after_append(&valid);
         let mut appended = appended.into_iter().zip(valid.iter().map(|e| e.shard()));
@@ -369,6 +371,7 @@ mod tests {
             settings: IngestSettings { max_data_bytes: NonZeroUsize::new(16).unwrap() },
             ownership,
             advertise_address: "me:1".into(),
+            clock: Arc::new(crate::domain::SystemClock),
         };
         Fixture { ingest, wakes, _dir: dir }
     }

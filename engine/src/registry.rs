@@ -10,7 +10,7 @@ use serde::Deserialize;
 
 use crate::channel::{Channels, Refused};
 use crate::domain::{
-    Channel, DeliveryTarget, FieldError, KeyWindow, ParseError, RecipientId, RecipientSecret, RecipientSummary,
+    Channel, Clock, DeliveryTarget, FieldError, KeyWindow, ParseError, RecipientId, RecipientSecret, RecipientSummary,
     RegistrationInput, RelayRegistration, SigningKey, Subscription, SubscriptionUpdate, Timestamp, Topic, WebPushKeys,
     WebhookUrl,
 };
@@ -144,6 +144,9 @@ pub struct Registry {
     max_subscription_changes: SubscriptionChanges,
     recipient_ttl_seconds: u64,
     metrics: Arc<Metrics>,
+    /// The time a registration or a subscription change renews a
+    /// recipient at (PUSH-255's TTL runs from it).
+    clock: Arc<dyn Clock>,
 }
 
 impl Registry {
@@ -157,9 +160,10 @@ impl Registry {
         max_subscription_changes: SubscriptionChanges,
         recipient_ttl: Duration,
         metrics: Arc<Metrics>,
+        clock: Arc<dyn Clock>,
     ) -> Self {
         let recipient_ttl_seconds = recipient_ttl.as_secs();
-        Self { store, channels, max_push_topics, max_subscription_changes, recipient_ttl_seconds, metrics }
+        Self { store, channels, max_push_topics, max_subscription_changes, recipient_ttl_seconds, metrics, clock }
     }
 
     /// PUSH-253 rows 1, 3, 4 then PUSH-255.
@@ -178,7 +182,7 @@ impl Registry {
             }
         }
         let target = self.parse_delivery(delivery).await?;
-        let summary = self.store.register(&id, &hash, &target, Timestamp::now().as_unix_nanos()).await?;
+        let summary = self.store.register(&id, &hash, &target, self.clock.now().as_unix_nanos()).await?;
         Ok(self.state(summary))
     }
 
@@ -231,7 +235,7 @@ impl Registry {
         let update = parse_update(adds, removes)?;
         let summary = self
             .store
-            .update_subscriptions(&id, &secret.hash(), &update, Timestamp::now().as_unix_nanos(), self.max_push_topics)
+            .update_subscriptions(&id, &secret.hash(), &update, self.clock.now().as_unix_nanos(), self.max_push_topics)
             .await?;
         Ok(self.state(summary))
     }
@@ -343,6 +347,7 @@ mod tests {
     use super::*;
     use crate::channel::{Outcome, Provider, Push, Refusal};
     use crate::store::RedbStore;
+    use crate::testing::TestClock;
 
     /// A channel that refuses every target whose URL or token says "blocked".
     struct Picky(Channel);
@@ -392,7 +397,25 @@ mod tests {
             max_subscription_changes: SubscriptionChanges::try_from(SubscriptionChanges::MIN as u64).unwrap(),
             recipient_ttl_seconds: 60,
             metrics: Arc::new(Metrics::new()),
+            clock: TestClock::at(T0),
         }
+    }
+
+    /// The controlled clock's start, Unix ms.
+    const T0: i64 = 1_767_225_600_000;
+
+    #[tokio::test]
+    async fn registration_and_subscription_changes_renew_at_the_clocks_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = TestClock::at(T0);
+        let r = Registry { clock: clock.clone(), ..registry(&dir, &[Channel::Http], 2) };
+        let ttl_ns = 60 * 1_000_000_000;
+        let http = Some(DeliveryInput::Http { url: "https://push.example.com/hook", signing_key: &KEY });
+        let first = r.register(&ID, &SECRET, http).await.unwrap();
+        assert_eq!(first.expires_at_ns, T0 * 1_000_000 + ttl_ns, "PUSH-255: the TTL runs from the registration");
+        clock.advance(Duration::from_secs(30));
+        let renewed = r.update_subscriptions(&ID, &SECRET, &[add(&[0, 1])], &[]).await.unwrap();
+        assert_eq!(renewed.expires_at_ns, (T0 + 30_000) * 1_000_000 + ttl_ns, "and again from each change");
     }
 
     fn add(topic: &[u8]) -> SubscriptionInput<'_> {

@@ -13,7 +13,7 @@ use serde::Deserialize;
 
 use tokio::sync::watch;
 
-use crate::domain::{ShardId, Timestamp};
+use crate::domain::{Clock, ShardId};
 use crate::metrics::{Deleted, Metrics};
 use crate::ownership::OwnedShards;
 use crate::stale_marks::{SETTLE_AFTER, StaleMarks};
@@ -70,6 +70,8 @@ pub struct RetentionArgs {
     /// The shards this node owns, when several nodes share the store: only
     /// the owner of the first one clears marks. `None`: this node alone.
     pub ownership: Option<watch::Receiver<OwnedShards>>,
+    /// The time the TTL's cutoff is taken from.
+    pub clock: Arc<dyn Clock>,
 }
 
 impl RetentionArgs {
@@ -81,7 +83,7 @@ impl RetentionArgs {
 
 /// One pass. A failure is logged and retried at the next pass.
 pub async fn run_pass(args: &RetentionArgs) {
-    let now = Timestamp::now();
+    let now = args.clock.now();
     let cutoff = now.saturating_sub(args.ttl).as_unix_nanos();
     // A failure is counted and logged by the instrumented store; the next pass retries.
     if let Ok(n) = args.store.delete_expired(cutoff).await {
@@ -158,12 +160,16 @@ impl Actor for RetentionActor {
 
 #[cfg(test)]
 mod tests {
-    //! The pass over a real embedded store; the actor's schedule on
-    //! tokio's paused clock (the TTL itself is wall-clock time, as stored).
+    //! The pass over a real embedded store, its cutoff on a controlled
+    //! clock; the actor's schedule on tokio's paused clock.
 
     use super::*;
     use crate::domain::{DeliveryTarget, RecipientId, RecipientSecret};
     use crate::store::{Instrumented, RedbStore};
+    use crate::testing::TestClock;
+
+    /// The controlled clock's start, Unix ms.
+    const T0: i64 = 1_767_225_600_000;
 
     const TTL: Duration = Duration::from_secs(3600);
     const MINUTE: Duration = Duration::from_secs(60);
@@ -178,6 +184,7 @@ mod tests {
             ttl: TTL,
             interval: RetentionInterval::try_from(interval_seconds).unwrap(),
             ownership: None,
+            clock: TestClock::at(T0),
         }
     }
 
@@ -186,7 +193,7 @@ mod tests {
         let id = RecipientId::from_bytes([n; 32]);
         let hash = RecipientSecret::parse(&[n; 32]).unwrap().hash();
         let target = DeliveryTarget::Apns { token: format!("t{n}") };
-        let renewed = Timestamp::now().saturating_sub(age).as_unix_nanos();
+        let renewed = args.clock.now().saturating_sub(age).as_unix_nanos();
         args.store.register(&id, &hash, &target, renewed).await.unwrap();
         id
     }
@@ -214,6 +221,21 @@ mod tests {
         // Nothing more to delete: the count stays.
         run_pass(&args).await;
         assert!(exists(&args, &fresh).await);
+        assert_eq!(expired(&args), 1);
+    }
+
+    #[tokio::test]
+    async fn a_recipient_expires_once_the_clock_passes_its_ttl() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = TestClock::at(T0);
+        let args = RetentionArgs { clock: clock.clone(), ..args(&dir, 60) };
+        let id = registered(&args, 1, Duration::ZERO).await;
+        clock.set(T0 + TTL.as_millis() as i64 - 1);
+        run_pass(&args).await;
+        assert!(exists(&args, &id).await, "within its TTL");
+        clock.set(T0 + TTL.as_millis() as i64 + 1);
+        run_pass(&args).await;
+        assert!(!exists(&args, &id).await, "past its TTL (PUSH-226)");
         assert_eq!(expired(&args), 1);
     }
 

@@ -323,6 +323,7 @@ mod tests {
                 ttl: Duration::from_secs(86_400),
                 interval: RetentionInterval::default(),
                 ownership: None,
+                clock: Arc::new(crate::domain::SystemClock),
             };
             let args = SupervisorArgs { ctx, shards, retention, lease: None };
             let (supervisor, handle) = Actor::spawn(None, Supervisor, args).await.unwrap();

@@ -14,7 +14,7 @@ use serde_json::{Map, Value};
 use tokio::time::Instant;
 
 use crate::channel::{Outcome, Provider, Push, Refusal};
-use crate::domain::{Channel, Clock, Recipient, SaltEpochId};
+use crate::domain::{Channel, Clock, Recipient, SaltEpochId, Timestamp};
 use crate::domain::{DeliveryTarget, EnvelopeKind, RecipientId, SecretHash, ShardId, StoredEnvelope, Topic};
 use crate::gateway::identity::{PushSecret, SaltSecrets};
 use crate::store::{LeaseHolder, LiveNode, NodeId, ShardLeases, StoreError};
@@ -296,7 +296,7 @@ impl TestClock {
 }
 
 impl Clock for TestClock {
-    fn now_ms(&self) -> i64 {
-        self.0.load(Ordering::SeqCst)
+    fn now(&self) -> Timestamp {
+        Timestamp::from_unix_nanos(self.0.load(Ordering::SeqCst).saturating_mul(1_000_000))
     }
 }

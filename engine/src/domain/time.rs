@@ -74,18 +74,23 @@ impl Timestamp {
     }
 }
 
-/// The time rules run on, in Unix ms: the system clock in production, a
-/// controlled one in tests.
+/// The time rules run on: the system clock in production, a controlled one
+/// in tests. `Engine::start` takes one and hands it to every role.
 pub trait Clock: Send + Sync {
-    fn now_ms(&self) -> i64;
+    fn now(&self) -> Timestamp;
+
+    /// Now in Unix ms.
+    fn now_ms(&self) -> i64 {
+        self.now().as_millis()
+    }
 }
 
 /// The wall clock.
 pub struct SystemClock;
 
 impl Clock for SystemClock {
-    fn now_ms(&self) -> i64 {
-        Timestamp::now().as_millis()
+    fn now(&self) -> Timestamp {
+        Timestamp::now()
     }
 }
 

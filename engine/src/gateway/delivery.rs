@@ -41,7 +41,7 @@ use super::pending::ledger_key;
 use super::schema::PushKey;
 use super::state::{held_batch, update_ledger};
 use crate::channel::{Channels, Outcome, Push, Refusal, RelayPriority, RelayedPush};
-use crate::domain::{Channel, Clock, GatewayRegistration, LeasedWakeup, PushRouteId, SystemClock};
+use crate::domain::{Channel, Clock, GatewayRegistration, LeasedWakeup, PushRouteId};
 use crate::metrics::Metrics;
 use crate::store::{Store, StoreError};
 use crate::transport::ATTEMPT_TIMEOUT;
@@ -154,14 +154,14 @@ impl Delivery {
         settings: DeliverySettings,
         keys: CollapseKeys,
         metrics: Arc<Metrics>,
+        clock: Arc<dyn Clock>,
     ) -> Self {
-        let clock = Arc::new(SystemClock);
         Self { store, channels, settings, keys, wake: Arc::new(Notify::new()), metrics, clock }
     }
 
-    /// The same sender on another clock.
-    pub fn with_clock(self, clock: Arc<dyn Clock>) -> Self {
-        Self { clock, ..self }
+    /// The clock the gateway runs on (its service shares it).
+    pub fn clock(&self) -> Arc<dyn Clock> {
+        self.clock.clone()
     }
 
     /// Says that wakeups were stored: the loop looks now, not at its next poll.
@@ -411,8 +411,8 @@ mod tests {
         let metrics = Arc::new(Metrics::new());
         let keys = CollapseKeys::new(secrets(), WINDOW);
         let clock = TestClock::at(T0);
-        let delivery = Delivery::new(store.clone(), channels, DeliverySettings::default(), keys, metrics.clone())
-            .with_clock(clock.clone());
+        let delivery =
+            Delivery::new(store.clone(), channels, DeliverySettings::default(), keys, metrics.clone(), clock.clone());
         let registration = GatewayRegistration {
             tenant: station(),
             account_id: AccountId::parse("ak:account:a").unwrap(),

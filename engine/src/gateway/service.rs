@@ -31,7 +31,7 @@ use super::state::{batch_id, hex32, update_ledger, update_state};
 use crate::channel::Channels;
 use crate::domain::{
     AccountId, Clock, DeviceId, GatewayRegistration, GatewayWakeup, NotifyClaim, NotifyKey, PushTargetId,
-    RegistrationId, Revoke, RouteKey, ServiceId, SystemClock,
+    RegistrationId, Revoke, RouteKey, ServiceId, Timestamp,
 };
 use crate::metrics::Metrics;
 use crate::store::{Store, StoreError};
@@ -159,7 +159,8 @@ pub struct GatewayService {
 
 impl GatewayService {
     /// `secrets` as `SaltSecrets::load` read them from the settings' files;
-    /// the delivery worker holds the same ones (its collapse keys).
+    /// the delivery worker holds the same ones (its collapse keys) and the
+    /// clock both run on.
     pub fn new(
         settings: GatewaySettings,
         secrets: Arc<SaltSecrets>,
@@ -171,13 +172,14 @@ impl GatewayService {
     ) -> Self {
         initialise_metrics(&metrics);
         let in_flight = Arc::new(Semaphore::new(max_in_flight));
-        let clock = Arc::new(SystemClock);
+        let clock = delivery.clock();
         Self { settings, secrets, store, channels, delivery, in_flight, metrics, clock }
     }
 
-    /// The same service on another clock.
-    pub fn with_clock(self, clock: Arc<dyn Clock>) -> Self {
-        Self { clock, ..self }
+    /// Now, on the gateway's clock: what a notify's signature freshness
+    /// (§5, RFC 9421 `created`) is checked against.
+    pub fn now(&self) -> Timestamp {
+        self.clock.now()
     }
 
     pub fn settings(&self) -> &GatewaySettings {
@@ -680,12 +682,12 @@ mod tests {
             channels.insert(Scripted::new(Vec::new()));
             let metrics = Arc::new(Metrics::new());
             let keys = CollapseKeys::new(salt_secrets(), settings.window);
-            let delivery =
-                Delivery::new(store.clone(), channels.clone(), DeliverySettings::default(), keys, metrics.clone());
             let clock = TestClock::at(T0);
+            let settings_delivery = DeliverySettings::default();
+            let delivery =
+                Delivery::new(store.clone(), channels.clone(), settings_delivery, keys, metrics.clone(), clock.clone());
             let service =
-                GatewayService::new(settings, salt_secrets(), store.clone(), channels, delivery, 8, metrics.clone())
-                    .with_clock(clock.clone());
+                GatewayService::new(settings, salt_secrets(), store.clone(), channels, delivery, 8, metrics.clone());
             let body = json!({"device_id": DEVICE, "push_gateway_url": URL, "push_key": "fcm:the-token"});
             let request = RegisterDevice::parse(body.to_string().as_bytes()).unwrap();
             let (station, account) = (ServiceId::parse(STATION).unwrap(), AccountId::parse("ak:account:a").unwrap());

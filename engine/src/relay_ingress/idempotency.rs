@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use super::error::IngressError;
 use super::request::Webhook;
-use crate::domain::{Clock, RelayClaim, RelayKey, RelaySettled, SystemClock};
+use crate::domain::{Clock, RelayClaim, RelayKey, RelaySettled};
 use crate::store::Store;
 use crate::transport::ATTEMPT_TIMEOUT;
 
@@ -50,14 +50,8 @@ fn millis(d: Duration) -> i64 {
 }
 
 impl Ledger {
-    pub(super) fn new(store: Arc<dyn Store>) -> Self {
-        Self { store, clock: Arc::new(SystemClock) }
-    }
-
-    /// The same ledger on another clock.
-    #[cfg(test)]
-    fn with_clock(self, clock: Arc<dyn Clock>) -> Self {
-        Self { clock, ..self }
+    pub(super) fn new(store: Arc<dyn Store>, clock: Arc<dyn Clock>) -> Self {
+        Self { store, clock }
     }
 
     pub(super) async fn claim(&self, webhook: &Webhook) -> Result<Claimed, IngressError> {
@@ -125,7 +119,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store: Arc<dyn Store> = Arc::new(RedbStore::open(dir.path(), 4).unwrap());
         let clock = TestClock::at(T0);
-        (dir, Ledger::new(store).with_clock(clock.clone()), clock)
+        (dir, Ledger::new(store, clock.clone()), clock)
     }
 
     async fn claimed(ledger: &Ledger, delivery_id: &str) -> Claim {

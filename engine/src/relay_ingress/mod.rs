@@ -37,7 +37,7 @@ use self::idempotency::{Claimed, Ledger};
 use self::request::Webhook;
 use self::signature::{SignatureError, SignatureHeader};
 use crate::channel::{BuildError, Channels, Outcome, Provider, Push, Refusal, RelayedPush};
-use crate::domain::{Channel, RelaySettled};
+use crate::domain::{Channel, Clock, RelaySettled};
 use crate::metrics::Metrics;
 use crate::store::Store;
 
@@ -87,6 +87,9 @@ pub struct RelayIngress {
     ledger: Ledger,
     metrics: Arc<Metrics>,
     in_flight: Arc<Semaphore>,
+    /// The time signatures' freshness (§2.2) and the ledger's leases and
+    /// expiry (§2.5) run on.
+    clock: Arc<dyn Clock>,
 }
 
 impl RelayIngress {
@@ -96,6 +99,7 @@ impl RelayIngress {
         channels: Channels,
         store: Arc<dyn Store>,
         metrics: Arc<Metrics>,
+        clock: Arc<dyn Clock>,
     ) -> Result<Self, BuildError> {
         const HUBS: &str = "engine.relay_ingress.hubs";
         let mut secrets = HashMap::new();
@@ -129,9 +133,10 @@ impl RelayIngress {
             apns_app_ids: settings.apns_app_ids.iter().cloned().collect(),
             fcm_app_ids: settings.fcm_app_ids.iter().cloned().collect(),
             channels,
-            ledger: Ledger::new(store),
+            ledger: Ledger::new(store, clock.clone()),
             metrics,
             in_flight: Arc::new(Semaphore::new(settings.max_in_flight.get())),
+            clock,
         })
     }
 
@@ -157,9 +162,8 @@ impl RelayIngress {
         signature: Option<&str>,
         delivery: Option<&str>,
         body: bytes::Bytes,
-        now_unix_s: i64,
     ) -> Result<Accepted, IngressError> {
-        let result = self.handle_counted(signature, delivery, body, now_unix_s).await;
+        let result = self.handle_counted(signature, delivery, body).await;
         match &result {
             Ok(Accepted::Delivered) => {}
             Ok(Accepted::Duplicate) => self.metrics.relay_ingress_webhooks.with_label_values(&["duplicate"]).inc(),
@@ -173,10 +177,9 @@ impl RelayIngress {
         signature: Option<&str>,
         delivery: Option<&str>,
         body: bytes::Bytes,
-        now_unix_s: i64,
     ) -> Result<Accepted, IngressError> {
         let permit = self.in_flight.clone().try_acquire_owned().map_err(|_| IngressError::Overloaded)?;
-        let webhook = self.verify(signature, delivery, &body, now_unix_s)?;
+        let webhook = self.verify(signature, delivery, &body)?;
         // §1's provider names the channel; only a row that takes relayed pushes delivers it.
         let channel = Channel::parse(&webhook.provider).filter(|c| c.takes_relayed());
         let channel = channel.ok_or(IngressError::UnsupportedProvider)?;
@@ -203,17 +206,11 @@ impl RelayIngress {
 
     /// Steps 2 and 3: nothing of the body but `hub_id` is read before the
     /// signature over its raw bytes verified.
-    fn verify(
-        &self,
-        signature: Option<&str>,
-        delivery: Option<&str>,
-        body: &[u8],
-        now_unix_s: i64,
-    ) -> Result<Webhook, IngressError> {
+    fn verify(&self, signature: Option<&str>, delivery: Option<&str>, body: &[u8]) -> Result<Webhook, IngressError> {
         let header = SignatureHeader::parse(signature.ok_or(SignatureError::Missing)?)?;
         let hub = request::hub_id(body)?;
         let secret = self.secrets.get(&hub).ok_or(IngressError::UnknownHub)?;
-        header.verify(&secret.0, body, now_unix_s, self.window)?;
+        header.verify(&secret.0, body, self.clock.now().as_secs(), self.window)?;
         Ok(request::parse(body, delivery)?)
     }
 

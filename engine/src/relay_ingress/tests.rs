@@ -13,6 +13,7 @@ use super::request::Malformed;
 use super::*;
 use crate::channel::RelayPriority;
 use crate::store::RedbStore;
+use crate::testing::TestClock;
 
 const SECRET: &[u8] = b"example-secret-0123456789abcdef0123";
 const NOW: i64 = 1_760_600_000;
@@ -97,6 +98,8 @@ struct Setup {
     apns: Arc<Scripted>,
     fcm: Arc<Scripted>,
     metrics: Arc<Metrics>,
+    /// At `NOW` until a test moves it.
+    clock: Arc<TestClock>,
     _dir: tempfile::TempDir,
 }
 
@@ -115,8 +118,9 @@ fn setup_with(extra: serde_json::Value, held: bool) -> Setup {
     channels.insert(apns.clone());
     channels.insert(fcm.clone());
     let metrics = Arc::new(Metrics::new());
-    let ingress = Arc::new(RelayIngress::new(&settings, channels, store, metrics.clone()).unwrap());
-    Setup { ingress, apns, fcm, metrics, _dir: dir }
+    let clock = TestClock::at(NOW * 1000);
+    let ingress = Arc::new(RelayIngress::new(&settings, channels, store, metrics.clone(), clock.clone()).unwrap());
+    Setup { ingress, apns, fcm, metrics, clock, _dir: dir }
 }
 
 fn setup() -> Setup {
@@ -138,7 +142,7 @@ fn bytes_of(v: &serde_json::Value) -> Bytes {
 
 async fn post(s: &Setup, body: &Bytes, delivery: Option<&str>) -> Result<Accepted, IngressError> {
     let signature = signature::header_value(SECRET, NOW, body);
-    s.ingress.handle(Some(&signature), delivery, body.clone(), NOW).await
+    s.ingress.handle(Some(&signature), delivery, body.clone()).await
 }
 
 fn rejected(s: &Setup, reason: &str) -> u64 {
@@ -162,7 +166,9 @@ async fn a_verified_webhook_reaches_its_provider_once() {
     // without a second provider request.
     assert_eq!(post(&s, &b, Some(ID)).await, Ok(Accepted::Duplicate));
     let later = signature::header_value(SECRET, NOW + 100, &b);
-    assert_eq!(s.ingress.handle(Some(&later), Some(ID), b.clone(), NOW + 100).await, Ok(Accepted::Duplicate));
+    s.clock.set((NOW + 100) * 1000);
+    assert_eq!(s.ingress.handle(Some(&later), Some(ID), b.clone()).await, Ok(Accepted::Duplicate));
+    s.clock.set(NOW * 1000);
     assert_eq!(s.apns.sent(), 1);
     let webhooks = |r: &str| s.metrics.relay_ingress_webhooks.with_label_values(&[r]).get();
     assert_eq!((webhooks("accepted"), webhooks("duplicate")), (1, 2));
@@ -181,9 +187,13 @@ async fn nothing_is_sent_before_verification() {
     let s = setup();
     let b = bytes_of(&body(ID, "apns", "t"));
     let good = signature::header_value(SECRET, NOW, &b);
+    // Each request at `now` (Unix s) on the ingress's clock.
     let handle = |sig: Option<String>, delivery: Option<&'static str>, body: Bytes, now: i64| {
-        let ingress = s.ingress.clone();
-        async move { ingress.handle(sig.as_deref(), delivery, body, now).await }
+        let (ingress, clock) = (s.ingress.clone(), s.clock.clone());
+        async move {
+            clock.set(now * 1000);
+            ingress.handle(sig.as_deref(), delivery, body).await
+        }
     };
     use IngressError as E;
     // No signature, a malformed one, a replay outside the window.
@@ -283,7 +293,7 @@ async fn a_retry_while_the_first_is_in_flight_is_told_to_retry() {
     let first = tokio::spawn({
         let (ingress, b) = (s.ingress.clone(), b.clone());
         let sig = signature::header_value(SECRET, NOW, &b);
-        async move { ingress.handle(Some(&sig), Some(ID), b, NOW).await }
+        async move { ingress.handle(Some(&sig), Some(ID), b).await }
     });
     s.apns.started.notified().await;
     assert_eq!(post(&s, &b, Some(ID)).await, Err(IngressError::InProgress { retry_after_secs: 1 }));
@@ -300,7 +310,7 @@ async fn overload_answers_429() {
     let first = tokio::spawn({
         let (ingress, b) = (s.ingress.clone(), b.clone());
         let sig = signature::header_value(SECRET, NOW, &b);
-        async move { ingress.handle(Some(&sig), Some(ID), b, NOW).await }
+        async move { ingress.handle(Some(&sig), Some(ID), b).await }
     });
     s.apns.started.notified().await;
     let id2 = "0123456789abcdef0123456789abcdef";
@@ -320,7 +330,7 @@ fn secret_files_must_be_readable_and_not_empty() {
     let store: Arc<dyn Store> = Arc::new(RedbStore::open(&dir.path().join("db"), 1).unwrap());
     let build = |file: &std::path::Path| {
         let settings: RelayIngressSettings = serde_json::from_value(serde_json::json!({"hubs": {"h1": file}})).unwrap();
-        RelayIngress::new(&settings, Channels::default(), store.clone(), Arc::new(Metrics::new()))
+        RelayIngress::new(&settings, Channels::default(), store.clone(), Arc::new(Metrics::new()), TestClock::at(0))
             .err()
             .unwrap()
             .to_string()

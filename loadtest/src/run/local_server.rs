@@ -58,9 +58,9 @@ fn listening_inode(line: &str, addrs: &[SocketAddr]) -> Option<u64> {
         return None;
     }
     let listening = parse_local(local)?;
-    let matches = addrs.iter().any(|a| {
-        a.port() == listening.port() && (listening.ip().is_unspecified() || listening.ip() == a.ip())
-    });
+    let matches = addrs
+        .iter()
+        .any(|a| a.port() == listening.port() && (listening.ip().is_unspecified() || listening.ip() == a.ip()));
     matches.then(|| inode.parse().ok()).flatten()
 }
 

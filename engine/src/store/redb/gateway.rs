@@ -387,7 +387,11 @@ pub(super) fn decide_notify_claim(
 }
 
 /// Writes a notify record staged in memory, moving its expiry index entry.
-pub(super) fn put_staged_notify(txn: &WriteTransaction, k: &[u8], (_, bytes): &staged::Value) -> Result<(), StoreError> {
+pub(super) fn put_staged_notify(
+    txn: &WriteTransaction,
+    k: &[u8],
+    (_, bytes): &staged::Value,
+) -> Result<(), StoreError> {
     let record = decode_notify(bytes)?;
     let old = get_notify(txn, k)?;
     put_notify(txn, k, old.map(|o| o.expires_at), &record)
