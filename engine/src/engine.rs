@@ -11,7 +11,7 @@ use tokio::task::JoinHandle;
 use crate::channel::push_log::PushLog;
 use crate::channel::{ChannelContext, Channels};
 use crate::delivery::{DeliveryWorkers, History, Parking, WorkerContext};
-use crate::dispatch::{DispatchContext, PanicHook};
+use crate::dispatch::{DispatchContext, PanicHook, Routes};
 use crate::domain::{Clock, ShardId};
 use crate::gateway::delivery::Delivery;
 use crate::gateway::egress::CollapseKeys;
@@ -212,6 +212,7 @@ impl Engine {
         }));
         let ctx = Arc::new(DispatchContext {
             store: store.clone(),
+            routes: Routes::new(Arc::new(workers.clone()), &channels),
             workers,
             channels: channels.clone(),
             settings: settings.dispatch.clone(),

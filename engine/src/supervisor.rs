@@ -223,7 +223,7 @@ mod tests {
     use super::*;
     use crate::channel::{Channels, Outcome, Provider, Push, Refusal};
     use crate::delivery::{DeliverySettings, DeliveryWorkers, Parking, WorkerContext};
-    use crate::dispatch::{DispatchSettings, PanicHook};
+    use crate::dispatch::{DispatchSettings, PanicHook, Routes};
     use crate::domain::{
         Channel, DeliveryTarget, EnvelopeKind, NewEnvelope, RecipientId, RecipientSecret, Subscription,
         SubscriptionUpdate, Topic,
@@ -308,6 +308,7 @@ mod tests {
             let settings = DispatchSettings { subscriber_page: std::num::NonZeroUsize::MIN, ..Default::default() };
             let ctx = Arc::new(DispatchContext {
                 store: store.clone(),
+                routes: Routes::new(Arc::new(workers.clone()), &channels),
                 workers,
                 channels,
                 settings,

@@ -74,6 +74,13 @@ impl Channels {
         self.sinks.get(&channel)
     }
 
+    /// Adds (or replaces) the queue of a channel that keeps its own: the
+    /// table's `sink` rows build theirs; tests stand one in.
+    #[cfg(test)]
+    pub fn insert_sink(&mut self, channel: Channel, sink: Arc<dyn Sink>) {
+        self.sinks.insert(channel, sink);
+    }
+
     pub fn is_configured(&self, channel: Channel) -> bool {
         self.providers.contains_key(&channel) || self.sinks.contains_key(&channel)
     }

@@ -6,6 +6,7 @@
 //! delivery of the window has had its first attempt.
 
 mod condition;
+mod routes;
 mod settings;
 mod shard;
 mod suppression;
@@ -17,6 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 pub use condition::{Decision, decide};
+pub use routes::Routes;
 pub use settings::DispatchSettings;
 pub use shard::{ShardActor, ShardMsg};
 
@@ -30,6 +32,8 @@ use crate::store::Store;
 pub struct DispatchContext {
     pub store: Arc<dyn Store>,
     pub workers: DeliveryWorkers,
+    /// Each channel's sink (the workers, or the channel's own queue).
+    pub routes: Routes,
     pub channels: Channels,
     pub settings: DispatchSettings,
     /// Subscriber pages each shard reads ahead (`DispatchSettings::pages_ahead`).

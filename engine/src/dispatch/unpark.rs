@@ -330,7 +330,7 @@ mod tests {
     use crate::channel::{Channels, Outcome, Provider, Push, Refusal};
     use crate::delivery::{BreakerRules, DeliverySettings, DeliveryWorkers, Parking, WorkerContext};
     use crate::dispatch::shard::ShardMsg;
-    use crate::dispatch::{DispatchSettings, PanicHook, ShardActor};
+    use crate::dispatch::{DispatchSettings, PanicHook, Routes, ShardActor};
     use crate::domain::{
         DeliveryTarget, EnvelopeKind, NewEnvelope, RecipientId, RecipientSecret, Subscription, SubscriptionUpdate,
         Topic,
@@ -385,6 +385,7 @@ mod tests {
         };
         Arc::new(DispatchContext {
             store: store.clone(),
+            routes: Routes::new(Arc::new(workers.clone()), &channels),
             workers,
             channels,
             progress_interval: None,

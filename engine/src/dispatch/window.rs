@@ -11,10 +11,11 @@ use std::sync::atomic::AtomicU64;
 use tokio::time::Instant;
 
 use super::DispatchContext;
+use super::routes::SinkIndex;
 use super::window_pages::WindowPages;
 use crate::delivery::{Delivery, FirstAttempt, FirstAttemptLatch};
-use crate::domain::{Answered, Channel, Partly, Recipient, RecipientId, ShardProgress, StoredEnvelope};
-use crate::page::{Batch, Handoff, Sink};
+use crate::domain::{Answered, Partly, Recipient, RecipientId, ShardProgress, StoredEnvelope};
+use crate::page::{Batch, Handoff};
 
 pub(super) struct Window {
     pub(super) id: u64,
@@ -48,11 +49,11 @@ pub(super) struct Window {
     pub(super) next_page_id: u64,
     pub(super) pump_queued: bool,
     pub(super) started: Instant,
-    /// This read's open batches, by sink: a channel that keeps its own
-    /// queue (the relay, spec 003 §4), or `None`, the delivery workers. The
+    /// This read's open batches, by sink (`routes.rs`: the delivery workers,
+    /// or a channel's own queue such as the relay's, spec 003 §4). The
     /// deliveries of this read coalesce in a queue's, released when the read
     /// ends or pauses (`release_queued`).
-    pub(super) queued: HashMap<Option<Channel>, Box<dyn Batch>>,
+    pub(super) queued: HashMap<SinkIndex, Box<dyn Batch>>,
     /// First attempts settled in this window (counted by the latches), and
     /// when that count last moved: the liveness measure of the window.
     pub(super) progress: Arc<AtomicU64>,
@@ -93,22 +94,19 @@ impl Window {
     /// channel's own queue, or the delivery workers. The hand-offs finish
     /// when awaited (backpressure).
     pub(super) fn route(&mut self, ctx: &DispatchContext, batch: Vec<Delivery>) -> Vec<Handoff> {
-        let mut parts: Vec<(Option<Channel>, Vec<Delivery>)> = Vec::new();
+        let mut parts: Vec<(SinkIndex, Vec<Delivery>)> = Vec::new();
         for delivery in batch {
-            let channel = delivery.recipient.target.channel();
-            let sink = ctx.channels.sink(channel).map(|_| channel);
+            let sink = ctx.routes.of(delivery.recipient.target.channel());
             match parts.iter_mut().find(|(s, _)| *s == sink) {
                 Some((_, part)) => part.push(delivery),
                 None => parts.push((sink, vec![delivery])),
             }
         }
-        let open = |sink: Option<Channel>| -> Box<dyn Batch> {
-            match sink.and_then(|channel| ctx.channels.sink(channel)) {
-                Some(queue) => queue.open(),
-                None => ctx.workers.open(),
-            }
-        };
-        parts.into_iter().map(|(sink, part)| self.queued.entry(sink).or_insert_with(|| open(sink)).take(part)).collect()
+        let queued = &mut self.queued;
+        parts
+            .into_iter()
+            .map(|(sink, part)| queued.entry(sink).or_insert_with(|| ctx.routes.open(sink)).take(part))
+            .collect()
     }
 
     /// Lets the queued deliveries of this read go. Called when the read has
