@@ -834,6 +834,7 @@ mod tests {
                 "relay-smoke",
                 "scale-10m",
                 "slow-receivers",
+                "small-topics",
                 "smoke",
                 "soak",
                 "webpush-smoke",
