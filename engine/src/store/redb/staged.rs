@@ -5,10 +5,9 @@
 //! (dedup marker, badge dwell, rate window, pending ledger) before the
 //! commit of its answer, and a relayed webhook a claim before its
 //! settlement; each as a write of its own waited for a turn of the writer
-//! thread. Here a change
-//! is decided and applied at once, under one lock, against the staged value
-//! of its key or else the stored one, and every write transaction
-//! (`commit.rs`) first writes what is staged.
+//! thread. Here a change is decided and applied at once, under one lock,
+//! against the staged value of its key or else the stored one, and every
+//! write transaction (`commit.rs`) first writes what is staged.
 //!
 //! That is `commit::Sync::WithNext` without the wait: a staged change is
 //! seen by every later read and change at once and reaches the disk with the
