@@ -17,8 +17,8 @@
 //! - `parked`: (shard, channel, sequence id, recipient) → a parked delivery (`parked.rs`).
 //! - `gw_*`: spec 002's push gateway records (`gateway.rs`).
 //!
-//! The gateway's window state and the relay ingress's claims are staged in
-//! memory until the next transaction (`staged.rs`).
+//! The gateway's window state and notify claims and the relay ingress's
+//! claims are staged in memory until the next transaction (`staged.rs`).
 
 mod codec;
 mod commit;
@@ -73,8 +73,8 @@ pub struct RedbStore {
     shard_count: u16,
     /// Dispatch's decoded recipients (`recipient_cache`).
     recipients: Arc<RecipientCache>,
-    /// The gateway's window state and the relay claims between commits
-    /// (`staged.rs`), each key behind its kind (`STAGED_*`).
+    /// The gateway's window state and the notify and relay claims between
+    /// commits (`staged.rs`), each key behind its kind (`STAGED_*`).
     staged: Arc<StagedState>,
 }
 
