@@ -531,6 +531,11 @@ async fn metric_family(node: &Fanout, family: &str) -> f64 {
 /// (rebalancing is over), every shard owned.
 async fn settled_shard_map(nodes: &[&Fanout]) -> pb::ShardMap {
     let deadline = Instant::now() + Duration::from_secs(30);
+    // A map settles when every node reports it, split evenly, and it stays
+    // so for longer than a lease round: a node's own view of another's
+    // leases is re-read every TTL/3, so one agreeing read can still be
+    // a round behind a shard that is changing hands.
+    let mut seen: Option<(pb::ShardMap, Instant)> = None;
     loop {
         let mut maps = Vec::new();
         for node in nodes {
@@ -543,12 +548,23 @@ async fn settled_shard_map(nodes: &[&Fanout]) -> pb::ShardMap {
             && maps[0].owners.iter().enumerate().all(|(i, o)| o.shard as usize == i)
             && nodes.iter().all(|n| owned_by(n) == share);
         if settled {
-            return maps.swap_remove(0);
+            let map = maps.swap_remove(0);
+            match &seen {
+                Some((first, since)) if *first == map && since.elapsed() >= STABLE_FOR => return map,
+                Some((first, _)) if *first == map => {}
+                _ => seen = Some((map, Instant::now())),
+            }
+        } else {
+            seen = None;
         }
         assert!(Instant::now() < deadline, "the shard maps did not settle: {maps:?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// How long a settled shard map must stay the same: longer than a lease
+/// round of the tests' nodes.
+const STABLE_FOR: Duration = Duration::from_millis(LEASE_TTL_SECONDS * 500);
 
 /// A topic's shard as docs/CLIENT.md tells publishers to compute it:
 /// FNV-1a 64 of the topic bytes, modulo the shard count.
