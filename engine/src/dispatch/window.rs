@@ -102,10 +102,9 @@ impl Window {
                 None => parts.push((sink, vec![delivery])),
             }
         }
-        let queued = &mut self.queued;
         parts
             .into_iter()
-            .map(|(sink, part)| queued.entry(sink).or_insert_with(|| ctx.routes.open(sink)).take(part))
+            .map(|(sink, part)| self.queued.entry(sink).or_insert_with(|| ctx.routes.open(sink)).take(part))
             .collect()
     }
 

@@ -778,10 +778,11 @@ async fn execute_inner(
 
     // 4. Publish, then wait (bounded) for every expected delivery.
     progress.watch(collector.clone());
+    // Found before the interval: the scan of /proc is not the harness's work per delivery.
+    let database = local_server::listening_pids(&store.contact_points());
     let profiler = crate::profile::Profiler::attach(args.profile.as_deref(), engine.pid())?;
     let cpu_before = engine.pid().and_then(proc_sample).map(|s| s.cpu_seconds);
     let harness_cpu_before = own_cpu_seconds();
-    let database = local_server::listening_pids(&store.contact_points());
     let database_cpu_before = local_server::cpu_seconds(&database);
     let delivery_started = Instant::now();
     let publish_timeout = Duration::from_secs(
